@@ -1,0 +1,41 @@
+# edgeroute: `make demo` replays the quickstart scenario, `make test` runs the suite.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: help demo test unit integration lint typecheck bench clean
+
+help:  ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+venv: $(STAMP)  ## create .venv and install edgeroute with its test tools
+
+demo: $(STAMP)  ## start the embedded stack, replay scenarios/quickstart.yaml with round_robin and p2c, print the report
+	$(VENV)/bin/edgeroute replay scenarios/quickstart.yaml --policy round_robin --policy p2c
+
+test: $(STAMP)  ## run unit and integration tests
+	$(PY) -m pytest -q tests
+
+unit: $(STAMP)  ## run the unit tests only (no sockets)
+	$(PY) -m pytest -q tests/unit
+
+integration: $(STAMP)  ## run the integration tests only (real broker, nodes, router on loopback)
+	$(PY) -m pytest -q tests/integration
+
+lint: $(STAMP)  ## ruff and mypy
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+
+bench: $(STAMP)  ## router overhead benchmark (prints and writes reports/bench/router.json)
+	$(VENV)/bin/edgeroute bench router
+
+clean:  ## remove the virtual environment and generated files
+	rm -rf $(VENV) reports .pytest_cache .mypy_cache .ruff_cache *.egg-info

@@ -1,0 +1,46 @@
+"""Node configuration (pydantic, unknown keys rejected)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class ModelSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(min_length=1, description="name the model is served under")
+    zoo: str | None = Field(None, description="zoo architecture; defaults to `name`")
+    seed: int = 0
+
+    @property
+    def architecture(self) -> str:
+        return self.zoo or self.name
+
+
+class NodeConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    node_id: str = Field(min_length=1, max_length=128)
+    partition: str = "edge-a"
+    tier: Literal["edge", "cloud"] = "edge"
+    host: str = "127.0.0.1"
+    port: int = Field(0, ge=0, le=65535)
+    endpoint: str | None = Field(None, description="advertised base URL; default http://host:port")
+    models: list[ModelSpec] = Field(min_length=1)
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    slots: int = Field(1, ge=1, le=64, description="concurrent executions")
+    threads_per_slot: int = Field(1, ge=1, le=64, description="ONNX Runtime intra-op threads")
+    max_queue: int = Field(64, ge=0, description="requests waiting for a slot before 503")
+    speed: float = Field(1.0, gt=0, le=1000,
+                         description="emulated device speed relative to this host; < 1 stretches "
+                                     "each execution by holding its slot (documented emulation)")
+    memory_budget_bytes: int = Field(2 << 30, ge=0)
+    max_body_bytes: int = Field(16 << 20, ge=1024)
+    kafka: str | None = Field(None, description="bootstrap HOST:PORT; None disables telemetry")
+    topic: str = "edgeroute.telemetry"
+    interval_ms: float = Field(100.0, gt=0)
+    change_threshold: int = Field(4, ge=1, description="publish at once when outstanding moves this much")
+    ewma_alpha: float = Field(0.2, gt=0, le=1)
+    zoo_dir: str | None = None

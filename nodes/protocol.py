@@ -1,0 +1,207 @@
+"""Open Inference Protocol v2 tensors: decode requests into numpy feeds, encode outputs.
+
+Supports JSON tensors (flat or nested `data`) and Triton's binary tensor data extension (a JSON header
+of `Inference-Header-Content-Length` bytes followed by raw little-endian tensors whose sizes are in
+each input's `parameters.binary_data_size`), so tritonclient works with its defaults. BYTES tensors are
+not used by the zoo and are refused with a clear 400.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+DATATYPES: dict[str, np.dtype[Any]] = {
+    "BOOL": np.dtype(np.bool_),
+    "UINT8": np.dtype(np.uint8),
+    "UINT16": np.dtype(np.uint16),
+    "UINT32": np.dtype(np.uint32),
+    "UINT64": np.dtype(np.uint64),
+    "INT8": np.dtype(np.int8),
+    "INT16": np.dtype(np.int16),
+    "INT32": np.dtype(np.int32),
+    "INT64": np.dtype(np.int64),
+    "FP16": np.dtype(np.float16),
+    "FP32": np.dtype(np.float32),
+    "FP64": np.dtype(np.float64),
+}
+
+ORT_TO_OIP = {
+    "tensor(bool)": "BOOL",
+    "tensor(uint8)": "UINT8",
+    "tensor(uint16)": "UINT16",
+    "tensor(uint32)": "UINT32",
+    "tensor(uint64)": "UINT64",
+    "tensor(int8)": "INT8",
+    "tensor(int16)": "INT16",
+    "tensor(int32)": "INT32",
+    "tensor(int64)": "INT64",
+    "tensor(float16)": "FP16",
+    "tensor(float)": "FP32",
+    "tensor(double)": "FP64",
+    "tensor(string)": "BYTES",
+}
+
+HEADER_LENGTH = "Inference-Header-Content-Length"
+
+
+class BadRequest(ValueError):
+    """The request is malformed or does not fit the model; answered 400 with this message."""
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    datatype: str
+    shape: tuple[int, ...]  # -1 for a dynamic dimension
+
+    def as_json(self) -> dict[str, Any]:
+        return {"name": self.name, "datatype": self.datatype, "shape": list(self.shape)}
+
+
+@dataclass
+class InferRequest:
+    id: str | None
+    parameters: dict[str, Any]
+    inputs: dict[str, np.ndarray]
+    # output name -> wants binary; empty means all outputs, JSON unless binary_data_output is set
+    outputs: dict[str, bool]
+    batch: int
+
+
+def split_body(body: bytes, header_length: str | None) -> tuple[dict[str, Any], bytes]:
+    """The JSON header and the binary tail of an OIP request body."""
+    if header_length is not None:
+        try:
+            n = int(header_length)
+        except ValueError:
+            raise BadRequest(f"{HEADER_LENGTH} is not an integer") from None
+        if n < 0 or n > len(body):
+            raise BadRequest(f"{HEADER_LENGTH} {n} is outside the body of {len(body)} bytes")
+        head, tail = body[:n], body[n:]
+    else:
+        head, tail = body, b""
+    try:
+        doc = json.loads(head)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise BadRequest(f"malformed JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise BadRequest("request body must be a JSON object")
+    return doc, tail
+
+
+def decode_request(doc: dict[str, Any], tail: bytes, specs: dict[str, TensorSpec],
+                   output_names: list[str]) -> InferRequest:
+    """Validate `doc` against the model's inputs and return the feeds; raise BadRequest."""
+    raw_inputs = doc.get("inputs")
+    if not isinstance(raw_inputs, list) or not raw_inputs:
+        raise BadRequest("'inputs' must be a non-empty list")
+    params = doc.get("parameters") or {}
+    if not isinstance(params, dict):
+        raise BadRequest("'parameters' must be an object")
+    feeds: dict[str, np.ndarray] = {}
+    offset = 0
+    batch: int | None = None
+    for i, item in enumerate(raw_inputs):
+        if not isinstance(item, dict):
+            raise BadRequest(f"inputs[{i}] must be an object")
+        name = item.get("name")
+        if not isinstance(name, str):
+            raise BadRequest(f"inputs[{i}].name must be a string")
+        spec = specs.get(name)
+        if spec is None:
+            raise BadRequest(f"unknown input '{name}'; expected {sorted(specs)}")
+        if name in feeds:
+            raise BadRequest(f"input '{name}' given twice")
+        datatype = item.get("datatype")
+        if datatype != spec.datatype:
+            raise BadRequest(f"input '{name}' has datatype {datatype!r}, expected {spec.datatype}")
+        shape = item.get("shape")
+        if (not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool)
+                                                   and d >= 0 for d in shape)):
+            raise BadRequest(f"input '{name}' shape must be a list of non-negative integers")
+        if len(shape) != len(spec.shape) or any(
+            want not in (-1, got) for want, got in zip(spec.shape, shape, strict=True)
+        ):
+            raise BadRequest(f"input '{name}' has shape {shape}, expected {list(spec.shape)}")
+        dtype = DATATYPES[spec.datatype]
+        count = int(np.prod(shape)) if shape else 1
+        item_params = item.get("parameters") or {}
+        if not isinstance(item_params, dict):
+            raise BadRequest(f"input '{name}' parameters must be an object")
+        if "binary_data_size" in item_params:
+            size = item_params["binary_data_size"]
+            if not isinstance(size, int) or size < 0 or offset + size > len(tail):
+                raise BadRequest(f"input '{name}' binary_data_size {size!r} does not fit the body")
+            if size != count * dtype.itemsize:
+                raise BadRequest(f"input '{name}' has {size} bytes of data, shape {shape} needs "
+                                 f"{count * dtype.itemsize}")
+            arr = np.frombuffer(tail, dtype=dtype.newbyteorder("<"), count=count, offset=offset)
+            offset += size
+        else:
+            if "data" not in item:
+                raise BadRequest(f"input '{name}' has no 'data'")
+            try:
+                arr = np.asarray(item["data"], dtype=dtype)
+            except (TypeError, ValueError, OverflowError):
+                raise BadRequest(f"input '{name}' data is not a list of {spec.datatype} values") from None
+            if arr.size != count:
+                raise BadRequest(f"input '{name}' has {arr.size} values, shape {shape} needs {count}")
+            if dtype.kind == "f" and not np.all(np.isfinite(arr)):
+                raise BadRequest(f"input '{name}' has non-finite values")
+        feeds[name] = arr.reshape(shape)
+        if shape:
+            if batch is not None and shape[0] != batch:
+                raise BadRequest("inputs disagree on the batch dimension")
+            batch = shape[0]
+    missing = sorted(set(specs) - set(feeds))
+    if missing:
+        raise BadRequest(f"missing input(s) {missing}")
+    if offset != len(tail):
+        raise BadRequest(f"{len(tail) - offset} bytes of binary data are not claimed by any input")
+    outputs: dict[str, bool] = {}
+    default_binary = bool(params.get("binary_data_output", False))
+    raw_outputs = doc.get("outputs")
+    if raw_outputs is not None:
+        if not isinstance(raw_outputs, list):
+            raise BadRequest("'outputs' must be a list")
+        for i, out in enumerate(raw_outputs):
+            if not isinstance(out, dict) or not isinstance(out.get("name"), str):
+                raise BadRequest(f"outputs[{i}] must be an object with a name")
+            if out["name"] not in output_names:
+                raise BadRequest(f"unknown output '{out['name']}'; expected {output_names}")
+            oparams = out.get("parameters") or {}
+            outputs[out["name"]] = bool(oparams.get("binary_data", default_binary)) \
+                if isinstance(oparams, dict) else default_binary
+    if not outputs:
+        outputs = {n: default_binary for n in output_names}
+    req_id = doc.get("id")
+    return InferRequest(id=str(req_id) if req_id is not None else None, parameters=params,
+                        inputs=feeds, outputs=outputs, batch=batch or 1)
+
+
+def encode_response(model: str, version: str, request: InferRequest, specs: dict[str, TensorSpec],
+                    results: dict[str, np.ndarray]) -> tuple[bytes, int | None]:
+    """The response body and, when any output is binary, the JSON header length."""
+    outputs: list[dict[str, Any]] = []
+    blobs: list[bytes] = []
+    for name, binary in request.outputs.items():
+        arr = np.ascontiguousarray(results[name])
+        entry: dict[str, Any] = {"name": name, "datatype": specs[name].datatype, "shape": list(arr.shape)}
+        if binary:
+            blob = arr.astype(arr.dtype.newbyteorder("<"), copy=False).tobytes()
+            entry["parameters"] = {"binary_data_size": len(blob)}
+            blobs.append(blob)
+        else:
+            entry["data"] = arr.reshape(-1).tolist()
+        outputs.append(entry)
+    doc: dict[str, Any] = {"model_name": model, "model_version": version, "outputs": outputs}
+    if request.id is not None:
+        doc["id"] = request.id
+    head = json.dumps(doc, separators=(",", ":")).encode()
+    if not blobs:
+        return head, None
+    return head + b"".join(blobs), len(head)

@@ -1,0 +1,110 @@
+"""ONNX Runtime sessions and the per-model state a node keeps (latency EWMA, queue counts)."""
+
+from __future__ import annotations
+
+import os
+import platform
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from nodes import zoo
+from nodes.config import ModelSpec
+from nodes.protocol import ORT_TO_OIP, TensorSpec
+
+
+def gpu_visible() -> bool:
+    """True when an NVIDIA device node exists; CUDA is only requested then, to keep CPU logs clean."""
+    return Path("/dev/nvidiactl").exists() or Path("/dev/nvidia0").exists()
+
+
+def choose_providers(device: str) -> tuple[list[str], str, str]:
+    """(providers, device kind, device name) for `device` in auto|cpu|cuda."""
+    import onnxruntime as ort
+
+    cuda_ok = "CUDAExecutionProvider" in ort.get_available_providers() and gpu_visible()
+    if device == "cuda" and not cuda_ok:
+        raise RuntimeError("device 'cuda' requested but no GPU or CUDA provider is visible")
+    if device in ("auto", "cuda") and cuda_ok:
+        return ["CUDAExecutionProvider", "CPUExecutionProvider"], "cuda", "cuda:0"
+    return ["CPUExecutionProvider"], "cpu", platform.processor() or platform.machine()
+
+
+@dataclass
+class LoadedModel:
+    """One served model: its session, tensor specs, and the counters telemetry reports."""
+
+    name: str
+    version: str
+    session: Any
+    inputs: dict[str, TensorSpec]
+    outputs: dict[str, TensorSpec]
+    size_bytes: int
+    load_ms: float
+    queued: int = 0
+    in_flight: int = 0
+    ewma_ms: dict[int, float] = field(default_factory=dict)
+
+    def observe(self, batch: int, exec_ms: float, alpha: float) -> None:
+        prev = self.ewma_ms.get(batch)
+        self.ewma_ms[batch] = exec_ms if prev is None else (1 - alpha) * prev + alpha * exec_ms
+
+    def run(self, feeds: dict[str, np.ndarray], stretch: float) -> tuple[dict[str, np.ndarray], float]:
+        """Execute (blocking; called in an executor thread). Returns outputs and execution ms.
+
+        `stretch` >= 1 emulates a slower device: the slot stays busy for stretch x the real time.
+        """
+        start = time.perf_counter()
+        values = self.session.run(list(self.outputs), feeds)
+        real = time.perf_counter() - start
+        if stretch > 1.0:
+            time.sleep(real * (stretch - 1.0))
+        elapsed_ms = (time.perf_counter() - start) * 1000.0
+        return dict(zip(self.outputs, values, strict=True)), elapsed_ms
+
+    def metadata(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "versions": [self.version],
+            "platform": "onnxruntime_onnx",
+            "inputs": [s.as_json() for s in self.inputs.values()],
+            "outputs": [s.as_json() for s in self.outputs.values()],
+        }
+
+
+def _specs(args: list[Any]) -> dict[str, TensorSpec]:
+    out: dict[str, TensorSpec] = {}
+    for a in args:
+        dims = tuple(d if isinstance(d, int) and d >= 0 else -1 for d in a.shape)
+        out[a.name] = TensorSpec(a.name, ORT_TO_OIP.get(a.type, a.type), dims)
+    return out
+
+
+def load_model(spec: ModelSpec, providers: list[str], threads: int, zoo_dir: str | None) -> LoadedModel:
+    import onnxruntime as ort
+
+    start = time.perf_counter()
+    path = zoo.ensure(spec.architecture, spec.seed, Path(zoo_dir) if zoo_dir else None)
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    opts.inter_op_num_threads = 1
+    opts.log_severity_level = 3
+    session = ort.InferenceSession(str(path), sess_options=opts, providers=providers)
+    load_ms = (time.perf_counter() - start) * 1000.0
+    model = LoadedModel(spec.name, "1", session, _specs(session.get_inputs()),
+                        _specs(session.get_outputs()), os.path.getsize(path), load_ms)
+    # One warm-up run so the first real request does not pay for lazy initialisation.
+    feeds = {s.name: np.zeros([1 if d < 0 else d for d in s.shape], dtype=_np_dtype(s.datatype))
+             for s in model.inputs.values()}
+    _, warm_ms = model.run(feeds, 1.0)
+    model.observe(1, warm_ms, 1.0)
+    return model
+
+
+def _np_dtype(datatype: str) -> Any:
+    from nodes.protocol import DATATYPES
+
+    return DATATYPES.get(datatype, np.float32)

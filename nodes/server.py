@@ -1,0 +1,311 @@
+"""The node: an Open Inference Protocol v2 server over ONNX Runtime that publishes its load.
+
+Request path: validate against the model's metadata -> wait for one of `slots` execution slots (at
+most `max_queue` waiting, else 503; the remaining deadline bounds the wait, else 504) -> run the
+ONNX Runtime session in the node's executor -> answer. Per-model EWMA latency by batch size, queue
+depth by priority and in-flight counts are published to Kafka every `interval_ms`, and at once when
+outstanding work moves by `change_threshold`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import Counter
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+from nodes.config import NodeConfig
+from nodes.protocol import HEADER_LENGTH, BadRequest, decode_request, encode_response, split_body
+from nodes.runtime import LoadedModel, choose_providers, load_model
+from telemetry.bus import TelemetryPublisher
+from telemetry.schema import DeviceInfo, ModelLoad, NodeLoad
+
+log = logging.getLogger("edgeroute.node")
+
+PRIORITY_HEADER = "x-edgeroute-priority"
+DEADLINE_HEADER = "x-edgeroute-deadline-ms"
+NODE_HEADER = "x-edgeroute-node"
+VERSION = "0.1.0"
+
+
+@dataclass
+class NodeRuntime:
+    """Everything a running node owns; created at startup, torn down in reverse."""
+
+    config: NodeConfig
+    models: dict[str, LoadedModel]
+    executor: ThreadPoolExecutor
+    device: DeviceInfo
+    slots: asyncio.Semaphore
+    queued_by_priority: Counter[int] = field(default_factory=Counter)
+    in_flight: int = 0
+    draining: bool = False
+    seq: int = 0
+    busy_ms: float = 0.0
+    last_published_outstanding: int = 0
+    publish_now: asyncio.Event = field(default_factory=asyncio.Event)
+    served: int = 0
+
+    @property
+    def outstanding(self) -> int:
+        return sum(self.queued_by_priority.values()) + self.in_flight
+
+    def changed(self) -> None:
+        if abs(self.outstanding - self.last_published_outstanding) >= self.config.change_threshold:
+            self.publish_now.set()
+
+    def snapshot(self, endpoint: str, interval_busy_ms: float, interval_ms: float) -> NodeLoad:
+        self.seq += 1
+        self.last_published_outstanding = self.outstanding
+        util = min(1.0, interval_busy_ms / max(1e-9, interval_ms * self.config.slots))
+        return NodeLoad(
+            node_id=self.config.node_id, endpoint=endpoint, partition=self.config.partition,
+            tier=self.config.tier, device=self.device, seq=self.seq, sent_at_ms=time.time() * 1000.0,
+            status="draining" if self.draining else "ready",
+            queued_by_priority={str(p): n for p, n in self.queued_by_priority.items() if n},
+            in_flight=self.in_flight, capacity=self.config.slots, max_queue=self.config.max_queue,
+            models={
+                m.name: ModelLoad(resident=True, queued=m.queued, in_flight=m.in_flight,
+                                  ewma_ms_by_batch={str(b): round(v, 4) for b, v in m.ewma_ms.items()})
+                for m in self.models.values()
+            },
+            memory_used_bytes=sum(m.size_bytes for m in self.models.values()),
+            memory_budget_bytes=self.config.memory_budget_bytes, utilisation=util,
+        )
+
+
+CONFIG = web.AppKey("config", NodeConfig)
+RUNTIME = web.AppKey("runtime", NodeRuntime)
+ENDPOINT = web.AppKey("endpoint", list)  # one-element list, filled once the site is bound
+
+
+def _error(status: int, message: str) -> web.Response:
+    return web.json_response({"error": message}, status=status)
+
+
+def _hint(request: web.Request, params: dict[str, Any], header: str, key: str) -> float | None:
+    raw = request.headers.get(header, params.get(key))
+    if raw is None:
+        return None
+    try:
+        return float(raw)
+    except (TypeError, ValueError):
+        raise BadRequest(f"'{key}' must be a number") from None
+
+
+async def _runtime_ctx(app: web.Application) -> AsyncIterator[None]:
+    cfg = app[CONFIG]
+    providers, kind, name = choose_providers(cfg.device)
+    executor = ThreadPoolExecutor(max_workers=cfg.slots, thread_name_prefix=f"ort-{cfg.node_id}")
+    loop = asyncio.get_running_loop()
+    models: dict[str, LoadedModel] = {}
+    try:
+        for spec in cfg.models:
+            models[spec.name] = await loop.run_in_executor(
+                executor, load_model, spec, providers, cfg.threads_per_slot, cfg.zoo_dir)
+            log.info("node %s loaded %s in %.0f ms", cfg.node_id, spec.name, models[spec.name].load_ms)
+        app[RUNTIME] = NodeRuntime(cfg, models, executor, DeviceInfo(kind=kind, name=name),
+                                   asyncio.Semaphore(cfg.slots))
+        yield
+    finally:
+        executor.shutdown(wait=True, cancel_futures=True)
+
+
+async def _telemetry_ctx(app: web.Application) -> AsyncIterator[None]:
+    cfg = app[CONFIG]
+    if cfg.kafka is None:
+        yield
+        return
+    rt = app[RUNTIME]
+    publisher = TelemetryPublisher(cfg.kafka, cfg.topic)
+    pub_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"telemetry-{cfg.node_id}")
+    loop = asyncio.get_running_loop()
+
+    async def publish_loop() -> None:
+        last = time.perf_counter()
+        last_busy = rt.busy_ms
+        while True:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(rt.publish_now.wait(), cfg.interval_ms / 1000.0)
+            rt.publish_now.clear()
+            endpoint = app[ENDPOINT][0] if app[ENDPOINT] else None
+            if endpoint is None:
+                continue
+            now = time.perf_counter()
+            msg = rt.snapshot(endpoint, rt.busy_ms - last_busy, (now - last) * 1000.0)
+            last, last_busy = now, rt.busy_ms
+            await loop.run_in_executor(pub_executor, publisher.publish, msg)
+
+    task = asyncio.create_task(publish_loop(), name=f"telemetry-{cfg.node_id}")
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        # Tell routers at once that this node is going away, then close the producer.
+        rt.draining = True
+        if app[ENDPOINT]:
+            final = rt.snapshot(app[ENDPOINT][0], 0.0, 1.0)
+            await loop.run_in_executor(pub_executor, publisher.publish, final)
+        await loop.run_in_executor(pub_executor, publisher.close)
+        pub_executor.shutdown(wait=True)
+
+
+def _model_or_404(request: web.Request) -> LoadedModel | web.Response:
+    rt = request.app[RUNTIME]
+    name = request.match_info["model"]
+    model = rt.models.get(name)
+    if model is None:
+        return _error(404, f"unknown model '{name}'")
+    version = request.match_info.get("version")
+    if version is not None and version != model.version:
+        return _error(404, f"model '{name}' has no version '{version}'")
+    return model
+
+
+async def live(request: web.Request) -> web.Response:
+    return web.json_response({"live": True})
+
+
+async def ready(request: web.Request) -> web.Response:
+    rt = request.app.get(RUNTIME)
+    ok = rt is not None and not rt.draining
+    return web.json_response({"ready": ok}, status=200 if ok else 503)
+
+
+async def server_metadata(request: web.Request) -> web.Response:
+    return web.json_response({"name": "edgeroute-node", "version": VERSION,
+                              "extensions": ["binary_tensor_data", "model_repository"]})
+
+
+async def model_metadata(request: web.Request) -> web.Response:
+    model = _model_or_404(request)
+    if isinstance(model, web.Response):
+        return model
+    return web.json_response(model.metadata())
+
+
+async def model_ready(request: web.Request) -> web.Response:
+    model = _model_or_404(request)
+    if isinstance(model, web.Response):
+        return model
+    return web.json_response({"name": model.name, "ready": True})
+
+
+async def repository_index(request: web.Request) -> web.Response:
+    rt = request.app[RUNTIME]
+    return web.json_response([{"name": m.name, "version": m.version, "state": "READY"}
+                              for m in rt.models.values()])
+
+
+async def infer(request: web.Request) -> web.Response:
+    rt = request.app[RUNTIME]
+    arrived = time.perf_counter()
+    model = _model_or_404(request)
+    if isinstance(model, web.Response):
+        return model
+    if rt.draining:
+        return _error(503, "node is draining")
+    try:
+        body = await request.read()
+        doc, tail = split_body(body, request.headers.get(HEADER_LENGTH))
+        req = decode_request(doc, tail, model.inputs, list(model.outputs))
+        priority = int(_hint(request, req.parameters, PRIORITY_HEADER, "priority") or 0)
+        budget_ms = _hint(request, req.parameters, DEADLINE_HEADER, "deadline_ms")
+    except BadRequest as exc:
+        return _error(400, str(exc))
+    if budget_ms is not None and budget_ms <= 0:
+        return _error(504, "deadline passed before the node received the request")
+
+    waiting = sum(rt.queued_by_priority.values())
+    if waiting >= rt.config.max_queue and rt.slots.locked():
+        return _error(503, f"node queue full ({waiting} waiting)")
+    rt.queued_by_priority[priority] += 1
+    model.queued += 1
+    rt.changed()
+    acquired = False
+    try:
+        try:
+            remaining = None if budget_ms is None else budget_ms / 1000.0 - (time.perf_counter() - arrived)
+            if remaining is not None and remaining <= 0:
+                raise asyncio.TimeoutError
+            await asyncio.wait_for(rt.slots.acquire(), remaining)
+            acquired = True
+        except asyncio.TimeoutError:
+            return _error(504, "deadline passed while queued at the node")
+        finally:
+            rt.queued_by_priority[priority] -= 1
+            model.queued -= 1
+        rt.in_flight += 1
+        model.in_flight += 1
+        rt.changed()
+        loop = asyncio.get_running_loop()
+        try:
+            results, exec_ms = await loop.run_in_executor(
+                rt.executor, model.run, req.inputs, 1.0 / rt.config.speed)
+        except Exception as exc:  # noqa: BLE001 - a failing model answers 500, the node lives on
+            log.exception("model %s failed", model.name)
+            return _error(500, f"model '{model.name}' failed: {exc}")
+        finally:
+            rt.in_flight -= 1
+            model.in_flight -= 1
+        model.observe(req.batch, exec_ms, rt.config.ewma_alpha)
+        rt.busy_ms += exec_ms
+        rt.served += 1
+    finally:
+        if acquired:
+            rt.slots.release()
+        rt.changed()
+    payload, header_len = encode_response(model.name, model.version, req, model.outputs, results)
+    headers = {NODE_HEADER: rt.config.node_id}
+    if header_len is None:
+        return web.Response(body=payload, content_type="application/json", headers=headers)
+    headers[HEADER_LENGTH] = str(header_len)
+    return web.Response(body=payload, content_type="application/octet-stream", headers=headers)
+
+
+def create_app(config: NodeConfig) -> web.Application:
+    app = web.Application(client_max_size=config.max_body_bytes)
+    app[CONFIG] = config
+    app[ENDPOINT] = [config.endpoint] if config.endpoint else []
+    app.cleanup_ctx.append(_runtime_ctx)
+    app.cleanup_ctx.append(_telemetry_ctx)
+    app.router.add_get("/v2/health/live", live)
+    app.router.add_get("/v2/health/ready", ready)
+    app.router.add_get("/v2", server_metadata)
+    app.router.add_get("/v2/models/{model}", model_metadata)
+    app.router.add_get("/v2/models/{model}/versions/{version}", model_metadata)
+    app.router.add_get("/v2/models/{model}/ready", model_ready)
+    app.router.add_get("/v2/models/{model}/versions/{version}/ready", model_ready)
+    app.router.add_post("/v2/models/{model}/infer", infer)
+    app.router.add_post("/v2/models/{model}/versions/{version}/infer", infer)
+    app.router.add_post("/v2/repository/index", repository_index)
+    return app
+
+
+async def serve(config: NodeConfig, stop: asyncio.Event, on_bound: Any = None) -> None:
+    """Run the node until `stop` is set; the bound port is reported through `on_bound(port)`."""
+    app = create_app(config)
+    runner = web.AppRunner(app, handle_signals=False, access_log=None)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, config.host, config.port)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        if not app[ENDPOINT]:
+            app[ENDPOINT].append(f"http://{config.host}:{port}")
+        if on_bound is not None:
+            on_bound(port)
+        await stop.wait()
+        if RUNTIME in app:
+            app[RUNTIME].draining = True
+    finally:
+        await runner.cleanup()

@@ -1,0 +1,16 @@
+"""Pure routing policies: contract (api), engine, one module per plugin, registry, presets."""
+
+from policies.api import Context, Decision, Rejection, RouteRequest
+from policies.engine import Pipeline
+from policies.registry import PolicyConfigError, PolicySpec, build_policy
+
+__all__ = [
+    "Context",
+    "Decision",
+    "Pipeline",
+    "PolicyConfigError",
+    "PolicySpec",
+    "Rejection",
+    "RouteRequest",
+    "build_policy",
+]

@@ -1,0 +1,33 @@
+"""Picker `max`: the highest combined score; ties broken uniformly at random (ctx.rng).
+
+Random tie-breaking matters: with equal scores, "first in list" would herd every router onto the same
+node. Inputs: none. Parameters: `tolerance` (scores within it of the best count as ties, default 1e-9).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import ClassVar
+
+from pydantic import Field
+
+from policies.api import Context, NodeState, Params, RouteRequest
+
+
+class MaxParams(Params):
+    tolerance: float = Field(1e-9, ge=0)
+
+
+class PickMax:
+    name: ClassVar[str] = "max"
+    reads: ClassVar[frozenset[str]] = frozenset()
+    Params = MaxParams
+
+    def __init__(self, params: MaxParams | None = None) -> None:
+        self.params = params or MaxParams()
+
+    def pick(self, req: RouteRequest, nodes: list[NodeState], scores: Sequence[float],
+             ctx: Context) -> NodeState:
+        best = max(scores)
+        ties = [n for n, s in zip(nodes, scores, strict=True) if s >= best - self.params.tolerance]
+        return ties[0] if len(ties) == 1 else ctx.rng.choice(ties)

@@ -1,0 +1,124 @@
+"""The one place every plugin type is registered, and the factory that builds policies from config.
+
+`build_policy(spec)` validates the whole spec before returning anything: unknown plugin types, unknown
+or ill-typed parameters and impossible combinations raise `PolicyConfigError` with the offending path,
+so a bad config is rejected before it can replace a working policy.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from policies.api import Filter, Picker, Scorer
+from policies.engine import Pipeline
+from policies.has_model import HasModel
+from policies.healthy import Healthy
+from policies.latency import Latency
+from policies.not_tried import NotTried
+from policies.pick_max import PickMax
+from policies.queue import Queue
+from policies.random_pick import RandomPick
+from policies.round_robin import RoundRobin
+from policies.sample import Sample
+from policies.weighted_random import WeightedRandom
+
+FILTERS: dict[str, type[Any]] = {c.name: c for c in (Healthy, HasModel, NotTried, Sample)}
+SCORERS: dict[str, type[Any]] = {c.name: c for c in (Queue, Latency)}
+PICKERS: dict[str, type[Any]] = {c.name: c for c in (PickMax, RoundRobin, RandomPick, WeightedRandom)}
+
+# Always first, in this order, unless a spec lists them itself: never route to a dead node, to a node
+# without the model, or back to a node this request already failed on.
+BASE_FILTERS = ("healthy", "has_model", "not_tried")
+
+
+class PolicyConfigError(ValueError):
+    pass
+
+
+class PluginSpec(BaseModel):
+    """`{type: NAME, weight: W, <param>: <value>, ...}`; the params are checked by the plugin."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    type: str
+    weight: float = Field(1.0, ge=0)
+
+    @property
+    def params(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
+
+class PolicySpec(BaseModel):
+    """A policy in config: a preset (optionally with per-plugin parameter overrides) or a pipeline."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    preset: str | None = None
+    name: str | None = None
+    params: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    filters: list[PluginSpec] | None = None
+    scorers: list[PluginSpec] | None = None
+    picker: PluginSpec | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> PolicySpec:
+        if self.preset is None and self.picker is None:
+            raise ValueError("give either 'preset' or a pipeline with at least a 'picker'")
+        return self
+
+    @property
+    def display_name(self) -> str:
+        return self.name or self.preset or "custom"
+
+
+def _make(kind: str, table: dict[str, type[Any]], spec: PluginSpec, overrides: dict[str, Any]) -> Any:
+    cls = table.get(spec.type)
+    if cls is None:
+        raise PolicyConfigError(f"unknown {kind} '{spec.type}'; known: {', '.join(sorted(table))}")
+    try:
+        params = cls.Params(**{**spec.params, **overrides})
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise PolicyConfigError(f"{kind} '{spec.type}': {where}: {first['msg']}") from None
+    return cls(params)
+
+
+def build_policy(spec: PolicySpec | dict[str, Any] | str) -> Pipeline:
+    """A fresh policy object for `spec` (a PolicySpec, its dict form, or a preset name)."""
+    from policies.presets import PRESETS
+
+    if isinstance(spec, str):
+        spec = PolicySpec(preset=spec)
+    elif isinstance(spec, dict):
+        try:
+            spec = PolicySpec.model_validate(spec)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"]) or "policy"
+            raise PolicyConfigError(f"policy.{where}: {first['msg']}") from None
+    filters, scorers, picker = spec.filters, spec.scorers, spec.picker
+    if spec.preset is not None:
+        preset = PRESETS.get(spec.preset)
+        if preset is None:
+            raise PolicyConfigError(f"unknown preset '{spec.preset}'; known: {', '.join(sorted(PRESETS))}")
+        filters = filters if filters is not None else preset.filters
+        scorers = scorers if scorers is not None else preset.scorers
+        picker = picker or preset.picker
+    assert picker is not None
+    filters = list(filters or [])
+    scorers = list(scorers or [])
+    used = {f.type for f in filters} | {s.type for s in scorers} | {picker.type}
+    unused = set(spec.params) - used
+    if unused:
+        raise PolicyConfigError(f"params given for plugins not in the pipeline: {sorted(unused)}")
+    listed = [f.type for f in filters]
+    base = [PluginSpec(type=t) for t in BASE_FILTERS if t not in listed]
+    built_filters: list[Filter] = [_make("filter", FILTERS, f, spec.params.get(f.type, {}))
+                                   for f in base + filters]
+    built_scorers: list[tuple[Scorer, float]] = [
+        (_make("scorer", SCORERS, s, spec.params.get(s.type, {})), s.weight) for s in scorers]
+    built_picker: Picker = _make("picker", PICKERS, picker, spec.params.get(picker.type, {}))
+    return Pipeline(spec.display_name, built_filters, built_scorers, built_picker)

@@ -1,0 +1,1 @@
+"""The router: OIP v2 front door, admission, dispatch with policies, admin API, metrics."""

@@ -1,0 +1,60 @@
+"""`python -m router` (or `edgeroute router`): run one router until SIGTERM or Ctrl-C."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from pathlib import Path
+
+from router.app import serve
+from router.config import ConfigError, RouterConfig, load_config
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="edgeroute router", description="run the inference router")
+    parser.add_argument("--config", type=Path, help="router YAML (reloaded on change and SIGHUP)")
+    parser.add_argument("--kafka", help="telemetry bootstrap HOST:PORT (overrides the config)")
+    parser.add_argument("--port", type=int, help="listen port (overrides the config)")
+    parser.add_argument("--policy", help="preset name (overrides the config)")
+    parser.add_argument("--reuse-port", action="store_true", help="SO_REUSEPORT, for several routers")
+    parser.add_argument("--log-level", default="INFO")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.getLogger("kafka").setLevel(logging.ERROR)
+    try:
+        cfg = load_config(args.config) if args.config else RouterConfig()
+    except ConfigError as exc:
+        print(f"edgeroute router: invalid config: {exc}", file=sys.stderr)
+        return 2
+    updates: dict[str, object] = {}
+    if args.kafka:
+        updates["kafka"] = args.kafka
+    if args.port is not None:
+        updates["port"] = args.port
+    if args.policy:
+        from policies.registry import PolicySpec
+
+        updates["policy"] = PolicySpec(preset=args.policy)
+    cfg = cfg.model_copy(update=updates)
+    if cfg.kafka is None:
+        print("edgeroute router: no Kafka bootstrap (--kafka HOST:PORT or 'kafka:' in the config)",
+              file=sys.stderr)
+        return 2
+
+    async def run() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await serve(cfg, stop, args.config,
+                    lambda port: print(f"router: http://{cfg.host}:{port}", flush=True), args.reuse_port)
+
+    asyncio.run(run())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,426 @@
+"""The router: an Open Inference Protocol v2 front door that routes each request with a policy.
+
+authenticate (later issue) -> validate -> admit (size, deadline) -> policy.choose -> forward -> retry.
+Every accepted request gets exactly one answer: the node's result, or `{"error": ...}` with 400
+(malformed), 404 (unknown model), 413 (too large), 503 (no capable node) or 504 (deadline passed).
+Resources (telemetry consumer thread, client pool, config watcher) live in `cleanup_ctx` and are
+torn down in reverse order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from policies.api import RouteRequest
+from policies.registry import PolicyConfigError, PolicySpec, build_policy
+from router.config import ConfigError, RouterConfig, load_config
+from router.dispatch import Dispatcher, Outcome, PolicyHolder
+from router.metrics import RouterMetrics
+from router.node_client import HttpNodeClient, NodeClient, NodeTimeout, NodeUnavailable
+from telemetry.bus import KafkaTelemetrySource, TelemetrySource, now_ms
+from telemetry.store import ViewStore
+
+log = logging.getLogger("edgeroute.router")
+
+VERSION = "0.1.0"
+HEADER_LENGTH = "Inference-Header-Content-Length"
+PRIORITY_HEADER = "x-edgeroute-priority"
+DEADLINE_HEADER = "x-edgeroute-deadline-ms"
+SITE_HEADER = "x-edgeroute-site"
+
+
+class Router:
+    """Everything one router owns. Built once by `create_app`; policy swaps replace one reference."""
+
+    def __init__(self, config: RouterConfig, source: TelemetrySource, client: NodeClient,
+                 clock: Callable[[], float], config_path: Path | None) -> None:
+        self.config = config
+        self.source = source
+        self.client = client
+        self.clock = clock
+        self.config_path = config_path
+        self.store = ViewStore(stale_after_ms=config.stale_after_ms)
+        self.policies = PolicyHolder(build_policy(config.policy), config.policy)
+        self.dispatcher = Dispatcher(self.store, self.policies, client, config.max_attempts, config.seed,
+                                     clock)
+        self.metrics = RouterMetrics(self.store, clock)
+
+    def reload_policy(self, raw: Any, origin: str) -> PolicySpec:
+        """Validate `raw` fully, then swap it in; on any error keep the old policy and raise."""
+        try:
+            spec = raw if isinstance(raw, PolicySpec) else PolicySpec.model_validate(raw)
+            policy = build_policy(spec)
+        except (PolicyConfigError, ValueError) as exc:
+            self.metrics.policy_swaps.labels("rejected").inc()
+            log.warning("policy reload from %s rejected, keeping %s: %s", origin,
+                        self.policies.current.name, exc)
+            raise PolicyConfigError(str(exc).splitlines()[0] if str(exc) else "invalid policy") from None
+        self.policies.swap(policy, spec)
+        self.metrics.policy_swaps.labels("applied").inc()
+        log.info("policy %s applied from %s", policy.name, origin)
+        return spec
+
+    def reload_file(self) -> None:
+        if self.config_path is None:
+            return
+        try:
+            cfg = load_config(self.config_path)
+            self.reload_policy(cfg.policy, str(self.config_path))
+        except (ConfigError, PolicyConfigError) as exc:
+            log.warning("config reload rejected, keeping the running policy: %s", exc)
+
+
+ROUTER = web.AppKey("router", Router)
+
+
+def _error(status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
+    return web.json_response({"error": message}, status=status, headers=headers)
+
+
+class BadHint(ValueError):
+    pass
+
+
+def _number(value: Any, key: str) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise BadHint(f"'{key}' must be a number")
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        raise BadHint(f"'{key}' must be a number") from None
+    if out != out or out in (float("inf"), float("-inf")):
+        raise BadHint(f"'{key}' must be finite")
+    return out
+
+
+@web.middleware
+async def json_errors(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+                      ) -> web.StreamResponse:
+    """Every error leaves as JSON; an unexpected exception is a 500, never a dead process."""
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        return _error(exc.status, exc.reason or "error")
+    except Exception:
+        log.exception("unhandled error on %s %s", request.method, request.path)
+        return _error(500, "internal router error")
+
+
+async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
+    router = app[ROUTER]
+    router.source.start(router.store)
+    try:
+        yield
+    finally:
+        await asyncio.get_running_loop().run_in_executor(None, router.source.stop)
+        await router.client.close()
+
+
+async def _config_watcher(app: web.Application) -> AsyncIterator[None]:
+    router = app[ROUTER]
+    path = router.config_path
+    if path is None:
+        yield
+        return
+
+    def mtime() -> float:
+        try:
+            return path.stat().st_mtime
+        except OSError:
+            return 0.0
+
+    async def watch() -> None:
+        seen = mtime()
+        while True:
+            await asyncio.sleep(1.0)
+            current = mtime()
+            if current != seen:
+                seen = current
+                router.reload_file()
+
+    task = asyncio.create_task(watch(), name="config-watcher")
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+# --- OIP v2 -------------------------------------------------------------------------------------
+
+
+async def live(request: web.Request) -> web.Response:
+    return web.json_response({"live": True})
+
+
+async def ready(request: web.Request) -> web.Response:
+    router = request.app[ROUTER]
+    n = len(router.store.view.fresh_nodes(router.clock()))
+    return web.json_response({"ready": n > 0, "nodes": n}, status=200 if n else 503)
+
+
+async def server_metadata(request: web.Request) -> web.Response:
+    return web.json_response({"name": "edgeroute", "version": VERSION,
+                              "extensions": ["binary_tensor_data", "model_repository"]})
+
+
+def _model_nodes(router: Router, model: str) -> tuple[list[Any], bool]:
+    """(fresh ready nodes serving `model`, whether any node at all ever reported it)."""
+    view = router.store.view
+    nodes = view.models(router.clock()).get(model, [])
+    known = bool(nodes) or any(n.serves(model) for n in view)
+    return nodes, known
+
+
+def _unknown_or_unavailable(model: str, known: bool) -> web.Response:
+    if known:
+        return _error(503, f"no ready node serves model '{model}'")
+    return _error(404, f"unknown model '{model}'")
+
+
+async def model_metadata(request: web.Request) -> web.Response:
+    router = request.app[ROUTER]
+    model = request.match_info["model"]
+    nodes, known = _model_nodes(router, model)
+    if not nodes:
+        return _unknown_or_unavailable(model, known)
+    suffix = request.path.split(f"/v2/models/{model}", 1)[1]
+    for node in sorted(nodes, key=lambda n: router.store.view.outstanding(n)):
+        try:
+            reply = await router.client.get(f"{node.endpoint}/v2/models/{model}{suffix}", 2.0)
+        except (NodeUnavailable, NodeTimeout):
+            continue
+        if reply.status < 500:
+            return web.Response(status=reply.status, body=reply.body, content_type="application/json")
+    return _error(503, f"no node answered metadata for model '{model}'")
+
+
+async def model_ready(request: web.Request) -> web.Response:
+    router = request.app[ROUTER]
+    model = request.match_info["model"]
+    version = request.match_info.get("version")
+    nodes, known = _model_nodes(router, model)
+    if version is not None and version != "1":
+        return _error(404, f"model '{model}' has no version '{version}'")
+    if not nodes:
+        return _unknown_or_unavailable(model, known)
+    return web.json_response({"name": model, "ready": True, "nodes": len(nodes)})
+
+
+async def repository_index(request: web.Request) -> web.Response:
+    router = request.app[ROUTER]
+    view = router.store.view
+    serving = view.models(router.clock())
+    names = sorted({m for n in view for m in n.load.models})
+    return web.json_response([
+        {"name": m, "version": "1", "state": "READY" if m in serving else "UNAVAILABLE",
+         **({} if m in serving else {"reason": "no fresh ready node serves it"})}
+        for m in names])
+
+
+async def infer(request: web.Request) -> web.Response:
+    router = request.app[ROUTER]
+    arrived = router.clock()
+    model = request.match_info["model"]
+    cfg = router.config
+    if request.content_length is not None and request.content_length > cfg.max_body_bytes:
+        return _error(413, f"request body of {request.content_length} bytes exceeds {cfg.max_body_bytes}")
+    try:
+        body = await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        return _error(413, f"request body exceeds {cfg.max_body_bytes} bytes")
+    try:
+        doc = _parse_header(body, request.headers.get(HEADER_LENGTH))
+        params = doc.get("parameters") or {}
+        if not isinstance(params, dict):
+            raise BadHint("'parameters' must be an object")
+        priority = _number(request.headers.get(PRIORITY_HEADER, params.get("priority")), "priority")
+        if priority is not None and priority != int(priority):
+            raise BadHint("'priority' must be an integer")
+        deadline = _number(request.headers.get(DEADLINE_HEADER, params.get("deadline_ms")), "deadline_ms")
+        if deadline is not None and deadline <= 0:
+            raise BadHint("'deadline_ms' must be positive")
+        site = request.headers.get(SITE_HEADER, params.get("site"))
+        if site is not None and not isinstance(site, str):
+            raise BadHint("'site' must be a string")
+        batch = _batch_of(doc)
+    except BadHint as exc:
+        return _error(400, str(exc))
+    nodes, known = _model_nodes(router, model)
+    if not nodes:
+        response = _unknown_or_unavailable(model, known)
+        _count(router, model, int(priority or 0), "none", response.status, arrived)
+        return response
+    budget = min(deadline if deadline is not None else cfg.default_deadline_ms, cfg.max_deadline_ms)
+    req_id = str(doc.get("id") or uuid.uuid4().hex[:16])
+    prio = int(priority or 0)
+    headers = {"Content-Type": request.headers.get("Content-Type", "application/json"),
+               PRIORITY_HEADER: str(prio)}
+    if HEADER_LENGTH in request.headers:
+        headers[HEADER_LENGTH] = request.headers[HEADER_LENGTH]
+    outcome: Outcome = await router.dispatcher.dispatch(
+        RouteRequest(model, prio, budget, site, batch, req_id), request.path, body, headers,
+        arrived + budget)
+    for seconds in router.dispatcher.decision_seconds:
+        router.metrics.decision.observe(seconds)
+    router.dispatcher.decision_seconds.clear()
+    if outcome.attempts > 1:
+        router.metrics.retries.labels(model).inc(outcome.attempts - 1)
+    _count(router, model, prio, outcome.node, outcome.status, arrived)
+    out_headers = dict(outcome.headers)
+    out_headers["x-edgeroute-node"] = outcome.node
+    out_headers["x-edgeroute-attempts"] = str(outcome.attempts)
+    content_type = out_headers.pop("Content-Type", "application/json").split(";")[0]
+    return web.Response(status=outcome.status, body=outcome.body, headers=out_headers,
+                        content_type=content_type)
+
+
+def _count(router: Router, model: str, priority: int, node: str, status: int, arrived: float) -> None:
+    outcome = "ok" if status < 400 else str(status)
+    router.metrics.requests.labels(model, str(priority), node, outcome).inc()
+    router.metrics.latency.labels(model, str(priority)).observe(max(0.0, router.clock() - arrived) / 1000)
+
+
+def _parse_header(body: bytes, header_length: str | None) -> dict[str, Any]:
+    head = body
+    if header_length is not None:
+        try:
+            n = int(header_length)
+        except ValueError:
+            raise BadHint(f"{HEADER_LENGTH} is not an integer") from None
+        if not 0 <= n <= len(body):
+            raise BadHint(f"{HEADER_LENGTH} {n} is outside the body of {len(body)} bytes")
+        head = body[:n]
+    try:
+        doc = json.loads(head)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise BadHint(f"malformed JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise BadHint("request body must be a JSON object")
+    inputs = doc.get("inputs")
+    if not isinstance(inputs, list) or not inputs:
+        raise BadHint("'inputs' must be a non-empty list")
+    return doc
+
+
+def _batch_of(doc: dict[str, Any]) -> int:
+    first = doc["inputs"][0]
+    shape = first.get("shape") if isinstance(first, dict) else None
+    if isinstance(shape, list) and shape and isinstance(shape[0], int) and shape[0] > 0:
+        return shape[0]
+    return 1
+
+
+# --- admin and observability ---------------------------------------------------------------------
+
+
+async def get_policy(request: web.Request) -> web.Response:
+    router = request.app[ROUTER]
+    spec = router.policies.spec
+    body = spec.model_dump(exclude_none=True) if isinstance(spec, PolicySpec) else {}
+    return web.json_response({"name": router.policies.current.name, "spec": body})
+
+
+async def put_policy(request: web.Request) -> web.Response:
+    router = request.app[ROUTER]
+    try:
+        raw = await request.json()
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        return _error(400, f"malformed JSON: {exc}")
+    try:
+        spec = router.reload_policy(raw, "PUT /admin/policy")
+    except PolicyConfigError as exc:
+        return _error(400, f"policy rejected, keeping '{router.policies.current.name}': {exc}")
+    return web.json_response({"name": router.policies.current.name,
+                              "spec": spec.model_dump(exclude_none=True)})
+
+
+async def get_view(request: web.Request) -> web.Response:
+    router = request.app[ROUTER]
+    now = router.clock()
+    view = router.dispatcher.tracker.overlay(router.store.view)
+    return web.json_response({
+        "nodes": [{"node_id": n.node_id, "endpoint": n.endpoint, "partition": n.partition,
+                   "tier": n.load.tier, "status": n.load.status, "fresh": view.is_fresh(n, now),
+                   "age_ms": round(view.age_ms(n.node_id, now), 1), "outstanding": view.outstanding(n),
+                   "capacity": n.capacity, "models": sorted(n.load.models)} for n in view],
+        "telemetry": {"messages": router.store.messages, "malformed": router.store.malformed},
+    })
+
+
+async def metrics(request: web.Request) -> web.Response:
+    router = request.app[ROUTER]
+    return web.Response(body=generate_latest(router.metrics.registry),
+                        headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+def create_app(config: RouterConfig, *, source: TelemetrySource | None = None,
+               client: NodeClient | None = None, clock: Callable[[], float] = now_ms,
+               config_path: Path | None = None) -> web.Application:
+    """The router application. Without `source`, telemetry comes from Kafka at `config.kafka`."""
+    if source is None:
+        if config.kafka is None:
+            raise ConfigError("router needs 'kafka' (a bootstrap HOST:PORT) or an explicit telemetry source")
+        source = KafkaTelemetrySource(config.kafka, config.topic, config.lookback_ms,
+                                      config.fetch_max_wait_ms, clock)
+    if client is None:
+        client = HttpNodeClient(config.pool_per_node, config.connect_timeout_ms / 1000.0)
+    app = web.Application(client_max_size=config.max_body_bytes, middlewares=[json_errors])
+    app[ROUTER] = Router(config, source, client, clock, config_path)
+    app.cleanup_ctx.append(_lifecycle)
+    app.cleanup_ctx.append(_config_watcher)
+    r = app.router
+    r.add_get("/v2/health/live", live)
+    r.add_get("/v2/health/ready", ready)
+    r.add_get("/v2", server_metadata)
+    r.add_get("/v2/models/{model}", model_metadata)
+    r.add_get("/v2/models/{model}/versions/{version}", model_metadata)
+    r.add_get("/v2/models/{model}/ready", model_ready)
+    r.add_get("/v2/models/{model}/versions/{version}/ready", model_ready)
+    r.add_post("/v2/models/{model}/infer", infer)
+    r.add_post("/v2/models/{model}/versions/{version}/infer", infer)
+    r.add_post("/v2/repository/index", repository_index)
+    r.add_get("/admin/policy", get_policy)
+    r.add_put("/admin/policy", put_policy)
+    r.add_get("/admin/view", get_view)
+    r.add_get("/metrics", metrics)
+    return app
+
+
+async def serve(config: RouterConfig, stop: asyncio.Event, config_path: Path | None = None,
+                on_bound: Callable[[int], None] | None = None, reuse_port: bool = False) -> None:
+    app = create_app(config, config_path=config_path)
+    runner = web.AppRunner(app, handle_signals=False, access_log=None)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, config.host, config.port, reuse_port=reuse_port or None)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        if on_bound is not None:
+            on_bound(port)
+        loop = asyncio.get_running_loop()
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            import signal
+
+            loop.add_signal_handler(signal.SIGHUP, app[ROUTER].reload_file)
+        await stop.wait()
+    finally:
+        await runner.cleanup()
+
+

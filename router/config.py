@@ -1,0 +1,69 @@
+"""Router configuration: a YAML file decoded strictly (unknown keys rejected)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from policies.registry import PolicyConfigError, PolicySpec, build_policy
+
+
+class ConfigError(ValueError):
+    pass
+
+
+class RouterConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=0, le=65535)
+    kafka: str | None = Field(None, description="telemetry bootstrap HOST:PORT")
+    topic: str = "edgeroute.telemetry"
+    policy: PolicySpec = Field(default_factory=lambda: PolicySpec(preset="p2c"))
+    seed: int = Field(0, description="seed of the policies' random.Random")
+    stale_after_ms: float = Field(1000.0, gt=0)
+    lookback_ms: float = Field(5000.0, ge=0, description="telemetry history read at start")
+    fetch_max_wait_ms: int = Field(10, ge=1)
+    default_deadline_ms: float = Field(2000.0, gt=0, description="budget of requests that give none")
+    max_deadline_ms: float = Field(60000.0, gt=0)
+    max_body_bytes: int = Field(8 << 20, ge=1024)
+    max_attempts: int = Field(3, ge=1, le=10, description="dispatches per request, first included")
+    connect_timeout_ms: float = Field(500.0, gt=0)
+    pool_per_node: int = Field(64, ge=1, description="keep-alive connections per node")
+
+
+def _first_error(exc: ValidationError, prefix: str = "") -> str:
+    first = exc.errors()[0]
+    where = ".".join(str(p) for p in first["loc"]) or "config"
+    return f"{prefix}{where}: {first['msg']}"
+
+
+def parse_config(raw: Any) -> RouterConfig:
+    """Validate a decoded document, including building the policy once, or raise ConfigError."""
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError("router config must be a mapping")
+    try:
+        cfg = RouterConfig.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(_first_error(exc)) from None
+    try:
+        build_policy(cfg.policy)
+    except PolicyConfigError as exc:
+        raise ConfigError(f"policy: {exc}") from None
+    return cfg
+
+
+def load_config(path: str | Path) -> RouterConfig:
+    try:
+        raw = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+    try:
+        return parse_config(raw)
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from None

