@@ -19,8 +19,10 @@ from nodes.server import serve
 
 def load_config(text: str) -> NodeConfig:
     """A config from a JSON/YAML file path, or inline JSON."""
-    path = Path(text)
-    raw = yaml.safe_load(path.read_text()) if path.exists() else json.loads(text)
+    if text.lstrip().startswith("{"):
+        raw = json.loads(text)
+    else:
+        raw = yaml.safe_load(Path(text).read_text())
     return NodeConfig.model_validate(raw)
 
 

@@ -99,7 +99,8 @@ def decode_request(doc: dict[str, Any], tail: bytes, specs: dict[str, TensorSpec
     raw_inputs = doc.get("inputs")
     if not isinstance(raw_inputs, list) or not raw_inputs:
         raise BadRequest("'inputs' must be a non-empty list")
-    params = doc.get("parameters") or {}
+    params = doc.get("parameters")
+    params = {} if params is None else params
     if not isinstance(params, dict):
         raise BadRequest("'parameters' must be an object")
     feeds: dict[str, np.ndarray] = {}
@@ -129,7 +130,8 @@ def decode_request(doc: dict[str, Any], tail: bytes, specs: dict[str, TensorSpec
             raise BadRequest(f"input '{name}' has shape {shape}, expected {list(spec.shape)}")
         dtype = DATATYPES[spec.datatype]
         count = int(np.prod(shape)) if shape else 1
-        item_params = item.get("parameters") or {}
+        item_params = item.get("parameters")
+        item_params = {} if item_params is None else item_params
         if not isinstance(item_params, dict):
             raise BadRequest(f"input '{name}' parameters must be an object")
         if "binary_data_size" in item_params:

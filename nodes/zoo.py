@@ -9,10 +9,10 @@ into a cache folder (`EDGEROUTE_ZOO_DIR`, default `~/.cache/edgeroute/zoo`) and 
 |------------------|---------------------------|-------------------------------|------------------------|
 | echo             | identity (benchmarks)     | x FP32 [N,4]                  | y FP32 [N,4]           |
 | sensor_mlp       | IoT sensor MLP            | readings FP32 [N,16]          | probabilities [N,4]    |
-| mobilenet_s      | depthwise-separable CNN   | image FP32 [N,3,32,32]        | probabilities [N,10]   |
-| resnet_s         | residual CNN              | image FP32 [N,3,32,32]        | probabilities [N,10]   |
+| mobilenet_s      | depthwise-separable CNN   | image FP32 [N,3,64,64]        | probabilities [N,10]   |
+| resnet_s         | residual CNN              | image FP32 [N,3,64,64]        | probabilities [N,10]   |
 | tiny_transformer | 1-layer encoder           | tokens FP32 [N,16,32]         | logits [N,8]           |
-| detector_head    | detector-style head       | image FP32 [N,3,32,32]        | boxes [N,8,4], scores [N,8] |
+| detector_head    | detector-style head       | image FP32 [N,3,64,64]        | boxes [N,8,4], scores [N,8] |
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-ZOO_VERSION = 1
+ZOO_VERSION = 2
 OPSET = 17
 IR_VERSION = 9  # readable by every onnxruntime >= 1.15
 
@@ -123,7 +123,7 @@ def _mobilenet_s(seed: int) -> onnx.ModelProto:
         h = g.conv(h, c_in, c_in, stride=stride, group=c_in)  # depthwise
         h = g.conv(h, c_in, c_out, k=1)  # pointwise
     out = _head(g, h, 128, 10)
-    return g.model("mobilenet_s", [_fp32("image", ["N", 3, 32, 32])], [(out, "probabilities")],
+    return g.model("mobilenet_s", [_fp32("image", ["N", 3, 64, 64])], [(out, "probabilities")],
                    [_fp32("probabilities", ["N", 10])])
 
 
@@ -137,7 +137,7 @@ def _resnet_s(seed: int) -> onnx.ModelProto:
                                                                  relu=False)
         h = g.op("Relu", [g.op("Add", [y, skip])])
     out = _head(g, h, 128, 10)
-    return g.model("resnet_s", [_fp32("image", ["N", 3, 32, 32])], [(out, "probabilities")],
+    return g.model("resnet_s", [_fp32("image", ["N", 3, 64, 64])], [(out, "probabilities")],
                    [_fp32("probabilities", ["N", 10])])
 
 
@@ -174,7 +174,7 @@ def _detector_head(seed: int) -> onnx.ModelProto:
     raw_boxes = g.dense(pooled, 32, 8 * 4)
     boxes = g.op("Sigmoid", [g.op("Reshape", [raw_boxes, g.const(np.array([-1, 8, 4], np.int64))])])
     scores = g.op("Sigmoid", [g.dense(pooled, 32, 8)])
-    return g.model("detector_head", [_fp32("image", ["N", 3, 32, 32])],
+    return g.model("detector_head", [_fp32("image", ["N", 3, 64, 64])],
                    [(boxes, "boxes"), (scores, "scores")],
                    [_fp32("boxes", ["N", 8, 4]), _fp32("scores", ["N", 8])])
 

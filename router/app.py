@@ -26,7 +26,7 @@ from policies.api import RouteRequest
 from policies.registry import PolicyConfigError, PolicySpec, build_policy
 from router.config import ConfigError, RouterConfig, load_config
 from router.dispatch import Dispatcher, Outcome, PolicyHolder
-from router.metrics import RouterMetrics
+from router.metrics import RouterMetrics, quantile
 from router.node_client import HttpNodeClient, NodeClient, NodeTimeout, NodeUnavailable
 from telemetry.bus import KafkaTelemetrySource, TelemetrySource, now_ms
 from telemetry.store import ViewStore
@@ -247,7 +247,8 @@ async def infer(request: web.Request) -> web.Response:
         return _error(413, f"request body exceeds {cfg.max_body_bytes} bytes")
     try:
         doc = _parse_header(body, request.headers.get(HEADER_LENGTH))
-        params = doc.get("parameters") or {}
+        params = doc.get("parameters")
+        params = {} if params is None else params
         if not isinstance(params, dict):
             raise BadHint("'parameters' must be an object")
         priority = _number(request.headers.get(PRIORITY_HEADER, params.get("priority")), "priority")
@@ -360,8 +361,14 @@ async def get_view(request: web.Request) -> web.Response:
                    "tier": n.load.tier, "status": n.load.status, "fresh": view.is_fresh(n, now),
                    "age_ms": round(view.age_ms(n.node_id, now), 1), "outstanding": view.outstanding(n),
                    "capacity": n.capacity, "models": sorted(n.load.models)} for n in view],
-        "telemetry": {"messages": router.store.messages, "malformed": router.store.malformed},
+        "telemetry": telemetry_summary(router.store),
     })
+
+
+def telemetry_summary(store: ViewStore) -> dict[str, Any]:
+    lags = sorted(store.lag_ms)
+    return {"messages": store.messages, "malformed": store.malformed,
+            "lag_ms": {"p50": round(quantile(lags, 0.5), 3), "p99": round(quantile(lags, 0.99), 3)}}
 
 
 async def metrics(request: web.Request) -> web.Response:

@@ -15,7 +15,7 @@ LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
 DECISION_BUCKETS = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 1e-2)
 
 
-def _quantile(sorted_values: list[float], q: float) -> float:
+def quantile(sorted_values: list[float], q: float) -> float:
     if not sorted_values:
         return 0.0
     i = min(len(sorted_values) - 1, max(0, round(q * (len(sorted_values) - 1))))
@@ -39,7 +39,7 @@ class _ViewCollector(Collector):
                                 labels=["quantile"])
         samples = sorted(store.lag_ms)
         for q in (0.5, 0.99):
-            lag.add_metric([str(q)], _quantile(samples, q))
+            lag.add_metric([str(q)], quantile(samples, q))
         yield lag
         view = store.view
         now = self.clock()

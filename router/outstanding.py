@@ -55,7 +55,7 @@ class OutstandingTracker:
         for state in view:
             n = self._nodes.get(state.node_id)
             if n is None:
-                continue
+                n = self._nodes[state.node_id] = _Node()
             load = state.load
             if (load.seq, load.sent_at_ms) != (n.report_seq, n.report_sent_ms):
                 n.report_seq, n.report_sent_ms = load.seq, load.sent_at_ms

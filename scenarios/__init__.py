@@ -1,0 +1,1 @@
+"""Scenarios: schema, local stack launcher, live replay, reports, benchmarks, and the CLI."""

@@ -1,0 +1,103 @@
+"""Benchmarks: programs that print figures and write JSON; they assert nothing.
+
+`edgeroute bench router`: the latency the router adds and the request rate it sustains, against
+calling the node directly, on the trivial `echo` model, closed loop at each concurrency. Everything
+(broker, node, router, this load generator) shares the machine, so the figures are for comparing
+builds on one host, not absolute capacity.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import platform
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from scenarios.launcher import Stack
+from scenarios.report import percentile
+from scenarios.schema import Scenario
+
+BODY = json.dumps({"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32",
+                               "data": [1.0, 2.0, 3.0, 4.0]}]}).encode()
+
+
+async def closed_loop(url: str, concurrency: int, requests: int, warmup: int) -> dict[str, Any]:
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    latencies: list[float] = []
+    failures = 0
+    async with aiohttp.ClientSession(connector=connector) as session:
+
+        async def one(record: bool) -> None:
+            nonlocal failures
+            t0 = time.perf_counter()
+            async with session.post(url, data=BODY, headers={"Content-Type": "application/json"}) as resp:
+                await resp.read()
+                ok = resp.status == 200
+            if record:
+                if ok:
+                    latencies.append((time.perf_counter() - t0) * 1000.0)
+                else:
+                    failures += 1
+
+        async def worker(n: int, record: bool) -> None:
+            for _ in range(n):
+                await one(record)
+
+        await asyncio.gather(*(worker(max(1, warmup // concurrency), False) for _ in range(concurrency)))
+        per = requests // concurrency
+        start = time.perf_counter()
+        await asyncio.gather(*(worker(per, True) for _ in range(concurrency)))
+        elapsed = time.perf_counter() - start
+    latencies.sort()
+    return {"concurrency": concurrency, "requests": per * concurrency, "failures": failures,
+            "p50_ms": round(percentile(latencies, 50), 3), "p99_ms": round(percentile(latencies, 99), 3),
+            "rps": round(len(latencies) / elapsed, 1)}
+
+
+def bench_router(out_dir: Path, requests: int = 2000, concurrencies: tuple[int, ...] = (1, 32),
+                 kafka: str | None = None) -> dict[str, Any]:
+    scenario = Scenario.model_validate({
+        "name": "bench-router",
+        "topology": {"partitions": ["edge-a"],
+                     "nodes": [{"id": "bench-node", "partition": "edge-a", "slots": 1, "max_queue": 1024,
+                                "models": ["echo"]}]},
+        "workload": {"sites": [{"site": "edge-a", "rate_rps": 1, "models": {"echo": 1}}]},
+        "router": {"default_deadline_ms": 10000},
+        "policies": ["p2c"],
+    })
+    rows: list[dict[str, Any]] = []
+    with Stack(scenario, kafka=kafka) as stack:
+        direct = f"{stack.nodes['bench-node'].url}/v2/models/echo/infer"
+        routed = f"{stack.router_url}/v2/models/echo/infer"
+        for c in concurrencies:
+            for target, url in (("direct", direct), ("router", routed)):
+                row = asyncio.run(closed_loop(url, c, requests, warmup=min(200, requests // 5)))
+                row["target"] = target
+                rows.append(row)
+                print(f"  {target:<7} c={c:<3} p50 {row['p50_ms']:7.3f} ms  p99 {row['p99_ms']:7.3f} ms  "
+                      f"{row['rps']:8.1f} req/s  ({row['failures']} failed)", flush=True)
+    summary = []
+    for c in concurrencies:
+        d = next(r for r in rows if r["target"] == "direct" and r["concurrency"] == c)
+        r = next(r for r in rows if r["target"] == "router" and r["concurrency"] == c)
+        summary.append({"concurrency": c,
+                        "added_p50_ms": round(r["p50_ms"] - d["p50_ms"], 3),
+                        "added_p99_ms": round(r["p99_ms"] - d["p99_ms"], 3),
+                        "direct_rps": d["rps"], "router_rps": r["rps"]})
+    result = {"benchmark": "router", "model": "echo", "requests_per_run": requests,
+              "host": {"machine": platform.machine(), "python": platform.python_version()},
+              "at": datetime.now(UTC).isoformat(timespec="seconds"), "runs": rows, "summary": summary}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "router.json").write_text(json.dumps(result, indent=2) + "\n")
+    print(f"{'concurrency':>11} {'added p50 ms':>13} {'added p99 ms':>13} {'direct req/s':>13} "
+          f"{'router req/s':>13}")
+    for s in summary:
+        print(f"{s['concurrency']:>11} {s['added_p50_ms']:>13.3f} {s['added_p99_ms']:>13.3f} "
+              f"{s['direct_rps']:>13.1f} {s['router_rps']:>13.1f}")
+    print(f"written: {out_dir / 'router.json'}")
+    return result

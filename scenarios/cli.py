@@ -1,0 +1,131 @@
+"""The `edgeroute` command: up, replay, bench, node, router, zoo."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import time
+from pathlib import Path
+from types import FrameType
+
+from scenarios.schema import ScenarioError, load_scenario
+
+DEFAULT_SCENARIO = Path(__file__).parent / "quickstart.yaml"
+
+
+def _up(args: argparse.Namespace) -> int:
+    from scenarios.launcher import Stack
+
+    scenario = load_scenario(args.scenario or DEFAULT_SCENARIO)
+    stopping = []
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stopping.append(signum)
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    stack = Stack(scenario, kafka=args.kafka, router_port=args.port)
+    try:
+        stack.start()
+        print(f"router: {stack.router_url}", flush=True)
+        print(f"kafka: {stack.bootstrap}", flush=True)
+        print(f"logs: {stack.log_dir}", flush=True)
+        while not stopping:
+            time.sleep(0.2)
+            for name, proc in list(stack.nodes.items()):
+                if proc.popen.poll() is not None:
+                    print(f"node {name} exited with {proc.popen.returncode}; see {proc.log_path}",
+                          file=sys.stderr, flush=True)
+                    stack.nodes.pop(name)
+    finally:
+        stack.stop()
+    print("stopped", flush=True)
+    return 0
+
+
+def _replay(args: argparse.Namespace) -> int:
+    from scenarios.replay import run_replay
+
+    scenario = load_scenario(args.scenario)
+    if args.seed is not None:
+        scenario = scenario.model_copy(update={"seed": args.seed})
+    runs = [scenario.policy(p) for p in args.policy] if args.policy else list(scenario.policies)
+    out = Path(args.out) if args.out else Path("reports") / scenario.name
+    run_replay(scenario, runs, out, kafka=args.kafka, duration_s=args.duration)
+    return 0
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from scenarios.bench import bench_router
+
+    bench_router(Path(args.out), requests=args.requests, kafka=args.kafka)
+    return 0
+
+
+def _zoo(args: argparse.Namespace) -> int:
+    from nodes import zoo
+
+    for name in args.models or sorted(zoo.ZOO):
+        path = zoo.ensure(name)
+        print(f"{name:<18} {path.stat().st_size:>9} bytes  {path}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "node":
+        from nodes.__main__ import main as node_main
+
+        return node_main(argv[1:])
+    if argv and argv[0] == "router":
+        from router.__main__ import main as router_main
+
+        return router_main(argv[1:])
+    parser = argparse.ArgumentParser(prog="edgeroute", description="edge-cloud inference router")
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("node", help="run one model server node (see `edgeroute node --help`)")
+    sub.add_parser("router", help="run the router (see `edgeroute router --help`)")
+
+    up = sub.add_parser("up", help="start broker, nodes and router for a scenario; Ctrl-C stops all")
+    up.add_argument("scenario", nargs="?", help="scenario file (default: the quickstart topology)")
+    up.add_argument("--kafka", help="use this Kafka bootstrap HOST:PORT instead of the embedded broker")
+    up.add_argument("--port", type=int, default=0, help="router port (default: a free one)")
+    up.set_defaults(func=_up)
+
+    rp = sub.add_parser("replay", help="replay a scenario once per policy on the live stack")
+    rp.add_argument("scenario")
+    rp.add_argument("--policy", action="append", help="run name or preset (repeatable; default: all)")
+    rp.add_argument("--out", help="report folder (default: reports/<scenario>/)")
+    rp.add_argument("--kafka", help="external Kafka bootstrap HOST:PORT")
+    rp.add_argument("--seed", type=int, help="override the scenario's seed")
+    rp.add_argument("--duration", type=float, help="override the workload duration (seconds)")
+    rp.set_defaults(func=_replay)
+
+    bench = sub.add_parser("bench", help="benchmarks (print and save figures)")
+    bench.add_argument("what", choices=["router"])
+    bench.add_argument("--out", default="reports/bench")
+    bench.add_argument("--requests", type=int, default=2000, help="requests per measured run")
+    bench.add_argument("--kafka", help="external Kafka bootstrap HOST:PORT")
+    bench.set_defaults(func=_bench)
+
+    zoo = sub.add_parser("zoo", help="build the model zoo into its cache folder and list it")
+    zoo.add_argument("models", nargs="*")
+    zoo.set_defaults(func=_zoo)
+
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.getLogger("kafka").setLevel(logging.ERROR)
+    try:
+        code: int = args.func(args)
+        return code
+    except ScenarioError as exc:
+        print(f"edgeroute: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

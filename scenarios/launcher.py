@@ -1,0 +1,206 @@
+"""The local stack: broker (embedded Tansu unless `--kafka` is given), one process per node, a router.
+
+`Stack` starts everything on loopback, waits until the router sees every node through Kafka, and stops
+everything by pid in reverse order, also when start-up fails half way. Each process writes its log to
+`<log_dir>/<name>.log`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import yaml
+
+from scenarios.schema import NodeSpec, Scenario
+from telemetry.broker import EmbeddedBroker, free_port, wait_for_port
+from telemetry.bus import ensure_topic
+
+log = logging.getLogger("edgeroute.launcher")
+
+
+def http_json(url: str, method: str = "GET", body: Any = None, timeout_s: float = 5.0) -> tuple[int, Any]:
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, method=method,
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+            return resp.status, json.loads(resp.read() or b"null")
+    except urllib.error.HTTPError as exc:
+        raw = exc.read()
+        try:
+            return exc.code, json.loads(raw)
+        except ValueError:
+            return exc.code, raw.decode(errors="replace")
+
+
+def node_config(spec: NodeSpec, port: int, kafka: str, seed: int, extra: dict[str, Any] | None = None
+                ) -> dict[str, Any]:
+    cfg: dict[str, Any] = {
+        "node_id": spec.id, "partition": spec.partition, "tier": spec.tier, "port": port,
+        "device": spec.device, "slots": spec.slots, "max_queue": spec.max_queue, "speed": spec.speed,
+        "memory_budget_bytes": spec.memory_budget_mb << 20, "kafka": kafka,
+        "models": [{"name": m, "seed": seed} for m in spec.models],
+    }
+    cfg.update(extra or {})
+    return cfg
+
+
+@dataclass
+class Proc:
+    name: str
+    popen: subprocess.Popen[bytes]
+    log_path: Path
+    url: str = ""
+    port: int = 0
+
+
+@dataclass
+class Stack:
+    """A running local stack for one scenario."""
+
+    scenario: Scenario
+    kafka: str | None = None
+    log_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="edgeroute-")))
+    router_port: int = 0
+    router_overrides: dict[str, Any] = field(default_factory=dict)
+    broker: EmbeddedBroker | None = None
+    nodes: dict[str, Proc] = field(default_factory=dict)
+    router: Proc | None = None
+    router_config_path: Path | None = None
+
+    @property
+    def bootstrap(self) -> str:
+        assert self.kafka is not None
+        return self.kafka
+
+    @property
+    def router_url(self) -> str:
+        assert self.router is not None
+        return self.router.url
+
+    def start(self, timeout_s: float = 60.0) -> Stack:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            if self.kafka is None:
+                self.broker = EmbeddedBroker(log_path=str(self.log_dir / "broker.log")).start()
+                self.kafka = self.broker.bootstrap
+            ensure_topic(self.bootstrap)
+            for spec in self.scenario.topology.nodes:
+                self.start_node(spec)
+            self.start_router()
+            self.wait_ready(timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _spawn(self, name: str, args: list[str]) -> Proc:
+        log_path = self.log_dir / f"{name}.log"
+        out = open(log_path, "ab")  # noqa: SIM115 - the child owns it after fork
+        try:
+            popen = subprocess.Popen([sys.executable, *args], stdout=out, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        finally:
+            out.close()
+        return Proc(name, popen, log_path)
+
+    def start_node(self, spec: NodeSpec) -> Proc:
+        port = free_port()
+        cfg = node_config(spec, port, self.bootstrap, self.scenario.seed)
+        proc = self._spawn(spec.id, ["-m", "nodes", "--config", json.dumps(cfg), "--log-level", "WARNING"])
+        proc.port, proc.url = port, f"http://127.0.0.1:{port}"
+        self.nodes[spec.id] = proc
+        return proc
+
+    def start_router(self) -> Proc:
+        port = self.router_port or free_port()
+        cfg: dict[str, Any] = {"kafka": self.bootstrap, "port": port, "seed": self.scenario.seed,
+                               "policy": self.scenario.policies[0].policy.model_dump(exclude_none=True)}
+        cfg.update(self.scenario.router)
+        cfg.update(self.router_overrides)
+        self.router_config_path = self.log_dir / "router.yaml"
+        self.router_config_path.write_text(yaml.safe_dump(cfg))
+        proc = self._spawn("router", ["-m", "router", "--config", str(self.router_config_path),
+                                      "--log-level", "WARNING"])
+        proc.port, proc.url = port, f"http://127.0.0.1:{port}"
+        self.router = proc
+        return proc
+
+    def _check_alive(self) -> None:
+        for proc in [*self.nodes.values(), *([self.router] if self.router else [])]:
+            code = proc.popen.poll()
+            if code is not None:
+                tail = proc.log_path.read_text(errors="replace")[-2000:]
+                raise RuntimeError(f"{proc.name} exited with {code} during start-up:\n{tail}")
+
+    def wait_ready(self, timeout_s: float) -> None:
+        """Until the router's view holds every node, fresh (telemetry really flows)."""
+        deadline = time.monotonic() + timeout_s
+        assert self.router is not None
+        want = set(self.nodes)
+        while True:
+            self._check_alive()
+            try:
+                wait_for_port("127.0.0.1", self.router.port, 0.5)
+                status, view = http_json(f"{self.router.url}/admin/view", timeout_s=2)
+                fresh = {n["node_id"] for n in view["nodes"] if n["fresh"] and n["status"] == "ready"}
+                if status == 200 and want <= fresh:
+                    return
+            except (OSError, TimeoutError, KeyError, TypeError, ValueError):
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"stack not ready after {timeout_s:.0f}s; logs in {self.log_dir}")
+            time.sleep(0.2)
+
+    def set_policy(self, spec: dict[str, Any]) -> None:
+        status, body = http_json(f"{self.router_url}/admin/policy", "PUT", spec)
+        if status != 200:
+            raise RuntimeError(f"router rejected policy {spec}: {body}")
+
+    def stop_node(self, node_id: str) -> None:
+        proc = self.nodes.pop(node_id)
+        _terminate(proc.popen)
+
+    def stop_router(self) -> None:
+        if self.router is not None:
+            _terminate(self.router.popen)
+            self.router = None
+
+    def stop(self) -> None:
+        if self.router is not None:
+            self.stop_router()
+        for node_id in list(self.nodes):
+            self.stop_node(node_id)
+        if self.broker is not None:
+            self.broker.stop()
+            self.broker = None
+
+    def __enter__(self) -> Stack:
+        return self.start()
+
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
+
+
+def _terminate(popen: subprocess.Popen[bytes], timeout_s: float = 10.0) -> None:
+    if popen.poll() is None:
+        popen.send_signal(signal.SIGTERM)
+        try:
+            popen.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            popen.kill()
+            popen.wait(timeout=5)

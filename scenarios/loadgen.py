@@ -1,0 +1,151 @@
+"""Open-loop load: a seeded arrival schedule, sent on time whatever the answers, every answer recorded.
+
+Open loop matters: a closed-loop client slows down when the system does and hides the tail. Arrivals
+are generated up front from the scenario and its seed (the same schedule for every policy compared),
+bounded by `duration_s` and `max_requests`. Each request carries its routing hints in headers, so the
+body per model is encoded once. A request with no HTTP answer within its deadline plus a grace period
+is `lost`; the router's contract is that this never happens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import numpy as np
+
+from scenarios.schema import Workload
+
+DATATYPE_NUMPY = {"FP32": np.float32, "FP64": np.float64, "FP16": np.float16, "INT64": np.int64,
+                  "INT32": np.int32, "INT8": np.int8, "UINT8": np.uint8, "BOOL": np.bool_}
+
+
+@dataclass(frozen=True, slots=True)
+class Arrival:
+    at_s: float
+    site: str
+    model: str
+    priority: int
+    deadline_ms: float
+
+
+@dataclass(slots=True)
+class Result:
+    arrival: Arrival
+    status: int | None  # None: no answer at all (lost)
+    latency_ms: float
+    node: str
+    error: str = ""
+
+
+def build_schedule(workload: Workload, seed: int, duration_s: float | None = None) -> list[Arrival]:
+    """Poisson arrivals per site over the duration; model and priority drawn from the site's mix."""
+    rng = random.Random(seed)
+    horizon = duration_s if duration_s is not None else workload.duration_s
+    out: list[Arrival] = []
+    for site in workload.sites:
+        models, model_w = list(site.models), list(site.models.values())
+        prios, prio_w = list(site.priorities), list(site.priorities.values())
+        t = 0.0
+        while True:
+            t += rng.expovariate(site.rate_rps)
+            if t >= horizon:
+                break
+            prio = rng.choices(prios, prio_w)[0]
+            deadline = site.deadline_ms.get(prio, workload.default_deadline_ms)
+            out.append(Arrival(t, site.site, rng.choices(models, model_w)[0], prio, deadline))
+    out.sort(key=lambda a: a.at_s)
+    return out[: workload.max_requests]
+
+
+@dataclass(frozen=True)
+class Payload:
+    """A ready-to-send request body; `header_length` set when it uses binary tensor data."""
+
+    body: bytes
+    header_length: int | None = None
+
+
+def example_payload(metadata: dict[str, Any], seed: int, binary_over: int = 1024) -> Payload:
+    """An OIP request for a model from its metadata, batch 1, seeded random data.
+
+    Inputs with more than `binary_over` elements travel as binary tensor data (as a camera client
+    would send a frame), smaller ones as JSON.
+    """
+    import json
+
+    rng = np.random.default_rng(seed)
+    inputs = []
+    blobs: list[bytes] = []
+    for spec in metadata["inputs"]:
+        shape = [1 if d < 0 else d for d in spec["shape"]]
+        dtype = np.dtype(DATATYPE_NUMPY[spec["datatype"]])
+        data = rng.random(shape).astype(dtype) if dtype.kind == "f" else rng.integers(0, 2, shape).astype(dtype)
+        entry: dict[str, Any] = {"name": spec["name"], "shape": shape, "datatype": spec["datatype"]}
+        if data.size > binary_over:
+            blob = np.ascontiguousarray(data).astype(dtype.newbyteorder("<")).tobytes()
+            entry["parameters"] = {"binary_data_size": len(blob)}
+            blobs.append(blob)
+        else:
+            entry["data"] = data.reshape(-1).tolist()
+        inputs.append(entry)
+    head = json.dumps({"inputs": inputs}, separators=(",", ":")).encode()
+    if not blobs:
+        return Payload(head)
+    return Payload(head + b"".join(blobs), len(head))
+
+
+async def fetch_payloads(router_url: str, models: set[str], seed: int) -> dict[str, Payload]:
+    out: dict[str, Payload] = {}
+    async with aiohttp.ClientSession() as session:
+        for model in sorted(models):
+            async with session.get(f"{router_url}/v2/models/{model}") as resp:
+                if resp.status != 200:
+                    raise RuntimeError(f"metadata of {model}: {resp.status} {await resp.text()}")
+                out[model] = example_payload(await resp.json(), seed)
+    return out
+
+
+async def run_load(router_url: str, schedule: list[Arrival], payloads: dict[str, Payload],
+                   grace_s: float = 5.0, progress: Any = None) -> list[Result]:
+    """Send `schedule` open-loop; one Result per arrival, in schedule order."""
+    results: list[Result | None] = [None] * len(schedule)
+    connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30)
+    async with aiohttp.ClientSession(connector=connector) as session:
+
+        async def send(i: int, a: Arrival) -> None:
+            headers = {"Content-Type": "application/json", "x-edgeroute-priority": str(a.priority),
+                       "x-edgeroute-deadline-ms": f"{a.deadline_ms:g}", "x-edgeroute-site": a.site}
+            payload = payloads[a.model]
+            if payload.header_length is not None:
+                headers["Inference-Header-Content-Length"] = str(payload.header_length)
+                headers["Content-Type"] = "application/octet-stream"
+            t0 = time.perf_counter()
+            try:
+                timeout = aiohttp.ClientTimeout(total=a.deadline_ms / 1000.0 + grace_s)
+                async with session.post(f"{router_url}/v2/models/{a.model}/infer", data=payload.body,
+                                        headers=headers, timeout=timeout) as resp:
+                    answer = await resp.read()
+                    err = "" if resp.status == 200 else answer[:200].decode(errors="replace")
+                    results[i] = Result(a, resp.status, (time.perf_counter() - t0) * 1000.0,
+                                        resp.headers.get("x-edgeroute-node", "none"), err)
+            except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+                results[i] = Result(a, None, (time.perf_counter() - t0) * 1000.0, "none",
+                                    f"{type(exc).__name__}: {exc}")
+
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        tasks: list[asyncio.Task[None]] = []
+        for i, a in enumerate(schedule):
+            delay = start + a.at_s - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(send(i, a)))
+            if progress is not None:
+                progress(i + 1, len(schedule))
+        await asyncio.gather(*tasks)
+    return [r for r in results if r is not None]

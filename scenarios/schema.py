@@ -1,0 +1,205 @@
+"""The scenario file: topology, workload and the policies to compare (YAML, strict pydantic).
+
+Errors come out as one line naming the field path and, where the YAML parser knows it, the line:
+`scenarios/x.yaml: workload.sites.0.rate_rps (line 14): Input should be greater than 0`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from policies.registry import PolicyConfigError, PolicySpec, build_policy
+
+
+class ScenarioError(ValueError):
+    pass
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class NodeSpec(_Strict):
+    id: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
+    partition: str
+    tier: Literal["edge", "cloud"] = "edge"
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    slots: int = Field(1, ge=1, le=64)
+    max_queue: int = Field(64, ge=0)
+    memory_budget_mb: int = Field(2048, ge=1)
+    speed: float = Field(1.0, gt=0, le=1000)
+    models: list[str] = Field(min_length=1)
+
+
+class Topology(_Strict):
+    partitions: list[str] = Field(min_length=1)
+    nodes: list[NodeSpec] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Topology:
+        known = set(self.partitions)
+        if len(known) != len(self.partitions):
+            raise ValueError("partition names must be unique")
+        ids = [n.id for n in self.nodes]
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"node ids must be unique: {sorted({i for i in ids if ids.count(i) > 1})}")
+        for n in self.nodes:
+            if n.partition not in known:
+                raise ValueError(f"node {n.id}: partition '{n.partition}' is not in topology.partitions")
+        return self
+
+
+class SiteLoad(_Strict):
+    site: str
+    arrival: Literal["poisson"] = "poisson"
+    rate_rps: float = Field(gt=0, le=10000)
+    models: dict[str, float] = Field(min_length=1, description="model -> share of this site's requests")
+    priorities: dict[int, float] = Field(default_factory=lambda: {0: 1.0})
+    deadline_ms: dict[int, float] = Field(default_factory=dict, description="per priority class")
+
+    @field_validator("models", "priorities")
+    @classmethod
+    def _positive_shares(cls, v: dict[Any, float]) -> dict[Any, float]:
+        if any(s < 0 for s in v.values()) or sum(v.values()) <= 0:
+            raise ValueError("shares must be non-negative with a positive sum")
+        return v
+
+    @model_validator(mode="after")
+    def _deadlines(self) -> SiteLoad:
+        missing = sorted(set(self.priorities) - set(self.deadline_ms))
+        if self.deadline_ms and missing:
+            raise ValueError(f"deadline_ms has no entry for priority {missing}")
+        if any(d <= 0 for d in self.deadline_ms.values()):
+            raise ValueError("deadlines must be positive")
+        return self
+
+
+class Workload(_Strict):
+    duration_s: float = Field(30.0, gt=0, le=3600)
+    warmup_s: float = Field(0.0, ge=0)
+    max_requests: int = Field(100_000, ge=1)
+    default_deadline_ms: float = Field(1000.0, gt=0)
+    sites: list[SiteLoad] = Field(min_length=1)
+
+
+class PolicyRun(_Strict):
+    """One policy to compare: a run name and the policy spec (a preset when only the name is given)."""
+
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
+    policy: PolicySpec
+
+
+class Scenario(_Strict):
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
+    description: str = ""
+    seed: int = 0
+    topology: Topology
+    workload: Workload
+    router: dict[str, Any] = Field(default_factory=dict, description="RouterConfig overrides")
+    policies: list[PolicyRun] = Field(min_length=1)
+
+    @field_validator("policies", mode="before")
+    @classmethod
+    def _expand_names(cls, v: Any) -> Any:
+        if not isinstance(v, list):
+            return v
+        out = []
+        for item in v:
+            if isinstance(item, str):
+                out.append({"name": item, "policy": {"preset": item}})
+            elif isinstance(item, dict) and "policy" not in item:
+                rest = {k: val for k, val in item.items() if k != "name"}
+                out.append({"name": item.get("name"), "policy": rest or {"preset": item.get("name")}})
+            else:
+                out.append(item)
+        return out
+
+    @model_validator(mode="after")
+    def _check(self) -> Scenario:
+        parts = set(self.topology.partitions)
+        served = {m for n in self.topology.nodes for m in n.models}
+        for i, site in enumerate(self.workload.sites):
+            if site.site not in parts:
+                raise ValueError(f"workload.sites.{i}.site '{site.site}' is not a partition")
+            unserved = sorted(set(site.models) - served)
+            if unserved:
+                raise ValueError(f"workload.sites.{i}.models: no node serves {unserved}")
+        names = [p.name for p in self.policies]
+        if len(set(names)) != len(names):
+            raise ValueError("policy run names must be unique")
+        for p in self.policies:
+            try:
+                build_policy(p.policy)
+            except PolicyConfigError as exc:
+                raise ValueError(f"policies '{p.name}': {exc}") from None
+        return self
+
+    def policy(self, name: str) -> PolicyRun:
+        """The run named `name`, or a preset of that name."""
+        for p in self.policies:
+            if p.name == name:
+                return p
+        try:
+            build_policy(name)
+        except PolicyConfigError as exc:
+            raise ScenarioError(f"--policy {name}: not a run in the scenario and {exc}") from None
+        return PolicyRun(name=name, policy=PolicySpec(preset=name))
+
+
+def _line_of(text: str, loc: tuple[Any, ...]) -> int | None:
+    """Best-effort YAML line of a pydantic error location."""
+    try:
+        node: Any = yaml.compose(text)
+    except yaml.YAMLError:
+        return None
+    for key in loc:
+        if isinstance(node, yaml.MappingNode):
+            match = [v for k, v in node.value if k.value == str(key)]
+            if not match:
+                break
+            node = match[0]
+        elif isinstance(node, yaml.SequenceNode) and isinstance(key, int) and key < len(node.value):
+            node = node.value[key]
+        else:
+            break
+    return node.start_mark.line + 1 if node is not None else None
+
+
+def parse_scenario(text: str, origin: str = "<scenario>") -> Scenario:
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1})" if mark is not None else ""
+        raise ScenarioError(f"{origin}{where}: not valid YAML: {getattr(exc, 'problem', exc)}") from None
+    if not isinstance(raw, dict):
+        raise ScenarioError(f"{origin}: a scenario is a mapping with topology, workload and policies")
+    try:
+        return Scenario.model_validate(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        loc = tuple(first["loc"])
+        path = ".".join(str(p) for p in loc) or "scenario"
+        line = _line_of(text, loc)
+        where = f" (line {line})" if line else ""
+        msg = first["msg"].removeprefix("Value error, ")
+        raise ScenarioError(f"{origin}: {path}{where}: {msg}") from None
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    p = Path(path)
+    if not p.exists():
+        bundled = Path(__file__).parent / f"{p.name}" if p.suffix else Path(__file__).parent / f"{p}.yaml"
+        if bundled.exists():
+            p = bundled
+        else:
+            raise ScenarioError(f"{path}: no such scenario file")
+    try:
+        text = p.read_text()
+    except OSError as exc:
+        raise ScenarioError(f"{path}: {exc}") from None
+    return parse_scenario(text, str(path))

@@ -1,0 +1,166 @@
+"""Dispatcher and outstanding overlay, against in-memory nodes (no sockets)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Mapping
+
+import pytest
+
+from policies import RouteRequest, build_policy
+from policies.engine import Pipeline
+from router.dispatch import Dispatcher, PolicyHolder
+from router.node_client import InMemoryNodeClient, NodeReply, NodeTimeout, NodeUnavailable
+from router.outstanding import OutstandingTracker
+from telemetry.store import ViewStore
+from tests.helpers import load, view
+
+NOW = 1_000.0
+
+
+def ok(node: str):  # type: ignore[no-untyped-def]
+    async def handler(method: str, path: str, body: bytes, headers: Mapping[str, str]) -> NodeReply:
+        return NodeReply(200, json.dumps({"node": node, "deadline": headers.get("x-edgeroute-deadline-ms")}
+                                         ).encode(), {"x-edgeroute-node": node})
+    return handler
+
+
+def status(code: int):  # type: ignore[no-untyped-def]
+    async def handler(method: str, path: str, body: bytes, headers: Mapping[str, str]) -> NodeReply:
+        return NodeReply(code, json.dumps({"error": f"status {code}"}).encode())
+    return handler
+
+
+def raises(exc: Exception):  # type: ignore[no-untyped-def]
+    async def handler(method: str, path: str, body: bytes, headers: Mapping[str, str]) -> NodeReply:
+        raise exc
+    return handler
+
+
+def make(handlers: dict[str, object], *, loads: list | None = None, preset: str = "least_outstanding",  # type: ignore[type-arg]
+         attempts: int = 3, clock: list[float] | None = None) -> tuple[Dispatcher, InMemoryNodeClient]:
+    store = ViewStore()
+    for msg in loads or [load(n.removeprefix("http://")) for n in handlers]:
+        store.apply(msg, NOW)
+    client = InMemoryNodeClient(handlers)  # type: ignore[arg-type]
+    t = clock or [NOW]
+    d = Dispatcher(store, PolicyHolder(build_policy(preset), preset), client, attempts, 0, lambda: t[0])
+    return d, client
+
+
+async def run(d: Dispatcher, deadline_ms: float = 500.0) -> object:
+    return await d.dispatch(RouteRequest("m", request_id="r1"), "/v2/models/m/infer", b"{}", {},
+                            NOW + deadline_ms)
+
+
+async def test_forwards_remaining_budget() -> None:
+    clock = [NOW + 100.0]
+    d, _ = make({"http://a": ok("a")}, clock=clock)
+    out = await run(d, 500.0)
+    assert out.status == 200 and out.node == "a"  # type: ignore[attr-defined]
+    assert json.loads(out.body)["deadline"] == "400.000"  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("failure", [status(503), status(500), status(502), raises(NodeUnavailable("x"))])
+async def test_retries_elsewhere_on_connect_errors_and_5xx(failure: object) -> None:
+    d, client = make({"http://a": failure, "http://b": ok("b")},
+                     loads=[load("a"), load("b", queued=5)])
+    out = await run(d)
+    assert out.status == 200 and out.node == "b" and out.attempts == 2  # type: ignore[attr-defined]
+    assert [c[0] for c in client.calls] == ["http://a", "http://b"]
+
+
+@pytest.mark.parametrize("code", [400, 404, 413])
+async def test_client_errors_are_not_retried(code: int) -> None:
+    d, client = make({"http://a": status(code), "http://b": ok("b")},
+                     loads=[load("a"), load("b", queued=5)])
+    out = await run(d)
+    assert out.status == code and len(client.calls) == 1  # type: ignore[attr-defined]
+
+
+async def test_all_nodes_failing_returns_the_last_error() -> None:
+    d, client = make({"http://a": status(503), "http://b": status(500)})
+    out = await run(d)
+    assert out.status in (500, 503) and len(client.calls) == 2  # type: ignore[attr-defined]
+    assert "status" in json.loads(out.body)["error"]  # type: ignore[attr-defined]
+
+
+async def test_attempts_are_bounded() -> None:
+    handlers = {f"http://n{i}": status(503) for i in range(5)}
+    d, client = make(handlers, attempts=2)
+    out = await run(d)
+    assert out.status == 503 and len(client.calls) == 2  # type: ignore[attr-defined]
+
+
+async def test_deadline_already_passed_is_504_without_dispatch() -> None:
+    d, client = make({"http://a": ok("a")}, clock=[NOW + 600.0])
+    out = await run(d, 500.0)
+    assert out.status == 504 and client.calls == []  # type: ignore[attr-defined]
+
+
+async def test_node_timeout_is_504() -> None:
+    d, _ = make({"http://a": raises(NodeTimeout("slow"))})
+    out = await run(d)
+    assert out.status == 504 and "deadline" in out.reason  # type: ignore[attr-defined]
+
+
+async def test_slow_node_is_cut_at_the_deadline() -> None:
+    async def slow(method: str, path: str, body: bytes, headers: Mapping[str, str]) -> NodeReply:
+        await asyncio.sleep(5)
+        return NodeReply(200, b"{}")
+
+    d, _ = make({"http://a": slow})
+    out = await run(d, 50.0)
+    assert out.status == 504  # type: ignore[attr-defined]
+
+
+async def test_no_capable_node_is_503() -> None:
+    d, client = make({"http://a": ok("a")}, loads=[load("a", status="draining")])
+    out = await run(d)
+    assert out.status == 503 and client.calls == []  # type: ignore[attr-defined]
+
+
+async def test_in_flight_request_finishes_on_the_policy_it_started_with() -> None:
+    gate = asyncio.Event()
+    seen: list[str] = []
+
+    async def first(method: str, path: str, body: bytes, headers: Mapping[str, str]) -> NodeReply:
+        seen.append("a")
+        await gate.wait()
+        return NodeReply(503, b'{"error": "busy"}')
+
+    d, _ = make({"http://a": first, "http://b": ok("b")}, loads=[load("a"), load("b", queued=5)])
+    task = asyncio.create_task(run(d))
+    await asyncio.sleep(0.01)
+    # swap in a policy that fails if it is ever asked: the started request must retry on the old one
+    class Refuses:
+        name = "refuses"
+        reads: frozenset[str] = frozenset()
+
+        def pick(self, *args: object) -> None:
+            raise AssertionError("new policy used by an in-flight request")
+
+    old = d.policies.current
+    d.policies.swap(Pipeline("new", [], [], Refuses()), "new")  # type: ignore[arg-type]
+    gate.set()
+    out = await task
+    assert out.status == 200 and out.node == "b"  # type: ignore[attr-defined]
+    assert d.policies.current is not old
+
+
+def test_outstanding_estimate_between_reports() -> None:
+    t = OutstandingTracker()
+    v = view(load("a", queued=2, seq=1))
+    assert t.overlay(v).outstanding(v.nodes["a"]) == 2  # no local activity: the report
+    for _ in range(3):
+        t.dispatch("a")
+    assert t.overlay(v).outstanding(v.nodes["a"]) == 5  # 2 reported + 3 sent since
+    t.settle("a")
+    assert t.overlay(v).outstanding(v.nodes["a"]) == 4
+    # a new report (which already counts what we sent) resets the deltas
+    v2 = view(load("a", queued=2, in_flight=1, seq=2, sent_at_ms=1_100.0))
+    assert t.overlay(v2).outstanding(v2.nodes["a"]) == 3
+    # never below what this router alone has pending
+    v3 = view(load("a", seq=3, sent_at_ms=1_200.0))
+    assert t.overlay(v3).outstanding(v3.nodes["a"]) == 2

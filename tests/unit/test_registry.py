@@ -1,0 +1,48 @@
+import pytest
+
+from policies import PolicyConfigError, build_policy
+from policies.presets import PRESETS
+from policies.registry import BASE_FILTERS
+
+
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_every_preset_builds_with_base_filters_first(preset: str) -> None:
+    policy = build_policy(preset)
+    assert [f.name for f in policy.filters][:3] == list(BASE_FILTERS)
+    assert policy.name == preset
+    assert "status" in policy.reads
+
+
+@pytest.mark.parametrize(
+    ("spec", "needle"),
+    [
+        ("nope", "unknown preset"),
+        ({"preset": "p2c", "extra": 1}, "extra"),
+        ({}, "either 'preset'"),
+        ({"picker": {"type": "fastest"}}, "unknown picker"),
+        ({"picker": {"type": "max"}, "scorers": [{"type": "queue", "speed": 2}]}, "speed"),
+        ({"picker": {"type": "max"}, "filters": [{"type": "sample", "k": 0}]}, "k"),
+        ({"picker": {"type": "max"}, "scorers": [{"type": "queue", "weight": -1}]}, "weight"),
+        ({"preset": "p2c", "params": {"latency": {"default_exec_ms": 3}}}, "not in the pipeline"),
+        ({"preset": "p2c", "params": {"sample": {"k": "two"}}}, "k"),
+    ],
+)
+def test_bad_specs_are_rejected_with_the_path(spec: object, needle: str) -> None:
+    with pytest.raises(PolicyConfigError, match=needle):
+        build_policy(spec)  # type: ignore[arg-type]
+
+
+def test_preset_parameters_can_be_overridden() -> None:
+    policy = build_policy({"preset": "p2c", "name": "p3c", "params": {"sample": {"k": 3}}})
+    sample = next(f for f in policy.filters if f.name == "sample")
+    assert sample.params.k == 3  # type: ignore[attr-defined]
+    assert policy.name == "p3c"
+
+
+def test_custom_pipeline_with_weights() -> None:
+    policy = build_policy({
+        "name": "blend",
+        "scorers": [{"type": "queue", "weight": 2}, {"type": "latency", "weight": 1, "default_exec_ms": 7}],
+        "picker": {"type": "max"},
+    })
+    assert [w for _, w in policy.scorers] == [2.0, 1.0]

@@ -1,0 +1,35 @@
+from pathlib import Path
+
+import pytest
+
+from router.config import ConfigError, load_config, parse_config
+
+
+def test_defaults_are_valid() -> None:
+    cfg = parse_config(None)
+    assert cfg.policy.preset == "p2c" and cfg.host == "127.0.0.1"
+
+
+@pytest.mark.parametrize(
+    ("raw", "needle"),
+    [
+        ({"polcy": {"preset": "p2c"}}, "polcy"),
+        ({"policy": {"preset": "warp"}}, "unknown preset"),
+        ({"policy": {"preset": "p2c", "params": {"sample": {"k": -1}}}}, "k"),
+        ({"stale_after_ms": 0}, "stale_after_ms"),
+        ([1, 2], "mapping"),
+    ],
+)
+def test_invalid_configs_are_rejected(raw: object, needle: str) -> None:
+    with pytest.raises(ConfigError, match=needle):
+        parse_config(raw)
+
+
+def test_load_from_file(tmp_path: Path) -> None:
+    path = tmp_path / "router.yaml"
+    path.write_text("policy:\n  preset: least_latency\nmax_attempts: 2\n")
+    cfg = load_config(path)
+    assert cfg.policy.preset == "least_latency" and cfg.max_attempts == 2
+    path.write_text("policy: [\n")
+    with pytest.raises(ConfigError, match="router.yaml"):
+        load_config(path)
