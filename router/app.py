@@ -255,6 +255,10 @@ async def infer(request: web.Request) -> web.Response:
         if priority is not None and priority != int(priority):
             raise BadHint("'priority' must be an integer")
         deadline = _number(request.headers.get(DEADLINE_HEADER, params.get("deadline_ms")), "deadline_ms")
+        if deadline is None and params.get("timeout") is not None:
+            # Triton clients send their request timeout as `parameters.timeout` in microseconds
+            timeout_us = _number(params.get("timeout"), "timeout")
+            deadline = None if timeout_us is None else timeout_us / 1000.0
         if deadline is not None and deadline <= 0:
             raise BadHint("'deadline_ms' must be positive")
         site = request.headers.get(SITE_HEADER, params.get("site"))

@@ -27,6 +27,7 @@ import yaml
 from scenarios.schema import NodeSpec, Scenario
 from telemetry.broker import EmbeddedBroker, free_port, wait_for_port
 from telemetry.bus import ensure_topic
+from telemetry.schema import TOPIC
 
 log = logging.getLogger("edgeroute.launcher")
 
@@ -80,6 +81,7 @@ class Stack:
     nodes: dict[str, Proc] = field(default_factory=dict)
     router: Proc | None = None
     router_config_path: Path | None = None
+    topic: str = TOPIC
 
     @property
     def bootstrap(self) -> str:
@@ -97,7 +99,7 @@ class Stack:
             if self.kafka is None:
                 self.broker = EmbeddedBroker(log_path=str(self.log_dir / "broker.log")).start()
                 self.kafka = self.broker.bootstrap
-            ensure_topic(self.bootstrap)
+            ensure_topic(self.bootstrap, self.topic)
             for spec in self.scenario.topology.nodes:
                 self.start_node(spec)
             self.start_router()
@@ -119,7 +121,7 @@ class Stack:
 
     def start_node(self, spec: NodeSpec) -> Proc:
         port = free_port()
-        cfg = node_config(spec, port, self.bootstrap, self.scenario.seed)
+        cfg = node_config(spec, port, self.bootstrap, self.scenario.seed, {"topic": self.topic})
         proc = self._spawn(spec.id, ["-m", "nodes", "--config", json.dumps(cfg), "--log-level", "WARNING"])
         proc.port, proc.url = port, f"http://127.0.0.1:{port}"
         self.nodes[spec.id] = proc
@@ -127,7 +129,8 @@ class Stack:
 
     def start_router(self) -> Proc:
         port = self.router_port or free_port()
-        cfg: dict[str, Any] = {"kafka": self.bootstrap, "port": port, "seed": self.scenario.seed,
+        cfg: dict[str, Any] = {"kafka": self.bootstrap, "topic": self.topic, "port": port,
+                               "seed": self.scenario.seed,
                                "policy": self.scenario.policies[0].policy.model_dump(exclude_none=True)}
         cfg.update(self.scenario.router)
         cfg.update(self.router_overrides)

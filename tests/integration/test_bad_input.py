@@ -1,0 +1,78 @@
+"""Bad input gets a clear 4xx with {"error": ...}; no process dies."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from scenarios.launcher import Stack
+from tests.integration.http import call, infer_body
+
+
+def infer(stack: Stack, body: bytes, model: str = "sensor_mlp", **kw: object) -> tuple[int, object]:
+    status, doc, _ = call(f"{stack.router_url}/v2/models/{model}/infer", body, **kw)  # type: ignore[arg-type]
+    return status, doc
+
+
+@pytest.mark.parametrize(
+    ("body", "model", "status", "needle"),
+    [
+        (b"{not json", "sensor_mlp", 400, "malformed JSON"),
+        (b"[1, 2]", "sensor_mlp", 400, "JSON object"),
+        (b'{"inputs": []}', "sensor_mlp", 400, "non-empty"),
+        (infer_body(), "no_such_model", 404, "unknown model 'no_such_model'"),
+        (infer_body(name="temperature"), "sensor_mlp", 400, "unknown input 'temperature'"),
+        (infer_body(shape=[1, 15], data=[0.5] * 15), "sensor_mlp", 400, "expected [-1, 16]"),
+        (infer_body(data=[0.5] * 10), "sensor_mlp", 400, "has 10 values"),
+        (infer_body(datatype="INT32"), "sensor_mlp", 400, "datatype 'INT32'"),
+        (infer_body(data=["hot"] * 16), "sensor_mlp", 400, "not a list of FP32"),
+        (json.dumps({"inputs": [{"name": "readings", "shape": [1, 16], "datatype": "FP32",
+                                 "data": [0.5] * 16}], "parameters": {"priority": "urgent"}}).encode(),
+         "sensor_mlp", 400, "'priority' must be a number"),
+        (json.dumps({"inputs": [{"name": "readings", "shape": [1, 16], "datatype": "FP32",
+                                 "data": [0.5] * 16}], "parameters": {"deadline_ms": -5}}).encode(),
+         "sensor_mlp", 400, "'deadline_ms' must be positive"),
+    ],
+)
+def test_bad_requests_get_a_clear_4xx(shared_stack: Stack, body: bytes, model: str, status: int,
+                                      needle: str) -> None:
+    got, doc = infer(shared_stack, body, model)
+    assert got == status
+    assert isinstance(doc, dict) and needle in doc["error"]
+
+
+def test_oversize_body_is_413(shared_stack: Stack) -> None:
+    big = infer_body(data=[0.5] * 16) + b" " * (2 << 20)  # the shared stack allows 1 MiB
+    got, doc = infer(shared_stack, big)
+    assert got == 413 and "exceeds" in doc["error"]  # type: ignore[index]
+
+
+def test_unknown_version_and_route_are_json_404(shared_stack: Stack) -> None:
+    status, doc, _ = call(f"{shared_stack.router_url}/v2/models/sensor_mlp/versions/7/ready")
+    assert status == 404 and "version" in doc["error"]
+    status, doc, _ = call(f"{shared_stack.router_url}/v2/nothing/here")
+    assert status == 404 and "error" in doc
+
+
+def test_deadline_already_too_short_is_504_not_a_hang(shared_stack: Stack) -> None:
+    body = infer_body(name="image", shape=[8, 3, 64, 64], data=[0.1] * (8 * 3 * 64 * 64))
+    got, doc = infer(shared_stack, body, model="resnet_s", headers={"x-edgeroute-deadline-ms": "0.01"})
+    assert got == 504 and "deadline" in doc["error"]  # type: ignore[index]
+
+
+def test_invalid_policy_reload_is_rejected_and_the_old_policy_kept(shared_stack: Stack) -> None:
+    url = f"{shared_stack.router_url}/admin/policy"
+    before = call(url)[1]["name"]
+    for bad in [b'{"preset": "warp"}', b'{"preset": "p2c", "params": {"sample": {"k": 0}}}',
+                b'{"preset": "p2c", "color": "red"}', b"{nope"]:
+        status, doc, _ = call(url, bad, method="PUT")
+        assert status == 400 and "error" in doc, bad
+    assert call(url)[1]["name"] == before
+    assert infer(shared_stack, infer_body())[0] == 200
+
+
+def test_no_process_died(shared_stack: Stack) -> None:
+    assert shared_stack.router is not None and shared_stack.router.popen.poll() is None
+    for proc in shared_stack.nodes.values():
+        assert proc.popen.poll() is None, proc.name

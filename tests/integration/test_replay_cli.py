@@ -1,0 +1,107 @@
+"""The CLI end to end: `edgeroute replay` writes the report contract; `edgeroute up` stops cleanly."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tests.integration.conftest import alive, children_of
+
+SCENARIO = """\
+# it-replay: a tiny two-node scenario for the integration tests
+name: it-replay
+seed: 3
+topology:
+  partitions: [edge-a, cloud]
+  nodes:
+    - {id: e1, partition: edge-a, slots: 1, speed: 0.5, models: [sensor_mlp, mobilenet_s]}
+    - {id: c1, partition: cloud, tier: cloud, slots: 2, models: [sensor_mlp, mobilenet_s]}
+workload:
+  duration_s: 3
+  warmup_s: 0.5
+  sites:
+    - site: edge-a
+      rate_rps: 40
+      models: {sensor_mlp: 0.7, mobilenet_s: 0.3}
+      priorities: {0: 0.7, 10: 0.3}
+      deadline_ms: {0: 500, 10: 200}
+policies: [round_robin, p2c]
+"""
+
+CLI = [sys.executable, "-m", "scenarios.cli"]
+
+
+def test_replay_writes_the_report_contract(tmp_path: Path) -> None:
+    scenario = tmp_path / "it-replay.yaml"
+    scenario.write_text(SCENARIO)
+    out = tmp_path / "out"
+    proc = subprocess.run([*CLI, "replay", str(scenario), "--out", str(out)], capture_output=True,
+                          text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "round_robin" in proc.stdout and "p2c" in proc.stdout
+    report = json.loads((out / "report.json").read_text())
+    assert report["scenario"] == "it-replay" and report["mode"] == "live"
+    assert set(report["policies"]) == {"round_robin", "p2c"}
+    for name, p in report["policies"].items():
+        assert {"sent", "completed", "errors", "lost", "latency_ms", "slo_attainment", "by_priority",
+                "by_node"} <= set(p), name
+        assert p["sent"] > 50
+        assert p["lost"] == 0, p
+        assert p["sent"] == p["completed"] + sum(p["errors"].values())
+        assert set(p["latency_ms"]) >= {"p50", "p95", "p99", "max"}
+        assert 0 < p["latency_ms"]["p50"] <= p["latency_ms"]["p99"] <= p["latency_ms"]["max"]
+        assert set(p["by_priority"]) == {"0", "10"}
+        assert sum(p["by_node"].values()) == p["completed"]
+        assert set(p["by_node"]) <= {"e1", "c1"}
+    tel = report["telemetry"]
+    assert tel["messages"] > 0 and tel["malformed"] == 0 and set(tel["lag_ms"]) == {"p50", "p99"}
+
+
+def test_bad_scenario_is_one_line_not_a_traceback(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(SCENARIO.replace("rate_rps: 40", "rate_rps: lots"))
+    proc = subprocess.run([*CLI, "replay", str(bad)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "workload.sites.0.rate_rps" in lines[0]
+
+
+def test_up_prints_addresses_and_stops_everything_on_sigterm(tmp_path: Path) -> None:
+    scenario = tmp_path / "it-up.yaml"
+    scenario.write_text(SCENARIO)
+    proc = subprocess.Popen([*CLI, "up", str(scenario)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        lines: dict[str, str] = {}
+        deadline = time.monotonic() + 90
+        assert proc.stdout is not None
+        while {"router", "kafka"} - set(lines):
+            assert time.monotonic() < deadline and proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+            line = proc.stdout.readline().strip()
+            if ": " in line:
+                key, value = line.split(": ", 1)
+                lines[key] = value
+        assert lines["router"].startswith("http://127.0.0.1:")
+        assert lines["kafka"].startswith("127.0.0.1:")
+        kids = children_of(proc.pid)
+        assert len(kids) == 4  # broker, two nodes, router
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+        for pid in kids:
+            deadline = time.monotonic() + 5
+            while alive(pid):
+                assert time.monotonic() < deadline, f"orphan {pid}"
+                time.sleep(0.05)
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
+        for pipe in (proc.stdout, proc.stderr):
+            if pipe is not None:
+                pipe.close()

@@ -1,0 +1,136 @@
+"""Telemetry really flows through the broker: staleness, restart recovery, malformed messages."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from collections import Counter
+from typing import Any
+
+from kafka import KafkaProducer
+
+from scenarios.launcher import Stack
+from telemetry.broker import EmbeddedBroker
+from telemetry.bus import KafkaTelemetrySource, TelemetryPublisher, ensure_topic
+from telemetry.store import ViewStore
+from tests.helpers import load
+from tests.integration.http import call, infer_body
+
+STALE_MS = 600.0
+
+
+def view_of(stack: Stack) -> dict[str, Any]:
+    return {n["node_id"]: n for n in call(f"{stack.router_url}/admin/view")[1]["nodes"]}
+
+
+def send_many(stack: Stack, n: int) -> Counter[str]:
+    nodes: Counter[str] = Counter()
+    for _ in range(n):
+        status, _, headers = call(f"{stack.router_url}/v2/models/sensor_mlp/infer", infer_body())
+        assert status == 200
+        nodes[headers["x-edgeroute-node"]] += 1
+    return nodes
+
+
+def test_stopped_node_goes_stale_and_stops_receiving_traffic(own_stack) -> None:  # type: ignore[no-untyped-def]
+    stack: Stack = own_stack(
+        [{"id": "a", "partition": "edge-a", "models": ["sensor_mlp"]},
+         {"id": "b", "partition": "edge-a", "models": ["sensor_mlp"]}],
+        router={"stale_after_ms": STALE_MS, "policy": {"preset": "round_robin"}})
+    assert set(send_many(stack, 10)) == {"a", "b"}
+    proc = stack.nodes["b"].popen
+    proc.send_signal(signal.SIGKILL)  # a crash: no draining message, telemetry just stops
+    proc.wait(timeout=10)
+    killed_at = time.monotonic()
+    while view_of(stack)["b"]["fresh"]:
+        assert time.monotonic() - killed_at < STALE_MS / 1000 + 1.0, "node b never went stale"
+        time.sleep(0.05)
+    went_stale_s = time.monotonic() - killed_at
+    assert went_stale_s <= STALE_MS / 1000 + 0.5
+    assert send_many(stack, 10) == Counter({"a": 10})
+    stack.nodes.pop("b")
+
+
+def test_draining_node_is_excluded_at_once(own_stack) -> None:  # type: ignore[no-untyped-def]
+    stack: Stack = own_stack(
+        [{"id": "a", "partition": "edge-a", "models": ["sensor_mlp"]},
+         {"id": "b", "partition": "edge-a", "models": ["sensor_mlp"]}],
+        router={"stale_after_ms": 5000, "policy": {"preset": "round_robin"}})
+    stack.stop_node("b")  # SIGTERM: the node publishes `draining` on its way out
+    deadline = time.monotonic() + 2.0
+    while view_of(stack)["b"]["status"] != "draining":
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert send_many(stack, 6) == Counter({"a": 6})
+
+
+def test_restarted_router_rebuilds_its_view_from_kafka(own_stack) -> None:  # type: ignore[no-untyped-def]
+    stack: Stack = own_stack([{"id": "a", "partition": "edge-a", "models": ["sensor_mlp"]},
+                              {"id": "b", "partition": "cloud", "models": ["sensor_mlp", "echo"]}],
+                             router={"lookback_ms": 3000})
+    time.sleep(1.0)  # let history accumulate
+    stack.stop_router()
+    started = time.monotonic()
+    stack.start_router()
+    stack.wait_ready(20)
+    view = call(f"{stack.router_url}/admin/view")[1]
+    elapsed = time.monotonic() - started
+    assert {n["node_id"] for n in view["nodes"]} == {"a", "b"}
+    # Far more messages than could have arrived live since the restart: the view came from history.
+    live_budget = 2 * (elapsed * 1000 / 100 + 5)
+    assert view["telemetry"]["messages"] > live_budget, (view["telemetry"], elapsed)
+    assert send_many(stack, 4)
+
+
+def test_history_revives_no_dead_node_and_malformed_messages_are_counted(broker: EmbeddedBroker) -> None:
+    topic = "edgeroute.telemetry.history"
+    ensure_topic(broker.bootstrap, topic)
+    now = time.time() * 1000
+    pub = TelemetryPublisher(broker.bootstrap, topic)
+    try:
+        assert pub.publish(load("ghost", sent_at_ms=now - 2500))  # died 2.5 s ago
+        assert pub.publish(load("alive", sent_at_ms=now - 50))
+    finally:
+        pub.close()
+    raw = KafkaProducer(bootstrap_servers=broker.bootstrap)
+    try:
+        for bad in [b"garbage", b"{}", json.dumps({"schema": 42}).encode(), b""]:
+            raw.send(topic, key=b"x", value=bad)
+        raw.flush()
+    finally:
+        raw.close()
+    store = ViewStore(stale_after_ms=1000)
+    source = KafkaTelemetrySource(broker.bootstrap, topic, lookback_ms=5000)
+    source.start(store)
+    try:
+        deadline = time.monotonic() + 10
+        while store.messages + store.malformed < 6:
+            assert time.monotonic() < deadline, (store.messages, store.malformed)
+            time.sleep(0.05)
+    finally:
+        source.stop()
+    now = time.time() * 1000
+    v = store.view
+    assert set(v.nodes) == {"ghost", "alive"}
+    assert not v.is_fresh(v.nodes["ghost"], now)
+    assert v.is_fresh(v.nodes["alive"], now)
+    assert store.malformed == 4
+
+
+def test_malformed_telemetry_on_the_live_topic_is_counted_not_fatal(shared_stack: Stack) -> None:
+    before = call(f"{shared_stack.router_url}/admin/view")[1]["telemetry"]["malformed"]
+    raw = KafkaProducer(bootstrap_servers=shared_stack.bootstrap)
+    try:
+        raw.send(shared_stack.topic, key=b"n1", value=b'{"schema": 1, "node_id": 5}')
+        raw.flush()
+    finally:
+        raw.close()
+    deadline = time.monotonic() + 5
+    while call(f"{shared_stack.router_url}/admin/view")[1]["telemetry"]["malformed"] <= before:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    status, _, _ = call(f"{shared_stack.router_url}/v2/models/sensor_mlp/infer", infer_body())
+    assert status == 200
+    metrics = call(f"{shared_stack.router_url}/metrics")[1]
+    assert "edgeroute_telemetry_malformed_total" in metrics
