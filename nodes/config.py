@@ -33,9 +33,13 @@ class NodeConfig(BaseModel):
     slots: int = Field(1, ge=1, le=64, description="concurrent executions")
     threads_per_slot: int = Field(1, ge=1, le=64, description="ONNX Runtime intra-op threads")
     max_queue: int = Field(64, ge=0, description="requests waiting for a slot before 503")
-    speed: float = Field(1.0, gt=0, le=1000,
-                         description="emulated device speed relative to this host; < 1 stretches "
-                                     "each execution by holding its slot (documented emulation)")
+    speed: float = Field(
+        1.0,
+        gt=0,
+        le=1000,
+        description="emulated device speed relative to this host; < 1 stretches "
+        "each execution by holding its slot (documented emulation)",
+    )
     memory_budget_bytes: int = Field(2 << 30, ge=0)
     max_body_bytes: int = Field(16 << 20, ge=1024)
     kafka: str | None = Field(None, description="bootstrap HOST:PORT; None disables telemetry")

@@ -93,8 +93,9 @@ def split_body(body: bytes, header_length: str | None) -> tuple[dict[str, Any], 
     return doc, tail
 
 
-def decode_request(doc: dict[str, Any], tail: bytes, specs: dict[str, TensorSpec],
-                   output_names: list[str]) -> InferRequest:
+def decode_request(
+    doc: dict[str, Any], tail: bytes, specs: dict[str, TensorSpec], output_names: list[str]
+) -> InferRequest:
     """Validate `doc` against the model's inputs and return the feeds; raise BadRequest."""
     raw_inputs = doc.get("inputs")
     if not isinstance(raw_inputs, list) or not raw_inputs:
@@ -121,8 +122,9 @@ def decode_request(doc: dict[str, Any], tail: bytes, specs: dict[str, TensorSpec
         if datatype != spec.datatype:
             raise BadRequest(f"input '{name}' has datatype {datatype!r}, expected {spec.datatype}")
         shape = item.get("shape")
-        if (not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool)
-                                                   and d >= 0 for d in shape)):
+        if not isinstance(shape, list) or not all(
+            isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
+        ):
             raise BadRequest(f"input '{name}' shape must be a list of non-negative integers")
         if len(shape) != len(spec.shape) or any(
             want not in (-1, got) for want, got in zip(spec.shape, shape, strict=True)
@@ -139,8 +141,9 @@ def decode_request(doc: dict[str, Any], tail: bytes, specs: dict[str, TensorSpec
             if not isinstance(size, int) or size < 0 or offset + size > len(tail):
                 raise BadRequest(f"input '{name}' binary_data_size {size!r} does not fit the body")
             if size != count * dtype.itemsize:
-                raise BadRequest(f"input '{name}' has {size} bytes of data, shape {shape} needs "
-                                 f"{count * dtype.itemsize}")
+                raise BadRequest(
+                    f"input '{name}' has {size} bytes of data, shape {shape} needs {count * dtype.itemsize}"
+                )
             arr = np.frombuffer(tail, dtype=dtype.newbyteorder("<"), count=count, offset=offset)
             offset += size
         else:
@@ -176,17 +179,30 @@ def decode_request(doc: dict[str, Any], tail: bytes, specs: dict[str, TensorSpec
             if out["name"] not in output_names:
                 raise BadRequest(f"unknown output '{out['name']}'; expected {output_names}")
             oparams = out.get("parameters") or {}
-            outputs[out["name"]] = bool(oparams.get("binary_data", default_binary)) \
-                if isinstance(oparams, dict) else default_binary
+            outputs[out["name"]] = (
+                bool(oparams.get("binary_data", default_binary))
+                if isinstance(oparams, dict)
+                else default_binary
+            )
     if not outputs:
         outputs = {n: default_binary for n in output_names}
     req_id = doc.get("id")
-    return InferRequest(id=str(req_id) if req_id is not None else None, parameters=params,
-                        inputs=feeds, outputs=outputs, batch=batch or 1)
+    return InferRequest(
+        id=str(req_id) if req_id is not None else None,
+        parameters=params,
+        inputs=feeds,
+        outputs=outputs,
+        batch=batch or 1,
+    )
 
 
-def encode_response(model: str, version: str, request: InferRequest, specs: dict[str, TensorSpec],
-                    results: dict[str, np.ndarray]) -> tuple[bytes, int | None]:
+def encode_response(
+    model: str,
+    version: str,
+    request: InferRequest,
+    specs: dict[str, TensorSpec],
+    results: dict[str, np.ndarray],
+) -> tuple[bytes, int | None]:
     """The response body and, when any output is binary, the JSON header length."""
     outputs: list[dict[str, Any]] = []
     blobs: list[bytes] = []

@@ -94,11 +94,20 @@ def load_model(spec: ModelSpec, providers: list[str], threads: int, zoo_dir: str
     opts.log_severity_level = 3
     session = ort.InferenceSession(str(path), sess_options=opts, providers=providers)
     load_ms = (time.perf_counter() - start) * 1000.0
-    model = LoadedModel(spec.name, "1", session, _specs(session.get_inputs()),
-                        _specs(session.get_outputs()), os.path.getsize(path), load_ms)
+    model = LoadedModel(
+        spec.name,
+        "1",
+        session,
+        _specs(session.get_inputs()),
+        _specs(session.get_outputs()),
+        os.path.getsize(path),
+        load_ms,
+    )
     # One warm-up run so the first real request does not pay for lazy initialisation.
-    feeds = {s.name: np.zeros([1 if d < 0 else d for d in s.shape], dtype=_np_dtype(s.datatype))
-             for s in model.inputs.values()}
+    feeds = {
+        s.name: np.zeros([1 if d < 0 else d for d in s.shape], dtype=_np_dtype(s.datatype))
+        for s in model.inputs.values()
+    }
     _, warm_ms = model.run(feeds, 1.0)
     model.observe(1, warm_ms, 1.0)
     return model

@@ -66,18 +66,30 @@ class NodeRuntime:
         self.last_published_outstanding = self.outstanding
         util = min(1.0, interval_busy_ms / max(1e-9, interval_ms * self.config.slots))
         return NodeLoad(
-            node_id=self.config.node_id, endpoint=endpoint, partition=self.config.partition,
-            tier=self.config.tier, device=self.device, seq=self.seq, sent_at_ms=time.time() * 1000.0,
+            node_id=self.config.node_id,
+            endpoint=endpoint,
+            partition=self.config.partition,
+            tier=self.config.tier,
+            device=self.device,
+            seq=self.seq,
+            sent_at_ms=time.time() * 1000.0,
             status="draining" if self.draining else "ready",
             queued_by_priority={str(p): n for p, n in self.queued_by_priority.items() if n},
-            in_flight=self.in_flight, capacity=self.config.slots, max_queue=self.config.max_queue,
+            in_flight=self.in_flight,
+            capacity=self.config.slots,
+            max_queue=self.config.max_queue,
             models={
-                m.name: ModelLoad(resident=True, queued=m.queued, in_flight=m.in_flight,
-                                  ewma_ms_by_batch={str(b): round(v, 4) for b, v in m.ewma_ms.items()})
+                m.name: ModelLoad(
+                    resident=True,
+                    queued=m.queued,
+                    in_flight=m.in_flight,
+                    ewma_ms_by_batch={str(b): round(v, 4) for b, v in m.ewma_ms.items()},
+                )
                 for m in self.models.values()
             },
             memory_used_bytes=sum(m.size_bytes for m in self.models.values()),
-            memory_budget_bytes=self.config.memory_budget_bytes, utilisation=util,
+            memory_budget_bytes=self.config.memory_budget_bytes,
+            utilisation=util,
         )
 
 
@@ -109,10 +121,12 @@ async def _runtime_ctx(app: web.Application) -> AsyncIterator[None]:
     try:
         for spec in cfg.models:
             models[spec.name] = await loop.run_in_executor(
-                executor, load_model, spec, providers, cfg.threads_per_slot, cfg.zoo_dir)
+                executor, load_model, spec, providers, cfg.threads_per_slot, cfg.zoo_dir
+            )
             log.info("node %s loaded %s in %.0f ms", cfg.node_id, spec.name, models[spec.name].load_ms)
-        app[RUNTIME] = NodeRuntime(cfg, models, executor, DeviceInfo(kind=kind, name=name),
-                                   asyncio.Semaphore(cfg.slots))
+        app[RUNTIME] = NodeRuntime(
+            cfg, models, executor, DeviceInfo(kind=kind, name=name), asyncio.Semaphore(cfg.slots)
+        )
         yield
     finally:
         executor.shutdown(wait=True, cancel_futures=True)
@@ -182,8 +196,13 @@ async def ready(request: web.Request) -> web.Response:
 
 
 async def server_metadata(request: web.Request) -> web.Response:
-    return web.json_response({"name": "edgeroute-node", "version": VERSION,
-                              "extensions": ["binary_tensor_data", "model_repository"]})
+    return web.json_response(
+        {
+            "name": "edgeroute-node",
+            "version": VERSION,
+            "extensions": ["binary_tensor_data", "model_repository"],
+        }
+    )
 
 
 async def model_metadata(request: web.Request) -> web.Response:
@@ -202,8 +221,9 @@ async def model_ready(request: web.Request) -> web.Response:
 
 async def repository_index(request: web.Request) -> web.Response:
     rt = request.app[RUNTIME]
-    return web.json_response([{"name": m.name, "version": m.version, "state": "READY"}
-                              for m in rt.models.values()])
+    return web.json_response(
+        [{"name": m.name, "version": m.version, "state": "READY"} for m in rt.models.values()]
+    )
 
 
 async def infer(request: web.Request) -> web.Response:
@@ -236,10 +256,10 @@ async def infer(request: web.Request) -> web.Response:
         try:
             remaining = None if budget_ms is None else budget_ms / 1000.0 - (time.perf_counter() - arrived)
             if remaining is not None and remaining <= 0:
-                raise asyncio.TimeoutError
+                raise TimeoutError
             await asyncio.wait_for(rt.slots.acquire(), remaining)
             acquired = True
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return _error(504, "deadline passed while queued at the node")
         finally:
             rt.queued_by_priority[priority] -= 1
@@ -250,7 +270,8 @@ async def infer(request: web.Request) -> web.Response:
         loop = asyncio.get_running_loop()
         try:
             results, exec_ms = await loop.run_in_executor(
-                rt.executor, model.run, req.inputs, 1.0 / rt.config.speed)
+                rt.executor, model.run, req.inputs, 1.0 / rt.config.speed
+            )
         except Exception as exc:  # noqa: BLE001 - a failing model answers 500, the node lives on
             log.exception("model %s failed", model.name)
             return _error(500, f"model '{model.name}' failed: {exc}")

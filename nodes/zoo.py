@@ -21,6 +21,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -60,18 +61,25 @@ class _Graph:
         self.inits.append(numpy_helper.from_array(arr, name))
         return name
 
-    def op(self, op_type: str, inputs: list[str], n_out: int = 1, **attrs: object) -> str:
+    def op(self, op_type: str, inputs: list[str], n_out: int = 1, **attrs: Any) -> str:
         outs = [self.name(op_type.lower()) for _ in range(n_out)]
         self.nodes.append(helper.make_node(op_type, inputs, outs, **attrs))
         return outs[0]
 
-    def conv(self, x: str, c_in: int, c_out: int, k: int = 3, stride: int = 1, group: int = 1,
-             relu: bool = True) -> str:
+    def conv(
+        self, x: str, c_in: int, c_out: int, k: int = 3, stride: int = 1, group: int = 1, relu: bool = True
+    ) -> str:
         w = self.weight((c_out, c_in // group, k, k), fan_in=(c_in // group) * k * k)
         b = self.const(np.zeros(c_out, np.float32))
         pad = k // 2
-        y = self.op("Conv", [x, w, b], kernel_shape=[k, k], strides=[stride, stride],
-                    pads=[pad, pad, pad, pad], group=group)
+        y = self.op(
+            "Conv",
+            [x, w, b],
+            kernel_shape=[k, k],
+            strides=[stride, stride],
+            pads=[pad, pad, pad, pad],
+            group=group,
+        )
         return self.op("Relu", [y]) if relu else y
 
     def dense(self, x: str, n_in: int, n_out: int, relu: bool = False) -> str:
@@ -80,13 +88,22 @@ class _Graph:
         y = self.op("Gemm", [x, w, b])
         return self.op("Relu", [y]) if relu else y
 
-    def model(self, name: str, inputs: list[onnx.ValueInfoProto], outputs: list[tuple[str, str]],
-              out_info: list[onnx.ValueInfoProto]) -> onnx.ModelProto:
+    def model(
+        self,
+        name: str,
+        inputs: list[onnx.ValueInfoProto],
+        outputs: list[tuple[str, str]],
+        out_info: list[onnx.ValueInfoProto],
+    ) -> onnx.ModelProto:
         for src, dst in outputs:
             self.nodes.append(helper.make_node("Identity", [src], [dst]))
         graph = helper.make_graph(self.nodes, name, inputs, out_info, initializer=self.inits)
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
-                                  producer_name="edgeroute-zoo", producer_version=str(ZOO_VERSION))
+        model = helper.make_model(
+            graph,
+            opset_imports=[helper.make_opsetid("", OPSET)],
+            producer_name="edgeroute-zoo",
+            producer_version=str(ZOO_VERSION),
+        )
         model.ir_version = IR_VERSION
         model.doc_string = f"edgeroute zoo model {name} (seeded random weights)"
         onnx.checker.check_model(model)
@@ -107,8 +124,12 @@ def _sensor_mlp(seed: int) -> onnx.ModelProto:
     h = g.dense("readings", 16, 64, relu=True)
     h = g.dense(h, 64, 32, relu=True)
     h = g.op("Softmax", [g.dense(h, 32, 4)], axis=-1)
-    return g.model("sensor_mlp", [_fp32("readings", ["N", 16])], [(h, "probabilities")],
-                   [_fp32("probabilities", ["N", 4])])
+    return g.model(
+        "sensor_mlp",
+        [_fp32("readings", ["N", 16])],
+        [(h, "probabilities")],
+        [_fp32("probabilities", ["N", 4])],
+    )
 
 
 def _head(g: _Graph, x: str, channels: int, classes: int) -> str:
@@ -123,8 +144,12 @@ def _mobilenet_s(seed: int) -> onnx.ModelProto:
         h = g.conv(h, c_in, c_in, stride=stride, group=c_in)  # depthwise
         h = g.conv(h, c_in, c_out, k=1)  # pointwise
     out = _head(g, h, 128, 10)
-    return g.model("mobilenet_s", [_fp32("image", ["N", 3, 64, 64])], [(out, "probabilities")],
-                   [_fp32("probabilities", ["N", 10])])
+    return g.model(
+        "mobilenet_s",
+        [_fp32("image", ["N", 3, 64, 64])],
+        [(out, "probabilities")],
+        [_fp32("probabilities", ["N", 10])],
+    )
 
 
 def _resnet_s(seed: int) -> onnx.ModelProto:
@@ -133,12 +158,17 @@ def _resnet_s(seed: int) -> onnx.ModelProto:
     for c_in, c_out, stride in [(32, 32, 1), (32, 64, 2), (64, 64, 1), (64, 128, 2)]:
         y = g.conv(h, c_in, c_out, stride=stride)
         y = g.conv(y, c_out, c_out, relu=False)
-        skip = h if (c_in == c_out and stride == 1) else g.conv(h, c_in, c_out, k=1, stride=stride,
-                                                                 relu=False)
+        skip = (
+            h if (c_in == c_out and stride == 1) else g.conv(h, c_in, c_out, k=1, stride=stride, relu=False)
+        )
         h = g.op("Relu", [g.op("Add", [y, skip])])
     out = _head(g, h, 128, 10)
-    return g.model("resnet_s", [_fp32("image", ["N", 3, 64, 64])], [(out, "probabilities")],
-                   [_fp32("probabilities", ["N", 10])])
+    return g.model(
+        "resnet_s",
+        [_fp32("image", ["N", 3, 64, 64])],
+        [(out, "probabilities")],
+        [_fp32("probabilities", ["N", 10])],
+    )
 
 
 def _tiny_transformer(seed: int) -> onnx.ModelProto:
@@ -162,8 +192,12 @@ def _tiny_transformer(seed: int) -> onnx.ModelProto:
     x = g.op("LayerNormalization", [g.op("Add", [x, h]), ln2_scale, ln2_bias], axis=-1)
     pooled = g.op("ReduceMean", [x], axes=[1], keepdims=0)
     logits = g.dense(pooled, d, 8)
-    return g.model("tiny_transformer", [_fp32("tokens", ["N", seq, d])], [(logits, "logits")],
-                   [_fp32("logits", ["N", 8])])
+    return g.model(
+        "tiny_transformer",
+        [_fp32("tokens", ["N", seq, d])],
+        [(logits, "logits")],
+        [_fp32("logits", ["N", 8])],
+    )
 
 
 def _detector_head(seed: int) -> onnx.ModelProto:
@@ -174,9 +208,12 @@ def _detector_head(seed: int) -> onnx.ModelProto:
     raw_boxes = g.dense(pooled, 32, 8 * 4)
     boxes = g.op("Sigmoid", [g.op("Reshape", [raw_boxes, g.const(np.array([-1, 8, 4], np.int64))])])
     scores = g.op("Sigmoid", [g.dense(pooled, 32, 8)])
-    return g.model("detector_head", [_fp32("image", ["N", 3, 64, 64])],
-                   [(boxes, "boxes"), (scores, "scores")],
-                   [_fp32("boxes", ["N", 8, 4]), _fp32("scores", ["N", 8])])
+    return g.model(
+        "detector_head",
+        [_fp32("image", ["N", 3, 64, 64])],
+        [(boxes, "boxes"), (scores, "scores")],
+        [_fp32("boxes", ["N", 8, 4]), _fp32("scores", ["N", 8])],
+    )
 
 
 @dataclass(frozen=True)

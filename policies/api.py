@@ -83,8 +83,9 @@ class Filter(Protocol):
     name: ClassVar[str]
     reads: ClassVar[frozenset[str]]
 
-    def filter(self, req: RouteRequest, view: ClusterView, nodes: list[NodeState],
-               ctx: Context) -> list[NodeState]: ...
+    def filter(
+        self, req: RouteRequest, view: ClusterView, nodes: list[NodeState], ctx: Context
+    ) -> list[NodeState]: ...
 
 
 @runtime_checkable
@@ -94,8 +95,9 @@ class Scorer(Protocol):
     name: ClassVar[str]
     reads: ClassVar[frozenset[str]]
 
-    def score(self, req: RouteRequest, view: ClusterView, nodes: list[NodeState],
-              ctx: Context) -> list[float]: ...
+    def score(
+        self, req: RouteRequest, view: ClusterView, nodes: list[NodeState], ctx: Context
+    ) -> list[float]: ...
 
 
 @runtime_checkable
@@ -105,8 +107,9 @@ class Picker(Protocol):
     name: ClassVar[str]
     reads: ClassVar[frozenset[str]]
 
-    def pick(self, req: RouteRequest, nodes: list[NodeState], scores: Sequence[float],
-             ctx: Context) -> NodeState: ...
+    def pick(
+        self, req: RouteRequest, nodes: list[NodeState], scores: Sequence[float], ctx: Context
+    ) -> NodeState: ...
 
 
 @runtime_checkable

@@ -19,6 +19,7 @@ class HasModel:
     def __init__(self, params: HasModelParams | None = None) -> None:
         self.params = params or HasModelParams()
 
-    def filter(self, req: RouteRequest, view: ClusterView, nodes: list[NodeState],
-               ctx: Context) -> list[NodeState]:
+    def filter(
+        self, req: RouteRequest, view: ClusterView, nodes: list[NodeState], ctx: Context
+    ) -> list[NodeState]:
         return [n for n in nodes if n.serves(req.model)]

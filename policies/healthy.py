@@ -23,6 +23,7 @@ class Healthy:
     def __init__(self, params: HealthyParams | None = None) -> None:
         self.params = params or HealthyParams()
 
-    def filter(self, req: RouteRequest, view: ClusterView, nodes: list[NodeState],
-               ctx: Context) -> list[NodeState]:
+    def filter(
+        self, req: RouteRequest, view: ClusterView, nodes: list[NodeState], ctx: Context
+    ) -> list[NodeState]:
         return [n for n in nodes if n.ready and view.is_fresh(n, ctx.now_ms)]

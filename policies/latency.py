@@ -33,14 +33,16 @@ def predicted_ms(view: ClusterView, node: NodeState, model: str, batch: int, def
 class Latency:
     name: ClassVar[str] = "latency"
     reads: ClassVar[frozenset[str]] = frozenset(
-        {"models.ewma_ms_by_batch", "queued_by_priority", "in_flight", "capacity"})
+        {"models.ewma_ms_by_batch", "queued_by_priority", "in_flight", "capacity"}
+    )
     Params = LatencyParams
 
     def __init__(self, params: LatencyParams | None = None) -> None:
         self.params = params or LatencyParams()
 
-    def score(self, req: RouteRequest, view: ClusterView, nodes: list[NodeState],
-              ctx: Context) -> list[float]:
+    def score(
+        self, req: RouteRequest, view: ClusterView, nodes: list[NodeState], ctx: Context
+    ) -> list[float]:
         preds = [predicted_ms(view, n, req.model, req.batch, self.params.default_exec_ms) for n in nodes]
         best = min(preds)
         return [best / p for p in preds]

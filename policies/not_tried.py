@@ -22,8 +22,9 @@ class NotTried:
     def __init__(self, params: NotTriedParams | None = None) -> None:
         self.params = params or NotTriedParams()
 
-    def filter(self, req: RouteRequest, view: ClusterView, nodes: list[NodeState],
-               ctx: Context) -> list[NodeState]:
+    def filter(
+        self, req: RouteRequest, view: ClusterView, nodes: list[NodeState], ctx: Context
+    ) -> list[NodeState]:
         if not req.exclude:
             return nodes
         return [n for n in nodes if n.node_id not in req.exclude]

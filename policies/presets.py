@@ -1,12 +1,12 @@
 """Named pipelines. Each is a plain spec; `build_policy` turns it into objects.
 
-| preset            | pipeline (after healthy, has_model, not_tried)       | idea                             |
-|-------------------|------------------------------------------------------|----------------------------------|
-| round_robin       | picker round_robin                                   | even spread, blind to load       |
-| random            | picker random                                        | baseline                         |
-| least_outstanding | scorer queue -> picker max                           | join the shortest queue          |
-| p2c               | filter sample(k=2) -> scorer queue -> picker max     | power of two choices             |
-| least_latency     | scorer latency -> picker max                         | earliest predicted completion    |
+| preset            | pipeline (after healthy, has_model, not_tried)       | idea |
+|-------------------|------------------------------------------------------|------|
+| round_robin       | picker round_robin                                   | even spread, blind to load |
+| random            | picker random                                        | baseline |
+| least_outstanding | scorer queue -> picker max                           | join the shortest queue |
+| p2c               | filter sample(k=2) -> scorer queue -> picker max     | power of two choices |
+| least_latency     | scorer latency -> picker max                         | earliest predicted completion |
 """
 
 from __future__ import annotations
@@ -27,10 +27,18 @@ class Preset:
 PRESETS: dict[str, Preset] = {
     "round_robin": Preset("cycle through capable nodes", PluginSpec(type="round_robin")),
     "random": Preset("uniform over capable nodes", PluginSpec(type="random")),
-    "least_outstanding": Preset("fewest outstanding requests per slot", PluginSpec(type="max"),
-                                scorers=[PluginSpec(type="queue")]),
-    "p2c": Preset("power of two choices on queue plus in-flight", PluginSpec(type="max"),
-                  filters=[PluginSpec(type="sample", k=2)], scorers=[PluginSpec(type="queue")]),
-    "least_latency": Preset("earliest predicted completion from queue, EWMA and in-flight",
-                            PluginSpec(type="max"), scorers=[PluginSpec(type="latency")]),
+    "least_outstanding": Preset(
+        "fewest outstanding requests per slot", PluginSpec(type="max"), scorers=[PluginSpec(type="queue")]
+    ),
+    "p2c": Preset(
+        "power of two choices on queue plus in-flight",
+        PluginSpec(type="max"),
+        filters=[PluginSpec(type="sample", k=2)],
+        scorers=[PluginSpec(type="queue")],
+    ),
+    "least_latency": Preset(
+        "earliest predicted completion from queue, EWMA and in-flight",
+        PluginSpec(type="max"),
+        scorers=[PluginSpec(type="latency")],
+    ),
 }

@@ -27,8 +27,9 @@ class Sample:
     def __init__(self, params: SampleParams | None = None) -> None:
         self.params = params or SampleParams()
 
-    def filter(self, req: RouteRequest, view: ClusterView, nodes: list[NodeState],
-               ctx: Context) -> list[NodeState]:
+    def filter(
+        self, req: RouteRequest, view: ClusterView, nodes: list[NodeState], ctx: Context
+    ) -> list[NodeState]:
         if len(nodes) <= self.params.k:
             return nodes
         return ctx.rng.sample(nodes, self.params.k)

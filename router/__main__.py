@@ -40,8 +40,10 @@ def main(argv: list[str] | None = None) -> int:
         updates["policy"] = PolicySpec(preset=args.policy)
     cfg = cfg.model_copy(update=updates)
     if cfg.kafka is None:
-        print("edgeroute router: no Kafka bootstrap (--kafka HOST:PORT or 'kafka:' in the config)",
-              file=sys.stderr)
+        print(
+            "edgeroute router: no Kafka bootstrap (--kafka HOST:PORT or 'kafka:' in the config)",
+            file=sys.stderr,
+        )
         return 2
 
     async def run() -> None:
@@ -49,8 +51,13 @@ def main(argv: list[str] | None = None) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        await serve(cfg, stop, args.config,
-                    lambda port: print(f"router: http://{cfg.host}:{port}", flush=True), args.reuse_port)
+        await serve(
+            cfg,
+            stop,
+            args.config,
+            lambda port: print(f"router: http://{cfg.host}:{port}", flush=True),
+            args.reuse_port,
+        )
 
     asyncio.run(run())
     return 0

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import html
 import json
 import logging
-
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -43,8 +43,14 @@ SITE_HEADER = "x-edgeroute-site"
 class Router:
     """Everything one router owns. Built once by `create_app`; policy swaps replace one reference."""
 
-    def __init__(self, config: RouterConfig, source: TelemetrySource, client: NodeClient,
-                 clock: Callable[[], float], config_path: Path | None) -> None:
+    def __init__(
+        self,
+        config: RouterConfig,
+        source: TelemetrySource,
+        client: NodeClient,
+        clock: Callable[[], float],
+        config_path: Path | None,
+    ) -> None:
         self.config = config
         self.source = source
         self.client = client
@@ -52,8 +58,9 @@ class Router:
         self.config_path = config_path
         self.store = ViewStore(stale_after_ms=config.stale_after_ms)
         self.policies = PolicyHolder(build_policy(config.policy), config.policy)
-        self.dispatcher = Dispatcher(self.store, self.policies, client, config.max_attempts, config.seed,
-                                     clock)
+        self.dispatcher = Dispatcher(
+            self.store, self.policies, client, config.max_attempts, config.seed, clock
+        )
         self.metrics = RouterMetrics(self.store, clock)
 
     def reload_policy(self, raw: Any, origin: str) -> PolicySpec:
@@ -63,8 +70,9 @@ class Router:
             policy = build_policy(spec)
         except (PolicyConfigError, ValueError) as exc:
             self.metrics.policy_swaps.labels("rejected").inc()
-            log.warning("policy reload from %s rejected, keeping %s: %s", origin,
-                        self.policies.current.name, exc)
+            log.warning(
+                "policy reload from %s rejected, keeping %s: %s", origin, self.policies.current.name, exc
+            )
             raise PolicyConfigError(str(exc).splitlines()[0] if str(exc) else "invalid policy") from None
         self.policies.swap(policy, spec)
         self.metrics.policy_swaps.labels("applied").inc()
@@ -107,8 +115,9 @@ def _number(value: Any, key: str) -> float | None:
 
 
 @web.middleware
-async def json_errors(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-                      ) -> web.StreamResponse:
+async def json_errors(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
     """Every error leaves as JSON; an unexpected exception is a 500, never a dead process."""
     try:
         return await handler(request)
@@ -176,8 +185,9 @@ async def ready(request: web.Request) -> web.Response:
 
 
 async def server_metadata(request: web.Request) -> web.Response:
-    return web.json_response({"name": "edgeroute", "version": VERSION,
-                              "extensions": ["binary_tensor_data", "model_repository"]})
+    return web.json_response(
+        {"name": "edgeroute", "version": VERSION, "extensions": ["binary_tensor_data", "model_repository"]}
+    )
 
 
 def _model_nodes(router: Router, model: str) -> tuple[list[Any], bool]:
@@ -228,10 +238,17 @@ async def repository_index(request: web.Request) -> web.Response:
     view = router.store.view
     serving = view.models(router.clock())
     names = sorted({m for n in view for m in n.load.models})
-    return web.json_response([
-        {"name": m, "version": "1", "state": "READY" if m in serving else "UNAVAILABLE",
-         **({} if m in serving else {"reason": "no fresh ready node serves it"})}
-        for m in names])
+    return web.json_response(
+        [
+            {
+                "name": m,
+                "version": "1",
+                "state": "READY" if m in serving else "UNAVAILABLE",
+                **({} if m in serving else {"reason": "no fresh ready node serves it"}),
+            }
+            for m in names
+        ]
+    )
 
 
 async def infer(request: web.Request) -> web.Response:
@@ -240,10 +257,12 @@ async def infer(request: web.Request) -> web.Response:
     model = request.match_info["model"]
     cfg = router.config
     if request.content_length is not None and request.content_length > cfg.max_body_bytes:
+        _count(router, model, 0, "none", 413, arrived)
         return _error(413, f"request body of {request.content_length} bytes exceeds {cfg.max_body_bytes}")
     try:
         body = await request.read()
     except web.HTTPRequestEntityTooLarge:
+        _count(router, model, 0, "none", 413, arrived)
         return _error(413, f"request body exceeds {cfg.max_body_bytes} bytes")
     try:
         doc = _parse_header(body, request.headers.get(HEADER_LENGTH))
@@ -266,6 +285,7 @@ async def infer(request: web.Request) -> web.Response:
             raise BadHint("'site' must be a string")
         batch = _batch_of(doc)
     except BadHint as exc:
+        _count(router, model, 0, "none", 400, arrived)
         return _error(400, str(exc))
     nodes, known = _model_nodes(router, model)
     if not nodes:
@@ -275,13 +295,15 @@ async def infer(request: web.Request) -> web.Response:
     budget = min(deadline if deadline is not None else cfg.default_deadline_ms, cfg.max_deadline_ms)
     req_id = str(doc.get("id") or uuid.uuid4().hex[:16])
     prio = int(priority or 0)
-    headers = {"Content-Type": request.headers.get("Content-Type", "application/json"),
-               PRIORITY_HEADER: str(prio)}
+    headers = {
+        "Content-Type": request.headers.get("Content-Type", "application/json"),
+        PRIORITY_HEADER: str(prio),
+    }
     if HEADER_LENGTH in request.headers:
         headers[HEADER_LENGTH] = request.headers[HEADER_LENGTH]
     outcome: Outcome = await router.dispatcher.dispatch(
-        RouteRequest(model, prio, budget, site, batch, req_id), request.path, body, headers,
-        arrived + budget)
+        RouteRequest(model, prio, budget, site, batch, req_id), request.path, body, headers, arrived + budget
+    )
     for seconds in router.dispatcher.decision_seconds:
         router.metrics.decision.observe(seconds)
     router.dispatcher.decision_seconds.clear()
@@ -292,8 +314,9 @@ async def infer(request: web.Request) -> web.Response:
     out_headers["x-edgeroute-node"] = outcome.node
     out_headers["x-edgeroute-attempts"] = str(outcome.attempts)
     content_type = out_headers.pop("Content-Type", "application/json").split(";")[0]
-    return web.Response(status=outcome.status, body=outcome.body, headers=out_headers,
-                        content_type=content_type)
+    return web.Response(
+        status=outcome.status, body=outcome.body, headers=out_headers, content_type=content_type
+    )
 
 
 def _count(router: Router, model: str, priority: int, node: str, status: int, arrived: float) -> None:
@@ -352,44 +375,105 @@ async def put_policy(request: web.Request) -> web.Response:
         spec = router.reload_policy(raw, "PUT /admin/policy")
     except PolicyConfigError as exc:
         return _error(400, f"policy rejected, keeping '{router.policies.current.name}': {exc}")
-    return web.json_response({"name": router.policies.current.name,
-                              "spec": spec.model_dump(exclude_none=True)})
+    return web.json_response(
+        {"name": router.policies.current.name, "spec": spec.model_dump(exclude_none=True)}
+    )
 
 
 async def get_view(request: web.Request) -> web.Response:
     router = request.app[ROUTER]
     now = router.clock()
     view = router.dispatcher.tracker.overlay(router.store.view)
-    return web.json_response({
-        "nodes": [{"node_id": n.node_id, "endpoint": n.endpoint, "partition": n.partition,
-                   "tier": n.load.tier, "status": n.load.status, "fresh": view.is_fresh(n, now),
-                   "age_ms": round(view.age_ms(n.node_id, now), 1), "outstanding": view.outstanding(n),
-                   "capacity": n.capacity, "models": sorted(n.load.models)} for n in view],
-        "telemetry": telemetry_summary(router.store),
-    })
+    return web.json_response(
+        {
+            "nodes": [
+                {
+                    "node_id": n.node_id,
+                    "endpoint": n.endpoint,
+                    "partition": n.partition,
+                    "tier": n.load.tier,
+                    "status": n.load.status,
+                    "fresh": view.is_fresh(n, now),
+                    "age_ms": round(view.age_ms(n.node_id, now), 1),
+                    "outstanding": view.outstanding(n),
+                    "capacity": n.capacity,
+                    "models": sorted(n.load.models),
+                }
+                for n in view
+            ],
+            "telemetry": telemetry_summary(router.store),
+        }
+    )
 
 
 def telemetry_summary(store: ViewStore) -> dict[str, Any]:
     lags = sorted(store.lag_ms)
-    return {"messages": store.messages, "malformed": store.malformed,
-            "lag_ms": {"p50": round(quantile(lags, 0.5), 3), "p99": round(quantile(lags, 0.99), 3)}}
+    return {
+        "messages": store.messages,
+        "malformed": store.malformed,
+        "lag_ms": {"p50": round(quantile(lags, 0.5), 3), "p99": round(quantile(lags, 0.99), 3)},
+    }
+
+
+async def status_page(request: web.Request) -> web.Response:
+    """A human-readable page: the policy, every node with its freshness and load, telemetry health."""
+    router = request.app[ROUTER]
+    now = router.clock()
+    view = router.dispatcher.tracker.overlay(router.store.view)
+    tel = telemetry_summary(router.store)
+    rows = "".join(
+        "<tr class='{cls}'><td>{id}</td><td>{part}</td><td>{tier}</td><td>{status}</td><td>{age:.0f}</td>"
+        "<td>{out}/{cap}</td><td>{models}</td></tr>".format(
+            cls="ok" if view.is_fresh(n, now) and n.ready else "bad",
+            id=html.escape(n.node_id),
+            part=html.escape(n.partition),
+            tier=n.load.tier,
+            status=n.load.status if view.is_fresh(n, now) else "stale",
+            age=view.age_ms(n.node_id, now),
+            out=view.outstanding(n),
+            cap=n.capacity,
+            models=html.escape(", ".join(sorted(n.load.models))),
+        )
+        for n in sorted(view, key=lambda n: (n.partition, n.node_id))
+    )
+    page = f"""<!doctype html><html><head><meta charset="utf-8"><meta http-equiv="refresh" content="2">
+<title>edgeroute</title><style>body{{font:14px system-ui,sans-serif;margin:2em}}
+table{{border-collapse:collapse}}td,th{{padding:4px 10px;border-bottom:1px solid #ddd;text-align:left}}
+tr.bad td{{color:#a00}}</style></head><body>
+<h1>edgeroute router</h1>
+<p>policy <b>{html.escape(router.policies.current.name)}</b> &middot; {len(view)} nodes known,
+{len(view.fresh_nodes(now))} fresh (stale after {router.config.stale_after_ms:.0f} ms) &middot;
+telemetry {tel["messages"]} messages, {tel["malformed"]} malformed, lag p50 {tel["lag_ms"]["p50"]:.1f} ms
+p99 {tel["lag_ms"]["p99"]:.1f} ms</p>
+<table><tr><th>node</th><th>partition</th><th>tier</th><th>status</th><th>age ms</th>
+<th>outstanding/slots</th><th>models</th></tr>{rows}</table>
+<p><a href="/metrics">/metrics</a> &middot; <a href="/admin/view">/admin/view</a> &middot;
+<a href="/admin/policy">/admin/policy</a></p></body></html>"""
+    return web.Response(text=page, content_type="text/html")
 
 
 async def metrics(request: web.Request) -> web.Response:
     router = request.app[ROUTER]
-    return web.Response(body=generate_latest(router.metrics.registry),
-                        headers={"Content-Type": CONTENT_TYPE_LATEST})
+    return web.Response(
+        body=generate_latest(router.metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
+    )
 
 
-def create_app(config: RouterConfig, *, source: TelemetrySource | None = None,
-               client: NodeClient | None = None, clock: Callable[[], float] = now_ms,
-               config_path: Path | None = None) -> web.Application:
+def create_app(
+    config: RouterConfig,
+    *,
+    source: TelemetrySource | None = None,
+    client: NodeClient | None = None,
+    clock: Callable[[], float] = now_ms,
+    config_path: Path | None = None,
+) -> web.Application:
     """The router application. Without `source`, telemetry comes from Kafka at `config.kafka`."""
     if source is None:
         if config.kafka is None:
             raise ConfigError("router needs 'kafka' (a bootstrap HOST:PORT) or an explicit telemetry source")
-        source = KafkaTelemetrySource(config.kafka, config.topic, config.lookback_ms,
-                                      config.fetch_max_wait_ms, clock)
+        source = KafkaTelemetrySource(
+            config.kafka, config.topic, config.lookback_ms, config.fetch_max_wait_ms, clock
+        )
     if client is None:
         client = HttpNodeClient(config.pool_per_node, config.connect_timeout_ms / 1000.0)
     app = web.Application(client_max_size=config.max_body_bytes, middlewares=[json_errors])
@@ -411,11 +495,17 @@ def create_app(config: RouterConfig, *, source: TelemetrySource | None = None,
     r.add_put("/admin/policy", put_policy)
     r.add_get("/admin/view", get_view)
     r.add_get("/metrics", metrics)
+    r.add_get("/", status_page)
     return app
 
 
-async def serve(config: RouterConfig, stop: asyncio.Event, config_path: Path | None = None,
-                on_bound: Callable[[int], None] | None = None, reuse_port: bool = False) -> None:
+async def serve(
+    config: RouterConfig,
+    stop: asyncio.Event,
+    config_path: Path | None = None,
+    on_bound: Callable[[int], None] | None = None,
+    reuse_port: bool = False,
+) -> None:
     app = create_app(config, config_path=config_path)
     runner = web.AppRunner(app, handle_signals=False, access_log=None)
     await runner.setup()
@@ -433,5 +523,3 @@ async def serve(config: RouterConfig, stop: asyncio.Event, config_path: Path | N
         await stop.wait()
     finally:
         await runner.cleanup()
-
-

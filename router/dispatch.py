@@ -39,8 +39,14 @@ class Outcome:
 
     @classmethod
     def error(cls, status: int, reason: str, node: str = "none", attempts: int = 0) -> Outcome:
-        return cls(status, json.dumps({"error": reason}).encode(), {"Content-Type": "application/json"},
-                   node, attempts, reason)
+        return cls(
+            status,
+            json.dumps({"error": reason}).encode(),
+            {"Content-Type": "application/json"},
+            node,
+            attempts,
+            reason,
+        )
 
 
 class PolicyHolder:
@@ -55,8 +61,15 @@ class PolicyHolder:
 
 
 class Dispatcher:
-    def __init__(self, store: ViewStore, policies: PolicyHolder, client: NodeClient, max_attempts: int,
-                 seed: int = 0, clock: Callable[[], float] = lambda: time.time() * 1000.0) -> None:
+    def __init__(
+        self,
+        store: ViewStore,
+        policies: PolicyHolder,
+        client: NodeClient,
+        max_attempts: int,
+        seed: int = 0,
+        clock: Callable[[], float] = lambda: time.time() * 1000.0,
+    ) -> None:
         self.store = store
         self.policies = policies
         self.client = client
@@ -67,8 +80,9 @@ class Dispatcher:
         self.decision_seconds: list[float] = []  # drained by the metrics layer
         self.retries = 0
 
-    async def dispatch(self, req: RouteRequest, path: str, body: bytes, headers: Mapping[str, str],
-                       deadline_at_ms: float) -> Outcome:
+    async def dispatch(
+        self, req: RouteRequest, path: str, body: bytes, headers: Mapping[str, str], deadline_at_ms: float
+    ) -> Outcome:
         policy = self.policies.current
         tried: set[str] = set()
         last_error: Outcome | None = None
@@ -76,15 +90,21 @@ class Dispatcher:
             now = self.clock()
             remaining = deadline_at_ms - now
             if remaining <= 0:
-                return Outcome.error(504, f"deadline passed after {attempt - 1} attempt(s)"
-                                     + (f"; last: {last_error.reason}" if last_error else ""),
-                                     attempts=attempt - 1)
+                return Outcome.error(
+                    504,
+                    f"deadline passed after {attempt - 1} attempt(s)"
+                    + (f"; last: {last_error.reason}" if last_error else ""),
+                    attempts=attempt - 1,
+                )
             view = self.tracker.overlay(self.store.view)
             t0 = time.perf_counter()
             choice = policy.choose(
-                RouteRequest(req.model, req.priority, remaining, req.site, req.batch, req.request_id,
-                             frozenset(tried)),
-                view, Context(now, self.rng))
+                RouteRequest(
+                    req.model, req.priority, remaining, req.site, req.batch, req.request_id, frozenset(tried)
+                ),
+                view,
+                Context(now, self.rng),
+            )
             self.decision_seconds.append(time.perf_counter() - t0)
             if isinstance(choice, Rejection):
                 if last_error is not None:
@@ -101,18 +121,28 @@ class Dispatcher:
         assert last_error is not None
         return last_error
 
-    async def _forward(self, choice: Decision, path: str, body: bytes, headers: Mapping[str, str],
-                       remaining_ms: float, attempt: int) -> Outcome:
+    async def _forward(
+        self,
+        choice: Decision,
+        path: str,
+        body: bytes,
+        headers: Mapping[str, str],
+        remaining_ms: float,
+        attempt: int,
+    ) -> Outcome:
         fwd = dict(headers)
         fwd["x-edgeroute-deadline-ms"] = f"{remaining_ms:.3f}"
         self.tracker.dispatch(choice.node_id)
         try:
-            reply: NodeReply = await self.client.post(choice.endpoint + path, body, fwd, remaining_ms / 1000.0)
+            reply: NodeReply = await self.client.post(
+                choice.endpoint + path, body, fwd, remaining_ms / 1000.0
+            )
         except NodeUnavailable as exc:
             return Outcome.error(503, f"node {choice.node_id} unavailable: {exc}", choice.node_id, attempt)
         except NodeTimeout:
-            return Outcome.error(504, f"deadline passed waiting for node {choice.node_id}",
-                                 choice.node_id, attempt)
+            return Outcome.error(
+                504, f"deadline passed waiting for node {choice.node_id}", choice.node_id, attempt
+            )
         finally:
             self.tracker.settle(choice.node_id)
         reason = ""

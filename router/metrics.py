@@ -31,20 +31,24 @@ class _ViewCollector(Collector):
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         store = self.store
-        yield CounterMetricFamily("edgeroute_telemetry_messages", "telemetry messages applied or skipped",
-                                  value=store.messages)
-        yield CounterMetricFamily("edgeroute_telemetry_malformed", "telemetry messages rejected as malformed",
-                                  value=store.malformed)
-        lag = GaugeMetricFamily("edgeroute_telemetry_lag_ms", "send-to-receipt lag of recent telemetry",
-                                labels=["quantile"])
+        yield CounterMetricFamily(
+            "edgeroute_telemetry_messages", "telemetry messages applied or skipped", value=store.messages
+        )
+        yield CounterMetricFamily(
+            "edgeroute_telemetry_malformed", "telemetry messages rejected as malformed", value=store.malformed
+        )
+        lag = GaugeMetricFamily(
+            "edgeroute_telemetry_lag_ms", "send-to-receipt lag of recent telemetry", labels=["quantile"]
+        )
         samples = sorted(store.lag_ms)
         for q in (0.5, 0.99):
             lag.add_metric([str(q)], quantile(samples, q))
         yield lag
         view = store.view
         now = self.clock()
-        age = GaugeMetricFamily("edgeroute_view_age_ms", "time since each node was last heard from",
-                                labels=["node"])
+        age = GaugeMetricFamily(
+            "edgeroute_view_age_ms", "time since each node was last heard from", labels=["node"]
+        )
         stale = 0
         for node in view:
             age.add_metric([node.node_id], view.age_ms(node.node_id, now))
@@ -57,14 +61,29 @@ class _ViewCollector(Collector):
 class RouterMetrics:
     def __init__(self, store: ViewStore, clock: Callable[[], float] = lambda: time.time() * 1000) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
-        self.requests = Counter("edgeroute_requests", "inference requests answered",
-                                ["model", "priority", "node", "outcome"], registry=self.registry)
-        self.latency = Histogram("edgeroute_request_latency_seconds", "router arrival to answer",
-                                 ["model", "priority"], buckets=LATENCY_BUCKETS, registry=self.registry)
-        self.decision = Histogram("edgeroute_decision_seconds", "time spent in policy.choose",
-                                  buckets=DECISION_BUCKETS, registry=self.registry)
-        self.retries = Counter("edgeroute_retries", "dispatches after the first", ["model"],
-                               registry=self.registry)
-        self.policy_swaps = Counter("edgeroute_policy_reloads", "policy reload attempts", ["result"],
-                                    registry=self.registry)
+        self.requests = Counter(
+            "edgeroute_requests",
+            "inference requests answered",
+            ["model", "priority", "node", "outcome"],
+            registry=self.registry,
+        )
+        self.latency = Histogram(
+            "edgeroute_request_latency_seconds",
+            "router arrival to answer",
+            ["model", "priority"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.decision = Histogram(
+            "edgeroute_decision_seconds",
+            "time spent in policy.choose",
+            buckets=DECISION_BUCKETS,
+            registry=self.registry,
+        )
+        self.retries = Counter(
+            "edgeroute_retries", "dispatches after the first", ["model"], registry=self.registry
+        )
+        self.policy_swaps = Counter(
+            "edgeroute_policy_reloads", "policy reload attempts", ["result"], registry=self.registry
+        )
         self.registry.register(_ViewCollector(store, clock))

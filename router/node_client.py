@@ -28,7 +28,9 @@ class NodeReply:
 
 
 class NodeClient(Protocol):
-    async def post(self, url: str, body: bytes, headers: Mapping[str, str], timeout_s: float) -> NodeReply: ...
+    async def post(
+        self, url: str, body: bytes, headers: Mapping[str, str], timeout_s: float
+    ) -> NodeReply: ...
 
     async def get(self, url: str, timeout_s: float) -> NodeReply: ...
 
@@ -46,22 +48,24 @@ class HttpNodeClient:
     @property
     def session(self) -> aiohttp.ClientSession:
         if self._session is None:
-            connector = aiohttp.TCPConnector(limit=0, limit_per_host=self._pool, keepalive_timeout=30,
-                                             enable_cleanup_closed=True)
+            connector = aiohttp.TCPConnector(
+                limit=0, limit_per_host=self._pool, keepalive_timeout=30, enable_cleanup_closed=True
+            )
             self._session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
         return self._session
 
-    async def _request(self, method: str, url: str, body: bytes | None, headers: Mapping[str, str] | None,
-                       timeout_s: float) -> NodeReply:
-        timeout = aiohttp.ClientTimeout(total=max(0.001, timeout_s),
-                                        sock_connect=min(self._connect_timeout_s, max(0.001, timeout_s)))
+    async def _request(
+        self, method: str, url: str, body: bytes | None, headers: Mapping[str, str] | None, timeout_s: float
+    ) -> NodeReply:
+        timeout = aiohttp.ClientTimeout(
+            total=max(0.001, timeout_s), sock_connect=min(self._connect_timeout_s, max(0.001, timeout_s))
+        )
         try:
-            async with self.session.request(method, url, data=body, headers=headers,
-                                            timeout=timeout) as resp:
+            async with self.session.request(method, url, data=body, headers=headers, timeout=timeout) as resp:
                 payload = await resp.read()
                 kept = {h: resp.headers[h] for h in PASS_HEADERS if h in resp.headers}
                 return NodeReply(resp.status, payload, kept)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise NodeTimeout(url) from None
         except aiohttp.ServerTimeoutError:
             raise NodeTimeout(url) from None
@@ -97,7 +101,7 @@ class InMemoryNodeClient:
     async def _call(self, method: str, url: str, body: bytes, headers: Mapping[str, str]) -> NodeReply:
         for endpoint, handler in self.handlers.items():
             if url.startswith(endpoint):
-                path = url[len(endpoint):]
+                path = url[len(endpoint) :]
                 self.calls.append((endpoint, path))
                 return await handler(method, path, body, headers)
         raise NodeUnavailable(f"{url}: no such node")
@@ -105,13 +109,13 @@ class InMemoryNodeClient:
     async def post(self, url: str, body: bytes, headers: Mapping[str, str], timeout_s: float) -> NodeReply:
         try:
             return await asyncio.wait_for(self._call("POST", url, body, headers), timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise NodeTimeout(url) from None
 
     async def get(self, url: str, timeout_s: float) -> NodeReply:
         try:
             return await asyncio.wait_for(self._call("GET", url, b"", {}), timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise NodeTimeout(url) from None
 
     async def close(self) -> None:

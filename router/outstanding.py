@@ -60,6 +60,5 @@ class OutstandingTracker:
             if (load.seq, load.sent_at_ms) != (n.report_seq, n.report_sent_ms):
                 n.report_seq, n.report_sent_ms = load.seq, load.sent_at_ms
                 n.dispatched = n.settled = 0
-            estimates[state.node_id] = max(n.pending,
-                                           state.reported_outstanding + n.dispatched - n.settled)
+            estimates[state.node_id] = max(n.pending, state.reported_outstanding + n.dispatched - n.settled)
         return view.with_outstanding(MappingProxyType(estimates))

@@ -22,8 +22,9 @@ from scenarios.launcher import Stack
 from scenarios.report import percentile
 from scenarios.schema import Scenario
 
-BODY = json.dumps({"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32",
-                               "data": [1.0, 2.0, 3.0, 4.0]}]}).encode()
+BODY = json.dumps(
+    {"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1.0, 2.0, 3.0, 4.0]}]}
+).encode()
 
 
 async def closed_loop(url: str, concurrency: int, requests: int, warmup: int) -> dict[str, Any]:
@@ -54,22 +55,39 @@ async def closed_loop(url: str, concurrency: int, requests: int, warmup: int) ->
         await asyncio.gather(*(worker(per, True) for _ in range(concurrency)))
         elapsed = time.perf_counter() - start
     latencies.sort()
-    return {"concurrency": concurrency, "requests": per * concurrency, "failures": failures,
-            "p50_ms": round(percentile(latencies, 50), 3), "p99_ms": round(percentile(latencies, 99), 3),
-            "rps": round(len(latencies) / elapsed, 1)}
+    return {
+        "concurrency": concurrency,
+        "requests": per * concurrency,
+        "failures": failures,
+        "p50_ms": round(percentile(latencies, 50), 3),
+        "p99_ms": round(percentile(latencies, 99), 3),
+        "rps": round(len(latencies) / elapsed, 1),
+    }
 
 
-def bench_router(out_dir: Path, requests: int = 2000, concurrencies: tuple[int, ...] = (1, 32),
-                 kafka: str | None = None) -> dict[str, Any]:
-    scenario = Scenario.model_validate({
-        "name": "bench-router",
-        "topology": {"partitions": ["edge-a"],
-                     "nodes": [{"id": "bench-node", "partition": "edge-a", "slots": 1, "max_queue": 1024,
-                                "models": ["echo"]}]},
-        "workload": {"sites": [{"site": "edge-a", "rate_rps": 1, "models": {"echo": 1}}]},
-        "router": {"default_deadline_ms": 10000},
-        "policies": ["p2c"],
-    })
+def bench_router(
+    out_dir: Path, requests: int = 2000, concurrencies: tuple[int, ...] = (1, 32), kafka: str | None = None
+) -> dict[str, Any]:
+    scenario = Scenario.model_validate(
+        {
+            "name": "bench-router",
+            "topology": {
+                "partitions": ["edge-a"],
+                "nodes": [
+                    {
+                        "id": "bench-node",
+                        "partition": "edge-a",
+                        "slots": 1,
+                        "max_queue": 1024,
+                        "models": ["echo"],
+                    }
+                ],
+            },
+            "workload": {"sites": [{"site": "edge-a", "rate_rps": 1, "models": {"echo": 1}}]},
+            "router": {"default_deadline_ms": 10000},
+            "policies": ["p2c"],
+        }
+    )
     rows: list[dict[str, Any]] = []
     with Stack(scenario, kafka=kafka) as stack:
         direct = f"{stack.nodes['bench-node'].url}/v2/models/echo/infer"
@@ -79,25 +97,43 @@ def bench_router(out_dir: Path, requests: int = 2000, concurrencies: tuple[int, 
                 row = asyncio.run(closed_loop(url, c, requests, warmup=min(200, requests // 5)))
                 row["target"] = target
                 rows.append(row)
-                print(f"  {target:<7} c={c:<3} p50 {row['p50_ms']:7.3f} ms  p99 {row['p99_ms']:7.3f} ms  "
-                      f"{row['rps']:8.1f} req/s  ({row['failures']} failed)", flush=True)
+                print(
+                    f"  {target:<7} c={c:<3} p50 {row['p50_ms']:7.3f} ms  p99 {row['p99_ms']:7.3f} ms  "
+                    f"{row['rps']:8.1f} req/s  ({row['failures']} failed)",
+                    flush=True,
+                )
     summary = []
     for c in concurrencies:
         d = next(r for r in rows if r["target"] == "direct" and r["concurrency"] == c)
         r = next(r for r in rows if r["target"] == "router" and r["concurrency"] == c)
-        summary.append({"concurrency": c,
-                        "added_p50_ms": round(r["p50_ms"] - d["p50_ms"], 3),
-                        "added_p99_ms": round(r["p99_ms"] - d["p99_ms"], 3),
-                        "direct_rps": d["rps"], "router_rps": r["rps"]})
-    result = {"benchmark": "router", "model": "echo", "requests_per_run": requests,
-              "host": {"machine": platform.machine(), "python": platform.python_version()},
-              "at": datetime.now(UTC).isoformat(timespec="seconds"), "runs": rows, "summary": summary}
+        summary.append(
+            {
+                "concurrency": c,
+                "added_p50_ms": round(r["p50_ms"] - d["p50_ms"], 3),
+                "added_p99_ms": round(r["p99_ms"] - d["p99_ms"], 3),
+                "direct_rps": d["rps"],
+                "router_rps": r["rps"],
+            }
+        )
+    result = {
+        "benchmark": "router",
+        "model": "echo",
+        "requests_per_run": requests,
+        "host": {"machine": platform.machine(), "python": platform.python_version()},
+        "at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "runs": rows,
+        "summary": summary,
+    }
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "router.json").write_text(json.dumps(result, indent=2) + "\n")
-    print(f"{'concurrency':>11} {'added p50 ms':>13} {'added p99 ms':>13} {'direct req/s':>13} "
-          f"{'router req/s':>13}")
+    print(
+        f"{'concurrency':>11} {'added p50 ms':>13} {'added p99 ms':>13} {'direct req/s':>13} "
+        f"{'router req/s':>13}"
+    )
     for s in summary:
-        print(f"{s['concurrency']:>11} {s['added_p50_ms']:>13.3f} {s['added_p99_ms']:>13.3f} "
-              f"{s['direct_rps']:>13.1f} {s['router_rps']:>13.1f}")
+        print(
+            f"{s['concurrency']:>11} {s['added_p50_ms']:>13.3f} {s['added_p99_ms']:>13.3f} "
+            f"{s['direct_rps']:>13.1f} {s['router_rps']:>13.1f}"
+        )
     print(f"written: {out_dir / 'router.json'}")
     return result

@@ -36,8 +36,11 @@ def _up(args: argparse.Namespace) -> int:
             time.sleep(0.2)
             for name, proc in list(stack.nodes.items()):
                 if proc.popen.poll() is not None:
-                    print(f"node {name} exited with {proc.popen.returncode}; see {proc.log_path}",
-                          file=sys.stderr, flush=True)
+                    print(
+                        f"node {name} exited with {proc.popen.returncode}; see {proc.log_path}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
                     stack.nodes.pop(name)
     finally:
         stack.stop()

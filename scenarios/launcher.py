@@ -34,8 +34,7 @@ log = logging.getLogger("edgeroute.launcher")
 
 def http_json(url: str, method: str = "GET", body: Any = None, timeout_s: float = 5.0) -> tuple[int, Any]:
     data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, method=method,
-                                 headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(req, timeout=timeout_s) as resp:
             return resp.status, json.loads(resp.read() or b"null")
@@ -47,12 +46,20 @@ def http_json(url: str, method: str = "GET", body: Any = None, timeout_s: float 
             return exc.code, raw.decode(errors="replace")
 
 
-def node_config(spec: NodeSpec, port: int, kafka: str, seed: int, extra: dict[str, Any] | None = None
-                ) -> dict[str, Any]:
+def node_config(
+    spec: NodeSpec, port: int, kafka: str, seed: int, extra: dict[str, Any] | None = None
+) -> dict[str, Any]:
     cfg: dict[str, Any] = {
-        "node_id": spec.id, "partition": spec.partition, "tier": spec.tier, "port": port,
-        "device": spec.device, "slots": spec.slots, "max_queue": spec.max_queue, "speed": spec.speed,
-        "memory_budget_bytes": spec.memory_budget_mb << 20, "kafka": kafka,
+        "node_id": spec.id,
+        "partition": spec.partition,
+        "tier": spec.tier,
+        "port": port,
+        "device": spec.device,
+        "slots": spec.slots,
+        "max_queue": spec.max_queue,
+        "speed": spec.speed,
+        "memory_budget_bytes": spec.memory_budget_mb << 20,
+        "kafka": kafka,
         "models": [{"name": m, "seed": seed} for m in spec.models],
     }
     cfg.update(extra or {})
@@ -113,8 +120,13 @@ class Stack:
         log_path = self.log_dir / f"{name}.log"
         out = open(log_path, "ab")  # noqa: SIM115 - the child owns it after fork
         try:
-            popen = subprocess.Popen([sys.executable, *args], stdout=out, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+            popen = subprocess.Popen(
+                [sys.executable, *args],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            )
         finally:
             out.close()
         return Proc(name, popen, log_path)
@@ -129,15 +141,20 @@ class Stack:
 
     def start_router(self) -> Proc:
         port = self.router_port or free_port()
-        cfg: dict[str, Any] = {"kafka": self.bootstrap, "topic": self.topic, "port": port,
-                               "seed": self.scenario.seed,
-                               "policy": self.scenario.policies[0].policy.model_dump(exclude_none=True)}
+        cfg: dict[str, Any] = {
+            "kafka": self.bootstrap,
+            "topic": self.topic,
+            "port": port,
+            "seed": self.scenario.seed,
+            "policy": self.scenario.policies[0].policy.model_dump(exclude_none=True),
+        }
         cfg.update(self.scenario.router)
         cfg.update(self.router_overrides)
         self.router_config_path = self.log_dir / "router.yaml"
         self.router_config_path.write_text(yaml.safe_dump(cfg))
-        proc = self._spawn("router", ["-m", "router", "--config", str(self.router_config_path),
-                                      "--log-level", "WARNING"])
+        proc = self._spawn(
+            "router", ["-m", "router", "--config", str(self.router_config_path), "--log-level", "WARNING"]
+        )
         proc.port, proc.url = port, f"http://127.0.0.1:{port}"
         self.router = proc
         return proc
@@ -194,8 +211,9 @@ class Stack:
     def __enter__(self) -> Stack:
         return self.start()
 
-    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.stop()
 
 

@@ -20,8 +20,16 @@ import numpy as np
 
 from scenarios.schema import Workload
 
-DATATYPE_NUMPY = {"FP32": np.float32, "FP64": np.float64, "FP16": np.float16, "INT64": np.int64,
-                  "INT32": np.int32, "INT8": np.int8, "UINT8": np.uint8, "BOOL": np.bool_}
+DATATYPE_NUMPY = {
+    "FP32": np.float32,
+    "FP64": np.float64,
+    "FP16": np.float16,
+    "INT64": np.int64,
+    "INT32": np.int32,
+    "INT8": np.int8,
+    "UINT8": np.uint8,
+    "BOOL": np.bool_,
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,7 +92,9 @@ def example_payload(metadata: dict[str, Any], seed: int, binary_over: int = 1024
     for spec in metadata["inputs"]:
         shape = [1 if d < 0 else d for d in spec["shape"]]
         dtype = np.dtype(DATATYPE_NUMPY[spec["datatype"]])
-        data = rng.random(shape).astype(dtype) if dtype.kind == "f" else rng.integers(0, 2, shape).astype(dtype)
+        data = (
+            rng.random(shape).astype(dtype) if dtype.kind == "f" else rng.integers(0, 2, shape).astype(dtype)
+        )
         entry: dict[str, Any] = {"name": spec["name"], "shape": shape, "datatype": spec["datatype"]}
         if data.size > binary_over:
             blob = np.ascontiguousarray(data).astype(dtype.newbyteorder("<")).tobytes()
@@ -110,16 +120,25 @@ async def fetch_payloads(router_url: str, models: set[str], seed: int) -> dict[s
     return out
 
 
-async def run_load(router_url: str, schedule: list[Arrival], payloads: dict[str, Payload],
-                   grace_s: float = 5.0, progress: Any = None) -> list[Result]:
+async def run_load(
+    router_url: str,
+    schedule: list[Arrival],
+    payloads: dict[str, Payload],
+    grace_s: float = 5.0,
+    progress: Any = None,
+) -> list[Result]:
     """Send `schedule` open-loop; one Result per arrival, in schedule order."""
     results: list[Result | None] = [None] * len(schedule)
     connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30)
     async with aiohttp.ClientSession(connector=connector) as session:
 
         async def send(i: int, a: Arrival) -> None:
-            headers = {"Content-Type": "application/json", "x-edgeroute-priority": str(a.priority),
-                       "x-edgeroute-deadline-ms": f"{a.deadline_ms:g}", "x-edgeroute-site": a.site}
+            headers = {
+                "Content-Type": "application/json",
+                "x-edgeroute-priority": str(a.priority),
+                "x-edgeroute-deadline-ms": f"{a.deadline_ms:g}",
+                "x-edgeroute-site": a.site,
+            }
             payload = payloads[a.model]
             if payload.header_length is not None:
                 headers["Inference-Header-Content-Length"] = str(payload.header_length)
@@ -127,15 +146,25 @@ async def run_load(router_url: str, schedule: list[Arrival], payloads: dict[str,
             t0 = time.perf_counter()
             try:
                 timeout = aiohttp.ClientTimeout(total=a.deadline_ms / 1000.0 + grace_s)
-                async with session.post(f"{router_url}/v2/models/{a.model}/infer", data=payload.body,
-                                        headers=headers, timeout=timeout) as resp:
+                async with session.post(
+                    f"{router_url}/v2/models/{a.model}/infer",
+                    data=payload.body,
+                    headers=headers,
+                    timeout=timeout,
+                ) as resp:
                     answer = await resp.read()
                     err = "" if resp.status == 200 else answer[:200].decode(errors="replace")
-                    results[i] = Result(a, resp.status, (time.perf_counter() - t0) * 1000.0,
-                                        resp.headers.get("x-edgeroute-node", "none"), err)
-            except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
-                results[i] = Result(a, None, (time.perf_counter() - t0) * 1000.0, "none",
-                                    f"{type(exc).__name__}: {exc}")
+                    results[i] = Result(
+                        a,
+                        resp.status,
+                        (time.perf_counter() - t0) * 1000.0,
+                        resp.headers.get("x-edgeroute-node", "none"),
+                        err,
+                    )
+            except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+                results[i] = Result(
+                    a, None, (time.perf_counter() - t0) * 1000.0, "none", f"{type(exc).__name__}: {exc}"
+                )
 
         loop = asyncio.get_running_loop()
         start = loop.time()

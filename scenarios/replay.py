@@ -47,20 +47,32 @@ def _wait_idle(router_url: str, timeout_s: float = 10.0) -> None:
         time.sleep(0.2)
 
 
-def replay_live(scenario: Scenario, runs: list[PolicyRun], *, kafka: str | None = None,
-                duration_s: float | None = None, log_dir: Path | None = None,
-                echo: bool = True) -> dict[str, Any]:
+def replay_live(
+    scenario: Scenario,
+    runs: list[PolicyRun],
+    *,
+    kafka: str | None = None,
+    duration_s: float | None = None,
+    log_dir: Path | None = None,
+    echo: bool = True,
+) -> dict[str, Any]:
     """Run each policy on the live stack; returns the report (not yet written)."""
     duration = duration_s if duration_s is not None else scenario.workload.duration_s
     warmup = min(scenario.workload.warmup_s, duration / 4)
     schedule = build_schedule(scenario.workload, scenario.seed, duration + warmup)
     models = {a.model for a in schedule} or {m for s in scenario.workload.sites for m in s.models}
     report: dict[str, Any] = {
-        "scenario": scenario.name, "mode": "live", "seed": scenario.seed,
+        "scenario": scenario.name,
+        "mode": "live",
+        "seed": scenario.seed,
         "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
-        "duration_s": duration, "warmup_s": warmup, "policies": {},
+        "duration_s": duration,
+        "warmup_s": warmup,
+        "policies": {},
     }
-    stack = Stack(scenario, kafka=kafka, **({"log_dir": log_dir} if log_dir else {}))
+    stack = Stack(scenario, kafka=kafka)
+    if log_dir is not None:
+        stack.log_dir = log_dir
     with stack:
         if echo:
             print(f"router: {stack.router_url}\nkafka: {stack.bootstrap}", flush=True)
@@ -69,7 +81,9 @@ def replay_live(scenario: Scenario, runs: list[PolicyRun], *, kafka: str | None 
             stack.set_policy(run.policy.model_dump(exclude_none=True))
             _wait_idle(stack.router_url)
             started = time.monotonic()
-            results = asyncio.run(run_load(stack.router_url, schedule, payloads, progress=_progress(run.name)))
+            results = asyncio.run(
+                run_load(stack.router_url, schedule, payloads, progress=_progress(run.name))
+            )
             wall = time.monotonic() - started
             measured = [r for r in results if r.arrival.at_s >= warmup]
             summary = summarize(measured, duration)

@@ -40,8 +40,9 @@ def _summary(results: list[Result]) -> dict[str, Any]:
         "completed": len(ok),
         "errors": dict(sorted(errors.items())),
         "lost": errors.get("lost", 0),
-        "latency_ms": {k: round(percentile(ok, q), 3) for k, q in
-                       (("p50", 50), ("p95", 95), ("p99", 99), ("max", 100))},
+        "latency_ms": {
+            k: round(percentile(ok, q), 3) for k, q in (("p50", 50), ("p95", 95), ("p99", 99), ("max", 100))
+        },
         "slo_attainment": round(within / len(results), 4) if results else 0.0,
     }
 
@@ -65,8 +66,10 @@ def write_report(report: dict[str, Any], out_dir: Path) -> Path:
 
 
 def format_table(report: dict[str, Any]) -> str:
-    head = (f"{'policy':<20} {'sent':>6} {'ok':>6} {'err':>5} {'lost':>4} {'p50 ms':>8} {'p95 ms':>8} "
-            f"{'p99 ms':>8} {'SLO':>7} {'hi-prio p99':>11}  by node")
+    head = (
+        f"{'policy':<20} {'sent':>6} {'ok':>6} {'err':>5} {'lost':>4} {'p50 ms':>8} {'p95 ms':>8} "
+        f"{'p99 ms':>8} {'SLO':>7} {'hi-prio p99':>11}  by node"
+    )
     lines = [f"scenario {report['scenario']} ({report['mode']})", head, "-" * len(head)]
     for name, p in report["policies"].items():
         lat = p["latency_ms"]
@@ -74,11 +77,15 @@ def format_table(report: dict[str, Any]) -> str:
         top = prios[max(prios, key=int)]["latency_ms"]["p99"] if prios else 0.0
         nodes = " ".join(f"{n}:{c}" for n, c in p["by_node"].items())
         errs = sum(p["errors"].values())
-        lines.append(f"{name:<20} {p['sent']:>6} {p['completed']:>6} {errs:>5} {p['lost']:>4} "
-                     f"{lat['p50']:>8.1f} {lat['p95']:>8.1f} {lat['p99']:>8.1f} "
-                     f"{p['slo_attainment'] * 100:>6.1f}% {top:>11.1f}  {nodes}")
+        lines.append(
+            f"{name:<20} {p['sent']:>6} {p['completed']:>6} {errs:>5} {p['lost']:>4} "
+            f"{lat['p50']:>8.1f} {lat['p95']:>8.1f} {lat['p99']:>8.1f} "
+            f"{p['slo_attainment'] * 100:>6.1f}% {top:>11.1f}  {nodes}"
+        )
     tel = report.get("telemetry")
     if tel:
-        lines.append(f"telemetry: {tel['messages']} messages, {tel['malformed']} malformed, lag p50 "
-                     f"{tel['lag_ms']['p50']:.1f} ms p99 {tel['lag_ms']['p99']:.1f} ms")
+        lines.append(
+            f"telemetry: {tel['messages']} messages, {tel['malformed']} malformed, lag p50 "
+            f"{tel['lag_ms']['p50']:.1f} ms p99 {tel['lag_ms']['p99']:.1f} ms"
+        )
     return "\n".join(lines)

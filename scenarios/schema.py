@@ -107,7 +107,7 @@ class Scenario(_Strict):
     def _expand_names(cls, v: Any) -> Any:
         if not isinstance(v, list):
             return v
-        out = []
+        out: list[Any] = []
         for item in v:
             if isinstance(item, str):
                 out.append({"name": item, "policy": {"preset": item}})

@@ -27,8 +27,9 @@ def now_ms() -> float:
     return time.time() * 1000.0
 
 
-def ensure_topic(bootstrap: str, topic: str = TOPIC, partitions: int = DEFAULT_PARTITIONS,
-                 timeout_s: float = 10.0) -> None:
+def ensure_topic(
+    bootstrap: str, topic: str = TOPIC, partitions: int = DEFAULT_PARTITIONS, timeout_s: float = 10.0
+) -> None:
     """Create `topic` if it does not exist; an existing topic is left as it is."""
     from kafka.admin import KafkaAdminClient, NewTopic
     from kafka.errors import KafkaError, TopicAlreadyExistsError
@@ -36,8 +37,9 @@ def ensure_topic(bootstrap: str, topic: str = TOPIC, partitions: int = DEFAULT_P
     deadline = time.monotonic() + timeout_s
     while True:
         try:
-            admin = KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=5000,
-                                     client_id="edgeroute-admin")
+            admin = KafkaAdminClient(
+                bootstrap_servers=bootstrap, request_timeout_ms=5000, client_id="edgeroute-admin"
+            )
             break
         except KafkaError:
             if time.monotonic() > deadline:
@@ -71,16 +73,23 @@ class TelemetryPublisher:
     def _connect(self) -> Any:
         from kafka import KafkaProducer
 
-        return KafkaProducer(bootstrap_servers=self.bootstrap, linger_ms=0, acks=1,
-                             max_block_ms=2000, request_timeout_ms=5000, retries=1,
-                             client_id="edgeroute-node")
+        return KafkaProducer(
+            bootstrap_servers=self.bootstrap,
+            linger_ms=0,
+            acks=1,
+            max_block_ms=2000,
+            request_timeout_ms=5000,
+            retries=1,
+            client_id="edgeroute-node",
+        )
 
     def publish(self, msg: NodeLoad) -> bool:
         try:
             if self._producer is None:
                 self._producer = self._connect()
-            self._producer.send(self.topic, key=msg.node_id.encode(), value=msg.to_json(),
-                                timestamp_ms=int(msg.sent_at_ms))
+            self._producer.send(
+                self.topic, key=msg.node_id.encode(), value=msg.to_json(), timestamp_ms=int(msg.sent_at_ms)
+            )
             self.sent += 1
             return True
         except Exception as exc:  # noqa: BLE001 - any broker fault must not take the node down
@@ -125,8 +134,14 @@ class StaticTelemetrySource:
 class KafkaTelemetrySource:
     """A daemon thread consuming all partitions of the telemetry topic into a ViewStore."""
 
-    def __init__(self, bootstrap: str, topic: str = TOPIC, lookback_ms: float = 5000.0,
-                 fetch_max_wait_ms: int = 10, clock: Callable[[], float] = now_ms) -> None:
+    def __init__(
+        self,
+        bootstrap: str,
+        topic: str = TOPIC,
+        lookback_ms: float = 5000.0,
+        fetch_max_wait_ms: int = 10,
+        clock: Callable[[], float] = now_ms,
+    ) -> None:
         self.bootstrap = bootstrap
         self.topic = topic
         self.lookback_ms = lookback_ms
@@ -138,8 +153,9 @@ class KafkaTelemetrySource:
         self._thread: threading.Thread | None = None
 
     def start(self, store: ViewStore) -> None:
-        self._thread = threading.Thread(target=self._run, args=(store,), name="telemetry-consumer",
-                                        daemon=True)
+        self._thread = threading.Thread(
+            target=self._run, args=(store,), name="telemetry-consumer", daemon=True
+        )
         self._thread.start()
 
     def stop(self) -> None:
@@ -177,10 +193,15 @@ class KafkaTelemetrySource:
         from kafka import KafkaConsumer, TopicPartition
 
         ensure_topic(self.bootstrap, self.topic)
-        consumer = KafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False,
-                                 group_id=None, fetch_max_wait_ms=self.fetch_max_wait_ms,
-                                 client_id="edgeroute-router", request_timeout_ms=5000,
-                                 reconnect_backoff_max_ms=1000)
+        consumer = KafkaConsumer(
+            bootstrap_servers=self.bootstrap,
+            enable_auto_commit=False,
+            group_id=None,
+            fetch_max_wait_ms=self.fetch_max_wait_ms,
+            client_id="edgeroute-router",
+            request_timeout_ms=5000,
+            reconnect_backoff_max_ms=1000,
+        )
         partitions = None
         deadline = time.monotonic() + 10
         while not partitions:

@@ -121,9 +121,7 @@ class ClusterView:
         return replace(self, overlay=overlay)
 
     @classmethod
-    def of(
-        cls, loads: list[NodeLoad], heard_at_ms: float, stale_after_ms: float = 1000.0
-    ) -> ClusterView:
+    def of(cls, loads: list[NodeLoad], heard_at_ms: float, stale_after_ms: float = 1000.0) -> ClusterView:
         """A view of `loads`, all heard at `heard_at_ms` (tests and the simulator)."""
         nodes = {m.node_id: NodeState(m, heard_at_ms) for m in loads}
         return cls(MappingProxyType(nodes), stale_after_ms, heard_at_ms)

@@ -6,16 +6,33 @@ from telemetry.schema import DeviceInfo, ModelLoad, NodeLoad
 from telemetry.view import ClusterView
 
 
-def load(node_id: str, *, models: dict[str, float] | None = None, queued: int = 0, in_flight: int = 0,
-         capacity: int = 1, status: str = "ready", partition: str = "edge-a", seq: int = 1,
-         sent_at_ms: float = 1_000.0, tier: str = "edge") -> NodeLoad:
+def load(
+    node_id: str,
+    *,
+    models: dict[str, float] | None = None,
+    queued: int = 0,
+    in_flight: int = 0,
+    capacity: int = 1,
+    status: str = "ready",
+    partition: str = "edge-a",
+    seq: int = 1,
+    sent_at_ms: float = 1_000.0,
+    tier: str = "edge",
+) -> NodeLoad:
     """A NodeLoad; `models` maps model name -> EWMA ms at batch 1."""
     models = models if models is not None else {"m": 5.0}
     return NodeLoad(
-        node_id=node_id, endpoint=f"http://{node_id}", partition=partition, tier=tier,  # type: ignore[arg-type]
-        device=DeviceInfo(kind="cpu", name="test"), seq=seq, sent_at_ms=sent_at_ms,
+        node_id=node_id,
+        endpoint=f"http://{node_id}",
+        partition=partition,
+        tier=tier,  # type: ignore[arg-type]
+        device=DeviceInfo(kind="cpu", name="test"),
+        seq=seq,
+        sent_at_ms=sent_at_ms,
         status=status,  # type: ignore[arg-type]
-        queued_by_priority={"0": queued} if queued else {}, in_flight=in_flight, capacity=capacity,
+        queued_by_priority={"0": queued} if queued else {},
+        in_flight=in_flight,
+        capacity=capacity,
         models={m: ModelLoad(ewma_ms_by_batch={"1": ms}) for m, ms in models.items()},
     )
 

@@ -62,24 +62,34 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedBroker]
         b.stop()
 
 
-def scenario(nodes: list[dict[str, Any]], router: dict[str, Any] | None = None,
-             policies: list[Any] | None = None) -> Scenario:
+def scenario(
+    nodes: list[dict[str, Any]], router: dict[str, Any] | None = None, policies: list[Any] | None = None
+) -> Scenario:
     parts = sorted({n["partition"] for n in nodes})
     models = sorted({m for n in nodes for m in n["models"]})
-    return Scenario.model_validate({
-        "name": "it",
-        "topology": {"partitions": parts, "nodes": nodes},
-        "workload": {"duration_s": 2, "sites": [{"site": parts[0], "rate_rps": 10,
-                                                   "models": {m: 1 for m in models}}]},
-        "router": router or {},
-        "policies": policies or ["p2c"],
-    })
+    return Scenario.model_validate(
+        {
+            "name": "it",
+            "topology": {"partitions": parts, "nodes": nodes},
+            "workload": {
+                "duration_s": 2,
+                "sites": [{"site": parts[0], "rate_rps": 10, "models": {m: 1 for m in models}}],
+            },
+            "router": router or {},
+            "policies": policies or ["p2c"],
+        }
+    )
 
 
-def make_stack(broker: EmbeddedBroker, tmp: Path, nodes: list[dict[str, Any]],
-               router: dict[str, Any] | None = None) -> Stack:
-    return Stack(scenario(nodes, router), kafka=broker.bootstrap, log_dir=tmp,
-                 topic=f"edgeroute.telemetry.t{next(_topics)}")
+def make_stack(
+    broker: EmbeddedBroker, tmp: Path, nodes: list[dict[str, Any]], router: dict[str, Any] | None = None
+) -> Stack:
+    return Stack(
+        scenario(nodes, router),
+        kafka=broker.bootstrap,
+        log_dir=tmp,
+        topic=f"edgeroute.telemetry.t{next(_topics)}",
+    )
 
 
 ALL_MODELS = ["echo", "sensor_mlp", "mobilenet_s", "resnet_s", "tiny_transformer", "detector_head"]
@@ -88,10 +98,15 @@ ALL_MODELS = ["echo", "sensor_mlp", "mobilenet_s", "resnet_s", "tiny_transformer
 @pytest.fixture(scope="module")
 def shared_stack(broker: EmbeddedBroker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """Two nodes, every zoo model on one of them; not to be disturbed by the tests that use it."""
-    stack = make_stack(broker, tmp_path_factory.mktemp("stack"), [
-        {"id": "n1", "partition": "edge-a", "models": ALL_MODELS},
-        {"id": "n2", "partition": "cloud", "tier": "cloud", "models": ["echo", "sensor_mlp"]},
-    ], router={"max_body_bytes": 1 << 20})
+    stack = make_stack(
+        broker,
+        tmp_path_factory.mktemp("stack"),
+        [
+            {"id": "n1", "partition": "edge-a", "models": ALL_MODELS},
+            {"id": "n2", "partition": "cloud", "tier": "cloud", "models": ["echo", "sensor_mlp"]},
+        ],
+        router={"max_body_bytes": 1 << 20},
+    )
     stack.start()
     try:
         yield stack

@@ -8,10 +8,19 @@ import urllib.request
 from typing import Any
 
 
-def call(url: str, body: bytes | None = None, method: str | None = None,
-         headers: dict[str, str] | None = None, timeout_s: float = 10.0) -> tuple[int, Any, dict[str, str]]:
-    req = urllib.request.Request(url, data=body, method=method or ("POST" if body is not None else "GET"),
-                                 headers={"Content-Type": "application/json", **(headers or {})})
+def call(
+    url: str,
+    body: bytes | None = None,
+    method: str | None = None,
+    headers: dict[str, str] | None = None,
+    timeout_s: float = 10.0,
+) -> tuple[int, Any, dict[str, str]]:
+    req = urllib.request.Request(
+        url,
+        data=body,
+        method=method or ("POST" if body is not None else "GET"),
+        headers={"Content-Type": "application/json", **(headers or {})},
+    )
     try:
         with urllib.request.urlopen(req, timeout=timeout_s) as resp:
             raw, status, hdrs = resp.read(), resp.status, dict(resp.headers)
@@ -24,8 +33,14 @@ def call(url: str, body: bytes | None = None, method: str | None = None,
     return status, doc, hdrs
 
 
-def infer_body(name: str = "readings", shape: list[int] | None = None, datatype: str = "FP32",
-               data: list[Any] | None = None) -> bytes:
+def infer_body(
+    name: str = "readings",
+    shape: list[int] | None = None,
+    datatype: str = "FP32",
+    data: list[Any] | None = None,
+) -> bytes:
     shape = shape if shape is not None else [1, 16]
     data = data if data is not None else [0.5] * 16
-    return json.dumps({"inputs": [{"name": name, "shape": shape, "datatype": datatype, "data": data}]}).encode()
+    return json.dumps(
+        {"inputs": [{"name": name, "shape": shape, "datatype": datatype, "data": data}]}
+    ).encode()

@@ -27,16 +27,37 @@ def infer(stack: Stack, body: bytes, model: str = "sensor_mlp", **kw: object) ->
         (infer_body(data=[0.5] * 10), "sensor_mlp", 400, "has 10 values"),
         (infer_body(datatype="INT32"), "sensor_mlp", 400, "datatype 'INT32'"),
         (infer_body(data=["hot"] * 16), "sensor_mlp", 400, "not a list of FP32"),
-        (json.dumps({"inputs": [{"name": "readings", "shape": [1, 16], "datatype": "FP32",
-                                 "data": [0.5] * 16}], "parameters": {"priority": "urgent"}}).encode(),
-         "sensor_mlp", 400, "'priority' must be a number"),
-        (json.dumps({"inputs": [{"name": "readings", "shape": [1, 16], "datatype": "FP32",
-                                 "data": [0.5] * 16}], "parameters": {"deadline_ms": -5}}).encode(),
-         "sensor_mlp", 400, "'deadline_ms' must be positive"),
+        (
+            json.dumps(
+                {
+                    "inputs": [
+                        {"name": "readings", "shape": [1, 16], "datatype": "FP32", "data": [0.5] * 16}
+                    ],
+                    "parameters": {"priority": "urgent"},
+                }
+            ).encode(),
+            "sensor_mlp",
+            400,
+            "'priority' must be a number",
+        ),
+        (
+            json.dumps(
+                {
+                    "inputs": [
+                        {"name": "readings", "shape": [1, 16], "datatype": "FP32", "data": [0.5] * 16}
+                    ],
+                    "parameters": {"deadline_ms": -5},
+                }
+            ).encode(),
+            "sensor_mlp",
+            400,
+            "'deadline_ms' must be positive",
+        ),
     ],
 )
-def test_bad_requests_get_a_clear_4xx(shared_stack: Stack, body: bytes, model: str, status: int,
-                                      needle: str) -> None:
+def test_bad_requests_get_a_clear_4xx(
+    shared_stack: Stack, body: bytes, model: str, status: int, needle: str
+) -> None:
     got, doc = infer(shared_stack, body, model)
     assert got == status
     assert isinstance(doc, dict) and needle in doc["error"]
@@ -64,8 +85,12 @@ def test_deadline_already_too_short_is_504_not_a_hang(shared_stack: Stack) -> No
 def test_invalid_policy_reload_is_rejected_and_the_old_policy_kept(shared_stack: Stack) -> None:
     url = f"{shared_stack.router_url}/admin/policy"
     before = call(url)[1]["name"]
-    for bad in [b'{"preset": "warp"}', b'{"preset": "p2c", "params": {"sample": {"k": 0}}}',
-                b'{"preset": "p2c", "color": "red"}', b"{nope"]:
+    for bad in [
+        b'{"preset": "warp"}',
+        b'{"preset": "p2c", "params": {"sample": {"k": 0}}}',
+        b'{"preset": "p2c", "color": "red"}',
+        b"{nope",
+    ]:
         status, doc, _ = call(url, bad, method="PUT")
         assert status == 400 and "error" in doc, bad
     assert call(url)[1]["name"] == before

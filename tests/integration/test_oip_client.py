@@ -51,8 +51,15 @@ def test_metadata_readiness_and_inference(client, model: str, binary: bool) -> N
         feeds[spec["name"]] = arr
     outputs = [httpclient.InferRequestedOutput(o["name"], binary_data=binary) for o in meta["outputs"]]
     # Triton's reserved `priority` and `timeout` (microseconds) become the routing hints
-    result = client.infer(model, inputs, outputs=outputs, request_id="it-1", priority=1,
-                          timeout=5_000_000, parameters={"site": "edge-a"})
+    result = client.infer(
+        model,
+        inputs,
+        outputs=outputs,
+        request_id="it-1",
+        priority=1,
+        timeout=5_000_000,
+        parameters={"site": "edge-a"},
+    )
     # the reference: the same zoo model run directly by ONNX Runtime (the stack uses seed 0)
     ref = ort.InferenceSession(zoo.build(model, 0), providers=["CPUExecutionProvider"])
     expected = dict(zip([o.name for o in ref.get_outputs()], ref.run(None, feeds), strict=True))

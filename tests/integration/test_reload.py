@@ -26,8 +26,11 @@ def wait_for(stack: Stack, name: str, timeout_s: float = 5.0) -> None:
 
 def test_put_policy_swaps_and_reports(own_stack) -> None:  # type: ignore[no-untyped-def]
     stack: Stack = own_stack([{"id": "a", "partition": "edge-a", "models": ["echo"]}])
-    spec = {"name": "blend", "scorers": [{"type": "queue", "weight": 2}, {"type": "latency"}],
-            "picker": {"type": "max"}}
+    spec = {
+        "name": "blend",
+        "scorers": [{"type": "queue", "weight": 2}, {"type": "latency"}],
+        "picker": {"type": "max"},
+    }
     status, doc, _ = call(f"{stack.router_url}/admin/policy", json.dumps(spec).encode(), method="PUT")
     assert status == 200 and doc["name"] == "blend"
     assert policy_name(stack) == "blend"
@@ -58,3 +61,24 @@ def test_config_file_change_and_sighup_reload(own_stack) -> None:  # type: ignor
     stack.router.popen.send_signal(signal.SIGHUP)
     wait_for(stack, "round_robin")
     assert stack.router.popen.poll() is None
+
+
+def test_status_page_and_metrics(own_stack) -> None:  # type: ignore[no-untyped-def]
+    stack: Stack = own_stack([{"id": "a", "partition": "edge-a", "models": ["echo"]}])
+    status, page, headers = call(f"{stack.router_url}/")
+    assert status == 200 and headers["Content-Type"].startswith("text/html")
+    assert "policy <b>p2c</b>" in page and "<td>a</td>" in page
+    body = b'{"inputs":[{"name":"x","shape":[1,4],"datatype":"FP32","data":[1,2,3,4]}]}'
+    assert call(f"{stack.router_url}/v2/models/echo/infer", body)[0] == 200
+    assert call(f"{stack.router_url}/v2/models/echo/infer", b"{bad")[0] == 400
+    metrics = call(f"{stack.router_url}/metrics")[1]
+    for name in [
+        'edgeroute_requests_total{model="echo",node="a",outcome="ok",priority="0"} 1.0',
+        'edgeroute_requests_total{model="echo",node="none",outcome="400",priority="0"} 1.0',
+        "edgeroute_request_latency_seconds_bucket",
+        "edgeroute_decision_seconds_count",
+        "edgeroute_telemetry_lag_ms",
+        'edgeroute_view_age_ms{node="a"}',
+        "edgeroute_stale_nodes 0.0",
+    ]:
+        assert name in metrics, name

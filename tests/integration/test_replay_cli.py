@@ -40,16 +40,25 @@ def test_replay_writes_the_report_contract(tmp_path: Path) -> None:
     scenario = tmp_path / "it-replay.yaml"
     scenario.write_text(SCENARIO)
     out = tmp_path / "out"
-    proc = subprocess.run([*CLI, "replay", str(scenario), "--out", str(out)], capture_output=True,
-                          text=True, timeout=240)
+    proc = subprocess.run(
+        [*CLI, "replay", str(scenario), "--out", str(out)], capture_output=True, text=True, timeout=240
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "round_robin" in proc.stdout and "p2c" in proc.stdout
     report = json.loads((out / "report.json").read_text())
     assert report["scenario"] == "it-replay" and report["mode"] == "live"
     assert set(report["policies"]) == {"round_robin", "p2c"}
     for name, p in report["policies"].items():
-        assert {"sent", "completed", "errors", "lost", "latency_ms", "slo_attainment", "by_priority",
-                "by_node"} <= set(p), name
+        assert {
+            "sent",
+            "completed",
+            "errors",
+            "lost",
+            "latency_ms",
+            "slo_attainment",
+            "by_priority",
+            "by_node",
+        } <= set(p), name
         assert p["sent"] > 50
         assert p["lost"] == 0, p
         assert p["sent"] == p["completed"] + sum(p["errors"].values())
@@ -75,14 +84,17 @@ def test_bad_scenario_is_one_line_not_a_traceback(tmp_path: Path) -> None:
 def test_up_prints_addresses_and_stops_everything_on_sigterm(tmp_path: Path) -> None:
     scenario = tmp_path / "it-up.yaml"
     scenario.write_text(SCENARIO)
-    proc = subprocess.Popen([*CLI, "up", str(scenario)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    proc = subprocess.Popen(
+        [*CLI, "up", str(scenario)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     try:
         lines: dict[str, str] = {}
         deadline = time.monotonic() + 90
         assert proc.stdout is not None
         while {"router", "kafka"} - set(lines):
-            assert time.monotonic() < deadline and proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+            assert time.monotonic() < deadline and proc.poll() is None, (
+                proc.stderr.read() if proc.stderr else ""
+            )
             line = proc.stdout.readline().strip()
             if ": " in line:
                 key, value = line.split(": ", 1)

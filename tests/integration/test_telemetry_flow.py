@@ -35,9 +35,12 @@ def send_many(stack: Stack, n: int) -> Counter[str]:
 
 def test_stopped_node_goes_stale_and_stops_receiving_traffic(own_stack) -> None:  # type: ignore[no-untyped-def]
     stack: Stack = own_stack(
-        [{"id": "a", "partition": "edge-a", "models": ["sensor_mlp"]},
-         {"id": "b", "partition": "edge-a", "models": ["sensor_mlp"]}],
-        router={"stale_after_ms": STALE_MS, "policy": {"preset": "round_robin"}})
+        [
+            {"id": "a", "partition": "edge-a", "models": ["sensor_mlp"]},
+            {"id": "b", "partition": "edge-a", "models": ["sensor_mlp"]},
+        ],
+        router={"stale_after_ms": STALE_MS, "policy": {"preset": "round_robin"}},
+    )
     assert set(send_many(stack, 10)) == {"a", "b"}
     proc = stack.nodes["b"].popen
     proc.send_signal(signal.SIGKILL)  # a crash: no draining message, telemetry just stops
@@ -54,9 +57,12 @@ def test_stopped_node_goes_stale_and_stops_receiving_traffic(own_stack) -> None:
 
 def test_draining_node_is_excluded_at_once(own_stack) -> None:  # type: ignore[no-untyped-def]
     stack: Stack = own_stack(
-        [{"id": "a", "partition": "edge-a", "models": ["sensor_mlp"]},
-         {"id": "b", "partition": "edge-a", "models": ["sensor_mlp"]}],
-        router={"stale_after_ms": 5000, "policy": {"preset": "round_robin"}})
+        [
+            {"id": "a", "partition": "edge-a", "models": ["sensor_mlp"]},
+            {"id": "b", "partition": "edge-a", "models": ["sensor_mlp"]},
+        ],
+        router={"stale_after_ms": 5000, "policy": {"preset": "round_robin"}},
+    )
     stack.stop_node("b")  # SIGTERM: the node publishes `draining` on its way out
     deadline = time.monotonic() + 2.0
     while view_of(stack)["b"]["status"] != "draining":
@@ -66,9 +72,13 @@ def test_draining_node_is_excluded_at_once(own_stack) -> None:  # type: ignore[n
 
 
 def test_restarted_router_rebuilds_its_view_from_kafka(own_stack) -> None:  # type: ignore[no-untyped-def]
-    stack: Stack = own_stack([{"id": "a", "partition": "edge-a", "models": ["sensor_mlp"]},
-                              {"id": "b", "partition": "cloud", "models": ["sensor_mlp", "echo"]}],
-                             router={"lookback_ms": 3000})
+    stack: Stack = own_stack(
+        [
+            {"id": "a", "partition": "edge-a", "models": ["sensor_mlp"]},
+            {"id": "b", "partition": "cloud", "models": ["sensor_mlp", "echo"]},
+        ],
+        router={"lookback_ms": 3000},
+    )
     time.sleep(1.0)  # let history accumulate
     stack.stop_router()
     started = time.monotonic()

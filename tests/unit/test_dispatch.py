@@ -21,25 +21,37 @@ NOW = 1_000.0
 
 def ok(node: str):  # type: ignore[no-untyped-def]
     async def handler(method: str, path: str, body: bytes, headers: Mapping[str, str]) -> NodeReply:
-        return NodeReply(200, json.dumps({"node": node, "deadline": headers.get("x-edgeroute-deadline-ms")}
-                                         ).encode(), {"x-edgeroute-node": node})
+        return NodeReply(
+            200,
+            json.dumps({"node": node, "deadline": headers.get("x-edgeroute-deadline-ms")}).encode(),
+            {"x-edgeroute-node": node},
+        )
+
     return handler
 
 
 def status(code: int):  # type: ignore[no-untyped-def]
     async def handler(method: str, path: str, body: bytes, headers: Mapping[str, str]) -> NodeReply:
         return NodeReply(code, json.dumps({"error": f"status {code}"}).encode())
+
     return handler
 
 
 def raises(exc: Exception):  # type: ignore[no-untyped-def]
     async def handler(method: str, path: str, body: bytes, headers: Mapping[str, str]) -> NodeReply:
         raise exc
+
     return handler
 
 
-def make(handlers: dict[str, object], *, loads: list | None = None, preset: str = "least_outstanding",  # type: ignore[type-arg]
-         attempts: int = 3, clock: list[float] | None = None) -> tuple[Dispatcher, InMemoryNodeClient]:
+def make(
+    handlers: dict[str, object],
+    *,
+    loads: list | None = None,
+    preset: str = "least_outstanding",  # type: ignore[type-arg]
+    attempts: int = 3,
+    clock: list[float] | None = None,
+) -> tuple[Dispatcher, InMemoryNodeClient]:
     store = ViewStore()
     for msg in loads or [load(n.removeprefix("http://")) for n in handlers]:
         store.apply(msg, NOW)
@@ -50,8 +62,9 @@ def make(handlers: dict[str, object], *, loads: list | None = None, preset: str 
 
 
 async def run(d: Dispatcher, deadline_ms: float = 500.0) -> object:
-    return await d.dispatch(RouteRequest("m", request_id="r1"), "/v2/models/m/infer", b"{}", {},
-                            NOW + deadline_ms)
+    return await d.dispatch(
+        RouteRequest("m", request_id="r1"), "/v2/models/m/infer", b"{}", {}, NOW + deadline_ms
+    )
 
 
 async def test_forwards_remaining_budget() -> None:
@@ -64,8 +77,7 @@ async def test_forwards_remaining_budget() -> None:
 
 @pytest.mark.parametrize("failure", [status(503), status(500), status(502), raises(NodeUnavailable("x"))])
 async def test_retries_elsewhere_on_connect_errors_and_5xx(failure: object) -> None:
-    d, client = make({"http://a": failure, "http://b": ok("b")},
-                     loads=[load("a"), load("b", queued=5)])
+    d, client = make({"http://a": failure, "http://b": ok("b")}, loads=[load("a"), load("b", queued=5)])
     out = await run(d)
     assert out.status == 200 and out.node == "b" and out.attempts == 2  # type: ignore[attr-defined]
     assert [c[0] for c in client.calls] == ["http://a", "http://b"]
@@ -73,8 +85,7 @@ async def test_retries_elsewhere_on_connect_errors_and_5xx(failure: object) -> N
 
 @pytest.mark.parametrize("code", [400, 404, 413])
 async def test_client_errors_are_not_retried(code: int) -> None:
-    d, client = make({"http://a": status(code), "http://b": ok("b")},
-                     loads=[load("a"), load("b", queued=5)])
+    d, client = make({"http://a": status(code), "http://b": ok("b")}, loads=[load("a"), load("b", queued=5)])
     out = await run(d)
     assert out.status == code and len(client.calls) == 1  # type: ignore[attr-defined]
 
@@ -133,6 +144,7 @@ async def test_in_flight_request_finishes_on_the_policy_it_started_with() -> Non
     d, _ = make({"http://a": first, "http://b": ok("b")}, loads=[load("a"), load("b", queued=5)])
     task = asyncio.create_task(run(d))
     await asyncio.sleep(0.01)
+
     # swap in a policy that fails if it is ever asked: the started request must retry on the old one
     class Refuses:
         name = "refuses"

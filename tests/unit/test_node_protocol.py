@@ -66,9 +66,14 @@ def test_malformed_json_and_header_length() -> None:
 
 def test_binary_tensor_extension_roundtrip() -> None:
     arr = np.arange(8, dtype=np.float32).reshape(2, 4)
-    head = json.dumps({"inputs": [{"name": "x", "shape": [2, 4], "datatype": "FP32",
-                                   "parameters": {"binary_data_size": 32}}],
-                       "outputs": [{"name": "y", "parameters": {"binary_data": True}}]}).encode()
+    head = json.dumps(
+        {
+            "inputs": [
+                {"name": "x", "shape": [2, 4], "datatype": "FP32", "parameters": {"binary_data_size": 32}}
+            ],
+            "outputs": [{"name": "y", "parameters": {"binary_data": True}}],
+        }
+    ).encode()
     doc, tail = split_body(head + arr.tobytes(), str(len(head)))
     r = decode_request(doc, tail, SPECS, ["y"])
     assert np.array_equal(r.inputs["x"], arr)
@@ -80,8 +85,13 @@ def test_binary_tensor_extension_roundtrip() -> None:
 
 
 def test_binary_size_must_match_shape() -> None:
-    head = json.dumps({"inputs": [{"name": "x", "shape": [2, 4], "datatype": "FP32",
-                                   "parameters": {"binary_data_size": 16}}]}).encode()
+    head = json.dumps(
+        {
+            "inputs": [
+                {"name": "x", "shape": [2, 4], "datatype": "FP32", "parameters": {"binary_data_size": 16}}
+            ]
+        }
+    ).encode()
     doc, tail = split_body(head + b"\0" * 16, str(len(head)))
     with pytest.raises(BadRequest, match="needs 32"):
         decode_request(doc, tail, SPECS, ["y"])

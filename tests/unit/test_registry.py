@@ -40,9 +40,14 @@ def test_preset_parameters_can_be_overridden() -> None:
 
 
 def test_custom_pipeline_with_weights() -> None:
-    policy = build_policy({
-        "name": "blend",
-        "scorers": [{"type": "queue", "weight": 2}, {"type": "latency", "weight": 1, "default_exec_ms": 7}],
-        "picker": {"type": "max"},
-    })
+    policy = build_policy(
+        {
+            "name": "blend",
+            "scorers": [
+                {"type": "queue", "weight": 2},
+                {"type": "latency", "weight": 1, "default_exec_ms": 7},
+            ],
+            "picker": {"type": "max"},
+        }
+    )
     assert [w for _, w in policy.scorers] == [2.0, 1.0]

@@ -17,8 +17,14 @@ def test_percentile_nearest_rank() -> None:
 
 
 def test_summary_accounts_for_every_request() -> None:
-    results = [r(200, 10), r(200, 150), r(503, 1), r(504, 100, prio=5), r(None, 5000, prio=5),
-               r(200, 20, prio=5, node="b")]
+    results = [
+        r(200, 10),
+        r(200, 150),
+        r(503, 1),
+        r(504, 100, prio=5),
+        r(None, 5000, prio=5),
+        r(200, 20, prio=5, node="b"),
+    ]
     s = summarize(results, 2.0)
     assert s["sent"] == 6 and s["completed"] == 3
     assert s["errors"] == {"503": 1, "504": 1, "lost": 1}

@@ -38,7 +38,10 @@ def test_load_by_bare_name() -> None:
         (QUICK.replace("site: edge-b", "site: edge-z"), "'edge-z' is not a partition"),
         (QUICK.replace("mobilenet_s: 0.3", "yolo: 0.3"), "no node serves \\['yolo'\\]"),
         (QUICK.replace("id: edge-a-2", "id: edge-a-1"), "unique"),
-        (QUICK.replace("deadline_ms: {0: 250, 10: 100}", "deadline_ms: {0: 250}", 1), "no entry for priority"),
+        (
+            QUICK.replace("deadline_ms: {0: 250, 10: 100}", "deadline_ms: {0: 250}", 1),
+            "no entry for priority",
+        ),
         (QUICK.replace("duration_s: 30", "duration_s: 0"), "workload.duration_s"),
     ],
 )
