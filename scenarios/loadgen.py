@@ -109,6 +109,16 @@ def example_payload(metadata: dict[str, Any], seed: int, binary_over: int = 1024
     return Payload(head + b"".join(blobs), len(head))
 
 
+def _error_text(body: bytes) -> str:
+    import json
+
+    try:
+        doc = json.loads(body)
+        return str(doc["error"]) if isinstance(doc, dict) and "error" in doc else body[:200].decode()
+    except (ValueError, UnicodeDecodeError):
+        return body[:200].decode(errors="replace")
+
+
 async def fetch_payloads(router_url: str, models: set[str], seed: int) -> dict[str, Payload]:
     out: dict[str, Payload] = {}
     async with aiohttp.ClientSession() as session:
@@ -153,7 +163,7 @@ async def run_load(
                     timeout=timeout,
                 ) as resp:
                     answer = await resp.read()
-                    err = "" if resp.status == 200 else answer[:200].decode(errors="replace")
+                    err = "" if resp.status == 200 else _error_text(answer)
                     results[i] = Result(
                         a,
                         resp.status,
