@@ -11,7 +11,34 @@ from scenarios.loadgen import build_schedule
 from scenarios.schema import ScenarioError, load_scenario, parse_scenario
 
 ROOT = Path(__file__).resolve().parents[2] / "scenarios"
-QUICK = (ROOT / "quickstart.yaml").read_text()
+QUICK = """\
+# a fixed scenario for these tests (the bundled ones may be retuned)
+name: fixed
+seed: 7
+topology:
+  partitions: [edge-a, edge-b, cloud]
+  nodes:
+    - {id: edge-a-1, partition: edge-a, tier: edge, slots: 1, models: [sensor_mlp, mobilenet_s]}
+    - {id: edge-a-2, partition: edge-a, tier: edge, slots: 1, models: [sensor_mlp, resnet_s]}
+    - {id: edge-b-1, partition: edge-b, tier: edge, slots: 1, models: [sensor_mlp, mobilenet_s]}
+    - {id: cloud-1, partition: cloud, tier: cloud, slots: 2, models: [sensor_mlp, mobilenet_s, resnet_s]}
+workload:
+  duration_s: 30
+  sites:
+    - site: edge-a
+      rate_rps: 60
+      models: {sensor_mlp: 0.6, mobilenet_s: 0.25, resnet_s: 0.15}
+      priorities: {0: 0.8, 10: 0.2}
+      deadline_ms: {0: 250, 10: 100}
+    - site: edge-b
+      rate_rps: 40
+      models: {sensor_mlp: 0.5, mobilenet_s: 0.3, resnet_s: 0.2}
+      priorities: {0: 0.8, 10: 0.2}
+      deadline_ms: {0: 250, 10: 100}
+policies:
+  - round_robin
+  - p2c
+"""
 
 
 @pytest.mark.parametrize("path", sorted(ROOT.glob("*.yaml")), ids=lambda p: p.name)
@@ -31,8 +58,8 @@ def test_load_by_bare_name() -> None:
         ("topology: [1", "not valid YAML"),
         ("- a\n- b", "is a mapping"),
         (QUICK.replace("rate_rps: 40", "rate_rps: -4"), "workload.sites.1.rate_rps (line"),
-        (QUICK.replace("seed: 7", "seed: 7\nbogus: 1"), "bogus (line 8)"),
-        (QUICK.replace("slots: 2", "slots: two", 1), "topology.nodes.3.slots"),
+        (QUICK.replace("seed: 7", "seed: 7\nbogus: 1"), "bogus (line 4)"),
+        (QUICK.replace("slots: 2", "slots: two", 1), "topology.nodes.3.slots (line 10)"),
         (QUICK.replace("partition: cloud, tier", "partition: mars, tier", 1), "partition 'mars'"),
         (QUICK.replace("  - p2c\n", "  - p2x\n"), "unknown preset 'p2x'"),
         (QUICK.replace("site: edge-b", "site: edge-z"), "'edge-z' is not a partition"),
@@ -58,7 +85,7 @@ def test_missing_file() -> None:
 
 
 def test_schedule_is_seeded_bounded_and_mixed() -> None:
-    s = load_scenario("quickstart")
+    s = parse_scenario(QUICK)
     a = build_schedule(s.workload, 1, 10.0)
     assert a == build_schedule(s.workload, 1, 10.0)
     assert a != build_schedule(s.workload, 2, 10.0)
