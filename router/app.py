@@ -24,6 +24,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from policies.api import RouteRequest
 from policies.registry import PolicyConfigError, PolicySpec, build_policy
+from router.admission import Authenticator, RateLimiter
 from router.config import ConfigError, RouterConfig, load_config
 from router.dispatch import Dispatcher, Outcome, PolicyHolder
 from router.metrics import RouterMetrics, quantile
@@ -62,6 +63,8 @@ class Router:
             self.store, self.policies, client, config.max_attempts, config.seed, clock
         )
         self.metrics = RouterMetrics(self.store, clock)
+        self.auth = Authenticator(config.auth)
+        self.limiter = RateLimiter(config.rate_limit)
 
     def reload_policy(self, raw: Any, origin: str) -> PolicySpec:
         """Validate `raw` fully, then swap it in; on any error keep the old policy and raise."""
@@ -112,6 +115,32 @@ def _number(value: Any, key: str) -> float | None:
     if out != out or out in (float("inf"), float("-inf")):
         raise BadHint(f"'{key}' must be finite")
     return out
+
+
+OPEN_PATHS = frozenset({"/", "/v2", "/v2/health/live", "/v2/health/ready", "/metrics"})
+
+
+@web.middleware
+async def admission(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """Authenticate every route but the open ones; rate-limit inference per client."""
+    if request.path in OPEN_PATHS:
+        return await handler(request)
+    router = request.app[ROUTER]
+    verdict = router.auth.check(
+        request.headers.get("Authorization"), request.path.startswith("/admin"), request.remote or "unknown"
+    )
+    if verdict.status:
+        headers = {"WWW-Authenticate": "Bearer"} if verdict.status == 401 else None
+        return _error(verdict.status, verdict.reason, headers)
+    if request.method == "POST" and request.path.endswith("/infer"):
+        limited = router.limiter.admit(verdict.client, router.clock())
+        if limited.status:
+            model = request.match_info.get("model", "unknown")
+            _count(router, model, 0, "none", 429, router.clock())
+            return _error(429, limited.reason, {"Retry-After": str(limited.retry_after_s)})
+    return await handler(request)
 
 
 @web.middleware
@@ -476,7 +505,7 @@ def create_app(
         )
     if client is None:
         client = HttpNodeClient(config.pool_per_node, config.connect_timeout_ms / 1000.0)
-    app = web.Application(client_max_size=config.max_body_bytes, middlewares=[json_errors])
+    app = web.Application(client_max_size=config.max_body_bytes, middlewares=[json_errors, admission])
     app[ROUTER] = Router(config, source, client, clock, config_path)
     app.cleanup_ctx.append(_lifecycle)
     app.cleanup_ctx.append(_config_watcher)

@@ -9,6 +9,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from policies.registry import PolicyConfigError, PolicySpec, build_policy
+from router.admission import AuthConfig, RateLimitConfig
 
 
 class ConfigError(ValueError):
@@ -33,6 +34,8 @@ class RouterConfig(BaseModel):
     max_attempts: int = Field(3, ge=1, le=10, description="dispatches per request, first included")
     connect_timeout_ms: float = Field(500.0, gt=0)
     pool_per_node: int = Field(64, ge=1, description="keep-alive connections per node")
+    auth: AuthConfig | None = None
+    rate_limit: RateLimitConfig | None = None
 
 
 def _first_error(exc: ValidationError, prefix: str = "") -> str:

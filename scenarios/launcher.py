@@ -32,9 +32,16 @@ from telemetry.schema import TOPIC
 log = logging.getLogger("edgeroute.launcher")
 
 
-def http_json(url: str, method: str = "GET", body: Any = None, timeout_s: float = 5.0) -> tuple[int, Any]:
+def http_json(
+    url: str,
+    method: str = "GET",
+    body: Any = None,
+    timeout_s: float = 5.0,
+    headers: dict[str, str] | None = None,
+) -> tuple[int, Any]:
     data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+    hdrs = {"Content-Type": "application/json", **(headers or {})}
+    req = urllib.request.Request(url, data=data, method=method, headers=hdrs)
     try:
         with urllib.request.urlopen(req, timeout=timeout_s) as resp:
             return resp.status, json.loads(resp.read() or b"null")
@@ -94,6 +101,23 @@ class Stack:
     def bootstrap(self) -> str:
         assert self.kafka is not None
         return self.kafka
+
+    @property
+    def admin_headers(self) -> dict[str, str]:
+        """A bearer header for the admin API when the router's config turns auth on."""
+        auth = {**self.scenario.router, **self.router_overrides}.get("auth") or {}
+        tokens, admins = auth.get("tokens") or {}, auth.get("admin_clients") or []
+        for client in admins:
+            if client in tokens:
+                return {"Authorization": f"Bearer {tokens[client]}"}
+        return {}
+
+    @property
+    def client_headers(self) -> dict[str, str]:
+        """A bearer header for inference when auth is on (the first configured client)."""
+        auth = {**self.scenario.router, **self.router_overrides}.get("auth") or {}
+        tokens = auth.get("tokens") or {}
+        return {"Authorization": f"Bearer {next(iter(tokens.values()))}"} if tokens else {}
 
     @property
     def router_url(self) -> str:
@@ -175,7 +199,9 @@ class Stack:
             self._check_alive()
             try:
                 wait_for_port("127.0.0.1", self.router.port, 0.5)
-                status, view = http_json(f"{self.router.url}/admin/view", timeout_s=2)
+                status, view = http_json(
+                    f"{self.router.url}/admin/view", timeout_s=2, headers=self.admin_headers
+                )
                 fresh = {n["node_id"] for n in view["nodes"] if n["fresh"] and n["status"] == "ready"}
                 if status == 200 and want <= fresh:
                     return
@@ -186,7 +212,7 @@ class Stack:
             time.sleep(0.2)
 
     def set_policy(self, spec: dict[str, Any]) -> None:
-        status, body = http_json(f"{self.router_url}/admin/policy", "PUT", spec)
+        status, body = http_json(f"{self.router_url}/admin/policy", "PUT", spec, headers=self.admin_headers)
         if status != 200:
             raise RuntimeError(f"router rejected policy {spec}: {body}")
 

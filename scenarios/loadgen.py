@@ -119,9 +119,11 @@ def _error_text(body: bytes) -> str:
         return body[:200].decode(errors="replace")
 
 
-async def fetch_payloads(router_url: str, models: set[str], seed: int) -> dict[str, Payload]:
+async def fetch_payloads(
+    router_url: str, models: set[str], seed: int, headers: dict[str, str] | None = None
+) -> dict[str, Payload]:
     out: dict[str, Payload] = {}
-    async with aiohttp.ClientSession() as session:
+    async with aiohttp.ClientSession(headers=headers) as session:
         for model in sorted(models):
             async with session.get(f"{router_url}/v2/models/{model}") as resp:
                 if resp.status != 200:
@@ -136,11 +138,12 @@ async def run_load(
     payloads: dict[str, Payload],
     grace_s: float = 5.0,
     progress: Any = None,
+    headers: dict[str, str] | None = None,
 ) -> list[Result]:
     """Send `schedule` open-loop; one Result per arrival, in schedule order."""
     results: list[Result | None] = [None] * len(schedule)
     connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30)
-    async with aiohttp.ClientSession(connector=connector) as session:
+    async with aiohttp.ClientSession(connector=connector, headers=headers) as session:
 
         async def send(i: int, a: Arrival) -> None:
             headers = {

@@ -38,10 +38,10 @@ def _progress(label: str) -> Any:
     return show
 
 
-def _wait_idle(router_url: str, timeout_s: float = 10.0) -> None:
+def _wait_idle(router_url: str, headers: dict[str, str], timeout_s: float = 10.0) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        status, view = http_json(f"{router_url}/admin/view")
+        status, view = http_json(f"{router_url}/admin/view", headers=headers)
         if status == 200 and all(n["outstanding"] == 0 for n in view["nodes"]):
             return
         time.sleep(0.2)
@@ -76,13 +76,19 @@ def replay_live(
     with stack:
         if echo:
             print(f"router: {stack.router_url}\nkafka: {stack.bootstrap}", flush=True)
-        payloads = asyncio.run(fetch_payloads(stack.router_url, models, scenario.seed))
+        payloads = asyncio.run(fetch_payloads(stack.router_url, models, scenario.seed, stack.client_headers))
         for run in runs:
             stack.set_policy(run.policy.model_dump(exclude_none=True))
-            _wait_idle(stack.router_url)
+            _wait_idle(stack.router_url, stack.admin_headers)
             started = time.monotonic()
             results = asyncio.run(
-                run_load(stack.router_url, schedule, payloads, progress=_progress(run.name))
+                run_load(
+                    stack.router_url,
+                    schedule,
+                    payloads,
+                    progress=_progress(run.name),
+                    headers=stack.client_headers,
+                )
             )
             wall = time.monotonic() - started
             measured = [r for r in results if r.arrival.at_s >= warmup]
@@ -90,7 +96,7 @@ def replay_live(
             summary["warmup_requests"] = len(results) - len(measured)
             summary["wall_s"] = round(wall, 2)
             report["policies"][run.name] = summary
-        status, view = http_json(f"{stack.router_url}/admin/view")
+        status, view = http_json(f"{stack.router_url}/admin/view", headers=stack.admin_headers)
         report["telemetry"] = view["telemetry"] if status == 200 else {}
     return report
 

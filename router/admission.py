@@ -1,0 +1,98 @@
+"""Admission before routing: who is calling (bearer tokens) and how fast (token buckets per client).
+
+Both are optional and off by default. With `auth.tokens` set, every model and admin route needs
+`Authorization: Bearer <token>`: none or a malformed header is 401, an unknown token 403, and admin
+routes are 403 for clients not in `auth.admin_clients`. Health, server metadata, `/metrics` and the
+status page stay open for probes and scrapers. With `rate_limit` set, each client (its token's name,
+else its address) gets a bucket of `burst` requests refilled at `rps`; an empty bucket is 429 with
+`Retry-After`.
+"""
+
+from __future__ import annotations
+
+import hmac
+import math
+from dataclasses import dataclass
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class AuthConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    tokens: dict[str, str] = Field(default_factory=dict, description="client name -> bearer token")
+    admin_clients: list[str] = Field(default_factory=list, description="clients allowed on /admin")
+
+
+class RateLimitConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    rps: float = Field(gt=0, description="sustained requests per second per client")
+    burst: int = Field(ge=1, description="bucket size")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    status: int  # 0 when admitted
+    reason: str = ""
+    client: str = ""
+    retry_after_s: int = 0
+
+
+class Authenticator:
+    def __init__(self, cfg: AuthConfig | None) -> None:
+        self.tokens = dict(cfg.tokens) if cfg else {}
+        self.admins = set(cfg.admin_clients) if cfg else set()
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.tokens)
+
+    def check(self, authorization: str | None, admin: bool, peer: str) -> Verdict:
+        if not self.enabled:
+            return Verdict(0, client=peer)
+        if not authorization:
+            return Verdict(401, "missing 'Authorization: Bearer <token>'")
+        scheme, _, token = authorization.partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            return Verdict(401, "authorization must be 'Bearer <token>'")
+        token = token.strip()
+        client = None
+        for name, known in self.tokens.items():
+            if hmac.compare_digest(known.encode(), token.encode()):
+                client = name
+        if client is None:
+            return Verdict(403, "unknown token")
+        if admin and client not in self.admins:
+            return Verdict(403, f"client '{client}' may not use the admin API")
+        return Verdict(0, client=client)
+
+
+class RateLimiter:
+    """Token buckets per client on an injected clock (milliseconds)."""
+
+    def __init__(self, cfg: RateLimitConfig | None, max_clients: int = 100_000) -> None:
+        self.cfg = cfg
+        self.max_clients = max_clients
+        self._buckets: dict[str, tuple[float, float]] = {}  # client -> (tokens, last_ms)
+
+    def admit(self, client: str, now_ms: float) -> Verdict:
+        if self.cfg is None:
+            return Verdict(0, client=client)
+        rate, burst = self.cfg.rps, float(self.cfg.burst)
+        tokens, last = self._buckets.get(client, (burst, now_ms))
+        tokens = min(burst, tokens + max(0.0, now_ms - last) * rate / 1000.0)
+        if tokens >= 1.0:
+            self._remember(client, tokens - 1.0, now_ms)
+            return Verdict(0, client=client)
+        self._remember(client, tokens, now_ms)
+        wait_s = (1.0 - tokens) / rate
+        return Verdict(
+            429, f"client '{client}' is over {rate:g} requests/s", client, max(1, math.ceil(wait_s))
+        )
+
+    def _remember(self, client: str, tokens: float, now_ms: float) -> None:
+        if client not in self._buckets and len(self._buckets) >= self.max_clients:
+            # forget the fullest bucket's owner; an idle client loses nothing by being forgotten
+            self._buckets.pop(next(iter(self._buckets)))
+        self._buckets[client] = (tokens, now_ms)
