@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -25,7 +24,7 @@ from typing import Any
 import yaml
 
 from scenarios.schema import NodeSpec, Scenario
-from telemetry.broker import EmbeddedBroker, free_port, wait_for_port
+from telemetry.broker import EmbeddedBroker, free_port, terminate, wait_for_port
 from telemetry.bus import ensure_topic
 from telemetry.schema import TOPIC
 
@@ -218,11 +217,11 @@ class Stack:
 
     def stop_node(self, node_id: str) -> None:
         proc = self.nodes.pop(node_id)
-        _terminate(proc.popen)
+        terminate(proc.popen)
 
     def stop_router(self) -> None:
         if self.router is not None:
-            _terminate(self.router.popen)
+            terminate(self.router.popen)
             self.router = None
 
     def stop(self) -> None:
@@ -241,13 +240,3 @@ class Stack:
         self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.stop()
-
-
-def _terminate(popen: subprocess.Popen[bytes], timeout_s: float = 10.0) -> None:
-    if popen.poll() is None:
-        popen.send_signal(signal.SIGTERM)
-        try:
-            popen.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            popen.kill()
-            popen.wait(timeout=5)

@@ -36,6 +36,17 @@ def wait_for_port(
             time.sleep(0.05)
 
 
+def terminate(popen: subprocess.Popen[bytes], timeout_s: float = 10.0) -> None:
+    """SIGTERM, wait up to `timeout_s`, then SIGKILL; always reaps the child."""
+    if popen.poll() is None:
+        popen.terminate()
+        try:
+            popen.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            popen.kill()
+            popen.wait(timeout=5)
+
+
 class EmbeddedBroker:
     """The Tansu broker, memory storage, on 127.0.0.1:`port` (a free one when 0)."""
 
@@ -83,16 +94,9 @@ class EmbeddedBroker:
         return self
 
     def stop(self) -> None:
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=5)
-        self.proc = None
+        if self.proc is not None:
+            terminate(self.proc, timeout_s=5.0)
+            self.proc = None
 
     def __enter__(self) -> EmbeddedBroker:
         return self.start()
