@@ -1,18 +1,26 @@
 """Filter `healthy`: keep nodes that report `ready` and were heard from within `stale_after_ms`.
 
-Inputs: status, heard_at (the view's staleness). Parameters: none. A draining node or one whose
-telemetry stopped (crashed, partitioned, broker outage) is never chosen.
+Inputs: status, heard_at (the view's staleness). A draining node, or one whose telemetry stopped
+(crashed, partitioned), is not chosen.
+
+Panic mode (after Envoy's panic threshold): when *no* node in the whole view is fresh, the likely
+cause is the telemetry path itself (a broker outage), not every node dying at once. Refusing all
+traffic then would turn a monitoring fault into a full outage, so the filter falls back to the ready
+nodes heard from within `panic_max_age_ms` and lets the router's retries skip any that are really
+gone. Parameters: `panic_max_age_ms` (>= 0, default 30000; 0 disables panic mode).
 """
 
 from __future__ import annotations
 
 from typing import ClassVar
 
+from pydantic import Field
+
 from policies.api import ClusterView, Context, NodeState, Params, RouteRequest
 
 
 class HealthyParams(Params):
-    pass
+    panic_max_age_ms: float = Field(30_000.0, ge=0)
 
 
 class Healthy:
@@ -26,4 +34,8 @@ class Healthy:
     def filter(
         self, req: RouteRequest, view: ClusterView, nodes: list[NodeState], ctx: Context
     ) -> list[NodeState]:
-        return [n for n in nodes if n.ready and view.is_fresh(n, ctx.now_ms)]
+        fresh = [n for n in nodes if n.ready and view.is_fresh(n, ctx.now_ms)]
+        if fresh or self.params.panic_max_age_ms <= 0 or view.fresh_nodes(ctx.now_ms):
+            return fresh
+        horizon = ctx.now_ms - self.params.panic_max_age_ms
+        return [n for n in nodes if n.ready and n.heard_at_ms >= horizon]

@@ -110,7 +110,7 @@ def build_policy(spec: PolicySpec | dict[str, Any] | str) -> Pipeline:
     assert picker is not None
     filters = list(filters or [])
     scorers = list(scorers or [])
-    used = {f.type for f in filters} | {s.type for s in scorers} | {picker.type}
+    used = {f.type for f in filters} | {s.type for s in scorers} | {picker.type} | set(BASE_FILTERS)
     unused = set(spec.params) - used
     if unused:
         raise PolicyConfigError(f"params given for plugins not in the pipeline: {sorted(unused)}")

@@ -316,11 +316,9 @@ async def infer(request: web.Request) -> web.Response:
     except BadHint as exc:
         _count(router, model, 0, "none", 400, arrived)
         return _error(400, str(exc))
-    nodes, known = _model_nodes(router, model)
-    if not nodes:
-        response = _unknown_or_unavailable(model, known)
-        _count(router, model, int(priority or 0), "none", response.status, arrived)
-        return response
+    if not any(n.serves(model) for n in router.store.view):
+        _count(router, model, int(priority or 0), "none", 404, arrived)
+        return _error(404, f"unknown model '{model}'")
     budget = min(deadline if deadline is not None else cfg.default_deadline_ms, cfg.max_deadline_ms)
     req_id = str(doc.get("id") or uuid.uuid4().hex[:16])
     prio = int(priority or 0)

@@ -215,3 +215,24 @@ def test_policies_depend_only_on_telemetry_view_types() -> None:
             assert top not in {"router", "nodes", "scenarios", "aiohttp", "kafka", "time"}, (path, mod)
             if top == "telemetry":
                 assert mod == "telemetry.view", (path, mod)
+
+
+def test_panic_mode_routes_on_last_known_state_when_no_node_is_fresh() -> None:
+    # every node stale (telemetry outage): route to recently heard ready nodes rather than refuse all
+    v = ClusterView.of([load("a", queued=2), load("b")], heard_at_ms=NOW - 5_000, stale_after_ms=1_000)
+    v = v.with_node(ClusterView.of([load("gone")], NOW - 60_000).nodes["gone"], NOW)
+    out = choose(build_policy("least_outstanding"), v)
+    assert isinstance(out, Decision) and out.node_id == "b"
+    for seed in range(30):
+        out = choose(build_policy("random"), v, seed=seed)
+        assert isinstance(out, Decision) and out.node_id != "gone", "too old for panic mode"
+    off = build_policy({"preset": "random", "params": {"healthy": {"panic_max_age_ms": 0}}})
+    assert isinstance(choose(off, v), Rejection)
+
+
+def test_no_panic_while_any_node_is_fresh() -> None:
+    stale = ClusterView.of([load("a", models={"other": 1.0})], heard_at_ms=NOW - 5_000)
+    v = stale.with_node(ClusterView.of([load("b", models={"m": 1.0})], NOW - 5_000).nodes["b"], NOW)
+    v = v.with_node(ClusterView.of([load("c", models={"x": 1.0})], NOW).nodes["c"], NOW)
+    # c is fresh (but serves another model): b must stay excluded although it is the only server of m
+    assert isinstance(choose(build_policy("p2c"), v), Rejection)
