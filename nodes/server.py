@@ -32,6 +32,8 @@ log = logging.getLogger("edgeroute.node")
 PRIORITY_HEADER = "x-edgeroute-priority"
 DEADLINE_HEADER = "x-edgeroute-deadline-ms"
 NODE_HEADER = "x-edgeroute-node"
+EXEC_HEADER = "x-edgeroute-exec-ms"  # slot time of this request's execution
+QUEUE_HEADER = "x-edgeroute-queue-ms"  # time waiting for a slot
 VERSION = "0.1.0"
 
 
@@ -257,8 +259,10 @@ async def infer(request: web.Request) -> web.Response:
             remaining = None if budget_ms is None else budget_ms / 1000.0 - (time.perf_counter() - arrived)
             if remaining is not None and remaining <= 0:
                 raise TimeoutError
+            queued_at = time.perf_counter()
             await asyncio.wait_for(rt.slots.acquire(), remaining)
             acquired = True
+            queue_ms = (time.perf_counter() - queued_at) * 1000.0
         except TimeoutError:
             return _error(504, "deadline passed while queued at the node")
         finally:
@@ -286,7 +290,11 @@ async def infer(request: web.Request) -> web.Response:
             rt.slots.release()
         rt.changed()
     payload, header_len = encode_response(model.name, model.version, req, model.outputs, results)
-    headers = {NODE_HEADER: rt.config.node_id}
+    headers = {
+        NODE_HEADER: rt.config.node_id,
+        EXEC_HEADER: f"{exec_ms:.3f}",
+        QUEUE_HEADER: f"{queue_ms:.3f}",
+    }
     if header_len is None:
         return web.Response(body=payload, content_type="application/json", headers=headers)
     headers[HEADER_LENGTH] = str(header_len)

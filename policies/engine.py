@@ -3,19 +3,28 @@
 `Pipeline.choose` runs the filters in order (each may only drop candidates), combines the scorers as
 a weighted mean of clamped [0, 1] scores, and lets the picker choose. If a filter leaves no candidate
 the answer is a 503 `Rejection` naming that filter, so an operator can see which constraint bit.
-Cost is O(filters x nodes + scorers x nodes) per decision.
+
+Fast path. Filters that judge one node at a time offer `admitter(req, view, ctx)`, a per-node
+predicate; a filter may also offer `candidates(req, view)`, an indexed starting set (`has_model` gives
+the view's per-model index). The engine fuses the leading per-node filters into one predicate over that
+set, and when the next filter is a sampler (`sample_from`), it samples by rejection instead of
+filtering every node first: a `p2c` decision then costs O(1) in the cluster size, not O(nodes). The
+result has the same distribution as filter-then-sample (uniform over the admitted nodes); the slow
+path runs only to name the filter that rejected everything.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from policies.api import (
     ClusterView,
     Context,
     Decision,
     Filter,
+    NodeState,
     Picker,
     Rejection,
     RouteRequest,
@@ -36,6 +45,7 @@ class Pipeline:
     scorers: Sequence[tuple[Scorer, float]]
     picker: Picker
     reads: frozenset[str] = field(init=False)
+    _lead: int = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         reads: set[str] = set()
@@ -45,8 +55,12 @@ class Pipeline:
             reads |= s.reads
         reads |= self.picker.reads
         self.reads = frozenset(reads)
+        lead = 0
+        while lead < len(self.filters) and hasattr(self.filters[lead], "admitter"):
+            lead += 1
+        self._lead = lead
 
-    def choose(self, req: RouteRequest, view: ClusterView, ctx: Context) -> Decision | Rejection:
+    def _rejection(self, req: RouteRequest, view: ClusterView, ctx: Context) -> Rejection:
         nodes = list(view)
         if not nodes:
             return Rejection(503, "no nodes known (no telemetry received yet)")
@@ -54,15 +68,59 @@ class Pipeline:
             nodes = f.filter(req, view, nodes, ctx)
             if not nodes:
                 return Rejection(503, f"no node for model '{req.model}' passed filter '{f.name}'")
-        total_weight = sum(w for _, w in self.scorers)
-        if total_weight > 0 and len(nodes) > 1:
+        return Rejection(503, f"no node for model '{req.model}'")
+
+    def _candidates(self, req: RouteRequest, view: ClusterView, ctx: Context) -> list[NodeState] | None:
+        """The nodes that pass every filter, by the fast path where it applies; None if none pass."""
+        lead = self.filters[: self._lead]
+        base: Sequence[NodeState] | None = None
+        for f in lead:
+            get = getattr(f, "candidates", None)
+            if get is not None:
+                base = get(req, view)
+                break
+        if base is None:
+            base = list(view)
+        admits: list[Callable[[NodeState], bool]] = []
+        for f in lead:
+            a = getattr(f, "admitter")(req, view, ctx)  # noqa: B009 - an optional protocol method
+            if a is not None:
+                admits.append(a)
+
+        def admit(n: NodeState) -> bool:
+            return all(a(n) for a in admits)
+
+        rest = list(self.filters[self._lead :])
+        nodes: list[NodeState] | None = None
+        if rest and hasattr(rest[0], "sample_from"):
+            sampler: Any = rest[0]
+            nodes = sampler.sample_from(base, admit, ctx)
+            if nodes is not None:
+                rest.pop(0)
+        if nodes is None:
+            nodes = [n for n in base if admit(n)]
+        for f in rest:
+            if not nodes:
+                break
+            nodes = f.filter(req, view, nodes, ctx)
+        return nodes or None
+
+    def choose(self, req: RouteRequest, view: ClusterView, ctx: Context) -> Decision | Rejection:
+        nodes = self._candidates(req, view, ctx)
+        if nodes is None:
+            return self._rejection(req, view, ctx)
+        if self.scorers and len(nodes) > 1:
+            total_weight = sum(w for _, w in self.scorers)
             combined = [0.0] * len(nodes)
-            for scorer, weight in self.scorers:
-                if weight == 0:
-                    continue
-                for i, s in enumerate(scorer.score(req, view, nodes, ctx)):
-                    combined[i] += weight * clamp01(s)
-            scores: list[float] = [c / total_weight for c in combined]
+            if total_weight > 0:
+                for scorer, weight in self.scorers:
+                    if weight == 0:
+                        continue
+                    for i, s in enumerate(scorer.score(req, view, nodes, ctx)):
+                        combined[i] += weight * clamp01(s)
+                scores: list[float] = [c / total_weight for c in combined]
+            else:
+                scores = [1.0] * len(nodes)
         else:
             scores = [1.0] * len(nodes)
         chosen = self.picker.pick(req, nodes, scores, ctx)

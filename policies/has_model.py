@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import ClassVar
 
 from policies.api import ClusterView, Context, NodeState, Params, RouteRequest
@@ -18,6 +19,14 @@ class HasModel:
 
     def __init__(self, params: HasModelParams | None = None) -> None:
         self.params = params or HasModelParams()
+
+    def candidates(self, req: RouteRequest, view: ClusterView) -> Sequence[NodeState]:
+        """The view's per-model index: O(1) instead of a scan."""
+        return view.serving(req.model)
+
+    def admitter(self, req: RouteRequest, view: ClusterView, ctx: Context) -> Callable[[NodeState], bool]:
+        model = req.model
+        return lambda n: model in n.load.models
 
     def filter(
         self, req: RouteRequest, view: ClusterView, nodes: list[NodeState], ctx: Context

@@ -12,6 +12,7 @@ gone. Parameters: `panic_max_age_ms` (>= 0, default 30000; 0 disables panic mode
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import ClassVar
 
 from pydantic import Field
@@ -31,11 +32,15 @@ class Healthy:
     def __init__(self, params: HealthyParams | None = None) -> None:
         self.params = params or HealthyParams()
 
+    def admitter(self, req: RouteRequest, view: ClusterView, ctx: Context) -> Callable[[NodeState], bool]:
+        if view.any_fresh(ctx.now_ms) or self.params.panic_max_age_ms <= 0:
+            horizon = ctx.now_ms - view.stale_after_ms
+        else:  # panic: nothing in the whole view is fresh
+            horizon = ctx.now_ms - self.params.panic_max_age_ms
+        return lambda n: n.ready and n.heard_at_ms >= horizon
+
     def filter(
         self, req: RouteRequest, view: ClusterView, nodes: list[NodeState], ctx: Context
     ) -> list[NodeState]:
-        fresh = [n for n in nodes if n.ready and view.is_fresh(n, ctx.now_ms)]
-        if fresh or self.params.panic_max_age_ms <= 0 or view.fresh_nodes(ctx.now_ms):
-            return fresh
-        horizon = ctx.now_ms - self.params.panic_max_age_ms
-        return [n for n in nodes if n.ready and n.heard_at_ms >= horizon]
+        admit = self.admitter(req, view, ctx)
+        return [n for n in nodes if admit(n)]

@@ -8,6 +8,7 @@ Inputs: none. Parameters: `k` (>= 1, default 2).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import ClassVar
 
 from pydantic import Field
@@ -26,6 +27,37 @@ class Sample:
 
     def __init__(self, params: SampleParams | None = None) -> None:
         self.params = params or SampleParams()
+
+    def sample_from(
+        self, nodes: Sequence[NodeState], admit: Callable[[NodeState], bool], ctx: Context
+    ) -> list[NodeState] | None:
+        """`k` admitted nodes drawn by rejection from `nodes`, or None to ask for the full path.
+
+        Sequential uniform draws, skipping nodes already drawn or not admitted, give a uniform k-subset
+        of the admitted nodes, the same distribution as filtering first. Gives up (None) on small sets
+        or after `8k + 16` misses, when most nodes are not admitted and a scan is cheaper.
+        """
+        k, n = self.params.k, len(nodes)
+        if n <= 4 * k:
+            return None
+        chosen: list[NodeState] = []
+        seen: set[int] = set()
+        misses = 0
+        while len(chosen) < k:
+            if len(seen) == n:
+                return None
+            i = int(ctx.rng.random() * n)
+            if i in seen:
+                continue
+            seen.add(i)
+            node = nodes[i]
+            if admit(node):
+                chosen.append(node)
+            else:
+                misses += 1
+                if misses > 8 * k + 16:
+                    return None
+        return chosen
 
     def filter(
         self, req: RouteRequest, view: ClusterView, nodes: list[NodeState], ctx: Context

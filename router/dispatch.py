@@ -20,8 +20,9 @@ from dataclasses import dataclass, field
 from policies.api import Context, Decision, Rejection, RouteRequest
 from policies.engine import Pipeline
 from router.node_client import NodeClient, NodeReply, NodeTimeout, NodeUnavailable
-from router.outstanding import OutstandingTracker
+from telemetry.overlay import OutstandingTracker
 from telemetry.store import ViewStore
+from telemetry.view import NodeState
 
 log = logging.getLogger("edgeroute.router")
 
@@ -112,7 +113,9 @@ class Dispatcher:
                 return Outcome.error(choice.status, choice.reason, attempts=attempt - 1)
             if attempt > 1:
                 self.retries += 1
-            outcome = await self._forward(choice, path, body, headers, remaining, attempt)
+            state = view.get(choice.node_id)
+            assert state is not None
+            outcome = await self._forward(choice, state, path, body, headers, remaining, attempt)
             if outcome.status not in RETRYABLE:
                 return outcome
             tried.add(choice.node_id)
@@ -124,6 +127,7 @@ class Dispatcher:
     async def _forward(
         self,
         choice: Decision,
+        state: NodeState,
         path: str,
         body: bytes,
         headers: Mapping[str, str],
@@ -132,7 +136,7 @@ class Dispatcher:
     ) -> Outcome:
         fwd = dict(headers)
         fwd["x-edgeroute-deadline-ms"] = f"{remaining_ms:.3f}"
-        self.tracker.dispatch(choice.node_id)
+        self.tracker.dispatch(state)
         try:
             reply: NodeReply = await self.client.post(
                 choice.endpoint + path, body, fwd, remaining_ms / 1000.0

@@ -9,7 +9,13 @@ from typing import Protocol
 
 import aiohttp
 
-PASS_HEADERS = ("Content-Type", "Inference-Header-Content-Length", "x-edgeroute-node")
+PASS_HEADERS = (
+    "Content-Type",
+    "Inference-Header-Content-Length",
+    "x-edgeroute-node",
+    "x-edgeroute-exec-ms",
+    "x-edgeroute-queue-ms",
+)
 
 
 class NodeUnavailable(Exception):

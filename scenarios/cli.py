@@ -13,6 +13,7 @@ from types import FrameType
 from scenarios.schema import ScenarioError, load_scenario
 
 DEFAULT_SCENARIO = Path(__file__).parent / "quickstart.yaml"
+PROFILED_MODELS = ["echo", "sensor_mlp", "mobilenet_s", "resnet_s", "tiny_transformer", "detector_head"]
 
 
 def _up(args: argparse.Namespace) -> int:
@@ -67,6 +68,15 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _profile(args: argparse.Namespace) -> int:
+    from scenarios.profile import DEFAULT_PROFILE, profile
+
+    profile(
+        args.models or PROFILED_MODELS, args.requests, Path(args.out or DEFAULT_PROFILE), kafka=args.kafka
+    )
+    return 0
+
+
 def _zoo(args: argparse.Namespace) -> int:
     from nodes import zoo
 
@@ -112,6 +122,13 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("--requests", type=int, default=2000, help="requests per measured run")
     bench.add_argument("--kafka", help="external Kafka bootstrap HOST:PORT")
     bench.set_defaults(func=_bench)
+
+    prof = sub.add_parser("profile", help="measure execution and overhead profiles for the simulator")
+    prof.add_argument("models", nargs="*", help="zoo models (default: all)")
+    prof.add_argument("--requests", type=int, default=400, help="measured requests per model")
+    prof.add_argument("--out", help="profile JSON (default: scenarios/profiles/cpu.json)")
+    prof.add_argument("--kafka", help="external Kafka bootstrap HOST:PORT")
+    prof.set_defaults(func=_profile)
 
     zoo = sub.add_parser("zoo", help="build the model zoo into its cache folder and list it")
     zoo.add_argument("models", nargs="*")

@@ -78,8 +78,8 @@ class Payload:
     header_length: int | None = None
 
 
-def example_payload(metadata: dict[str, Any], seed: int, binary_over: int = 1024) -> Payload:
-    """An OIP request for a model from its metadata, batch 1, seeded random data.
+def example_payload(metadata: dict[str, Any], seed: int, binary_over: int = 1024, batch: int = 1) -> Payload:
+    """An OIP request for a model from its metadata, `batch` rows, seeded random data.
 
     Inputs with more than `binary_over` elements travel as binary tensor data (as a camera client
     would send a frame), smaller ones as JSON.
@@ -90,7 +90,7 @@ def example_payload(metadata: dict[str, Any], seed: int, binary_over: int = 1024
     inputs = []
     blobs: list[bytes] = []
     for spec in metadata["inputs"]:
-        shape = [1 if d < 0 else d for d in spec["shape"]]
+        shape = [batch if d < 0 else d for d in spec["shape"]]
         dtype = np.dtype(DATATYPE_NUMPY[spec["datatype"]])
         data = (
             rng.random(shape).astype(dtype) if dtype.kind == "f" else rng.integers(0, 2, shape).astype(dtype)

@@ -172,12 +172,10 @@ class KafkaTelemetrySource:
                 while not self._stop.is_set():
                     batches = consumer.poll(timeout_ms=100, max_records=1000)
                     received = self.clock()
-                    for records in batches.values():
-                        for record in records:
-                            if record.value is None:
-                                store.apply_raw(b"", received)
-                            else:
-                                store.apply_raw(record.value, received)
+                    parsed = [store.parse(r.value or b"") for records in batches.values() for r in records]
+                    msgs = [m for m in parsed if m is not None]
+                    if msgs:
+                        store.apply_many(msgs, received)
             except Exception as exc:  # noqa: BLE001 - broker outages are survived, not raised
                 self.errors += 1
                 log.warning("telemetry consumer error, reconnecting: %s", exc)

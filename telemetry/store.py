@@ -34,25 +34,38 @@ class ViewStore:
 
     def apply(self, msg: NodeLoad, received_at_ms: float) -> bool:
         """Fold one message into a new view and swap it in; False if it was older than what we have."""
-        with self._write:
-            self.messages += 1
-            lag = received_at_ms - msg.sent_at_ms
-            self.lag_ms.append(max(0.0, lag))
-            current = self.view.get(msg.node_id)
-            if current is not None and msg.sent_at_ms < current.load.sent_at_ms:
-                self.out_of_order += 1
-                return False
-            heard_at = received_at_ms if lag < CATCH_UP_LAG_MS else min(received_at_ms, msg.sent_at_ms)
-            self.view = self.view.with_node(NodeState(msg, heard_at), received_at_ms)
-            return True
+        return self.apply_many([msg], received_at_ms) == 1
 
-    def apply_raw(self, raw: bytes, received_at_ms: float) -> bool:
-        """Parse and apply; malformed input is counted and logged, never raised."""
+    def apply_many(self, msgs: list[NodeLoad], received_at_ms: float) -> int:
+        """Fold a batch (one consumer poll) into one new view; returns how many were applied."""
+        with self._write:
+            view = self.view
+            fresh: dict[str, NodeState] = {}
+            for msg in msgs:
+                self.messages += 1
+                lag = received_at_ms - msg.sent_at_ms
+                self.lag_ms.append(max(0.0, lag))
+                current = fresh.get(msg.node_id) or view.get(msg.node_id)
+                if current is not None and msg.sent_at_ms < current.load.sent_at_ms:
+                    self.out_of_order += 1
+                    continue
+                heard_at = received_at_ms if lag < CATCH_UP_LAG_MS else min(received_at_ms, msg.sent_at_ms)
+                fresh[msg.node_id] = NodeState(msg, heard_at)
+            if fresh:
+                self.view = view.with_nodes(fresh.values(), received_at_ms)
+            return len(fresh)
+
+    def parse(self, raw: bytes) -> NodeLoad | None:
+        """Parse one message; malformed input is counted and logged, never raised."""
         try:
-            msg = NodeLoad.parse(raw)
+            return NodeLoad.parse(raw)
         except MalformedTelemetry as exc:
             with self._write:
                 self.malformed += 1
             log.warning("skipping malformed telemetry message: %s", exc)
-            return False
-        return self.apply(msg, received_at_ms)
+            return None
+
+    def apply_raw(self, raw: bytes, received_at_ms: float) -> bool:
+        """Parse and apply; malformed input is counted and logged, never raised."""
+        msg = self.parse(raw)
+        return msg is not None and self.apply(msg, received_at_ms)

@@ -1,22 +1,24 @@
 """ClusterView: the immutable snapshot of all nodes that routing policies read.
 
-The telemetry consumer builds a new `ClusterView` for every accepted message and swaps it in with one
+The telemetry consumer builds a new `ClusterView` for each batch of messages and swaps it in with one
 assignment (`ViewStore`); readers never see a half-updated view and never lock. Each node carries the
 time it was last heard from, so staleness is data: a node not heard from for `stale_after_ms` is
-excluded by the `healthy` filter. The router overlays its own outstanding-request estimate per node
-(`with_outstanding`) so a burst between two telemetry messages does not herd onto one node that only
-looks idle.
+excluded by the `healthy` filter. The router attaches an `Overlay`, its own estimate of each node's
+outstanding requests (`with_outstanding`), so a burst between two telemetry messages does not herd onto
+one node that only looks idle.
+
+Per-model candidate lists are indexed once per view (lazily), so a policy's `has_model` step costs
+O(1) instead of a scan of every node.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
+from typing import Protocol
 
 from telemetry.schema import ModelLoad, NodeLoad
-
-_EMPTY: Mapping[str, int] = MappingProxyType({})
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,19 +69,32 @@ class NodeState:
         return self.load.queued + self.load.in_flight
 
 
-@dataclass(frozen=True, slots=True)
-class ClusterView:
-    """An immutable snapshot of every node the router knows of.
+class Overlay(Protocol):
+    """The router's estimate of a node's outstanding requests (see telemetry.overlay)."""
 
-    `outstanding` is the router's best estimate of each node's queued plus executing requests: the
-    node's own report, corrected by what this router dispatched and saw settle since that report.
-    Nodes without an overlay entry fall back to their report.
-    """
+    def estimate(self, node: NodeState) -> int: ...
+
+
+class FixedOverlay:
+    """An overlay from a plain mapping node id -> outstanding (tests, tools)."""
+
+    def __init__(self, values: Mapping[str, int]) -> None:
+        self.values = dict(values)
+
+    def estimate(self, node: NodeState) -> int:
+        return self.values.get(node.node_id, node.reported_outstanding)
+
+
+@dataclass(frozen=True)
+class ClusterView:
+    """An immutable snapshot of every node the router knows of."""
 
     nodes: Mapping[str, NodeState] = field(default_factory=lambda: MappingProxyType({}))
     stale_after_ms: float = 1000.0
     built_at_ms: float = 0.0
-    overlay: Mapping[str, int] = field(default_factory=lambda: _EMPTY)
+    overlay: Overlay | None = None
+    newest_heard_ms: float = float("-inf")
+    _by_model: dict[str, tuple[NodeState, ...]] = field(default_factory=dict, compare=False, repr=False)
 
     def __iter__(self) -> Iterator[NodeState]:
         return iter(self.nodes.values())
@@ -97,11 +112,27 @@ class ClusterView:
     def is_fresh(self, node: NodeState, now_ms: float) -> bool:
         return now_ms - node.heard_at_ms <= self.stale_after_ms
 
+    def any_fresh(self, now_ms: float) -> bool:
+        return now_ms - self.newest_heard_ms <= self.stale_after_ms
+
     def fresh_nodes(self, now_ms: float) -> list[NodeState]:
         return [n for n in self.nodes.values() if self.is_fresh(n, now_ms)]
 
     def outstanding(self, node: NodeState) -> int:
-        return self.overlay.get(node.node_id, node.reported_outstanding)
+        return node.reported_outstanding if self.overlay is None else self.overlay.estimate(node)
+
+    def serving(self, model: str) -> tuple[NodeState, ...]:
+        """Every node (fresh or not) that reports `model`; indexed once per view."""
+        found = self._by_model.get(model)
+        if found is None:
+            if not self._by_model and self.nodes:
+                index: dict[str, list[NodeState]] = {}
+                for node in self.nodes.values():
+                    for name in node.load.models:
+                        index.setdefault(name, []).append(node)
+                self._by_model.update({k: tuple(v) for k, v in index.items()})
+            found = self._by_model.setdefault(model, ())
+        return found
 
     def models(self, now_ms: float) -> dict[str, list[NodeState]]:
         """Model name -> fresh, ready nodes that serve it."""
@@ -113,15 +144,32 @@ class ClusterView:
         return out
 
     def with_node(self, state: NodeState, built_at_ms: float) -> ClusterView:
-        nodes = dict(self.nodes)
-        nodes[state.node_id] = state
-        return replace(self, nodes=MappingProxyType(nodes), built_at_ms=built_at_ms)
+        return self.with_nodes([state], built_at_ms)
 
-    def with_outstanding(self, overlay: Mapping[str, int]) -> ClusterView:
-        return replace(self, overlay=overlay)
+    def with_nodes(self, states: Iterable[NodeState], built_at_ms: float) -> ClusterView:
+        nodes = dict(self.nodes)
+        newest = self.newest_heard_ms
+        for state in states:
+            nodes[state.node_id] = state
+            newest = max(newest, state.heard_at_ms)
+        return replace(
+            self,
+            nodes=MappingProxyType(nodes),
+            built_at_ms=built_at_ms,
+            newest_heard_ms=newest,
+            overlay=None,
+            _by_model={},
+        )
+
+    def with_outstanding(self, overlay: Overlay | Mapping[str, int] | None) -> ClusterView:
+        if overlay is not None and not hasattr(overlay, "estimate"):
+            overlay = FixedOverlay(overlay)
+        # share the model index: same nodes, only the load estimate differs
+        return replace(self, overlay=overlay, _by_model=self._by_model)
 
     @classmethod
     def of(cls, loads: list[NodeLoad], heard_at_ms: float, stale_after_ms: float = 1000.0) -> ClusterView:
-        """A view of `loads`, all heard at `heard_at_ms` (tests and the simulator)."""
-        nodes = {m.node_id: NodeState(m, heard_at_ms) for m in loads}
-        return cls(MappingProxyType(nodes), stale_after_ms, heard_at_ms)
+        """A view of `loads`, all heard at `heard_at_ms` (tests and tools)."""
+        return cls(stale_after_ms=stale_after_ms).with_nodes(
+            (NodeState(m, heard_at_ms) for m in loads), heard_at_ms
+        )

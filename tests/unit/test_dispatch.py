@@ -12,7 +12,7 @@ from policies import RouteRequest, build_policy
 from policies.engine import Pipeline
 from router.dispatch import Dispatcher, PolicyHolder
 from router.node_client import InMemoryNodeClient, NodeReply, NodeTimeout, NodeUnavailable
-from router.outstanding import OutstandingTracker
+from telemetry.overlay import OutstandingTracker
 from telemetry.store import ViewStore
 from tests.helpers import load, view
 
@@ -166,7 +166,7 @@ def test_outstanding_estimate_between_reports() -> None:
     v = view(load("a", queued=2, seq=1))
     assert t.overlay(v).outstanding(v.nodes["a"]) == 2  # no local activity: the report
     for _ in range(3):
-        t.dispatch("a")
+        t.dispatch(v.nodes["a"])
     assert t.overlay(v).outstanding(v.nodes["a"]) == 5  # 2 reported + 3 sent since
     t.settle("a")
     assert t.overlay(v).outstanding(v.nodes["a"]) == 4

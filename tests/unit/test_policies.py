@@ -236,3 +236,29 @@ def test_no_panic_while_any_node_is_fresh() -> None:
     v = v.with_node(ClusterView.of([load("c", models={"x": 1.0})], NOW).nodes["c"], NOW)
     # c is fresh (but serves another model): b must stay excluded although it is the only server of m
     assert isinstance(choose(build_policy("p2c"), v), Rejection)
+
+
+def test_fast_path_samples_uniformly_over_admitted_nodes_only() -> None:
+    # 60 nodes: 20 stale, 10 without the model, 30 eligible; `random` after `sample(k=1)` exercises
+    # rejection sampling, which must be uniform over the eligible 30 and never pick the others
+    fresh = [load(f"ok{i}") for i in range(30)] + [load(f"other{i}", models={"x": 1.0}) for i in range(10)]
+    v = ClusterView.of(fresh, heard_at_ms=NOW)
+    v = v.with_nodes(ClusterView.of([load(f"stale{i}") for i in range(20)], NOW - 5_000).nodes.values(), NOW)
+    policy = build_policy(
+        {"name": "one", "filters": [{"type": "sample", "k": 1}], "picker": {"type": "random"}}
+    )
+    s = shares(policy, v)
+    assert set(s) == {f"ok{i}" for i in range(30)}
+    for share in s.values():
+        assert share == pytest.approx(1 / 30, abs=0.004)
+
+
+def test_fast_path_p2c_matches_theory_on_a_large_view() -> None:
+    # 40 nodes with distinct loads: P(rank r chosen) = (n - 1 - r) / C(n, 2)
+    n = 40
+    v = view(*[load(f"n{i:02d}", queued=i) for i in range(n)])
+    s = shares(build_policy("p2c"), v)
+    pairs = n * (n - 1) / 2
+    for r in (0, 1, 10, 20):
+        assert s.get(f"n{r:02d}", 0.0) == pytest.approx((n - 1 - r) / pairs, abs=0.004)
+    assert s.get(f"n{n - 1}", 0.0) == 0.0

@@ -1,0 +1,69 @@
+"""The router's overlay of outstanding requests per node, between telemetry messages.
+
+Telemetry is up to `interval_ms` old; a burst routed on it alone herds onto whichever node last looked
+idle. So, per node, the router counts what it dispatched (`d`) and saw settle (`s`) since the node's
+latest report (of `r` outstanding), and estimates
+
+    outstanding = max(pending, r + d - s)
+
+where `pending` is this router's own unanswered requests there. `r + d - s` is exact when every
+request counted in the report settles after the router saw the report; requests that settled between
+the node's send and the router's receipt make it an overestimate until the next report, which is the
+safe side. `max(pending, ...)` keeps it from dropping below what this router alone knows to be there.
+
+Estimates are computed lazily, per node asked about, so a decision over a sample of two nodes costs
+O(1) whatever the cluster size. Single-threaded: the router's event loop, or the simulator.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from telemetry.view import ClusterView, NodeState
+
+
+@dataclass(slots=True)
+class _Node:
+    pending: int = 0
+    dispatched: int = 0
+    settled: int = 0
+    report: tuple[int, float] = (-1, -1.0)
+
+
+class OutstandingTracker:
+    def __init__(self) -> None:
+        self._nodes: dict[str, _Node] = {}
+
+    def _sync(self, state: NodeState) -> _Node:
+        n = self._nodes.get(state.node_id)
+        if n is None:
+            n = self._nodes[state.node_id] = _Node()
+        key = (state.load.seq, state.load.sent_at_ms)
+        if key != n.report:
+            n.report = key
+            n.dispatched = n.settled = 0
+        return n
+
+    def estimate(self, state: NodeState) -> int:
+        n = self._sync(state)
+        return max(n.pending, state.reported_outstanding + n.dispatched - n.settled)
+
+    def dispatch(self, state: NodeState) -> None:
+        n = self._sync(state)
+        n.pending += 1
+        n.dispatched += 1
+
+    def settle(self, node_id: str) -> None:
+        n = self._nodes.get(node_id)
+        if n is None:
+            n = self._nodes[node_id] = _Node()
+        n.pending = max(0, n.pending - 1)
+        n.settled += 1
+
+    def pending(self, node_id: str) -> int:
+        n = self._nodes.get(node_id)
+        return 0 if n is None else n.pending
+
+    def overlay(self, view: ClusterView) -> ClusterView:
+        """`view` with this router's estimates attached (computed when asked)."""
+        return view.with_outstanding(self)
