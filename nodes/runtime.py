@@ -15,6 +15,8 @@ from nodes import zoo
 from nodes.config import ModelSpec
 from nodes.protocol import ORT_TO_OIP, TensorSpec
 
+WARMUP_RUNS = 30
+
 
 def gpu_visible() -> bool:
     """True when an NVIDIA device node exists; CUDA is only requested then, to keep CPU logs clean."""
@@ -47,21 +49,27 @@ class LoadedModel:
     queued: int = 0
     in_flight: int = 0
     ewma_ms: dict[int, float] = field(default_factory=dict)
+    baseline_ms: float = 0.0  # uncontended execution time at batch 1 (fastest warm-up run)
 
     def observe(self, batch: int, exec_ms: float, alpha: float) -> None:
         prev = self.ewma_ms.get(batch)
         self.ewma_ms[batch] = exec_ms if prev is None else (1 - alpha) * prev + alpha * exec_ms
 
-    def run(self, feeds: dict[str, np.ndarray], stretch: float) -> tuple[dict[str, np.ndarray], float]:
-        """Execute (blocking; called in an executor thread). Returns outputs and execution ms.
+    def run(
+        self, feeds: dict[str, np.ndarray], stretch: float, batch: int = 1
+    ) -> tuple[dict[str, np.ndarray], float]:
+        """Execute (blocking; called in an executor thread). Returns outputs and slot time in ms.
 
-        `stretch` >= 1 emulates a slower device: the slot stays busy for stretch x the real time.
+        `stretch` >= 1 emulates a device `stretch` times slower than this host: after the real run the
+        slot stays busy for `(stretch - 1) x baseline` more, where `baseline` is this model's idle
+        execution time at this batch size measured at load. Adding a constant, rather than
+        multiplying the real time, keeps host noise (other processes on the same cores) from being
+        amplified `stretch` times, so the emulated device is as steady as a real one.
         """
         start = time.perf_counter()
         values = self.session.run(list(self.outputs), feeds)
-        real = time.perf_counter() - start
         if stretch > 1.0:
-            time.sleep(real * (stretch - 1.0))
+            time.sleep(self.baseline_ms * batch * (stretch - 1.0) / 1000.0)
         elapsed_ms = (time.perf_counter() - start) * 1000.0
         return dict(zip(self.outputs, values, strict=True)), elapsed_ms
 
@@ -103,13 +111,16 @@ def load_model(spec: ModelSpec, providers: list[str], threads: int, zoo_dir: str
         os.path.getsize(path),
         load_ms,
     )
-    # One warm-up run so the first real request does not pay for lazy initialisation.
+    # Warm-up runs, so the first request does not pay for lazy initialisation, and the baseline the
+    # speed emulation stretches by: the fastest run, since nodes often start together and contend
+    # for the cores, and a contended baseline would be stretched (1/speed - 1) times.
     feeds = {
         s.name: np.zeros([1 if d < 0 else d for d in s.shape], dtype=_np_dtype(s.datatype))
         for s in model.inputs.values()
     }
-    _, warm_ms = model.run(feeds, 1.0)
-    model.observe(1, warm_ms, 1.0)
+    times = sorted(model.run(feeds, 1.0)[1] for _ in range(WARMUP_RUNS))
+    model.baseline_ms = times[0]
+    model.observe(1, model.baseline_ms, 1.0)
     return model
 
 

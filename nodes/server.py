@@ -54,6 +54,10 @@ class NodeRuntime:
     last_published_outstanding: int = 0
     publish_now: asyncio.Event = field(default_factory=asyncio.Event)
     served: int = 0
+    speed: float = 0.0  # current emulated speed; starts at config.speed, changed by PUT /admin/speed
+
+    def __post_init__(self) -> None:
+        self.speed = self.speed or self.config.speed
 
     @property
     def outstanding(self) -> int:
@@ -274,7 +278,7 @@ async def infer(request: web.Request) -> web.Response:
         loop = asyncio.get_running_loop()
         try:
             results, exec_ms = await loop.run_in_executor(
-                rt.executor, model.run, req.inputs, 1.0 / rt.config.speed
+                rt.executor, model.run, req.inputs, 1.0 / rt.speed, req.batch
             )
         except Exception as exc:  # noqa: BLE001 - a failing model answers 500, the node lives on
             log.exception("model %s failed", model.name)
@@ -301,6 +305,20 @@ async def infer(request: web.Request) -> web.Response:
     return web.Response(body=payload, content_type="application/octet-stream", headers=headers)
 
 
+async def put_speed(request: web.Request) -> web.Response:
+    """`{"speed": x}`: change the emulated device speed (fault injection: a slowed node)."""
+    rt = request.app[RUNTIME]
+    try:
+        speed = float((await request.json())["speed"])
+        if not 0 < speed <= 1000:
+            raise ValueError
+    except (ValueError, KeyError, TypeError):
+        return _error(400, 'body must be {"speed": number in (0, 1000]}')
+    rt.speed = speed
+    log.warning("node %s speed set to %g", rt.config.node_id, speed)
+    return web.json_response({"speed": speed})
+
+
 def create_app(config: NodeConfig) -> web.Application:
     app = web.Application(client_max_size=config.max_body_bytes)
     app[CONFIG] = config
@@ -317,6 +335,7 @@ def create_app(config: NodeConfig) -> web.Application:
     app.router.add_post("/v2/models/{model}/infer", infer)
     app.router.add_post("/v2/models/{model}/versions/{version}/infer", infer)
     app.router.add_post("/v2/repository/index", repository_index)
+    app.router.add_put("/admin/speed", put_speed)
     return app
 
 

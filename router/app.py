@@ -31,6 +31,7 @@ from router.metrics import RouterMetrics, quantile
 from router.node_client import HttpNodeClient, NodeClient, NodeTimeout, NodeUnavailable
 from telemetry.bus import KafkaTelemetrySource, TelemetrySource, now_ms
 from telemetry.store import ViewStore
+from telemetry.topology import LinkState, LinkTable
 
 log = logging.getLogger("edgeroute.router")
 
@@ -60,7 +61,14 @@ class Router:
         self.store = ViewStore(stale_after_ms=config.stale_after_ms)
         self.policies = PolicyHolder(build_policy(config.policy), config.policy)
         self.dispatcher = Dispatcher(
-            self.store, self.policies, client, config.max_attempts, config.seed, clock
+            self.store,
+            self.policies,
+            client,
+            config.max_attempts,
+            config.seed,
+            clock,
+            LinkTable(LinkState(**k.model_dump()) for k in config.links),
+            config.connect_timeout_ms,
         )
         self.metrics = RouterMetrics(self.store, clock)
         self.auth = Authenticator(config.auth)
@@ -407,6 +415,26 @@ async def put_policy(request: web.Request) -> web.Response:
     )
 
 
+async def get_links(request: web.Request) -> web.Response:
+    return web.json_response(request.app[ROUTER].dispatcher.links.as_json())
+
+
+async def put_link(request: web.Request) -> web.Response:
+    """`{"a": A, "b": B, "cut": bool}`: cut or restore an emulated link (fault injection)."""
+    router = request.app[ROUTER]
+    try:
+        doc = await request.json()
+        a, b, cut = str(doc["a"]), str(doc["b"]), bool(doc["cut"])
+    except (ValueError, KeyError, TypeError):
+        return _error(400, 'body must be {"a": partition, "b": partition, "cut": bool}')
+    try:
+        router.dispatcher.links = router.dispatcher.links.with_cut(a, b, cut)
+    except KeyError as exc:
+        return _error(404, str(exc.args[0]))
+    log.warning("link %s-%s %s", a, b, "cut" if cut else "restored")
+    return web.json_response(router.dispatcher.links.as_json())
+
+
 async def get_view(request: web.Request) -> web.Response:
     router = request.app[ROUTER]
     now = router.clock()
@@ -521,6 +549,8 @@ def create_app(
     r.add_get("/admin/policy", get_policy)
     r.add_put("/admin/policy", put_policy)
     r.add_get("/admin/view", get_view)
+    r.add_get("/admin/links", get_links)
+    r.add_put("/admin/links", put_link)
     r.add_get("/metrics", metrics)
     r.add_get("/", status_page)
     return app

@@ -16,6 +16,19 @@ class ConfigError(ValueError):
     pass
 
 
+class LinkConfig(BaseModel):
+    """A network path between two partitions that the router emulates for crossing traffic."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    a: str
+    b: str
+    rtt_ms: float = Field(ge=0, le=10_000)
+    jitter_ms: float = Field(0.0, ge=0, le=10_000)
+    loss: float = Field(0.0, ge=0, lt=1)
+    cut: bool = False
+
+
 class RouterConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -34,6 +47,7 @@ class RouterConfig(BaseModel):
     max_attempts: int = Field(3, ge=1, le=10, description="dispatches per request, first included")
     connect_timeout_ms: float = Field(500.0, gt=0)
     pool_per_node: int = Field(64, ge=1, description="keep-alive connections per node")
+    links: list[LinkConfig] = Field(default_factory=list, description="emulated partition-to-partition links")
     auth: AuthConfig | None = None
     rate_limit: RateLimitConfig | None = None
 

@@ -10,6 +10,7 @@ Every path ends in exactly one `Outcome`.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import random
@@ -22,6 +23,7 @@ from policies.engine import Pipeline
 from router.node_client import NodeClient, NodeReply, NodeTimeout, NodeUnavailable
 from telemetry.overlay import OutstandingTracker
 from telemetry.store import ViewStore
+from telemetry.topology import LinkTable
 from telemetry.view import NodeState
 
 log = logging.getLogger("edgeroute.router")
@@ -70,8 +72,13 @@ class Dispatcher:
         max_attempts: int,
         seed: int = 0,
         clock: Callable[[], float] = lambda: time.time() * 1000.0,
+        links: LinkTable | None = None,
+        connect_timeout_ms: float = 500.0,
     ) -> None:
         self.store = store
+        self.links = links or LinkTable()  # swapped whole by the admin API
+        self.net_rng = random.Random(seed + 1)  # link jitter and loss; apart from the policies' RNG
+        self.connect_timeout_ms = connect_timeout_ms
         self.policies = policies
         self.client = client
         self.max_attempts = max_attempts
@@ -115,7 +122,9 @@ class Dispatcher:
                 self.retries += 1
             state = view.get(choice.node_id)
             assert state is not None
-            outcome = await self._forward(choice, state, path, body, headers, remaining, attempt)
+            outcome = await self._forward(
+                choice, state, req.site, path, body, headers, deadline_at_ms, attempt
+            )
             if outcome.status not in RETRYABLE:
                 return outcome
             tried.add(choice.node_id)
@@ -128,19 +137,41 @@ class Dispatcher:
         self,
         choice: Decision,
         state: NodeState,
+        site: str | None,
         path: str,
         body: bytes,
         headers: Mapping[str, str],
-        remaining_ms: float,
+        deadline_at_ms: float,
         attempt: int,
     ) -> Outcome:
-        fwd = dict(headers)
-        fwd["x-edgeroute-deadline-ms"] = f"{remaining_ms:.3f}"
+        crossing = self.links.crossing(site, state.partition, self.net_rng)
+        if crossing is None:  # emulated cut link: the connect attempt times out
+            wait_ms = min(self.connect_timeout_ms, max(0.0, deadline_at_ms - self.clock()))
+            await asyncio.sleep(wait_ms / 1000.0)
+            return Outcome.error(
+                503,
+                f"node {choice.node_id} unreachable: link {site}-{state.partition} is cut",
+                choice.node_id,
+                attempt,
+            )
+        out_ms, back_ms = crossing
         self.tracker.dispatch(state)
         try:
+            if out_ms > 0:
+                await asyncio.sleep(out_ms / 1000.0)
+            remaining_ms = deadline_at_ms - self.clock()
+            if remaining_ms <= 0:
+                raise NodeTimeout(choice.endpoint)
+            fwd = dict(headers)
+            fwd["x-edgeroute-deadline-ms"] = f"{remaining_ms:.3f}"
             reply: NodeReply = await self.client.post(
                 choice.endpoint + path, body, fwd, remaining_ms / 1000.0
             )
+            if back_ms > 0:
+                late = self.clock() + back_ms > deadline_at_ms
+                await asyncio.sleep(min(back_ms, max(0.0, deadline_at_ms - self.clock())) / 1000.0)
+                if late:
+                    raise NodeTimeout(choice.endpoint)
         except NodeUnavailable as exc:
             return Outcome.error(503, f"node {choice.node_id} unavailable: {exc}", choice.node_id, attempt)
         except NodeTimeout:

@@ -57,7 +57,19 @@ def _replay(args: argparse.Namespace) -> int:
         scenario = scenario.model_copy(update={"seed": args.seed})
     runs = [scenario.policy(p) for p in args.policy] if args.policy else list(scenario.policies)
     out = Path(args.out) if args.out else Path("reports") / scenario.name
-    run_replay(scenario, runs, out, kafka=args.kafka, duration_s=args.duration)
+    profile = Path(args.profile) if args.profile else None
+    if args.mode == "sim":
+        run_replay(scenario, runs, out, mode="sim", profile_path=profile, duration_s=args.duration)
+    else:
+        run_replay(
+            scenario,
+            runs,
+            out,
+            mode=args.mode,
+            profile_path=profile,
+            kafka=args.kafka,
+            duration_s=args.duration,
+        )
     return 0
 
 
@@ -114,6 +126,13 @@ def main(argv: list[str] | None = None) -> int:
     rp.add_argument("--kafka", help="external Kafka bootstrap HOST:PORT")
     rp.add_argument("--seed", type=int, help="override the scenario's seed")
     rp.add_argument("--duration", type=float, help="override the workload duration (seconds)")
+    rp.add_argument(
+        "--mode",
+        choices=["live", "sim", "both"],
+        default="live",
+        help="live stack, discrete-event simulation, or both with their relative error",
+    )
+    rp.add_argument("--profile", help="simulator profile JSON (default: scenarios/profiles/cpu.json)")
     rp.set_defaults(func=_replay)
 
     bench = sub.add_parser("bench", help="benchmarks (print and save figures)")

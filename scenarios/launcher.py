@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -23,7 +24,7 @@ from typing import Any
 
 import yaml
 
-from scenarios.schema import NodeSpec, Scenario
+from scenarios.schema import Fault, NodeSpec, Scenario
 from telemetry.broker import EmbeddedBroker, free_port, terminate, wait_for_port
 from telemetry.bus import ensure_topic
 from telemetry.schema import TOPIC
@@ -95,6 +96,7 @@ class Stack:
     router: Proc | None = None
     router_config_path: Path | None = None
     topic: str = TOPIC
+    dead: dict[str, int] = field(default_factory=dict)  # killed node id -> its port, for restarts
 
     @property
     def bootstrap(self) -> str:
@@ -154,8 +156,8 @@ class Stack:
             out.close()
         return Proc(name, popen, log_path)
 
-    def start_node(self, spec: NodeSpec) -> Proc:
-        port = free_port()
+    def start_node(self, spec: NodeSpec, port: int = 0) -> Proc:
+        port = port or free_port()
         cfg = node_config(spec, port, self.bootstrap, self.scenario.seed, {"topic": self.topic})
         proc = self._spawn(spec.id, ["-m", "nodes", "--config", json.dumps(cfg), "--log-level", "WARNING"])
         proc.port, proc.url = port, f"http://127.0.0.1:{port}"
@@ -170,6 +172,7 @@ class Stack:
             "port": port,
             "seed": self.scenario.seed,
             "policy": self.scenario.policies[0].policy.model_dump(exclude_none=True),
+            "links": [k.model_dump() for k in self.scenario.topology.links],
         }
         cfg.update(self.scenario.router)
         cfg.update(self.router_overrides)
@@ -215,6 +218,55 @@ class Stack:
         if status != 200:
             raise RuntimeError(f"router rejected policy {spec}: {body}")
 
+    # --- faults (live) -------------------------------------------------------------------------
+
+    def kill_node(self, node_id: str) -> None:
+        """SIGKILL: a crash, no draining message; the node can be restarted on the same port."""
+        proc = self.nodes.get(node_id)
+        if proc is None:
+            return
+        proc.popen.kill()
+        proc.popen.wait(timeout=10)
+        self.dead[node_id] = proc.port
+        del self.nodes[node_id]
+
+    def restart_node(self, node_id: str) -> None:
+        if node_id in self.nodes:
+            return
+        spec = next(n for n in self.scenario.topology.nodes if n.id == node_id)
+        self.start_node(spec, self.dead.pop(node_id, 0))
+
+    def set_speed(self, node_id: str, speed: float) -> None:
+        proc = self.nodes.get(node_id)
+        if proc is not None:
+            http_json(f"{proc.url}/admin/speed", "PUT", {"speed": speed})
+
+    def cut_link(self, a: str, b: str, cut: bool) -> None:
+        status, body = http_json(
+            f"{self.router_url}/admin/links", "PUT", {"a": a, "b": b, "cut": cut}, headers=self.admin_headers
+        )
+        if status != 200:
+            raise RuntimeError(f"router refused link change {a}-{b}: {body}")
+
+    def broker_down(self) -> None:
+        if self.broker is None:
+            raise RuntimeError("broker_outage needs the embedded broker (no --kafka)")
+        self.broker.stop()
+
+    def broker_up(self) -> None:
+        if self.broker is not None and self.broker.proc is None:
+            self.broker.start()
+
+    def restore(self) -> None:
+        """Undo every fault: dead nodes back, speeds reset, links restored, broker up."""
+        self.broker_up()
+        for node_id in list(self.dead):
+            self.restart_node(node_id)
+        for spec in self.scenario.topology.nodes:
+            self.set_speed(spec.id, spec.speed)
+        for link in self.scenario.topology.links:
+            self.cut_link(link.a, link.b, False)
+
     def stop_node(self, node_id: str) -> None:
         proc = self.nodes.pop(node_id)
         terminate(proc.popen)
@@ -240,3 +292,77 @@ class Stack:
         self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.stop()
+
+
+class FaultInjector:
+    """Runs a scenario's faults against a live stack on the wall clock, from `start()` on.
+
+    Each fault with a `duration_s` gets its undo scheduled. `events` records (seconds from start,
+    description) of what was done, for the report's timeline.
+    """
+
+    def __init__(self, stack: Stack, faults: list[Fault]) -> None:
+        self.stack = stack
+        self.actions: list[tuple[float, str, Any]] = []
+        for f in faults:
+            self.actions += _actions(stack, f)
+        self.actions.sort(key=lambda a: a[0])
+        self.events: list[tuple[float, str]] = []
+        self.errors: list[str] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        if not self.actions:
+            return
+        self._thread = threading.Thread(target=self._run, name="faults", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        t0 = time.monotonic()
+        for at, label, action in self.actions:
+            if self._stop.wait(max(0.0, at - (time.monotonic() - t0))):
+                return
+            try:
+                action()
+                self.events.append((round(time.monotonic() - t0, 3), label))
+                log.warning("fault at %.1fs: %s", at, label)
+            except Exception as exc:  # noqa: BLE001 - a failed injection is reported, not fatal
+                self.errors.append(f"{label}: {exc}")
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+
+
+def _actions(stack: Stack, f: Fault) -> list[tuple[float, str, Any]]:
+    """(at_s, label, callable) for a fault and, where it has a duration, its undo."""
+    end = None if f.duration_s is None else f.at_s + f.duration_s
+    out: list[tuple[float, str, Any]] = []
+    if f.kind == "kill_node":
+        node = str(f.node)
+        out.append((f.at_s, f"kill {node}", lambda: stack.kill_node(node)))
+        if end is not None:
+            out.append((end, f"restart {node}", lambda: stack.restart_node(node)))
+    elif f.kind == "restart_node":
+        node = str(f.node)
+        out.append((f.at_s, f"restart {node}", lambda: stack.restart_node(node)))
+    elif f.kind == "slow_node":
+        node, factor = str(f.node), float(f.factor or 1.0)
+        spec = next(n for n in stack.scenario.topology.nodes if n.id == node)
+        out.append((f.at_s, f"slow {node} x{factor:g}", lambda: stack.set_speed(node, spec.speed / factor)))
+        if end is not None:
+            out.append((end, f"restore {node} speed", lambda: stack.set_speed(node, spec.speed)))
+    elif f.kind in ("cut_link", "restore_link"):
+        assert f.link is not None
+        a, b = f.link
+        cut = f.kind == "cut_link"
+        out.append((f.at_s, f"{'cut' if cut else 'restore'} link {a}-{b}", lambda: stack.cut_link(a, b, cut)))
+        if cut and end is not None:
+            out.append((end, f"restore link {a}-{b}", lambda: stack.cut_link(a, b, False)))
+    elif f.kind == "broker_outage":
+        out.append((f.at_s, "broker down", stack.broker_down))
+        if end is not None:
+            out.append((end, "broker up", stack.broker_up))
+    return out

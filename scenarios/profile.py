@@ -6,7 +6,9 @@ then per model, closed loop at concurrency 1 so nothing queues:
 - `exec_ms[batch]`: slot time of one execution at batch 1, 2, 4, 8 (the node's `x-edgeroute-exec-ms`);
 - `overhead_ms`: client-measured latency through the router minus that request's execution time, i.e.
   everything that is not the model: HTTP both hops, parsing, validation, the policy, scheduling;
-- `telemetry_lag_ms`: send-to-receipt lag of telemetry through the broker.
+- `levels`: the same overhead, and execution times, under open-loop load at several request rates
+  through two nodes, since every process shares this machine's cores;
+- `telemetry_lag_ms`: send-to-receipt lag of telemetry through the broker, as a consumer sees it.
 
 Each is stored as 101 quantiles (0, 1, ..., 100th percentile); the simulator samples them by inverse
 CDF. Speed factors scale `exec_ms` for other device classes (a node with `speed: 0.1` takes 10x).
@@ -26,8 +28,8 @@ import aiohttp
 import numpy as np
 
 from scenarios.launcher import Stack
-from scenarios.loadgen import Payload, example_payload
-from scenarios.schema import Scenario
+from scenarios.loadgen import Payload, build_schedule, example_payload, run_load
+from scenarios.schema import Scenario, Workload
 from telemetry.bus import KafkaTelemetrySource
 from telemetry.store import ViewStore
 
@@ -61,19 +63,37 @@ async def _measure(url: str, payload: Payload, n: int) -> list[tuple[float, floa
     return out
 
 
-def profile(models: list[str], requests: int, out: Path, kafka: str | None = None) -> dict[str, Any]:
+LEVELS_RPS = (50.0, 100.0, 150.0, 200.0)
+LEVEL_SECONDS = 8.0
+
+
+def profile(
+    models: list[str],
+    requests: int,
+    out: Path,
+    kafka: str | None = None,
+    levels: tuple[float, ...] = LEVELS_RPS,
+) -> dict[str, Any]:
+    """Measure and write the profile; see the module docstring."""
     scenario = Scenario.model_validate(
         {
             "name": "profile",
             "topology": {
                 "partitions": ["lab"],
                 "nodes": [
-                    {"id": "profiler", "partition": "lab", "slots": 1, "max_queue": 64, "models": models}
+                    {
+                        "id": f"profiler-{x}",
+                        "partition": "lab",
+                        "slots": 2,
+                        "max_queue": 256,
+                        "models": models,
+                    }
+                    for x in "ab"
                 ],
             },
             "workload": {"sites": [{"site": "lab", "rate_rps": 1, "models": {m: 1 for m in models}}]},
             "router": {"default_deadline_ms": 10000},
-            "policies": ["round_robin"],
+            "policies": ["least_outstanding"],
         }
     )
     result: dict[str, Any] = {
@@ -86,37 +106,64 @@ def profile(models: list[str], requests: int, out: Path, kafka: str | None = Non
         "at": datetime.now(UTC).isoformat(timespec="seconds"),
         "requests": requests,
         "models": {},
+        "levels": [],
     }
     with Stack(scenario, kafka=kafka) as stack:
-        node_url = stack.nodes["profiler"].url
+        node_url = stack.nodes["profiler-a"].url
+        payloads: dict[str, Payload] = {}
+        for model in models:
+            meta = asyncio.run(_metadata(stack.router_url, model))
+            payloads[model] = base = example_payload(meta, 0)
+            entry: dict[str, Any] = {"exec_ms": {}}
+            for batch in BATCHES:
+                payload = base if batch == 1 else example_payload(meta, 0, batch=batch)
+                direct = asyncio.run(_measure(f"{node_url}/v2/models/{model}/infer", payload, requests // 2))
+                entry["exec_ms"][str(batch)] = quantiles([e for _, e in direct])
+            routed = asyncio.run(_measure(f"{stack.router_url}/v2/models/{model}/infer", base, requests))
+            entry["overhead_ms"] = quantiles([max(0.0, lat - e) for lat, e in routed])
+            entry["exec_ms"]["1"] = quantiles([e for _, e in routed])
+            result["models"][model] = entry
+            o = entry["overhead_ms"]
+            print(
+                f"  {model:<18} exec p50 {entry['exec_ms']['1'][50]:7.3f} ms"
+                f"  p99 {entry['exec_ms']['1'][99]:7.3f}   overhead p50 {o[50]:6.3f} ms  p99 {o[99]:6.3f}",
+                flush=True,
+            )
+        # Under load the machine's cores are shared by client, router, nodes and broker: measure the
+        # overhead and execution times again at several open-loop rates (uniform model mix).
+        for rate in levels:
+            workload = Workload.model_validate(
+                {
+                    "duration_s": LEVEL_SECONDS,
+                    "sites": [{"site": "lab", "rate_rps": rate, "models": {m: 1 for m in models}}],
+                }
+            )
+            schedule = build_schedule(workload, int(rate))
+            results = asyncio.run(run_load(stack.router_url, schedule, payloads))
+            ok = [r for r in results if r.status == 200]
+            level: dict[str, Any] = {
+                "rate_rps": rate,
+                "overhead_ms": quantiles([max(0.0, r.latency_ms - r.exec_ms - r.queue_ms) for r in ok]),
+                "exec_ms": {m: quantiles([r.exec_ms for r in ok if r.arrival.model == m]) for m in models},
+                "completed": len(ok),
+                "sent": len(results),
+            }
+            result["levels"].append(level)
+            over = level["overhead_ms"]
+            print(
+                f"  at {rate:5.0f} req/s: overhead p50 {over[50]:6.3f} ms"
+                f"  p99 {over[99]:6.3f}  ({len(ok)}/{len(results)} ok)",
+                flush=True,
+            )
+        # telemetry lag on an idle machine, as the router's consumer sees it (poll wait included)
         store = ViewStore()
         source = KafkaTelemetrySource(stack.bootstrap, stack.topic, lookback_ms=0)
         source.start(store)
         try:
-            for model in models:
-                meta = asyncio.run(_metadata(stack.router_url, model))
-                base = example_payload(meta, 0)
-                entry: dict[str, Any] = {"exec_ms": {}}
-                for batch in BATCHES:
-                    payload = base if batch == 1 else example_payload(meta, 0, batch=batch)
-                    direct = asyncio.run(
-                        _measure(f"{node_url}/v2/models/{model}/infer", payload, requests // 2)
-                    )
-                    entry["exec_ms"][str(batch)] = quantiles([e for _, e in direct])
-                routed = asyncio.run(_measure(f"{stack.router_url}/v2/models/{model}/infer", base, requests))
-                entry["overhead_ms"] = quantiles([max(0.0, lat - e) for lat, e in routed])
-                entry["exec_ms"]["1"] = quantiles([e for _, e in routed])
-                result["models"][model] = entry
-                o = entry["overhead_ms"]
-                print(
-                    f"  {model:<18} exec p50 {entry['exec_ms']['1'][50]:7.3f} ms"
-                    f"  p99 {entry['exec_ms']['1'][99]:7.3f}"
-                    f"   overhead p50 {o[50]:6.3f} ms  p99 {o[99]:6.3f}",
-                    flush=True,
-                )
-            result["telemetry_lag_ms"] = quantiles(list(store.lag_ms))
+            time.sleep(4.0)
         finally:
             source.stop()
+        result["telemetry_lag_ms"] = quantiles(list(store.lag_ms))
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1) + "\n")
     print(f"written: {out}")

@@ -16,7 +16,7 @@ from typing import Any
 
 from scenarios.launcher import Stack, http_json
 from scenarios.loadgen import build_schedule, fetch_payloads, run_load
-from scenarios.report import format_table, summarize, write_report
+from scenarios.report import format_table, quantile, summarize, write_report
 from scenarios.schema import PolicyRun, Scenario
 
 
@@ -59,7 +59,7 @@ def replay_live(
     """Run each policy on the live stack; returns the report (not yet written)."""
     duration = duration_s if duration_s is not None else scenario.workload.duration_s
     warmup = min(scenario.workload.warmup_s, duration / 4)
-    schedule = build_schedule(scenario.workload, scenario.seed, duration + warmup)
+    schedule = build_schedule(scenario.workload, scenario.seed, duration + warmup, scenario.base_dir)
     models = {a.model for a in schedule} or {m for s in scenario.workload.sites for m in s.models}
     report: dict[str, Any] = {
         "scenario": scenario.name,
@@ -101,9 +101,123 @@ def replay_live(
     return report
 
 
-def run_replay(scenario: Scenario, runs: list[PolicyRun], out_dir: Path, **kwargs: Any) -> Path:
-    report = replay_live(scenario, runs, **kwargs)
+def compare(live: dict[str, Any], sim: dict[str, Any]) -> dict[str, Any]:
+    """Per policy: live and sim p50, p99 (relative error of sim) and SLO attainment (points apart)."""
+    out: dict[str, Any] = {}
+    for name, lp in live["policies"].items():
+        sp = sim["policies"].get(name)
+        if sp is None:
+            continue
+        row: dict[str, Any] = {}
+        for key in ("p50", "p95", "p99"):
+            lv, sv = lp["latency_ms"][key], sp["latency_ms"][key]
+            row[key] = {"live": lv, "sim": sv, "rel_err": round((sv - lv) / lv, 4) if lv else None}
+        ls, ss = lp["slo_attainment"], sp["slo_attainment"]
+        row["slo_attainment"] = {"live": ls, "sim": ss, "points": round((ss - ls) * 100, 2)}
+        out[name] = row
+    return out
+
+
+def run_replay(
+    scenario: Scenario,
+    runs: list[PolicyRun],
+    out_dir: Path,
+    mode: str = "live",
+    profile_path: Path | None = None,
+    **kwargs: Any,
+) -> Path:
+    """Replay live, simulated, or both (then the live report carries the sim one and the comparison)."""
+    if mode == "sim":
+        report = replay_sim(scenario, runs, duration_s=kwargs.get("duration_s"), profile_path=profile_path)
+    else:
+        report = replay_live(scenario, runs, **kwargs)
+        if mode == "both":
+            sim = replay_sim(scenario, runs, duration_s=kwargs.get("duration_s"), profile_path=profile_path)
+            report["sim"] = sim
+            report["comparison"] = compare(report, sim)
     path = write_report(report, out_dir)
     print(format_table(report))
+    if "sim" in report:
+        print(format_table(report["sim"]))
+        print(format_comparison(report["comparison"]))
     print(f"report: {path}")
     return path
+
+
+def format_comparison(comparison: dict[str, Any]) -> str:
+    lines = [
+        "sim vs live     p50 live   p50 sim    err   p99 live   p99 sim    err   SLO live  SLO sim  points",
+    ]
+    for name, row in comparison.items():
+        p50, p99, slo = row["p50"], row["p99"], row["slo_attainment"]
+        lines.append(
+            f"{name:<14} {p50['live']:>9.1f} {p50['sim']:>9.1f} {_pct(p50['rel_err']):>6} "
+            f"{p99['live']:>9.1f} {p99['sim']:>9.1f} {_pct(p99['rel_err']):>6} "
+            f"{slo['live'] * 100:>8.1f}% {slo['sim'] * 100:>7.1f}% {slo['points']:>+7.1f}"
+        )
+    return "\n".join(lines)
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{x * 100:+.0f}%"
+
+
+def offered_rate(scenario: Scenario) -> float:
+    """Mean offered request rate of the workload (requests per second)."""
+    total = 0.0
+    for site in scenario.workload.sites:
+        if site.arrival == "bursty":
+            on, off = site.on_s, site.off_s
+            total += (site.rate_rps * on + site.off_rate_rps * off) / (on + off)
+        elif site.arrival == "diurnal":
+            total += (site.rate_rps + site.min_rate_rps) / 2
+        else:
+            total += site.rate_rps
+    return total
+
+
+def replay_sim(
+    scenario: Scenario,
+    runs: list[PolicyRun],
+    *,
+    duration_s: float | None = None,
+    profile_path: Path | None = None,
+) -> dict[str, Any]:
+    """Run each policy in the simulator on the same schedule the live replay would send."""
+    from scenarios.profile import load_profile
+    from scenarios.sim import Profile, Simulation
+
+    duration = duration_s if duration_s is not None else scenario.workload.duration_s
+    warmup = min(scenario.workload.warmup_s, duration / 4)
+    schedule = build_schedule(scenario.workload, scenario.seed, duration + warmup, scenario.base_dir)
+    profile = Profile.from_json(load_profile(profile_path), offered_rate(scenario))
+    report: dict[str, Any] = {
+        "scenario": scenario.name,
+        "mode": "sim",
+        "seed": scenario.seed,
+        "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "duration_s": duration,
+        "warmup_s": warmup,
+        "policies": {},
+    }
+    messages = 0
+    for run in runs:
+        sim = Simulation(scenario, run, schedule, profile)
+        started = time.perf_counter()
+        results = sim.run()
+        wall = time.perf_counter() - started
+        measured = [r for r in results if r.arrival.at_s >= warmup]
+        summary = summarize(measured, duration)
+        summary["warmup_requests"] = len(results) - len(measured)
+        summary["wall_s"] = round(wall, 3)
+        summary["events"] = sim.events
+        summary["faults"] = sim.fault_log
+        report["policies"][run.name] = summary
+        messages += sim.store.messages
+        lags = sorted(sim.store.lag_ms)
+    report["telemetry"] = {
+        "messages": messages,
+        "malformed": 0,
+        "lag_ms": {"p50": round(quantile(lags, 0.5), 3), "p99": round(quantile(lags, 0.99), 3)},
+    }
+    return report

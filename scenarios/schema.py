@@ -10,7 +10,15 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from policies.registry import PolicyConfigError, PolicySpec, build_policy
 
@@ -32,11 +40,23 @@ class NodeSpec(_Strict):
     max_queue: int = Field(64, ge=0)
     memory_budget_mb: int = Field(2048, ge=1)
     speed: float = Field(1.0, gt=0, le=1000)
+    cost_per_s: float = Field(0.0, ge=0, description="cost of one node-second")
     models: list[str] = Field(min_length=1)
+
+
+class Link(_Strict):
+    """A network path between two partitions; emulated by the router live, modelled by the simulator."""
+
+    a: str
+    b: str
+    rtt_ms: float = Field(ge=0, le=10_000)
+    jitter_ms: float = Field(0.0, ge=0, le=10_000)
+    loss: float = Field(0.0, ge=0, lt=1)
 
 
 class Topology(_Strict):
     partitions: list[str] = Field(min_length=1)
+    links: list[Link] = Field(default_factory=list)
     nodes: list[NodeSpec] = Field(min_length=1)
 
     @model_validator(mode="after")
@@ -50,13 +70,41 @@ class Topology(_Strict):
         for n in self.nodes:
             if n.partition not in known:
                 raise ValueError(f"node {n.id}: partition '{n.partition}' is not in topology.partitions")
+        pairs = set()
+        for i, link in enumerate(self.links):
+            for end in (link.a, link.b):
+                if end not in known:
+                    raise ValueError(f"links.{i}: partition '{end}' is not in topology.partitions")
+            if link.a == link.b:
+                raise ValueError(f"links.{i}: a link joins two different partitions")
+            pair = frozenset((link.a, link.b))
+            if pair in pairs:
+                raise ValueError(f"links.{i}: {link.a}-{link.b} is given twice")
+            pairs.add(pair)
         return self
 
 
 class SiteLoad(_Strict):
+    """One site's traffic.
+
+    Arrival processes: `poisson` at `rate_rps`; `bursty`, on-off: `rate_rps` for `on_s`, then
+    `off_rate_rps` for `off_s`, repeating; `diurnal`: a sinusoid between `min_rate_rps` and `rate_rps`
+    with period `period_s` (starting at the minimum); `trace`: rows of `at_s,model,priority,deadline_ms`
+    from the CSV file `trace` (relative to the scenario file). `start_s`/`stop_s` bound the site's
+    traffic within the run.
+    """
+
     site: str
-    arrival: Literal["poisson"] = "poisson"
-    rate_rps: float = Field(gt=0, le=10000)
+    arrival: Literal["poisson", "bursty", "diurnal", "trace"] = "poisson"
+    rate_rps: float = Field(1.0, gt=0, le=100_000)
+    on_s: float = Field(5.0, gt=0)
+    off_s: float = Field(5.0, gt=0)
+    off_rate_rps: float = Field(0.0, ge=0)
+    period_s: float = Field(60.0, gt=0)
+    min_rate_rps: float = Field(0.0, ge=0)
+    trace: str | None = None
+    start_s: float = Field(0.0, ge=0)
+    stop_s: float | None = Field(None, gt=0)
     models: dict[str, float] = Field(min_length=1, description="model -> share of this site's requests")
     priorities: dict[int, float] = Field(default_factory=lambda: {0: 1.0})
     deadline_ms: dict[int, float] = Field(default_factory=dict, description="per priority class")
@@ -70,6 +118,12 @@ class SiteLoad(_Strict):
 
     @model_validator(mode="after")
     def _deadlines(self) -> SiteLoad:
+        if self.arrival == "trace" and not self.trace:
+            raise ValueError("arrival 'trace' needs a 'trace' CSV file")
+        if self.arrival == "diurnal" and self.min_rate_rps > self.rate_rps:
+            raise ValueError("min_rate_rps must not exceed rate_rps")
+        if self.stop_s is not None and self.stop_s <= self.start_s:
+            raise ValueError("stop_s must be after start_s")
         missing = sorted(set(self.priorities) - set(self.deadline_ms))
         if self.deadline_ms and missing:
             raise ValueError(f"deadline_ms has no entry for priority {missing}")
@@ -86,6 +140,34 @@ class Workload(_Strict):
     sites: list[SiteLoad] = Field(min_length=1)
 
 
+class Fault(_Strict):
+    """Something that goes wrong at `at_s` into the measured run (after warm-up).
+
+    kill_node (SIGKILL; with `duration_s` it is restarted after that long), restart_node, slow_node
+    (`factor` > 1 slows it; with `duration_s`, speed is restored after), cut_link / restore_link
+    (`link: [a, b]`; a cut with `duration_s` is restored after), broker_outage (`duration_s`, default
+    for the rest of the run).
+    """
+
+    at_s: float = Field(ge=0)
+    kind: Literal["kill_node", "restart_node", "slow_node", "cut_link", "restore_link", "broker_outage"]
+    node: str | None = None
+    link: tuple[str, str] | None = None
+    factor: float | None = Field(None, gt=0)
+    duration_s: float | None = Field(None, gt=0)
+
+    @model_validator(mode="after")
+    def _fields(self) -> Fault:
+        needs_node = self.kind in ("kill_node", "restart_node", "slow_node")
+        if needs_node and not self.node:
+            raise ValueError(f"{self.kind} needs 'node'")
+        if self.kind in ("cut_link", "restore_link") and not self.link:
+            raise ValueError(f"{self.kind} needs 'link: [a, b]'")
+        if self.kind == "slow_node" and (self.factor is None or self.factor <= 1):
+            raise ValueError("slow_node needs 'factor' > 1")
+        return self
+
+
 class PolicyRun(_Strict):
     """One policy to compare: a run name and the policy spec (a preset when only the name is given)."""
 
@@ -100,7 +182,14 @@ class Scenario(_Strict):
     topology: Topology
     workload: Workload
     router: dict[str, Any] = Field(default_factory=dict, description="RouterConfig overrides")
+    faults: list[Fault] = Field(default_factory=list)
     policies: list[PolicyRun] = Field(min_length=1)
+    _base_dir: Path = PrivateAttr(default_factory=Path.cwd)
+
+    @property
+    def base_dir(self) -> Path:
+        """The folder of the scenario file: trace paths are relative to it."""
+        return self._base_dir
 
     @field_validator("policies", mode="before")
     @classmethod
@@ -128,6 +217,13 @@ class Scenario(_Strict):
             unserved = sorted(set(site.models) - served)
             if unserved:
                 raise ValueError(f"workload.sites.{i}.models: no node serves {unserved}")
+        ids = {n.id for n in self.topology.nodes}
+        links = {frozenset((k.a, k.b)) for k in self.topology.links}
+        for i, f in enumerate(self.faults):
+            if f.node is not None and f.node not in ids:
+                raise ValueError(f"faults.{i}.node '{f.node}' is not a node of the topology")
+            if f.link is not None and frozenset(f.link) not in links:
+                raise ValueError(f"faults.{i}.link {list(f.link)} is not a link of the topology")
         names = [p.name for p in self.policies]
         if len(set(names)) != len(names):
             raise ValueError("policy run names must be unique")
@@ -169,7 +265,7 @@ def _line_of(text: str, loc: tuple[Any, ...]) -> int | None:
     return node.start_mark.line + 1 if node is not None else None
 
 
-def parse_scenario(text: str, origin: str = "<scenario>") -> Scenario:
+def parse_scenario(text: str, origin: str = "<scenario>", base_dir: Path | None = None) -> Scenario:
     try:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as exc:
@@ -179,7 +275,7 @@ def parse_scenario(text: str, origin: str = "<scenario>") -> Scenario:
     if not isinstance(raw, dict):
         raise ScenarioError(f"{origin}: a scenario is a mapping with topology, workload and policies")
     try:
-        return Scenario.model_validate(raw)
+        scenario = Scenario.model_validate(raw)
     except ValidationError as exc:
         first = exc.errors()[0]
         loc = tuple(first["loc"])
@@ -188,6 +284,13 @@ def parse_scenario(text: str, origin: str = "<scenario>") -> Scenario:
         where = f" (line {line})" if line else ""
         msg = first["msg"].removeprefix("Value error, ")
         raise ScenarioError(f"{origin}: {path}{where}: {msg}") from None
+    scenario._base_dir = base_dir or Path.cwd()
+    for i, site in enumerate(scenario.workload.sites):
+        if site.trace is not None:
+            trace = Path(site.trace) if Path(site.trace).is_absolute() else scenario.base_dir / site.trace
+            if not trace.is_file():
+                raise ScenarioError(f"{origin}: workload.sites.{i}.trace: no such file {trace}")
+    return scenario
 
 
 def load_scenario(path: str | Path) -> Scenario:
@@ -202,4 +305,4 @@ def load_scenario(path: str | Path) -> Scenario:
         text = p.read_text()
     except OSError as exc:
         raise ScenarioError(f"{path}: {exc}") from None
-    return parse_scenario(text, str(path))
+    return parse_scenario(text, str(path), p.resolve().parent)

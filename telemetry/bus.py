@@ -214,7 +214,8 @@ class KafkaTelemetrySource:
         offsets = consumer.offsets_for_times({tp: start_ms for tp in tps})
         for tp in tps:
             found = offsets.get(tp)
-            if found is None:
+            # "no such message" is None on Apache Kafka and (offset 0, timestamp -1) on some brokers
+            if found is None or found.timestamp is None or found.timestamp < start_ms:
                 consumer.seek_to_end(tp)
             else:
                 consumer.seek(tp, found.offset)

@@ -1,0 +1,600 @@
+"""The discrete-event simulator: the scenario on virtual time, with the router's own policy objects.
+
+An event heap ordered by (time, kind, seq); each handler may push new events. What is modelled, and
+from what:
+
+- **Arrivals**: the same seeded schedule the live replay sends (`loadgen.build_schedule`).
+- **Router**: the very same `Pipeline` (built by `build_policy`), `ViewStore`, `ClusterView` and
+  `OutstandingTracker` classes as the live router, the same retry rule (connect failures and 500/502/503
+  go to another node while the deadline allows) and the same `LinkTable` rules for crossing partitions.
+  Each request pays a fixed per-request overhead sampled from the profile (`overhead_ms`: HTTP on both
+  hops, parsing, the policy), half on the way in and half on the way out.
+- **Telemetry**: each node publishes a `NodeLoad` every `interval_ms` (random phase) and at once when
+  its outstanding work moves by `change_threshold`; each message reaches the router after a lag sampled
+  from the profile, and the router applies what arrived in batches every `poll_ms` (its consumer's
+  `fetch_max_wait_ms`). The policy never sees live state, only what telemetry told it plus its overlay.
+- **Nodes**: `slots` execution slots and a FIFO queue bounded by `max_queue` (503 beyond); a queued
+  request whose deadline passes is answered 504 and leaves the queue; an execution takes a sample of
+  the profile's `exec_ms` for that model, divided by the node's speed.
+- **Faults**: kill/restart a node (in-flight and queued requests fail as a connection reset would),
+  slow a node, cut/restore a link, broker outage (telemetry stops being delivered).
+
+Counters live on the `Simulation` instance (never on classes), so runs never leak into each other, and
+everything random comes from generators seeded by the scenario seed: the same scenario and seed give the
+same report.
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+import time
+from collections import Counter, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from policies.api import Context, Rejection, RouteRequest
+from policies.engine import Pipeline
+from policies.registry import build_policy
+from scenarios.loadgen import Arrival, Result
+from scenarios.schema import Fault, NodeSpec, PolicyRun, Scenario
+from telemetry.overlay import OutstandingTracker
+from telemetry.schema import DeviceInfo, ModelLoad, NodeLoad
+from telemetry.store import ViewStore
+from telemetry.topology import LinkState, LinkTable
+
+RETRYABLE = frozenset({500, 502, 503})
+
+# Event kinds; the number also orders simultaneous events (a delivery before a decision at the same
+# instant, completions before new arrivals, so freed slots are visible).
+DELIVER, FINISH, NODE_ARRIVE, ARRIVAL, EXPIRE, REPLY, ROUTER_TIMEOUT, PUBLISH, POLL, FAULT = range(10)
+
+
+class Distribution:
+    """Inverse-CDF sampling from 101 stored quantiles (linear between them)."""
+
+    __slots__ = ("q",)
+
+    def __init__(self, quantiles: list[float]) -> None:
+        self.q = quantiles if len(quantiles) == 101 else [0.0] * 101
+
+    def sample(self, rng: random.Random) -> float:
+        u = rng.random() * 100.0
+        i = int(u)
+        if i >= 100:
+            return self.q[100]
+        lo = self.q[i]
+        return lo + (self.q[i + 1] - lo) * (u - i)
+
+    def median(self) -> float:
+        return self.q[50]
+
+
+@dataclass
+class Profile:
+    """Per-model execution and overhead distributions measured by `edgeroute profile`."""
+
+    exec_ms: dict[str, dict[int, Distribution]]
+    overhead_ms: dict[str, Distribution]
+    telemetry_lag_ms: Distribution
+    idle_exec_median: dict[str, float] = field(default_factory=dict)
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any], rate_rps: float | None = None) -> Profile:
+        """The profile for a machine loaded at `rate_rps` (None: idle).
+
+        With load levels measured, the level nearest `rate_rps` supplies the overhead (shifted per
+        model by that model's idle difference from the mean, e.g. larger bodies) and the execution
+        times, which on shared cores grow with load; batch sizes above 1 keep their idle times.
+        """
+        exec_ms = {
+            m: {int(b): Distribution(q) for b, q in entry["exec_ms"].items()}
+            for m, entry in doc["models"].items()
+        }
+        overhead = {m: Distribution(entry["overhead_ms"]) for m, entry in doc["models"].items()}
+        levels = doc.get("levels") or []
+        if rate_rps is not None and levels:
+            level = min(levels, key=lambda lv: abs(lv["rate_rps"] - rate_rps))
+            idle_mean = sum(d.median() for d in overhead.values()) / len(overhead)
+            pooled = level["overhead_ms"]
+            overhead = {
+                m: Distribution([max(0.0, v + d.median() - idle_mean) for v in pooled])
+                for m, d in overhead.items()
+            }
+            for m, q in level.get("exec_ms", {}).items():
+                if m in exec_ms and any(q):
+                    exec_ms[m][1] = Distribution(q)
+        idle = {m: float(entry["exec_ms"]["1"][1]) for m, entry in doc["models"].items()}
+        return cls(exec_ms, overhead, Distribution(doc.get("telemetry_lag_ms", [5.0] * 101)), idle)
+
+    def exec_for(self, model: str, batch: int = 1) -> Distribution:
+        by_batch = self.exec_ms.get(model)
+        if not by_batch:
+            raise KeyError(f"the profile has no model '{model}'; run `edgeroute profile {model}`")
+        return by_batch.get(batch) or by_batch[min(by_batch)]
+
+    def baseline_ms(self, model: str) -> float:
+        """What the node's speed emulation stretches by: its fastest warm-up run (~ the idle minimum)."""
+        return self.idle_exec_median.get(model, self.exec_for(model).median())
+
+    def overhead_for(self, model: str) -> Distribution:
+        return self.overhead_ms.get(model) or next(iter(self.overhead_ms.values()))
+
+
+@dataclass(slots=True)
+class SimRequest:
+    index: int
+    arrival: Arrival
+    t0: float  # ms
+    deadline_at: float
+    overhead_in: float
+    overhead_out: float
+    tried: set[str] = field(default_factory=set)
+    attempt: int = 0
+    node: str | None = None
+    done: bool = False
+    last_error: tuple[int, str] | None = None
+
+
+@dataclass(slots=True)
+class Job:
+    """One attempt of a request at a node."""
+
+    req: SimRequest
+    attempt: int
+    node: SimNode
+    back_ms: float
+    dispatched: bool = True  # counted in the router's overlay (not for a cut link)
+    started: bool = False
+    dropped: bool = False
+
+
+@dataclass
+class SimNode:
+    spec: NodeSpec
+    speed: float
+    alive: bool = True
+    busy: int = 0
+    queue: deque[Job] = field(default_factory=deque)
+    queued: Counter[int] = field(default_factory=Counter)
+    model_queued: Counter[str] = field(default_factory=Counter)
+    model_in_flight: Counter[str] = field(default_factory=Counter)
+    running: set[int] = field(default_factory=set)  # ids of running Job objects
+    jobs: dict[int, Job] = field(default_factory=dict)
+    ewma: dict[str, float] = field(default_factory=dict)
+    seq: int = 0
+    last_published: int = 0
+    busy_ms: float = 0.0
+    epoch: int = 0  # bumped on kill, so events of the old incarnation are ignored
+    served: int = 0
+
+    @property
+    def outstanding(self) -> int:
+        return sum(self.queued.values()) + self.busy
+
+
+@dataclass
+class SimConfig:
+    interval_ms: float = 100.0
+    change_threshold: int = 4
+    poll_ms: float = 2.0  # batching of deliveries; the measured lag already includes the consumer's poll
+    stale_after_ms: float = 1000.0
+    max_attempts: int = 3
+    connect_timeout_ms: float = 500.0
+    ewma_alpha: float = 0.2
+
+    @classmethod
+    def from_router(cls, router: dict[str, Any]) -> SimConfig:
+        keys = {"stale_after_ms", "max_attempts", "connect_timeout_ms"}
+        return cls(**{k: v for k, v in router.items() if k in keys})
+
+
+class Simulation:
+    """One policy over one scenario. `run()` returns one Result per arrival, in schedule order."""
+
+    def __init__(
+        self,
+        scenario: Scenario,
+        run: PolicyRun,
+        schedule: list[Arrival],
+        profile: Profile,
+        config: SimConfig | None = None,
+        policy: Pipeline | None = None,
+    ) -> None:
+        self.scenario = scenario
+        self.schedule = schedule
+        self.profile = profile
+        self.cfg = config or SimConfig.from_router(scenario.router)
+        seed = scenario.seed
+        self.policy = policy or build_policy(run.policy)
+        self.policy_rng = random.Random(seed)  # the router's ctx.rng, as live
+        self.net_rng = random.Random(seed + 1)
+        self.svc_rng = random.Random(seed + 2)
+        self.tel_rng = random.Random(seed + 3)
+        self.store = ViewStore(stale_after_ms=self.cfg.stale_after_ms)
+        self.tracker = OutstandingTracker()
+        self.links = LinkTable(
+            LinkState(k.a, k.b, k.rtt_ms, k.jitter_ms, k.loss) for k in scenario.topology.links
+        )
+        self.nodes = {n.id: SimNode(n, n.speed) for n in scenario.topology.nodes}
+        self.results: list[Result | None] = [None] * len(schedule)
+        self.heap: list[tuple[float, int, int, Any]] = []
+        self.seq = 0
+        self.events = 0
+        self.now = 0.0
+        self.pending_delivery: list[NodeLoad] = []
+        self.broker_up = True
+        self.fault_log: list[tuple[float, str]] = []
+        self.load_samples: list[tuple[float, str, int]] = []  # (t s, node, outstanding) per publish
+        self._exec = {m: profile.exec_for(m) for n in scenario.topology.nodes for m in n.models}
+        self._overhead = {m: profile.overhead_for(m) for m in self._exec}
+        self._baseline = {m: profile.baseline_ms(m) for m in self._exec}
+
+    # --- the heap --------------------------------------------------------------------------------
+
+    def push(self, at: float, kind: int, payload: Any) -> None:
+        self.seq += 1
+        heapq.heappush(self.heap, (at, kind, self.seq, payload))
+
+    def run(self, horizon_ms: float | None = None) -> list[Result]:
+        handlers: dict[int, Callable[[Any], None]] = {
+            DELIVER: self._deliver,
+            FINISH: self._finish,
+            NODE_ARRIVE: self._node_arrive,
+            ARRIVAL: self._arrival,
+            EXPIRE: self._expire,
+            REPLY: self._reply,
+            ROUTER_TIMEOUT: self._router_timeout,
+            PUBLISH: self._publish,
+            POLL: self._poll,
+            FAULT: self._fault,
+        }
+        last = self.schedule[-1].at_s * 1000.0 if self.schedule else 0.0
+        end = horizon_ms if horizon_ms is not None else last + 60_000.0
+        for node in self.nodes.values():
+            self.push(self.tel_rng.random() * self.cfg.interval_ms, PUBLISH, (node, node.epoch))
+        self.push(self.cfg.poll_ms, POLL, None)
+        for fault in self.scenario.faults:
+            self._schedule_fault(fault)
+        arrivals = iter(enumerate(self.schedule))
+        nxt = next(arrivals, None)
+        if nxt is not None:
+            self.push(nxt[1].at_s * 1000.0, ARRIVAL, nxt)
+        heap = self.heap
+        pop = heapq.heappop
+        open_requests = len(self.schedule)
+        self._open = open_requests
+        while heap:
+            at, kind, _, payload = pop(heap)
+            if at > end:
+                break
+            self.now = at
+            self.events += 1
+            if kind == ARRIVAL:
+                self._arrival(payload)
+                nxt = next(arrivals, None)
+                if nxt is not None:
+                    self.push(nxt[1].at_s * 1000.0, ARRIVAL, nxt)
+            else:
+                handlers[kind](payload)
+            if self._open == 0 and nxt is None:
+                break
+        for i, r in enumerate(self.results):  # anything still open at the horizon got no answer
+            if r is None:
+                a = self.schedule[i]
+                self.results[i] = Result(
+                    a, None, end - a.at_s * 1000.0, "none", "no answer within the horizon"
+                )
+        return [r for r in self.results if r is not None]
+
+    # --- router ----------------------------------------------------------------------------------
+
+    def _arrival(self, payload: tuple[int, Arrival]) -> None:
+        i, a = payload
+        o = self._overhead[a.model].sample(self.svc_rng)
+        t0 = a.at_s * 1000.0
+        req = SimRequest(i, a, t0, t0 + a.deadline_ms, o / 2.0, o / 2.0)
+        self._decide(req)
+
+    def _decide(self, req: SimRequest) -> None:
+        now = self.now
+        remaining = req.deadline_at - now
+        if remaining <= 0:
+            reason = "deadline passed" + (f"; last: {req.last_error[1]}" if req.last_error else "")
+            self._answer(req, 504, reason, now + req.overhead_out)
+            return
+        view = self.tracker.overlay(self.store.view)
+        a = req.arrival
+        choice = self.policy.choose(
+            RouteRequest(a.model, a.priority, remaining, a.site, 1, str(req.index), frozenset(req.tried)),
+            view,
+            Context(now, self.policy_rng),
+        )
+        if isinstance(choice, Rejection):
+            if req.last_error is not None:
+                self._answer(req, req.last_error[0], req.last_error[1], now + req.overhead_out)
+            else:
+                self._answer(req, choice.status, choice.reason, now + req.overhead_out)
+            return
+        state = view.get(choice.node_id)
+        node = self.nodes[choice.node_id]
+        req.attempt += 1
+        req.node = node.spec.id
+        crossing = self.links.crossing(a.site, node.spec.partition, self.net_rng)
+        if crossing is None:  # cut link: the connect attempt times out
+            wait = min(self.cfg.connect_timeout_ms, max(0.0, req.deadline_at - now))
+            job = Job(req, req.attempt, node, 0.0, dispatched=False)
+            self.push(now + wait, REPLY, (job, 503, f"node {node.spec.id} unreachable: link cut"))
+            return
+        assert state is not None
+        self.tracker.dispatch(state)
+        out_ms, back_ms = crossing
+        job = Job(req, req.attempt, node, back_ms)
+        self.push(now + req.overhead_in + out_ms, NODE_ARRIVE, (job, node.epoch))
+        # the router stops waiting at the deadline (its client timeout is the remaining budget)
+        self.push(req.deadline_at, ROUTER_TIMEOUT, job)
+
+    def _reply(self, payload: tuple[Job, int, str]) -> None:
+        job, status, reason = payload
+        req = job.req
+        if req.done or job.attempt != req.attempt:
+            return  # the router already gave up on this attempt
+        if job.dispatched:
+            self.tracker.settle(job.node.spec.id)
+        if status == 200:
+            self._answer(req, 200, "", self.now + req.overhead_out, job.node.spec.id)
+            return
+        if status in RETRYABLE and req.attempt < self.cfg.max_attempts:
+            req.tried.add(job.node.spec.id)
+            req.last_error = (status, reason)
+            self._decide(req)
+            return
+        self._answer(req, status, reason, self.now + req.overhead_out)
+
+    def _router_timeout(self, job: Job) -> None:
+        req = job.req
+        if req.done or job.attempt != req.attempt:
+            return
+        if job.dispatched:
+            self.tracker.settle(job.node.spec.id)
+        req.attempt += 1000  # later replies of this attempt are stale
+        self._answer(
+            req, 504, f"deadline passed waiting for node {job.node.spec.id}", self.now + req.overhead_out
+        )
+
+    def _answer(self, req: SimRequest, status: int, reason: str, at_ms: float, node: str = "none") -> None:
+        if req.done:
+            return
+        req.done = True
+        self._open -= 1
+        a = req.arrival
+        self.results[req.index] = Result(a, status, at_ms - req.t0, node if status == 200 else "none", reason)
+
+    # --- nodes -----------------------------------------------------------------------------------
+
+    def _node_arrive(self, payload: tuple[Job, int]) -> None:
+        job, epoch = payload
+        node = job.node
+        if not node.alive or epoch != node.epoch:
+            self._send_reply(job, 503, f"node {node.spec.id} unavailable: connection refused", 0.0)
+            return
+        req = job.req
+        if req.deadline_at - self.now <= 0:
+            self._send_reply(job, 504, "deadline passed before the node received the request")
+            return
+        waiting = sum(node.queued.values())
+        if node.busy >= node.spec.slots and waiting >= node.spec.max_queue:
+            self._send_reply(job, 503, f"node queue full ({waiting} waiting)")
+            return
+        a = req.arrival
+        if node.busy < node.spec.slots:
+            self._start(node, job)
+        else:
+            node.queue.append(job)
+            node.queued[a.priority] += 1
+            node.model_queued[a.model] += 1
+            self.push(req.deadline_at, EXPIRE, (job, node.epoch))
+        self._changed(node)
+
+    def _start(self, node: SimNode, job: Job) -> None:
+        a = job.req.arrival
+        job.started = True
+        node.busy += 1
+        node.model_in_flight[a.model] += 1
+        # the live node's speed emulation: the real run, then (1/speed - 1) x its idle baseline
+        dist = self._exec[a.model]
+        service = dist.sample(self.svc_rng) + self._baseline[a.model] * (1.0 / node.speed - 1.0)
+        node.jobs[id(job)] = job
+        self.push(self.now + service, FINISH, (job, node.epoch, service))
+
+    def _finish(self, payload: tuple[Job, int, float]) -> None:
+        job, epoch, service = payload
+        node = job.node
+        if epoch != node.epoch:
+            return
+        node.jobs.pop(id(job), None)
+        node.busy -= 1
+        a = job.req.arrival
+        node.model_in_flight[a.model] -= 1
+        node.busy_ms += service
+        node.served += 1
+        prev = node.ewma.get(a.model)
+        node.ewma[a.model] = (
+            service if prev is None else (1 - self.cfg.ewma_alpha) * prev + self.cfg.ewma_alpha * service
+        )
+        self._send_reply(job, 200, "")
+        while node.queue and node.busy < node.spec.slots:
+            nxt = node.queue.popleft()
+            if nxt.dropped:
+                continue
+            self._dequeued(node, nxt)
+            self._start(node, nxt)
+        self._changed(node)
+
+    def _dequeued(self, node: SimNode, job: Job) -> None:
+        a = job.req.arrival
+        node.queued[a.priority] -= 1
+        node.model_queued[a.model] -= 1
+
+    def _expire(self, payload: tuple[Job, int]) -> None:
+        job, epoch = payload
+        node = job.node
+        if job.started or job.dropped or epoch != node.epoch:
+            return
+        job.dropped = True
+        self._dequeued(node, job)
+        self._send_reply(job, 504, "deadline passed while queued at the node")
+        self._changed(node)
+
+    def _send_reply(self, job: Job, status: int, reason: str, back: float | None = None) -> None:
+        delay = job.back_ms if back is None else back
+        self.push(self.now + delay, REPLY, (job, status, reason))
+
+    def _changed(self, node: SimNode) -> None:
+        if abs(node.outstanding - node.last_published) >= self.cfg.change_threshold:
+            self._emit(node)
+
+    # --- telemetry -------------------------------------------------------------------------------
+
+    def _snapshot(self, node: SimNode) -> NodeLoad:
+        node.seq += 1
+        node.last_published = node.outstanding
+        spec = node.spec
+        models = {
+            m: ModelLoad.model_construct(
+                resident=True,
+                queued=node.model_queued[m],
+                in_flight=node.model_in_flight[m],
+                ewma_ms_by_batch={"1": node.ewma.get(m, self._baseline[m] / node.speed)},
+            )
+            for m in spec.models
+        }
+        return NodeLoad.model_construct(
+            schema_=1,
+            node_id=spec.id,
+            endpoint=f"sim://{spec.id}",
+            partition=spec.partition,
+            tier=spec.tier,
+            device=DeviceInfo.model_construct(kind="cpu", name="sim"),
+            seq=node.seq,
+            sent_at_ms=self.now,
+            status="ready",
+            queued_by_priority={str(p): n for p, n in node.queued.items() if n},
+            in_flight=node.busy,
+            capacity=spec.slots,
+            max_queue=spec.max_queue,
+            models=models,
+            memory_used_bytes=0,
+            memory_budget_bytes=spec.memory_budget_mb << 20,
+            utilisation=0.0,
+        )
+
+    def _emit(self, node: SimNode) -> None:
+        if not node.alive:
+            return
+        msg = self._snapshot(node)
+        self.load_samples.append((self.now / 1000.0, node.spec.id, node.outstanding))
+        if self.broker_up:
+            self.push(self.now + self.profile.telemetry_lag_ms.sample(self.tel_rng), DELIVER, msg)
+
+    def _publish(self, payload: tuple[SimNode, int]) -> None:
+        node, epoch = payload
+        if epoch != node.epoch or not node.alive:
+            return
+        self._emit(node)
+        self.push(self.now + self.cfg.interval_ms, PUBLISH, (node, epoch))
+
+    def _deliver(self, msg: NodeLoad) -> None:
+        self.pending_delivery.append(msg)
+
+    def _poll(self, _: Any) -> None:
+        if self.pending_delivery:
+            self.store.apply_many(self.pending_delivery, self.now)
+            self.pending_delivery = []
+        if self._open > 0:
+            self.push(self.now + self.cfg.poll_ms, POLL, None)
+
+    # --- faults ----------------------------------------------------------------------------------
+
+    def _schedule_fault(self, f: Fault) -> None:
+        at = f.at_s * 1000.0
+        end = None if f.duration_s is None else at + f.duration_s * 1000.0
+        if f.kind == "kill_node":
+            self.push(at, FAULT, ("kill", f.node))
+            if end is not None:
+                self.push(end, FAULT, ("restart", f.node))
+        elif f.kind == "restart_node":
+            self.push(at, FAULT, ("restart", f.node))
+        elif f.kind == "slow_node":
+            self.push(at, FAULT, ("speed", f.node, 1.0 / float(f.factor or 1.0)))
+            if end is not None:
+                self.push(end, FAULT, ("speed", f.node, 1.0))
+        elif f.kind in ("cut_link", "restore_link"):
+            assert f.link is not None
+            cut = f.kind == "cut_link"
+            self.push(at, FAULT, ("link", f.link, cut))
+            if cut and end is not None:
+                self.push(end, FAULT, ("link", f.link, False))
+        elif f.kind == "broker_outage":
+            self.push(at, FAULT, ("broker", False))
+            if end is not None:
+                self.push(end, FAULT, ("broker", True))
+
+    def _fault(self, action: tuple[Any, ...]) -> None:
+        kind = action[0]
+        t = round(self.now / 1000.0, 3)
+        if kind == "kill":
+            node = self.nodes[action[1]]
+            if not node.alive:
+                return
+            node.alive = False
+            node.epoch += 1
+            # a crash resets every connection: running and queued requests fail at once
+            for job in [*node.jobs.values(), *(j for j in node.queue if not j.dropped)]:
+                job.dropped = True
+                self.push(
+                    self.now + job.back_ms, REPLY, (job, 503, f"node {node.spec.id} unavailable: reset")
+                )
+            node.jobs.clear()
+            node.queue.clear()
+            node.queued.clear()
+            node.model_queued.clear()
+            node.model_in_flight.clear()
+            node.busy = 0
+            self.fault_log.append((t, f"kill {node.spec.id}"))
+        elif kind == "restart":
+            node = self.nodes[action[1]]
+            if node.alive:
+                return
+            node.alive = True
+            node.epoch += 1
+            node.seq = 0
+            node.ewma.clear()
+            # start-up (process, sessions) takes about two seconds before the first telemetry
+            self.push(self.now + 2000.0, PUBLISH, (node, node.epoch))
+            self.fault_log.append((t, f"restart {node.spec.id}"))
+        elif kind == "speed":
+            node = self.nodes[action[1]]
+            node.speed = node.spec.speed * action[2]
+            self.fault_log.append((t, f"{node.spec.id} speed x{action[2]:g}"))
+        elif kind == "link":
+            (a, b), cut = action[1], action[2]
+            self.links = self.links.with_cut(a, b, cut)
+            self.fault_log.append((t, f"{'cut' if cut else 'restore'} link {a}-{b}"))
+        elif kind == "broker":
+            self.broker_up = action[1]
+            self.fault_log.append((t, "broker up" if action[1] else "broker down"))
+
+
+def simulate(
+    scenario: Scenario, runs: list[PolicyRun], profile: Profile, schedule: list[Arrival]
+) -> dict[str, tuple[list[Result], Simulation, float]]:
+    """Each policy over the same schedule: name -> (results, the simulation, wall seconds)."""
+    out: dict[str, tuple[list[Result], Simulation, float]] = {}
+    for run in runs:
+        sim = Simulation(scenario, run, schedule, profile)
+        t0 = time.perf_counter()
+        results = sim.run()
+        out[run.name] = (results, sim, time.perf_counter() - t0)
+    return out
