@@ -49,9 +49,7 @@ def main(argv: list[str] | None = None) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        await serve(
-            cfg, stop, lambda port: print(f"node {cfg.node_id}: http://{cfg.host}:{port}", flush=True)
-        )
+        await serve(cfg, stop, lambda port: print(f"node {cfg.node_id}: http://{cfg.host}:{port}", flush=True))
 
     asyncio.run(run())
     return 0

@@ -180,9 +180,7 @@ def decode_request(
                 raise BadRequest(f"unknown output '{out['name']}'; expected {output_names}")
             oparams = out.get("parameters") or {}
             outputs[out["name"]] = (
-                bool(oparams.get("binary_data", default_binary))
-                if isinstance(oparams, dict)
-                else default_binary
+                bool(oparams.get("binary_data", default_binary)) if isinstance(oparams, dict) else default_binary
             )
     if not outputs:
         outputs = {n: default_binary for n in output_names}

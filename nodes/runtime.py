@@ -55,9 +55,7 @@ class LoadedModel:
         prev = self.ewma_ms.get(batch)
         self.ewma_ms[batch] = exec_ms if prev is None else (1 - alpha) * prev + alpha * exec_ms
 
-    def run(
-        self, feeds: dict[str, np.ndarray], stretch: float, batch: int = 1
-    ) -> tuple[dict[str, np.ndarray], float]:
+    def run(self, feeds: dict[str, np.ndarray], stretch: float, batch: int = 1) -> tuple[dict[str, np.ndarray], float]:
         """Execute (blocking; called in an executor thread). Returns outputs and slot time in ms.
 
         `stretch` >= 1 emulates a device `stretch` times slower than this host: after the real run the

@@ -227,9 +227,7 @@ async def model_ready(request: web.Request) -> web.Response:
 
 async def repository_index(request: web.Request) -> web.Response:
     rt = request.app[RUNTIME]
-    return web.json_response(
-        [{"name": m.name, "version": m.version, "state": "READY"} for m in rt.models.values()]
-    )
+    return web.json_response([{"name": m.name, "version": m.version, "state": "READY"} for m in rt.models.values()])
 
 
 async def infer(request: web.Request) -> web.Response:
@@ -277,9 +275,7 @@ async def infer(request: web.Request) -> web.Response:
         rt.changed()
         loop = asyncio.get_running_loop()
         try:
-            results, exec_ms = await loop.run_in_executor(
-                rt.executor, model.run, req.inputs, 1.0 / rt.speed, req.batch
-            )
+            results, exec_ms = await loop.run_in_executor(rt.executor, model.run, req.inputs, 1.0 / rt.speed, req.batch)
         except Exception as exc:  # noqa: BLE001 - a failing model answers 500, the node lives on
             log.exception("model %s failed", model.name)
             return _error(500, f"model '{model.name}' failed: {exc}")

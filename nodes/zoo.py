@@ -158,9 +158,7 @@ def _resnet_s(seed: int) -> onnx.ModelProto:
     for c_in, c_out, stride in [(32, 32, 1), (32, 64, 2), (64, 64, 1), (64, 128, 2)]:
         y = g.conv(h, c_in, c_out, stride=stride)
         y = g.conv(y, c_out, c_out, relu=False)
-        skip = (
-            h if (c_in == c_out and stride == 1) else g.conv(h, c_in, c_out, k=1, stride=stride, relu=False)
-        )
+        skip = h if (c_in == c_out and stride == 1) else g.conv(h, c_in, c_out, k=1, stride=stride, relu=False)
         h = g.op("Relu", [g.op("Add", [y, skip])])
     out = _head(g, h, 128, 10)
     return g.model(

@@ -83,9 +83,7 @@ class Filter(Protocol):
     name: ClassVar[str]
     reads: ClassVar[frozenset[str]]
 
-    def filter(
-        self, req: RouteRequest, view: ClusterView, nodes: list[NodeState], ctx: Context
-    ) -> list[NodeState]: ...
+    def filter(self, req: RouteRequest, view: ClusterView, nodes: list[NodeState], ctx: Context) -> list[NodeState]: ...
 
 
 @runtime_checkable
@@ -95,9 +93,7 @@ class Scorer(Protocol):
     name: ClassVar[str]
     reads: ClassVar[frozenset[str]]
 
-    def score(
-        self, req: RouteRequest, view: ClusterView, nodes: list[NodeState], ctx: Context
-    ) -> list[float]: ...
+    def score(self, req: RouteRequest, view: ClusterView, nodes: list[NodeState], ctx: Context) -> list[float]: ...
 
 
 @runtime_checkable
@@ -107,9 +103,7 @@ class Picker(Protocol):
     name: ClassVar[str]
     reads: ClassVar[frozenset[str]]
 
-    def pick(
-        self, req: RouteRequest, nodes: list[NodeState], scores: Sequence[float], ctx: Context
-    ) -> NodeState: ...
+    def pick(self, req: RouteRequest, nodes: list[NodeState], scores: Sequence[float], ctx: Context) -> NodeState: ...
 
 
 @runtime_checkable

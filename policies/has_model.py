@@ -28,7 +28,5 @@ class HasModel:
         model = req.model
         return lambda n: model in n.load.models
 
-    def filter(
-        self, req: RouteRequest, view: ClusterView, nodes: list[NodeState], ctx: Context
-    ) -> list[NodeState]:
+    def filter(self, req: RouteRequest, view: ClusterView, nodes: list[NodeState], ctx: Context) -> list[NodeState]:
         return [n for n in nodes if n.serves(req.model)]

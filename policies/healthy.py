@@ -39,8 +39,6 @@ class Healthy:
             horizon = ctx.now_ms - self.params.panic_max_age_ms
         return lambda n: n.ready and n.heard_at_ms >= horizon
 
-    def filter(
-        self, req: RouteRequest, view: ClusterView, nodes: list[NodeState], ctx: Context
-    ) -> list[NodeState]:
+    def filter(self, req: RouteRequest, view: ClusterView, nodes: list[NodeState], ctx: Context) -> list[NodeState]:
         admit = self.admitter(req, view, ctx)
         return [n for n in nodes if admit(n)]

@@ -40,9 +40,7 @@ class Latency:
     def __init__(self, params: LatencyParams | None = None) -> None:
         self.params = params or LatencyParams()
 
-    def score(
-        self, req: RouteRequest, view: ClusterView, nodes: list[NodeState], ctx: Context
-    ) -> list[float]:
+    def score(self, req: RouteRequest, view: ClusterView, nodes: list[NodeState], ctx: Context) -> list[float]:
         preds = [predicted_ms(view, n, req.model, req.batch, self.params.default_exec_ms) for n in nodes]
         best = min(preds)
         return [best / p for p in preds]

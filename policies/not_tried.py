@@ -23,17 +23,13 @@ class NotTried:
     def __init__(self, params: NotTriedParams | None = None) -> None:
         self.params = params or NotTriedParams()
 
-    def admitter(
-        self, req: RouteRequest, view: ClusterView, ctx: Context
-    ) -> Callable[[NodeState], bool] | None:
+    def admitter(self, req: RouteRequest, view: ClusterView, ctx: Context) -> Callable[[NodeState], bool] | None:
         if not req.exclude:
             return None
         tried = req.exclude
         return lambda n: n.node_id not in tried
 
-    def filter(
-        self, req: RouteRequest, view: ClusterView, nodes: list[NodeState], ctx: Context
-    ) -> list[NodeState]:
+    def filter(self, req: RouteRequest, view: ClusterView, nodes: list[NodeState], ctx: Context) -> list[NodeState]:
         if not req.exclude:
             return nodes
         return [n for n in nodes if n.node_id not in req.exclude]

@@ -26,9 +26,7 @@ class PickMax:
     def __init__(self, params: MaxParams | None = None) -> None:
         self.params = params or MaxParams()
 
-    def pick(
-        self, req: RouteRequest, nodes: list[NodeState], scores: Sequence[float], ctx: Context
-    ) -> NodeState:
+    def pick(self, req: RouteRequest, nodes: list[NodeState], scores: Sequence[float], ctx: Context) -> NodeState:
         best = max(scores)
         ties = [n for n, s in zip(nodes, scores, strict=True) if s >= best - self.params.tolerance]
         return ties[0] if len(ties) == 1 else ctx.rng.choice(ties)

@@ -25,7 +25,5 @@ class Queue:
     def __init__(self, params: QueueParams | None = None) -> None:
         self.params = params or QueueParams()
 
-    def score(
-        self, req: RouteRequest, view: ClusterView, nodes: list[NodeState], ctx: Context
-    ) -> list[float]:
+    def score(self, req: RouteRequest, view: ClusterView, nodes: list[NodeState], ctx: Context) -> list[float]:
         return [1.0 / (1.0 + view.outstanding(n) / n.capacity) for n in nodes]

@@ -20,7 +20,5 @@ class RandomPick:
     def __init__(self, params: RandomParams | None = None) -> None:
         self.params = params or RandomParams()
 
-    def pick(
-        self, req: RouteRequest, nodes: list[NodeState], scores: Sequence[float], ctx: Context
-    ) -> NodeState:
+    def pick(self, req: RouteRequest, nodes: list[NodeState], scores: Sequence[float], ctx: Context) -> NodeState:
         return ctx.rng.choice(nodes)

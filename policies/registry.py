@@ -116,9 +116,7 @@ def build_policy(spec: PolicySpec | dict[str, Any] | str) -> Pipeline:
         raise PolicyConfigError(f"params given for plugins not in the pipeline: {sorted(unused)}")
     listed = [f.type for f in filters]
     base = [PluginSpec(type=t) for t in BASE_FILTERS if t not in listed]
-    built_filters: list[Filter] = [
-        _make("filter", FILTERS, f, spec.params.get(f.type, {})) for f in base + filters
-    ]
+    built_filters: list[Filter] = [_make("filter", FILTERS, f, spec.params.get(f.type, {})) for f in base + filters]
     built_scorers: list[tuple[Scorer, float]] = [
         (_make("scorer", SCORERS, s, spec.params.get(s.type, {})), s.weight) for s in scorers
     ]

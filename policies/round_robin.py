@@ -26,9 +26,7 @@ class RoundRobin:
         self.params = params or RoundRobinParams()
         self._next: dict[str, int] = {}
 
-    def pick(
-        self, req: RouteRequest, nodes: list[NodeState], scores: Sequence[float], ctx: Context
-    ) -> NodeState:
+    def pick(self, req: RouteRequest, nodes: list[NodeState], scores: Sequence[float], ctx: Context) -> NodeState:
         ordered = sorted(nodes, key=lambda n: n.node_id)
         i = self._next.get(req.model, 0)
         self._next[req.model] = i + 1

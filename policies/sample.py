@@ -59,9 +59,7 @@ class Sample:
                     return None
         return chosen
 
-    def filter(
-        self, req: RouteRequest, view: ClusterView, nodes: list[NodeState], ctx: Context
-    ) -> list[NodeState]:
+    def filter(self, req: RouteRequest, view: ClusterView, nodes: list[NodeState], ctx: Context) -> list[NodeState]:
         if len(nodes) <= self.params.k:
             return nodes
         return ctx.rng.sample(nodes, self.params.k)

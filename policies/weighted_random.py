@@ -27,9 +27,7 @@ class WeightedRandom:
     def __init__(self, params: WeightedRandomParams | None = None) -> None:
         self.params = params or WeightedRandomParams()
 
-    def pick(
-        self, req: RouteRequest, nodes: list[NodeState], scores: Sequence[float], ctx: Context
-    ) -> NodeState:
+    def pick(self, req: RouteRequest, nodes: list[NodeState], scores: Sequence[float], ctx: Context) -> NodeState:
         weights = [max(0.0, s) ** self.params.power for s in scores]
         if sum(weights) <= 0:
             return ctx.rng.choice(nodes)

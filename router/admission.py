@@ -87,9 +87,7 @@ class RateLimiter:
             return Verdict(0, client=client)
         self._remember(client, tokens, now_ms)
         wait_s = (1.0 - tokens) / rate
-        return Verdict(
-            429, f"client '{client}' is over {rate:g} requests/s", client, max(1, math.ceil(wait_s))
-        )
+        return Verdict(429, f"client '{client}' is over {rate:g} requests/s", client, max(1, math.ceil(wait_s)))
 
     def _remember(self, client: str, tokens: float, now_ms: float) -> None:
         if client not in self._buckets and len(self._buckets) >= self.max_clients:

@@ -81,9 +81,7 @@ class Router:
             policy = build_policy(spec)
         except (PolicyConfigError, ValueError) as exc:
             self.metrics.policy_swaps.labels("rejected").inc()
-            log.warning(
-                "policy reload from %s rejected, keeping %s: %s", origin, self.policies.current.name, exc
-            )
+            log.warning("policy reload from %s rejected, keeping %s: %s", origin, self.policies.current.name, exc)
             raise PolicyConfigError(str(exc).splitlines()[0] if str(exc) else "invalid policy") from None
         self.policies.swap(policy, spec)
         self.metrics.policy_swaps.labels("applied").inc()
@@ -349,9 +347,7 @@ async def infer(request: web.Request) -> web.Response:
     out_headers["x-edgeroute-node"] = outcome.node
     out_headers["x-edgeroute-attempts"] = str(outcome.attempts)
     content_type = out_headers.pop("Content-Type", "application/json").split(";")[0]
-    return web.Response(
-        status=outcome.status, body=outcome.body, headers=out_headers, content_type=content_type
-    )
+    return web.Response(status=outcome.status, body=outcome.body, headers=out_headers, content_type=content_type)
 
 
 def _count(router: Router, model: str, priority: int, node: str, status: int, arrived: float) -> None:
@@ -410,9 +406,7 @@ async def put_policy(request: web.Request) -> web.Response:
         spec = router.reload_policy(raw, "PUT /admin/policy")
     except PolicyConfigError as exc:
         return _error(400, f"policy rejected, keeping '{router.policies.current.name}': {exc}")
-    return web.json_response(
-        {"name": router.policies.current.name, "spec": spec.model_dump(exclude_none=True)}
-    )
+    return web.json_response({"name": router.policies.current.name, "spec": spec.model_dump(exclude_none=True)})
 
 
 async def get_links(request: web.Request) -> web.Response:
@@ -509,9 +503,7 @@ p99 {tel["lag_ms"]["p99"]:.1f} ms</p>
 
 async def metrics(request: web.Request) -> web.Response:
     router = request.app[ROUTER]
-    return web.Response(
-        body=generate_latest(router.metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
-    )
+    return web.Response(body=generate_latest(router.metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
 def create_app(
@@ -526,9 +518,7 @@ def create_app(
     if source is None:
         if config.kafka is None:
             raise ConfigError("router needs 'kafka' (a bootstrap HOST:PORT) or an explicit telemetry source")
-        source = KafkaTelemetrySource(
-            config.kafka, config.topic, config.lookback_ms, config.fetch_max_wait_ms, clock
-        )
+        source = KafkaTelemetrySource(config.kafka, config.topic, config.lookback_ms, config.fetch_max_wait_ms, clock)
     if client is None:
         client = HttpNodeClient(config.pool_per_node, config.connect_timeout_ms / 1000.0)
     app = web.Application(client_max_size=config.max_body_bytes, middlewares=[json_errors, admission])

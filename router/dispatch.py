@@ -107,9 +107,7 @@ class Dispatcher:
             view = self.tracker.overlay(self.store.view)
             t0 = time.perf_counter()
             choice = policy.choose(
-                RouteRequest(
-                    req.model, req.priority, remaining, req.site, req.batch, req.request_id, frozenset(tried)
-                ),
+                RouteRequest(req.model, req.priority, remaining, req.site, req.batch, req.request_id, frozenset(tried)),
                 view,
                 Context(now, self.rng),
             )
@@ -122,9 +120,7 @@ class Dispatcher:
                 self.retries += 1
             state = view.get(choice.node_id)
             assert state is not None
-            outcome = await self._forward(
-                choice, state, req.site, path, body, headers, deadline_at_ms, attempt
-            )
+            outcome = await self._forward(choice, state, req.site, path, body, headers, deadline_at_ms, attempt)
             if outcome.status not in RETRYABLE:
                 return outcome
             tried.add(choice.node_id)
@@ -164,9 +160,7 @@ class Dispatcher:
                 raise NodeTimeout(choice.endpoint)
             fwd = dict(headers)
             fwd["x-edgeroute-deadline-ms"] = f"{remaining_ms:.3f}"
-            reply: NodeReply = await self.client.post(
-                choice.endpoint + path, body, fwd, remaining_ms / 1000.0
-            )
+            reply: NodeReply = await self.client.post(choice.endpoint + path, body, fwd, remaining_ms / 1000.0)
             if back_ms > 0:
                 late = self.clock() + back_ms > deadline_at_ms
                 await asyncio.sleep(min(back_ms, max(0.0, deadline_at_ms - self.clock())) / 1000.0)
@@ -175,9 +169,7 @@ class Dispatcher:
         except NodeUnavailable as exc:
             return Outcome.error(503, f"node {choice.node_id} unavailable: {exc}", choice.node_id, attempt)
         except NodeTimeout:
-            return Outcome.error(
-                504, f"deadline passed waiting for node {choice.node_id}", choice.node_id, attempt
-            )
+            return Outcome.error(504, f"deadline passed waiting for node {choice.node_id}", choice.node_id, attempt)
         finally:
             self.tracker.settle(choice.node_id)
         reason = ""

@@ -46,9 +46,7 @@ class _ViewCollector(Collector):
         yield lag
         view = store.view
         now = self.clock()
-        age = GaugeMetricFamily(
-            "edgeroute_view_age_ms", "time since each node was last heard from", labels=["node"]
-        )
+        age = GaugeMetricFamily("edgeroute_view_age_ms", "time since each node was last heard from", labels=["node"])
         stale = 0
         for node in view:
             age.add_metric([node.node_id], view.age_ms(node.node_id, now))
@@ -80,9 +78,7 @@ class RouterMetrics:
             buckets=DECISION_BUCKETS,
             registry=self.registry,
         )
-        self.retries = Counter(
-            "edgeroute_retries", "dispatches after the first", ["model"], registry=self.registry
-        )
+        self.retries = Counter("edgeroute_retries", "dispatches after the first", ["model"], registry=self.registry)
         self.policy_swaps = Counter(
             "edgeroute_policy_reloads", "policy reload attempts", ["result"], registry=self.registry
         )

@@ -34,9 +34,7 @@ class NodeReply:
 
 
 class NodeClient(Protocol):
-    async def post(
-        self, url: str, body: bytes, headers: Mapping[str, str], timeout_s: float
-    ) -> NodeReply: ...
+    async def post(self, url: str, body: bytes, headers: Mapping[str, str], timeout_s: float) -> NodeReply: ...
 
     async def get(self, url: str, timeout_s: float) -> NodeReply: ...
 

@@ -126,10 +126,7 @@ def bench_router(
     }
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "router.json").write_text(json.dumps(result, indent=2) + "\n")
-    print(
-        f"{'concurrency':>11} {'added p50 ms':>13} {'added p99 ms':>13} {'direct req/s':>13} "
-        f"{'router req/s':>13}"
-    )
+    print(f"{'concurrency':>11} {'added p50 ms':>13} {'added p99 ms':>13} {'direct req/s':>13} {'router req/s':>13}")
     for s in summary:
         print(
             f"{s['concurrency']:>11} {s['added_p50_ms']:>13.3f} {s['added_p99_ms']:>13.3f} "

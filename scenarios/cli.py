@@ -83,9 +83,7 @@ def _bench(args: argparse.Namespace) -> int:
 def _profile(args: argparse.Namespace) -> int:
     from scenarios.profile import DEFAULT_PROFILE, profile
 
-    profile(
-        args.models or PROFILED_MODELS, args.requests, Path(args.out or DEFAULT_PROFILE), kafka=args.kafka
-    )
+    profile(args.models or PROFILED_MODELS, args.requests, Path(args.out or DEFAULT_PROFILE), kafka=args.kafka)
     return 0
 
 

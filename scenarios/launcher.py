@@ -201,9 +201,7 @@ class Stack:
             self._check_alive()
             try:
                 wait_for_port("127.0.0.1", self.router.port, 0.5)
-                status, view = http_json(
-                    f"{self.router.url}/admin/view", timeout_s=2, headers=self.admin_headers
-                )
+                status, view = http_json(f"{self.router.url}/admin/view", timeout_s=2, headers=self.admin_headers)
                 fresh = {n["node_id"] for n in view["nodes"] if n["fresh"] and n["status"] == "ready"}
                 if status == 200 and want <= fresh:
                     return
@@ -288,9 +286,7 @@ class Stack:
     def __enter__(self) -> Stack:
         return self.start()
 
-    def __exit__(
-        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
-    ) -> None:
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
         self.stop()
 
 

@@ -168,9 +168,7 @@ def example_payload(metadata: dict[str, Any], seed: int, binary_over: int = 1024
     for spec in metadata["inputs"]:
         shape = [batch if d < 0 else d for d in spec["shape"]]
         dtype = np.dtype(DATATYPE_NUMPY[spec["datatype"]])
-        data = (
-            rng.random(shape).astype(dtype) if dtype.kind == "f" else rng.integers(0, 2, shape).astype(dtype)
-        )
+        data = rng.random(shape).astype(dtype) if dtype.kind == "f" else rng.integers(0, 2, shape).astype(dtype)
         entry: dict[str, Any] = {"name": spec["name"], "shape": shape, "datatype": spec["datatype"]}
         if data.size > binary_over:
             blob = np.ascontiguousarray(data).astype(dtype.newbyteorder("<")).tobytes()

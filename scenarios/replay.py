@@ -14,9 +14,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from scenarios.launcher import Stack, http_json
+from scenarios.launcher import FaultInjector, Stack, http_json
 from scenarios.loadgen import build_schedule, fetch_payloads, run_load
-from scenarios.report import format_table, quantile, summarize, write_report
+from scenarios.report import format_table, quantile, series, summarize, write_report
 from scenarios.schema import PolicyRun, Scenario
 
 
@@ -80,7 +80,9 @@ def replay_live(
         for run in runs:
             stack.set_policy(run.policy.model_dump(exclude_none=True))
             _wait_idle(stack.router_url, stack.admin_headers)
+            injector = FaultInjector(stack, list(scenario.faults))
             started = time.monotonic()
+            injector.start()
             results = asyncio.run(
                 run_load(
                     stack.router_url,
@@ -91,10 +93,18 @@ def replay_live(
                 )
             )
             wall = time.monotonic() - started
+            injector.stop()
+            if scenario.faults:
+                stack.restore()
+                stack.wait_ready(60)
             measured = [r for r in results if r.arrival.at_s >= warmup]
             summary = summarize(measured, duration)
             summary["warmup_requests"] = len(results) - len(measured)
             summary["wall_s"] = round(wall, 2)
+            summary["faults"] = injector.events
+            if injector.errors:
+                summary["fault_errors"] = injector.errors
+            summary.update(series(results, warmup, duration + warmup))
             report["policies"][run.name] = summary
         status, view = http_json(f"{stack.router_url}/admin/view", headers=stack.admin_headers)
         report["telemetry"] = view["telemetry"] if status == 200 else {}
@@ -136,11 +146,14 @@ def run_replay(
             report["sim"] = sim
             report["comparison"] = compare(report, sim)
     path = write_report(report, out_dir)
+    from scenarios.render import render
+
+    markdown = render(report, out_dir)
     print(format_table(report))
     if "sim" in report:
         print(format_table(report["sim"]))
         print(format_comparison(report["comparison"]))
-    print(f"report: {path}")
+    print(f"report: {path}\nsummary: {markdown}")
     return path
 
 
@@ -212,6 +225,7 @@ def replay_sim(
         summary["wall_s"] = round(wall, 3)
         summary["events"] = sim.events
         summary["faults"] = sim.fault_log
+        summary.update(series(results, warmup, duration + warmup))
         report["policies"][run.name] = summary
         messages += sim.store.messages
         lags = sorted(sim.store.lag_ms)

@@ -11,6 +11,7 @@ and a loss is impossible to miss.
 from __future__ import annotations
 
 import json
+import math
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -61,6 +62,44 @@ def summarize(results: list[Result], duration_s: float) -> dict[str, Any]:
     reasons = Counter(r.error[:120] for r in results if r.status not in (200, None))
     out["error_reasons"] = dict(reasons.most_common(5))
     return out
+
+
+def series(results: list[Result], warmup_s: float, horizon_s: float, bucket_s: float = 1.0) -> dict[str, Any]:
+    """Time series and latency CDFs for the plots, kept in the report so it can be re-rendered.
+
+    `timeline`: per bucket of the run (t from the start, warm-up included and marked): throughput by
+    completion time, SLO attainment by arrival time, completions per node. `cdf_ms`: per priority, the
+    latency of completed requests at each percentile 0..100.
+    """
+    n = max(1, math.ceil(horizon_s / bucket_s))
+    done = [0] * n
+    sent = [0] * n
+    within = [0] * n
+    per_node: dict[str, list[int]] = {}
+    for r in results:
+        i = min(n - 1, int(r.arrival.at_s / bucket_s))
+        sent[i] += 1
+        if r.status == 200:
+            if r.latency_ms <= r.arrival.deadline_ms:
+                within[i] += 1
+            j = min(n - 1, int((r.arrival.at_s + r.latency_ms / 1000.0) / bucket_s))
+            done[j] += 1
+            per_node.setdefault(r.node, [0] * n)[j] += 1
+    by_prio: dict[str, list[float]] = {}
+    for r in results:
+        if r.status == 200 and r.arrival.at_s >= warmup_s:
+            by_prio.setdefault(str(r.arrival.priority), []).append(r.latency_ms)
+    cdf = {p: [round(percentile(sorted(v), q), 3) for q in range(101)] for p, v in sorted(by_prio.items())}
+    return {
+        "timeline": {
+            "bucket_s": bucket_s,
+            "warmup_s": warmup_s,
+            "throughput_rps": [d / bucket_s for d in done],
+            "slo_attainment": [round(w / s, 4) if s else None for w, s in zip(within, sent, strict=True)],
+            "by_node": dict(sorted(per_node.items())),
+        },
+        "cdf_ms": cdf,
+    }
 
 
 def write_report(report: dict[str, Any], out_dir: Path) -> Path:

@@ -95,6 +95,7 @@ class SiteLoad(_Strict):
     """
 
     site: str
+    name: str = Field("", description="a label for this traffic class (a site may have several)")
     arrival: Literal["poisson", "bursty", "diurnal", "trace"] = "poisson"
     rate_rps: float = Field(1.0, gt=0, le=100_000)
     on_s: float = Field(5.0, gt=0)

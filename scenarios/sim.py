@@ -89,8 +89,7 @@ class Profile:
         times, which on shared cores grow with load; batch sizes above 1 keep their idle times.
         """
         exec_ms = {
-            m: {int(b): Distribution(q) for b, q in entry["exec_ms"].items()}
-            for m, entry in doc["models"].items()
+            m: {int(b): Distribution(q) for b, q in entry["exec_ms"].items()} for m, entry in doc["models"].items()
         }
         overhead = {m: Distribution(entry["overhead_ms"]) for m, entry in doc["models"].items()}
         levels = doc.get("levels") or []
@@ -99,8 +98,7 @@ class Profile:
             idle_mean = sum(d.median() for d in overhead.values()) / len(overhead)
             pooled = level["overhead_ms"]
             overhead = {
-                m: Distribution([max(0.0, v + d.median() - idle_mean) for v in pooled])
-                for m, d in overhead.items()
+                m: Distribution([max(0.0, v + d.median() - idle_mean) for v in pooled]) for m, d in overhead.items()
             }
             for m, q in level.get("exec_ms", {}).items():
                 if m in exec_ms and any(q):
@@ -214,9 +212,7 @@ class Simulation:
         self.tel_rng = random.Random(seed + 3)
         self.store = ViewStore(stale_after_ms=self.cfg.stale_after_ms)
         self.tracker = OutstandingTracker()
-        self.links = LinkTable(
-            LinkState(k.a, k.b, k.rtt_ms, k.jitter_ms, k.loss) for k in scenario.topology.links
-        )
+        self.links = LinkTable(LinkState(k.a, k.b, k.rtt_ms, k.jitter_ms, k.loss) for k in scenario.topology.links)
         self.nodes = {n.id: SimNode(n, n.speed) for n in scenario.topology.nodes}
         self.results: list[Result | None] = [None] * len(schedule)
         self.heap: list[tuple[float, int, int, Any]] = []
@@ -283,9 +279,7 @@ class Simulation:
         for i, r in enumerate(self.results):  # anything still open at the horizon got no answer
             if r is None:
                 a = self.schedule[i]
-                self.results[i] = Result(
-                    a, None, end - a.at_s * 1000.0, "none", "no answer within the horizon"
-                )
+                self.results[i] = Result(a, None, end - a.at_s * 1000.0, "none", "no answer within the horizon")
         return [r for r in self.results if r is not None]
 
     # --- router ----------------------------------------------------------------------------------
@@ -359,9 +353,7 @@ class Simulation:
         if job.dispatched:
             self.tracker.settle(job.node.spec.id)
         req.attempt += 1000  # later replies of this attempt are stale
-        self._answer(
-            req, 504, f"deadline passed waiting for node {job.node.spec.id}", self.now + req.overhead_out
-        )
+        self._answer(req, 504, f"deadline passed waiting for node {job.node.spec.id}", self.now + req.overhead_out)
 
     def _answer(self, req: SimRequest, status: int, reason: str, at_ms: float, node: str = "none") -> None:
         if req.done:
@@ -553,9 +545,7 @@ class Simulation:
             # a crash resets every connection: running and queued requests fail at once
             for job in [*node.jobs.values(), *(j for j in node.queue if not j.dropped)]:
                 job.dropped = True
-                self.push(
-                    self.now + job.back_ms, REPLY, (job, 503, f"node {node.spec.id} unavailable: reset")
-                )
+                self.push(self.now + job.back_ms, REPLY, (job, 503, f"node {node.spec.id} unavailable: reset"))
             node.jobs.clear()
             node.queue.clear()
             node.queued.clear()

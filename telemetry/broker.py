@@ -20,9 +20,7 @@ def free_port(host: str = "127.0.0.1") -> int:
         return port
 
 
-def wait_for_port(
-    host: str, port: int, timeout_s: float, proc: subprocess.Popen[bytes] | None = None
-) -> None:
+def wait_for_port(host: str, port: int, timeout_s: float, proc: subprocess.Popen[bytes] | None = None) -> None:
     deadline = time.monotonic() + timeout_s
     while True:
         if proc is not None and proc.poll() is not None:
@@ -101,7 +99,5 @@ class EmbeddedBroker:
     def __enter__(self) -> EmbeddedBroker:
         return self.start()
 
-    def __exit__(
-        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
-    ) -> None:
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
         self.stop()

@@ -37,9 +37,7 @@ def ensure_topic(
     deadline = time.monotonic() + timeout_s
     while True:
         try:
-            admin = KafkaAdminClient(
-                bootstrap_servers=bootstrap, request_timeout_ms=5000, client_id="edgeroute-admin"
-            )
+            admin = KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=5000, client_id="edgeroute-admin")
             break
         except KafkaError:
             if time.monotonic() > deadline:
@@ -153,9 +151,7 @@ class KafkaTelemetrySource:
         self._thread: threading.Thread | None = None
 
     def start(self, store: ViewStore) -> None:
-        self._thread = threading.Thread(
-            target=self._run, args=(store,), name="telemetry-consumer", daemon=True
-        )
+        self._thread = threading.Thread(target=self._run, args=(store,), name="telemetry-consumer", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:

@@ -170,6 +170,4 @@ class ClusterView:
     @classmethod
     def of(cls, loads: list[NodeLoad], heard_at_ms: float, stale_after_ms: float = 1000.0) -> ClusterView:
         """A view of `loads`, all heard at `heard_at_ms` (tests and tools)."""
-        return cls(stale_after_ms=stale_after_ms).with_nodes(
-            (NodeState(m, heard_at_ms) for m in loads), heard_at_ms
-        )
+        return cls(stale_after_ms=stale_after_ms).with_nodes((NodeState(m, heard_at_ms) for m in loads), heard_at_ms)

@@ -41,6 +41,4 @@ def infer_body(
 ) -> bytes:
     shape = shape if shape is not None else [1, 16]
     data = data if data is not None else [0.5] * 16
-    return json.dumps(
-        {"inputs": [{"name": name, "shape": shape, "datatype": datatype, "data": data}]}
-    ).encode()
+    return json.dumps({"inputs": [{"name": name, "shape": shape, "datatype": datatype, "data": data}]}).encode()

@@ -30,9 +30,7 @@ def infer(stack: Stack, body: bytes, model: str = "sensor_mlp", **kw: object) ->
         (
             json.dumps(
                 {
-                    "inputs": [
-                        {"name": "readings", "shape": [1, 16], "datatype": "FP32", "data": [0.5] * 16}
-                    ],
+                    "inputs": [{"name": "readings", "shape": [1, 16], "datatype": "FP32", "data": [0.5] * 16}],
                     "parameters": {"priority": "urgent"},
                 }
             ).encode(),
@@ -43,9 +41,7 @@ def infer(stack: Stack, body: bytes, model: str = "sensor_mlp", **kw: object) ->
         (
             json.dumps(
                 {
-                    "inputs": [
-                        {"name": "readings", "shape": [1, 16], "datatype": "FP32", "data": [0.5] * 16}
-                    ],
+                    "inputs": [{"name": "readings", "shape": [1, 16], "datatype": "FP32", "data": [0.5] * 16}],
                     "parameters": {"deadline_ms": -5},
                 }
             ).encode(),
@@ -55,9 +51,7 @@ def infer(stack: Stack, body: bytes, model: str = "sensor_mlp", **kw: object) ->
         ),
     ],
 )
-def test_bad_requests_get_a_clear_4xx(
-    shared_stack: Stack, body: bytes, model: str, status: int, needle: str
-) -> None:
+def test_bad_requests_get_a_clear_4xx(shared_stack: Stack, body: bytes, model: str, status: int, needle: str) -> None:
     got, doc = infer(shared_stack, body, model)
     assert got == status
     assert isinstance(doc, dict) and needle in doc["error"]

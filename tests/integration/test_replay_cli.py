@@ -84,17 +84,13 @@ def test_bad_scenario_is_one_line_not_a_traceback(tmp_path: Path) -> None:
 def test_up_prints_addresses_and_stops_everything_on_sigterm(tmp_path: Path) -> None:
     scenario = tmp_path / "it-up.yaml"
     scenario.write_text(SCENARIO)
-    proc = subprocess.Popen(
-        [*CLI, "up", str(scenario)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
+    proc = subprocess.Popen([*CLI, "up", str(scenario)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         lines: dict[str, str] = {}
         deadline = time.monotonic() + 90
         assert proc.stdout is not None
         while {"router", "kafka"} - set(lines):
-            assert time.monotonic() < deadline and proc.poll() is None, (
-                proc.stderr.read() if proc.stderr else ""
-            )
+            assert time.monotonic() < deadline and proc.poll() is None, proc.stderr.read() if proc.stderr else ""
             line = proc.stdout.readline().strip()
             if ": " in line:
                 key, value = line.split(": ", 1)

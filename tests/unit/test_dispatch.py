@@ -62,9 +62,7 @@ def make(
 
 
 async def run(d: Dispatcher, deadline_ms: float = 500.0) -> object:
-    return await d.dispatch(
-        RouteRequest("m", request_id="r1"), "/v2/models/m/infer", b"{}", {}, NOW + deadline_ms
-    )
+    return await d.dispatch(RouteRequest("m", request_id="r1"), "/v2/models/m/infer", b"{}", {}, NOW + deadline_ms)
 
 
 async def test_forwards_remaining_budget() -> None:

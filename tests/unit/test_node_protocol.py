@@ -68,9 +68,7 @@ def test_binary_tensor_extension_roundtrip() -> None:
     arr = np.arange(8, dtype=np.float32).reshape(2, 4)
     head = json.dumps(
         {
-            "inputs": [
-                {"name": "x", "shape": [2, 4], "datatype": "FP32", "parameters": {"binary_data_size": 32}}
-            ],
+            "inputs": [{"name": "x", "shape": [2, 4], "datatype": "FP32", "parameters": {"binary_data_size": 32}}],
             "outputs": [{"name": "y", "parameters": {"binary_data": True}}],
         }
     ).encode()
@@ -86,11 +84,7 @@ def test_binary_tensor_extension_roundtrip() -> None:
 
 def test_binary_size_must_match_shape() -> None:
     head = json.dumps(
-        {
-            "inputs": [
-                {"name": "x", "shape": [2, 4], "datatype": "FP32", "parameters": {"binary_data_size": 16}}
-            ]
-        }
+        {"inputs": [{"name": "x", "shape": [2, 4], "datatype": "FP32", "parameters": {"binary_data_size": 16}}]}
     ).encode()
     doc, tail = split_body(head + b"\0" * 16, str(len(head)))
     with pytest.raises(BadRequest, match="needs 32"):

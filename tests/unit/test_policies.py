@@ -76,9 +76,7 @@ def test_retry_excludes_tried_nodes_and_rejection_names_the_filter() -> None:
 
 def test_round_robin_cycles_in_id_order_per_model() -> None:
     policy = build_policy("round_robin")
-    v = view(
-        load("c", models={"m": 1, "k": 1}), load("a", models={"m": 1, "k": 1}), load("b", models={"m": 1})
-    )
+    v = view(load("c", models={"m": 1, "k": 1}), load("a", models={"m": 1, "k": 1}), load("b", models={"m": 1}))
     picks = [choose(policy, v).node_id for _ in range(6)]  # type: ignore[union-attr]
     assert picks == ["a", "b", "c", "a", "b", "c"]
     k = [choose(policy, v, model="k").node_id for _ in range(3)]  # type: ignore[union-attr]
@@ -173,9 +171,7 @@ def test_p2c_ties_split_evenly() -> None:
 
 def test_weighted_random_follows_scores() -> None:
     # queue scores 1, 1/2, 1/4 -> shares 4/7, 2/7, 1/7
-    policy = build_policy(
-        {"name": "wr", "scorers": [{"type": "queue"}], "picker": {"type": "weighted_random"}}
-    )
+    policy = build_policy({"name": "wr", "scorers": [{"type": "queue"}], "picker": {"type": "weighted_random"}})
     s = shares(policy, view(load("a"), load("b", queued=1), load("c", queued=3)))
     assert s["a"] == pytest.approx(4 / 7, abs=0.01)
     assert s["b"] == pytest.approx(2 / 7, abs=0.01)
@@ -244,9 +240,7 @@ def test_fast_path_samples_uniformly_over_admitted_nodes_only() -> None:
     fresh = [load(f"ok{i}") for i in range(30)] + [load(f"other{i}", models={"x": 1.0}) for i in range(10)]
     v = ClusterView.of(fresh, heard_at_ms=NOW)
     v = v.with_nodes(ClusterView.of([load(f"stale{i}") for i in range(20)], NOW - 5_000).nodes.values(), NOW)
-    policy = build_policy(
-        {"name": "one", "filters": [{"type": "sample", "k": 1}], "picker": {"type": "random"}}
-    )
+    policy = build_policy({"name": "one", "filters": [{"type": "sample", "k": 1}], "picker": {"type": "random"}})
     s = shares(policy, v)
     assert set(s) == {f"ok{i}" for i in range(30)}
     for share in s.values():

@@ -35,9 +35,7 @@ def test_model_is_deterministic_valid_and_runs(name: str) -> None:
     assert len(data) < 4 << 20
     sess = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
     feeds = {
-        i.name: np.random.default_rng(0)
-        .random([2 if isinstance(d, str) else d for d in i.shape])
-        .astype(np.float32)
+        i.name: np.random.default_rng(0).random([2 if isinstance(d, str) else d for d in i.shape]).astype(np.float32)
         for i in sess.get_inputs()
     }
     outs = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds), strict=True))
