@@ -13,6 +13,9 @@ class ModelSpec(BaseModel):
     name: str = Field(min_length=1, description="name the model is served under")
     zoo: str | None = Field(None, description="zoo architecture; defaults to `name`")
     seed: int = 0
+    baseline_ms: float | None = Field(
+        None, gt=0, description="reference execution time the speed emulation stretches; default: measured"
+    )
 
     @property
     def architecture(self) -> str:

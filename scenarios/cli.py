@@ -76,7 +76,12 @@ def _replay(args: argparse.Namespace) -> int:
 def _bench(args: argparse.Namespace) -> int:
     from scenarios.bench import bench_router
 
-    bench_router(Path(args.out), requests=args.requests, kafka=args.kafka)
+    if args.what == "sim":
+        from scenarios.bench import bench_sim
+
+        bench_sim(Path(args.out), nodes=args.nodes, requests=args.requests or 1_000_000, policy=args.policy)
+        return 0
+    bench_router(Path(args.out), requests=args.requests or 2000, kafka=args.kafka)
     return 0
 
 
@@ -84,6 +89,22 @@ def _profile(args: argparse.Namespace) -> int:
     from scenarios.profile import DEFAULT_PROFILE, profile
 
     profile(args.models or PROFILED_MODELS, args.requests, Path(args.out or DEFAULT_PROFILE), kafka=args.kafka)
+    return 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    import json
+
+    from scenarios.render import render
+
+    folder = Path(args.folder)
+    path = folder / "report.json" if folder.is_dir() else folder
+    try:
+        report = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        print(f"edgeroute: {path}: {exc}", file=sys.stderr)
+        return 2
+    print(render(report, path.parent))
     return 0
 
 
@@ -134,9 +155,11 @@ def main(argv: list[str] | None = None) -> int:
     rp.set_defaults(func=_replay)
 
     bench = sub.add_parser("bench", help="benchmarks (print and save figures)")
-    bench.add_argument("what", choices=["router"])
+    bench.add_argument("what", choices=["router", "sim"])
     bench.add_argument("--out", default="reports/bench")
-    bench.add_argument("--requests", type=int, default=2000, help="requests per measured run")
+    bench.add_argument("--requests", type=int, help="requests (router: per run, 2000; sim: 1000000)")
+    bench.add_argument("--nodes", type=int, default=1000, help="sim: cluster size")
+    bench.add_argument("--policy", default="p2c", help="sim: preset in the loop")
     bench.add_argument("--kafka", help="external Kafka bootstrap HOST:PORT")
     bench.set_defaults(func=_bench)
 
@@ -146,6 +169,10 @@ def main(argv: list[str] | None = None) -> int:
     prof.add_argument("--out", help="profile JSON (default: scenarios/profiles/cpu.json)")
     prof.add_argument("--kafka", help="external Kafka bootstrap HOST:PORT")
     prof.set_defaults(func=_profile)
+
+    rep = sub.add_parser("report", help="re-render report.md and the plots from a saved report.json")
+    rep.add_argument("folder")
+    rep.set_defaults(func=_report)
 
     zoo = sub.add_parser("zoo", help="build the model zoo into its cache folder and list it")
     zoo.add_argument("models", nargs="*")

@@ -53,8 +53,24 @@ def http_json(
             return exc.code, raw.decode(errors="replace")
 
 
+def profile_baselines() -> dict[str, float]:
+    """Per-model reference execution times from the default profile (its idle medians)."""
+    from scenarios.profile import DEFAULT_PROFILE
+
+    try:
+        doc = json.loads(DEFAULT_PROFILE.read_text())
+        return {m: float(e["exec_ms"]["1"][50]) for m, e in doc["models"].items()}
+    except (OSError, ValueError, KeyError):
+        return {}
+
+
 def node_config(
-    spec: NodeSpec, port: int, kafka: str, seed: int, extra: dict[str, Any] | None = None
+    spec: NodeSpec,
+    port: int,
+    kafka: str,
+    seed: int,
+    extra: dict[str, Any] | None = None,
+    baselines: dict[str, float] | None = None,
 ) -> dict[str, Any]:
     cfg: dict[str, Any] = {
         "node_id": spec.id,
@@ -67,7 +83,10 @@ def node_config(
         "speed": spec.speed,
         "memory_budget_bytes": spec.memory_budget_mb << 20,
         "kafka": kafka,
-        "models": [{"name": m, "seed": seed} for m in spec.models],
+        "models": [
+            {"name": m, "seed": seed, **({"baseline_ms": baselines[m]} if baselines and m in baselines else {})}
+            for m in spec.models
+        ],
     }
     cfg.update(extra or {})
     return cfg
@@ -97,6 +116,8 @@ class Stack:
     router_config_path: Path | None = None
     topic: str = TOPIC
     dead: dict[str, int] = field(default_factory=dict)  # killed node id -> its port, for restarts
+    # model -> reference execution ms for the speed emulation; the simulator uses the same numbers
+    baselines: dict[str, float] = field(default_factory=lambda: profile_baselines())
 
     @property
     def bootstrap(self) -> str:
@@ -158,7 +179,7 @@ class Stack:
 
     def start_node(self, spec: NodeSpec, port: int = 0) -> Proc:
         port = port or free_port()
-        cfg = node_config(spec, port, self.bootstrap, self.scenario.seed, {"topic": self.topic})
+        cfg = node_config(spec, port, self.bootstrap, self.scenario.seed, {"topic": self.topic}, self.baselines)
         proc = self._spawn(spec.id, ["-m", "nodes", "--config", json.dumps(cfg), "--log-level", "WARNING"])
         proc.port, proc.url = port, f"http://127.0.0.1:{port}"
         self.nodes[spec.id] = proc

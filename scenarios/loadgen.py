@@ -21,7 +21,7 @@ from typing import Any
 import aiohttp
 import numpy as np
 
-from scenarios.schema import SiteLoad, Workload
+from scenarios.schema import ScenarioError, SiteLoad, Workload
 
 DATATYPE_NUMPY = {
     "FP32": np.float32,
@@ -112,7 +112,7 @@ def read_trace(path: Path, site: SiteLoad, default_deadline_ms: float, horizon_s
                     else site.deadline_ms.get(prio, default_deadline_ms)
                 )
             except (ValueError, IndexError):
-                raise ValueError(f"{path}:{lineno}: expected at_s,model,priority,deadline_ms") from None
+                raise ScenarioError(f"{path}:{lineno}: expected at_s,model,priority,deadline_ms") from None
             if site.start_s <= at < min(horizon_s, site.stop_s or horizon_s):
                 out.append(Arrival(at, site.site, model, prio, deadline))
     return out

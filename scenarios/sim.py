@@ -103,7 +103,7 @@ class Profile:
             for m, q in level.get("exec_ms", {}).items():
                 if m in exec_ms and any(q):
                     exec_ms[m][1] = Distribution(q)
-        idle = {m: float(entry["exec_ms"]["1"][1]) for m, entry in doc["models"].items()}
+        idle = {m: float(entry["exec_ms"]["1"][50]) for m, entry in doc["models"].items()}
         return cls(exec_ms, overhead, Distribution(doc.get("telemetry_lag_ms", [5.0] * 101)), idle)
 
     def exec_for(self, model: str, batch: int = 1) -> Distribution:
@@ -113,7 +113,7 @@ class Profile:
         return by_batch.get(batch) or by_batch[min(by_batch)]
 
     def baseline_ms(self, model: str) -> float:
-        """What the node's speed emulation stretches by: its fastest warm-up run (~ the idle minimum)."""
+        """What the live node's speed emulation stretches by: the idle median (the launcher passes it)."""
         return self.idle_exec_median.get(model, self.exec_for(model).median())
 
     def overhead_for(self, model: str) -> Distribution:

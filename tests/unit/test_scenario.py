@@ -70,6 +70,30 @@ def test_load_by_bare_name() -> None:
             "no entry for priority",
         ),
         (QUICK.replace("duration_s: 30", "duration_s: 0"), "workload.duration_s"),
+        (QUICK.replace("  nodes:", "  links: [{a: edge-a, b: mars, rtt_ms: 5}]\n  nodes:"), "partition 'mars'"),
+        (
+            QUICK.replace(
+                "  nodes:", "  links: [{a: edge-a, b: cloud, rtt_ms: 5}, {a: cloud, b: edge-a, rtt_ms: 9}]\n  nodes:"
+            ),
+            "given twice",
+        ),
+        (QUICK.replace("  nodes:", "  links: [{a: edge-a, b: cloud, rtt_ms: -5}]\n  nodes:"), "rtt_ms"),
+        (QUICK.replace("  nodes:", "  links: [{a: edge-a, b: cloud, rtt_ms: 5, loss: 1.5}]\n  nodes:"), "loss"),
+        (QUICK + "faults: [{at_s: 3, kind: kill_node, node: ghost}]\n", "faults.0.node 'ghost'"),
+        (QUICK + "faults: [{at_s: 3, kind: kill_node}]\n", "kill_node needs 'node'"),
+        (QUICK + "faults: [{at_s: 3, kind: slow_node, node: cloud-1}]\n", "factor"),
+        (QUICK + "faults: [{at_s: 3, kind: cut_link, link: [edge-a, cloud]}]\n", "not a link"),
+        (QUICK + "faults: [{at_s: 3, kind: meteor}]\n", "faults.0.kind"),
+        (QUICK.replace("      rate_rps: 60", "      arrival: trace\n      rate_rps: 60"), "needs a 'trace'"),
+        (
+            QUICK.replace("      rate_rps: 60", "      arrival: trace\n      trace: nope.csv\n      rate_rps: 60"),
+            "no such file",
+        ),
+        (
+            QUICK.replace("      rate_rps: 60", "      arrival: diurnal\n      min_rate_rps: 90\n      rate_rps: 60"),
+            "min_rate_rps",
+        ),
+        (QUICK.replace("      rate_rps: 60", "      arrival: sawtooth\n      rate_rps: 60"), "arrival"),
     ],
 )
 def test_bad_scenarios_give_one_line(text: str, needle: str) -> None:
@@ -98,3 +122,40 @@ def test_schedule_is_seeded_bounded_and_mixed() -> None:
     assert {x.deadline_ms for x in a if x.priority == 10} == {100.0}
     capped = s.workload.model_copy(update={"max_requests": 50})
     assert len(build_schedule(capped, 1, 10.0)) == 50
+
+
+def test_arrival_processes(tmp_path: Path) -> None:
+    import random
+
+    from scenarios.loadgen import arrival_times
+    from scenarios.schema import SiteLoad
+
+    bursty = SiteLoad(site="s", arrival="bursty", rate_rps=100, on_s=2, off_s=3, off_rate_rps=10, models={"m": 1})
+    t = arrival_times(bursty, 10.0, random.Random(1))
+    on = sum(1 for x in t if x % 5 < 2)
+    off = len(t) - on
+    assert 330 < on < 470 and 40 < off < 85  # 2 x 2 s at 100/s, 2 x 3 s at 10/s
+    diurnal = SiteLoad(site="s", arrival="diurnal", rate_rps=100, min_rate_rps=0, period_s=10, models={"m": 1})
+    d = arrival_times(diurnal, 10.0, random.Random(1))
+    low = sum(1 for x in d if x < 1 or x > 9)
+    high = sum(1 for x in d if 4 < x < 6)
+    assert high > 5 * low  # the sinusoid peaks mid-period
+    windowed = SiteLoad(site="s", rate_rps=100, start_s=2, stop_s=4, models={"m": 1})
+    w = arrival_times(windowed, 10.0, random.Random(1))
+    assert w and all(2 <= x < 4 for x in w)
+
+
+def test_trace_file_drives_the_schedule(tmp_path: Path) -> None:
+    (tmp_path / "trace.csv").write_text(
+        "at_s,model,priority,deadline_ms\n0.5,sensor_mlp,10,40\n# a comment\n1.5,mobilenet_s,,\n99,sensor_mlp,0,10\n"
+    )
+    text = QUICK.replace("      rate_rps: 60", "      arrival: trace\n      trace: trace.csv\n      rate_rps: 60")
+    s = parse_scenario(text, "s.yaml", tmp_path)
+    sched = [a for a in build_schedule(s.workload, 1, 10.0, s.base_dir) if a.site == "edge-a"]
+    assert [(a.at_s, a.model, a.priority, a.deadline_ms) for a in sched] == [
+        (0.5, "sensor_mlp", 10, 40.0),
+        (1.5, "mobilenet_s", 0, 250.0),
+    ]
+    (tmp_path / "trace.csv").write_text("0.5,sensor_mlp,high,40\n")
+    with pytest.raises(ValueError, match="trace.csv:1"):
+        build_schedule(s.workload, 1, 10.0, s.base_dir)

@@ -1,0 +1,147 @@
+"""The simulator: deterministic, accounts for every request, and models faults and deadlines."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from scenarios.loadgen import build_schedule
+from scenarios.replay import replay_sim
+from scenarios.schema import Scenario
+from scenarios.sim import Distribution, Profile, Simulation
+
+WALL_CLOCK = {"started_at", "wall_s"}
+
+
+def scenario(**over: Any) -> Scenario:
+    doc: dict[str, Any] = {
+        "name": "t",
+        "seed": 4,
+        "topology": {
+            "partitions": ["edge", "cloud"],
+            "links": [{"a": "edge", "b": "cloud", "rtt_ms": 20}],
+            "nodes": [
+                {"id": "e1", "partition": "edge", "speed": 0.1, "models": ["sensor_mlp", "resnet_s"]},
+                {"id": "e2", "partition": "edge", "speed": 0.1, "models": ["sensor_mlp", "resnet_s"]},
+                {"id": "c1", "partition": "cloud", "slots": 2, "models": ["sensor_mlp", "resnet_s"]},
+            ],
+        },
+        "workload": {
+            "duration_s": 10,
+            "warmup_s": 1,
+            "sites": [
+                {
+                    "site": "edge",
+                    "rate_rps": 60,
+                    "models": {"sensor_mlp": 0.5, "resnet_s": 0.5},
+                    "priorities": {0: 0.8, 10: 0.2},
+                    "deadline_ms": {0: 300, 10: 100},
+                }
+            ],
+        },
+        "policies": ["round_robin", "p2c", "least_latency"],
+    }
+    doc.update(over)
+    return Scenario.model_validate(doc)
+
+
+def strip(report: dict[str, Any]) -> dict[str, Any]:
+    out = {k: v for k, v in report.items() if k not in WALL_CLOCK}
+    out["policies"] = {n: {k: v for k, v in p.items() if k not in WALL_CLOCK} for n, p in report["policies"].items()}
+    return out
+
+
+def test_same_scenario_and_seed_give_identical_reports() -> None:
+    s = scenario()
+    a = replay_sim(s, list(s.policies))
+    b = replay_sim(s, list(s.policies))
+    assert strip(a) == strip(b)
+    c = replay_sim(s.model_copy(update={"seed": 5}), list(s.policies))
+    assert strip(a)["policies"] != strip(c)["policies"]
+
+
+def test_every_request_is_accounted_for() -> None:
+    s = scenario()
+    report = replay_sim(s, list(s.policies))
+    for p in report["policies"].values():
+        assert p["lost"] == 0
+        assert p["sent"] == p["completed"] + sum(p["errors"].values())
+        assert set(p["errors"]) <= {"503", "504"}
+
+
+def test_link_rtt_is_paid_by_crossing_traffic() -> None:
+    # the cloud is 20 ms away: least_latency sends everything to the fast cloud node, so the median
+    # latency is at least the RTT
+    s = scenario(policies=["least_latency"])
+    report = replay_sim(s, list(s.policies))
+    assert report["policies"]["least_latency"]["latency_ms"]["p50"] >= 20.0
+
+
+def test_killed_node_gets_no_traffic_and_restart_brings_it_back() -> None:
+    s = scenario(
+        faults=[{"at_s": 3, "kind": "kill_node", "node": "e1", "duration_s": 4}],
+        policies=["round_robin"],
+    )
+    schedule = build_schedule(s.workload, s.seed, 11)
+    from scenarios.profile import load_profile
+
+    sim = Simulation(s, s.policies[0], schedule, Profile.from_json(load_profile()))
+    results = sim.run()
+    served = [r for r in results if r.node == "e1"]
+    dead = [r for r in served if 4.5 < r.arrival.at_s < 7.0]  # stale after 1 s; back ~2 s after restart
+    assert not dead, "a dead node must not serve"
+    assert any(r.arrival.at_s > 9.5 for r in served), "the restarted node must get traffic again"
+    assert [label for _, label in sim.fault_log] == ["kill e1", "restart e1"]
+    assert all(r.status in (200, 503, 504) for r in results)
+
+
+def test_cut_link_fails_over_or_answers_503_504() -> None:
+    s = scenario(
+        faults=[{"at_s": 2, "kind": "cut_link", "link": ["edge", "cloud"], "duration_s": 5}],
+        policies=["least_latency"],
+    )
+    report = replay_sim(s, list(s.policies))
+    p = report["policies"]["least_latency"]
+    assert p["lost"] == 0 and set(p["errors"]) <= {"503", "504"}
+    assert [tuple(f) for f in p["faults"]] == [(2.0, "cut link edge-cloud"), (7.0, "restore link edge-cloud")]
+
+
+def test_queued_requests_expire_at_their_deadline() -> None:
+    s = scenario(
+        topology={
+            "partitions": ["edge"],
+            "nodes": [{"id": "slow", "partition": "edge", "speed": 0.01, "models": ["resnet_s"]}],
+        },
+        workload={
+            "duration_s": 5,
+            "sites": [{"site": "edge", "rate_rps": 50, "models": {"resnet_s": 1}, "deadline_ms": {0: 200}}],
+        },
+        policies=["round_robin"],
+    )
+    report = replay_sim(s, list(s.policies))
+    p = report["policies"]["round_robin"]
+    assert p["errors"].get("504", 0) > p["completed"], "an overloaded node sheds by deadline"
+    assert p["latency_ms"]["max"] <= 200 + 20, "nothing completes long after its deadline"
+
+
+def test_distribution_sampling() -> None:
+    import random
+
+    d = Distribution([float(i) for i in range(101)])
+    rng = random.Random(1)
+    samples = sorted(d.sample(rng) for _ in range(20_000))
+    assert samples[len(samples) // 2] == pytest.approx(50.0, abs=1.5)
+    assert 0.0 <= samples[0] and samples[-1] <= 100.0
+    assert Distribution([]).sample(rng) == 0.0
+
+
+def test_profile_levels_follow_the_offered_rate() -> None:
+    from scenarios.profile import load_profile
+
+    doc = load_profile()
+    idle = Profile.from_json(doc)
+    loaded = Profile.from_json(doc, rate_rps=200)
+    assert loaded.overhead_for("resnet_s").median() >= idle.overhead_for("resnet_s").median() * 0.8
+    with pytest.raises(KeyError, match="edgeroute profile"):
+        idle.exec_for("gpt")
