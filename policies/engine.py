@@ -38,6 +38,25 @@ def clamp01(x: float) -> float:
     return 0.0 if x < 0.0 else 1.0 if x > 1.0 else x
 
 
+def _accept(n: NodeState) -> bool:
+    return True
+
+
+def _all_of(preds: list[Callable[[NodeState], bool]]) -> Callable[[NodeState], bool]:
+    """One predicate from several, without a generator per node (this runs per candidate)."""
+    if not preds:
+        return _accept
+    if len(preds) == 1:
+        return preds[0]
+    if len(preds) == 2:
+        a, b = preds
+        return lambda n: a(n) and b(n)
+    if len(preds) == 3:
+        a, b, c = preds
+        return lambda n: a(n) and b(n) and c(n)
+    return lambda n: all(p(n) for p in preds)
+
+
 @dataclass
 class Pipeline:
     name: str
@@ -87,8 +106,7 @@ class Pipeline:
             if a is not None:
                 admits.append(a)
 
-        def admit(n: NodeState) -> bool:
-            return all(a(n) for a in admits)
+        admit = _all_of(admits)
 
         rest = list(self.filters[self._lead :])
         nodes: list[NodeState] | None = None

@@ -88,7 +88,7 @@ def profile(
                         "max_queue": 256,
                         "models": models,
                     }
-                    for x in "ab"
+                    for x in "abcd"
                 ],
             },
             "workload": {"sites": [{"site": "lab", "rate_rps": 1, "models": {m: 1 for m in models}}]},

@@ -32,7 +32,9 @@ import time
 from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
+
+from pydantic import BaseModel
 
 from policies.api import Context, Rejection, RouteRequest
 from policies.engine import Pipeline
@@ -49,6 +51,21 @@ RETRYABLE = frozenset({500, 502, 503})
 # Event kinds; the number also orders simultaneous events (a delivery before a decision at the same
 # instant, completions before new arrivals, so freed slots are visible).
 DELIVER, FINISH, NODE_ARRIVE, ARRIVAL, EXPIRE, REPLY, ROUTER_TIMEOUT, PUBLISH, POLL, FAULT = range(10)
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def _construct(cls: type[M], **values: Any) -> M:
+    """A pydantic model instance from known-valid values, without validation (the simulator makes
+    hundreds of thousands of telemetry messages; it builds them from its own state, so they are valid
+    by construction). Every field is given, so no defaults are needed."""
+    obj = cls.__new__(cls)
+    object.__setattr__(obj, "__dict__", values)
+    object.__setattr__(obj, "__pydantic_fields_set__", set(values))
+    object.__setattr__(obj, "__pydantic_extra__", None)
+    object.__setattr__(obj, "__pydantic_private__", None)
+    return obj
 
 
 class Distribution:
@@ -165,6 +182,7 @@ class SimNode:
     last_published: int = 0
     busy_ms: float = 0.0
     epoch: int = 0  # bumped on kill, so events of the old incarnation are ignored
+    model_cache: dict[tuple[str, int, int, float], ModelLoad] = field(default_factory=dict)
     served: int = 0
 
     @property
@@ -226,6 +244,7 @@ class Simulation:
         self._exec = {m: profile.exec_for(m) for n in scenario.topology.nodes for m in n.models}
         self._overhead = {m: profile.overhead_for(m) for m in self._exec}
         self._baseline = {m: profile.baseline_ms(m) for m in self._exec}
+        self._device = DeviceInfo(kind="cpu", name="sim")
 
     # --- the heap --------------------------------------------------------------------------------
 
@@ -325,9 +344,13 @@ class Simulation:
         self.tracker.dispatch(state)
         out_ms, back_ms = crossing
         job = Job(req, req.attempt, node, back_ms)
-        self.push(now + req.overhead_in + out_ms, NODE_ARRIVE, (job, node.epoch))
-        # the router stops waiting at the deadline (its client timeout is the remaining budget)
-        self.push(req.deadline_at, ROUTER_TIMEOUT, job)
+        arrive = now + req.overhead_in + out_ms
+        self.push(arrive, NODE_ARRIVE, (job, node.epoch))
+        # The router stops waiting at the deadline (its client timeout is the remaining budget). That
+        # event is only pushed where it can matter: here if the request cannot even reach the node in
+        # time, in `_start` if it will finish too late; a queued request's expiry covers the rest.
+        if arrive >= req.deadline_at:
+            self.push(req.deadline_at, ROUTER_TIMEOUT, job)
 
     def _reply(self, payload: tuple[Job, int, str]) -> None:
         job, status, reason = payload
@@ -399,6 +422,8 @@ class Simulation:
         service = dist.sample(self.svc_rng) + self._baseline[a.model] * (1.0 / node.speed - 1.0)
         node.jobs[id(job)] = job
         self.push(self.now + service, FINISH, (job, node.epoch, service))
+        if self.now + service + job.back_ms >= job.req.deadline_at:
+            self.push(job.req.deadline_at, ROUTER_TIMEOUT, job)
 
     def _finish(self, payload: tuple[Job, int, float]) -> None:
         job, epoch, service = payload
@@ -436,7 +461,8 @@ class Simulation:
             return
         job.dropped = True
         self._dequeued(node, job)
-        self._send_reply(job, 504, "deadline passed while queued at the node")
+        # the node answers 504 now; the router, whose timeout is the same deadline, answers the client
+        self._router_timeout(job)
         self._changed(node)
 
     def _send_reply(self, job: Job, status: int, reason: str, back: float | None = None) -> None:
@@ -453,22 +479,27 @@ class Simulation:
         node.seq += 1
         node.last_published = node.outstanding
         spec = node.spec
-        models = {
-            m: ModelLoad.model_construct(
-                resident=True,
-                queued=node.model_queued[m],
-                in_flight=node.model_in_flight[m],
-                ewma_ms_by_batch={"1": node.ewma.get(m, self._baseline[m] / node.speed)},
-            )
-            for m in spec.models
-        }
-        return NodeLoad.model_construct(
+        models = {}
+        cache = node.model_cache
+        for m in spec.models:
+            ewma = round(node.ewma.get(m, self._baseline[m] / node.speed), 2)
+            key = (m, node.model_queued[m], node.model_in_flight[m], ewma)
+            state = cache.get(key)
+            if state is None:
+                if len(cache) > 4096:
+                    cache.clear()
+                state = cache[key] = _construct(
+                    ModelLoad, resident=True, queued=key[1], in_flight=key[2], ewma_ms_by_batch={"1": key[3]}
+                )
+            models[m] = state
+        return _construct(
+            NodeLoad,
             schema_=1,
             node_id=spec.id,
             endpoint=f"sim://{spec.id}",
             partition=spec.partition,
             tier=spec.tier,
-            device=DeviceInfo.model_construct(kind="cpu", name="sim"),
+            device=self._device,
             seq=node.seq,
             sent_at_ms=self.now,
             status="ready",

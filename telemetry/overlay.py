@@ -33,6 +33,8 @@ class _Node:
 class OutstandingTracker:
     def __init__(self) -> None:
         self._nodes: dict[str, _Node] = {}
+        self._base: ClusterView | None = None
+        self._overlaid: ClusterView | None = None
 
     def _sync(self, state: NodeState) -> _Node:
         n = self._nodes.get(state.node_id)
@@ -65,5 +67,7 @@ class OutstandingTracker:
         return 0 if n is None else n.pending
 
     def overlay(self, view: ClusterView) -> ClusterView:
-        """`view` with this router's estimates attached (computed when asked)."""
-        return view.with_outstanding(self)
+        """`view` with this router's estimates attached (computed when asked; cached per view)."""
+        if view is not self._base or self._overlaid is None:
+            self._base, self._overlaid = view, view.with_outstanding(self)
+        return self._overlaid

@@ -13,10 +13,10 @@ O(1) instead of a scan of every node.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
-from typing import Protocol
+from typing import Protocol, overload
 
 from telemetry.schema import ModelLoad, NodeLoad
 
@@ -69,6 +69,34 @@ class NodeState:
         return self.load.queued + self.load.in_flight
 
 
+class _NodesById(Sequence[NodeState]):
+    """A read-only sequence of nodes given by id, resolved against one view's mapping."""
+
+    __slots__ = ("ids", "nodes")
+
+    def __init__(self, ids: tuple[str, ...], nodes: Mapping[str, NodeState]) -> None:
+        self.ids = ids
+        self.nodes = nodes
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    @overload
+    def __getitem__(self, i: int) -> NodeState: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> Sequence[NodeState]: ...
+
+    def __getitem__(self, i: int | slice) -> NodeState | Sequence[NodeState]:
+        if isinstance(i, slice):
+            return [self.nodes[x] for x in self.ids[i]]
+        return self.nodes[self.ids[i]]
+
+    def __iter__(self) -> Iterator[NodeState]:
+        nodes = self.nodes
+        return (nodes[x] for x in self.ids)
+
+
 class Overlay(Protocol):
     """The router's estimate of a node's outstanding requests (see telemetry.overlay)."""
 
@@ -94,7 +122,7 @@ class ClusterView:
     built_at_ms: float = 0.0
     overlay: Overlay | None = None
     newest_heard_ms: float = float("-inf")
-    _by_model: dict[str, tuple[NodeState, ...]] = field(default_factory=dict, compare=False, repr=False)
+    _by_model: dict[str, tuple[str, ...]] | None = field(default=None, compare=False, repr=False)
 
     def __iter__(self) -> Iterator[NodeState]:
         return iter(self.nodes.values())
@@ -121,18 +149,21 @@ class ClusterView:
     def outstanding(self, node: NodeState) -> int:
         return node.reported_outstanding if self.overlay is None else self.overlay.estimate(node)
 
-    def serving(self, model: str) -> tuple[NodeState, ...]:
-        """Every node (fresh or not) that reports `model`; indexed once per view."""
-        found = self._by_model.get(model)
-        if found is None:
-            if not self._by_model and self.nodes:
-                index: dict[str, list[NodeState]] = {}
-                for node in self.nodes.values():
-                    for name in node.load.models:
-                        index.setdefault(name, []).append(node)
-                self._by_model.update({k: tuple(v) for k, v in index.items()})
-            found = self._by_model.setdefault(model, ())
-        return found
+    def serving(self, model: str) -> Sequence[NodeState]:
+        """Every node (fresh or not) that reports `model`: O(1), from an index of node ids.
+
+        The index (model -> node ids) survives view rebuilds while no node changes its model set,
+        which is almost always; the returned sequence resolves ids against this view's nodes.
+        """
+        index = self._by_model
+        if index is None:
+            built: dict[str, list[str]] = {}
+            for node in self.nodes.values():
+                for name in node.load.models:
+                    built.setdefault(name, []).append(node.node_id)
+            index = {k: tuple(v) for k, v in built.items()}
+            object.__setattr__(self, "_by_model", index)
+        return _NodesById(index.get(model, ()), self.nodes)
 
     def models(self, now_ms: float) -> dict[str, list[NodeState]]:
         """Model name -> fresh, ready nodes that serve it."""
@@ -149,7 +180,11 @@ class ClusterView:
     def with_nodes(self, states: Iterable[NodeState], built_at_ms: float) -> ClusterView:
         nodes = dict(self.nodes)
         newest = self.newest_heard_ms
+        index = self._by_model
         for state in states:
+            old = nodes.get(state.node_id)
+            if index is not None and (old is None or old.load.models.keys() != state.load.models.keys()):
+                index = None  # a node joined or changed its models: rebuild the index when asked
             nodes[state.node_id] = state
             newest = max(newest, state.heard_at_ms)
         return replace(
@@ -158,13 +193,15 @@ class ClusterView:
             built_at_ms=built_at_ms,
             newest_heard_ms=newest,
             overlay=None,
-            _by_model={},
+            _by_model=index,
         )
 
     def with_outstanding(self, overlay: Overlay | Mapping[str, int] | None) -> ClusterView:
         if overlay is not None and not hasattr(overlay, "estimate"):
             overlay = FixedOverlay(overlay)
-        # share the model index: same nodes, only the load estimate differs
+        # same nodes, only the load estimate differs: share the index (building it first if needed)
+        if self._by_model is None and self.nodes:
+            self.serving("")
         return replace(self, overlay=overlay, _by_model=self._by_model)
 
     @classmethod
