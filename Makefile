@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: help demo test unit integration lint typecheck bench clean
+.PHONY: help venv demo test unit integration lint bench profile clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -34,8 +34,12 @@ lint: $(STAMP)  ## ruff and mypy
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 
-bench: $(STAMP)  ## router overhead benchmark (prints and writes reports/bench/router.json)
+bench: $(STAMP)  ## router overhead and simulator speed benchmarks (print, and write reports/bench/*.json)
 	$(VENV)/bin/edgeroute bench router
+	$(VENV)/bin/edgeroute bench sim
+
+profile: $(STAMP)  ## re-measure the simulator profile of this machine (scenarios/profiles/cpu.json)
+	$(VENV)/bin/edgeroute profile
 
 clean:  ## remove the virtual environment and generated files
 	rm -rf $(VENV) reports .pytest_cache .mypy_cache .ruff_cache *.egg-info
