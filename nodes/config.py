@@ -16,6 +16,12 @@ class ModelSpec(BaseModel):
     baseline_ms: float | None = Field(
         None, gt=0, description="reference execution time the speed emulation stretches; default: measured"
     )
+    baseline_ms_by_batch: dict[int, float] = Field(
+        default_factory=dict, description="reference times for larger batches (rows -> ms); default: linear"
+    )
+    max_batch: int = Field(1, ge=1, le=1024, description="rows one execution may take (dynamic batching)")
+    max_queue_delay_ms: float = Field(0.0, ge=0, description="how long a small batch may wait to fill")
+    preferred_batch: list[int] = Field(default_factory=list, description="batch sizes worth waiting for")
 
     @property
     def architecture(self) -> str:
@@ -35,7 +41,13 @@ class NodeConfig(BaseModel):
     device: Literal["auto", "cpu", "cuda"] = "auto"
     slots: int = Field(1, ge=1, le=64, description="concurrent executions")
     threads_per_slot: int = Field(1, ge=1, le=64, description="ONNX Runtime intra-op threads")
-    max_queue: int = Field(64, ge=0, description="requests waiting for a slot before 503")
+    max_queue: int = Field(64, ge=0, description="requests waiting for a slot before 503/429")
+    scheduler: Literal["fifo", "priority"] = Field("fifo", description="see nodes.scheduler")
+    high_priority_min: int = Field(1, description="priorities at or above this are high priority")
+    max_block_ms: float = Field(10.0, gt=0, description="bound on low-priority batches (priority mode)")
+    queue_limits: dict[int, int] = Field(
+        default_factory=dict, description="priority -> queue limit for that priority and above (until the next)"
+    )
     speed: float = Field(
         1.0,
         gt=0,

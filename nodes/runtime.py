@@ -50,6 +50,7 @@ class LoadedModel:
     in_flight: int = 0
     ewma_ms: dict[int, float] = field(default_factory=dict)
     baseline_ms: float = 0.0  # uncontended execution time at batch 1 (fastest warm-up run)
+    baseline_by_batch: dict[int, float] = field(default_factory=dict)
 
     def observe(self, batch: int, exec_ms: float, alpha: float) -> None:
         prev = self.ewma_ms.get(batch)
@@ -67,9 +68,34 @@ class LoadedModel:
         start = time.perf_counter()
         values = self.session.run(list(self.outputs), feeds)
         if stretch > 1.0:
-            time.sleep(self.baseline_ms * batch * (stretch - 1.0) / 1000.0)
+            time.sleep(self.baseline_for(batch) * (stretch - 1.0) / 1000.0)
         elapsed_ms = (time.perf_counter() - start) * 1000.0
         return dict(zip(self.outputs, values, strict=True)), elapsed_ms
+
+    def baseline_for(self, rows: int) -> float:
+        """Reference execution ms for `rows` rows: the configured batch curve, interpolated linearly
+        between its points (and proportionally beyond the last), else linear in rows."""
+        curve = self.baseline_by_batch
+        if not curve:
+            return self.baseline_ms * rows
+        if rows in curve:
+            return curve[rows]
+        sizes = sorted(curve)
+        below = [b for b in sizes if b < rows]
+        above = [b for b in sizes if b > rows]
+        if not below:
+            return curve[sizes[0]] * rows / sizes[0]
+        if not above:
+            return curve[below[-1]] * rows / below[-1]
+        lo, hi = below[-1], above[0]
+        return curve[lo] + (curve[hi] - curve[lo]) * (rows - lo) / (hi - lo)
+
+    def predicted_ms(self, rows: int, speed: float) -> float:
+        """Slot time expected for `rows` rows: measured EWMA where known, else the emulated curve."""
+        measured = self.ewma_ms.get(rows)
+        if measured is not None:
+            return measured
+        return self.baseline_for(rows) / speed
 
     def metadata(self) -> dict[str, Any]:
         return {
@@ -118,6 +144,7 @@ def load_model(spec: ModelSpec, providers: list[str], threads: int, zoo_dir: str
     }
     times = sorted(model.run(feeds, 1.0)[1] for _ in range(WARMUP_RUNS))
     model.baseline_ms = spec.baseline_ms if spec.baseline_ms is not None else times[0]
+    model.baseline_by_batch = {1: model.baseline_ms, **spec.baseline_ms_by_batch} if spec.baseline_ms_by_batch else {}
     model.observe(1, model.baseline_ms, 1.0)
     return model
 

@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import Counter
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -22,6 +21,7 @@ from typing import Any
 from aiohttp import web
 
 from nodes.config import NodeConfig
+from nodes.engine import NodeEngine
 from nodes.protocol import HEADER_LENGTH, BadRequest, decode_request, encode_response, split_body
 from nodes.runtime import LoadedModel, choose_providers, load_model
 from telemetry.bus import TelemetryPublisher
@@ -34,6 +34,8 @@ DEADLINE_HEADER = "x-edgeroute-deadline-ms"
 NODE_HEADER = "x-edgeroute-node"
 EXEC_HEADER = "x-edgeroute-exec-ms"  # slot time of this request's execution
 QUEUE_HEADER = "x-edgeroute-queue-ms"  # time waiting for a slot
+BATCH_HEADER = "x-edgeroute-batch-rows"  # rows of the batch this request ran in
+REQUEST_ID_HEADER = "x-edgeroute-request-id"
 VERSION = "0.1.0"
 
 
@@ -45,23 +47,22 @@ class NodeRuntime:
     models: dict[str, LoadedModel]
     executor: ThreadPoolExecutor
     device: DeviceInfo
-    slots: asyncio.Semaphore
-    queued_by_priority: Counter[int] = field(default_factory=Counter)
-    in_flight: int = 0
+    engine: NodeEngine = field(init=False)
     draining: bool = False
     seq: int = 0
-    busy_ms: float = 0.0
     last_published_outstanding: int = 0
     publish_now: asyncio.Event = field(default_factory=asyncio.Event)
-    served: int = 0
-    speed: float = 0.0  # current emulated speed; starts at config.speed, changed by PUT /admin/speed
 
     def __post_init__(self) -> None:
-        self.speed = self.speed or self.config.speed
+        self.engine = NodeEngine(self.config, self.models, self.executor, self.config.speed, on_change=self.changed)
+
+    @property
+    def speed(self) -> float:
+        return self.engine.speed
 
     @property
     def outstanding(self) -> int:
-        return sum(self.queued_by_priority.values()) + self.in_flight
+        return self.engine.scheduler.queued + self.engine.in_flight
 
     def changed(self) -> None:
         if abs(self.outstanding - self.last_published_outstanding) >= self.config.change_threshold:
@@ -70,7 +71,10 @@ class NodeRuntime:
     def snapshot(self, endpoint: str, interval_busy_ms: float, interval_ms: float) -> NodeLoad:
         self.seq += 1
         self.last_published_outstanding = self.outstanding
+        engine = self.engine
+        sched = engine.scheduler
         util = min(1.0, interval_busy_ms / max(1e-9, interval_ms * self.config.slots))
+        prios = {0, self.config.high_priority_min, *(p for p, n in sched.queued_by_priority.items() if n)}
         return NodeLoad(
             node_id=self.config.node_id,
             endpoint=endpoint,
@@ -80,15 +84,17 @@ class NodeRuntime:
             seq=self.seq,
             sent_at_ms=time.time() * 1000.0,
             status="draining" if self.draining else "ready",
-            queued_by_priority={str(p): n for p, n in self.queued_by_priority.items() if n},
-            in_flight=self.in_flight,
+            queued_by_priority={str(p): n for p, n in sched.queued_by_priority.items() if n},
+            expected_wait_ms={str(p): round(engine.expected_wait_ms(p), 3) for p in sorted(prios)},
+            scheduler=self.config.scheduler,
+            in_flight=engine.in_flight,
             capacity=self.config.slots,
             max_queue=self.config.max_queue,
             models={
                 m.name: ModelLoad(
                     resident=True,
-                    queued=m.queued,
-                    in_flight=m.in_flight,
+                    queued=sched.queued_by_model[m.name],
+                    in_flight=engine.in_flight_of(m.name),
                     ewma_ms_by_batch={str(b): round(v, 4) for b, v in m.ewma_ms.items()},
                 )
                 for m in self.models.values()
@@ -130,9 +136,7 @@ async def _runtime_ctx(app: web.Application) -> AsyncIterator[None]:
                 executor, load_model, spec, providers, cfg.threads_per_slot, cfg.zoo_dir
             )
             log.info("node %s loaded %s in %.0f ms", cfg.node_id, spec.name, models[spec.name].load_ms)
-        app[RUNTIME] = NodeRuntime(
-            cfg, models, executor, DeviceInfo(kind=kind, name=name), asyncio.Semaphore(cfg.slots)
-        )
+        app[RUNTIME] = NodeRuntime(cfg, models, executor, DeviceInfo(kind=kind, name=name))
         yield
     finally:
         executor.shutdown(wait=True, cancel_futures=True)
@@ -150,7 +154,7 @@ async def _telemetry_ctx(app: web.Application) -> AsyncIterator[None]:
 
     async def publish_loop() -> None:
         last = time.perf_counter()
-        last_busy = rt.busy_ms
+        last_busy = rt.engine.busy_ms
         while True:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(rt.publish_now.wait(), cfg.interval_ms / 1000.0)
@@ -159,8 +163,8 @@ async def _telemetry_ctx(app: web.Application) -> AsyncIterator[None]:
             if endpoint is None:
                 continue
             now = time.perf_counter()
-            msg = rt.snapshot(endpoint, rt.busy_ms - last_busy, (now - last) * 1000.0)
-            last, last_busy = now, rt.busy_ms
+            msg = rt.snapshot(endpoint, rt.engine.busy_ms - last_busy, (now - last) * 1000.0)
+            last, last_busy = now, rt.engine.busy_ms
             await loop.run_in_executor(pub_executor, publisher.publish, msg)
 
     task = asyncio.create_task(publish_loop(), name=f"telemetry-{cfg.node_id}")
@@ -248,57 +252,34 @@ async def infer(request: web.Request) -> web.Response:
         return _error(400, str(exc))
     if budget_ms is not None and budget_ms <= 0:
         return _error(504, "deadline passed before the node received the request")
-
-    waiting = sum(rt.queued_by_priority.values())
-    if waiting >= rt.config.max_queue and rt.slots.locked():
-        return _error(503, f"node queue full ({waiting} waiting)")
-    rt.queued_by_priority[priority] += 1
-    model.queued += 1
-    rt.changed()
-    acquired = False
-    try:
-        try:
-            remaining = None if budget_ms is None else budget_ms / 1000.0 - (time.perf_counter() - arrived)
-            if remaining is not None and remaining <= 0:
-                raise TimeoutError
-            queued_at = time.perf_counter()
-            await asyncio.wait_for(rt.slots.acquire(), remaining)
-            acquired = True
-            queue_ms = (time.perf_counter() - queued_at) * 1000.0
-        except TimeoutError:
-            return _error(504, "deadline passed while queued at the node")
-        finally:
-            rt.queued_by_priority[priority] -= 1
-            model.queued -= 1
-        rt.in_flight += 1
-        model.in_flight += 1
-        rt.changed()
-        loop = asyncio.get_running_loop()
-        try:
-            results, exec_ms = await loop.run_in_executor(rt.executor, model.run, req.inputs, 1.0 / rt.speed, req.batch)
-        except Exception as exc:  # noqa: BLE001 - a failing model answers 500, the node lives on
-            log.exception("model %s failed", model.name)
-            return _error(500, f"model '{model.name}' failed: {exc}")
-        finally:
-            rt.in_flight -= 1
-            model.in_flight -= 1
-        model.observe(req.batch, exec_ms, rt.config.ewma_alpha)
-        rt.busy_ms += exec_ms
-        rt.served += 1
-    finally:
-        if acquired:
-            rt.slots.release()
-        rt.changed()
-    payload, header_len = encode_response(model.name, model.version, req, model.outputs, results)
+    request_id = request.headers.get(REQUEST_ID_HEADER)
+    if budget_ms is not None:  # the budget counts from arrival: reading and validating took some of it
+        budget_ms -= (time.perf_counter() - arrived) * 1000.0
+        if budget_ms <= 0:
+            return _error(504, "deadline passed while the node read the request")
+    outcome = await rt.engine.submit(model.name, req, priority, budget_ms, request_id)
+    if outcome.status != 200 or outcome.outputs is None:
+        return _error(outcome.status, outcome.reason)
+    payload, header_len = encode_response(model.name, model.version, req, model.outputs, outcome.outputs)
     headers = {
         NODE_HEADER: rt.config.node_id,
-        EXEC_HEADER: f"{exec_ms:.3f}",
-        QUEUE_HEADER: f"{queue_ms:.3f}",
+        EXEC_HEADER: f"{outcome.exec_ms:.3f}",
+        QUEUE_HEADER: f"{outcome.queue_ms:.3f}",
+        BATCH_HEADER: str(outcome.batch_rows),
     }
     if header_len is None:
         return web.Response(body=payload, content_type="application/json", headers=headers)
     headers[HEADER_LENGTH] = str(header_len)
     return web.Response(body=payload, content_type="application/octet-stream", headers=headers)
+
+
+async def cancel(request: web.Request) -> web.Response:
+    """`DELETE /admin/requests/{id}`: drop a queued request (the router's hedge lost)."""
+    rt = request.app[RUNTIME]
+    rid = request.match_info["id"]
+    if rt.engine.cancel(rid):
+        return web.json_response({"cancelled": rid})
+    return _error(404, f"no queued request '{rid}' (unknown, running or done)")
 
 
 async def put_speed(request: web.Request) -> web.Response:
@@ -310,7 +291,7 @@ async def put_speed(request: web.Request) -> web.Response:
             raise ValueError
     except (ValueError, KeyError, TypeError):
         return _error(400, 'body must be {"speed": number in (0, 1000]}')
-    rt.speed = speed
+    rt.engine.speed = speed
     log.warning("node %s speed set to %g", rt.config.node_id, speed)
     return web.json_response({"speed": speed})
 
@@ -332,6 +313,7 @@ def create_app(config: NodeConfig) -> web.Application:
     app.router.add_post("/v2/models/{model}/versions/{version}/infer", infer)
     app.router.add_post("/v2/repository/index", repository_index)
     app.router.add_put("/admin/speed", put_speed)
+    app.router.add_delete("/admin/requests/{id}", cancel)
     return app
 
 

@@ -67,6 +67,10 @@ class NodeLoad(_Strict):
     sent_at_ms: float = Field(ge=0)
     status: Literal["ready", "draining"] = "ready"
     queued_by_priority: dict[str, int] = Field(default_factory=dict)
+    # predicted wait for a slot of a request arriving now, by priority (keys as strings); a priority
+    # not listed waits like the nearest lower one listed
+    expected_wait_ms: dict[str, float] = Field(default_factory=dict)
+    scheduler: Literal["fifo", "priority"] = "fifo"
     in_flight: int = Field(0, ge=0)
     capacity: int = Field(1, ge=1, description="concurrent execution slots")
     max_queue: int = Field(0, ge=0)
@@ -80,6 +84,19 @@ class NodeLoad(_Strict):
     @property
     def queued(self) -> int:
         return sum(self.queued_by_priority.values())
+
+    def wait_ms(self, priority: int) -> float | None:
+        """Expected wait at `priority`: its own entry, else the nearest lower priority's, else None."""
+        if not self.expected_wait_ms:
+            return None
+        best: tuple[int, float] | None = None
+        for key, value in self.expected_wait_ms.items():
+            p = int(key)
+            if p <= priority and (best is None or p > best[0]):
+                best = (p, value)
+        if best is None:
+            return max(self.expected_wait_ms.values())
+        return best[1]
 
     def to_json(self) -> bytes:
         return self.model_dump_json(by_alias=True).encode()

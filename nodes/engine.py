@@ -1,0 +1,230 @@
+"""The live node's execution engine: drives `nodes.scheduler.Scheduler` on the event loop.
+
+`submit` queues one validated request and returns its outcome: the outputs (a slice of a batch), or
+a refusal (429/503, queue limits), or 504 (deadline passed while queued, or cannot be met if started
+now). Whenever a slot frees or work arrives, `kick` asks the scheduler for the next batch and runs it:
+inputs of the batch's requests concatenated along the batch axis, one ONNX Runtime call in the
+executor, outputs split back per request. Each queued request with a deadline has a timer that takes it
+out and answers 504 at that deadline, so nothing waits past its budget and nothing is dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from nodes.config import NodeConfig
+from nodes.protocol import InferRequest
+from nodes.runtime import LoadedModel
+from nodes.scheduler import BatchPolicy, Scheduler, Work
+
+log = logging.getLogger("edgeroute.node")
+
+
+@dataclass
+class Outcome:
+    status: int
+    outputs: dict[str, np.ndarray] | None = None
+    reason: str = ""
+    exec_ms: float = 0.0
+    queue_ms: float = 0.0
+    batch_rows: int = 0
+
+
+@dataclass
+class _Pending:
+    request: InferRequest
+    future: asyncio.Future[Outcome]
+    queued_at: float  # perf_counter seconds
+    timer: asyncio.TimerHandle | None = None
+    request_id: str | None = None
+
+
+@dataclass
+class Running:
+    model: str
+    priority: int
+    rows: int
+    count: int  # requests in the batch
+    ends_at_ms: float  # predicted
+
+
+@dataclass
+class NodeEngine:
+    config: NodeConfig
+    models: dict[str, LoadedModel]
+    executor: Any
+    speed: float
+    scheduler: Scheduler = field(init=False)
+    running: list[Running] = field(default_factory=list)
+    by_id: dict[str, Work] = field(default_factory=dict)
+    cancelled: int = 0
+    busy_ms: float = 0.0
+    served: int = 0
+    on_change: Any = None  # called after queue or slot changes (telemetry trigger)
+    _wake: asyncio.TimerHandle | None = None
+
+    def __post_init__(self) -> None:
+        batching = {
+            spec.name: BatchPolicy(spec.max_batch, spec.max_queue_delay_ms, tuple(spec.preferred_batch))
+            for spec in self.config.models
+        }
+        self.scheduler = Scheduler(
+            self.config.scheduler,
+            self.predict_ms,
+            batching=batching,
+            high_priority_min=self.config.high_priority_min,
+            max_block_ms=self.config.max_block_ms,
+            max_queue=self.config.max_queue,
+            queue_limits=self.config.queue_limits,
+        )
+
+    # --- clocks and predictions -------------------------------------------------------------------
+
+    @staticmethod
+    def now_ms() -> float:
+        return time.perf_counter() * 1000.0
+
+    def predict_ms(self, model: str, rows: int) -> float:
+        loaded = self.models.get(model)
+        return 0.0 if loaded is None else loaded.predicted_ms(rows, self.speed)
+
+    @property
+    def in_flight(self) -> int:
+        return sum(r.count for r in self.running)
+
+    def in_flight_of(self, model: str) -> int:
+        return sum(r.count for r in self.running if r.model == model)
+
+    def expected_wait_ms(self, priority: int) -> float:
+        now = self.now_ms()
+        left = [max(0.0, r.ends_at_ms - now) for r in self.running]
+        return self.scheduler.expected_wait_ms(priority, left, self.config.slots)
+
+    # --- submitting -------------------------------------------------------------------------------
+
+    async def submit(
+        self, model: str, req: InferRequest, priority: int, budget_ms: float | None, request_id: str | None = None
+    ) -> Outcome:
+        refusal = self.scheduler.refuse(priority)
+        if refusal is not None:
+            return Outcome(refusal[0], reason=refusal[1])
+        loop = asyncio.get_running_loop()
+        now = self.now_ms()
+        deadline = None if budget_ms is None else now + budget_ms
+        pending = _Pending(req, loop.create_future(), time.perf_counter(), request_id=request_id)
+        work = Work(pending, model, priority, deadline, req.batch, now)
+        self.scheduler.push(work)
+        if request_id:
+            self.by_id[request_id] = work
+        if deadline is not None:
+            pending.timer = loop.call_at(loop.time() + budget_ms / 1000.0, self._expire, work)  # type: ignore[operator]
+        self._changed()
+        self.kick()
+        try:
+            return await pending.future
+        finally:
+            if pending.timer is not None:
+                pending.timer.cancel()
+            if request_id:
+                self.by_id.pop(request_id, None)
+
+    def cancel(self, request_id: str) -> bool:
+        """Take a queued request out (a hedged duplicate that lost); False if unknown or running."""
+        work = self.by_id.get(request_id)
+        if work is None or not self.scheduler.remove(work):
+            return False
+        self.cancelled += 1
+        self._resolve(work, Outcome(499, reason="cancelled by the router (duplicate answered elsewhere)"))
+        self._changed()
+        return True
+
+    def _expire(self, work: Work) -> None:
+        if self.scheduler.remove(work):
+            self._resolve(work, Outcome(504, reason="deadline passed while queued at the node"))
+            self._changed()
+
+    @staticmethod
+    def _resolve(work: Work, outcome: Outcome) -> None:
+        pending: _Pending = work.handle
+        if not pending.future.done():
+            pending.future.set_result(outcome)
+
+    def _changed(self) -> None:
+        if self.on_change is not None:
+            self.on_change()
+
+    # --- running ----------------------------------------------------------------------------------
+
+    def kick(self) -> None:
+        """Start batches while slots are free and the scheduler has something to run."""
+        if self._wake is not None:
+            self._wake.cancel()
+            self._wake = None
+        while len(self.running) < self.config.slots:
+            now = self.now_ms()
+            decision = self.scheduler.next(now)
+            for work in decision.expired:
+                self._resolve(work, Outcome(504, reason="deadline cannot be met: it would finish too late"))
+            if decision.batch:
+                self._start(decision.batch, now)
+                continue
+            if decision.wake_at_ms is not None:
+                loop = asyncio.get_running_loop()
+                self._wake = loop.call_at(loop.time() + (decision.wake_at_ms - now) / 1000.0, self.kick)
+            break
+        self._changed()
+
+    def _start(self, batch: list[Work], now: float) -> None:
+        model = self.models[batch[0].model]
+        rows = sum(w.rows for w in batch)
+        slot = Running(model.name, batch[0].priority, rows, len(batch), now + self.predict_ms(model.name, rows))
+        self.running.append(slot)
+        requests = [w.handle.request for w in batch]
+        if len(requests) == 1:
+            feeds = requests[0].inputs
+        else:
+            feeds = {name: np.concatenate([r.inputs[name] for r in requests], axis=0) for name in model.inputs}
+        loop = asyncio.get_running_loop()
+        started = time.perf_counter()
+        future = loop.run_in_executor(self.executor, model.run, feeds, 1.0 / self.speed, rows)
+        future.add_done_callback(lambda f: self._finished(f, batch, model, slot, rows, started))
+
+    def _finished(
+        self,
+        future: asyncio.Future[Any],
+        batch: list[Work],
+        model: LoadedModel,
+        slot: Running,
+        rows: int,
+        started: float,
+    ) -> None:
+        self.running.remove(slot)
+        try:
+            results, exec_ms = future.result()
+        except Exception as exc:  # noqa: BLE001 - a failing model answers 500, the node lives on
+            log.exception("model %s failed", model.name)
+            for w in batch:
+                self._resolve(w, Outcome(500, reason=f"model '{model.name}' failed: {exc}"))
+        else:
+            model.observe(rows, exec_ms, self.config.ewma_alpha)
+            self.busy_ms += exec_ms
+            offset = 0
+            for w in batch:
+                pending: _Pending = w.handle
+                n = w.rows
+                outputs = results if len(batch) == 1 else {k: v[offset : offset + n] for k, v in results.items()}
+                offset += n
+                self.served += 1
+                self._resolve(
+                    w,
+                    Outcome(
+                        200, outputs, exec_ms=exec_ms, queue_ms=(started - pending.queued_at) * 1000.0, batch_rows=rows
+                    ),
+                )
+        self.kick()

@@ -1,0 +1,237 @@
+"""The node's scheduler: which queued requests run next, in which batch. Pure: no I/O, no clock.
+
+The live node (`nodes.server`) and the simulator (`scenarios.sim`) drive the same object, so what the
+simulator predicts is what the node does. Times are milliseconds on the caller's clock.
+
+Modes:
+
+- `fifo`: one queue in arrival order; a batch is the oldest request's model, taking that model's
+  requests in arrival order up to `max_batch` rows.
+- `priority`: per model, requests ordered by priority (higher first), then earliest deadline (EDF),
+  then arrival. The next batch comes from the model whose head request is most urgent.
+  * High-priority work (priority >= `high_priority_min`) is batched with other high-priority requests
+    of that model and never waits for a batch to fill.
+  * Low-priority work runs only when no high-priority request is queued (FIKIT's gap filling, at
+    request granularity), in batches sized from the latency profile so that one batch executes in at
+    most `max_block_ms`: a high-priority request arriving meanwhile waits at most that long for a
+    slot. One request is always allowed, so the bound holds whenever a single low-priority request
+    fits in `max_block_ms`; the node cannot pre-empt a running execution.
+
+Dynamic batching (both modes, after Triton): a batch smaller than `preferred` rows may wait up to
+`max_queue_delay_ms` from its oldest request's arrival for more requests; high-priority batches never
+wait. A request whose deadline cannot be met even if it starts now (`now + exec(batch) > deadline`) is
+taken out and answered 504 before it runs, never run late.
+
+Admission: per-priority queue limits (`queue_limits`: the entry with the largest priority <= the
+request's applies; `max_queue` otherwise). Over the limit, a request of priority <= 0 gets 429 (it
+may retry later or elsewhere); a higher one gets 503.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+Mode = Literal["fifo", "priority"]
+
+
+@dataclass(slots=True)
+class Work:
+    """One queued request. `handle` is the caller's (a future, a simulated job)."""
+
+    handle: Any
+    model: str
+    priority: int
+    deadline_at_ms: float | None
+    rows: int
+    enqueued_at_ms: float
+    seq: int = 0
+    done: bool = False  # taken out (ran, expired, cancelled); lazily dropped from the heaps
+
+    def sort_key(self, mode: Mode) -> tuple[float, ...]:
+        if mode == "fifo":
+            return (self.seq,)
+        deadline = self.deadline_at_ms if self.deadline_at_ms is not None else float("inf")
+        return (-self.priority, deadline, self.seq)
+
+
+@dataclass(frozen=True)
+class BatchPolicy:
+    max_batch: int = 1  # rows
+    max_queue_delay_ms: float = 0.0
+    preferred: tuple[int, ...] = ()
+
+
+@dataclass
+class Decision:
+    """What to do now: run `batch` (may be empty), answer `expired` with 504, or wake at `wake_at_ms`."""
+
+    batch: list[Work] = field(default_factory=list)
+    expired: list[Work] = field(default_factory=list)
+    wake_at_ms: float | None = None
+
+
+ExecModel = Callable[[str, int], float]  # (model, rows) -> predicted execution ms
+
+
+class Scheduler:
+    def __init__(
+        self,
+        mode: Mode,
+        exec_ms: ExecModel,
+        *,
+        batching: dict[str, BatchPolicy] | None = None,
+        high_priority_min: int = 1,
+        max_block_ms: float = 10.0,
+        max_queue: int = 64,
+        queue_limits: dict[int, int] | None = None,
+    ) -> None:
+        self.mode: Mode = mode
+        self.exec_ms = exec_ms
+        self.batching = batching or {}
+        self.high_priority_min = high_priority_min
+        self.max_block_ms = max_block_ms
+        self.max_queue = max_queue
+        self.queue_limits = dict(sorted((queue_limits or {}).items()))
+        self._queues: dict[str, list[tuple[tuple[float, ...], Work]]] = {}
+        self._seq = itertools.count()
+        self.queued_by_priority: Counter[int] = Counter()
+        self.queued_by_model: Counter[str] = Counter()
+
+    # --- admission and queueing -------------------------------------------------------------------
+
+    def limit_for(self, priority: int) -> int:
+        limit = self.max_queue
+        for p, n in self.queue_limits.items():
+            if p <= priority:
+                limit = n
+        return limit
+
+    def refuse(self, priority: int) -> tuple[int, str] | None:
+        """(status, reason) if a request of `priority` must not be queued now."""
+        limit = self.limit_for(priority)
+        waiting = sum(n for p, n in self.queued_by_priority.items() if self._same_class(p, priority))
+        if waiting < limit:
+            return None
+        status = 429 if priority <= 0 else 503
+        return status, f"node queue for priority {priority} is full ({waiting} waiting, limit {limit})"
+
+    def _same_class(self, p: int, priority: int) -> bool:
+        """Requests counted against the same limit: those whose limit entry is the same one."""
+        return self.limit_for(p) == self.limit_for(priority) if self.queue_limits else True
+
+    def push(self, work: Work) -> None:
+        work.seq = next(self._seq)
+        heapq.heappush(self._queues.setdefault(work.model, []), (work.sort_key(self.mode), work))
+        self.queued_by_priority[work.priority] += 1
+        self.queued_by_model[work.model] += 1
+
+    def remove(self, work: Work) -> bool:
+        """Take a queued request out (expired, cancelled); False if it already left the queue."""
+        if work.done:
+            return False
+        work.done = True
+        self.queued_by_priority[work.priority] -= 1
+        self.queued_by_model[work.model] -= 1
+        return True
+
+    @property
+    def queued(self) -> int:
+        return sum(self.queued_by_priority.values())
+
+    # --- choosing the next batch ------------------------------------------------------------------
+
+    def _head(self, model: str) -> Work | None:
+        q = self._queues.get(model)
+        while q and q[0][1].done:
+            heapq.heappop(q)
+        return q[0][1] if q else None
+
+    def _heads(self) -> list[Work]:
+        out = []
+        for model in list(self._queues):
+            head = self._head(model)
+            if head is not None:
+                out.append(head)
+        return out
+
+    def next(self, now_ms: float) -> Decision:
+        """The next batch to run on one free slot (see the module docstring)."""
+        decision = Decision()
+        while True:
+            heads = self._heads()
+            if not heads:
+                return decision
+            head = min(heads, key=lambda w: w.sort_key(self.mode))
+            high = self.mode == "priority" and head.priority >= self.high_priority_min
+            policy = self.batching.get(head.model, BatchPolicy())
+            batch = self._take(head.model, policy.max_batch, high, now_ms)
+            rows = sum(w.rows for w in batch)
+            # requests that cannot finish in time even if they start now leave before running
+            finish = now_ms + self.exec_ms(head.model, rows)
+            late = [w for w in batch if w.deadline_at_ms is not None and finish > w.deadline_at_ms]
+            if late:
+                for w in late:
+                    self.remove(w)
+                decision.expired += late
+                continue
+            wait_until = self._batch_delay(batch, rows, policy, high)
+            if wait_until is not None and wait_until > now_ms:
+                decision.wake_at_ms = wait_until
+                return decision
+            for w in batch:
+                self.remove(w)
+            decision.batch = batch
+            return decision
+
+    def _take(self, model: str, max_rows: int, high: bool, now_ms: float) -> list[Work]:
+        """Up to `max_rows` rows of the model's queue, in queue order, without taking them out."""
+        if max_rows <= 1:
+            head = self._head(model)
+            return [head] if head is not None else []
+        q = sorted((item for item in self._queues[model] if not item[1].done), key=lambda it: it[0])
+        batch: list[Work] = []
+        rows = 0
+        for _, w in q:
+            if self.mode == "priority":
+                is_high = w.priority >= self.high_priority_min
+                if is_high != high:
+                    break  # batches do not mix classes (queue order puts the high ones first)
+            if batch and rows + w.rows > max_rows:
+                break
+            if batch and not high and self.mode == "priority":
+                # FIKIT gap filling: a low-priority batch must execute within max_block_ms
+                if self.exec_ms(model, rows + w.rows) > self.max_block_ms:
+                    break
+            batch.append(w)
+            rows += w.rows
+        return batch
+
+    def _batch_delay(self, batch: list[Work], rows: int, policy: BatchPolicy, high: bool) -> float | None:
+        if high or policy.max_queue_delay_ms <= 0 or policy.max_batch <= 1:
+            return None
+        full = max(policy.preferred) if policy.preferred else policy.max_batch
+        if rows >= full or (policy.preferred and rows in policy.preferred and rows == max(policy.preferred)):
+            return None
+        oldest = min(w.enqueued_at_ms for w in batch)
+        return oldest + policy.max_queue_delay_ms
+
+    # --- what telemetry reports -------------------------------------------------------------------
+
+    def expected_wait_ms(self, priority: int, running_left_ms: list[float], slots: int) -> float:
+        """Predicted wait for a slot of a new request of `priority`: the work queued ahead of it,
+        spread over the slots, after the earliest running execution ends."""
+        ahead = 0.0
+        for model in self._queues:
+            for _, w in self._queues[model]:
+                if w.done:
+                    continue
+                if self.mode == "fifo" or w.priority >= priority:
+                    ahead += self.exec_ms(w.model, w.rows)
+        free = slots - len(running_left_ms)
+        first = 0.0 if free > 0 else min(running_left_ms, default=0.0)
+        return first + ahead / max(1, slots)
