@@ -66,7 +66,7 @@ class BatchPolicy:
     preferred: tuple[int, ...] = ()
 
 
-@dataclass
+@dataclass(slots=True)
 class Decision:
     """What to do now: run `batch` (may be empty), answer `expired` with 504, or wake at `wake_at_ms`."""
 
@@ -74,6 +74,8 @@ class Decision:
     expired: list[Work] = field(default_factory=list)
     wake_at_ms: float | None = None
 
+
+_NOTHING = Decision()  # shared, never mutated: the answer when nothing is queued
 
 ExecModel = Callable[[str, int], float]  # (model, rows) -> predicted execution ms
 
@@ -101,6 +103,7 @@ class Scheduler:
         self._seq = itertools.count()
         self.queued_by_priority: Counter[int] = Counter()
         self.queued_by_model: Counter[str] = Counter()
+        self._queued = 0
 
     # --- admission and queueing -------------------------------------------------------------------
 
@@ -113,8 +116,13 @@ class Scheduler:
 
     def refuse(self, priority: int) -> tuple[int, str] | None:
         """(status, reason) if a request of `priority` must not be queued now."""
-        limit = self.limit_for(priority)
-        waiting = sum(n for p, n in self.queued_by_priority.items() if self._same_class(p, priority))
+        if not self.queue_limits:
+            if self._queued < self.max_queue:
+                return None
+            limit, waiting = self.max_queue, self._queued
+        else:
+            limit = self.limit_for(priority)
+            waiting = sum(n for p, n in self.queued_by_priority.items() if self._same_class(p, priority))
         if waiting < limit:
             return None
         status = 429 if priority <= 0 else 503
@@ -129,6 +137,7 @@ class Scheduler:
         heapq.heappush(self._queues.setdefault(work.model, []), (work.sort_key(self.mode), work))
         self.queued_by_priority[work.priority] += 1
         self.queued_by_model[work.model] += 1
+        self._queued += 1
 
     def remove(self, work: Work) -> bool:
         """Take a queued request out (expired, cancelled); False if it already left the queue."""
@@ -137,11 +146,20 @@ class Scheduler:
         work.done = True
         self.queued_by_priority[work.priority] -= 1
         self.queued_by_model[work.model] -= 1
+        self._queued -= 1
         return True
+
+    def drain(self) -> list[Work]:
+        """Take every queued request out (the node died); returns them."""
+        out = [w for q in self._queues.values() for _, w in q if not w.done]
+        for w in out:
+            self.remove(w)
+        self._queues.clear()
+        return out
 
     @property
     def queued(self) -> int:
-        return sum(self.queued_by_priority.values())
+        return self._queued
 
     # --- choosing the next batch ------------------------------------------------------------------
 
@@ -151,22 +169,26 @@ class Scheduler:
             heapq.heappop(q)
         return q[0][1] if q else None
 
-    def _heads(self) -> list[Work]:
-        out = []
-        for model in list(self._queues):
-            head = self._head(model)
-            if head is not None:
-                out.append(head)
-        return out
+    def _most_urgent(self) -> Work | None:
+        best: tuple[tuple[float, ...], Work] | None = None
+        for q in self._queues.values():
+            while q and q[0][1].done:
+                heapq.heappop(q)
+            if q and (best is None or q[0][0] < best[0]):
+                best = q[0]
+        return None if best is None else best[1]
 
     def next(self, now_ms: float) -> Decision:
         """The next batch to run on one free slot (see the module docstring)."""
+        if not self._queued:
+            return _NOTHING
         decision = Decision()
         while True:
-            heads = self._heads()
-            if not heads:
+            if not self._queued:
                 return decision
-            head = min(heads, key=lambda w: w.sort_key(self.mode))
+            head = self._most_urgent()
+            if head is None:
+                return decision
             high = self.mode == "priority" and head.priority >= self.high_priority_min
             policy = self.batching.get(head.model, BatchPolicy())
             batch = self._take(head.model, policy.max_batch, high, now_ms)

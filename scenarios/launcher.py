@@ -53,15 +53,29 @@ def http_json(
             return exc.code, raw.decode(errors="replace")
 
 
-def profile_baselines() -> dict[str, float]:
-    """Per-model reference execution times from the default profile (its idle medians)."""
+def profile_baselines() -> dict[str, dict[int, float]]:
+    """Per-model reference execution times by batch size from the default profile (idle medians)."""
     from scenarios.profile import DEFAULT_PROFILE
 
     try:
         doc = json.loads(DEFAULT_PROFILE.read_text())
-        return {m: float(e["exec_ms"]["1"][50]) for m, e in doc["models"].items()}
+        return {m: {int(b): float(q[50]) for b, q in e["exec_ms"].items()} for m, e in doc["models"].items()}
     except (OSError, ValueError, KeyError):
         return {}
+
+
+def _model_config(spec: NodeSpec, model: str, seed: int, baselines: dict[str, Any] | None) -> dict[str, Any]:
+    out: dict[str, Any] = {"name": model, "seed": seed}
+    curve = (baselines or {}).get(model)
+    if curve:
+        out["baseline_ms"] = curve[1]
+        out["baseline_ms_by_batch"] = {b: ms for b, ms in curve.items() if b != 1}
+    batch = spec.batching.get(model)
+    if batch is not None:
+        out.update(
+            max_batch=batch.max_batch, max_queue_delay_ms=batch.max_queue_delay_ms, preferred_batch=batch.preferred
+        )
+    return out
 
 
 def node_config(
@@ -70,7 +84,7 @@ def node_config(
     kafka: str,
     seed: int,
     extra: dict[str, Any] | None = None,
-    baselines: dict[str, float] | None = None,
+    baselines: dict[str, dict[int, float]] | None = None,
 ) -> dict[str, Any]:
     cfg: dict[str, Any] = {
         "node_id": spec.id,
@@ -83,10 +97,11 @@ def node_config(
         "speed": spec.speed,
         "memory_budget_bytes": spec.memory_budget_mb << 20,
         "kafka": kafka,
-        "models": [
-            {"name": m, "seed": seed, **({"baseline_ms": baselines[m]} if baselines and m in baselines else {})}
-            for m in spec.models
-        ],
+        "scheduler": spec.scheduler,
+        "high_priority_min": spec.high_priority_min,
+        "max_block_ms": spec.max_block_ms,
+        "queue_limits": spec.queue_limits,
+        "models": [_model_config(spec, m, seed, baselines) for m in spec.models],
     }
     cfg.update(extra or {})
     return cfg
@@ -117,7 +132,8 @@ class Stack:
     topic: str = TOPIC
     dead: dict[str, int] = field(default_factory=dict)  # killed node id -> its port, for restarts
     # model -> reference execution ms for the speed emulation; the simulator uses the same numbers
-    baselines: dict[str, float] = field(default_factory=lambda: profile_baselines())
+    baselines: dict[str, dict[int, float]] = field(default_factory=lambda: profile_baselines())
+    node_specs: dict[str, NodeSpec] = field(default_factory=dict)  # as currently running (run overrides)
 
     @property
     def bootstrap(self) -> str:
@@ -154,6 +170,7 @@ class Stack:
                 self.kafka = self.broker.bootstrap
             ensure_topic(self.bootstrap, self.topic)
             for spec in self.scenario.topology.nodes:
+                self.node_specs[spec.id] = spec
                 self.start_node(spec)
             self.start_router()
             self.wait_ready(timeout_s)
@@ -252,7 +269,7 @@ class Stack:
     def restart_node(self, node_id: str) -> None:
         if node_id in self.nodes:
             return
-        spec = next(n for n in self.scenario.topology.nodes if n.id == node_id)
+        spec = self.node_specs.get(node_id) or next(n for n in self.scenario.topology.nodes if n.id == node_id)
         self.start_node(spec, self.dead.pop(node_id, 0))
 
     def set_speed(self, node_id: str, speed: float) -> None:
@@ -275,6 +292,20 @@ class Stack:
     def broker_up(self) -> None:
         if self.broker is not None and self.broker.proc is None:
             self.broker.start()
+
+    def use_nodes(self, specs: list[NodeSpec], timeout_s: float = 60.0) -> None:
+        """Restart the nodes whose settings differ (a run with its own node settings), then wait."""
+        changed = [s for s in specs if self.node_specs.get(s.id) != s]
+        for spec in changed:
+            proc = self.nodes.pop(spec.id, None)
+            port = proc.port if proc else self.dead.pop(spec.id, 0)
+            if proc is not None:
+                terminate(proc.popen)
+            self.node_specs[spec.id] = spec
+            self.start_node(spec, port)
+        if changed:
+            time.sleep(0.5)  # let the old incarnation's last telemetry (draining) pass
+            self.wait_ready(timeout_s)
 
     def restore(self) -> None:
         """Undo every fault: dead nodes back, speeds reset, links restored, broker up."""

@@ -78,6 +78,7 @@ def replay_live(
             print(f"router: {stack.router_url}\nkafka: {stack.bootstrap}", flush=True)
         payloads = asyncio.run(fetch_payloads(stack.router_url, models, scenario.seed, stack.client_headers))
         for run in runs:
+            stack.use_nodes(run.node_specs(scenario.topology.nodes))
             stack.set_policy(run.policy.model_dump(exclude_none=True))
             _wait_idle(stack.router_url, stack.admin_headers)
             injector = FaultInjector(stack, list(scenario.faults))

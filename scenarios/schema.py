@@ -31,6 +31,12 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class BatchSpec(_Strict):
+    max_batch: int = Field(1, ge=1, le=1024)
+    max_queue_delay_ms: float = Field(0.0, ge=0)
+    preferred: list[int] = Field(default_factory=list)
+
+
 class NodeSpec(_Strict):
     id: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
     partition: str
@@ -42,6 +48,18 @@ class NodeSpec(_Strict):
     speed: float = Field(1.0, gt=0, le=1000)
     cost_per_s: float = Field(0.0, ge=0, description="cost of one node-second")
     models: list[str] = Field(min_length=1)
+    scheduler: Literal["fifo", "priority"] = "fifo"
+    high_priority_min: int = 1
+    max_block_ms: float = Field(10.0, gt=0)
+    queue_limits: dict[int, int] = Field(default_factory=dict)
+    batching: dict[str, BatchSpec] = Field(default_factory=dict, description="model -> dynamic batching")
+
+    @model_validator(mode="after")
+    def _batching_models(self) -> NodeSpec:
+        unknown = sorted(set(self.batching) - set(self.models))
+        if unknown:
+            raise ValueError(f"batching for models the node does not serve: {unknown}")
+        return self
 
 
 class Link(_Strict):
@@ -170,10 +188,27 @@ class Fault(_Strict):
 
 
 class PolicyRun(_Strict):
-    """One policy to compare: a run name and the policy spec (a preset when only the name is given)."""
+    """One policy to compare: a run name, the policy spec (a preset when only the name is given), and
+    optional node settings for this run (`nodes: {scheduler: priority, ...}`, applied to every node)."""
 
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
     policy: PolicySpec
+    nodes: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("nodes")
+    @classmethod
+    def _node_overrides(cls, v: dict[str, Any]) -> dict[str, Any]:
+        allowed = {"scheduler", "high_priority_min", "max_block_ms", "queue_limits", "batching", "slots", "max_queue"}
+        unknown = sorted(set(v) - allowed)
+        if unknown:
+            raise ValueError(f"node settings a run may change are {sorted(allowed)}; not {unknown}")
+        return v
+
+    def node_specs(self, nodes: list[NodeSpec]) -> list[NodeSpec]:
+        """The topology's nodes with this run's settings applied (validated)."""
+        if not self.nodes:
+            return nodes
+        return [NodeSpec.model_validate({**n.model_dump(), **self.nodes}) for n in nodes]
 
 
 class Scenario(_Strict):
@@ -202,8 +237,11 @@ class Scenario(_Strict):
             if isinstance(item, str):
                 out.append({"name": item, "policy": {"preset": item}})
             elif isinstance(item, dict) and "policy" not in item:
-                rest = {k: val for k, val in item.items() if k != "name"}
-                out.append({"name": item.get("name"), "policy": rest or {"preset": item.get("name")}})
+                rest = {k: val for k, val in item.items() if k not in ("name", "nodes")}
+                entry = {"name": item.get("name"), "policy": rest or {"preset": item.get("name")}}
+                if "nodes" in item:
+                    entry["nodes"] = item["nodes"]
+                out.append(entry)
             else:
                 out.append(item)
         return out
@@ -233,6 +271,12 @@ class Scenario(_Strict):
                 build_policy(p.policy)
             except PolicyConfigError as exc:
                 raise ValueError(f"policies '{p.name}': {exc}") from None
+            try:
+                p.node_specs(self.topology.nodes)
+            except ValidationError as exc:
+                first = exc.errors()[0]
+                where = ".".join(str(x) for x in first["loc"])
+                raise ValueError(f"policies '{p.name}' nodes.{where}: {first['msg']}") from None
         return self
 
     def policy(self, name: str) -> PolicyRun:

@@ -29,13 +29,13 @@ from __future__ import annotations
 import heapq
 import random
 import time
-from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
+from nodes.scheduler import BatchPolicy, Scheduler, Work
 from policies.api import Context, Rejection, RouteRequest
 from policies.engine import Pipeline
 from policies.registry import build_policy
@@ -50,7 +50,7 @@ RETRYABLE = frozenset({500, 502, 503})
 
 # Event kinds; the number also orders simultaneous events (a delivery before a decision at the same
 # instant, completions before new arrivals, so freed slots are visible).
-DELIVER, FINISH, NODE_ARRIVE, ARRIVAL, EXPIRE, REPLY, ROUTER_TIMEOUT, PUBLISH, POLL, FAULT = range(10)
+DELIVER, FINISH, NODE_ARRIVE, ARRIVAL, EXPIRE, REPLY, ROUTER_TIMEOUT, PUBLISH, POLL, FAULT, WAKE = range(11)
 
 
 M = TypeVar("M", bound=BaseModel)
@@ -96,6 +96,7 @@ class Profile:
     overhead_ms: dict[str, Distribution]
     telemetry_lag_ms: Distribution
     idle_exec_median: dict[str, float] = field(default_factory=dict)
+    idle_curve: dict[str, dict[int, float]] = field(default_factory=dict)
 
     @classmethod
     def from_json(cls, doc: dict[str, Any], rate_rps: float | None = None) -> Profile:
@@ -121,7 +122,8 @@ class Profile:
                 if m in exec_ms and any(q):
                     exec_ms[m][1] = Distribution(q)
         idle = {m: float(entry["exec_ms"]["1"][50]) for m, entry in doc["models"].items()}
-        return cls(exec_ms, overhead, Distribution(doc.get("telemetry_lag_ms", [5.0] * 101)), idle)
+        curves = {m: {int(b): float(q[50]) for b, q in entry["exec_ms"].items()} for m, entry in doc["models"].items()}
+        return cls(exec_ms, overhead, Distribution(doc.get("telemetry_lag_ms", [5.0] * 101)), idle, curves)
 
     def exec_for(self, model: str, batch: int = 1) -> Distribution:
         by_batch = self.exec_ms.get(model)
@@ -132,6 +134,10 @@ class Profile:
     def baseline_ms(self, model: str) -> float:
         """What the live node's speed emulation stretches by: the idle median (the launcher passes it)."""
         return self.idle_exec_median.get(model, self.exec_for(model).median())
+
+    def curve(self, model: str) -> dict[int, float]:
+        """Reference execution ms by batch size (idle medians), as the launcher gives the live nodes."""
+        return dict(self.idle_curve.get(model) or {1: self.baseline_ms(model)})
 
     def overhead_for(self, model: str) -> Distribution:
         return self.overhead_ms.get(model) or next(iter(self.overhead_ms.values()))
@@ -163,31 +169,41 @@ class Job:
     dispatched: bool = True  # counted in the router's overlay (not for a cut link)
     started: bool = False
     dropped: bool = False
+    work: Work | None = None
+
+
+@dataclass(slots=True)
+class SimBatch:
+    model: str
+    jobs: list[Job]
+    rows: int
+    ends_at: float
 
 
 @dataclass
 class SimNode:
     spec: NodeSpec
     speed: float
+    sched: Scheduler
     alive: bool = True
-    busy: int = 0
-    queue: deque[Job] = field(default_factory=deque)
-    queued: Counter[int] = field(default_factory=Counter)
-    model_queued: Counter[str] = field(default_factory=Counter)
-    model_in_flight: Counter[str] = field(default_factory=Counter)
-    running: set[int] = field(default_factory=set)  # ids of running Job objects
-    jobs: dict[int, Job] = field(default_factory=dict)
-    ewma: dict[str, float] = field(default_factory=dict)
+    running: list[SimBatch] = field(default_factory=list)
+    ewma: dict[tuple[str, int], float] = field(default_factory=dict)
     seq: int = 0
     last_published: int = 0
     busy_ms: float = 0.0
     epoch: int = 0  # bumped on kill, so events of the old incarnation are ignored
     model_cache: dict[tuple[str, int, int, float], ModelLoad] = field(default_factory=dict)
     served: int = 0
+    wake_at: float | None = None
+
+    busy: int = 0  # requests executing
 
     @property
     def outstanding(self) -> int:
-        return sum(self.queued.values()) + self.busy
+        return self.sched.queued + self.busy
+
+    def in_flight_of(self, model: str) -> int:
+        return sum(len(b.jobs) for b in self.running if b.model == model)
 
 
 @dataclass
@@ -231,7 +247,7 @@ class Simulation:
         self.store = ViewStore(stale_after_ms=self.cfg.stale_after_ms)
         self.tracker = OutstandingTracker()
         self.links = LinkTable(LinkState(k.a, k.b, k.rtt_ms, k.jitter_ms, k.loss) for k in scenario.topology.links)
-        self.nodes = {n.id: SimNode(n, n.speed) for n in scenario.topology.nodes}
+        self.nodes = {n.id: self._node(n) for n in run.node_specs(scenario.topology.nodes)}
         self.results: list[Result | None] = [None] * len(schedule)
         self.heap: list[tuple[float, int, int, Any]] = []
         self.seq = 0
@@ -244,6 +260,7 @@ class Simulation:
         self._exec = {m: profile.exec_for(m) for n in scenario.topology.nodes for m in n.models}
         self._overhead = {m: profile.overhead_for(m) for m in self._exec}
         self._baseline = {m: profile.baseline_ms(m) for m in self._exec}
+        self._curves = {m: profile.curve(m) for m in self._exec}
         self._device = DeviceInfo(kind="cpu", name="sim")
 
     # --- the heap --------------------------------------------------------------------------------
@@ -264,6 +281,7 @@ class Simulation:
             PUBLISH: self._publish,
             POLL: self._poll,
             FAULT: self._fault,
+            WAKE: self._wake,
         }
         last = self.schedule[-1].at_s * 1000.0 if self.schedule else 0.0
         end = horizon_ms if horizon_ms is not None else last + 60_000.0
@@ -388,6 +406,44 @@ class Simulation:
 
     # --- nodes -----------------------------------------------------------------------------------
 
+    def _node(self, spec: NodeSpec) -> SimNode:
+        node: SimNode
+
+        def predict(model: str, rows: int) -> float:
+            # as the live node: its measured EWMA for this batch size, else the emulated curve
+            measured = node.ewma.get((model, rows))
+            return measured if measured is not None else self._curve(model, rows) / node.speed
+
+        batching = {
+            m: BatchPolicy(b.max_batch, b.max_queue_delay_ms, tuple(b.preferred)) for m, b in spec.batching.items()
+        }
+        sched = Scheduler(
+            spec.scheduler,
+            predict,
+            batching=batching,
+            high_priority_min=spec.high_priority_min,
+            max_block_ms=spec.max_block_ms,
+            max_queue=spec.max_queue,
+            queue_limits=spec.queue_limits,
+        )
+        node = SimNode(spec, spec.speed, sched)
+        return node
+
+    def _curve(self, model: str, rows: int) -> float:
+        """Reference execution ms for `rows` rows (the profile's idle medians by batch size)."""
+        curve = self._curves[model]
+        if rows in curve:
+            return curve[rows]
+        sizes = sorted(curve)
+        below = [b for b in sizes if b < rows]
+        above = [b for b in sizes if b > rows]
+        if not below:
+            return curve[sizes[0]] * rows / sizes[0]
+        if not above:
+            return curve[below[-1]] * rows / below[-1]
+        lo, hi = below[-1], above[0]
+        return curve[lo] + (curve[hi] - curve[lo]) * (rows - lo) / (hi - lo)
+
     def _node_arrive(self, payload: tuple[Job, int]) -> None:
         job, epoch = payload
         node = job.node
@@ -398,69 +454,87 @@ class Simulation:
         if req.deadline_at - self.now <= 0:
             self._send_reply(job, 504, "deadline passed before the node received the request")
             return
-        waiting = sum(node.queued.values())
-        if node.busy >= node.spec.slots and waiting >= node.spec.max_queue:
-            self._send_reply(job, 503, f"node queue full ({waiting} waiting)")
-            return
         a = req.arrival
-        if node.busy < node.spec.slots:
-            self._start(node, job)
-        else:
-            node.queue.append(job)
-            node.queued[a.priority] += 1
-            node.model_queued[a.model] += 1
+        refusal = node.sched.refuse(a.priority)
+        if refusal is not None:
+            self._send_reply(job, refusal[0], refusal[1])
+            return
+        work = Work(job, a.model, a.priority, req.deadline_at, 1, self.now)
+        job.work = work
+        node.sched.push(work)
+        self._kick(node)
+        if not job.started and not job.dropped:  # still queued: it leaves at its deadline
             self.push(req.deadline_at, EXPIRE, (job, node.epoch))
         self._changed(node)
 
-    def _start(self, node: SimNode, job: Job) -> None:
-        a = job.req.arrival
-        job.started = True
-        node.busy += 1
-        node.model_in_flight[a.model] += 1
-        # the live node's speed emulation: the real run, then (1/speed - 1) x its idle baseline
-        dist = self._exec[a.model]
-        service = dist.sample(self.svc_rng) + self._baseline[a.model] * (1.0 / node.speed - 1.0)
-        node.jobs[id(job)] = job
-        self.push(self.now + service, FINISH, (job, node.epoch, service))
-        if self.now + service + job.back_ms >= job.req.deadline_at:
-            self.push(job.req.deadline_at, ROUTER_TIMEOUT, job)
+    def _kick(self, node: SimNode) -> None:
+        """Start batches while the node has free slots (the live engine's `kick`)."""
+        sched = node.sched
+        while len(node.running) < node.spec.slots and sched.queued:
+            decision = sched.next(self.now)
+            for work in decision.expired:
+                job = work.handle
+                job.dropped = True
+                self._send_reply(job, 504, "deadline cannot be met: it would finish too late")
+            if decision.batch:
+                self._start(node, decision.batch)
+                continue
+            if decision.wake_at_ms is not None and decision.wake_at_ms != node.wake_at:
+                node.wake_at = decision.wake_at_ms
+                self.push(decision.wake_at_ms, WAKE, (node, node.epoch))
+            break
 
-    def _finish(self, payload: tuple[Job, int, float]) -> None:
-        job, epoch, service = payload
-        node = job.node
+    def _wake(self, payload: tuple[SimNode, int]) -> None:
+        node, epoch = payload
+        if epoch == node.epoch and node.alive:
+            node.wake_at = None
+            self._kick(node)
+
+    def _start(self, node: SimNode, batch: list[Work]) -> None:
+        model = batch[0].model
+        rows = sum(w.rows for w in batch)
+        # the live node's speed emulation: the real run, then (1/speed - 1) x the reference time
+        real = (
+            self.profile.exec_for(model, rows).sample(self.svc_rng)
+            if rows > 1
+            else self._exec[model].sample(self.svc_rng)
+        )
+        service = real + self._curve(model, rows) * (1.0 / node.speed - 1.0)
+        jobs = [w.handle for w in batch]
+        for job in jobs:
+            job.started = True
+        running = SimBatch(model, jobs, rows, self.now + service)
+        node.running.append(running)
+        node.busy += len(jobs)
+        self.push(self.now + service, FINISH, (running, node, node.epoch, service))
+        for job in jobs:
+            if self.now + service + job.back_ms >= job.req.deadline_at:
+                self.push(job.req.deadline_at, ROUTER_TIMEOUT, job)
+
+    def _finish(self, payload: tuple[SimBatch, SimNode, int, float]) -> None:
+        running, node, epoch, service = payload
         if epoch != node.epoch:
             return
-        node.jobs.pop(id(job), None)
-        node.busy -= 1
-        a = job.req.arrival
-        node.model_in_flight[a.model] -= 1
+        node.running.remove(running)
+        node.busy -= len(running.jobs)
         node.busy_ms += service
-        node.served += 1
-        prev = node.ewma.get(a.model)
-        node.ewma[a.model] = (
-            service if prev is None else (1 - self.cfg.ewma_alpha) * prev + self.cfg.ewma_alpha * service
-        )
-        self._send_reply(job, 200, "")
-        while node.queue and node.busy < node.spec.slots:
-            nxt = node.queue.popleft()
-            if nxt.dropped:
-                continue
-            self._dequeued(node, nxt)
-            self._start(node, nxt)
+        key = (running.model, running.rows)
+        prev = node.ewma.get(key)
+        node.ewma[key] = service if prev is None else (1 - self.cfg.ewma_alpha) * prev + self.cfg.ewma_alpha * service
+        for job in running.jobs:
+            node.served += 1
+            self._send_reply(job, 200, "")
+        self._kick(node)
         self._changed(node)
-
-    def _dequeued(self, node: SimNode, job: Job) -> None:
-        a = job.req.arrival
-        node.queued[a.priority] -= 1
-        node.model_queued[a.model] -= 1
 
     def _expire(self, payload: tuple[Job, int]) -> None:
         job, epoch = payload
         node = job.node
-        if job.started or job.dropped or epoch != node.epoch:
+        if job.started or job.dropped or epoch != node.epoch or job.work is None:
+            return
+        if not node.sched.remove(job.work):
             return
         job.dropped = True
-        self._dequeued(node, job)
         # the node answers 504 now; the router, whose timeout is the same deadline, answers the client
         self._router_timeout(job)
         self._changed(node)
@@ -481,17 +555,26 @@ class Simulation:
         spec = node.spec
         models = {}
         cache = node.model_cache
+        sched = node.sched
         for m in spec.models:
-            ewma = round(node.ewma.get(m, self._baseline[m] / node.speed), 2)
-            key = (m, node.model_queued[m], node.model_in_flight[m], ewma)
+            ewma = round(node.ewma.get((m, 1), self._baseline[m] / node.speed), 2)
+            key = (m, sched.queued_by_model[m], node.in_flight_of(m), ewma)
             state = cache.get(key)
             if state is None:
                 if len(cache) > 4096:
                     cache.clear()
+                by_batch = {str(rows): round(v, 2) for (mm, rows), v in node.ewma.items() if mm == m}
+                by_batch["1"] = ewma
                 state = cache[key] = _construct(
-                    ModelLoad, resident=True, queued=key[1], in_flight=key[2], ewma_ms_by_batch={"1": key[3]}
+                    ModelLoad, resident=True, queued=key[1], in_flight=key[2], ewma_ms_by_batch=by_batch
                 )
             models[m] = state
+        if sched.mode == "priority" or sched.queued:
+            left = [max(0.0, b.ends_at - self.now) for b in node.running]
+            prios = {0, spec.high_priority_min, *(p for p, n in sched.queued_by_priority.items() if n)}
+            waits = {str(p): round(sched.expected_wait_ms(p, left, spec.slots), 3) for p in sorted(prios)}
+        else:
+            waits = {}
         return _construct(
             NodeLoad,
             schema_=1,
@@ -503,7 +586,9 @@ class Simulation:
             seq=node.seq,
             sent_at_ms=self.now,
             status="ready",
-            queued_by_priority={str(p): n for p, n in node.queued.items() if n},
+            queued_by_priority={str(p): n for p, n in sched.queued_by_priority.items() if n},
+            expected_wait_ms=waits,
+            scheduler=sched.mode,
             in_flight=node.busy,
             capacity=spec.slots,
             max_queue=spec.max_queue,
@@ -574,14 +659,11 @@ class Simulation:
             node.alive = False
             node.epoch += 1
             # a crash resets every connection: running and queued requests fail at once
-            for job in [*node.jobs.values(), *(j for j in node.queue if not j.dropped)]:
+            jobs = [j for b in node.running for j in b.jobs] + [w.handle for w in node.sched.drain()]
+            for job in jobs:
                 job.dropped = True
                 self.push(self.now + job.back_ms, REPLY, (job, 503, f"node {node.spec.id} unavailable: reset"))
-            node.jobs.clear()
-            node.queue.clear()
-            node.queued.clear()
-            node.model_queued.clear()
-            node.model_in_flight.clear()
+            node.running.clear()
             node.busy = 0
             self.fault_log.append((t, f"kill {node.spec.id}"))
         elif kind == "restart":
