@@ -64,6 +64,7 @@ class NodeEngine:
     running: list[Running] = field(default_factory=list)
     by_id: dict[str, Work] = field(default_factory=dict)
     cancelled: int = 0
+    starts: int = 0
     busy_ms: float = 0.0
     served: int = 0
     on_change: Any = None  # called after queue or slot changes (telemetry trigger)
@@ -185,6 +186,7 @@ class NodeEngine:
         rows = sum(w.rows for w in batch)
         slot = Running(model.name, batch[0].priority, rows, len(batch), now + self.predict_ms(model.name, rows))
         self.running.append(slot)
+        self.starts += 1
         requests = [w.handle.request for w in batch]
         if len(requests) == 1:
             feeds = requests[0].inputs

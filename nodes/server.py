@@ -51,6 +51,7 @@ class NodeRuntime:
     draining: bool = False
     seq: int = 0
     last_published_outstanding: int = 0
+    last_published_starts: int = 0
     publish_now: asyncio.Event = field(default_factory=asyncio.Event)
 
     def __post_init__(self) -> None:
@@ -65,12 +66,18 @@ class NodeRuntime:
         return self.engine.scheduler.queued + self.engine.in_flight
 
     def changed(self) -> None:
-        if abs(self.outstanding - self.last_published_outstanding) >= self.config.change_threshold:
+        """Publish at once on a large change; with change_threshold 1, on every execution start too
+        (routers then know when each node's current execution ends, which critical routing needs)."""
+        threshold = self.config.change_threshold
+        if abs(self.outstanding - self.last_published_outstanding) >= threshold or (
+            threshold == 1 and self.engine.starts != self.last_published_starts
+        ):
             self.publish_now.set()
 
     def snapshot(self, endpoint: str, interval_busy_ms: float, interval_ms: float) -> NodeLoad:
         self.seq += 1
         self.last_published_outstanding = self.outstanding
+        self.last_published_starts = self.engine.starts
         engine = self.engine
         sched = engine.scheduler
         util = min(1.0, interval_busy_ms / max(1e-9, interval_ms * self.config.slots))

@@ -86,7 +86,11 @@ class Pipeline:
         for f in self.filters:
             nodes = f.filter(req, view, nodes, ctx)
             if not nodes:
-                return Rejection(503, f"no node for model '{req.model}' passed filter '{f.name}'")
+                status = getattr(f, "reject_status", None)
+                return Rejection(
+                    status(req) if status is not None else 503,
+                    f"no node for model '{req.model}' passed filter '{f.name}'",
+                )
         return Rejection(503, f"no node for model '{req.model}'")
 
     def _candidates(self, req: RouteRequest, view: ClusterView, ctx: Context) -> list[NodeState] | None:

@@ -7,6 +7,7 @@
 | least_outstanding | scorer queue -> picker max                           | join the shortest queue |
 | p2c               | filter sample(k=2) -> scorer queue -> picker max     | power of two choices |
 | least_latency     | scorer latency -> picker max                         | earliest predicted completion |
+| slo_priority      | deadline_filter, priority_headroom -> completion -> max | deadlines, priorities first |
 """
 
 from __future__ import annotations
@@ -35,6 +36,14 @@ PRESETS: dict[str, Preset] = {
         PluginSpec(type="max"),
         filters=[PluginSpec(type="sample", k=2)],
         scorers=[PluginSpec(type="queue")],
+    ),
+    "slo_priority": Preset(
+        "deadline- and priority-aware: drop nodes that cannot meet the deadline, keep low priority off "
+        "busy nodes (refusing it early with 429 when nothing fits), then the earliest predicted completion "
+        "at the request's priority, network RTT included",
+        PluginSpec(type="max"),
+        filters=[PluginSpec(type="deadline_filter"), PluginSpec(type="priority_headroom")],
+        scorers=[PluginSpec(type="completion")],
     ),
     "least_latency": Preset(
         "earliest predicted completion from queue, EWMA and in-flight",

@@ -12,20 +12,25 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from policies.api import Filter, Picker, Scorer
+from policies.completion import Completion
+from policies.deadline_filter import DeadlineFilter
 from policies.engine import Pipeline
 from policies.has_model import HasModel
 from policies.healthy import Healthy
 from policies.latency import Latency
 from policies.not_tried import NotTried
 from policies.pick_max import PickMax
+from policies.priority_headroom import PriorityHeadroom
 from policies.queue import Queue
 from policies.random_pick import RandomPick
 from policies.round_robin import RoundRobin
 from policies.sample import Sample
 from policies.weighted_random import WeightedRandom
 
-FILTERS: dict[str, type[Any]] = {c.name: c for c in (Healthy, HasModel, NotTried, Sample)}
-SCORERS: dict[str, type[Any]] = {c.name: c for c in (Queue, Latency)}
+FILTERS: dict[str, type[Any]] = {
+    c.name: c for c in (Healthy, HasModel, NotTried, Sample, DeadlineFilter, PriorityHeadroom)
+}
+SCORERS: dict[str, type[Any]] = {c.name: c for c in (Queue, Latency, Completion)}
 PICKERS: dict[str, type[Any]] = {c.name: c for c in (PickMax, RoundRobin, RandomPick, WeightedRandom)}
 
 # Always first, in this order, unless a spec lists them itself: never route to a dead node, to a node

@@ -70,6 +70,7 @@ class Router:
             LinkTable(LinkState(**k.model_dump()) for k in config.links),
             config.connect_timeout_ms,
         )
+        self.store.set_links(self.dispatcher.links)
         self.metrics = RouterMetrics(self.store, clock)
         self.auth = Authenticator(config.auth)
         self.limiter = RateLimiter(config.rate_limit)
@@ -344,6 +345,8 @@ async def infer(request: web.Request) -> web.Response:
         router.metrics.retries.labels(model).inc(outcome.attempts - 1)
     _count(router, model, prio, outcome.node, outcome.status, arrived)
     out_headers = dict(outcome.headers)
+    if outcome.status == 429 and "Retry-After" not in out_headers:
+        out_headers["Retry-After"] = "1"  # refused early: no node could serve it in time
     out_headers["x-edgeroute-node"] = outcome.node
     out_headers["x-edgeroute-attempts"] = str(outcome.attempts)
     content_type = out_headers.pop("Content-Type", "application/json").split(";")[0]
@@ -423,6 +426,7 @@ async def put_link(request: web.Request) -> web.Response:
         return _error(400, 'body must be {"a": partition, "b": partition, "cut": bool}')
     try:
         router.dispatcher.links = router.dispatcher.links.with_cut(a, b, cut)
+        router.store.set_links(router.dispatcher.links)
     except KeyError as exc:
         return _error(404, str(exc.args[0]))
     log.warning("link %s-%s %s", a, b, "cut" if cut else "restored")

@@ -98,6 +98,7 @@ def node_config(
         "memory_budget_bytes": spec.memory_budget_mb << 20,
         "kafka": kafka,
         "scheduler": spec.scheduler,
+        "change_threshold": spec.change_threshold,
         "high_priority_min": spec.high_priority_min,
         "max_block_ms": spec.max_block_ms,
         "queue_limits": spec.queue_limits,

@@ -49,6 +49,7 @@ class NodeSpec(_Strict):
     cost_per_s: float = Field(0.0, ge=0, description="cost of one node-second")
     models: list[str] = Field(min_length=1)
     scheduler: Literal["fifo", "priority"] = "fifo"
+    change_threshold: int = Field(4, ge=1, description="publish telemetry at once when outstanding moves this much")
     high_priority_min: int = 1
     max_block_ms: float = Field(10.0, gt=0)
     queue_limits: dict[int, int] = Field(default_factory=dict)
@@ -198,7 +199,16 @@ class PolicyRun(_Strict):
     @field_validator("nodes")
     @classmethod
     def _node_overrides(cls, v: dict[str, Any]) -> dict[str, Any]:
-        allowed = {"scheduler", "high_priority_min", "max_block_ms", "queue_limits", "batching", "slots", "max_queue"}
+        allowed = {
+            "scheduler",
+            "high_priority_min",
+            "max_block_ms",
+            "queue_limits",
+            "batching",
+            "slots",
+            "max_queue",
+            "change_threshold",
+        }
         unknown = sorted(set(v) - allowed)
         if unknown:
             raise ValueError(f"node settings a run may change are {sorted(allowed)}; not {unknown}")

@@ -197,6 +197,8 @@ class SimNode:
     wake_at: float | None = None
 
     busy: int = 0  # requests executing
+    starts: int = 0  # executions started (with change_threshold 1, each one is published)
+    last_published_starts: int = 0
 
     @property
     def outstanding(self) -> int:
@@ -209,7 +211,6 @@ class SimNode:
 @dataclass
 class SimConfig:
     interval_ms: float = 100.0
-    change_threshold: int = 4
     poll_ms: float = 2.0  # batching of deliveries; the measured lag already includes the consumer's poll
     stale_after_ms: float = 1000.0
     max_attempts: int = 3
@@ -247,6 +248,7 @@ class Simulation:
         self.store = ViewStore(stale_after_ms=self.cfg.stale_after_ms)
         self.tracker = OutstandingTracker()
         self.links = LinkTable(LinkState(k.a, k.b, k.rtt_ms, k.jitter_ms, k.loss) for k in scenario.topology.links)
+        self.store.set_links(self.links)
         self.nodes = {n.id: self._node(n) for n in run.node_specs(scenario.topology.nodes)}
         self.results: list[Result | None] = [None] * len(schedule)
         self.heap: list[tuple[float, int, int, Any]] = []
@@ -506,6 +508,7 @@ class Simulation:
         running = SimBatch(model, jobs, rows, self.now + service)
         node.running.append(running)
         node.busy += len(jobs)
+        node.starts += 1
         self.push(self.now + service, FINISH, (running, node, node.epoch, service))
         for job in jobs:
             if self.now + service + job.back_ms >= job.req.deadline_at:
@@ -544,7 +547,10 @@ class Simulation:
         self.push(self.now + delay, REPLY, (job, status, reason))
 
     def _changed(self, node: SimNode) -> None:
-        if abs(node.outstanding - node.last_published) >= self.cfg.change_threshold:
+        threshold = node.spec.change_threshold
+        if abs(node.outstanding - node.last_published) >= threshold or (
+            threshold == 1 and node.starts != node.last_published_starts
+        ):
             self._emit(node)
 
     # --- telemetry -------------------------------------------------------------------------------
@@ -552,6 +558,7 @@ class Simulation:
     def _snapshot(self, node: SimNode) -> NodeLoad:
         node.seq += 1
         node.last_published = node.outstanding
+        node.last_published_starts = node.starts
         spec = node.spec
         models = {}
         cache = node.model_cache
@@ -684,6 +691,7 @@ class Simulation:
         elif kind == "link":
             (a, b), cut = action[1], action[2]
             self.links = self.links.with_cut(a, b, cut)
+            self.store.set_links(self.links)
             self.fault_log.append((t, f"{'cut' if cut else 'restore'} link {a}-{b}"))
         elif kind == "broker":
             self.broker_up = action[1]

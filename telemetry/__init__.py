@@ -1,7 +1,7 @@
 """Telemetry: node load messages, their Kafka transport, and the ClusterView the router routes on."""
 
 from telemetry.schema import SCHEMA_VERSION, DeviceInfo, MalformedTelemetry, ModelLoad, NodeLoad
-from telemetry.view import ClusterView, NodeState, PartitionLink
+from telemetry.view import ClusterView, NodeState
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -11,5 +11,4 @@ __all__ = [
     "ModelLoad",
     "NodeLoad",
     "NodeState",
-    "PartitionLink",
 ]

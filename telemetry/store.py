@@ -7,6 +7,7 @@ import threading
 from collections import deque
 
 from telemetry.schema import MalformedTelemetry, NodeLoad
+from telemetry.topology import LinkTable
 from telemetry.view import ClusterView, NodeState
 
 log = logging.getLogger(__name__)
@@ -31,6 +32,11 @@ class ViewStore:
         self.out_of_order = 0
         self.lag_ms: deque[float] = deque(maxlen=lag_samples)
         self._write = threading.Lock()
+
+    def set_links(self, links: LinkTable | None) -> None:
+        """Attach the partition link table to the current and every later view."""
+        with self._write:
+            self.view = self.view.with_links(links)
 
     def apply(self, msg: NodeLoad, received_at_ms: float) -> bool:
         """Fold one message into a new view and swap it in; False if it was older than what we have."""

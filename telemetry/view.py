@@ -19,15 +19,7 @@ from types import MappingProxyType
 from typing import Protocol, overload
 
 from telemetry.schema import ModelLoad, NodeLoad
-
-
-@dataclass(frozen=True, slots=True)
-class PartitionLink:
-    """Network distance between two partitions (edge site, cloud region)."""
-
-    src: str
-    dst: str
-    rtt_ms: float
+from telemetry.topology import LinkTable
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +114,7 @@ class ClusterView:
     built_at_ms: float = 0.0
     overlay: Overlay | None = None
     newest_heard_ms: float = float("-inf")
+    links: LinkTable | None = None  # partition distances (the router's link table), kept across rebuilds
     _by_model: dict[str, tuple[str, ...]] | None = field(default=None, compare=False, repr=False)
 
     def __iter__(self) -> Iterator[NodeState]:
@@ -145,6 +138,13 @@ class ClusterView:
 
     def fresh_nodes(self, now_ms: float) -> list[NodeState]:
         return [n for n in self.nodes.values() if self.is_fresh(n, now_ms)]
+
+    def rtt_ms(self, site: str | None, partition: str) -> float:
+        """Round-trip time from a request's site to a partition (0 inside one, or with no link)."""
+        return 0.0 if self.links is None else self.links.rtt_ms(site, partition)
+
+    def with_links(self, links: LinkTable | None) -> ClusterView:
+        return replace(self, links=links, _by_model=self._by_model)
 
     def outstanding(self, node: NodeState) -> int:
         return node.reported_outstanding if self.overlay is None else self.overlay.estimate(node)

@@ -1,0 +1,64 @@
+"""Scorer `completion`: prefer the node predicted to finish this request soonest, at its priority.
+
+predicted_ms(node) = rtt(site, partition) + wait(priority) + exec(model, batch), where
+
+- `rtt` comes from the view's link table (0 inside a partition);
+- `wait` is the node's own `expected_wait_ms` for this priority (a priority-scheduling node excludes
+  lower-priority work from it) less the report's age (that much of it has passed), plus what this
+  router dispatched there since that report
+  (`outstanding - reported`) times `exec / capacity`; a node that reports no expected wait is
+  estimated as `outstanding / capacity x exec`;
+- `exec` is the node's EWMA for this model and batch size (scaled from the nearest smaller measured
+  batch), or `default_exec_ms`.
+
+score = min_predicted / predicted (the best node scores 1). Inputs: expected_wait_ms,
+models.ewma_ms_by_batch, queued_by_priority, in_flight, capacity, partition. Parameters:
+`default_exec_ms` (> 0, default 5).
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from pydantic import Field
+
+from policies.api import ClusterView, Context, NodeState, Params, RouteRequest
+
+
+class CompletionParams(Params):
+    default_exec_ms: float = Field(5.0, gt=0)
+
+
+def predicted_completion_ms(
+    view: ClusterView, node: NodeState, req: RouteRequest, default_exec_ms: float, now_ms: float | None = None
+) -> float:
+    state = node.model(req.model)
+    exec_ms = state.ewma_ms(req.batch) if state is not None else None
+    if exec_ms is None or exec_ms <= 0:
+        exec_ms = default_exec_ms
+    outstanding = view.outstanding(node)
+    reported_wait = node.load.wait_ms(req.priority)
+    if reported_wait is None:
+        wait = outstanding / node.capacity * exec_ms
+    else:
+        # the report is `age` old: that much of the wait it predicted has already passed
+        age = 0.0 if now_ms is None else max(0.0, now_ms - node.heard_at_ms)
+        extra = max(0, outstanding - node.reported_outstanding)
+        wait = max(0.0, reported_wait - age) + extra * exec_ms / node.capacity
+    return view.rtt_ms(req.site, node.partition) + wait + exec_ms
+
+
+class Completion:
+    name: ClassVar[str] = "completion"
+    reads: ClassVar[frozenset[str]] = frozenset(
+        {"expected_wait_ms", "models.ewma_ms_by_batch", "queued_by_priority", "in_flight", "capacity", "partition"}
+    )
+    Params = CompletionParams
+
+    def __init__(self, params: CompletionParams | None = None) -> None:
+        self.params = params or CompletionParams()
+
+    def score(self, req: RouteRequest, view: ClusterView, nodes: list[NodeState], ctx: Context) -> list[float]:
+        preds = [predicted_completion_ms(view, n, req, self.params.default_exec_ms, ctx.now_ms) for n in nodes]
+        best = min(preds)
+        return [best / p if p > 0 else 1.0 for p in preds]
