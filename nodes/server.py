@@ -280,6 +280,20 @@ async def infer(request: web.Request) -> web.Response:
     return web.Response(body=payload, content_type="application/octet-stream", headers=headers)
 
 
+async def stats(request: web.Request) -> web.Response:
+    """Counters for operators and tests: served, cancelled, queued, executing."""
+    engine = request.app[RUNTIME].engine
+    return web.json_response(
+        {
+            "served": engine.served,
+            "cancelled": engine.cancelled,
+            "queued": engine.scheduler.queued,
+            "in_flight": engine.in_flight,
+            "scheduler": engine.scheduler.mode,
+        }
+    )
+
+
 async def cancel(request: web.Request) -> web.Response:
     """`DELETE /admin/requests/{id}`: drop a queued request (the router's hedge lost)."""
     rt = request.app[RUNTIME]
@@ -321,6 +335,7 @@ def create_app(config: NodeConfig) -> web.Application:
     app.router.add_post("/v2/repository/index", repository_index)
     app.router.add_put("/admin/speed", put_speed)
     app.router.add_delete("/admin/requests/{id}", cancel)
+    app.router.add_get("/admin/stats", stats)
     return app
 
 

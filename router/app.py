@@ -69,6 +69,7 @@ class Router:
             clock,
             LinkTable(LinkState(**k.model_dump()) for k in config.links),
             config.connect_timeout_ms,
+            config.hedging,
         )
         self.store.set_links(self.dispatcher.links)
         self.metrics = RouterMetrics(self.store, clock)
@@ -455,6 +456,11 @@ async def get_view(request: web.Request) -> web.Response:
                 for n in view
             ],
             "telemetry": telemetry_summary(router.store),
+            "hedging": {
+                "sent": router.dispatcher.hedges,
+                "won": router.dispatcher.hedge_wins,
+                "cancelled": router.dispatcher.hedge_cancels,
+            },
         }
     )
 

@@ -29,6 +29,15 @@ class LinkConfig(BaseModel):
     cut: bool = False
 
 
+class HedgingConfig(BaseModel):
+    """Hedged requests for the highest priorities: a duplicate after a delay, first answer wins."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    min_priority: int = Field(10, description="requests at or above this priority are hedged")
+    after_ms: float | None = Field(None, gt=0, description="hedge delay; default: recent p95 latency")
+
+
 class RouterConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -48,6 +57,7 @@ class RouterConfig(BaseModel):
     connect_timeout_ms: float = Field(500.0, gt=0)
     pool_per_node: int = Field(64, ge=1, description="keep-alive connections per node")
     links: list[LinkConfig] = Field(default_factory=list, description="emulated partition-to-partition links")
+    hedging: HedgingConfig | None = None
     auth: AuthConfig | None = None
     rate_limit: RateLimitConfig | None = None
 

@@ -15,11 +15,13 @@ import json
 import logging
 import random
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from policies.api import Context, Decision, Rejection, RouteRequest
 from policies.engine import Pipeline
+from router.config import HedgingConfig
 from router.node_client import NodeClient, NodeReply, NodeTimeout, NodeUnavailable
 from telemetry.overlay import OutstandingTracker
 from telemetry.store import ViewStore
@@ -74,7 +76,11 @@ class Dispatcher:
         clock: Callable[[], float] = lambda: time.time() * 1000.0,
         links: LinkTable | None = None,
         connect_timeout_ms: float = 500.0,
+        hedging: HedgingConfig | None = None,
     ) -> None:
+        self.hedging = hedging
+        self.hedges = self.hedge_wins = self.hedge_cancels = 0
+        self._latencies: dict[tuple[str, int], deque[float]] = {}
         self.store = store
         self.links = links or LinkTable()  # swapped whole by the admin API
         self.net_rng = random.Random(seed + 1)  # link jitter and loss; apart from the policies' RNG
@@ -88,13 +94,45 @@ class Dispatcher:
         self.decision_seconds: list[float] = []  # drained by the metrics layer
         self.retries = 0
 
+    def hedge_delay_ms(self, req: RouteRequest) -> float:
+        """When to send the duplicate: the configured delay, else this router's recent p95 latency for
+        the model at this priority (10 ms until 20 answers have been seen)."""
+        assert self.hedging is not None
+        if self.hedging.after_ms is not None:
+            return self.hedging.after_ms
+        seen = sorted(self._latencies.get((req.model, req.priority), ()))
+        if len(seen) < 20:
+            return 10.0
+        return seen[min(len(seen) - 1, int(0.95 * len(seen)))]
+
+    def _choose(
+        self, policy: Pipeline, req: RouteRequest, tried: set[str], now: float, remaining: float
+    ) -> tuple[Decision, NodeState] | Rejection:
+        view = self.tracker.overlay(self.store.view)
+        t0 = time.perf_counter()
+        choice = policy.choose(
+            RouteRequest(req.model, req.priority, remaining, req.site, req.batch, req.request_id, frozenset(tried)),
+            view,
+            Context(now, self.rng),
+        )
+        self.decision_seconds.append(time.perf_counter() - t0)
+        if isinstance(choice, Rejection):
+            return choice
+        state = view.get(choice.node_id)
+        assert state is not None
+        return choice, state
+
     async def dispatch(
         self, req: RouteRequest, path: str, body: bytes, headers: Mapping[str, str], deadline_at_ms: float
     ) -> Outcome:
         policy = self.policies.current
+        started = self.clock()
         tried: set[str] = set()
         last_error: Outcome | None = None
-        for attempt in range(1, self.max_attempts + 1):
+        hedge = self.hedging is not None and req.priority >= self.hedging.min_priority
+        attempt = 0
+        while attempt < self.max_attempts:
+            attempt += 1
             now = self.clock()
             remaining = deadline_at_ms - now
             if remaining <= 0:
@@ -104,30 +142,96 @@ class Dispatcher:
                     + (f"; last: {last_error.reason}" if last_error else ""),
                     attempts=attempt - 1,
                 )
-            view = self.tracker.overlay(self.store.view)
-            t0 = time.perf_counter()
-            choice = policy.choose(
-                RouteRequest(req.model, req.priority, remaining, req.site, req.batch, req.request_id, frozenset(tried)),
-                view,
-                Context(now, self.rng),
-            )
-            self.decision_seconds.append(time.perf_counter() - t0)
-            if isinstance(choice, Rejection):
+            picked = self._choose(policy, req, tried, now, remaining)
+            if isinstance(picked, Rejection):
                 if last_error is not None:
                     return last_error
-                return Outcome.error(choice.status, choice.reason, attempts=attempt - 1)
+                return Outcome.error(picked.status, picked.reason, attempts=attempt - 1)
+            choice, state = picked
             if attempt > 1:
                 self.retries += 1
-            state = view.get(choice.node_id)
-            assert state is not None
-            outcome = await self._forward(choice, state, req.site, path, body, headers, deadline_at_ms, attempt)
-            if outcome.status not in RETRYABLE:
-                return outcome
             tried.add(choice.node_id)
+            rid = f"{req.request_id}-{attempt}"
+            first = asyncio.create_task(
+                self._forward(choice, state, req.site, path, body, headers, deadline_at_ms, attempt, rid)
+            )
+            if hedge:
+                outcome = await self._hedged(
+                    first, choice, rid, policy, req, path, body, headers, deadline_at_ms, tried
+                )
+            else:
+                outcome = await first
+            if outcome.status not in RETRYABLE:
+                if outcome.status == 200:
+                    self._latencies.setdefault((req.model, req.priority), deque(maxlen=256)).append(
+                        self.clock() - started
+                    )
+                return outcome
             last_error = outcome
-            log.info("retrying %s after %s from %s", req.request_id, outcome.status, choice.node_id)
+            log.info("retrying %s after %s from %s", req.request_id, outcome.status, outcome.node)
         assert last_error is not None
         return last_error
+
+    async def _hedged(
+        self,
+        first: asyncio.Task[Outcome],
+        first_choice: Decision,
+        first_rid: str,
+        policy: Pipeline,
+        req: RouteRequest,
+        path: str,
+        body: bytes,
+        headers: Mapping[str, str],
+        deadline_at_ms: float,
+        tried: set[str],
+    ) -> Outcome:
+        """Race a duplicate against `first` if it has not answered within the hedge delay.
+
+        The first useful answer wins; the other attempt is cancelled here (its connection closed) and
+        at its node (`DELETE /admin/requests/{id}` takes it out of the queue if it has not started).
+        """
+        delay = min(self.hedge_delay_ms(req), max(0.0, deadline_at_ms - self.clock()))
+        done, _ = await asyncio.wait({first}, timeout=delay / 1000.0)
+        if done:
+            return first.result()
+        now = self.clock()
+        picked = self._choose(policy, req, tried, now, deadline_at_ms - now)
+        if isinstance(picked, Rejection):
+            return await first
+        choice, state = picked
+        tried.add(choice.node_id)
+        self.hedges += 1
+        rid = f"{req.request_id}-h"
+        second = asyncio.create_task(
+            self._forward(choice, state, req.site, path, body, headers, deadline_at_ms, 1, rid)
+        )
+        owners = {first: (first_choice, first_rid), second: (choice, rid)}
+        pending: set[asyncio.Task[Outcome]] = {first, second}
+        result: Outcome | None = None
+        winner: asyncio.Task[Outcome] | None = None
+        while pending and winner is None:
+            finished, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for task in finished:
+                out = task.result()
+                if out.status not in RETRYABLE:
+                    result, winner = out, task
+                    break
+                result = result or out
+        for task in pending:
+            task.cancel()
+            loser, loser_rid = owners[task]
+            self.hedge_cancels += 1
+            asyncio.create_task(self._cancel_at_node(loser.endpoint, loser_rid))
+        if winner is second:
+            self.hedge_wins += 1
+        assert result is not None
+        return result
+
+    async def _cancel_at_node(self, endpoint: str, rid: str) -> None:
+        try:
+            await self.client.delete(f"{endpoint}/admin/requests/{rid}", 1.0)
+        except (NodeUnavailable, NodeTimeout) as exc:
+            log.debug("cancel of %s at %s failed: %s", rid, endpoint, exc)
 
     async def _forward(
         self,
@@ -139,6 +243,7 @@ class Dispatcher:
         headers: Mapping[str, str],
         deadline_at_ms: float,
         attempt: int,
+        request_id: str = "",
     ) -> Outcome:
         crossing = self.links.crossing(site, state.partition, self.net_rng)
         if crossing is None:  # emulated cut link: the connect attempt times out
@@ -160,6 +265,8 @@ class Dispatcher:
                 raise NodeTimeout(choice.endpoint)
             fwd = dict(headers)
             fwd["x-edgeroute-deadline-ms"] = f"{remaining_ms:.3f}"
+            if request_id:
+                fwd["x-edgeroute-request-id"] = request_id
             reply: NodeReply = await self.client.post(choice.endpoint + path, body, fwd, remaining_ms / 1000.0)
             if back_ms > 0:
                 late = self.clock() + back_ms > deadline_at_ms

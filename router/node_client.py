@@ -38,6 +38,8 @@ class NodeClient(Protocol):
 
     async def get(self, url: str, timeout_s: float) -> NodeReply: ...
 
+    async def delete(self, url: str, timeout_s: float) -> NodeReply: ...
+
     async def close(self) -> None: ...
 
 
@@ -82,6 +84,9 @@ class HttpNodeClient:
     async def get(self, url: str, timeout_s: float) -> NodeReply:
         return await self._request("GET", url, None, None, timeout_s)
 
+    async def delete(self, url: str, timeout_s: float) -> NodeReply:
+        return await self._request("DELETE", url, None, None, timeout_s)
+
     async def close(self) -> None:
         if self._session is not None:
             await self._session.close()
@@ -113,6 +118,12 @@ class InMemoryNodeClient:
     async def post(self, url: str, body: bytes, headers: Mapping[str, str], timeout_s: float) -> NodeReply:
         try:
             return await asyncio.wait_for(self._call("POST", url, body, headers), timeout_s)
+        except TimeoutError:
+            raise NodeTimeout(url) from None
+
+    async def delete(self, url: str, timeout_s: float) -> NodeReply:
+        try:
+            return await asyncio.wait_for(self._call("DELETE", url, b"", {}), timeout_s)
         except TimeoutError:
             raise NodeTimeout(url) from None
 

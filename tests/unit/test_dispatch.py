@@ -174,3 +174,43 @@ def test_outstanding_estimate_between_reports() -> None:
     # never below what this router alone has pending
     v3 = view(load("a", seq=3, sent_at_ms=1_200.0))
     assert t.overlay(v3).outstanding(v3.nodes["a"]) == 2
+
+
+async def test_hedged_request_races_a_duplicate_and_cancels_the_loser_at_its_node() -> None:
+    from router.config import HedgingConfig
+
+    seen_ids: dict[str, str] = {}
+
+    async def slow(method: str, path: str, body: bytes, headers: Mapping[str, str]) -> NodeReply:
+        if method == "DELETE":
+            seen_ids["cancelled"] = path
+            return NodeReply(200, b"{}")
+        seen_ids["slow"] = headers["x-edgeroute-request-id"]
+        await asyncio.sleep(5)
+        return NodeReply(200, b"{}")
+
+    async def fast(method: str, path: str, body: bytes, headers: Mapping[str, str]) -> NodeReply:
+        seen_ids["fast"] = headers["x-edgeroute-request-id"]
+        return NodeReply(200, b'{"ok": true}', {"x-edgeroute-node": "b"})
+
+    d, client = make({"http://a": slow, "http://b": fast}, loads=[load("a"), load("b", queued=5)])
+    d.hedging = HedgingConfig(min_priority=10, after_ms=20)
+    req = RouteRequest("m", priority=10, request_id="r9")
+    out = await d.dispatch(req, "/v2/models/m/infer", b"{}", {}, NOW + 1000)
+    assert out.status == 200 and out.node == "b"
+    await asyncio.sleep(0.01)  # the cancel is sent in the background
+    assert seen_ids["slow"] == "r9-1" and seen_ids["fast"] == "r9-h"
+    assert seen_ids["cancelled"] == "/admin/requests/r9-1"
+    assert (d.hedges, d.hedge_wins, d.hedge_cancels) == (1, 1, 1)
+    assert d.tracker.pending("a") == 0 and d.tracker.pending("b") == 0
+
+
+async def test_low_priority_is_not_hedged_and_fast_answers_are_not_duplicated() -> None:
+    from router.config import HedgingConfig
+
+    d, client = make({"http://a": ok("a"), "http://b": ok("b")})
+    d.hedging = HedgingConfig(min_priority=10, after_ms=50)
+    out = await d.dispatch(RouteRequest("m", priority=10, request_id="q"), "/p", b"{}", {}, NOW + 1000)
+    assert out.status == 200 and len(client.calls) == 1 and d.hedges == 0
+    out = await d.dispatch(RouteRequest("m", priority=0, request_id="q2"), "/p", b"{}", {}, NOW + 1000)
+    assert out.status == 200 and len(client.calls) == 2 and d.hedges == 0
