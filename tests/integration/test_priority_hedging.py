@@ -79,7 +79,7 @@ def test_priority_node_runs_critical_first_and_sheds_low_priority_with_429(
                 "speed": 0.001,
                 "scheduler": "priority",
                 "max_block_ms": 200,
-                "queue_limits": {0: 2},
+                "queue_limits": {0: 2, 10: 8},
                 "models": ["sensor_mlp"],
             }
         ],
