@@ -29,6 +29,7 @@ from __future__ import annotations
 import heapq
 import random
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -45,12 +46,13 @@ from telemetry.overlay import OutstandingTracker
 from telemetry.schema import DeviceInfo, ModelLoad, NodeLoad
 from telemetry.store import ViewStore
 from telemetry.topology import LinkState, LinkTable
+from telemetry.view import NodeState
 
 RETRYABLE = frozenset({500, 502, 503})
 
 # Event kinds; the number also orders simultaneous events (a delivery before a decision at the same
 # instant, completions before new arrivals, so freed slots are visible).
-DELIVER, FINISH, NODE_ARRIVE, ARRIVAL, EXPIRE, REPLY, ROUTER_TIMEOUT, PUBLISH, POLL, FAULT, WAKE = range(11)
+DELIVER, FINISH, NODE_ARRIVE, ARRIVAL, EXPIRE, REPLY, ROUTER_TIMEOUT, PUBLISH, POLL, FAULT, WAKE, HEDGE = range(12)
 
 
 M = TypeVar("M", bound=BaseModel)
@@ -152,6 +154,7 @@ class SimRequest:
     overhead_in: float
     overhead_out: float
     tried: set[str] = field(default_factory=set)
+    jobs: list[Job] = field(default_factory=list)  # live attempts (two while hedged)
     attempt: int = 0
     node: str | None = None
     done: bool = False
@@ -168,7 +171,8 @@ class Job:
     back_ms: float
     dispatched: bool = True  # counted in the router's overlay (not for a cut link)
     started: bool = False
-    dropped: bool = False
+    dropped: bool = False  # node side: out of the queue without running (expired, reset, cancelled)
+    settled: bool = False  # router side: its answer consumed or the router stopped waiting for it
     work: Work | None = None
 
 
@@ -215,12 +219,19 @@ class SimConfig:
     stale_after_ms: float = 1000.0
     max_attempts: int = 3
     connect_timeout_ms: float = 500.0
+    hedge_min_priority: int | None = None  # the router's `hedging` config, when set
+    hedge_after_ms: float | None = None
     ewma_alpha: float = 0.2
 
     @classmethod
     def from_router(cls, router: dict[str, Any]) -> SimConfig:
         keys = {"stale_after_ms", "max_attempts", "connect_timeout_ms"}
-        return cls(**{k: v for k, v in router.items() if k in keys})
+        cfg = cls(**{k: v for k, v in router.items() if k in keys})
+        hedging = router.get("hedging")
+        if hedging:
+            cfg.hedge_min_priority = int(hedging.get("min_priority", 10))
+            cfg.hedge_after_ms = hedging.get("after_ms")
+        return cfg
 
 
 class Simulation:
@@ -258,7 +269,9 @@ class Simulation:
         self.pending_delivery: list[NodeLoad] = []
         self.broker_up = True
         self.fault_log: list[tuple[float, str]] = []
-        self.load_samples: list[tuple[float, str, int]] = []  # (t s, node, outstanding) per publish
+        self.load_samples: list[tuple[float, str, int]] = []
+        self.hedges = 0
+        self._latencies: dict[tuple[str, int], deque[float]] = {}
         self._exec = {m: profile.exec_for(m) for n in scenario.topology.nodes for m in n.models}
         self._overhead = {m: profile.overhead_for(m) for m in self._exec}
         self._baseline = {m: profile.baseline_ms(m) for m in self._exec}
@@ -284,6 +297,7 @@ class Simulation:
             POLL: self._poll,
             FAULT: self._fault,
             WAKE: self._wake,
+            HEDGE: self._hedge,
         }
         last = self.schedule[-1].at_s * 1000.0 if self.schedule else 0.0
         end = horizon_ms if horizon_ms is not None else last + 60_000.0
@@ -351,19 +365,29 @@ class Simulation:
                 self._answer(req, choice.status, choice.reason, now + req.overhead_out)
             return
         state = view.get(choice.node_id)
-        node = self.nodes[choice.node_id]
+        assert state is not None
         req.attempt += 1
+        req.jobs = []
+        self._dispatch(req, state, now)
+        if self.cfg.hedge_min_priority is not None and a.priority >= self.cfg.hedge_min_priority:
+            self.push(now + self._hedge_delay(a), HEDGE, (req, req.attempt))
+
+    def _dispatch(self, req: SimRequest, state: NodeState, now: float) -> None:
+        """Send one attempt (or a hedge) of `req` to the chosen node, across its link."""
+        node = self.nodes[state.node_id]
         req.node = node.spec.id
-        crossing = self.links.crossing(a.site, node.spec.partition, self.net_rng)
+        req.tried.add(node.spec.id)
+        crossing = self.links.crossing(req.arrival.site, node.spec.partition, self.net_rng)
         if crossing is None:  # cut link: the connect attempt times out
             wait = min(self.cfg.connect_timeout_ms, max(0.0, req.deadline_at - now))
             job = Job(req, req.attempt, node, 0.0, dispatched=False)
+            req.jobs.append(job)
             self.push(now + wait, REPLY, (job, 503, f"node {node.spec.id} unreachable: link cut"))
             return
-        assert state is not None
         self.tracker.dispatch(state)
         out_ms, back_ms = crossing
         job = Job(req, req.attempt, node, back_ms)
+        req.jobs.append(job)
         arrive = now + req.overhead_in + out_ms
         self.push(arrive, NODE_ARRIVE, (job, node.epoch))
         # The router stops waiting at the deadline (its client timeout is the remaining budget). That
@@ -372,29 +396,77 @@ class Simulation:
         if arrive >= req.deadline_at:
             self.push(req.deadline_at, ROUTER_TIMEOUT, job)
 
+    def _hedge_delay(self, a: Arrival) -> float:
+        if self.cfg.hedge_after_ms is not None:
+            return self.cfg.hedge_after_ms
+        seen = sorted(self._latencies.get((a.model, a.priority), ()))
+        return 10.0 if len(seen) < 20 else seen[min(len(seen) - 1, int(0.95 * len(seen)))]
+
+    def _hedge(self, payload: tuple[SimRequest, int]) -> None:
+        """The router's hedge: a duplicate to another node if the attempt has not answered yet."""
+        req, attempt = payload
+        if req.done or attempt != req.attempt or len(req.jobs) != 1:
+            return
+        now = self.now
+        view = self.tracker.overlay(self.store.view)
+        a = req.arrival
+        choice = self.policy.choose(
+            RouteRequest(a.model, a.priority, req.deadline_at - now, a.site, 1, str(req.index), frozenset(req.tried)),
+            view,
+            Context(now, self.policy_rng),
+        )
+        if isinstance(choice, Rejection):
+            return
+        state = view.get(choice.node_id)
+        assert state is not None
+        self.hedges += 1
+        self._dispatch(req, state, now)
+
+    def _drop_others(self, req: SimRequest, keep: Job) -> None:
+        """The answer came: cancel the other live attempt at its node (as the router's DELETE does)."""
+        for job in req.jobs:
+            if job is keep or job.settled:
+                continue
+            job.settled = True
+            if job.dispatched:
+                self.tracker.settle(job.node.spec.id)
+            if job.work is not None and job.node.sched.remove(job.work):
+                job.dropped = True
+                self._changed(job.node)
+
     def _reply(self, payload: tuple[Job, int, str]) -> None:
         job, status, reason = payload
         req = job.req
-        if req.done or job.attempt != req.attempt:
+        if req.done or job.attempt != req.attempt or job.settled:
             return  # the router already gave up on this attempt
         if job.dispatched:
             self.tracker.settle(job.node.spec.id)
+        job.settled = True
         if status == 200:
+            self._drop_others(req, job)
+            self._latencies.setdefault((req.arrival.model, req.arrival.priority), deque(maxlen=256)).append(
+                self.now + req.overhead_out - req.t0
+            )
             self._answer(req, 200, "", self.now + req.overhead_out, job.node.spec.id)
             return
+        if status in RETRYABLE and any(not j.settled for j in req.jobs):
+            req.last_error = (status, reason)
+            return  # the hedge twin may still answer
         if status in RETRYABLE and req.attempt < self.cfg.max_attempts:
-            req.tried.add(job.node.spec.id)
             req.last_error = (status, reason)
             self._decide(req)
             return
+        self._drop_others(req, job)
         self._answer(req, status, reason, self.now + req.overhead_out)
 
     def _router_timeout(self, job: Job) -> None:
         req = job.req
         if req.done or job.attempt != req.attempt:
             return
-        if job.dispatched:
-            self.tracker.settle(job.node.spec.id)
+        for j in req.jobs:
+            if j.dispatched and not j.settled:
+                self.tracker.settle(j.node.spec.id)
+            j.settled = True
         req.attempt += 1000  # later replies of this attempt are stale
         self._answer(req, 504, f"deadline passed waiting for node {job.node.spec.id}", self.now + req.overhead_out)
 
