@@ -145,3 +145,29 @@ def test_profile_levels_follow_the_offered_rate() -> None:
     assert loaded.overhead_for("resnet_s").median() >= idle.overhead_for("resnet_s").median() * 0.8
     with pytest.raises(KeyError, match="edgeroute profile"):
         idle.exec_for("gpt")
+
+
+def test_simulated_hedging_duplicates_slow_critical_requests_and_accounts_for_them() -> None:
+    s = scenario(
+        topology={
+            "partitions": ["edge"],
+            "nodes": [
+                {"id": "slow", "partition": "edge", "speed": 0.02, "models": ["sensor_mlp", "resnet_s"]},
+                {"id": "fast", "partition": "edge", "models": ["sensor_mlp", "resnet_s"]},
+            ],
+        },
+        router={"hedging": {"min_priority": 10, "after_ms": 5}},
+        policies=["round_robin"],
+    )
+    from scenarios.profile import load_profile
+
+    schedule = build_schedule(s.workload, s.seed, 11)
+    sim = Simulation(s, s.policies[0], schedule, Profile.from_json(load_profile()))
+    results = sim.run()
+    assert sim.hedges > 0
+    hi = [r for r in results if r.arrival.priority == 10]
+    # the slow node cannot finish resnet within 100 ms: it refuses at once (504) or its duplicate wins
+    assert all(r.status == 200 or "cannot be met" in r.error for r in hi)
+    assert sum(1 for r in hi if r.node == "fast") > len(hi) * 0.9, "duplicates on the fast node win"
+    assert sim.tracker.pending("slow") == 0 and sim.tracker.pending("fast") == 0
+    assert len(results) == len(schedule)
