@@ -63,7 +63,7 @@ async def _measure(url: str, payload: Payload, n: int) -> list[tuple[float, floa
     return out
 
 
-LEVELS_RPS = (50.0, 100.0, 150.0, 200.0)
+LEVELS_RPS = (50.0, 100.0, 150.0, 200.0, 250.0, 300.0)
 LEVEL_SECONDS = 8.0
 
 
