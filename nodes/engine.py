@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,7 +22,7 @@ import numpy as np
 from nodes.config import NodeConfig
 from nodes.protocol import InferRequest
 from nodes.runtime import LoadedModel
-from nodes.scheduler import BatchPolicy, Scheduler, Work
+from nodes.scheduler import BatchPolicy, Decision, Scheduler, Work
 
 log = logging.getLogger("edgeroute.node")
 
@@ -68,6 +69,7 @@ class NodeEngine:
     busy_ms: float = 0.0
     served: int = 0
     on_change: Any = None  # called after queue or slot changes (telemetry trigger)
+    lock: threading.Lock = field(default_factory=threading.Lock)  # the scheduler and `running`
     _wake: asyncio.TimerHandle | None = None
 
     def __post_init__(self) -> None:
@@ -103,16 +105,18 @@ class NodeEngine:
         return sum(r.count for r in self.running if r.model == model)
 
     def expected_wait_ms(self, priority: int) -> float:
-        now = self.now_ms()
-        left = [max(0.0, r.ends_at_ms - now) for r in self.running]
-        return self.scheduler.expected_wait_ms(priority, left, self.config.slots)
+        with self.lock:
+            now = self.now_ms()
+            left = [max(0.0, r.ends_at_ms - now) for r in self.running]
+            return self.scheduler.expected_wait_ms(priority, left, self.config.slots)
 
     # --- submitting -------------------------------------------------------------------------------
 
     async def submit(
         self, model: str, req: InferRequest, priority: int, budget_ms: float | None, request_id: str | None = None
     ) -> Outcome:
-        refusal = self.scheduler.refuse(priority)
+        with self.lock:
+            refusal = self.scheduler.refuse(priority)
         if refusal is not None:
             return Outcome(refusal[0], reason=refusal[1])
         loop = asyncio.get_running_loop()
@@ -120,7 +124,8 @@ class NodeEngine:
         deadline = None if budget_ms is None else now + budget_ms
         pending = _Pending(req, loop.create_future(), time.perf_counter(), request_id=request_id)
         work = Work(pending, model, priority, deadline, req.batch, now)
-        self.scheduler.push(work)
+        with self.lock:
+            self.scheduler.push(work)
         if request_id:
             self.by_id[request_id] = work
         if deadline is not None:
@@ -138,7 +143,9 @@ class NodeEngine:
     def cancel(self, request_id: str) -> bool:
         """Take a queued request out (a hedged duplicate that lost); False if unknown or running."""
         work = self.by_id.get(request_id)
-        if work is None or not self.scheduler.remove(work):
+        with self.lock:
+            removed = work is not None and self.scheduler.remove(work)
+        if work is None or not removed:
             return False
         self.cancelled += 1
         self._resolve(work, Outcome(499, reason="cancelled by the router (duplicate answered elsewhere)"))
@@ -146,7 +153,9 @@ class NodeEngine:
         return True
 
     def _expire(self, work: Work) -> None:
-        if self.scheduler.remove(work):
+        with self.lock:
+            removed = self.scheduler.remove(work)
+        if removed:
             self._resolve(work, Outcome(504, reason="deadline passed while queued at the node"))
             self._changed()
 
@@ -161,61 +170,108 @@ class NodeEngine:
             self.on_change()
 
     # --- running ----------------------------------------------------------------------------------
+    #
+    # A worker thread runs a batch and, still in that thread, takes the next batch from the scheduler
+    # (under `lock`) and runs it at once; the event loop only delivers the answers. A slot therefore
+    # never idles waiting for the loop to get round to it, which under load (the loop busy reading
+    # requests) would stretch every execution by that wait and push a busy node into saturation.
 
     def kick(self) -> None:
-        """Start batches while slots are free and the scheduler has something to run."""
+        """Start batches while slots are free and the scheduler has something to run (event loop)."""
         if self._wake is not None:
             self._wake.cancel()
             self._wake = None
-        while len(self.running) < self.config.slots:
-            now = self.now_ms()
-            decision = self.scheduler.next(now)
-            for work in decision.expired:
-                self._resolve(work, Outcome(504, reason="deadline cannot be met: it would finish too late"))
-            if decision.batch:
-                self._start(decision.batch, now)
-                continue
-            if decision.wake_at_ms is not None:
-                loop = asyncio.get_running_loop()
-                self._wake = loop.call_at(loop.time() + (decision.wake_at_ms - now) / 1000.0, self.kick)
-            break
+        loop = asyncio.get_running_loop()
+        starts: list[tuple[list[Work], Running]] = []
+        with self.lock:
+            while len(self.running) < self.config.slots:
+                now = self.now_ms()
+                decision = self.scheduler.next(now)
+                for work in decision.expired:
+                    self._resolve(work, Outcome(504, reason="deadline cannot be met: it would finish too late"))
+                if decision.batch:
+                    starts.append((decision.batch, self._claim(decision.batch, now)))
+                    continue
+                if decision.wake_at_ms is not None:
+                    self._wake = loop.call_at(loop.time() + (decision.wake_at_ms - now) / 1000.0, self.kick)
+                break
+        for batch, slot in starts:
+            self.executor.submit(self._worker, loop, batch, slot)
         self._changed()
 
-    def _start(self, batch: list[Work], now: float) -> None:
-        model = self.models[batch[0].model]
+    def _claim(self, batch: list[Work], now: float) -> Running:
+        """Book a slot for `batch` (lock held)."""
         rows = sum(w.rows for w in batch)
-        slot = Running(model.name, batch[0].priority, rows, len(batch), now + self.predict_ms(model.name, rows))
+        slot = Running(batch[0].model, batch[0].priority, rows, len(batch), now + self.predict_ms(batch[0].model, rows))
         self.running.append(slot)
         self.starts += 1
-        requests = [w.handle.request for w in batch]
-        if len(requests) == 1:
-            feeds = requests[0].inputs
-        else:
-            feeds = {name: np.concatenate([r.inputs[name] for r in requests], axis=0) for name in model.inputs}
-        loop = asyncio.get_running_loop()
-        started = time.perf_counter()
-        future = loop.run_in_executor(self.executor, model.run, feeds, 1.0 / self.speed, rows)
-        future.add_done_callback(lambda f: self._finished(f, batch, model, slot, rows, started))
+        return slot
 
-    def _finished(
+    def _worker(self, loop: asyncio.AbstractEventLoop, batch: list[Work], slot: Running) -> None:
+        """Executor thread: run `batch`, then keep taking batches while the scheduler has them."""
+        current: tuple[list[Work], Running] | None = (batch, slot)
+        while current is not None:
+            work, running = current
+            model = self.models[running.model]
+            requests = [w.handle.request for w in work]
+            if len(requests) == 1:
+                feeds = requests[0].inputs
+            else:
+                feeds = {name: np.concatenate([r.inputs[name] for r in requests], axis=0) for name in model.inputs}
+            started = time.perf_counter()
+            error: Exception | None = None
+            results: dict[str, np.ndarray] = {}
+            exec_ms = 0.0
+            try:
+                results, exec_ms = model.run(feeds, 1.0 / self.speed, running.rows)
+            except Exception as exc:  # noqa: BLE001 - a failing model answers 500, the node lives on
+                error = exc
+            decision = None
+            current = None
+            with self.lock:
+                self.running.remove(running)
+                if error is None:
+                    model.observe(running.rows, exec_ms, self.config.ewma_alpha)
+                    self.busy_ms += exec_ms
+                if len(self.running) < self.config.slots and self.scheduler.queued:
+                    now = self.now_ms()
+                    decision = self.scheduler.next(now)
+                    if decision.batch:
+                        current = (decision.batch, self._claim(decision.batch, now))
+            try:
+                loop.call_soon_threadsafe(
+                    self._deliver,
+                    work,
+                    model,
+                    results,
+                    exec_ms,
+                    started,
+                    running.rows,
+                    error,
+                    decision,
+                    current is None,
+                )
+            except RuntimeError:  # the loop is closed: the node is shutting down
+                return
+
+    def _deliver(
         self,
-        future: asyncio.Future[Any],
         batch: list[Work],
         model: LoadedModel,
-        slot: Running,
-        rows: int,
+        results: dict[str, np.ndarray],
+        exec_ms: float,
         started: float,
+        rows: int,
+        error: Exception | None,
+        decision: Decision | None,
+        idle: bool,
     ) -> None:
-        self.running.remove(slot)
-        try:
-            results, exec_ms = future.result()
-        except Exception as exc:  # noqa: BLE001 - a failing model answers 500, the node lives on
-            log.exception("model %s failed", model.name)
+        """Event loop: answer the batch's requests (and any the scheduler expired), then refill slots."""
+        if error is not None:
+            log.error("model %s failed: %s", model.name, error)
             for w in batch:
-                self._resolve(w, Outcome(500, reason=f"model '{model.name}' failed: {exc}"))
+                self._resolve(w, Outcome(500, reason=f"model '{model.name}' failed: {error}"))
         else:
-            model.observe(rows, exec_ms, self.config.ewma_alpha)
-            self.busy_ms += exec_ms
             offset = 0
             for w in batch:
                 pending: _Pending = w.handle
@@ -229,4 +285,10 @@ class NodeEngine:
                         200, outputs, exec_ms=exec_ms, queue_ms=(started - pending.queued_at) * 1000.0, batch_rows=rows
                     ),
                 )
-        self.kick()
+        if decision is not None:
+            for work in decision.expired:
+                self._resolve(work, Outcome(504, reason="deadline cannot be met: it would finish too late"))
+        if idle:
+            self.kick()
+        else:
+            self._changed()

@@ -81,7 +81,14 @@ class NodeRuntime:
         engine = self.engine
         sched = engine.scheduler
         util = min(1.0, interval_busy_ms / max(1e-9, interval_ms * self.config.slots))
-        prios = {0, self.config.high_priority_min, *(p for p, n in sched.queued_by_priority.items() if n)}
+        with engine.lock:
+            prios = {0, self.config.high_priority_min, *(p for p, n in sched.queued_by_priority.items() if n)}
+            queued = {str(p): n for p, n in sched.queued_by_priority.items() if n}
+            per_model = {
+                m.name: (sched.queued_by_model[m.name], engine.in_flight_of(m.name), dict(m.ewma_ms))
+                for m in self.models.values()
+            }
+            in_flight = engine.in_flight
         return NodeLoad(
             node_id=self.config.node_id,
             endpoint=endpoint,
@@ -91,20 +98,20 @@ class NodeRuntime:
             seq=self.seq,
             sent_at_ms=time.time() * 1000.0,
             status="draining" if self.draining else "ready",
-            queued_by_priority={str(p): n for p, n in sched.queued_by_priority.items() if n},
+            queued_by_priority=queued,
             expected_wait_ms={str(p): round(engine.expected_wait_ms(p), 3) for p in sorted(prios)},
             scheduler=self.config.scheduler,
-            in_flight=engine.in_flight,
+            in_flight=in_flight,
             capacity=self.config.slots,
             max_queue=self.config.max_queue,
             models={
-                m.name: ModelLoad(
+                name: ModelLoad(
                     resident=True,
-                    queued=sched.queued_by_model[m.name],
-                    in_flight=engine.in_flight_of(m.name),
-                    ewma_ms_by_batch={str(b): round(v, 4) for b, v in m.ewma_ms.items()},
+                    queued=q,
+                    in_flight=f,
+                    ewma_ms_by_batch={str(b): round(v, 4) for b, v in ewma.items()},
                 )
-                for m in self.models.values()
+                for name, (q, f, ewma) in per_model.items()
             },
             memory_used_bytes=sum(m.size_bytes for m in self.models.values()),
             memory_budget_bytes=self.config.memory_budget_bytes,
