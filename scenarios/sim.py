@@ -99,6 +99,7 @@ class Profile:
     telemetry_lag_ms: Distribution
     idle_exec_median: dict[str, float] = field(default_factory=dict)
     idle_curve: dict[str, dict[int, float]] = field(default_factory=dict)
+    emulation_jitter_ms: Distribution = field(default_factory=lambda: Distribution([0.0] * 101))
 
     @classmethod
     def from_json(cls, doc: dict[str, Any], rate_rps: float | None = None) -> Profile:
@@ -125,7 +126,8 @@ class Profile:
                     exec_ms[m][1] = Distribution(q)
         idle = {m: float(entry["exec_ms"]["1"][50]) for m, entry in doc["models"].items()}
         curves = {m: {int(b): float(q[50]) for b, q in entry["exec_ms"].items()} for m, entry in doc["models"].items()}
-        return cls(exec_ms, overhead, Distribution(doc.get("telemetry_lag_ms", [5.0] * 101)), idle, curves)
+        jitter = Distribution(doc.get("emulation_jitter_ms", [0.0] * 101))
+        return cls(exec_ms, overhead, Distribution(doc.get("telemetry_lag_ms", [5.0] * 101)), idle, curves, jitter)
 
     def exec_for(self, model: str, batch: int = 1) -> Distribution:
         by_batch = self.exec_ms.get(model)
@@ -574,6 +576,8 @@ class Simulation:
             else self._exec[model].sample(self.svc_rng)
         )
         service = real + self._curve(model, rows) * (1.0 / node.speed - 1.0)
+        if node.speed < 1.0:  # the emulation's sleep wakes a little late under load (profiled)
+            service += max(0.0, self.profile.emulation_jitter_ms.sample(self.svc_rng))
         jobs = [w.handle for w in batch]
         for job in jobs:
             job.started = True
