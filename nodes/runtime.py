@@ -14,6 +14,7 @@ import numpy as np
 from nodes import zoo
 from nodes.config import ModelSpec
 from nodes.protocol import ORT_TO_OIP, TensorSpec
+from nodes.scheduler import batch_curve_ms
 
 WARMUP_RUNS = 30
 
@@ -75,20 +76,9 @@ class LoadedModel:
     def baseline_for(self, rows: int) -> float:
         """Reference execution ms for `rows` rows: the configured batch curve, interpolated linearly
         between its points (and proportionally beyond the last), else linear in rows."""
-        curve = self.baseline_by_batch
-        if not curve:
+        if not self.baseline_by_batch:
             return self.baseline_ms * rows
-        if rows in curve:
-            return curve[rows]
-        sizes = sorted(curve)
-        below = [b for b in sizes if b < rows]
-        above = [b for b in sizes if b > rows]
-        if not below:
-            return curve[sizes[0]] * rows / sizes[0]
-        if not above:
-            return curve[below[-1]] * rows / below[-1]
-        lo, hi = below[-1], above[0]
-        return curve[lo] + (curve[hi] - curve[lo]) * (rows - lo) / (hi - lo)
+        return batch_curve_ms(self.baseline_by_batch, rows)
 
     def predicted_ms(self, rows: int, speed: float) -> float:
         """Slot time expected for `rows` rows: measured EWMA where known, else the emulated curve."""

@@ -80,6 +80,23 @@ _NOTHING = Decision()  # shared, never mutated: the answer when nothing is queue
 ExecModel = Callable[[str, int], float]  # (model, rows) -> predicted execution ms
 
 
+def batch_curve_ms(curve: dict[int, float], rows: int) -> float:
+    """Execution ms for `rows` rows from a curve of measured batch sizes: exact where measured, linear
+    between measured sizes, proportional beyond them (shared by the node's speed emulation and the
+    simulator, so both stretch a batch by the same amount)."""
+    if rows in curve:
+        return curve[rows]
+    sizes = sorted(curve)
+    below = [b for b in sizes if b < rows]
+    above = [b for b in sizes if b > rows]
+    if not below:
+        return curve[sizes[0]] * rows / sizes[0]
+    if not above:
+        return curve[below[-1]] * rows / below[-1]
+    lo, hi = below[-1], above[0]
+    return curve[lo] + (curve[hi] - curve[lo]) * (rows - lo) / (hi - lo)
+
+
 class Scheduler:
     def __init__(
         self,

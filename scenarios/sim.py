@@ -36,7 +36,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
-from nodes.scheduler import BatchPolicy, Scheduler, Work
+from nodes.scheduler import BatchPolicy, Scheduler, Work, batch_curve_ms
 from policies.api import Context, Rejection, RouteRequest
 from policies.engine import Pipeline
 from policies.registry import build_policy
@@ -507,18 +507,7 @@ class Simulation:
 
     def _curve(self, model: str, rows: int) -> float:
         """Reference execution ms for `rows` rows (the profile's idle medians by batch size)."""
-        curve = self._curves[model]
-        if rows in curve:
-            return curve[rows]
-        sizes = sorted(curve)
-        below = [b for b in sizes if b < rows]
-        above = [b for b in sizes if b > rows]
-        if not below:
-            return curve[sizes[0]] * rows / sizes[0]
-        if not above:
-            return curve[below[-1]] * rows / below[-1]
-        lo, hi = below[-1], above[0]
-        return curve[lo] + (curve[hi] - curve[lo]) * (rows - lo) / (hi - lo)
+        return batch_curve_ms(self._curves[model], rows)
 
     def _node_arrive(self, payload: tuple[Job, int]) -> None:
         job, epoch = payload

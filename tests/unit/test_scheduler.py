@@ -169,3 +169,11 @@ def test_max_block_bound_holds_over_seeded_runs(seed: int) -> None:
             if w.priority >= 10:
                 waiting_high[w.handle] = now
     assert worst <= max_block + 1e-9
+
+
+def test_batch_curve_interpolates_between_measured_sizes() -> None:
+    from nodes.scheduler import batch_curve_ms
+
+    curve = {1: 2.0, 2: 3.0, 4: 5.0, 8: 9.0}
+    assert [batch_curve_ms(curve, r) for r in (1, 3, 6, 16)] == [2.0, 4.0, 7.0, 18.0]
+    assert batch_curve_ms({2: 4.0}, 1) == 2.0
