@@ -27,7 +27,7 @@ from policies.registry import PolicyConfigError, PolicySpec, build_policy
 from router.admission import Authenticator, RateLimiter
 from router.config import ConfigError, RouterConfig, load_config
 from router.dispatch import Dispatcher, Outcome, PolicyHolder
-from router.metrics import RouterMetrics, quantile
+from router.metrics import RouterMetrics
 from router.node_client import HttpNodeClient, NodeClient, NodeTimeout, NodeUnavailable
 from telemetry.bus import KafkaTelemetrySource, TelemetrySource, now_ms
 from telemetry.store import ViewStore
@@ -324,7 +324,7 @@ async def infer(request: web.Request) -> web.Response:
     except BadHint as exc:
         _count(router, model, 0, "none", 400, arrived)
         return _error(400, str(exc))
-    if not any(n.serves(model) for n in router.store.view):
+    if not router.store.view.serving(model):
         _count(router, model, int(priority or 0), "none", 404, arrived)
         return _error(404, f"unknown model '{model}'")
     budget = min(deadline if deadline is not None else cfg.default_deadline_ms, cfg.max_deadline_ms)
@@ -466,12 +466,7 @@ async def get_view(request: web.Request) -> web.Response:
 
 
 def telemetry_summary(store: ViewStore) -> dict[str, Any]:
-    lags = sorted(store.lag_ms)
-    return {
-        "messages": store.messages,
-        "malformed": store.malformed,
-        "lag_ms": {"p50": round(quantile(lags, 0.5), 3), "p99": round(quantile(lags, 0.99), 3)},
-    }
+    return store.summary()
 
 
 async def status_page(request: web.Request) -> web.Response:

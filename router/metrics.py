@@ -15,13 +15,6 @@ LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
 DECISION_BUCKETS = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 1e-2)
 
 
-def quantile(sorted_values: list[float], q: float) -> float:
-    if not sorted_values:
-        return 0.0
-    i = min(len(sorted_values) - 1, max(0, round(q * (len(sorted_values) - 1))))
-    return sorted_values[i]
-
-
 class _ViewCollector(Collector):
     """Telemetry and view state, read from the store at scrape time."""
 
@@ -40,9 +33,8 @@ class _ViewCollector(Collector):
         lag = GaugeMetricFamily(
             "edgeroute_telemetry_lag_ms", "send-to-receipt lag of recent telemetry", labels=["quantile"]
         )
-        samples = sorted(store.lag_ms)
         for q in (0.5, 0.99):
-            lag.add_metric([str(q)], quantile(samples, q))
+            lag.add_metric([str(q)], store.lag_quantile(q))
         yield lag
         view = store.view
         now = self.clock()

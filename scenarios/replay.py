@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from scenarios.launcher import FaultInjector, Stack, http_json
-from scenarios.loadgen import build_schedule, fetch_payloads, run_load
-from scenarios.report import format_table, quantile, series, summarize, write_report
+from scenarios.loadgen import Arrival, build_schedule, fetch_payloads, run_load
+from scenarios.report import format_table, series, summarize, write_report
 from scenarios.schema import PolicyRun, Scenario
 
 
@@ -38,6 +38,25 @@ def _progress(label: str) -> Any:
     return show
 
 
+def _plan(scenario: Scenario, duration_s: float | None) -> tuple[float, float, list[Arrival]]:
+    """(measured duration, warm-up, the arrival schedule): the same for live and simulated replays."""
+    duration = duration_s if duration_s is not None else scenario.workload.duration_s
+    warmup = min(scenario.workload.warmup_s, duration / 4)
+    return duration, warmup, build_schedule(scenario.workload, scenario.seed, duration + warmup, scenario.base_dir)
+
+
+def _header(scenario: Scenario, mode: str, duration: float, warmup: float) -> dict[str, Any]:
+    return {
+        "scenario": scenario.name,
+        "mode": mode,
+        "seed": scenario.seed,
+        "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "duration_s": duration,
+        "warmup_s": warmup,
+        "policies": {},
+    }
+
+
 def _wait_idle(router_url: str, headers: dict[str, str], timeout_s: float = 10.0) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -57,19 +76,9 @@ def replay_live(
     echo: bool = True,
 ) -> dict[str, Any]:
     """Run each policy on the live stack; returns the report (not yet written)."""
-    duration = duration_s if duration_s is not None else scenario.workload.duration_s
-    warmup = min(scenario.workload.warmup_s, duration / 4)
-    schedule = build_schedule(scenario.workload, scenario.seed, duration + warmup, scenario.base_dir)
+    duration, warmup, schedule = _plan(scenario, duration_s)
     models = {a.model for a in schedule} or {m for s in scenario.workload.sites for m in s.models}
-    report: dict[str, Any] = {
-        "scenario": scenario.name,
-        "mode": "live",
-        "seed": scenario.seed,
-        "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
-        "duration_s": duration,
-        "warmup_s": warmup,
-        "policies": {},
-    }
+    report = _header(scenario, "live", duration, warmup)
     stack = Stack(scenario, kafka=kafka)
     if log_dir is not None:
         stack.log_dir = log_dir
@@ -201,20 +210,11 @@ def replay_sim(
     from scenarios.profile import load_profile
     from scenarios.sim import Profile, Simulation
 
-    duration = duration_s if duration_s is not None else scenario.workload.duration_s
-    warmup = min(scenario.workload.warmup_s, duration / 4)
-    schedule = build_schedule(scenario.workload, scenario.seed, duration + warmup, scenario.base_dir)
+    duration, warmup, schedule = _plan(scenario, duration_s)
     profile = Profile.from_json(load_profile(profile_path), offered_rate(scenario))
-    report: dict[str, Any] = {
-        "scenario": scenario.name,
-        "mode": "sim",
-        "seed": scenario.seed,
-        "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
-        "duration_s": duration,
-        "warmup_s": warmup,
-        "policies": {},
-    }
+    report = _header(scenario, "sim", duration, warmup)
     messages = 0
+    telemetry: dict[str, Any] = {}
     for run in runs:
         sim = Simulation(scenario, run, schedule, profile)
         started = time.perf_counter()
@@ -229,10 +229,6 @@ def replay_sim(
         summary.update(series(results, warmup, duration + warmup))
         report["policies"][run.name] = summary
         messages += sim.store.messages
-        lags = sorted(sim.store.lag_ms)
-    report["telemetry"] = {
-        "messages": messages,
-        "malformed": 0,
-        "lag_ms": {"p50": round(quantile(lags, 0.5), 3), "p99": round(quantile(lags, 0.99), 3)},
-    }
+        telemetry = sim.store.summary()  # lag of the last run; messages of all of them
+    report["telemetry"] = {**telemetry, "messages": messages}
     return report

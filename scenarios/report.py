@@ -27,11 +27,6 @@ def percentile(sorted_values: list[float], q: float) -> float:
     return sorted_values[min(rank, len(sorted_values)) - 1]
 
 
-def quantile(sorted_values: list[float], q: float) -> float:
-    """Nearest-rank quantile for q in [0, 1]."""
-    return percentile(sorted_values, q * 100)
-
-
 def _summary(results: list[Result]) -> dict[str, Any]:
     ok = sorted(r.latency_ms for r in results if r.status == 200)
     errors: Counter[str] = Counter()

@@ -271,7 +271,6 @@ class Simulation:
         self.pending_delivery: list[NodeLoad] = []
         self.broker_up = True
         self.fault_log: list[tuple[float, str]] = []
-        self.load_samples: list[tuple[float, str, int]] = []
         self.hedges = 0
         self._latencies: dict[tuple[str, int], deque[float]] = {}
         self._exec = {m: profile.exec_for(m) for n in scenario.topology.nodes for m in n.models}
@@ -674,7 +673,6 @@ class Simulation:
         if not node.alive:
             return
         msg = self._snapshot(node)
-        self.load_samples.append((self.now / 1000.0, node.spec.id, node.outstanding))
         if self.broker_up:
             self.push(self.now + self.profile.telemetry_lag_ms.sample(self.tel_rng), DELIVER, msg)
 

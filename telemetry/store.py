@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import logging
+import math
 import threading
 from collections import deque
+from typing import Any
 
 from telemetry.schema import MalformedTelemetry, NodeLoad
 from telemetry.topology import LinkTable
@@ -32,6 +34,21 @@ class ViewStore:
         self.out_of_order = 0
         self.lag_ms: deque[float] = deque(maxlen=lag_samples)
         self._write = threading.Lock()
+
+    def lag_quantile(self, q: float) -> float:
+        """Nearest-rank quantile (q in [0, 1]) of the recent send-to-receipt lags, 0 when none."""
+        lags = sorted(self.lag_ms)
+        if not lags:
+            return 0.0
+        return lags[min(len(lags), max(1, math.ceil(q * len(lags)))) - 1]
+
+    def summary(self) -> dict[str, Any]:
+        """The `telemetry` block of a report: message counts and lag p50/p99."""
+        return {
+            "messages": self.messages,
+            "malformed": self.malformed,
+            "lag_ms": {"p50": round(self.lag_quantile(0.5), 3), "p99": round(self.lag_quantile(0.99), 3)},
+        }
 
     def set_links(self, links: LinkTable | None) -> None:
         """Attach the partition link table to the current and every later view."""

@@ -144,17 +144,13 @@ class ClusterView:
         return 0.0 if self.links is None else self.links.rtt_ms(site, partition)
 
     def with_links(self, links: LinkTable | None) -> ClusterView:
-        return replace(self, links=links, _by_model=self._by_model)
+        return replace(self, links=links, _by_model=self._index())
 
     def outstanding(self, node: NodeState) -> int:
         return node.reported_outstanding if self.overlay is None else self.overlay.estimate(node)
 
-    def serving(self, model: str) -> Sequence[NodeState]:
-        """Every node (fresh or not) that reports `model`: O(1), from an index of node ids.
-
-        The index (model -> node ids) survives view rebuilds while no node changes its model set,
-        which is almost always; the returned sequence resolves ids against this view's nodes.
-        """
+    def _index(self) -> dict[str, tuple[str, ...]]:
+        """model -> ids of the nodes reporting it, built on first use (views are immutable)."""
         index = self._by_model
         if index is None:
             built: dict[str, list[str]] = {}
@@ -163,6 +159,15 @@ class ClusterView:
                     built.setdefault(name, []).append(node.node_id)
             index = {k: tuple(v) for k, v in built.items()}
             object.__setattr__(self, "_by_model", index)
+        return index
+
+    def serving(self, model: str) -> Sequence[NodeState]:
+        """Every node (fresh or not) that reports `model`: O(1), from an index of node ids.
+
+        The index (model -> node ids) survives view rebuilds while no node changes its model set,
+        which is almost always; the returned sequence resolves ids against this view's nodes.
+        """
+        index = self._index()
         return _NodesById(index.get(model, ()), self.nodes)
 
     def models(self, now_ms: float) -> dict[str, list[NodeState]]:
@@ -200,9 +205,7 @@ class ClusterView:
         if overlay is not None and not hasattr(overlay, "estimate"):
             overlay = FixedOverlay(overlay)
         # same nodes, only the load estimate differs: share the index (building it first if needed)
-        if self._by_model is None and self.nodes:
-            self.serving("")
-        return replace(self, overlay=overlay, _by_model=self._by_model)
+        return replace(self, overlay=overlay, _by_model=self._index())
 
     @classmethod
     def of(cls, loads: list[NodeLoad], heard_at_ms: float, stale_after_ms: float = 1000.0) -> ClusterView:

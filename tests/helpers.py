@@ -18,8 +18,9 @@ def load(
     seq: int = 1,
     sent_at_ms: float = 1_000.0,
     tier: str = "edge",
+    wait: dict[str, float] | None = None,
 ) -> NodeLoad:
-    """A NodeLoad; `models` maps model name -> EWMA ms at batch 1."""
+    """A NodeLoad; `models` maps model name -> EWMA ms at batch 1, `wait` priority -> expected wait ms."""
     models = models if models is not None else {"m": 5.0}
     return NodeLoad(
         node_id=node_id,
@@ -31,6 +32,7 @@ def load(
         sent_at_ms=sent_at_ms,
         status=status,  # type: ignore[arg-type]
         queued_by_priority={"0": queued} if queued else {},
+        expected_wait_ms=wait or {},
         in_flight=in_flight,
         capacity=capacity,
         models={m: ModelLoad(ewma_ms_by_batch={"1": ms}) for m, ms in models.items()},

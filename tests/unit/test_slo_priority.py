@@ -8,9 +8,10 @@ import pytest
 
 from policies import Context, Decision, Rejection, RouteRequest, build_policy
 from policies.completion import predicted_completion_ms
-from telemetry.schema import DeviceInfo, ModelLoad, NodeLoad
+from telemetry.schema import NodeLoad
 from telemetry.topology import LinkState, LinkTable
 from telemetry.view import ClusterView
+from tests.helpers import load
 
 NOW = 10_000.0
 
@@ -25,27 +26,17 @@ def node(
     partition: str = "edge",
     heard: float = NOW,
 ) -> tuple[NodeLoad, float]:
-    load = NodeLoad(
-        node_id=node_id,
-        endpoint=f"http://{node_id}",
-        partition=partition,
-        tier="edge",
-        device=DeviceInfo(kind="cpu"),
-        seq=1,
-        sent_at_ms=heard,
-        queued_by_priority={"0": queued} if queued else {},
-        expected_wait_ms=wait or {},
-        in_flight=in_flight,
-        capacity=1,
-        models={"m": ModelLoad(ewma_ms_by_batch={"1": exec_ms})},
+    models = {"m": exec_ms}
+    msg = load(
+        node_id, models=models, queued=queued, in_flight=in_flight, partition=partition, sent_at_ms=heard, wait=wait
     )
-    return load, heard
+    return msg, heard
 
 
 def view(*nodes: tuple[NodeLoad, float], links: LinkTable | None = None) -> ClusterView:
     v = ClusterView(stale_after_ms=1000)
-    for load, heard in nodes:
-        v = v.with_node(ClusterView.of([load], heard).nodes[load.node_id], heard)
+    for msg, heard in nodes:
+        v = v.with_node(ClusterView.of([msg], heard).nodes[msg.node_id], heard)
     return v.with_links(links)
 
 
