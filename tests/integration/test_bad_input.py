@@ -95,3 +95,19 @@ def test_no_process_died(shared_stack: Stack) -> None:
     assert shared_stack.router is not None and shared_stack.router.popen.poll() is None
     for proc in shared_stack.nodes.values():
         assert proc.popen.poll() is None, proc.name
+
+
+def test_bad_admin_calls_on_router_and_node_are_clear_4xx(shared_stack: Stack) -> None:
+    links = f"{shared_stack.router_url}/admin/links"
+    status, doc, _ = call(links, b"{nope", method="PUT")
+    assert status == 400 and "cut" in doc["error"]
+    status, doc, _ = call(links, json.dumps({"a": "edge-a", "b": "mars", "cut": True}).encode(), method="PUT")
+    assert status == 404 and "no link" in doc["error"]
+    node = shared_stack.nodes["n1"].url
+    for bad in [b"{}", b'{"speed": 0}', b'{"speed": "fast"}', b"nope"]:
+        status, doc, _ = call(f"{node}/admin/speed", bad, method="PUT")
+        assert status == 400 and "speed" in doc["error"], bad
+    status, doc, _ = call(f"{node}/admin/requests/never-sent", method="DELETE")
+    assert status == 404 and "no queued request" in doc["error"]
+    stats = call(f"{node}/admin/stats")[1]
+    assert stats["cancelled"] == 0 and stats["scheduler"] == "fifo"

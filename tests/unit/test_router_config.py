@@ -18,6 +18,11 @@ def test_defaults_are_valid() -> None:
         ({"policy": {"preset": "p2c", "params": {"sample": {"k": -1}}}}, "k"),
         ({"stale_after_ms": 0}, "stale_after_ms"),
         ([1, 2], "mapping"),
+        ({"hedging": {"min_priority": 10, "after_ms": -5}}, "after_ms"),
+        ({"hedging": {"every": 1}}, "every"),
+        ({"links": [{"a": "x", "b": "y", "rtt_ms": 10, "loss": 1.0}]}, "loss"),
+        ({"auth": {"tokens": {"a": "t"}, "roles": []}}, "roles"),
+        ({"rate_limit": {"rps": 0, "burst": 1}}, "rps"),
     ],
 )
 def test_invalid_configs_are_rejected(raw: object, needle: str) -> None:
