@@ -132,6 +132,10 @@ def compare(live: dict[str, Any], sim: dict[str, Any]) -> dict[str, Any]:
         for key in ("p50", "p95", "p99"):
             lv, sv = lp["latency_ms"][key], sp["latency_ms"][key]
             row[key] = {"live": lv, "sim": sv, "rel_err": round((sv - lv) / lv, 4) if lv else None}
+        for key in ("exec_mean", "queue_mean"):
+            lv, sv = lp.get("node_ms", {}).get(key), sp.get("node_ms", {}).get(key)
+            if lv is not None and sv is not None:
+                row[key] = {"live": lv, "sim": sv, "rel_err": round((sv - lv) / lv, 4) if lv else None}
         ls, ss = lp["slo_attainment"], sp["slo_attainment"]
         row["slo_attainment"] = {"live": ls, "sim": ss, "points": round((ss - ls) * 100, 2)}
         out[name] = row
@@ -169,14 +173,17 @@ def run_replay(
 
 def format_comparison(comparison: dict[str, Any]) -> str:
     lines = [
-        "sim vs live     p50 live   p50 sim    err   p99 live   p99 sim    err   SLO live  SLO sim  points",
+        "sim vs live            p50 live   p50 sim    err   p99 live   p99 sim    err   SLO live  SLO sim  points"
+        "   exec ms live/sim",
     ]
     for name, row in comparison.items():
         p50, p99, slo = row["p50"], row["p99"], row["slo_attainment"]
+        ex = row.get("exec_mean")
+        exec_cell = f"{ex['live']:>6.2f} / {ex['sim']:<6.2f}" if ex else "n/a"
         lines.append(
-            f"{name:<14} {p50['live']:>9.1f} {p50['sim']:>9.1f} {_pct(p50['rel_err']):>6} "
+            f"{name:<21} {p50['live']:>9.1f} {p50['sim']:>9.1f} {_pct(p50['rel_err']):>6} "
             f"{p99['live']:>9.1f} {p99['sim']:>9.1f} {_pct(p99['rel_err']):>6} "
-            f"{slo['live'] * 100:>8.1f}% {slo['sim'] * 100:>7.1f}% {slo['points']:>+7.1f}"
+            f"{slo['live'] * 100:>8.1f}% {slo['sim'] * 100:>7.1f}% {slo['points']:>+7.1f}   {exec_cell}"
         )
     return "\n".join(lines)
 

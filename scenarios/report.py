@@ -56,7 +56,32 @@ def summarize(results: list[Result], duration_s: float) -> dict[str, Any]:
     out["by_node"] = dict(sorted(Counter(r.node for r in results if r.status == 200).items()))
     reasons = Counter(r.error[:120] for r in results if r.status not in (200, None))
     out["error_reasons"] = dict(reasons.most_common(5))
+    out["node_ms"] = node_times(results)
     return out
+
+
+def node_times(results: list[Result]) -> dict[str, Any]:
+    """Where the time of served requests went: execution of their batch, queue wait, and the rest.
+
+    Live these come from the node's x-edgeroute-exec-ms / x-edgeroute-queue-ms headers, in the
+    simulator from its model; side by side they show whether a live-vs-sim gap is service time or
+    queueing.
+    """
+    served = [r for r in results if r.status == 200]
+    if not served:
+        return {}
+    ex = sorted(r.exec_ms for r in served)
+    qu = sorted(r.queue_ms for r in served)
+    rest = sorted(r.latency_ms - r.exec_ms - r.queue_ms for r in served)
+    return {
+        "exec_mean": round(sum(ex) / len(ex), 3),
+        "exec_p50": round(percentile(ex, 50), 3),
+        "exec_p99": round(percentile(ex, 99), 3),
+        "queue_mean": round(sum(qu) / len(qu), 3),
+        "queue_p99": round(percentile(qu, 99), 3),
+        "overhead_p50": round(percentile(rest, 50), 3),  # router, network and HTTP: the rest of the latency
+        "overhead_p99": round(percentile(rest, 99), 3),
+    }
 
 
 def series(results: list[Result], warmup_s: float, horizon_s: float, bucket_s: float = 1.0) -> dict[str, Any]:

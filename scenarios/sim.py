@@ -27,6 +27,7 @@ same report.
 from __future__ import annotations
 
 import heapq
+import math
 import random
 import time
 from collections import deque
@@ -73,16 +74,22 @@ def _construct(cls: type[M], **values: Any) -> M:
 class Distribution:
     """Inverse-CDF sampling from 101 stored quantiles (linear between them)."""
 
-    __slots__ = ("q",)
+    __slots__ = ("q", "tail_scale")
 
     def __init__(self, quantiles: list[float]) -> None:
         self.q = quantiles if len(quantiles) == 101 else [0.0] * 101
+        # The top 1% is not interpolated up to the maximum: from a few thousand samples the max is
+        # one outlier, and a straight line to it would give that outlier 1% of the mass (a 30 ms
+        # hiccup seen once would add ~20 ms to every hundredth request). Instead the tail beyond p99
+        # is exponential with the scale of the p95..p99 stretch, capped at the measured maximum.
+        self.tail_scale = max(0.0, (self.q[99] - self.q[95]) / math.log(5.0))
 
     def sample(self, rng: random.Random) -> float:
         u = rng.random() * 100.0
         i = int(u)
-        if i >= 100:
-            return self.q[100]
+        if i >= 99:
+            excess = -self.tail_scale * math.log(1.0 - (u - 99.0) * 0.99)
+            return min(self.q[99] + excess, self.q[100])
         lo = self.q[i]
         return lo + (self.q[i + 1] - lo) * (u - i)
 
@@ -176,6 +183,8 @@ class Job:
     dropped: bool = False  # node side: out of the queue without running (expired, reset, cancelled)
     settled: bool = False  # router side: its answer consumed or the router stopped waiting for it
     work: Work | None = None
+    exec_ms: float = 0.0  # the node's execution time for its batch (the live x-edgeroute-exec-ms)
+    queue_ms: float = 0.0  # its wait in the node's queue (x-edgeroute-queue-ms)
 
 
 @dataclass(slots=True)
@@ -448,7 +457,7 @@ class Simulation:
             self._latencies.setdefault((req.arrival.model, req.arrival.priority), deque(maxlen=256)).append(
                 self.now + req.overhead_out - req.t0
             )
-            self._answer(req, 200, "", self.now + req.overhead_out, job.node.spec.id)
+            self._answer(req, 200, "", self.now + req.overhead_out, job)
             return
         if status in RETRYABLE and any(not j.settled for j in req.jobs):
             req.last_error = (status, reason)
@@ -471,13 +480,18 @@ class Simulation:
         req.attempt += 1000  # later replies of this attempt are stale
         self._answer(req, 504, f"deadline passed waiting for node {job.node.spec.id}", self.now + req.overhead_out)
 
-    def _answer(self, req: SimRequest, status: int, reason: str, at_ms: float, node: str = "none") -> None:
+    def _answer(self, req: SimRequest, status: int, reason: str, at_ms: float, served: Job | None = None) -> None:
         if req.done:
             return
         req.done = True
         self._open -= 1
         a = req.arrival
-        self.results[req.index] = Result(a, status, at_ms - req.t0, node if status == 200 else "none", reason)
+        if served is None:
+            self.results[req.index] = Result(a, status, at_ms - req.t0, "none", reason)
+        else:
+            self.results[req.index] = Result(
+                a, status, at_ms - req.t0, served.node.spec.id, reason, served.exec_ms, served.queue_ms
+            )
 
     # --- nodes -----------------------------------------------------------------------------------
 
@@ -567,8 +581,11 @@ class Simulation:
         if node.speed < 1.0:  # the emulation's sleep wakes a little late under load (profiled)
             service += max(0.0, self.profile.emulation_jitter_ms.sample(self.svc_rng))
         jobs = [w.handle for w in batch]
-        for job in jobs:
+        for w in batch:
+            job = w.handle
             job.started = True
+            job.exec_ms = service
+            job.queue_ms = self.now - w.enqueued_at_ms
         running = SimBatch(model, jobs, rows, self.now + service)
         node.running.append(running)
         node.busy += len(jobs)

@@ -136,6 +136,19 @@ def test_distribution_sampling() -> None:
     assert Distribution([]).sample(rng) == 0.0
 
 
+def test_distribution_tail_does_not_give_one_outlier_a_percent_of_the_mass() -> None:
+    import random
+
+    # p0..p99 from 1 to 5 ms, then a single 40 ms hiccup as the maximum
+    d = Distribution([1.0 + 4.0 * i / 99 for i in range(100)] + [40.0])
+    rng = random.Random(2)
+    samples = sorted(d.sample(rng) for _ in range(100_000))
+    p999 = samples[int(len(samples) * 0.999)]
+    assert 5.0 < p999 < 10.0, "the tail beyond p99 follows the p95..p99 slope"
+    assert samples[-1] <= 40.0, "never beyond the measured maximum"
+    assert sum(samples[-1000:]) / 1000 < 8.0, "the top 1% is not a line to the outlier"
+
+
 def test_profile_levels_follow_the_offered_rate() -> None:
     from scenarios.profile import load_profile
 
