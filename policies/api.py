@@ -22,7 +22,9 @@ __all__ = [
     "ClusterView",
     "Context",
     "Decision",
+    "Defer",
     "Filter",
+    "HOLD_POLL_MS",
     "NodeState",
     "Params",
     "Picker",
@@ -44,6 +46,7 @@ class RouteRequest:
     batch: int = 1
     request_id: str = ""
     exclude: frozenset[str] = frozenset()  # nodes already tried for this request
+    waited_ms: float = 0.0  # how long the router has already held it for local capacity (delay scheduling)
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +63,22 @@ class Rejection:
 
     status: int
     reason: str
+
+
+HOLD_POLL_MS = 10.0  # a held request is asked about again at least this often (the view may show room)
+
+
+@dataclass(frozen=True, slots=True)
+class Defer:
+    """Hold the request at the router for up to `wait_ms`, then ask again (delay scheduling).
+
+    The router (and the simulator) wakes it early when a slot frees in `partition`, and asks again
+    with `RouteRequest.waited_ms` grown by the time held.
+    """
+
+    wait_ms: float
+    partition: str
+    reason: str = ""
 
 
 @dataclass(slots=True)
@@ -110,4 +129,4 @@ class Picker(Protocol):
 class Policy(Protocol):
     name: str
 
-    def choose(self, req: RouteRequest, view: ClusterView, ctx: Context) -> Decision | Rejection: ...
+    def choose(self, req: RouteRequest, view: ClusterView, ctx: Context) -> Decision | Rejection | Defer: ...

@@ -23,6 +23,7 @@ from policies.api import (
     ClusterView,
     Context,
     Decision,
+    Defer,
     Filter,
     NodeState,
     Picker,
@@ -78,6 +79,7 @@ class Pipeline:
         while lead < len(self.filters) and hasattr(self.filters[lead], "admitter"):
             lead += 1
         self._lead = lead
+        self._observers: list[Any] = [f for f in self.filters if hasattr(f, "observe")]
 
     def _rejection(self, req: RouteRequest, view: ClusterView, ctx: Context) -> Rejection:
         nodes = list(view)
@@ -93,8 +95,11 @@ class Pipeline:
                 )
         return Rejection(503, f"no node for model '{req.model}'")
 
-    def _candidates(self, req: RouteRequest, view: ClusterView, ctx: Context) -> list[NodeState] | None:
-        """The nodes that pass every filter, by the fast path where it applies; None if none pass."""
+    def _candidates(self, req: RouteRequest, view: ClusterView, ctx: Context) -> list[NodeState] | Defer | None:
+        """The nodes that pass every filter, by the fast path where it applies; None if none pass.
+
+        A filter with a `gate` method (delay scheduling) may instead answer `Defer`: hold the request.
+        """
         lead = self.filters[: self._lead]
         base: Sequence[NodeState] | None = None
         for f in lead:
@@ -124,13 +129,31 @@ class Pipeline:
         for f in rest:
             if not nodes:
                 break
-            nodes = f.filter(req, view, nodes, ctx)
+            gate = getattr(f, "gate", None)
+            if gate is None:
+                nodes = f.filter(req, view, nodes, ctx)
+                continue
+            held = gate(req, view, nodes, ctx)
+            if isinstance(held, Defer):
+                return held
+            nodes = held
         return nodes or None
 
-    def choose(self, req: RouteRequest, view: ClusterView, ctx: Context) -> Decision | Rejection:
+    def observe(self, req: RouteRequest, latency_ms: float, met_deadline: bool, ctx: Context) -> None:
+        """Feed one answered request back to the plugins that learn from outcomes (delay tuning)."""
+        for f in self._observers:
+            f.observe(req, latency_ms, met_deadline, ctx)
+
+    def state(self) -> dict[str, Any]:
+        """What the stateful plugins have learned (e.g. tuned delay timers), for /admin and reports."""
+        return {f.name: f.state() for f in self.filters if hasattr(f, "state")}
+
+    def choose(self, req: RouteRequest, view: ClusterView, ctx: Context) -> Decision | Rejection | Defer:
         nodes = self._candidates(req, view, ctx)
         if nodes is None:
             return self._rejection(req, view, ctx)
+        if isinstance(nodes, Defer):
+            return nodes
         if self.scorers and len(nodes) > 1:
             total_weight = sum(w for _, w in self.scorers)
             combined = [0.0] * len(nodes)

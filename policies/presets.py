@@ -8,6 +8,7 @@
 | p2c               | filter sample(k=2) -> scorer queue -> picker max     | power of two choices |
 | least_latency     | scorer latency -> picker max                         | earliest predicted completion |
 | slo_priority      | deadline_filter, priority_headroom -> completion -> max | deadlines, priorities first |
+| edge_first        | locality, delay_spill -> completion -> max           | own site first, hold, spill |
 """
 
 from __future__ import annotations
@@ -43,6 +44,14 @@ PRESETS: dict[str, Preset] = {
         "at the request's priority, network RTT included",
         PluginSpec(type="max"),
         filters=[PluginSpec(type="deadline_filter"), PluginSpec(type="priority_headroom")],
+        scorers=[PluginSpec(type="completion")],
+    ),
+    "edge_first": Preset(
+        "the request's own site while it has room; when it has none, hold the request for a tuned delay "
+        "for a local slot, then spill to the earliest predicted completion with the link RTT (at once if "
+        "the site cannot meet the deadline)",
+        PluginSpec(type="max"),
+        filters=[PluginSpec(type="locality"), PluginSpec(type="delay_spill")],
         scorers=[PluginSpec(type="completion")],
     ),
     "least_latency": Preset(

@@ -14,10 +14,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from policies.api import Filter, Picker, Scorer
 from policies.completion import Completion
 from policies.deadline_filter import DeadlineFilter
+from policies.delay_spill import DelaySpill
 from policies.engine import Pipeline
 from policies.has_model import HasModel
 from policies.healthy import Healthy
 from policies.latency import Latency
+from policies.locality import Locality
 from policies.not_tried import NotTried
 from policies.pick_max import PickMax
 from policies.priority_headroom import PriorityHeadroom
@@ -28,7 +30,7 @@ from policies.sample import Sample
 from policies.weighted_random import WeightedRandom
 
 FILTERS: dict[str, type[Any]] = {
-    c.name: c for c in (Healthy, HasModel, NotTried, Sample, DeadlineFilter, PriorityHeadroom)
+    c.name: c for c in (Healthy, HasModel, NotTried, Sample, DeadlineFilter, PriorityHeadroom, Locality, DelaySpill)
 }
 SCORERS: dict[str, type[Any]] = {c.name: c for c in (Queue, Latency, Completion)}
 PICKERS: dict[str, type[Any]] = {c.name: c for c in (PickMax, RoundRobin, RandomPick, WeightedRandom)}

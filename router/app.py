@@ -397,7 +397,9 @@ async def get_policy(request: web.Request) -> web.Response:
     router = request.app[ROUTER]
     spec = router.policies.spec
     body = spec.model_dump(exclude_none=True) if isinstance(spec, PolicySpec) else {}
-    return web.json_response({"name": router.policies.current.name, "spec": body})
+    return web.json_response(
+        {"name": router.policies.current.name, "spec": body, "state": router.policies.current.state()}
+    )
 
 
 async def put_policy(request: web.Request) -> web.Response:
@@ -460,6 +462,11 @@ async def get_view(request: web.Request) -> web.Response:
                 "sent": router.dispatcher.hedges,
                 "won": router.dispatcher.hedge_wins,
                 "cancelled": router.dispatcher.hedge_cancels,
+            },
+            "holds": {
+                "held": router.dispatcher.holds,
+                "held_ms_total": round(router.dispatcher.held_ms_total, 1),
+                "waiting": len(router.dispatcher.waiters),
             },
         }
     )

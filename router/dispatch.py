@@ -6,6 +6,12 @@ the policy, forward with the *remaining* budget in `x-edgeroute-deadline-ms`, an
 A connect failure or a 500/502/503 from a node is retried on another node (`not_tried` filter); a
 4xx is the client's fault and is returned as is; a node's 504 means the deadline passed and is final.
 Every path ends in exactly one `Outcome`.
+
+A policy may answer `Defer` (delay scheduling): the request is held here, woken as soon as one of this
+router's requests to that partition settles (a slot there is free) or after `HOLD_POLL_MS` (telemetry
+may show room that other routers freed), at most for the deferral's `wait_ms`, and the policy is asked
+again with `waited_ms` grown. Holding is not an attempt. The final outcome is fed back to the policy
+(`Pipeline.observe`) so it can tune its delays.
 """
 
 from __future__ import annotations
@@ -17,9 +23,9 @@ import random
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from policies.api import Context, Decision, Rejection, RouteRequest
+from policies.api import HOLD_POLL_MS, Context, Decision, Defer, Rejection, RouteRequest
 from policies.engine import Pipeline
 from router.config import HedgingConfig
 from router.node_client import NodeClient, NodeReply, NodeTimeout, NodeUnavailable
@@ -31,6 +37,33 @@ from telemetry.view import NodeState
 log = logging.getLogger("edgeroute.router")
 
 RETRYABLE = frozenset({500, 502, 503})
+
+
+class SlotWaiters:
+    """Requests held for a slot in a partition, woken one per freed slot, oldest first."""
+
+    def __init__(self) -> None:
+        self._queues: dict[str, deque[asyncio.Future[None]]] = {}
+
+    def __len__(self) -> int:
+        return sum(1 for q in self._queues.values() for f in q if not f.done())
+
+    async def wait(self, partition: str, timeout_ms: float) -> None:
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        queue = self._queues.setdefault(partition, deque())
+        queue.append(fut)
+        try:
+            await asyncio.wait_for(fut, max(0.0, timeout_ms) / 1000.0)
+        except TimeoutError:
+            pass
+
+    def wake(self, partition: str) -> None:
+        queue = self._queues.get(partition)
+        while queue:
+            fut = queue.popleft()
+            if not fut.done():
+                fut.set_result(None)
+                return
 
 
 @dataclass
@@ -93,6 +126,9 @@ class Dispatcher:
         self.clock = clock
         self.decision_seconds: list[float] = []  # drained by the metrics layer
         self.retries = 0
+        self.waiters = SlotWaiters()
+        self.holds = 0  # requests held at least once for a local slot
+        self.held_ms_total = 0.0
 
     def hedge_delay_ms(self, req: RouteRequest) -> float:
         """When to send the duplicate: the configured delay, else this router's recent p95 latency for
@@ -107,16 +143,25 @@ class Dispatcher:
 
     def _choose(
         self, policy: Pipeline, req: RouteRequest, tried: set[str], now: float, remaining: float
-    ) -> tuple[Decision, NodeState] | Rejection:
+    ) -> tuple[Decision, NodeState] | Rejection | Defer:
         view = self.tracker.overlay(self.store.view)
         t0 = time.perf_counter()
         choice = policy.choose(
-            RouteRequest(req.model, req.priority, remaining, req.site, req.batch, req.request_id, frozenset(tried)),
+            RouteRequest(
+                req.model,
+                req.priority,
+                remaining,
+                req.site,
+                req.batch,
+                req.request_id,
+                frozenset(tried),
+                req.waited_ms,
+            ),
             view,
             Context(now, self.rng),
         )
         self.decision_seconds.append(time.perf_counter() - t0)
-        if isinstance(choice, Rejection):
+        if isinstance(choice, (Rejection, Defer)):
             return choice
         state = view.get(choice.node_id)
         assert state is not None
@@ -127,7 +172,34 @@ class Dispatcher:
     ) -> Outcome:
         policy = self.policies.current
         started = self.clock()
+        held: list[float] = [0.0]
+        outcome = await self._dispatch(policy, req, path, body, headers, deadline_at_ms, started, held)
+        if held[0] > 0:
+            self.holds += 1
+            self.held_ms_total += held[0]
+            outcome.headers["x-edgeroute-held-ms"] = f"{held[0]:.3f}"
+        now = self.clock()
+        policy.observe(
+            replace(req, waited_ms=held[0]),
+            now - started,
+            outcome.status == 200 and now <= deadline_at_ms,
+            Context(now, self.rng),
+        )
+        return outcome
+
+    async def _dispatch(
+        self,
+        policy: Pipeline,
+        req: RouteRequest,
+        path: str,
+        body: bytes,
+        headers: Mapping[str, str],
+        deadline_at_ms: float,
+        started: float,
+        held: list[float],
+    ) -> Outcome:
         tried: set[str] = set()
+        held_since: float | None = None
         last_error: Outcome | None = None
         hedge = self.hedging is not None and req.priority >= self.hedging.min_priority
         attempt = 0
@@ -143,6 +215,13 @@ class Dispatcher:
                     attempts=attempt - 1,
                 )
             picked = self._choose(policy, req, tried, now, remaining)
+            if isinstance(picked, Defer):
+                attempt -= 1  # holding is not an attempt
+                held_since = now if held_since is None else held_since
+                await self.waiters.wait(picked.partition, min(picked.wait_ms, HOLD_POLL_MS, remaining))
+                held[0] = self.clock() - held_since
+                req = replace(req, waited_ms=held[0])
+                continue
             if isinstance(picked, Rejection):
                 if last_error is not None:
                     return last_error
@@ -196,7 +275,7 @@ class Dispatcher:
             return first.result()
         now = self.clock()
         picked = self._choose(policy, req, tried, now, deadline_at_ms - now)
-        if isinstance(picked, Rejection):
+        if isinstance(picked, (Rejection, Defer)):  # no second node free now: keep the first attempt
             return await first
         choice, state = picked
         tried.add(choice.node_id)
@@ -279,6 +358,7 @@ class Dispatcher:
             return Outcome.error(504, f"deadline passed waiting for node {choice.node_id}", choice.node_id, attempt)
         finally:
             self.tracker.settle(choice.node_id)
+            self.waiters.wake(state.partition)
         reason = ""
         if reply.status >= 400:
             try:

@@ -53,6 +53,7 @@ class Result:
     error: str = ""
     exec_ms: float = 0.0  # the node's slot time for it (x-edgeroute-exec-ms), 0 if not served
     queue_ms: float = 0.0  # its wait for a slot at the node (x-edgeroute-queue-ms)
+    rows: int = 1  # rows of the batch it ran in (x-edgeroute-batch-rows): its share of the exec time
 
 
 def _homogeneous(rng: random.Random, rate: float, start: float, stop: float) -> list[float]:
@@ -249,6 +250,7 @@ async def run_load(
                         err,
                         float(resp.headers.get("x-edgeroute-exec-ms", 0.0)),
                         float(resp.headers.get("x-edgeroute-queue-ms", 0.0)),
+                        max(1, int(resp.headers.get("x-edgeroute-batch-rows", 1))),
                     )
             except (TimeoutError, aiohttp.ClientError, OSError) as exc:
                 results[i] = Result(

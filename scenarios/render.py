@@ -2,7 +2,8 @@
 
 Everything is drawn from `report.json` alone (`edgeroute report DIR` re-renders a saved run):
 `latency_cdf.png` (per policy and priority), `timeline.png` (throughput and SLO attainment over time,
-faults marked, warm-up shaded), `node_load.png` (completions per node over time, per policy). A report
+faults marked, warm-up shaded), `node_load.png` (completions per node over time, per policy), and for
+policies that tune a delay-scheduling timer `delay_timer.png` (its value per site over time). A report
 that also carries a simulation (`--mode both`) gets `sim_*.png` and a live-vs-sim table.
 """
 
@@ -28,6 +29,35 @@ def _faults(ax: Any, policies: dict[str, Any]) -> None:
             seen.add((round(t), label))
             ax.axvline(t, color="crimson", alpha=0.6, lw=1)
             ax.text(t, ax.get_ylim()[1], f" {label}", color="crimson", fontsize=7, va="top", rotation=90)
+
+
+def plot_delay(report: dict[str, Any], path: Path) -> None:
+    """The delay-scheduling timer per site over time, for runs whose policy tunes one (`delay_spill`)."""
+    series = [
+        (name, site, [(t, d) for t, s, d in p["policy_state"]["delay_spill"]["history"] if s == site])
+        for name, p in report["policies"].items()
+        if "delay_spill" in p.get("policy_state", {})
+        for site in p["policy_state"]["delay_spill"].get("sites", {})
+    ]
+    if not series:
+        return
+    fig, ax = plt.subplots(figsize=(9, 3.5))
+    end = float(report.get("duration_s", 0)) + float(report.get("warmup_s", 0))
+    for name, site, points in series:
+        if not points:
+            continue
+        ts = [max(0.0, t) for t, _ in points] + [end]
+        ds = [d for _, d in points] + [points[-1][1]]
+        ax.step(ts, ds, where="post", label=f"{name} {site}")
+    _faults(ax, report["policies"])
+    ax.set_xlabel("time (s)")
+    ax.set_ylabel("delay D (ms)")
+    ax.set_title(f"{report['scenario']} ({report['mode']}): tuned delay-scheduling timer per site")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def plot_cdf(report: dict[str, Any], path: Path) -> None:
@@ -183,7 +213,12 @@ def render(report: dict[str, Any], out_dir: Path) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     images: list[str] = []
     for prefix, rep in [("", report)] + ([("sim_", report["sim"])] if "sim" in report else []):
-        for name, fn in (("latency_cdf", plot_cdf), ("timeline", plot_timeline), ("node_load", plot_nodes)):
+        for name, fn in (
+            ("latency_cdf", plot_cdf),
+            ("timeline", plot_timeline),
+            ("node_load", plot_nodes),
+            ("delay_timer", plot_delay),
+        ):
             file = f"{prefix}{name}.png"
             fn(rep, out_dir / file)
             if (out_dir / file).exists():

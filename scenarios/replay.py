@@ -92,6 +92,7 @@ def replay_live(
             _wait_idle(stack.router_url, stack.admin_headers)
             injector = FaultInjector(stack, list(scenario.faults))
             started = time.monotonic()
+            t0_ms = time.time() * 1000.0  # the router's clock
             injector.start()
             results = asyncio.run(
                 run_load(
@@ -108,10 +109,13 @@ def replay_live(
                 stack.restore()
                 stack.wait_ready(60)
             measured = [r for r in results if r.arrival.at_s >= warmup]
-            summary = summarize(measured, duration)
+            summary = summarize(measured, duration, _node_costs(scenario, run))
             summary["warmup_requests"] = len(results) - len(measured)
             summary["wall_s"] = round(wall, 2)
             summary["faults"] = injector.events
+            status, pol = http_json(f"{stack.router_url}/admin/policy", headers=stack.admin_headers)
+            if status == 200 and pol.get("state"):
+                summary["policy_state"] = _relative(pol["state"], t0_ms)
             if injector.errors:
                 summary["fault_errors"] = injector.errors
             summary.update(series(results, warmup, duration + warmup))
@@ -119,6 +123,21 @@ def replay_live(
         status, view = http_json(f"{stack.router_url}/admin/view", headers=stack.admin_headers)
         report["telemetry"] = view["telemetry"] if status == 200 else {}
     return report
+
+
+def _node_costs(scenario: Scenario, run: PolicyRun) -> dict[str, tuple[str, float]]:
+    return {n.id: (n.partition, n.cost_per_s) for n in run.node_specs(scenario.topology.nodes)}
+
+
+def _relative(state: dict[str, Any], t0_ms: float) -> dict[str, Any]:
+    """Plugin state with its timer history in seconds from the start of the run (for the plots)."""
+    out: dict[str, Any] = {}
+    for plugin, st in state.items():
+        st = dict(st)
+        if "history" in st:
+            st["history"] = [[round((t - t0_ms) / 1000.0, 3), site, d] for t, site, d in st["history"]]
+        out[plugin] = st
+    return out
 
 
 def compare(live: dict[str, Any], sim: dict[str, Any]) -> dict[str, Any]:
@@ -228,7 +247,9 @@ def replay_sim(
         results = sim.run()
         wall = time.perf_counter() - started
         measured = [r for r in results if r.arrival.at_s >= warmup]
-        summary = summarize(measured, duration)
+        summary = summarize(measured, duration, _node_costs(scenario, run))
+        if sim.policy.state():
+            summary["policy_state"] = _relative(sim.policy.state(), 0.0)
         summary["warmup_requests"] = len(results) - len(measured)
         summary["wall_s"] = round(wall, 3)
         summary["events"] = sim.events

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 from collections import Counter
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +49,11 @@ def _summary(results: list[Result]) -> dict[str, Any]:
     }
 
 
-def summarize(results: list[Result], duration_s: float) -> dict[str, Any]:
+def summarize(
+    results: list[Result], duration_s: float, nodes: Mapping[str, tuple[str, float]] | None = None
+) -> dict[str, Any]:
+    """The per-policy summary; with `nodes` (id -> (partition, cost per node-second)) also where the
+    requests were served and what the serving cost."""
     out = _summary(results)
     out["throughput_rps"] = round(out["completed"] / duration_s, 2) if duration_s > 0 else 0.0
     prios = sorted({r.arrival.priority for r in results})
@@ -57,7 +62,31 @@ def summarize(results: list[Result], duration_s: float) -> dict[str, Any]:
     reasons = Counter(r.error[:120] for r in results if r.status not in (200, None))
     out["error_reasons"] = dict(reasons.most_common(5))
     out["node_ms"] = node_times(results)
+    if nodes is not None:
+        out.update(placement(results, nodes, duration_s))
     return out
+
+
+def placement(results: list[Result], nodes: Mapping[str, tuple[str, float]], duration_s: float) -> dict[str, Any]:
+    """Off-site share (served outside the request's own site) and cost.
+
+    `cost.busy`: node-seconds of execution each request used (its batch's time over the batch's rows)
+    times that node's cost per node-second: what the work cost on pay-per-use capacity.
+    `cost.provisioned`: every node for the whole measured run, as if reserved.
+    """
+    served = [r for r in results if r.status == 200 and r.node in nodes]
+    off = sum(1 for r in served if nodes[r.node][0] != r.arrival.site)
+    busy = sum(r.exec_ms / max(1, r.rows) / 1000.0 * nodes[r.node][1] for r in served)
+    by_partition: Counter[str] = Counter(nodes[r.node][0] for r in served)
+    return {
+        "off_site_share": round(off / len(served), 4) if served else 0.0,
+        "by_partition": dict(sorted(by_partition.items())),
+        "cost": {
+            "busy": round(busy, 3),
+            "provisioned": round(sum(c for _, c in nodes.values()) * duration_s, 3),
+            "busy_per_1k_requests": round(busy / len(served) * 1000.0, 4) if served else 0.0,
+        },
+    }
 
 
 def node_times(results: list[Result]) -> dict[str, Any]:
@@ -132,7 +161,7 @@ def write_report(report: dict[str, Any], out_dir: Path) -> Path:
 def format_table(report: dict[str, Any]) -> str:
     head = (
         f"{'policy':<20} {'sent':>6} {'ok':>6} {'err':>5} {'lost':>4} {'p50 ms':>8} {'p95 ms':>8} "
-        f"{'p99 ms':>8} {'SLO':>7} {'hi-prio p99':>11}  by node"
+        f"{'p99 ms':>8} {'SLO':>7} {'hi-prio p99':>11} {'off-site':>8} {'cost':>7}  by node"
     )
     lines = [f"scenario {report['scenario']} ({report['mode']})", head, "-" * len(head)]
     for name, p in report["policies"].items():
@@ -141,10 +170,12 @@ def format_table(report: dict[str, Any]) -> str:
         top = prios[max(prios, key=int)]["latency_ms"]["p99"] if prios else 0.0
         nodes = " ".join(f"{n}:{c}" for n, c in p["by_node"].items())
         errs = sum(p["errors"].values())
+        off = f"{p['off_site_share'] * 100:.1f}%" if "off_site_share" in p else "-"
+        cost = f"{p['cost']['busy']:.2f}" if "cost" in p else "-"
         lines.append(
             f"{name:<20} {p['sent']:>6} {p['completed']:>6} {errs:>5} {p['lost']:>4} "
             f"{lat['p50']:>8.1f} {lat['p95']:>8.1f} {lat['p99']:>8.1f} "
-            f"{p['slo_attainment'] * 100:>6.1f}% {top:>11.1f}  {nodes}"
+            f"{p['slo_attainment'] * 100:>6.1f}% {top:>11.1f} {off:>8} {cost:>7}  {nodes}"
         )
     tel = report.get("telemetry")
     if tel:

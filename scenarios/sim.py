@@ -38,7 +38,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel
 
 from nodes.scheduler import BatchPolicy, Scheduler, Work, batch_curve_ms
-from policies.api import Context, Rejection, RouteRequest
+from policies.api import HOLD_POLL_MS, Context, Defer, Rejection, RouteRequest
 from policies.engine import Pipeline
 from policies.registry import build_policy
 from scenarios.loadgen import Arrival, Result
@@ -53,7 +53,9 @@ RETRYABLE = frozenset({500, 502, 503})
 
 # Event kinds; the number also orders simultaneous events (a delivery before a decision at the same
 # instant, completions before new arrivals, so freed slots are visible).
-DELIVER, FINISH, NODE_ARRIVE, ARRIVAL, EXPIRE, REPLY, ROUTER_TIMEOUT, PUBLISH, POLL, FAULT, WAKE, HEDGE = range(12)
+DELIVER, FINISH, NODE_ARRIVE, ARRIVAL, EXPIRE, REPLY, ROUTER_TIMEOUT, PUBLISH, POLL, FAULT, WAKE, HEDGE, RESUME = range(
+    13
+)
 
 
 M = TypeVar("M", bound=BaseModel)
@@ -168,6 +170,9 @@ class SimRequest:
     node: str | None = None
     done: bool = False
     last_error: tuple[int, str] | None = None
+    held_since: float | None = None  # first held for a local slot (delay scheduling)
+    waited_ms: float = 0.0
+    hold: int = 0  # bumped per hold, so a wake and a timeout resume it once
 
 
 @dataclass(slots=True)
@@ -185,6 +190,7 @@ class Job:
     work: Work | None = None
     exec_ms: float = 0.0  # the node's execution time for its batch (the live x-edgeroute-exec-ms)
     queue_ms: float = 0.0  # its wait in the node's queue (x-edgeroute-queue-ms)
+    rows: int = 1  # rows of that batch
 
 
 @dataclass(slots=True)
@@ -287,6 +293,9 @@ class Simulation:
         self._baseline = {m: profile.baseline_ms(m) for m in self._exec}
         self._curves = {m: profile.curve(m) for m in self._exec}
         self._device = DeviceInfo(kind="cpu", name="sim")
+        self._held: dict[str, deque[tuple[SimRequest, int]]] = {}  # the router's SlotWaiters
+        self._observes = bool(self.policy.state()) or any(hasattr(f, "observe") for f in self.policy.filters)
+        self.holds = 0
 
     # --- the heap --------------------------------------------------------------------------------
 
@@ -308,6 +317,7 @@ class Simulation:
             FAULT: self._fault,
             WAKE: self._wake,
             HEDGE: self._hedge,
+            RESUME: self._resume,
         }
         last = self.schedule[-1].at_s * 1000.0 if self.schedule else 0.0
         end = horizon_ms if horizon_ms is not None else last + 60_000.0
@@ -364,10 +374,20 @@ class Simulation:
         view = self.tracker.overlay(self.store.view)
         a = req.arrival
         choice = self.policy.choose(
-            RouteRequest(a.model, a.priority, remaining, a.site, 1, str(req.index), frozenset(req.tried)),
+            RouteRequest(
+                a.model, a.priority, remaining, a.site, 1, str(req.index), frozenset(req.tried), req.waited_ms
+            ),
             view,
             Context(now, self.policy_rng),
         )
+        if isinstance(choice, Defer):  # held at the router, as live: woken by a freed slot or a timeout
+            if req.held_since is None:
+                req.held_since = now
+                self.holds += 1
+            req.hold += 1
+            self._held.setdefault(choice.partition, deque()).append((req, req.hold))
+            self.push(now + min(choice.wait_ms, HOLD_POLL_MS, remaining), RESUME, (req, req.hold))
+            return
         if isinstance(choice, Rejection):
             if req.last_error is not None:
                 self._answer(req, req.last_error[0], req.last_error[1], now + req.overhead_out)
@@ -381,6 +401,24 @@ class Simulation:
         self._dispatch(req, state, now)
         if self.cfg.hedge_min_priority is not None and a.priority >= self.cfg.hedge_min_priority:
             self.push(now + self._hedge_delay(a), HEDGE, (req, req.attempt))
+
+    def _resume(self, payload: tuple[SimRequest, int]) -> None:
+        req, hold = payload
+        if req.done or hold != req.hold:
+            return
+        req.hold += 1
+        assert req.held_since is not None
+        req.waited_ms = self.now - req.held_since
+        self._decide(req)
+
+    def _wake_held(self, partition: str) -> None:
+        """A slot freed in `partition`: resume the oldest request held for one (SlotWaiters.wake)."""
+        queue = self._held.get(partition)
+        while queue:
+            req, hold = queue.popleft()
+            if not req.done and hold == req.hold:
+                self.push(self.now, RESUME, (req, hold))
+                return
 
     def _dispatch(self, req: SimRequest, state: NodeState, now: float) -> None:
         """Send one attempt (or a hedge) of `req` to the chosen node, across its link."""
@@ -425,7 +463,7 @@ class Simulation:
             view,
             Context(now, self.policy_rng),
         )
-        if isinstance(choice, Rejection):
+        if isinstance(choice, (Rejection, Defer)):  # no second node free now: keep the first attempt
             return
         state = view.get(choice.node_id)
         assert state is not None
@@ -440,6 +478,7 @@ class Simulation:
             job.settled = True
             if job.dispatched:
                 self.tracker.settle(job.node.spec.id)
+                self._wake_held(job.node.spec.partition)
             if job.work is not None and job.node.sched.remove(job.work):
                 job.dropped = True
                 self._changed(job.node)
@@ -451,6 +490,7 @@ class Simulation:
             return  # the router already gave up on this attempt
         if job.dispatched:
             self.tracker.settle(job.node.spec.id)
+            self._wake_held(job.node.spec.partition)
         job.settled = True
         if status == 200:
             self._drop_others(req, job)
@@ -476,6 +516,7 @@ class Simulation:
         for j in req.jobs:
             if j.dispatched and not j.settled:
                 self.tracker.settle(j.node.spec.id)
+                self._wake_held(j.node.spec.partition)
             j.settled = True
         req.attempt += 1000  # later replies of this attempt are stale
         self._answer(req, 504, f"deadline passed waiting for node {job.node.spec.id}", self.now + req.overhead_out)
@@ -486,11 +527,19 @@ class Simulation:
         req.done = True
         self._open -= 1
         a = req.arrival
+        if self._observes:  # the router feeds every answer back to the policy (delay tuning)
+            latency = at_ms - req.t0
+            self.policy.observe(
+                RouteRequest(a.model, a.priority, a.deadline_ms, a.site, 1, str(req.index), waited_ms=req.waited_ms),
+                latency,
+                status == 200 and latency <= a.deadline_ms,
+                Context(self.now, self.policy_rng),
+            )
         if served is None:
             self.results[req.index] = Result(a, status, at_ms - req.t0, "none", reason)
         else:
             self.results[req.index] = Result(
-                a, status, at_ms - req.t0, served.node.spec.id, reason, served.exec_ms, served.queue_ms
+                a, status, at_ms - req.t0, served.node.spec.id, reason, served.exec_ms, served.queue_ms, served.rows
             )
 
     # --- nodes -----------------------------------------------------------------------------------
@@ -586,6 +635,7 @@ class Simulation:
             job.started = True
             job.exec_ms = service
             job.queue_ms = self.now - w.enqueued_at_ms
+            job.rows = rows
         running = SimBatch(model, jobs, rows, self.now + service)
         node.running.append(running)
         node.busy += len(jobs)

@@ -1,0 +1,214 @@
+"""Filter `delay_spill`: delay scheduling for locality, with the delay tuned online per site.
+
+When a request's own partition (its site) has no node with room for it (see `locality`: predicted in
+time, or below `max_load` without a deadline), the request may wait at the router for up to D ms for
+local room (the router wakes it as soon as one of its requests there finishes), then spills: every
+candidate passes and the scorers choose, `completion` by predicted finish with the link RTT. The wait
+is cut short so that the best remote node can still meet the deadline after it: a request whose
+deadline leaves no slack over the remote round trip spills at once, as does one whose partition has no
+node up. Requests without a site, or whose partition has room, pass as they are.
+
+D is tuned per site every `tune_every_ms` from what the waits achieved (delay scheduling with
+self-tuning timers, as in network-sensitive GPU cluster scheduling):
+
+- if fewer than `slo_target` of the requests that waited met their deadline, waiting costs deadlines:
+  D halves;
+- else if fewer than half of the waits ended in a local slot, waiting rarely helps: D shrinks by a
+  quarter;
+- else D moves halfway towards 1.5x the 90th percentile of the waits that found a slot (enough to
+  catch most of them, no more).
+
+D stays within [`min_ms`, `max_ms`]; `max_ms` defaults to the RTT to the nearest other partition
+(waiting longer than the trip to a remote node costs more than going there). The timer's history is
+kept for the reports (`state()`, `/admin/policy/state`).
+
+Inputs: partition, queued_by_priority, in_flight, capacity, expected_wait_ms, models.ewma_ms_by_batch.
+Parameters: `max_load` and `margin` (room, as `locality`), `initial_ms` (default half
+of `max_ms`), `min_ms` (default 0.5), `max_ms`, `tune` (default true), `tune_every_ms` (default 1000),
+`slo_target` (default 0.99), `min_samples` (default 10), `default_exec_ms` (default 5).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from pydantic import Field
+
+from policies.api import ClusterView, Context, Defer, NodeState, Params, RouteRequest
+from policies.completion import predicted_completion_ms
+from policies.locality import has_room
+
+
+class DelaySpillParams(Params):
+    max_load: float = Field(1.0, gt=0)
+    margin: float = Field(0.2, ge=0, lt=1)
+    initial_ms: float | None = Field(None, ge=0)
+    min_ms: float = Field(0.5, ge=0)
+    max_ms: float | None = Field(None, gt=0)
+    tune: bool = True
+    tune_every_ms: float = Field(1000.0, gt=0)
+    slo_target: float = Field(0.99, gt=0, le=1)
+    min_samples: int = Field(10, ge=1)
+    default_exec_ms: float = Field(5.0, gt=0)
+
+
+@dataclass
+class SiteTimer:
+    """One site's delay timer and what the current window saw."""
+
+    delay_ms: float
+    cap_ms: float
+    window_start_ms: float
+    waits_ok: list[float] = field(default_factory=list)  # waits that ended in a local slot
+    timeouts: int = 0  # waits that ran out and spilled
+    waited_met: int = 0  # answered requests that had waited, within their deadline
+    waited_answered: int = 0
+    deferred: int = 0  # totals, for the state
+    local_after_wait: int = 0
+    spilled: int = 0
+    spilled_at_once: int = 0
+
+
+class DelaySpill:
+    name: ClassVar[str] = "delay_spill"
+    reads: ClassVar[frozenset[str]] = frozenset(
+        {
+            "partition",
+            "queued_by_priority",
+            "in_flight",
+            "capacity",
+            "expected_wait_ms",
+            "models.ewma_ms_by_batch",
+        }
+    )
+    Params = DelaySpillParams
+
+    def __init__(self, params: DelaySpillParams | None = None) -> None:
+        self.params = params or DelaySpillParams()
+        self.sites: dict[str, SiteTimer] = {}
+        self.history: deque[tuple[float, str, float]] = deque(maxlen=4096)
+
+    # --- the decision ------------------------------------------------------------------------------
+
+    def filter(self, req: RouteRequest, view: ClusterView, nodes: list[NodeState], ctx: Context) -> list[NodeState]:
+        """The same choice without holding (for the engine's diagnosis path)."""
+        return nodes
+
+    def gate(
+        self, req: RouteRequest, view: ClusterView, nodes: list[NodeState], ctx: Context
+    ) -> list[NodeState] | Defer:
+        site = req.site
+        if site is None:
+            return nodes
+        local = [n for n in nodes if n.partition == site]
+        if len(local) == len(nodes):  # nothing remote to spill to, or `locality` kept local nodes with room
+            if req.waited_ms > 0:
+                self._found_slot(site, req.waited_ms, ctx.now_ms)
+            return nodes
+        p = self.params
+        timer = self._timer(site, view, nodes, ctx.now_ms)
+        if not local:  # no local node up (or none serves the model): spill at once
+            timer.spilled_at_once += 1
+            return nodes
+        now = ctx.now_ms
+        roomy = [n for n in local if has_room(view, n, req, now, p.max_load, p.margin, p.default_exec_ms)]
+        if roomy:
+            if req.waited_ms > 0:
+                self._found_slot(site, req.waited_ms, now)
+            return roomy
+        hold = timer.delay_ms - req.waited_ms
+        if req.deadline_ms is not None:
+            # hold only while spilling afterwards can still make the deadline
+            best_remote = min(
+                predicted_completion_ms(view, n, req, p.default_exec_ms, now) for n in nodes if n.partition != site
+            )
+            hold = min(hold, req.deadline_ms * (1.0 - p.margin) - best_remote)
+        if hold >= 0.5:
+            if req.waited_ms == 0:
+                timer.deferred += 1
+            return Defer(hold, site, f"holding for a slot in {site} (delay {timer.delay_ms:.1f} ms)")
+        if req.waited_ms > 0:
+            timer.timeouts += 1
+            timer.spilled += 1
+        else:
+            timer.spilled_at_once += 1
+        return nodes
+
+    # --- learning ----------------------------------------------------------------------------------
+
+    def observe(self, req: RouteRequest, latency_ms: float, met_deadline: bool, ctx: Context) -> None:
+        if req.site is None or req.waited_ms <= 0:
+            return
+        timer = self.sites.get(req.site)
+        if timer is None:
+            return
+        timer.waited_answered += 1
+        timer.waited_met += int(met_deadline)
+        self._maybe_tune(req.site, timer, ctx.now_ms)
+
+    def _found_slot(self, site: str, waited_ms: float, now_ms: float) -> None:
+        timer = self.sites.get(site)
+        if timer is None:
+            return
+        timer.waits_ok.append(waited_ms)
+        timer.local_after_wait += 1
+        self._maybe_tune(site, timer, now_ms)
+
+    def _cap_ms(self, site: str, view: ClusterView, nodes: list[NodeState]) -> float:
+        if self.params.max_ms is not None:
+            return self.params.max_ms
+        rtts = [view.rtt_ms(site, n.partition) for n in nodes if n.partition != site]
+        return max(self.params.min_ms, min(rtts)) if rtts else 10.0
+
+    def _timer(self, site: str, view: ClusterView, nodes: list[NodeState], now_ms: float) -> SiteTimer:
+        timer = self.sites.get(site)
+        if timer is None:
+            cap = self._cap_ms(site, view, nodes)
+            start = self.params.initial_ms if self.params.initial_ms is not None else cap / 2.0
+            timer = SiteTimer(max(self.params.min_ms, min(start, cap)), cap, now_ms)
+            self.sites[site] = timer
+            self.history.append((now_ms, site, timer.delay_ms))
+        else:
+            self._maybe_tune(site, timer, now_ms)
+        return timer
+
+    def _maybe_tune(self, site: str, timer: SiteTimer, now_ms: float) -> None:
+        p = self.params
+        if not p.tune or now_ms - timer.window_start_ms < p.tune_every_ms:
+            return
+        resolved = len(timer.waits_ok) + timer.timeouts
+        d = timer.delay_ms
+        if timer.waited_answered >= p.min_samples and timer.waited_met / timer.waited_answered < p.slo_target:
+            d *= 0.5
+        elif resolved >= p.min_samples:
+            if len(timer.waits_ok) < resolved / 2:
+                d *= 0.75
+            else:
+                waits = sorted(timer.waits_ok)
+                p90 = waits[min(len(waits) - 1, int(0.9 * len(waits)))]
+                d = 0.5 * d + 0.5 * 1.5 * p90
+        d = max(p.min_ms, min(d, timer.cap_ms))
+        if d != timer.delay_ms:
+            timer.delay_ms = d
+            self.history.append((now_ms, site, round(d, 3)))
+        timer.window_start_ms = now_ms
+        timer.waits_ok.clear()
+        timer.timeouts = 0
+        timer.waited_met = timer.waited_answered = 0
+
+    def state(self) -> dict[str, Any]:
+        return {
+            "sites": {
+                s: {
+                    "delay_ms": round(t.delay_ms, 3),
+                    "deferred": t.deferred,
+                    "local_after_wait": t.local_after_wait,
+                    "spilled_after_wait": t.spilled,
+                    "spilled_at_once": t.spilled_at_once,
+                }
+                for s, t in sorted(self.sites.items())
+            },
+            "history": [[round(t, 1), s, d] for t, s, d in self.history],
+        }
