@@ -53,6 +53,7 @@ class NodeRuntime:
     last_published_outstanding: int = 0
     last_published_starts: int = 0
     publish_now: asyncio.Event = field(default_factory=asyncio.Event)
+    started_at_ms: float = field(default_factory=lambda: time.time() * 1000.0)  # models loaded, serving
 
     def __post_init__(self) -> None:
         self.engine = NodeEngine(self.config, self.models, self.executor, self.config.speed, on_change=self.changed)
@@ -116,6 +117,7 @@ class NodeRuntime:
             memory_used_bytes=sum(m.size_bytes for m in self.models.values()),
             memory_budget_bytes=self.config.memory_budget_bytes,
             utilisation=util,
+            started_at_ms=self.started_at_ms,
         )
 
 

@@ -150,6 +150,10 @@ class Pipeline:
 
     def choose(self, req: RouteRequest, view: ClusterView, ctx: Context) -> Decision | Rejection | Defer:
         nodes = self._candidates(req, view, ctx)
+        if nodes is None and view.health is not None:
+            # ejection and slow start never refuse service outright: without them, if they left nothing
+            view = view.with_outstanding(view.overlay, None)
+            nodes = self._candidates(req, view, ctx)
         if nodes is None:
             return self._rejection(req, view, ctx)
         if isinstance(nodes, Defer):

@@ -1,7 +1,9 @@
 """Filter `healthy`: keep nodes that report `ready` and were heard from within `stale_after_ms`.
 
-Inputs: status, heard_at (the view's staleness). A draining node, or one whose telemetry stopped
-(crashed, partitioned), is not chosen.
+Inputs: status, heard_at (the view's staleness), and the router's own health record (the view's
+`health`, see telemetry.health). A draining node, one whose telemetry stopped (crashed, partitioned),
+or one ejected for this request's site after consecutive failures is not chosen; a node back from an
+ejection or freshly started is admitted with a probability that ramps up (slow start).
 
 Panic mode (after Envoy's panic threshold): when *no* node in the whole view is fresh, the likely
 cause is the telemetry path itself (a broker outage), not every node dying at once. Refusing all
@@ -37,7 +39,10 @@ class Healthy:
             horizon = ctx.now_ms - view.stale_after_ms
         else:  # panic: nothing in the whole view is fresh
             horizon = ctx.now_ms - self.params.panic_max_age_ms
-        return lambda n: n.ready and n.heard_at_ms >= horizon
+        if view.health is None:
+            return lambda n: n.ready and n.heard_at_ms >= horizon
+        sound = view.health.admitter(req.site, ctx.now_ms, ctx.rng)
+        return lambda n: n.ready and n.heard_at_ms >= horizon and sound(n)
 
     def filter(self, req: RouteRequest, view: ClusterView, nodes: list[NodeState], ctx: Context) -> list[NodeState]:
         admit = self.admitter(req, view, ctx)

@@ -30,6 +30,7 @@ from router.dispatch import Dispatcher, Outcome, PolicyHolder
 from router.metrics import RouterMetrics
 from router.node_client import HttpNodeClient, NodeClient, NodeTimeout, NodeUnavailable
 from telemetry.bus import KafkaTelemetrySource, TelemetrySource, now_ms
+from telemetry.health import HealthConfig
 from telemetry.store import ViewStore
 from telemetry.topology import LinkState, LinkTable
 
@@ -70,6 +71,7 @@ class Router:
             LinkTable(LinkState(**k.model_dump()) for k in config.links),
             config.connect_timeout_ms,
             config.hedging,
+            HealthConfig(**config.outlier.model_dump()),
         )
         self.store.set_links(self.dispatcher.links)
         self.metrics = RouterMetrics(self.store, clock)
@@ -463,6 +465,7 @@ async def get_view(request: web.Request) -> web.Response:
                 "won": router.dispatcher.hedge_wins,
                 "cancelled": router.dispatcher.hedge_cancels,
             },
+            "health": router.dispatcher.health.state(now),
             "holds": {
                 "held": router.dispatcher.holds,
                 "held_ms_total": round(router.dispatcher.held_ms_total, 1),

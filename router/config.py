@@ -38,6 +38,19 @@ class HedgingConfig(BaseModel):
     after_ms: float | None = Field(None, gt=0, description="hedge delay; default: recent p95 latency")
 
 
+class OutlierConfig(BaseModel):
+    """Outlier ejection per (site, node) path and slow start (telemetry.health)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    consecutive: int = Field(5, ge=1, description="failures in a row that eject")
+    base_ms: float = Field(1000.0, gt=0, description="first ejection; doubles on each repeat")
+    max_ms: float = Field(30_000.0, gt=0)
+    max_share: float = Field(0.5, ge=0, le=1, description="most of the cluster ejected for one site")
+    slow_start_ms: float = Field(3000.0, ge=0, description="ramp for a node back from ejection or restart")
+    slow_start_min: float = Field(0.1, gt=0, le=1)
+
+
 class RouterConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -58,6 +71,7 @@ class RouterConfig(BaseModel):
     pool_per_node: int = Field(64, ge=1, description="keep-alive connections per node")
     links: list[LinkConfig] = Field(default_factory=list, description="emulated partition-to-partition links")
     hedging: HedgingConfig | None = None
+    outlier: OutlierConfig = Field(default_factory=OutlierConfig)
     auth: AuthConfig | None = None
     rate_limit: RateLimitConfig | None = None
 

@@ -29,6 +29,7 @@ from policies.api import HOLD_POLL_MS, Context, Decision, Defer, Rejection, Rout
 from policies.engine import Pipeline
 from router.config import HedgingConfig
 from router.node_client import NodeClient, NodeReply, NodeTimeout, NodeUnavailable
+from telemetry.health import HealthConfig, OutlierDetector
 from telemetry.overlay import OutstandingTracker
 from telemetry.store import ViewStore
 from telemetry.topology import LinkTable
@@ -110,6 +111,7 @@ class Dispatcher:
         links: LinkTable | None = None,
         connect_timeout_ms: float = 500.0,
         hedging: HedgingConfig | None = None,
+        health: HealthConfig | None = None,
     ) -> None:
         self.hedging = hedging
         self.hedges = self.hedge_wins = self.hedge_cancels = 0
@@ -121,7 +123,8 @@ class Dispatcher:
         self.policies = policies
         self.client = client
         self.max_attempts = max_attempts
-        self.tracker = OutstandingTracker()
+        self.health = OutlierDetector(health)
+        self.tracker = OutstandingTracker(self.health)
         self.rng = random.Random(seed)
         self.clock = clock
         self.decision_seconds: list[float] = []  # drained by the metrics layer
@@ -326,8 +329,9 @@ class Dispatcher:
     ) -> Outcome:
         crossing = self.links.crossing(site, state.partition, self.net_rng)
         if crossing is None:  # emulated cut link: the connect attempt times out
-            wait_ms = min(self.connect_timeout_ms, max(0.0, deadline_at_ms - self.clock()))
+            wait_ms = min(self.connect_timeout_ms, max(0.0, deadline_at_ms - self.clock()) / 2)  # as a real connect
             await asyncio.sleep(wait_ms / 1000.0)
+            self.health.failure(site, choice.node_id, self.clock(), len(self.store.view))
             return Outcome.error(
                 503,
                 f"node {choice.node_id} unreachable: link {site}-{state.partition} is cut",
@@ -353,12 +357,17 @@ class Dispatcher:
                 if late:
                     raise NodeTimeout(choice.endpoint)
         except NodeUnavailable as exc:
+            self.health.failure(site, choice.node_id, self.clock(), len(self.store.view))
             return Outcome.error(503, f"node {choice.node_id} unavailable: {exc}", choice.node_id, attempt)
         except NodeTimeout:
             return Outcome.error(504, f"deadline passed waiting for node {choice.node_id}", choice.node_id, attempt)
         finally:
             self.tracker.settle(choice.node_id)
             self.waiters.wake(state.partition)
+        if reply.status in (500, 502):
+            self.health.failure(site, choice.node_id, self.clock(), len(self.store.view))
+        else:
+            self.health.success(site, choice.node_id)
         reason = ""
         if reply.status >= 400:
             try:

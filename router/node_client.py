@@ -64,7 +64,10 @@ class HttpNodeClient:
         self, method: str, url: str, body: bytes | None, headers: Mapping[str, str] | None, timeout_s: float
     ) -> NodeReply:
         timeout = aiohttp.ClientTimeout(
-            total=max(0.001, timeout_s), sock_connect=min(self._connect_timeout_s, max(0.001, timeout_s))
+            # a connect that takes half the budget will not finish in time: give up and leave the rest for
+            # a retry on another node
+            total=max(0.001, timeout_s),
+            sock_connect=min(self._connect_timeout_s, max(0.001, timeout_s / 2)),
         )
         try:
             async with self.session.request(method, url, data=body, headers=headers, timeout=timeout) as resp:

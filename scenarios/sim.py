@@ -43,6 +43,7 @@ from policies.engine import Pipeline
 from policies.registry import build_policy
 from scenarios.loadgen import Arrival, Result
 from scenarios.schema import Fault, NodeSpec, PolicyRun, Scenario
+from telemetry.health import HealthConfig, OutlierDetector
 from telemetry.overlay import OutstandingTracker
 from telemetry.schema import DeviceInfo, ModelLoad, NodeLoad
 from telemetry.store import ViewStore
@@ -216,6 +217,7 @@ class SimNode:
     model_cache: dict[tuple[str, int, int, float], ModelLoad] = field(default_factory=dict)
     served: int = 0
     wake_at: float | None = None
+    started_ms: float = 0.0  # serving since (restarts take 2 s to load models, as live)
 
     busy: int = 0  # requests executing
     starts: int = 0  # executions started (with change_threshold 1, each one is published)
@@ -239,6 +241,7 @@ class SimConfig:
     hedge_min_priority: int | None = None  # the router's `hedging` config, when set
     hedge_after_ms: float | None = None
     ewma_alpha: float = 0.2
+    health: HealthConfig = field(default_factory=HealthConfig)  # the router's `outlier` config
 
     @classmethod
     def from_router(cls, router: dict[str, Any]) -> SimConfig:
@@ -248,6 +251,8 @@ class SimConfig:
         if hedging:
             cfg.hedge_min_priority = int(hedging.get("min_priority", 10))
             cfg.hedge_after_ms = hedging.get("after_ms")
+        if router.get("outlier"):
+            cfg.health = HealthConfig(**router["outlier"])
         return cfg
 
 
@@ -274,7 +279,8 @@ class Simulation:
         self.svc_rng = random.Random(seed + 2)
         self.tel_rng = random.Random(seed + 3)
         self.store = ViewStore(stale_after_ms=self.cfg.stale_after_ms)
-        self.tracker = OutstandingTracker()
+        self.health = OutlierDetector(self.cfg.health)
+        self.tracker = OutstandingTracker(self.health)
         self.links = LinkTable(LinkState(k.a, k.b, k.rtt_ms, k.jitter_ms, k.loss) for k in scenario.topology.links)
         self.store.set_links(self.links)
         self.nodes = {n.id: self._node(n) for n in run.node_specs(scenario.topology.nodes)}
@@ -427,7 +433,7 @@ class Simulation:
         req.tried.add(node.spec.id)
         crossing = self.links.crossing(req.arrival.site, node.spec.partition, self.net_rng)
         if crossing is None:  # cut link: the connect attempt times out
-            wait = min(self.cfg.connect_timeout_ms, max(0.0, req.deadline_at - now))
+            wait = min(self.cfg.connect_timeout_ms, max(0.0, req.deadline_at - now) / 2)
             job = Job(req, req.attempt, node, 0.0, dispatched=False)
             req.jobs.append(job)
             self.push(now + wait, REPLY, (job, 503, f"node {node.spec.id} unreachable: link cut"))
@@ -486,6 +492,11 @@ class Simulation:
     def _reply(self, payload: tuple[Job, int, str]) -> None:
         job, status, reason = payload
         req = job.req
+        # the router's outlier detector sees every answer it gets (connection faults, 500/502)
+        if status in (500, 502) or (status == 503 and reason.startswith(f"node {job.node.spec.id} un")):
+            self.health.failure(req.arrival.site, job.node.spec.id, self.now, len(self.nodes))
+        elif status != 503:
+            self.health.success(req.arrival.site, job.node.spec.id)
         if req.done or job.attempt != req.attempt or job.settled:
             return  # the router already gave up on this attempt
         if job.dispatched:
@@ -734,6 +745,7 @@ class Simulation:
             memory_used_bytes=0,
             memory_budget_bytes=spec.memory_budget_mb << 20,
             utilisation=0.0,
+            started_at_ms=node.started_ms,
         )
 
     def _emit(self, node: SimNode) -> None:
@@ -811,6 +823,7 @@ class Simulation:
             node.epoch += 1
             node.seq = 0
             node.ewma.clear()
+            node.started_ms = self.now + 2000.0
             # start-up (process, sessions) takes about two seconds before the first telemetry
             self.push(self.now + 2000.0, PUBLISH, (node, node.epoch))
             self.fault_log.append((t, f"restart {node.spec.id}"))

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from telemetry.view import ClusterView, NodeState
+from telemetry.view import ClusterView, Health, NodeState
 
 
 @dataclass(slots=True)
@@ -31,7 +31,8 @@ class _Node:
 
 
 class OutstandingTracker:
-    def __init__(self) -> None:
+    def __init__(self, health: Health | None = None) -> None:
+        self.health = health  # attached to every overlaid view for the `healthy` filter
         self._nodes: dict[str, _Node] = {}
         self._base: ClusterView | None = None
         self._overlaid: ClusterView | None = None
@@ -69,5 +70,5 @@ class OutstandingTracker:
     def overlay(self, view: ClusterView) -> ClusterView:
         """`view` with this router's estimates attached (computed when asked; cached per view)."""
         if view is not self._base or self._overlaid is None:
-            self._base, self._overlaid = view, view.with_outstanding(self)
+            self._base, self._overlaid = view, view.with_outstanding(self, self.health)
         return self._overlaid

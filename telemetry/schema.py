@@ -78,6 +78,7 @@ class NodeLoad(_Strict):
     memory_used_bytes: int = Field(0, ge=0)
     memory_budget_bytes: int = Field(0, ge=0)
     utilisation: float = Field(0.0, ge=0.0, le=1.0)
+    started_at_ms: float = Field(0.0, ge=0, description="when the node process started (its clock); 0 unknown")
 
     model_config = ConfigDict(frozen=True, extra="ignore", populate_by_name=True)
 

@@ -13,7 +13,8 @@ O(1) instead of a scan of every node.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+import random
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Protocol, overload
@@ -95,6 +96,12 @@ class Overlay(Protocol):
     def estimate(self, node: NodeState) -> int: ...
 
 
+class Health(Protocol):
+    """The router's view of node health from its own answers (see telemetry.health)."""
+
+    def admitter(self, site: str | None, now_ms: float, rng: random.Random) -> Callable[[NodeState], bool]: ...
+
+
 class FixedOverlay:
     """An overlay from a plain mapping node id -> outstanding (tests, tools)."""
 
@@ -115,6 +122,7 @@ class ClusterView:
     overlay: Overlay | None = None
     newest_heard_ms: float = float("-inf")
     links: LinkTable | None = None  # partition distances (the router's link table), kept across rebuilds
+    health: Health | None = None  # the router's outlier ejection and slow start (telemetry.health)
     _by_model: dict[str, tuple[str, ...]] | None = field(default=None, compare=False, repr=False)
 
     def __iter__(self) -> Iterator[NodeState]:
@@ -201,11 +209,13 @@ class ClusterView:
             _by_model=index,
         )
 
-    def with_outstanding(self, overlay: Overlay | Mapping[str, int] | None) -> ClusterView:
+    def with_outstanding(
+        self, overlay: Overlay | Mapping[str, int] | None, health: Health | None = None
+    ) -> ClusterView:
         if overlay is not None and not hasattr(overlay, "estimate"):
             overlay = FixedOverlay(overlay)
         # same nodes, only the load estimate differs: share the index (building it first if needed)
-        return replace(self, overlay=overlay, _by_model=self._index())
+        return replace(self, overlay=overlay, health=health, _by_model=self._index())
 
     @classmethod
     def of(cls, loads: list[NodeLoad], heard_at_ms: float, stale_after_ms: float = 1000.0) -> ClusterView:

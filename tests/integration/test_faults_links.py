@@ -54,8 +54,17 @@ def test_crossing_traffic_pays_the_link_and_a_cut_link_fails_over(broker: Embedd
         statuses = {timed(stack, "edge")[2] for _ in range(6)}
         assert statuses == {"e1"}, "with the link cut, c1 fails after the connect timeout and e1 answers"
         assert call(f"{stack.router_url}/admin/links")[1][0]["cut"] is True
+        health = call(f"{stack.router_url}/admin/view")[1]["health"]
+        assert [(e["site"], e["node"]) for e in health["ejected_now"]] == [("edge", "c1")], (
+            "five connect failures in a row eject c1 for the edge site"
+        )
         stack.cut_link("edge", "cloud", False)
-        assert "c1" in {timed(stack, "edge")[2] for _ in range(6)}
+        seen: set[str] = set()
+        deadline = time.monotonic() + 10
+        while "c1" not in seen and time.monotonic() < deadline:  # back after the ejection (1 s) and slow start
+            seen.add(timed(stack, "edge")[2])
+            time.sleep(0.05)
+        assert "c1" in seen
     finally:
         stack.stop()
 
