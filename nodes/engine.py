@@ -68,6 +68,7 @@ class NodeEngine:
     starts: int = 0
     busy_ms: float = 0.0
     served: int = 0
+    peak_outstanding: int = 0  # most requests queued + executing at once (reset by GET /admin/stats?reset=1)
     on_change: Any = None  # called after queue or slot changes (telemetry trigger)
     lock: threading.Lock = field(default_factory=threading.Lock)  # the scheduler and `running`
     _wake: asyncio.TimerHandle | None = None
@@ -126,6 +127,8 @@ class NodeEngine:
         work = Work(pending, model, priority, deadline, req.batch, now)
         with self.lock:
             self.scheduler.push(work)
+            outstanding = self.scheduler.queued + self.in_flight
+        self.peak_outstanding = max(self.peak_outstanding, outstanding)
         if request_id:
             self.by_id[request_id] = work
         if deadline is not None:

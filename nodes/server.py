@@ -290,17 +290,20 @@ async def infer(request: web.Request) -> web.Response:
 
 
 async def stats(request: web.Request) -> web.Response:
-    """Counters for operators and tests: served, cancelled, queued, executing."""
+    """Counters for operators and tests: served, cancelled, queued, executing, and the peak of queued +
+    executing since start or the last `?reset=1` (which starts a new peak)."""
     engine = request.app[RUNTIME].engine
-    return web.json_response(
-        {
-            "served": engine.served,
-            "cancelled": engine.cancelled,
-            "queued": engine.scheduler.queued,
-            "in_flight": engine.in_flight,
-            "scheduler": engine.scheduler.mode,
-        }
-    )
+    body = {
+        "served": engine.served,
+        "cancelled": engine.cancelled,
+        "queued": engine.scheduler.queued,
+        "in_flight": engine.in_flight,
+        "peak_outstanding": engine.peak_outstanding,
+        "scheduler": engine.scheduler.mode,
+    }
+    if request.query.get("reset") == "1":
+        engine.peak_outstanding = engine.scheduler.queued + engine.in_flight
+    return web.json_response(body)
 
 
 async def cancel(request: web.Request) -> web.Response:

@@ -20,6 +20,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, help="listen port (overrides the config)")
     parser.add_argument("--policy", help="preset name (overrides the config)")
     parser.add_argument("--reuse-port", action="store_true", help="SO_REUSEPORT, for several routers")
+    parser.add_argument("--router-id", help="this router's id among active-active peers (overrides the config)")
     parser.add_argument("--log-level", default="INFO")
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -38,6 +39,8 @@ def main(argv: list[str] | None = None) -> int:
         from policies.registry import PolicySpec
 
         updates["policy"] = PolicySpec(preset=args.policy)
+    if args.router_id:
+        updates["peers"] = cfg.peers.model_copy(update={"router_id": args.router_id})
     cfg = cfg.model_copy(update=updates)
     if cfg.kafka is None:
         print(

@@ -12,8 +12,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import html
+import importlib
 import json
 import logging
+import os
+import socket
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -29,8 +32,9 @@ from router.config import ConfigError, RouterConfig, load_config
 from router.dispatch import Dispatcher, Outcome, PolicyHolder
 from router.metrics import RouterMetrics
 from router.node_client import HttpNodeClient, NodeClient, NodeTimeout, NodeUnavailable
-from telemetry.bus import KafkaTelemetrySource, TelemetrySource, now_ms
+from telemetry.bus import KafkaTelemetrySource, TelemetrySource, ensure_topic, now_ms
 from telemetry.health import HealthConfig
+from telemetry.peers import PeerLoads, PeerPublisher
 from telemetry.store import ViewStore
 from telemetry.topology import LinkState, LinkTable
 
@@ -76,6 +80,8 @@ class Router:
         self.store.set_links(self.dispatcher.links)
         self.metrics = RouterMetrics(self.store, clock)
         self.auth = Authenticator(config.auth)
+        self.router_id = config.peers.router_id or f"{socket.gethostname()}-{os.getpid()}"
+        self.peers: PeerLoads | None = None
         self.limiter = RateLimiter(config.rate_limit)
 
     def reload_policy(self, raw: Any, origin: str) -> PolicySpec:
@@ -171,12 +177,51 @@ async def json_errors(
 
 async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     router = app[ROUTER]
+    if router.config.kafka is not None:
+        # import kafka-python once here: its package init is not safe to run from two threads at once
+        # (the telemetry consumer and the peers' topic creation)
+        importlib.import_module("kafka")
     router.source.start(router.store)
     try:
         yield
     finally:
         await asyncio.get_running_loop().run_in_executor(None, router.source.stop)
         await router.client.close()
+
+
+async def _peers(app: web.Application) -> AsyncIterator[None]:
+    """Active-active: publish this router's in-flight per node, read the other routers' (telemetry.peers)."""
+    router = app[ROUTER]
+    cfg = router.config.peers
+    if not cfg.enabled or router.config.kafka is None:
+        yield
+        return
+    rid = router.router_id
+    loads = PeerLoads(router.config.kafka, rid, cfg.topic, cfg.stale_after_ms, router.clock)
+    publisher = PeerPublisher(router.config.kafka, rid, cfg.topic, cfg.stale_after_ms / 3)
+    loop = asyncio.get_running_loop()
+    await loop.run_in_executor(None, ensure_topic, router.config.kafka, cfg.topic)
+    loads.start()
+    router.peers = loads
+    router.dispatcher.tracker.remote = loads.remote
+
+    async def publish() -> None:
+        while True:
+            msg = publisher.snapshot(*router.dispatcher.tracker.totals(), router.clock())
+            if msg is not None:
+                publisher.submit(msg)
+            await asyncio.sleep(cfg.interval_ms / 1000.0)
+
+    task = asyncio.create_task(publish(), name="peers-publisher")
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        router.dispatcher.tracker.remote = None
+        await loop.run_in_executor(None, loads.stop)
+        await loop.run_in_executor(None, publisher.close)
 
 
 async def _config_watcher(app: web.Application) -> AsyncIterator[None]:
@@ -466,6 +511,15 @@ async def get_view(request: web.Request) -> web.Response:
                 "cancelled": router.dispatcher.hedge_cancels,
             },
             "health": router.dispatcher.health.state(now),
+            "router_id": router.router_id,
+            "peers": None
+            if router.peers is None
+            else {
+                "routers": router.peers.peers,
+                "messages": router.peers.messages,
+                "malformed": router.peers.malformed,
+                "remote_in_flight": sum(router.peers.remote(n.node_id) for n in view),
+            },
             "holds": {
                 "held": router.dispatcher.holds,
                 "held_ms_total": round(router.dispatcher.held_ms_total, 1),
@@ -539,6 +593,7 @@ def create_app(
     app = web.Application(client_max_size=config.max_body_bytes, middlewares=[json_errors, admission])
     app[ROUTER] = Router(config, source, client, clock, config_path)
     app.cleanup_ctx.append(_lifecycle)
+    app.cleanup_ctx.append(_peers)
     app.cleanup_ctx.append(_config_watcher)
     r = app.router
     r.add_get("/v2/health/live", live)

@@ -51,6 +51,18 @@ class OutlierConfig(BaseModel):
     slow_start_min: float = Field(0.1, gt=0, le=1)
 
 
+class PeersConfig(BaseModel):
+    """Active-active routers sharing their in-flight load through Kafka (telemetry.peers)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = False
+    topic: str = "edgeroute.routers"
+    interval_ms: float = Field(5.0, gt=0, description="publish at most this often, only when changed")
+    stale_after_ms: float = Field(1000.0, gt=0, description="a silent router's load is dropped after this")
+    router_id: str | None = Field(None, description="default: host name and process id")
+
+
 class RouterConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -72,6 +84,7 @@ class RouterConfig(BaseModel):
     links: list[LinkConfig] = Field(default_factory=list, description="emulated partition-to-partition links")
     hedging: HedgingConfig | None = None
     outlier: OutlierConfig = Field(default_factory=OutlierConfig)
+    peers: PeersConfig = Field(default_factory=PeersConfig)
     auth: AuthConfig | None = None
     rate_limit: RateLimitConfig | None = None
 

@@ -27,10 +27,10 @@ def _up(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    stack = Stack(scenario, kafka=args.kafka, router_port=args.port)
+    stack = Stack(scenario, kafka=args.kafka, router_port=args.port, routers=args.routers, share_load=not args.no_share)
     try:
         stack.start()
-        print(f"router: {stack.router_url}", flush=True)
+        print(f"router: {stack.router_url}" + (f" ({args.routers} processes)" if args.routers > 1 else ""), flush=True)
         print(f"kafka: {stack.bootstrap}", flush=True)
         print(f"logs: {stack.log_dir}", flush=True)
         while not stopping:
@@ -136,6 +136,8 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("scenario", nargs="?", help="scenario file (default: the quickstart topology)")
     up.add_argument("--kafka", help="use this Kafka bootstrap HOST:PORT instead of the embedded broker")
     up.add_argument("--port", type=int, default=0, help="router port (default: a free one)")
+    up.add_argument("--routers", type=int, default=1, help="router processes sharing the port (SO_REUSEPORT)")
+    up.add_argument("--no-share", action="store_true", help="several routers, but without exchanging load")
     up.set_defaults(func=_up)
 
     rp = sub.add_parser("replay", help="replay a scenario once per policy on the live stack")

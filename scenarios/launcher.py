@@ -128,8 +128,11 @@ class Stack:
     router_overrides: dict[str, Any] = field(default_factory=dict)
     broker: EmbeddedBroker | None = None
     nodes: dict[str, Proc] = field(default_factory=dict)
-    router: Proc | None = None
+    router: Proc | None = None  # the first router; with `routers` > 1, all of them are in `peers`
     router_config_path: Path | None = None
+    routers: int = 1  # processes sharing the router port (SO_REUSEPORT)
+    share_load: bool = True  # with several routers: exchange in-flight load through Kafka
+    peers: list[Proc] = field(default_factory=list)
     topic: str = TOPIC
     dead: dict[str, int] = field(default_factory=dict)  # killed node id -> its port, for restarts
     # model -> reference execution ms for the speed emulation; the simulator uses the same numbers
@@ -204,6 +207,8 @@ class Stack:
         return proc
 
     def start_router(self) -> Proc:
+        """Start the router, or `routers` of them on one port (SO_REUSEPORT: the kernel spreads the
+        connections), sharing their in-flight load through Kafka when `share_load`."""
         port = self.router_port or free_port()
         cfg: dict[str, Any] = {
             "kafka": self.bootstrap,
@@ -215,17 +220,23 @@ class Stack:
         }
         cfg.update(self.scenario.router)
         cfg.update(self.router_overrides)
+        if self.routers > 1 and self.share_load:
+            cfg["peers"] = {**cfg.get("peers", {}), "enabled": True, "topic": f"{self.topic}.routers"}
         self.router_config_path = self.log_dir / "router.yaml"
         self.router_config_path.write_text(yaml.safe_dump(cfg))
-        proc = self._spawn(
-            "router", ["-m", "router", "--config", str(self.router_config_path), "--log-level", "WARNING"]
-        )
-        proc.port, proc.url = port, f"http://127.0.0.1:{port}"
-        self.router = proc
-        return proc
+        self.peers = []
+        for i in range(self.routers):
+            args = ["-m", "router", "--config", str(self.router_config_path), "--log-level", "WARNING"]
+            if self.routers > 1:
+                args += ["--reuse-port", "--router-id", f"router-{i + 1}"]
+            proc = self._spawn("router" if self.routers == 1 else f"router-{i + 1}", args)
+            proc.port, proc.url = port, f"http://127.0.0.1:{port}"
+            self.peers.append(proc)
+        self.router = self.peers[0]
+        return self.router
 
     def _check_alive(self) -> None:
-        for proc in [*self.nodes.values(), *([self.router] if self.router else [])]:
+        for proc in [*self.nodes.values(), *self.peers]:
             code = proc.popen.poll()
             if code is not None:
                 tail = proc.log_path.read_text(errors="replace")[-2000:]
@@ -251,6 +262,8 @@ class Stack:
             time.sleep(0.2)
 
     def set_policy(self, spec: dict[str, Any]) -> None:
+        if self.routers > 1:  # the admin call would reach one router of the group
+            raise RuntimeError("with several routers, set the policy in the router config file")
         status, body = http_json(f"{self.router_url}/admin/policy", "PUT", spec, headers=self.admin_headers)
         if status != 200:
             raise RuntimeError(f"router rejected policy {spec}: {body}")
@@ -323,9 +336,10 @@ class Stack:
         terminate(proc.popen)
 
     def stop_router(self) -> None:
-        if self.router is not None:
-            terminate(self.router.popen)
-            self.router = None
+        for proc in self.peers:
+            terminate(proc.popen)
+        self.peers = []
+        self.router = None
 
     def stop(self) -> None:
         if self.router is not None:

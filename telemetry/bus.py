@@ -129,13 +129,19 @@ class StaticTelemetrySource:
         return None
 
 
-class KafkaTelemetrySource:
-    """A daemon thread consuming all partitions of the telemetry topic into a ViewStore."""
+class TopicReader:
+    """A daemon thread reading every partition of a topic, from `lookback_ms` back, batch by batch.
+
+    Reconnects by itself after a broker outage. Subclasses say what a batch of message values means
+    (`_handle`) and may act after every poll, records or not (`_tick`).
+    """
+
+    thread_name = "topic-reader"
 
     def __init__(
         self,
         bootstrap: str,
-        topic: str = TOPIC,
+        topic: str,
         lookback_ms: float = 5000.0,
         fetch_max_wait_ms: int = 10,
         clock: Callable[[], float] = now_ms,
@@ -150,8 +156,8 @@ class KafkaTelemetrySource:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def start(self, store: ViewStore) -> None:
-        self._thread = threading.Thread(target=self._run, args=(store,), name="telemetry-consumer", daemon=True)
+    def _start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name=self.thread_name, daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
@@ -160,7 +166,13 @@ class KafkaTelemetrySource:
             self._thread.join(timeout=10)
             self._thread = None
 
-    def _run(self, store: ViewStore) -> None:
+    def _handle(self, values: list[bytes], received_ms: float) -> None:
+        raise NotImplementedError
+
+    def _tick(self, now_ms: float) -> None:
+        return None
+
+    def _run(self) -> None:
         while not self._stop.is_set():
             consumer = None
             try:
@@ -168,13 +180,13 @@ class KafkaTelemetrySource:
                 while not self._stop.is_set():
                     batches = consumer.poll(timeout_ms=100, max_records=1000)
                     received = self.clock()
-                    parsed = [store.parse(r.value or b"") for records in batches.values() for r in records]
-                    msgs = [m for m in parsed if m is not None]
-                    if msgs:
-                        store.apply_many(msgs, received)
+                    values = [r.value or b"" for records in batches.values() for r in records]
+                    if values:
+                        self._handle(values, received)
+                    self._tick(received)
             except Exception as exc:  # noqa: BLE001 - broker outages are survived, not raised
                 self.errors += 1
-                log.warning("telemetry consumer error, reconnecting: %s", exc)
+                log.warning("%s error, reconnecting: %s", self.thread_name, exc)
                 self._stop.wait(0.5)
             finally:
                 if consumer is not None:
@@ -217,3 +229,32 @@ class KafkaTelemetrySource:
                 consumer.seek(tp, found.offset)
         self.assigned.set()
         return consumer
+
+
+class KafkaTelemetrySource(TopicReader):
+    """A daemon thread consuming all partitions of the telemetry topic into a ViewStore."""
+
+    thread_name = "telemetry-consumer"
+
+    def __init__(
+        self,
+        bootstrap: str,
+        topic: str = TOPIC,
+        lookback_ms: float = 5000.0,
+        fetch_max_wait_ms: int = 10,
+        clock: Callable[[], float] = now_ms,
+    ) -> None:
+        super().__init__(bootstrap, topic, lookback_ms, fetch_max_wait_ms, clock)
+        self._store: ViewStore | None = None
+
+    def start(self, store: ViewStore) -> None:
+        self._store = store
+        self._start()
+
+    def _handle(self, values: list[bytes], received_ms: float) -> None:
+        store = self._store
+        assert store is not None
+        parsed = [store.parse(v) for v in values]
+        msgs = [m for m in parsed if m is not None]
+        if msgs:
+            store.apply_many(msgs, received_ms)

@@ -6,10 +6,12 @@ latest report (of `r` outstanding), and estimates
 
     outstanding = max(pending, r + d - s)
 
-where `pending` is this router's own unanswered requests there. `r + d - s` is exact when every
-request counted in the report settles after the router saw the report; requests that settled between
-the node's send and the router's receipt make it an overestimate until the next report, which is the
-safe side. `max(pending, ...)` keeps it from dropping below what this router alone knows to be there.
+where `pending` is this router's own unanswered requests there, plus, with active-active routers
+(telemetry.peers), the other routers' requests in flight there as they last published them.
+`r + d - s` is exact when every request counted in the report settles after the router saw the
+report; requests that settled between the node's send and the router's receipt make it an
+overestimate until the next report, which is the safe side. `max(pending, ...)` keeps it from
+dropping below what the routers know to be there.
 
 Estimates are computed lazily, per node asked about, so a decision over a sample of two nodes costs
 O(1) whatever the cluster size. Single-threaded: the router's event loop, or the simulator.
@@ -17,6 +19,7 @@ O(1) whatever the cluster size. Single-threaded: the router's event loop, or the
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from telemetry.view import ClusterView, Health, NodeState
@@ -28,11 +31,14 @@ class _Node:
     dispatched: int = 0
     settled: int = 0
     report: tuple[int, float] = (-1, -1.0)
+    total_dispatched: int = 0  # running sums, published to the other routers
+    total_settled: int = 0
 
 
 class OutstandingTracker:
-    def __init__(self, health: Health | None = None) -> None:
+    def __init__(self, health: Health | None = None, remote: Callable[[str], int] | None = None) -> None:
         self.health = health  # attached to every overlaid view for the `healthy` filter
+        self.remote = remote  # other routers' in flight per node (telemetry.peers), if shared
         self._nodes: dict[str, _Node] = {}
         self._base: ClusterView | None = None
         self._overlaid: ClusterView | None = None
@@ -49,12 +55,14 @@ class OutstandingTracker:
 
     def estimate(self, state: NodeState) -> int:
         n = self._sync(state)
-        return max(n.pending, state.reported_outstanding + n.dispatched - n.settled)
+        pending = n.pending if self.remote is None else n.pending + self.remote(state.node_id)
+        return max(pending, state.reported_outstanding + n.dispatched - n.settled)
 
     def dispatch(self, state: NodeState) -> None:
         n = self._sync(state)
         n.pending += 1
         n.dispatched += 1
+        n.total_dispatched += 1
 
     def settle(self, node_id: str) -> None:
         n = self._nodes.get(node_id)
@@ -62,6 +70,15 @@ class OutstandingTracker:
             n = self._nodes[node_id] = _Node()
         n.pending = max(0, n.pending - 1)
         n.settled += 1
+        n.total_settled += 1
+
+    def totals(self) -> tuple[dict[str, int], dict[str, int]]:
+        """Running sums of dispatches and settles per node (what active-active routers publish)."""
+        nodes = self._nodes.items()
+        return (
+            {k: n.total_dispatched for k, n in nodes if n.total_dispatched},
+            {k: n.total_settled for k, n in nodes if n.total_settled},
+        )
 
     def pending(self, node_id: str) -> int:
         n = self._nodes.get(node_id)

@@ -1,0 +1,185 @@
+"""Active-active routers: each publishes what it has in flight per node, and reads everyone else's.
+
+Node telemetry arrives every ~100 ms; between two reports a router only knows its own dispatches.
+With several routers in front of the same nodes, each would pile onto whichever node last looked idle,
+blind to the others. So every router publishes, every `interval_ms` when anything changed, its
+running sums of dispatches and settles per node (`RouterLoad`: the dispatch and settle deltas
+accumulated, so a lost or late message never skews the count, and a router that starts late is
+right from the first message it reads). Each router consumes the topic and keeps, per node, the sum
+over the *other* routers heard within `stale_after_ms` of their in-flight (dispatched - settled); a
+router that stops publishing (crashed) drops out of the sum after that. The outstanding tracker adds
+it to this router's own pending count (telemetry.overlay), so each sees the global in-flight load
+a few milliseconds old instead of up to a telemetry interval.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from types import MappingProxyType
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from telemetry.bus import TopicReader, now_ms
+
+log = logging.getLogger(__name__)
+
+PEERS_TOPIC = "edgeroute.routers"
+PEERS_SCHEMA = 1
+
+
+class RouterLoad(BaseModel):
+    """One router's cumulative dispatches and settles per node at `sent_at_ms`."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore", populate_by_name=True, strict=True)
+
+    schema_: int = Field(PEERS_SCHEMA, alias="schema")
+    router_id: str = Field(min_length=1, max_length=128)
+    seq: int = Field(ge=0)
+    sent_at_ms: float = Field(ge=0)
+    dispatched: dict[str, int] = Field(default_factory=dict)
+    settled: dict[str, int] = Field(default_factory=dict)
+
+    def in_flight(self) -> dict[str, int]:
+        return {n: d - self.settled.get(n, 0) for n, d in self.dispatched.items() if d > self.settled.get(n, 0)}
+
+
+class PeerLoads(TopicReader):
+    """The other routers' in-flight per node, from the peers topic (a daemon thread)."""
+
+    thread_name = "peers-consumer"
+
+    def __init__(
+        self,
+        bootstrap: str,
+        router_id: str,
+        topic: str = PEERS_TOPIC,
+        stale_after_ms: float = 1000.0,
+        clock: Callable[[], float] = now_ms,
+    ) -> None:
+        super().__init__(bootstrap, topic, lookback_ms=stale_after_ms, fetch_max_wait_ms=5, clock=clock)
+        self.router_id = router_id
+        self.stale_after_ms = stale_after_ms
+        self.messages = 0
+        self.malformed = 0
+        self._latest: dict[str, tuple[float, RouterLoad]] = {}  # router -> (received at, latest message)
+        self._remote: Mapping[str, int] = MappingProxyType({})
+
+    def start(self) -> None:
+        self._start()
+
+    def remote(self, node_id: str) -> int:
+        """The other routers' requests in flight at `node_id` (swapped whole; read from any thread)."""
+        return self._remote.get(node_id, 0)
+
+    @property
+    def peers(self) -> int:
+        return len(self._latest)
+
+    def apply(self, msgs: list[RouterLoad], received_ms: float) -> None:
+        for m in msgs:
+            if m.router_id == self.router_id:
+                continue
+            prev = self._latest.get(m.router_id)
+            if prev is None or m.seq > prev[1].seq or m.seq == 0:  # seq 0: a restarted router
+                self._latest[m.router_id] = (received_ms, m)
+        self._tick(received_ms)
+
+    def _handle(self, values: list[bytes], received_ms: float) -> None:
+        msgs: list[RouterLoad] = []
+        for raw in values:
+            try:
+                msg = RouterLoad.model_validate_json(raw)
+            except ValidationError:
+                self.malformed += 1
+                continue
+            if msg.schema_ != PEERS_SCHEMA:
+                self.malformed += 1
+                continue
+            msgs.append(msg)
+        self.messages += len(msgs)
+        self.apply(msgs, received_ms)
+
+    def _tick(self, now_ms: float) -> None:
+        for rid in [r for r, (at, _) in self._latest.items() if now_ms - at > self.stale_after_ms]:
+            del self._latest[rid]
+        total: dict[str, int] = {}
+        for _, msg in self._latest.values():
+            for node, n in msg.in_flight().items():
+                total[node] = total.get(node, 0) + n
+        self._remote = MappingProxyType(total)
+
+
+class PeerPublisher:
+    """Publishes this router's `RouterLoad` when it changed; the send runs on one worker thread."""
+
+    def __init__(
+        self, bootstrap: str, router_id: str, topic: str = PEERS_TOPIC, heartbeat_ms: float = 300.0
+    ) -> None:
+        self.bootstrap = bootstrap
+        self.heartbeat_ms = heartbeat_ms  # publish at least this often, so peers know each other while idle
+        self._last_at = float("-inf")
+        self.router_id = router_id
+        self.topic = topic
+        self.seq = 0
+        self.sent = 0
+        self.failed = 0
+        self._producer: Any = None
+        self._last: tuple[dict[str, int], dict[str, int]] | None = None
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="peers-publisher")
+
+    def snapshot(self, dispatched: dict[str, int], settled: dict[str, int], sent_at_ms: float) -> RouterLoad | None:
+        """The message to send now, or None if nothing changed since the last one (and it is recent)."""
+        if self._last == (dispatched, settled) and sent_at_ms - self._last_at < self.heartbeat_ms:
+            return None
+        self._last = (dispatched, settled)
+        self._last_at = sent_at_ms
+        msg = RouterLoad(
+            router_id=self.router_id, seq=self.seq, sent_at_ms=sent_at_ms, dispatched=dispatched, settled=settled
+        )
+        self.seq += 1
+        return msg
+
+    def submit(self, msg: RouterLoad) -> None:
+        self._executor.submit(self._send, msg)
+
+    def _send(self, msg: RouterLoad) -> None:
+        try:
+            if self._producer is None:
+                from kafka import KafkaProducer
+
+                self._producer = KafkaProducer(
+                    bootstrap_servers=self.bootstrap,
+                    linger_ms=0,
+                    acks=1,
+                    max_block_ms=2000,
+                    request_timeout_ms=5000,
+                    retries=1,
+                    client_id=f"edgeroute-router-{self.router_id}",
+                )
+            self._producer.send(
+                self.topic,
+                key=self.router_id.encode(),
+                value=msg.model_dump_json(by_alias=True).encode(),
+                timestamp_ms=int(msg.sent_at_ms),
+            )
+            self.sent += 1
+        except Exception as exc:  # noqa: BLE001 - a broker fault must not take the router down
+            self.failed += 1
+            if self.failed == 1 or self.failed % 100 == 0:
+                log.warning("peer publish failed (%d so far): %s", self.failed, exc)
+
+    def close(self) -> None:
+        def _close() -> None:
+            if self._producer is not None:
+                try:
+                    self._producer.flush(timeout=2)
+                    self._producer.close(timeout=2)
+                except Exception as exc:  # noqa: BLE001
+                    log.debug("peer producer close: %s", exc)
+                self._producer = None
+
+        self._executor.submit(_close).result(timeout=10)
+        self._executor.shutdown(wait=True)

@@ -1,0 +1,82 @@
+"""Active-active routers: in-flight load exchanged through the real broker, and two router processes
+on one port that see each other's dispatches."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from scenarios.launcher import Stack, http_json
+from telemetry.broker import EmbeddedBroker
+from telemetry.bus import ensure_topic
+from telemetry.peers import PeerLoads, PeerPublisher
+from tests.integration.conftest import scenario
+
+
+def _until(cond: object, timeout_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if cond():  # type: ignore[operator]
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def test_in_flight_counts_travel_between_routers_through_the_broker(broker: EmbeddedBroker) -> None:
+    topic = f"edgeroute.routers.t{time.time_ns()}"
+    ensure_topic(broker.bootstrap, topic)
+    a_pub = PeerPublisher(broker.bootstrap, "a", topic)
+    b_pub = PeerPublisher(broker.bootstrap, "b", topic)
+    b_loads = PeerLoads(broker.bootstrap, "b", topic, stale_after_ms=1500)
+    b_loads.start()
+    try:
+        assert b_loads.assigned.wait(10)
+        msg = a_pub.snapshot({"n1": 5, "n2": 1}, {"n1": 2, "n2": 1}, time.time() * 1000)
+        assert msg is not None
+        a_pub.submit(msg)
+        own = b_pub.snapshot({"n1": 7}, {}, time.time() * 1000)
+        assert own is not None
+        b_pub.submit(own)  # a router's own messages are not counted as remote load
+        assert _until(lambda: b_loads.remote("n1") == 3), f"saw {b_loads.remote('n1')}"
+        assert b_loads.remote("n2") == 0 and b_loads.peers == 1
+        # the running sums move on: 2 more dispatched to n1, 3 settled
+        later = a_pub.snapshot({"n1": 7, "n2": 1}, {"n1": 5, "n2": 1}, time.time() * 1000)
+        assert later is not None and later.seq == 1
+        a_pub.submit(later)
+        assert _until(lambda: b_loads.remote("n1") == 2)
+        # a router that goes silent drops out of the sum after stale_after_ms
+        assert _until(lambda: b_loads.remote("n1") == 0, timeout_s=5)
+        assert b_loads.peers == 0
+        # garbage on the topic is counted and skipped
+        a_pub._producer.send(topic, value=b'{"schema": 1, "router_id": ""}')  # noqa: SLF001
+        a_pub._producer.send(topic, value=b"not json")  # noqa: SLF001
+        assert _until(lambda: b_loads.malformed == 2)
+    finally:
+        b_loads.stop()
+        a_pub.close()
+        b_pub.close()
+
+
+def test_two_router_processes_share_one_port_and_each_others_load(broker: EmbeddedBroker, tmp_path: Path) -> None:
+    sc = scenario([{"id": "n1", "partition": "edge-a", "models": ["sensor_mlp"], "speed": 0.01}])
+    stack = Stack(sc, kafka=broker.bootstrap, log_dir=tmp_path, topic=f"edgeroute.telemetry.aa{time.time_ns()}")
+    stack.routers = 2
+    procs = []
+    try:
+        stack.start()
+        procs = list(stack.peers)
+        assert len(procs) == 2 and len({p.port for p in procs}) == 1
+        ids: set[str] = set()
+        peers_seen: dict[str, int] = {}
+
+        def both_know_each_other() -> bool:
+            status, view = http_json(f"{stack.router_url}/admin/view")
+            if status == 200:
+                ids.add(view["router_id"])
+                peers_seen[view["router_id"]] = view["peers"]["routers"]
+            return len(ids) == 2 and all(n == 1 for n in peers_seen.values())
+
+        assert _until(both_know_each_other, 20), f"routers {ids}, peers seen {peers_seen}"
+    finally:
+        stack.stop()
+    assert procs and all(p.popen.poll() is not None for p in procs), "both router processes stopped"
