@@ -115,9 +115,7 @@ class PeerLoads(TopicReader):
 class PeerPublisher:
     """Publishes this router's `RouterLoad` when it changed; the send runs on one worker thread."""
 
-    def __init__(
-        self, bootstrap: str, router_id: str, topic: str = PEERS_TOPIC, heartbeat_ms: float = 300.0
-    ) -> None:
+    def __init__(self, bootstrap: str, router_id: str, topic: str = PEERS_TOPIC, heartbeat_ms: float = 300.0) -> None:
         self.bootstrap = bootstrap
         self.heartbeat_ms = heartbeat_ms  # publish at least this often, so peers know each other while idle
         self._last_at = float("-inf")
