@@ -223,3 +223,124 @@ def bench_sim(
     )
     print(f"written: {out_dir / 'sim.json'}")
     return result
+
+
+def routers_scenario(nodes: int, rate_rps: float, duration_s: float, policy: str) -> Scenario:
+    """Identical slow nodes behind the routers; telemetry every 100 ms only (change_threshold high, as a
+    large fleet would run it), so between two reports a router knows only what it dispatched itself."""
+    return Scenario.model_validate(
+        {
+            "name": "bench-routers",
+            "seed": 21,
+            "topology": {
+                "partitions": ["site-a"],
+                "nodes": [
+                    {
+                        "id": f"n{i + 1}",
+                        "partition": "site-a",
+                        "slots": 1,
+                        "speed": 0.005,
+                        "max_queue": 512,
+                        "change_threshold": 1000,
+                        "models": ["mobilenet_s"],
+                    }
+                    for i in range(nodes)
+                ],
+            },
+            "workload": {
+                "duration_s": duration_s,
+                "warmup_s": 1,
+                "sites": [
+                    {
+                        "site": "site-a",
+                        "arrival": "bursty",
+                        "rate_rps": rate_rps,
+                        "on_s": 3,
+                        "off_rate_rps": rate_rps / 6,
+                        "off_s": 2,
+                        "models": {"mobilenet_s": 1.0},
+                        "deadline_ms": {0: 5000},
+                    }
+                ],
+            },
+            "policies": [policy],
+        }
+    )
+
+
+def bench_routers(
+    out_dir: Path,
+    nodes: int = 4,
+    rate_rps: float = 120.0,
+    duration_s: float = 15.0,
+    policy: str = "least_outstanding",
+) -> dict[str, Any]:
+    """The same bursts through one router, two routers that do not share their load, and two that do
+    (telemetry.peers): p50/p99 latency and the largest queue any node reached. Prints and writes JSON."""
+    from scenarios.launcher import http_json
+    from scenarios.loadgen import build_schedule, fetch_payloads, run_load
+
+    scenario = routers_scenario(nodes, rate_rps, duration_s, policy)
+    schedule = build_schedule(scenario.workload, scenario.seed)
+    runs: list[dict[str, Any]] = []
+    for label, routers, share in (
+        ("1 router", 1, True),
+        ("2 routers, not sharing", 2, False),
+        ("2 routers, sharing in-flight", 2, True),
+    ):
+        stack = Stack(scenario, routers=routers, share_load=share)
+        with stack:
+            payloads = asyncio.run(fetch_payloads(stack.router_url, {"mobilenet_s"}, scenario.seed))
+            time.sleep(1.5)  # peers find each other
+            for proc in stack.nodes.values():
+                http_json(f"{proc.url}/admin/stats?reset=1")
+            results = asyncio.run(run_load(stack.router_url, schedule, payloads))
+            peaks = {n: http_json(f"{p.url}/admin/stats")[1]["peak_outstanding"] for n, p in stack.nodes.items()}
+            peers = http_json(f"{stack.router_url}/admin/view")[1].get("peers")
+        measured = [r for r in results if r.arrival.at_s >= scenario.workload.warmup_s]
+        ok = sorted(r.latency_ms for r in measured if r.status == 200)
+        by_node: dict[str, int] = {}
+        for r in measured:
+            if r.status == 200:
+                by_node[r.node] = by_node.get(r.node, 0) + 1
+        runs.append(
+            {
+                "run": label,
+                "routers": routers,
+                "sharing": share and routers > 1,
+                "sent": len(measured),
+                "completed": len(ok),
+                "p50_ms": round(percentile(ok, 50), 2),
+                "p99_ms": round(percentile(ok, 99), 2),
+                "max_node_queue": max(peaks.values()),
+                "peak_by_node": peaks,
+                "by_node": dict(sorted(by_node.items())),
+                "peers": peers,
+            }
+        )
+        last = runs[-1]
+        print(
+            f"{label:<30} p50 {last['p50_ms']:7.1f} ms  p99 {last['p99_ms']:7.1f} ms  max node queue "
+            f"{last['max_node_queue']:3d}  ok {last['completed']}/{last['sent']}",
+            flush=True,
+        )
+    base = runs[0]
+    for row in runs[1:]:
+        row["p99_vs_one_router"] = round(row["p99_ms"] / base["p99_ms"], 3) if base["p99_ms"] else None
+        row["max_queue_vs_one_router"] = (
+            round(row["max_node_queue"] / base["max_node_queue"], 3) if base["max_node_queue"] else None
+        )
+    result = {
+        "benchmark": "routers",
+        "policy": policy,
+        "nodes": nodes,
+        "burst_rps": rate_rps,
+        "duration_s": duration_s,
+        "runs": runs,
+        "host": {"machine": platform.machine(), "python": platform.python_version()},
+        "at": datetime.now(UTC).isoformat(timespec="seconds"),
+    }
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "routers.json").write_text(json.dumps(result, indent=2) + "\n")
+    print(f"written: {out_dir / 'routers.json'}")
+    return result

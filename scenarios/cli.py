@@ -79,7 +79,13 @@ def _bench(args: argparse.Namespace) -> int:
     if args.what == "sim":
         from scenarios.bench import bench_sim
 
-        bench_sim(Path(args.out), nodes=args.nodes, requests=args.requests or 1_000_000, policy=args.policy)
+        bench_sim(Path(args.out), nodes=args.nodes or 1000, requests=args.requests or 1_000_000, policy=args.policy)
+        return 0
+    if args.what == "routers":
+        from scenarios.bench import bench_routers
+
+        policy = args.policy if args.policy != "p2c" else "least_outstanding"
+        bench_routers(Path(args.out), nodes=args.nodes or 4, policy=policy)
         return 0
     bench_router(Path(args.out), requests=args.requests or 2000, kafka=args.kafka)
     return 0
@@ -157,11 +163,11 @@ def main(argv: list[str] | None = None) -> int:
     rp.set_defaults(func=_replay)
 
     bench = sub.add_parser("bench", help="benchmarks (print and save figures)")
-    bench.add_argument("what", choices=["router", "sim"])
+    bench.add_argument("what", choices=["router", "sim", "routers"])
     bench.add_argument("--out", default="reports/bench")
     bench.add_argument("--requests", type=int, help="requests (router: per run, 2000; sim: 1000000)")
-    bench.add_argument("--nodes", type=int, default=1000, help="sim: cluster size")
-    bench.add_argument("--policy", default="p2c", help="sim: preset in the loop")
+    bench.add_argument("--nodes", type=int, default=None, help="sim: cluster size (1000); routers: nodes (4)")
+    bench.add_argument("--policy", default="p2c", help="sim: preset in the loop; routers: least_outstanding")
     bench.add_argument("--kafka", help="external Kafka bootstrap HOST:PORT")
     bench.set_defaults(func=_bench)
 
