@@ -39,9 +39,9 @@ class Healthy:
             horizon = ctx.now_ms - view.stale_after_ms
         else:  # panic: nothing in the whole view is fresh
             horizon = ctx.now_ms - self.params.panic_max_age_ms
-        if view.health is None:
+        sound = None if view.health is None else view.health.admitter(req.site, ctx.now_ms, ctx.rng)
+        if sound is None:
             return lambda n: n.ready and n.heard_at_ms >= horizon
-        sound = view.health.admitter(req.site, ctx.now_ms, ctx.rng)
         return lambda n: n.ready and n.heard_at_ms >= horizon and sound(n)
 
     def filter(self, req: RouteRequest, view: ClusterView, nodes: list[NodeState], ctx: Context) -> list[NodeState]:

@@ -11,11 +11,12 @@ cannot empty the cluster (Envoy's max_ejection_percent). Load-shedding answers (
 a full queue, 504 for a deadline) are not failures: an overloaded node gets less work from the load
 signals, not an ejection.
 
-Slow start: a node whose ejection ended, or that restarted (a new `started_at_ms` in its telemetry),
-is admitted with probability ramping linearly from `slow_start_min` to 1 over `slow_start_ms`, so a
-recovered node is not flooded by every router at once (Envoy's slow start). Neither ever refuses
-service outright: when ejection and slow start leave no candidate, the policy routes as if they were
-not there (Envoy's panic threshold; see `Pipeline.choose`).
+Slow start: a node whose ejection ended, or that restarted (a new `started_at_ms` in its telemetry,
+noticed by the outstanding tracker when the report changes), is admitted with probability ramping
+linearly from `slow_start_min` to 1 over `slow_start_ms`, so a recovered node is not flooded by every
+router at once (Envoy's slow start). Neither ever refuses service outright: when ejection and slow
+start leave no candidate, the policy routes as if they were not there (Envoy's panic threshold; see
+`Pipeline.choose`). With nothing ejected or ramping, the filter takes its fast path.
 
 Single-threaded (the router's event loop, or the simulator); the `healthy` filter reads it through
 the view.
@@ -53,8 +54,8 @@ class OutlierDetector:
     def __init__(self, config: HealthConfig | None = None) -> None:
         self.config = config or HealthConfig()
         self._paths: dict[tuple[str, str], _Path] = {}
-        self._starts: dict[str, float] = {}  # node -> started_at_ms of the incarnation first seen
         self._restarted: dict[str, float] = {}  # node -> when its new incarnation began (router clock)
+        self._active_until = float("-inf")  # no ejection or ramp in effect after this: the fast path
         self.ejected_total = 0
 
     def failure(self, site: str | None, node_id: str, now_ms: float, cluster_size: int) -> bool:
@@ -71,7 +72,13 @@ class OutlierDetector:
         path.failures = 0
         path.probing = True
         self.ejected_total += 1
+        self._active_until = max(self._active_until, path.until_ms + c.slow_start_ms)
         return True
+
+    def restarted(self, node_id: str, at_ms: float) -> None:
+        """A node came back as a new process (its telemetry's `started_at_ms` changed): slow start."""
+        self._restarted[node_id] = at_ms
+        self._active_until = max(self._active_until, at_ms + self.config.slow_start_ms)
 
     def success(self, site: str | None, node_id: str) -> None:
         path = self._paths.get((site or "", node_id))
@@ -91,20 +98,16 @@ class OutlierDetector:
             if path.until_ms > now_ms:
                 return 0.0
             since = path.until_ms
-        started = node.load.started_at_ms
-        known = self._starts.get(node.node_id)
-        if known is None:  # first seen: no slow start (all nodes are new when the router starts)
-            self._starts[node.node_id] = started
-        elif started != known:  # a new incarnation: its start on the router's clock
-            self._starts[node.node_id] = started
-            self._restarted[node.node_id] = node.heard_at_ms - (node.load.sent_at_ms - started)
         since = max(since, self._restarted.get(node.node_id, float("-inf")))
         elapsed = now_ms - since
         if elapsed >= c.slow_start_ms or c.slow_start_ms <= 0:
             return 1.0
         return max(c.slow_start_min, elapsed / c.slow_start_ms)
 
-    def admitter(self, site: str | None, now_ms: float, rng: random.Random) -> Callable[[NodeState], bool]:
+    def admitter(self, site: str | None, now_ms: float, rng: random.Random) -> Callable[[NodeState], bool] | None:
+        """Per-node admission for the `healthy` filter; None when no ejection or ramp is in effect."""
+        if now_ms >= self._active_until:
+            return None
         weight = self.weight
 
         def admit(n: NodeState) -> bool:

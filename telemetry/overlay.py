@@ -31,6 +31,7 @@ class _Node:
     dispatched: int = 0
     settled: int = 0
     report: tuple[int, float] = (-1, -1.0)
+    started: float | None = None  # the node's started_at_ms as first seen, to notice a restart
     total_dispatched: int = 0  # running sums, published to the other routers
     total_settled: int = 0
 
@@ -51,6 +52,11 @@ class OutstandingTracker:
         if key != n.report:
             n.report = key
             n.dispatched = n.settled = 0
+            started = state.load.started_at_ms
+            if started != n.started:
+                if n.started is not None and self.health is not None:  # a new process: slow start
+                    self.health.restarted(state.node_id, state.heard_at_ms - (state.load.sent_at_ms - started))
+                n.started = started
         return n
 
     def estimate(self, state: NodeState) -> int:

@@ -99,7 +99,9 @@ class Overlay(Protocol):
 class Health(Protocol):
     """The router's view of node health from its own answers (see telemetry.health)."""
 
-    def admitter(self, site: str | None, now_ms: float, rng: random.Random) -> Callable[[NodeState], bool]: ...
+    def admitter(self, site: str | None, now_ms: float, rng: random.Random) -> Callable[[NodeState], bool] | None: ...
+
+    def restarted(self, node_id: str, at_ms: float) -> None: ...
 
 
 class FixedOverlay:

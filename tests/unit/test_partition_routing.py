@@ -153,15 +153,23 @@ def test_at_most_max_share_of_the_cluster_is_ejected_for_a_site() -> None:
 
 def test_slow_start_ramps_a_restarted_node_and_ignores_nodes_seen_first() -> None:
     d = detector()
+    tracker = OutstandingTracker(d)
     first = view(node("a1", "edge-a")).nodes["a1"]
-    assert d.weight(None, first, NOW) == 1.0
+    tracker.estimate(first)  # first seen: no slow start (every node is new when a router starts)
+    assert d.admitter(None, NOW, random.Random(0)) is None, "nothing ejected or ramping: the fast path"
     restarted = ClusterView.of(
         [load("a1", partition="edge-a", sent_at_ms=NOW + 500).model_copy(update={"started_at_ms": NOW + 400})],
         NOW + 500,
     ).nodes["a1"]
+    tracker.estimate(restarted)  # a new report with a new start time: a new process
     assert d.weight(None, restarted, NOW + 500) == pytest.approx(0.1), "just started: the floor"
     assert d.weight(None, restarted, NOW + 1400) == pytest.approx(0.5)
     assert d.weight(None, restarted, NOW + 2400) == 1.0
+    assert d.admitter(None, NOW + 2400, random.Random(0)) is None
+    admit = d.admitter(None, NOW + 1400, random.Random(3))
+    assert admit is not None
+    share = sum(admit(restarted) for _ in range(2000)) / 2000
+    assert 0.4 < share < 0.6, "admitted about half the time halfway through the ramp"
 
 
 def test_ejected_nodes_are_skipped_but_never_leave_a_request_without_a_node() -> None:
