@@ -48,6 +48,9 @@ class NodeConfig(BaseModel):
     queue_limits: dict[int, int] = Field(
         default_factory=dict, description="priority -> queue limit for that priority and above (until the next)"
     )
+    admit_by_deadline: bool = Field(
+        False, description="503 on arrival when the predicted finish is past the budget (the router retries elsewhere)"
+    )
     speed: float = Field(
         1.0,
         gt=0,

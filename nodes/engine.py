@@ -86,6 +86,7 @@ class NodeEngine:
             max_block_ms=self.config.max_block_ms,
             max_queue=self.config.max_queue,
             queue_limits=self.config.queue_limits,
+            admit_by_deadline=self.config.admit_by_deadline,
         )
 
     # --- clocks and predictions -------------------------------------------------------------------
@@ -118,6 +119,10 @@ class NodeEngine:
     ) -> Outcome:
         with self.lock:
             refusal = self.scheduler.refuse(priority)
+            if refusal is None and self.scheduler.admit_by_deadline:
+                now = self.now_ms()
+                left = [max(0.0, r.ends_at_ms - now) for r in self.running]
+                refusal = self.scheduler.refuse_late(model, req.batch, priority, budget_ms, left, self.config.slots)
         if refusal is not None:
             return Outcome(refusal[0], reason=refusal[1])
         loop = asyncio.get_running_loop()
@@ -275,6 +280,8 @@ class NodeEngine:
             for w in batch:
                 self._resolve(w, Outcome(500, reason=f"model '{model.name}' failed: {error}"))
         else:
+            with self.lock:
+                self.scheduler.ran(batch[0].priority, exec_ms, self.now_ms(), self.config.slots)
             offset = 0
             for w in batch:
                 pending: _Pending = w.handle

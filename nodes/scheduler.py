@@ -108,8 +108,14 @@ class Scheduler:
         max_block_ms: float = 10.0,
         max_queue: int = 64,
         queue_limits: dict[int, int] | None = None,
+        admit_by_deadline: bool = False,
     ) -> None:
         self.mode: Mode = mode
+        self.admit_by_deadline = admit_by_deadline
+        # share of slot time spent on high-priority work lately (a low-priority wait stretches by it)
+        self.high_share = 0.0
+        self._window_start_ms: float | None = None
+        self._window_high_ms = 0.0
         self.exec_ms = exec_ms
         self.batching = batching or {}
         self.high_priority_min = high_priority_min
@@ -144,6 +150,26 @@ class Scheduler:
             return None
         status = 429 if priority <= 0 else 503
         return status, f"node queue for priority {priority} is full ({waiting} waiting, limit {limit})"
+
+    def refuse_late(
+        self,
+        model: str,
+        rows: int,
+        priority: int,
+        budget_ms: float | None,
+        running_left_ms: list[float],
+        slots: int,
+    ) -> tuple[int, str] | None:
+        """With `admit_by_deadline`: (503, reason) if the request is predicted to finish after its budget
+        already on arrival, so the router can try another node while there is time (a 504 later, at
+        the head of the queue, leaves none). The prediction cannot see higher-priority work still to
+        arrive, so some requests admitted here still end in a 504 before running."""
+        if not self.admit_by_deadline or budget_ms is None:
+            return None
+        predicted = self.expected_wait_ms(priority, running_left_ms, slots) + self.exec_ms(model, rows)
+        if predicted <= budget_ms:
+            return None
+        return 503, f"deadline cannot be met here: predicted {predicted:.0f} ms, {budget_ms:.0f} ms left"
 
     def _same_class(self, p: int, priority: int) -> bool:
         """Requests counted against the same limit: those whose limit entry is the same one."""
@@ -261,9 +287,23 @@ class Scheduler:
 
     # --- what telemetry reports -------------------------------------------------------------------
 
+    def ran(self, priority: int, exec_ms: float, now_ms: float, slots: int, window_ms: float = 1000.0) -> None:
+        """Record a finished execution; keeps `high_share` (per one-second window, smoothed)."""
+        if self._window_start_ms is None:
+            self._window_start_ms = now_ms
+        if priority >= self.high_priority_min:
+            self._window_high_ms += exec_ms
+        elapsed = now_ms - self._window_start_ms
+        if elapsed >= window_ms:
+            share = min(1.0, self._window_high_ms / (elapsed * max(1, slots)))
+            self.high_share = 0.5 * self.high_share + 0.5 * share
+            self._window_start_ms, self._window_high_ms = now_ms, 0.0
+
     def expected_wait_ms(self, priority: int, running_left_ms: list[float], slots: int) -> float:
         """Predicted wait for a slot of a new request of `priority`: the work queued ahead of it,
-        spread over the slots, after the earliest running execution ends."""
+        spread over the slots, after the earliest running execution ends; on a priority node, a
+        low-priority wait is stretched by the recent share of high-priority work, which will keep
+        overtaking it."""
         ahead = 0.0
         for model in self._queues:
             for _, w in self._queues[model]:
@@ -273,4 +313,8 @@ class Scheduler:
                     ahead += self.exec_ms(w.model, w.rows)
         free = slots - len(running_left_ms)
         first = 0.0 if free > 0 else min(running_left_ms, default=0.0)
-        return first + ahead / max(1, slots)
+        wait = first + ahead / max(1, slots)
+        if self.mode == "priority" and priority < self.high_priority_min:
+            # high-priority work still to arrive goes first: W = W0 + u_high W (M/G/1 with priorities)
+            wait /= 1.0 - min(0.9, self.high_share)
+        return wait

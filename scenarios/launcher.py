@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -102,6 +103,7 @@ def node_config(
         "high_priority_min": spec.high_priority_min,
         "max_block_ms": spec.max_block_ms,
         "queue_limits": spec.queue_limits,
+        "admit_by_deadline": spec.admit_by_deadline,
         "models": [_model_config(spec, m, seed, baselines) for m in spec.models],
     }
     cfg.update(extra or {})
@@ -117,13 +119,21 @@ class Proc:
     port: int = 0
 
 
+AUTO_LOGS = "edgeroute-run-"
+
+
+def _auto_log_dir() -> Path:
+    return Path(tempfile.gettempdir()) / f"{AUTO_LOGS}{os.getpid()}-{time.time_ns()}"
+
+
 @dataclass
 class Stack:
     """A running local stack for one scenario."""
 
     scenario: Scenario
     kafka: str | None = None
-    log_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="edgeroute-")))
+    log_dir: Path = field(default_factory=lambda: _auto_log_dir())  # created by start()
+    keep_logs: bool = False  # an automatic log folder is removed after a clean stop unless this is set
     router_port: int = 0
     router_overrides: dict[str, Any] = field(default_factory=dict)
     broker: EmbeddedBroker | None = None
@@ -179,7 +189,7 @@ class Stack:
             self.start_router()
             self.wait_ready(timeout_s)
         except BaseException:
-            self.stop()
+            self.stop(clean=False)
             raise
         return self
 
@@ -341,7 +351,8 @@ class Stack:
         self.peers = []
         self.router = None
 
-    def stop(self) -> None:
+    def stop(self, clean: bool = True) -> None:
+        """Stop every process; an automatic log folder goes too after a clean run (kept on failure)."""
         if self.router is not None:
             self.stop_router()
         for node_id in list(self.nodes):
@@ -349,12 +360,14 @@ class Stack:
         if self.broker is not None:
             self.broker.stop()
             self.broker = None
+        if clean and not self.keep_logs and self.log_dir.name.startswith(AUTO_LOGS):
+            shutil.rmtree(self.log_dir, ignore_errors=True)
 
     def __enter__(self) -> Stack:
         return self.start()
 
     def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
-        self.stop()
+        self.stop(clean=et is None)
 
 
 class FaultInjector:

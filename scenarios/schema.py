@@ -53,6 +53,7 @@ class NodeSpec(_Strict):
     high_priority_min: int = 1
     max_block_ms: float = Field(10.0, gt=0)
     queue_limits: dict[int, int] = Field(default_factory=dict)
+    admit_by_deadline: bool = False
     batching: dict[str, BatchSpec] = Field(default_factory=dict, description="model -> dynamic batching")
 
     @model_validator(mode="after")
@@ -204,6 +205,7 @@ class PolicyRun(_Strict):
             "high_priority_min",
             "max_block_ms",
             "queue_limits",
+            "admit_by_deadline",
             "batching",
             "slots",
             "max_queue",

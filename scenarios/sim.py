@@ -574,6 +574,7 @@ class Simulation:
             max_block_ms=spec.max_block_ms,
             max_queue=spec.max_queue,
             queue_limits=spec.queue_limits,
+            admit_by_deadline=spec.admit_by_deadline,
         )
         node = SimNode(spec, spec.speed, sched)
         return node
@@ -594,6 +595,9 @@ class Simulation:
             return
         a = req.arrival
         refusal = node.sched.refuse(a.priority)
+        if refusal is None and node.sched.admit_by_deadline:
+            left = [max(0.0, b.ends_at - self.now) for b in node.running]
+            refusal = node.sched.refuse_late(a.model, 1, a.priority, req.deadline_at - self.now, left, node.spec.slots)
         if refusal is not None:
             self._send_reply(job, refusal[0], refusal[1])
             return
@@ -663,6 +667,8 @@ class Simulation:
         node.running.remove(running)
         node.busy -= len(running.jobs)
         node.busy_ms += service
+        if running.jobs:
+            node.sched.ran(running.jobs[0].req.arrival.priority, service, self.now, node.spec.slots)
         key = (running.model, running.rows)
         prev = node.ewma.get(key)
         node.ewma[key] = service if prev is None else (1 - self.cfg.ewma_alpha) * prev + self.cfg.ewma_alpha * service

@@ -119,6 +119,34 @@ def test_expected_wait_counts_only_work_ahead() -> None:
     assert s.expected_wait_ms(10, running_left_ms=[], slots=2) == pytest.approx(2.0)
 
 
+def test_low_priority_wait_stretches_by_the_recent_share_of_high_priority_work() -> None:
+    s = Scheduler("priority", ms)
+    s.push(work("l", 0))
+    base = s.expected_wait_ms(0, running_left_ms=[], slots=1)
+    for t in range(0, 1001, 10):  # 4 ms of high-priority work every 10 ms: 40% of the slot
+        s.ran(10, 4.0, float(t), slots=1)
+    assert s.high_share == pytest.approx(0.5 * 0.404, abs=0.01), "smoothed over one-second windows"
+    assert s.expected_wait_ms(0, running_left_ms=[], slots=1) == pytest.approx(base / (1 - s.high_share))
+    assert s.expected_wait_ms(10, running_left_ms=[], slots=1) == pytest.approx(0.0), "high priority: no stretch"
+    fifo = Scheduler("fifo", ms)
+    fifo.push(work("l", 0))
+    fifo.ran(10, 900.0, 0.0, 1)
+    fifo.ran(10, 900.0, 1000.0, 1)
+    assert fifo.expected_wait_ms(0, running_left_ms=[], slots=1) == pytest.approx(4.0), "FIFO: nothing overtakes"
+
+
+def test_admission_by_deadline_refuses_on_arrival_what_cannot_finish_in_time() -> None:
+    s = Scheduler("fifo", ms, admit_by_deadline=True)
+    for i in range(3):
+        s.push(work(f"w{i}", 0))
+    # 3 x 4 ms queued + 2 ms left on the running one + 4 ms own execution = 18 ms
+    assert s.refuse_late("m", 1, 0, 20.0, [2.0], 1) is None
+    refusal = s.refuse_late("m", 1, 0, 17.0, [2.0], 1)
+    assert refusal is not None and refusal[0] == 503 and "predicted 18 ms" in refusal[1]
+    assert s.refuse_late("m", 1, 0, None, [2.0], 1) is None, "no deadline, no refusal"
+    assert Scheduler("fifo", ms).refuse_late("m", 1, 0, 1.0, [2.0], 1) is None, "off by default"
+
+
 @pytest.mark.parametrize("seed", range(25))
 def test_max_block_bound_holds_over_seeded_runs(seed: int) -> None:
     """One slot, bursts of bulk low-priority work and sparse high-priority work: a high-priority
