@@ -68,6 +68,8 @@ class NodeEngine:
     starts: int = 0
     busy_ms: float = 0.0
     served: int = 0
+    handoffs: int = 0  # a worker went straight from one execution to the next (work was queued)
+    handoff_ms_total: float = 0.0  # the slot's idle time in those handoffs (lock, GIL, batch building)
     peak_outstanding: int = 0  # most requests queued + executing at once (reset by GET /admin/stats?reset=1)
     on_change: Any = None  # called after queue or slot changes (telemetry trigger)
     lock: threading.Lock = field(default_factory=threading.Lock)  # the scheduler and `running`
@@ -218,6 +220,7 @@ class NodeEngine:
     def _worker(self, loop: asyncio.AbstractEventLoop, batch: list[Work], slot: Running) -> None:
         """Executor thread: run `batch`, then keep taking batches while the scheduler has them."""
         current: tuple[list[Work], Running] | None = (batch, slot)
+        ended: float | None = None
         while current is not None:
             work, running = current
             model = self.models[running.model]
@@ -227,6 +230,9 @@ class NodeEngine:
             else:
                 feeds = {name: np.concatenate([r.inputs[name] for r in requests], axis=0) for name in model.inputs}
             started = time.perf_counter()
+            if ended is not None:
+                self.handoffs += 1
+                self.handoff_ms_total += (started - ended) * 1000.0
             error: Exception | None = None
             results: dict[str, np.ndarray] = {}
             exec_ms = 0.0
@@ -234,6 +240,7 @@ class NodeEngine:
                 results, exec_ms = model.run(feeds, 1.0 / self.speed, running.rows)
             except Exception as exc:  # noqa: BLE001 - a failing model answers 500, the node lives on
                 error = exc
+            ended = time.perf_counter()
             decision = None
             current = None
             with self.lock:

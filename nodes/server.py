@@ -299,6 +299,8 @@ async def stats(request: web.Request) -> web.Response:
         "queued": engine.scheduler.queued,
         "in_flight": engine.in_flight,
         "peak_outstanding": engine.peak_outstanding,
+        "handoffs": engine.handoffs,
+        "handoff_ms_mean": round(engine.handoff_ms_total / engine.handoffs, 4) if engine.handoffs else 0.0,
         "scheduler": engine.scheduler.mode,
     }
     if request.query.get("reset") == "1":

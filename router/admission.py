@@ -22,6 +22,9 @@ class AuthConfig(BaseModel):
 
     tokens: dict[str, str] = Field(default_factory=dict, description="client name -> bearer token")
     admin_clients: list[str] = Field(default_factory=list, description="clients allowed on /admin")
+    sites: dict[str, str] = Field(
+        default_factory=dict, description="client name -> its site, for requests that name none"
+    )
 
 
 class RateLimitConfig(BaseModel):

@@ -45,6 +45,7 @@ HEADER_LENGTH = "Inference-Header-Content-Length"
 PRIORITY_HEADER = "x-edgeroute-priority"
 DEADLINE_HEADER = "x-edgeroute-deadline-ms"
 SITE_HEADER = "x-edgeroute-site"
+CLIENT = "edgeroute.client"  # request key: the authenticated client's name
 
 
 class Router:
@@ -150,6 +151,7 @@ async def admission(
     if verdict.status:
         headers = {"WWW-Authenticate": "Bearer"} if verdict.status == 401 else None
         return _error(verdict.status, verdict.reason, headers)
+    request[CLIENT] = verdict.client
     if request.method == "POST" and request.path.endswith("/infer"):
         limited = router.limiter.admit(verdict.client, router.clock())
         if limited.status:
@@ -367,6 +369,8 @@ async def infer(request: web.Request) -> web.Response:
         site = request.headers.get(SITE_HEADER, params.get("site"))
         if site is not None and not isinstance(site, str):
             raise BadHint("'site' must be a string")
+        if site is None and cfg.auth is not None:  # the site of the client's key
+            site = cfg.auth.sites.get(request.get(CLIENT, ""))
         batch = _batch_of(doc)
     except BadHint as exc:
         _count(router, model, 0, "none", 400, arrived)

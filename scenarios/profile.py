@@ -9,6 +9,8 @@ then per model, closed loop at concurrency 1 so nothing queues:
 - `levels`: the same overhead, and execution times, under open-loop load at several request rates
   through two nodes, since every process shares this machine's cores;
 - `telemetry_lag_ms`: send-to-receipt lag of telemetry through the broker, as a consumer sees it.
+- `handoff_ms`: the mean idle time of a slot between back-to-back executions on a busy node (the worker
+  thread taking the next batch), which the simulator adds to each execution that follows another.
 
 Each is stored as 101 quantiles (0, 1, ..., 100th percentile); the simulator samples them by inverse
 CDF. Speed factors scale `exec_ms` for other device classes (a node with `speed: 0.1` takes 10x).
@@ -27,7 +29,7 @@ from typing import Any
 import aiohttp
 import numpy as np
 
-from scenarios.launcher import Stack
+from scenarios.launcher import Stack, http_json
 from scenarios.loadgen import Payload, build_schedule, example_payload, run_load
 from scenarios.schema import NodeSpec, Scenario, Workload
 from telemetry.bus import KafkaTelemetrySource
@@ -196,6 +198,9 @@ def _emulation_jitter(stack: Stack, result: dict[str, Any], speed: float = 0.02)
     jitter = [r.exec_ms - stretch - real for r in results if r.status == 200]
     q = quantiles(jitter)
     print(f"  emulation jitter at {rate:.0f} req/s on one slow node: p50 {q[50]:6.3f} ms  p99 {q[99]:6.3f}", flush=True)
+    stats = http_json(f"{stack.nodes[spec.id].url}/admin/stats")[1]
+    result["handoff_ms"] = float(stats.get("handoff_ms_mean", 0.0))
+    print(f"  slot handoff between back-to-back executions: {result['handoff_ms']:.3f} ms", flush=True)
     return q
 
 

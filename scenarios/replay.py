@@ -113,6 +113,7 @@ def replay_live(
             summary["warmup_requests"] = len(results) - len(measured)
             summary["wall_s"] = round(wall, 2)
             summary["faults"] = injector.events
+            summary["node_stats"] = {n: http_json(f"{p.url}/admin/stats")[1] for n, p in sorted(stack.nodes.items())}
             status, pol = http_json(f"{stack.router_url}/admin/policy", headers=stack.admin_headers)
             if status == 200 and pol.get("state"):
                 summary["policy_state"] = _relative(pol["state"], t0_ms)

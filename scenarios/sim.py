@@ -110,6 +110,7 @@ class Profile:
     idle_exec_median: dict[str, float] = field(default_factory=dict)
     idle_curve: dict[str, dict[int, float]] = field(default_factory=dict)
     emulation_jitter_ms: Distribution = field(default_factory=lambda: Distribution([0.0] * 101))
+    handoff_ms: float = 0.0  # slot idle time between back-to-back executions (the worker's handoff)
 
     @classmethod
     def from_json(cls, doc: dict[str, Any], rate_rps: float | None = None) -> Profile:
@@ -137,7 +138,15 @@ class Profile:
         idle = {m: float(entry["exec_ms"]["1"][50]) for m, entry in doc["models"].items()}
         curves = {m: {int(b): float(q[50]) for b, q in entry["exec_ms"].items()} for m, entry in doc["models"].items()}
         jitter = Distribution(doc.get("emulation_jitter_ms", [0.0] * 101))
-        return cls(exec_ms, overhead, Distribution(doc.get("telemetry_lag_ms", [5.0] * 101)), idle, curves, jitter)
+        return cls(
+            exec_ms,
+            overhead,
+            Distribution(doc.get("telemetry_lag_ms", [5.0] * 101)),
+            idle,
+            curves,
+            jitter,
+            float(doc.get("handoff_ms", 0.0)),
+        )
 
     def exec_for(self, model: str, batch: int = 1) -> Distribution:
         by_batch = self.exec_ms.get(model)
@@ -218,6 +227,7 @@ class SimNode:
     served: int = 0
     wake_at: float | None = None
     started_ms: float = 0.0  # serving since (restarts take 2 s to load models, as live)
+    handoff: bool = False  # the next start follows an execution directly (the worker's handoff)
 
     busy: int = 0  # requests executing
     starts: int = 0  # executions started (with change_threshold 1, each one is published)
@@ -644,20 +654,25 @@ class Simulation:
         service = real + self._curve(model, rows) * (1.0 / node.speed - 1.0)
         if node.speed < 1.0:  # the emulation's sleep wakes a little late under load (profiled)
             service += max(0.0, self.profile.emulation_jitter_ms.sample(self.svc_rng))
+        begin = self.now
+        if node.handoff:  # straight from the previous execution: the worker's handoff idles the slot
+            node.handoff = False
+            begin += self.profile.handoff_ms
         jobs = [w.handle for w in batch]
         for w in batch:
             job = w.handle
             job.started = True
             job.exec_ms = service
-            job.queue_ms = self.now - w.enqueued_at_ms
+            job.queue_ms = begin - w.enqueued_at_ms
             job.rows = rows
-        running = SimBatch(model, jobs, rows, self.now + service)
+        end = begin + service
+        running = SimBatch(model, jobs, rows, end)
         node.running.append(running)
         node.busy += len(jobs)
         node.starts += 1
-        self.push(self.now + service, FINISH, (running, node, node.epoch, service))
+        self.push(end, FINISH, (running, node, node.epoch, service))
         for job in jobs:
-            if self.now + service + job.back_ms >= job.req.deadline_at:
+            if end + job.back_ms >= job.req.deadline_at:
                 self.push(job.req.deadline_at, ROUTER_TIMEOUT, job)
 
     def _finish(self, payload: tuple[SimBatch, SimNode, int, float]) -> None:
@@ -669,6 +684,7 @@ class Simulation:
         node.busy_ms += service
         if running.jobs:
             node.sched.ran(running.jobs[0].req.arrival.priority, service, self.now, node.spec.slots)
+        node.handoff = node.sched.queued > 0
         key = (running.model, running.rows)
         prev = node.ewma.get(key)
         node.ewma[key] = service if prev is None else (1 - self.cfg.ewma_alpha) * prev + self.cfg.ewma_alpha * service

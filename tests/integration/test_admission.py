@@ -10,8 +10,13 @@ from tests.integration.http import call, infer_body
 httpclient = pytest.importorskip("tritonclient.http")
 
 ROUTER = {
-    "auth": {"tokens": {"cams": "tok-cams", "ops": "tok-ops"}, "admin_clients": ["ops"]},
+    "auth": {
+        "tokens": {"cams": "tok-cams", "ops": "tok-ops", "kiosk": "tok-kiosk"},
+        "admin_clients": ["ops"],
+        "sites": {"kiosk": "edge-b"},  # a client whose key places it at a site
+    },
     "rate_limit": {"rps": 5, "burst": 5},
+    "links": [{"a": "edge-b", "b": "edge-a", "rtt_ms": 60}],
 }
 
 
@@ -51,6 +56,21 @@ def test_missing_wrong_and_unprivileged_tokens(guarded: Stack) -> None:
     assert status == 403 and "admin" in doc["error"]
     assert call(f"{guarded.router_url}/admin/policy", headers=bearer("tok-ops"))[0] == 200
     assert call(f"{guarded.router_url}/v2/models/sensor_mlp", headers=bearer("tok-cams"))[0] == 200
+
+
+def test_a_clients_key_gives_its_site_unless_the_request_names_one(guarded: Stack) -> None:
+    import time
+
+    url = f"{guarded.router_url}/v2/models/sensor_mlp/infer"
+
+    def timed(headers: dict[str, str]) -> float:
+        t0 = time.perf_counter()
+        assert call(url, infer_body(), headers=headers)[0] == 200
+        return (time.perf_counter() - t0) * 1000
+
+    assert timed(bearer("tok-kiosk")) >= 60, "the kiosk's key places it at edge-b: the request crosses the link"
+    assert timed({**bearer("tok-kiosk"), "x-edgeroute-site": "edge-a"}) < 60, "a named site wins"
+    assert timed(bearer("tok-ops")) < 60, "no site for this key: no crossing"
 
 
 def test_triton_client_with_a_token_and_the_rate_limit(guarded: Stack) -> None:
