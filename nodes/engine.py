@@ -70,6 +70,8 @@ class NodeEngine:
     served: int = 0
     handoffs: int = 0  # a worker went straight from one execution to the next (work was queued)
     handoff_ms_total: float = 0.0  # the slot's idle time in those handoffs (lock, GIL, batch building)
+    wakeups: int = 0  # a batch started from the event loop (the slot was idle)
+    wakeup_ms_total: float = 0.0  # from handing it to a worker thread to the run starting
     peak_outstanding: int = 0  # most requests queued + executing at once (reset by GET /admin/stats?reset=1)
     on_change: Any = None  # called after queue or slot changes (telemetry trigger)
     lock: threading.Lock = field(default_factory=threading.Lock)  # the scheduler and `running`
@@ -206,7 +208,7 @@ class NodeEngine:
                     self._wake = loop.call_at(loop.time() + (decision.wake_at_ms - now) / 1000.0, self.kick)
                 break
         for batch, slot in starts:
-            self.executor.submit(self._worker, loop, batch, slot)
+            self.executor.submit(self._worker, loop, batch, slot, time.perf_counter())
         self._changed()
 
     def _claim(self, batch: list[Work], now: float) -> Running:
@@ -217,7 +219,7 @@ class NodeEngine:
         self.starts += 1
         return slot
 
-    def _worker(self, loop: asyncio.AbstractEventLoop, batch: list[Work], slot: Running) -> None:
+    def _worker(self, loop: asyncio.AbstractEventLoop, batch: list[Work], slot: Running, submitted: float) -> None:
         """Executor thread: run `batch`, then keep taking batches while the scheduler has them."""
         current: tuple[list[Work], Running] | None = (batch, slot)
         ended: float | None = None
@@ -233,6 +235,9 @@ class NodeEngine:
             if ended is not None:
                 self.handoffs += 1
                 self.handoff_ms_total += (started - ended) * 1000.0
+            else:
+                self.wakeups += 1
+                self.wakeup_ms_total += (started - submitted) * 1000.0
             error: Exception | None = None
             results: dict[str, np.ndarray] = {}
             exec_ms = 0.0

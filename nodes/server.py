@@ -301,6 +301,8 @@ async def stats(request: web.Request) -> web.Response:
         "peak_outstanding": engine.peak_outstanding,
         "handoffs": engine.handoffs,
         "handoff_ms_mean": round(engine.handoff_ms_total / engine.handoffs, 4) if engine.handoffs else 0.0,
+        "wakeups": engine.wakeups,
+        "wakeup_ms_mean": round(engine.wakeup_ms_total / engine.wakeups, 4) if engine.wakeups else 0.0,
         "scheduler": engine.scheduler.mode,
     }
     if request.query.get("reset") == "1":

@@ -10,7 +10,10 @@ then per model, closed loop at concurrency 1 so nothing queues:
   through two nodes, since every process shares this machine's cores;
 - `telemetry_lag_ms`: send-to-receipt lag of telemetry through the broker, as a consumer sees it.
 - `handoff_ms`: the mean idle time of a slot between back-to-back executions on a busy node (the worker
-  thread taking the next batch), which the simulator adds to each execution that follows another.
+  thread taking the next batch), which the simulator adds to each execution that follows another;
+  `wakeup_ms`: the mean delay from an idle slot being given a batch to the run starting (a worker
+  thread waking), which it adds to each execution that starts on an idle slot. Both are measured on
+  the slow node and again at each load level (the level nearest the scenario's rate is used).
 
 Each is stored as 101 quantiles (0, 1, ..., 100th percentile); the simulator samples them by inverse
 CDF. Speed factors scale `exec_ms` for other device classes (a node with `speed: 0.1` takes 10x).
@@ -134,27 +137,13 @@ def profile(
         # Under load the machine's cores are shared by client, router, nodes and broker: measure the
         # overhead and execution times again at several open-loop rates (uniform model mix).
         for rate in levels:
-            workload = Workload.model_validate(
-                {
-                    "duration_s": LEVEL_SECONDS,
-                    "sites": [{"site": "lab", "rate_rps": rate, "models": {m: 1 for m in models}}],
-                }
-            )
-            schedule = build_schedule(workload, int(rate))
-            results = asyncio.run(run_load(stack.router_url, schedule, payloads))
-            ok = [r for r in results if r.status == 200]
-            level: dict[str, Any] = {
-                "rate_rps": rate,
-                "overhead_ms": quantiles([max(0.0, r.latency_ms - r.exec_ms - r.queue_ms) for r in ok]),
-                "exec_ms": {m: quantiles([r.exec_ms for r in ok if r.arrival.model == m]) for m in models},
-                "completed": len(ok),
-                "sent": len(results),
-            }
+            level = measure_level(stack, rate, models, payloads)
             result["levels"].append(level)
             over = level["overhead_ms"]
             print(
-                f"  at {rate:5.0f} req/s: overhead p50 {over[50]:6.3f} ms"
-                f"  p99 {over[99]:6.3f}  ({len(ok)}/{len(results)} ok)",
+                f"  at {rate:5.0f} req/s: overhead p50 {over[50]:6.3f} ms  p99 {over[99]:6.3f}"
+                f"  wake-up {level['wakeup_ms']:.3f} ms  handoff {level['handoff_ms']:.3f} ms"
+                f"  ({level['completed']}/{level['sent']} ok)",
                 flush=True,
             )
         if "mobilenet_s" in models:
@@ -172,6 +161,41 @@ def profile(
     out.write_text(json.dumps(result, indent=1) + "\n")
     print(f"written: {out}")
     return result
+
+
+def _node_counters(stack: Stack) -> tuple[float, int, float, int]:
+    """Summed over the stack's nodes: wake-up ms and count, handoff ms and count (from /admin/stats)."""
+    w_ms = h_ms = 0.0
+    w_n = h_n = 0
+    for proc in stack.nodes.values():
+        st = http_json(f"{proc.url}/admin/stats")[1]
+        w_n += int(st.get("wakeups", 0))
+        h_n += int(st.get("handoffs", 0))
+        w_ms += float(st.get("wakeup_ms_mean", 0.0)) * int(st.get("wakeups", 0))
+        h_ms += float(st.get("handoff_ms_mean", 0.0)) * int(st.get("handoffs", 0))
+    return w_ms, w_n, h_ms, h_n
+
+
+def measure_level(stack: Stack, rate: float, models: list[str], payloads: dict[str, Payload]) -> dict[str, Any]:
+    """Open-loop load at `rate` (uniform model mix) through the router: overhead, execution, and the
+    nodes' slot wake-up and handoff times, all as the loaded machine has them."""
+    workload = Workload.model_validate(
+        {"duration_s": LEVEL_SECONDS, "sites": [{"site": "lab", "rate_rps": rate, "models": {m: 1 for m in models}}]}
+    )
+    before = _node_counters(stack)
+    results = asyncio.run(run_load(stack.router_url, build_schedule(workload, int(rate)), payloads))
+    after = _node_counters(stack)
+    ok = [r for r in results if r.status == 200]
+    wakeups, handoffs = after[1] - before[1], after[3] - before[3]
+    return {
+        "rate_rps": rate,
+        "overhead_ms": quantiles([max(0.0, r.latency_ms - r.exec_ms - r.queue_ms) for r in ok]),
+        "exec_ms": {m: quantiles([r.exec_ms for r in ok if r.arrival.model == m]) for m in models},
+        "wakeup_ms": round((after[0] - before[0]) / wakeups, 4) if wakeups else 0.0,
+        "handoff_ms": round((after[2] - before[2]) / handoffs, 4) if handoffs else 0.0,
+        "completed": len(ok),
+        "sent": len(results),
+    }
 
 
 def _emulation_jitter(stack: Stack, result: dict[str, Any], speed: float = 0.02) -> list[float]:
@@ -200,7 +224,12 @@ def _emulation_jitter(stack: Stack, result: dict[str, Any], speed: float = 0.02)
     print(f"  emulation jitter at {rate:.0f} req/s on one slow node: p50 {q[50]:6.3f} ms  p99 {q[99]:6.3f}", flush=True)
     stats = http_json(f"{stack.nodes[spec.id].url}/admin/stats")[1]
     result["handoff_ms"] = float(stats.get("handoff_ms_mean", 0.0))
-    print(f"  slot handoff between back-to-back executions: {result['handoff_ms']:.3f} ms", flush=True)
+    result["wakeup_ms"] = float(stats.get("wakeup_ms_mean", 0.0))
+    print(
+        f"  slot handoff between back-to-back executions: {result['handoff_ms']:.3f} ms; "
+        f"an idle slot's wake-up: {result['wakeup_ms']:.3f} ms",
+        flush=True,
+    )
     return q
 
 

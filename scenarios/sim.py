@@ -111,6 +111,7 @@ class Profile:
     idle_curve: dict[str, dict[int, float]] = field(default_factory=dict)
     emulation_jitter_ms: Distribution = field(default_factory=lambda: Distribution([0.0] * 101))
     handoff_ms: float = 0.0  # slot idle time between back-to-back executions (the worker's handoff)
+    wakeup_ms: float = 0.0  # an idle slot's delay from being given a batch to the run starting
 
     @classmethod
     def from_json(cls, doc: dict[str, Any], rate_rps: float | None = None) -> Profile:
@@ -138,6 +139,12 @@ class Profile:
         idle = {m: float(entry["exec_ms"]["1"][50]) for m, entry in doc["models"].items()}
         curves = {m: {int(b): float(q[50]) for b, q in entry["exec_ms"].items()} for m, entry in doc["models"].items()}
         jitter = Distribution(doc.get("emulation_jitter_ms", [0.0] * 101))
+        handoff = float(doc.get("handoff_ms", 0.0))
+        wakeup = float(doc.get("wakeup_ms", 0.0))
+        if rate_rps is not None and levels:  # on a loaded machine threads hand over more slowly
+            level = min(levels, key=lambda lv: abs(lv["rate_rps"] - rate_rps))
+            handoff = max(handoff, float(level.get("handoff_ms", 0.0)))
+            wakeup = max(wakeup, float(level.get("wakeup_ms", 0.0)))
         return cls(
             exec_ms,
             overhead,
@@ -145,7 +152,8 @@ class Profile:
             idle,
             curves,
             jitter,
-            float(doc.get("handoff_ms", 0.0)),
+            handoff,
+            wakeup,
         )
 
     def exec_for(self, model: str, batch: int = 1) -> Distribution:
@@ -654,10 +662,11 @@ class Simulation:
         service = real + self._curve(model, rows) * (1.0 / node.speed - 1.0)
         if node.speed < 1.0:  # the emulation's sleep wakes a little late under load (profiled)
             service += max(0.0, self.profile.emulation_jitter_ms.sample(self.svc_rng))
-        begin = self.now
         if node.handoff:  # straight from the previous execution: the worker's handoff idles the slot
             node.handoff = False
-            begin += self.profile.handoff_ms
+            begin = self.now + self.profile.handoff_ms
+        else:  # an idle slot: a worker thread has to wake up
+            begin = self.now + self.profile.wakeup_ms
         jobs = [w.handle for w in batch]
         for w in batch:
             job = w.handle
@@ -692,6 +701,7 @@ class Simulation:
             node.served += 1
             self._send_reply(job, 200, "")
         self._kick(node)
+        node.handoff = False
         self._changed(node)
 
     def _expire(self, payload: tuple[Job, int]) -> None:
