@@ -18,6 +18,7 @@ import logging
 import os
 import socket
 import uuid
+import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -66,12 +67,16 @@ class Router:
         self.config_path = config_path
         self.store = ViewStore(stale_after_ms=config.stale_after_ms)
         self.policies = PolicyHolder(build_policy(config.policy), config.policy)
+        self.router_id = config.peers.router_id or f"{socket.gethostname()}-{os.getpid()}"
+        # routers of one group must not draw the same random numbers: with the same view they would
+        # break every tie the same way and herd onto the same node
+        seed = config.seed if config.peers.router_id is None else config.seed ^ zlib.crc32(self.router_id.encode())
         self.dispatcher = Dispatcher(
             self.store,
             self.policies,
             client,
             config.max_attempts,
-            config.seed,
+            seed,
             clock,
             LinkTable(LinkState(**k.model_dump()) for k in config.links),
             config.connect_timeout_ms,
@@ -81,7 +86,6 @@ class Router:
         self.store.set_links(self.dispatcher.links)
         self.metrics = RouterMetrics(self.store, clock)
         self.auth = Authenticator(config.auth)
-        self.router_id = config.peers.router_id or f"{socket.gethostname()}-{os.getpid()}"
         self.peers: PeerLoads | None = None
         self.limiter = RateLimiter(config.rate_limit)
 
@@ -523,6 +527,7 @@ async def get_view(request: web.Request) -> web.Response:
                 "messages": router.peers.messages,
                 "malformed": router.peers.malformed,
                 "remote_in_flight": sum(router.peers.remote(n.node_id) for n in view),
+                "lag_ms": _quantiles(list(router.peers.lag_ms)),
             },
             "holds": {
                 "held": router.dispatcher.holds,
@@ -531,6 +536,13 @@ async def get_view(request: web.Request) -> web.Response:
             },
         }
     )
+
+
+def _quantiles(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {}
+    values.sort()
+    return {q: round(values[min(len(values) - 1, int(f * len(values)))], 2) for q, f in (("p50", 0.5), ("p99", 0.99))}
 
 
 def telemetry_summary(store: ViewStore) -> dict[str, Any]:

@@ -299,6 +299,10 @@ def bench_routers(
             peers = http_json(f"{stack.router_url}/admin/view")[1].get("peers")
         measured = [r for r in results if r.arrival.at_s >= scenario.workload.warmup_s]
         ok = sorted(r.latency_ms for r in measured if r.status == 200)
+        served = [r for r in measured if r.status == 200]
+        exec_mean = sum(r.exec_ms for r in served) / len(served) if served else 0.0
+        queue_mean = sum(r.queue_ms for r in served) / len(served) if served else 0.0
+        rest = sorted(r.latency_ms - r.exec_ms - r.queue_ms for r in served)
         by_node: dict[str, int] = {}
         for r in measured:
             if r.status == 200:
@@ -313,6 +317,10 @@ def bench_routers(
                 "p50_ms": round(percentile(ok, 50), 2),
                 "p99_ms": round(percentile(ok, 99), 2),
                 "max_node_queue": max(peaks.values()),
+                "exec_mean_ms": round(exec_mean, 3),  # the nodes' slot time per execution (CPU contention)
+                "queue_mean_ms": round(queue_mean, 3),  # waiting at the nodes (balance)
+                "router_and_network_p50_ms": round(percentile(rest, 50), 3),
+                "router_and_network_p99_ms": round(percentile(rest, 99), 3),
                 "peak_by_node": peaks,
                 "by_node": dict(sorted(by_node.items())),
                 "peers": peers,
@@ -321,7 +329,9 @@ def bench_routers(
         last = runs[-1]
         print(
             f"{label:<30} p50 {last['p50_ms']:7.1f} ms  p99 {last['p99_ms']:7.1f} ms  max node queue "
-            f"{last['max_node_queue']:3d}  ok {last['completed']}/{last['sent']}",
+            f"{last['max_node_queue']:3d}  node queue mean {last['queue_mean_ms']:5.1f} ms  router p50/p99 "
+            f"{last['router_and_network_p50_ms']:.1f}/{last['router_and_network_p99_ms']:.1f} ms  "
+            f"ok {last['completed']}/{last['sent']}",
             flush=True,
         )
     base = runs[0]

@@ -15,6 +15,7 @@ a few milliseconds old instead of up to a telemetry interval.
 from __future__ import annotations
 
 import logging
+from collections import deque
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from types import MappingProxyType
@@ -64,6 +65,7 @@ class PeerLoads(TopicReader):
         self.stale_after_ms = stale_after_ms
         self.messages = 0
         self.malformed = 0
+        self.lag_ms: deque[float] = deque(maxlen=2048)  # send-to-receipt of the other routers' messages
         self._latest: dict[str, tuple[float, RouterLoad]] = {}  # router -> (received at, latest message)
         self._remote: Mapping[str, int] = MappingProxyType({})
 
@@ -82,6 +84,7 @@ class PeerLoads(TopicReader):
         for m in msgs:
             if m.router_id == self.router_id:
                 continue
+            self.lag_ms.append(received_ms - m.sent_at_ms)
             prev = self._latest.get(m.router_id)
             if prev is None or m.seq > prev[1].seq or m.seq == 0:  # seq 0: a restarted router
                 self._latest[m.router_id] = (received_ms, m)
