@@ -295,7 +295,11 @@ def bench_routers(
             for proc in stack.nodes.values():
                 http_json(f"{proc.url}/admin/stats?reset=1")
             results = asyncio.run(run_load(stack.router_url, schedule, payloads))
-            peaks = {n: http_json(f"{p.url}/admin/stats")[1]["peak_outstanding"] for n, p in stack.nodes.items()}
+            stats = {n: http_json(f"{p.url}/admin/stats")[1] for n, p in stack.nodes.items()}
+            peaks = {n: st["peak_outstanding"] for n, st in stats.items()}
+            slot_gap = sum(
+                st["handoff_ms_mean"] * st["handoffs"] + st["wakeup_ms_mean"] * st["wakeups"] for st in stats.values()
+            ) / max(1, sum(st["handoffs"] + st["wakeups"] for st in stats.values()))
             peers = http_json(f"{stack.router_url}/admin/view")[1].get("peers")
         measured = [r for r in results if r.arrival.at_s >= scenario.workload.warmup_s]
         ok = sorted(r.latency_ms for r in measured if r.status == 200)
@@ -319,6 +323,7 @@ def bench_routers(
                 "max_node_queue": max(peaks.values()),
                 "exec_mean_ms": round(exec_mean, 3),  # the nodes' slot time per execution (CPU contention)
                 "queue_mean_ms": round(queue_mean, 3),  # waiting at the nodes (balance)
+                "slot_gap_ms": round(slot_gap, 4),  # nodes' idle slot time per execution (handoff, wake-up)
                 "router_and_network_p50_ms": round(percentile(rest, 50), 3),
                 "router_and_network_p99_ms": round(percentile(rest, 99), 3),
                 "peak_by_node": peaks,
@@ -329,7 +334,8 @@ def bench_routers(
         last = runs[-1]
         print(
             f"{label:<30} p50 {last['p50_ms']:7.1f} ms  p99 {last['p99_ms']:7.1f} ms  max node queue "
-            f"{last['max_node_queue']:3d}  node queue mean {last['queue_mean_ms']:5.1f} ms  router p50/p99 "
+            f"{last['max_node_queue']:3d}  node queue mean {last['queue_mean_ms']:5.1f} ms  "
+            f"exec {last['exec_mean_ms']:.2f} + gap {last['slot_gap_ms']:.2f} ms  router p50/p99 "
             f"{last['router_and_network_p50_ms']:.1f}/{last['router_and_network_p99_ms']:.1f} ms  "
             f"ok {last['completed']}/{last['sent']}",
             flush=True,
