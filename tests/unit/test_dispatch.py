@@ -14,6 +14,7 @@ from router.dispatch import Dispatcher, PolicyHolder
 from router.node_client import InMemoryNodeClient, NodeReply, NodeTimeout, NodeUnavailable
 from telemetry.overlay import OutstandingTracker
 from telemetry.store import ViewStore
+from telemetry.topology import LinkState, LinkTable
 from tests.helpers import load, view
 
 NOW = 1_000.0
@@ -214,3 +215,78 @@ async def test_low_priority_is_not_hedged_and_fast_answers_are_not_duplicated() 
     assert out.status == 200 and len(client.calls) == 1 and d.hedges == 0
     out = await d.dispatch(RouteRequest("m", priority=0, request_id="q2"), "/p", b"{}", {}, NOW + 1000)
     assert out.status == 200 and len(client.calls) == 2 and d.hedges == 0
+
+
+# --- delay scheduling: held requests ---------------------------------------------------------------
+
+
+def _held_setup(initial_ms: float) -> tuple[Dispatcher, ViewStore]:
+    import time
+
+    now = time.time() * 1000.0
+    store = ViewStore()
+    busy = load("a1", partition="edge-a", sent_at_ms=now, queued=20, wait={"0": 900.0})
+    store.apply(busy, now)
+    store.apply(load("c1", partition="cloud", sent_at_ms=now), now)
+    # the view's link table (the delay is capped by the RTT to the nearest other partition); this
+    # dispatcher emulates no links, so the spill itself is immediate
+    store.set_links(LinkTable([LinkState("edge-a", "cloud", rtt_ms=300)]))
+    spec = {"preset": "edge_first", "params": {"delay_spill": {"initial_ms": initial_ms, "tune": False}}}
+    client = InMemoryNodeClient({"http://a1": ok("a1"), "http://c1": ok("c1")})
+    d = Dispatcher(store, PolicyHolder(build_policy(spec), spec), client, 3, 0, lambda: time.time() * 1000.0)
+    return d, store
+
+
+async def _held_request(d: Dispatcher) -> object:
+    import time
+
+    deadline = time.time() * 1000.0 + 1000.0
+    return await d.dispatch(RouteRequest("m", 0, 1000.0, "edge-a", request_id="h1"), "/infer", b"{}", {}, deadline)
+
+
+async def test_a_held_request_spills_after_the_delay() -> None:
+    d, _ = _held_setup(initial_ms=60)
+    out = await _held_request(d)
+    assert out.status == 200 and out.node == "c1"  # type: ignore[attr-defined]
+    held = float(out.headers["x-edgeroute-held-ms"])  # type: ignore[attr-defined]
+    assert 55 <= held < 200 and d.holds == 1 and out.attempts == 1  # type: ignore[attr-defined]
+
+
+async def test_a_held_request_takes_local_room_as_soon_as_the_view_shows_it() -> None:
+    import time
+
+    d, store = _held_setup(initial_ms=400)
+    task = asyncio.create_task(_held_request(d))
+    await asyncio.sleep(0.03)
+    assert not task.done() and len(d.waiters) == 1, "held, not dispatched"
+    now = time.time() * 1000.0
+    store.apply(load("a1", partition="edge-a", sent_at_ms=now, seq=2), now)  # edge-a is free again
+    out = await asyncio.wait_for(task, 1.0)
+    assert out.status == 200 and out.node == "a1"  # type: ignore[attr-defined]
+    assert 25 <= float(out.headers["x-edgeroute-held-ms"]) < 100  # type: ignore[attr-defined]
+    assert d.policies.current.state()["delay_spill"]["sites"]["edge-a"]["local_after_wait"] == 1
+
+
+async def test_slot_waiters_wake_the_oldest_first() -> None:
+    from router.dispatch import SlotWaiters
+
+    w = SlotWaiters()
+    order: list[str] = []
+
+    async def wait(name: str) -> None:
+        await w.wait("edge-a", 5000)
+        order.append(name)
+
+    first = asyncio.create_task(wait("first"))
+    await asyncio.sleep(0.01)
+    second = asyncio.create_task(wait("second"))
+    await asyncio.sleep(0.01)
+    w.wake("edge-a")
+    await asyncio.sleep(0.01)
+    assert order == ["first"] and len(w) == 1
+    w.wake("edge-b")  # another partition wakes nobody here
+    await asyncio.sleep(0.01)
+    assert order == ["first"]
+    w.wake("edge-a")
+    await asyncio.gather(first, second)
+    assert order == ["first", "second"]
