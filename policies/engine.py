@@ -139,6 +139,11 @@ class Pipeline:
             nodes = held
         return nodes or None
 
+    @property
+    def learns(self) -> bool:
+        """True if some plugin learns from outcomes (then the router feeds every answer back)."""
+        return bool(self._observers)
+
     def observe(self, req: RouteRequest, latency_ms: float, met_deadline: bool, ctx: Context) -> None:
         """Feed one answered request back to the plugins that learn from outcomes (delay tuning)."""
         for f in self._observers:

@@ -181,13 +181,14 @@ class Dispatcher:
             self.holds += 1
             self.held_ms_total += held[0]
             outcome.headers["x-edgeroute-held-ms"] = f"{held[0]:.3f}"
-        now = self.clock()
-        policy.observe(
-            replace(req, waited_ms=held[0]),
-            now - started,
-            outcome.status == 200 and now <= deadline_at_ms,
-            Context(now, self.rng),
-        )
+        if policy.learns:
+            now = self.clock()
+            policy.observe(
+                replace(req, waited_ms=held[0]),
+                now - started,
+                outcome.status == 200 and now <= deadline_at_ms,
+                Context(now, self.rng),
+            )
         return outcome
 
     async def _dispatch(

@@ -318,7 +318,7 @@ class Simulation:
         self._curves = {m: profile.curve(m) for m in self._exec}
         self._device = DeviceInfo(kind="cpu", name="sim")
         self._held: dict[str, deque[tuple[SimRequest, int]]] = {}  # the router's SlotWaiters
-        self._observes = bool(self.policy.state()) or any(hasattr(f, "observe") for f in self.policy.filters)
+        self._observes = self.policy.learns
         self.holds = 0
 
     # --- the heap --------------------------------------------------------------------------------
