@@ -105,6 +105,11 @@ def _specs(args: list[Any]) -> dict[str, TensorSpec]:
     return out
 
 
+def model_file_size(spec: ModelSpec, zoo_dir: str | None) -> int:
+    """Bytes the model takes resident (its ONNX file; built into the zoo cache if missing)."""
+    return os.path.getsize(zoo.ensure(spec.architecture, spec.seed, Path(zoo_dir) if zoo_dir else None))
+
+
 def load_model(spec: ModelSpec, providers: list[str], threads: int, zoo_dir: str | None) -> LoadedModel:
     import onnxruntime as ort
 

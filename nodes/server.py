@@ -23,7 +23,8 @@ from aiohttp import web
 from nodes.config import NodeConfig
 from nodes.engine import NodeEngine
 from nodes.protocol import HEADER_LENGTH, BadRequest, decode_request, encode_response, split_body
-from nodes.runtime import LoadedModel, choose_providers, load_model
+from nodes.residency import NoRoom, Residency
+from nodes.runtime import LoadedModel, choose_providers, load_model, model_file_size
 from telemetry.bus import TelemetryPublisher
 from telemetry.schema import DeviceInfo, ModelLoad, NodeLoad
 
@@ -44,9 +45,16 @@ class NodeRuntime:
     """Everything a running node owns; created at startup, torn down in reverse."""
 
     config: NodeConfig
-    models: dict[str, LoadedModel]
+    models: dict[str, LoadedModel]  # the resident ones (shared with the engine)
     executor: ThreadPoolExecutor
     device: DeviceInfo
+    providers: list[str] = field(default_factory=lambda: ["CPUExecutionProvider"])
+    residency: Residency = field(default_factory=lambda: Residency(-1))  # -1: built from config and models
+    loader: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="loader"))
+    load_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    loads: int = 0  # models loaded on demand (after start-up)
+    evictions: int = 0
+    load_ms_total: float = 0.0
     engine: NodeEngine = field(init=False)
     draining: bool = False
     seq: int = 0
@@ -57,6 +65,45 @@ class NodeRuntime:
 
     def __post_init__(self) -> None:
         self.engine = NodeEngine(self.config, self.models, self.executor, self.config.speed, on_change=self.changed)
+        self.specs = {m.name: m for m in self.config.models}  # the repository: every model it can serve
+        if self.residency.budget_bytes < 0:
+            self.residency = Residency(self.config.memory_budget_bytes)
+            for m in self.models.values():
+                self.residency.add(m.name, m.size_bytes)
+
+    async def ensure(self, name: str) -> LoadedModel:
+        """The model, loaded first if it is not resident (evicting least recently used idle models).
+
+        Raises NoRoom (it cannot fit, now or ever) or the load's own error; either concerns this model
+        only. Loads run one at a time on their own thread, never on an execution slot.
+        """
+        model = self.models.get(name)
+        if model is not None:
+            self.residency.touch(name)
+            return model
+        async with self.load_lock:
+            model = self.models.get(name)
+            if model is not None:
+                return model
+            spec = self.specs[name]
+            cfg = self.config
+            loop = asyncio.get_running_loop()
+            size = await loop.run_in_executor(self.loader, model_file_size, spec, cfg.zoo_dir)
+            for victim in self.residency.plan(name, size):
+                self.residency.remove(victim)
+                self.models.pop(victim, None)
+                self.evictions += 1
+                log.info("node %s evicted %s to make room for %s", cfg.node_id, victim, name)
+            model = await loop.run_in_executor(
+                self.loader, load_model, spec, self.providers, cfg.threads_per_slot, cfg.zoo_dir
+            )
+            self.residency.add(name, model.size_bytes)
+            self.models[name] = model
+            self.loads += 1
+            self.load_ms_total += model.load_ms
+            log.info("node %s loaded %s on demand in %.0f ms", cfg.node_id, name, model.load_ms)
+            self.publish_now.set()
+            return model
 
     @property
     def speed(self) -> float:
@@ -86,8 +133,14 @@ class NodeRuntime:
             prios = {0, self.config.high_priority_min, *(p for p, n in sched.queued_by_priority.items() if n)}
             queued = {str(p): n for p, n in sched.queued_by_priority.items() if n}
             per_model = {
-                m.name: (sched.queued_by_model[m.name], engine.in_flight_of(m.name), dict(m.ewma_ms))
-                for m in self.models.values()
+                name: (
+                    sched.queued_by_model[name],
+                    engine.in_flight_of(name),
+                    dict(m.ewma_ms) if m else {},
+                    m is not None,
+                )
+                for name in self.specs
+                for m in [self.models.get(name)]
             }
             in_flight = engine.in_flight
         return NodeLoad(
@@ -107,14 +160,14 @@ class NodeRuntime:
             max_queue=self.config.max_queue,
             models={
                 name: ModelLoad(
-                    resident=True,
+                    resident=resident,
                     queued=q,
                     in_flight=f,
                     ewma_ms_by_batch={str(b): round(v, 4) for b, v in ewma.items()},
                 )
-                for name, (q, f, ewma) in per_model.items()
+                for name, (q, f, ewma, resident) in per_model.items()
             },
-            memory_used_bytes=sum(m.size_bytes for m in self.models.values()),
+            memory_used_bytes=self.residency.used_bytes,
             memory_budget_bytes=self.config.memory_budget_bytes,
             utilisation=util,
             started_at_ms=self.started_at_ms,
@@ -146,16 +199,26 @@ async def _runtime_ctx(app: web.Application) -> AsyncIterator[None]:
     executor = ThreadPoolExecutor(max_workers=cfg.slots, thread_name_prefix=f"ort-{cfg.node_id}")
     loop = asyncio.get_running_loop()
     models: dict[str, LoadedModel] = {}
+    residency = Residency(cfg.memory_budget_bytes)
+    rt: NodeRuntime | None = None
     try:
-        for spec in cfg.models:
+        for spec in cfg.models:  # in config order, while they fit; the rest load on first use
+            size = await loop.run_in_executor(executor, model_file_size, spec, cfg.zoo_dir)
+            if residency.used_bytes + size > cfg.memory_budget_bytes:
+                log.info("node %s: %s does not fit the memory budget now; loads on demand", cfg.node_id, spec.name)
+                continue
             models[spec.name] = await loop.run_in_executor(
                 executor, load_model, spec, providers, cfg.threads_per_slot, cfg.zoo_dir
             )
+            residency.add(spec.name, models[spec.name].size_bytes)
             log.info("node %s loaded %s in %.0f ms", cfg.node_id, spec.name, models[spec.name].load_ms)
-        app[RUNTIME] = NodeRuntime(cfg, models, executor, DeviceInfo(kind=kind, name=name))
+        rt = NodeRuntime(cfg, models, executor, DeviceInfo(kind=kind, name=name), providers, residency)
+        app[RUNTIME] = rt
         yield
     finally:
         executor.shutdown(wait=True, cancel_futures=True)
+        if rt is not None:
+            rt.loader.shutdown(wait=True, cancel_futures=True)
 
 
 async def _telemetry_ctx(app: web.Application) -> AsyncIterator[None]:
@@ -199,16 +262,23 @@ async def _telemetry_ctx(app: web.Application) -> AsyncIterator[None]:
         pub_executor.shutdown(wait=True)
 
 
-def _model_or_404(request: web.Request) -> LoadedModel | web.Response:
+async def _model_or_error(request: web.Request) -> LoadedModel | web.Response:
+    """The requested model, loaded on demand; 404 if the node does not serve it, 503 if it cannot be
+    loaded now (memory held by models in use, or larger than the budget), 500 if loading failed."""
     rt = request.app[RUNTIME]
     name = request.match_info["model"]
-    model = rt.models.get(name)
-    if model is None:
+    if name not in rt.specs:
         return _error(404, f"unknown model '{name}'")
     version = request.match_info.get("version")
-    if version is not None and version != model.version:
+    if version is not None and version != "1":
         return _error(404, f"model '{name}' has no version '{version}'")
-    return model
+    try:
+        return await rt.ensure(name)
+    except NoRoom as exc:
+        return _error(503, f"cannot load model '{name}': {exc.reason}")
+    except Exception as exc:  # noqa: BLE001 - a model that fails to load fails alone
+        log.error("node %s: loading %s failed: %s", rt.config.node_id, name, exc)
+        return _error(500, f"model '{name}' failed to load: {exc}")
 
 
 async def live(request: web.Request) -> web.Response:
@@ -232,32 +302,69 @@ async def server_metadata(request: web.Request) -> web.Response:
 
 
 async def model_metadata(request: web.Request) -> web.Response:
-    model = _model_or_404(request)
+    model = await _model_or_error(request)
     if isinstance(model, web.Response):
         return model
     return web.json_response(model.metadata())
 
 
 async def model_ready(request: web.Request) -> web.Response:
-    model = _model_or_404(request)
-    if isinstance(model, web.Response):
-        return model
-    return web.json_response({"name": model.name, "ready": True})
+    """Ready means resident (a model that would load first answers 400, as Triton does)."""
+    rt = request.app[RUNTIME]
+    name = request.match_info["model"]
+    if name not in rt.specs:
+        return _error(404, f"unknown model '{name}'")
+    resident = name in rt.models
+    return web.json_response({"name": name, "ready": resident}, status=200 if resident else 400)
 
 
 async def repository_index(request: web.Request) -> web.Response:
     rt = request.app[RUNTIME]
-    return web.json_response([{"name": m.name, "version": m.version, "state": "READY"} for m in rt.models.values()])
+    return web.json_response(
+        [{"name": name, "version": "1", "state": "READY" if name in rt.models else "UNAVAILABLE"} for name in rt.specs]
+    )
+
+
+async def repository_load(request: web.Request) -> web.Response:
+    """Triton's `POST /v2/repository/models/{m}/load`: make the model resident (evicting idle ones)."""
+    model = await _model_or_error(request)
+    if isinstance(model, web.Response):
+        return model
+    return web.json_response({"name": model.name, "state": "READY", "load_ms": round(model.load_ms, 1)})
+
+
+async def repository_unload(request: web.Request) -> web.Response:
+    """`POST /v2/repository/models/{m}/unload`: free its memory; 409 while requests use it."""
+    rt = request.app[RUNTIME]
+    name = request.match_info["model"]
+    if name not in rt.specs:
+        return _error(404, f"unknown model '{name}'")
+    async with rt.load_lock:
+        if name in rt.models:
+            if rt.residency.pinned(name):
+                return _error(409, f"model '{name}' has {rt.residency.pinned(name)} request(s) in progress")
+            rt.residency.remove(name)
+            rt.models.pop(name, None)
+            rt.publish_now.set()
+    return web.json_response({"name": name, "state": "UNAVAILABLE"})
 
 
 async def infer(request: web.Request) -> web.Response:
     rt = request.app[RUNTIME]
     arrived = time.perf_counter()
-    model = _model_or_404(request)
-    if isinstance(model, web.Response):
-        return model
     if rt.draining:
         return _error(503, "node is draining")
+    model = await _model_or_error(request)
+    if isinstance(model, web.Response):
+        return model
+    rt.residency.pin(model.name)  # not evicted while this request needs it
+    try:
+        return await _infer(request, rt, model, arrived)
+    finally:
+        rt.residency.unpin(model.name)
+
+
+async def _infer(request: web.Request, rt: NodeRuntime, model: LoadedModel, arrived: float) -> web.Response:
     try:
         body = await request.read()
         doc, tail = split_body(body, request.headers.get(HEADER_LENGTH))
@@ -292,13 +399,19 @@ async def infer(request: web.Request) -> web.Response:
 async def stats(request: web.Request) -> web.Response:
     """Counters for operators and tests: served, cancelled, queued, executing, and the peak of queued +
     executing since start or the last `?reset=1` (which starts a new peak)."""
-    engine = request.app[RUNTIME].engine
+    rt = request.app[RUNTIME]
+    engine = rt.engine
     body = {
         "served": engine.served,
         "cancelled": engine.cancelled,
         "queued": engine.scheduler.queued,
         "in_flight": engine.in_flight,
         "peak_outstanding": engine.peak_outstanding,
+        "resident": rt.residency.resident,
+        "memory_used_bytes": rt.residency.used_bytes,
+        "memory_budget_bytes": rt.residency.budget_bytes,
+        "loads": rt.loads,
+        "evictions": rt.evictions,
         "handoffs": engine.handoffs,
         "handoff_ms_mean": round(engine.handoff_ms_total / engine.handoffs, 4) if engine.handoffs else 0.0,
         "wakeups": engine.wakeups,
@@ -349,6 +462,8 @@ def create_app(config: NodeConfig) -> web.Application:
     app.router.add_post("/v2/models/{model}/infer", infer)
     app.router.add_post("/v2/models/{model}/versions/{version}/infer", infer)
     app.router.add_post("/v2/repository/index", repository_index)
+    app.router.add_post("/v2/repository/models/{model}/load", repository_load)
+    app.router.add_post("/v2/repository/models/{model}/unload", repository_unload)
     app.router.add_put("/admin/speed", put_speed)
     app.router.add_delete("/admin/requests/{id}", cancel)
     app.router.add_get("/admin/stats", stats)

@@ -1,0 +1,92 @@
+"""Which models a node keeps loaded within its memory budget (pure; the node and, later, the simulator).
+
+A node serves a repository of models but holds only some in memory (GPU memory on a GPU, a configured
+budget on CPU). Loading a model that does not fit evicts resident models, least recently used first,
+never one that has requests queued or running (`pin`/`unpin`). If the model is larger than the whole
+budget it can never load (`NoRoom.permanent`); if only pinned models stand in the way it cannot load
+now (retry elsewhere or later). The resident set never exceeds the budget.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, OrderedDict
+
+
+class NoRoom(Exception):
+    def __init__(self, reason: str, permanent: bool) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.permanent = permanent
+
+
+class Residency:
+    def __init__(self, budget_bytes: int) -> None:
+        self.budget_bytes = budget_bytes
+        self._sizes: OrderedDict[str, int] = OrderedDict()  # least recently used first
+        self._pins: Counter[str] = Counter()
+
+    @property
+    def used_bytes(self) -> int:
+        return sum(self._sizes.values())
+
+    @property
+    def resident(self) -> list[str]:
+        """Resident models, least recently used first."""
+        return list(self._sizes)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._sizes
+
+    def touch(self, name: str) -> None:
+        if name in self._sizes:
+            self._sizes.move_to_end(name)
+
+    def pin(self, name: str) -> None:
+        self._pins[name] += 1
+        self.touch(name)
+
+    def unpin(self, name: str) -> None:
+        if self._pins[name] <= 1:
+            del self._pins[name]
+        else:
+            self._pins[name] -= 1
+
+    def pinned(self, name: str) -> int:
+        return self._pins[name]
+
+    def plan(self, name: str, size_bytes: int) -> list[str]:
+        """The models to evict (in order) so that `name` fits; raises NoRoom if it cannot."""
+        if name in self._sizes:
+            return []
+        if size_bytes > self.budget_bytes:
+            raise NoRoom(
+                f"model '{name}' needs {size_bytes} bytes, more than the node's whole budget of {self.budget_bytes}",
+                permanent=True,
+            )
+        free = self.budget_bytes - self.used_bytes
+        evict: list[str] = []
+        for other, size in self._sizes.items():
+            if free >= size_bytes:
+                break
+            if self._pins[other]:
+                continue
+            evict.append(other)
+            free += size
+        if free < size_bytes:
+            raise NoRoom(
+                f"model '{name}' needs {size_bytes} bytes; {free} could be freed now, the rest is held by "
+                "models with requests in progress",
+                permanent=False,
+            )
+        return evict
+
+    def add(self, name: str, size_bytes: int) -> None:
+        if name not in self._sizes and self.used_bytes + size_bytes > self.budget_bytes:
+            raise NoRoom(f"model '{name}' does not fit; evict first", permanent=False)
+        self._sizes[name] = size_bytes
+        self._sizes.move_to_end(name)
+
+    def remove(self, name: str) -> None:
+        if self._pins[name]:
+            raise ValueError(f"model '{name}' has requests in progress")
+        self._sizes.pop(name, None)

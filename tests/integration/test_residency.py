@@ -1,0 +1,86 @@
+"""Model residency on a real node: a memory budget, loading on demand, LRU eviction, Triton's
+repository load/unload, and a model that cannot load failing alone."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from telemetry.broker import free_port, terminate, wait_for_port
+from tests.integration.http import call, infer_body
+
+BUDGET = 100_000  # bytes: sensor_mlp (~14 kB) and detector_head (~27 kB) fit at start, mobilenet_s (~77 kB) not
+MODELS = ["sensor_mlp", "detector_head", "mobilenet_s", "resnet_s"]  # resnet_s (~1.5 MB) never fits
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Iterator[str]:
+    port = free_port()
+    cfg = {
+        "node_id": "r1",
+        "partition": "edge-a",
+        "port": port,
+        "kafka": None,
+        "memory_budget_bytes": BUDGET,
+        "models": [{"name": m} for m in MODELS],
+    }
+    log = open(tmp_path / "node.log", "wb")  # noqa: SIM115 - closed below
+    popen = subprocess.Popen(
+        [sys.executable, "-m", "nodes", "--config", json.dumps(cfg), "--log-level", "WARNING"],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        wait_for_port("127.0.0.1", port, 60, popen)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        terminate(popen)
+        log.close()
+
+
+def stats(url: str) -> dict:  # type: ignore[type-arg]
+    return call(f"{url}/admin/stats")[1]  # type: ignore[no-any-return]
+
+
+IMAGE = infer_body("image", [1, 3, 64, 64], data=[0.1] * (3 * 64 * 64))
+
+
+def test_models_load_on_demand_and_the_least_recently_used_idle_one_is_evicted(node: str) -> None:
+    s = stats(node)
+    assert s["resident"] == ["sensor_mlp", "detector_head"] and s["memory_used_bytes"] <= BUDGET
+    index = {m["name"]: m["state"] for m in call(f"{node}/v2/repository/index", b"{}")[1]}
+    assert index == {"sensor_mlp": "READY", "detector_head": "READY", "mobilenet_s": "UNAVAILABLE",
+                     "resnet_s": "UNAVAILABLE"}  # fmt: skip
+    assert call(f"{node}/v2/models/mobilenet_s/ready")[0] == 400
+    assert call(f"{node}/v2/models/sensor_mlp/infer", infer_body())[0] == 200  # detector_head is now the LRU
+    status, doc, _ = call(f"{node}/v2/models/mobilenet_s/infer", IMAGE)
+    assert status == 200 and doc["outputs"][0]["shape"] == [1, 10], "loaded on first use"
+    s = stats(node)
+    assert s["resident"] == ["sensor_mlp", "mobilenet_s"], "detector_head, least recently used, made room"
+    assert s["memory_used_bytes"] <= BUDGET and s["loads"] == 1 and s["evictions"] == 1
+
+
+def test_a_model_larger_than_the_budget_fails_alone_and_the_node_keeps_serving(node: str) -> None:
+    status, doc, _ = call(f"{node}/v2/models/resnet_s/infer", IMAGE)
+    assert status == 503 and "more than the node's whole budget" in doc["error"]
+    assert call(f"{node}/v2/repository/models/resnet_s/load", b"{}")[0] == 503
+    assert call(f"{node}/v2/models/sensor_mlp/infer", infer_body())[0] == 200
+    assert stats(node)["memory_used_bytes"] <= BUDGET
+
+
+def test_repository_load_and_unload(node: str) -> None:
+    status, doc, _ = call(f"{node}/v2/repository/models/sensor_mlp/unload", b"{}")
+    assert status == 200 and doc["state"] == "UNAVAILABLE"
+    assert "sensor_mlp" not in stats(node)["resident"] and call(f"{node}/v2/models/sensor_mlp/ready")[0] == 400
+    status, doc, _ = call(f"{node}/v2/repository/models/mobilenet_s/load", b"{}")
+    assert status == 200 and doc["state"] == "READY" and doc["load_ms"] > 0
+    assert stats(node)["resident"] == ["mobilenet_s"], "26.6 + 76.5 kB exceed the budget: detector_head went"
+    assert call(f"{node}/v2/repository/models/nope/load", b"{}")[0] == 404
+    assert call(f"{node}/v2/models/sensor_mlp/infer", infer_body())[0] == 200, "loads again on use"
+    s = stats(node)
+    assert s["resident"] == ["mobilenet_s", "sensor_mlp"] and s["memory_used_bytes"] <= BUDGET
