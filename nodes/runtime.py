@@ -141,6 +141,7 @@ def load_model(spec: ModelSpec, providers: list[str], threads: int, zoo_dir: str
     model.baseline_ms = spec.baseline_ms if spec.baseline_ms is not None else times[0]
     model.baseline_by_batch = {1: model.baseline_ms, **spec.baseline_ms_by_batch} if spec.baseline_ms_by_batch else {}
     model.observe(1, model.baseline_ms, 1.0)
+    model.load_ms = (time.perf_counter() - start) * 1000.0  # what a request waiting for it pays: session + warm-up
     return model
 
 

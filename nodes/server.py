@@ -55,6 +55,7 @@ class NodeRuntime:
     loads: int = 0  # models loaded on demand (after start-up)
     evictions: int = 0
     load_ms_total: float = 0.0
+    load_ms: dict[str, float] = field(default_factory=dict)  # last measured load time per model
     engine: NodeEngine = field(init=False)
     draining: bool = False
     seq: int = 0
@@ -70,6 +71,8 @@ class NodeRuntime:
             self.residency = Residency(self.config.memory_budget_bytes)
             for m in self.models.values():
                 self.residency.add(m.name, m.size_bytes)
+        for m in self.models.values():
+            self.load_ms.setdefault(m.name, m.load_ms)
 
     async def ensure(self, name: str) -> LoadedModel:
         """The model, loaded first if it is not resident (evicting least recently used idle models).
@@ -99,6 +102,7 @@ class NodeRuntime:
             )
             self.residency.add(name, model.size_bytes)
             self.models[name] = model
+            self.load_ms[name] = model.load_ms
             self.loads += 1
             self.load_ms_total += model.load_ms
             log.info("node %s loaded %s on demand in %.0f ms", cfg.node_id, name, model.load_ms)
@@ -161,6 +165,7 @@ class NodeRuntime:
             models={
                 name: ModelLoad(
                     resident=resident,
+                    load_ms=round(self.load_ms[name], 2) if name in self.load_ms else None,
                     queued=q,
                     in_flight=f,
                     ewma_ms_by_batch={str(b): round(v, 4) for b, v in ewma.items()},

@@ -9,6 +9,7 @@
 | least_latency     | scorer latency -> picker max                         | earliest predicted completion |
 | slo_priority      | deadline_filter, priority_headroom -> completion -> max | deadlines, priorities first |
 | edge_first        | locality, delay_spill -> completion -> max           | own site first, hold, spill |
+| compass           | warm_model -> max                                    | earliest finish, loads counted |
 """
 
 from __future__ import annotations
@@ -53,6 +54,12 @@ PRESETS: dict[str, Preset] = {
         PluginSpec(type="max"),
         filters=[PluginSpec(type="locality"), PluginSpec(type="delay_spill")],
         scorers=[PluginSpec(type="completion")],
+    ),
+    "compass": Preset(
+        "earliest predicted finish with the model's load time counted where it is not resident "
+        "(network RTT and the wait at the request's priority included), so work goes where the model is warm",
+        PluginSpec(type="max"),
+        scorers=[PluginSpec(type="warm_model")],
     ),
     "least_latency": Preset(
         "earliest predicted completion from queue, EWMA and in-flight",

@@ -35,6 +35,7 @@ class ModelLoad(_Strict):
     """One model's state on a node."""
 
     resident: bool = True
+    load_ms: float | None = Field(None, ge=0, description="the node's last measured load time for it")
     queued: int = Field(0, ge=0)
     in_flight: int = Field(0, ge=0)
     # Exponentially weighted mean execution time by batch size, keys are batch sizes as strings

@@ -54,6 +54,7 @@ async def test_snapshot_is_a_valid_message() -> None:
     assert back.queued_by_priority == {"10": 2} and back.capacity == 1 and back.scheduler == "priority"
     assert back.models["m"].ewma_ms_by_batch == {"1": 2.5, "4": 6.0} and back.models["m"].queued == 2
     assert back.utilisation == 0.5 and back.seq == 1 and back.memory_used_bytes == 1000
+    assert back.models["m"].resident and back.models["m"].load_ms == 1.0, "resident, with its load time"
     assert back.expected_wait_ms["10"] == 5.0 and back.wait_ms(10) == 5.0  # two queued, 2.5 ms each
     assert back.wait_ms(0) == back.expected_wait_ms["0"]
     assert rt.last_published_outstanding == 2
