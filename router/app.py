@@ -38,6 +38,7 @@ from telemetry.health import HealthConfig
 from telemetry.peers import PeerLoads, PeerPublisher
 from telemetry.store import ViewStore
 from telemetry.topology import LinkState, LinkTable
+from telemetry.view import NodeState
 
 log = logging.getLogger("edgeroute.router")
 
@@ -328,17 +329,76 @@ async def repository_index(request: web.Request) -> web.Response:
     view = router.store.view
     serving = view.models(router.clock())
     names = sorted({m for n in view for m in n.load.models})
-    return web.json_response(
-        [
-            {
-                "name": m,
-                "version": "1",
-                "state": "READY" if m in serving else "UNAVAILABLE",
-                **({} if m in serving else {"reason": "no fresh ready node serves it"}),
-            }
-            for m in names
-        ]
+    warm = {m for m, nodes in serving.items() for n in nodes if (st := n.model(m)) is not None and st.resident}
+
+    def state(m: str) -> dict[str, str]:
+        if m in warm:
+            return {"state": "READY"}
+        if m in serving:
+            return {"state": "UNAVAILABLE", "reason": "not resident on any node; loads on first use"}
+        return {"state": "UNAVAILABLE", "reason": "no fresh ready node serves it"}
+
+    return web.json_response([{"name": m, "version": "1", **state(m)} for m in names])
+
+
+def _fresh_serving(router: Router, model: str) -> list[NodeState]:
+    now = router.clock()
+    return [n for n in router.store.view.serving(model) if n.ready and router.store.view.is_fresh(n, now)]
+
+
+async def repository_load(request: web.Request) -> web.Response:
+    """Cluster `POST /v2/repository/models/{m}/load`: make the model resident on a node.
+
+    Already resident on a fresh node: nothing to do. Otherwise the node that serves it with the most
+    free memory loads it (or the node named in `{"parameters": {"node": ID}}`); its answer is relayed.
+    """
+    router = request.app[ROUTER]
+    model = request.match_info["model"]
+    nodes = _fresh_serving(router, model)
+    if not nodes:
+        return _error(404, f"no fresh node serves model '{model}'")
+    wanted = None
+    raw = await request.read()
+    if raw:
+        try:
+            doc = json.loads(raw)
+            wanted = (doc.get("parameters") or {}).get("node") if isinstance(doc, dict) else None
+        except (ValueError, AttributeError):
+            return _error(400, "malformed JSON body")
+    if wanted is not None:
+        nodes = [n for n in nodes if n.node_id == wanted]
+        if not nodes:
+            return _error(404, f"node '{wanted}' is not a fresh node serving '{model}'")
+    else:
+        warm = [n.node_id for n in nodes if (st := n.model(model)) is not None and st.resident]
+        if warm:
+            return web.json_response({"name": model, "state": "READY", "nodes": warm})
+    target = max(nodes, key=lambda n: n.load.memory_budget_bytes - n.load.memory_used_bytes)
+    reply = await router.client.post(
+        f"{target.endpoint}/v2/repository/models/{model}/load", b"{}", {"Content-Type": "application/json"}, 60.0
     )
+    if reply.status != 200:
+        return web.Response(status=reply.status, body=reply.body, content_type="application/json")
+    return web.json_response({"name": model, "state": "READY", "nodes": [target.node_id]})
+
+
+async def repository_unload(request: web.Request) -> web.Response:
+    """Cluster `POST /v2/repository/models/{m}/unload`: every node holding it lets it go (409 from a
+    node with requests in progress is relayed per node)."""
+    router = request.app[ROUTER]
+    model = request.match_info["model"]
+    nodes = _fresh_serving(router, model)
+    if not nodes:
+        return _error(404, f"no fresh node serves model '{model}'")
+    results: dict[str, int] = {}
+    for n in nodes:
+        reply = await router.client.post(
+            f"{n.endpoint}/v2/repository/models/{model}/unload", b"{}", {"Content-Type": "application/json"}, 10.0
+        )
+        results[n.node_id] = reply.status
+    status = 200 if all(code == 200 for code in results.values()) else 409
+    return web.json_response({"name": model, "state": "UNAVAILABLE" if status == 200 else "BUSY", "nodes": results},
+                             status=status)  # fmt: skip
 
 
 async def infer(request: web.Request) -> web.Response:
@@ -622,6 +682,8 @@ def create_app(
     r.add_post("/v2/models/{model}/infer", infer)
     r.add_post("/v2/models/{model}/versions/{version}/infer", infer)
     r.add_post("/v2/repository/index", repository_index)
+    r.add_post("/v2/repository/models/{model}/load", repository_load)
+    r.add_post("/v2/repository/models/{model}/unload", repository_unload)
     r.add_get("/admin/policy", get_policy)
     r.add_put("/admin/policy", put_policy)
     r.add_get("/admin/view", get_view)

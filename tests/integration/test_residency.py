@@ -84,3 +84,35 @@ def test_repository_load_and_unload(node: str) -> None:
     assert call(f"{node}/v2/models/sensor_mlp/infer", infer_body())[0] == 200, "loads again on use"
     s = stats(node)
     assert s["resident"] == ["mobilenet_s", "sensor_mlp"] and s["memory_used_bytes"] <= BUDGET
+
+
+def test_the_router_loads_and_unloads_for_the_cluster(own_stack) -> None:  # type: ignore[no-untyped-def]
+    import time
+
+    stack = own_stack(
+        [{"id": "n1", "partition": "edge-a", "models": ["sensor_mlp", "resnet_s"], "memory_budget_mb": 1}]
+    )
+    url = stack.router_url
+
+    def index() -> dict[str, str]:
+        return {m["name"]: m["state"] for m in call(f"{url}/v2/repository/index", b"{}")[1]}
+
+    def until(cond) -> bool:  # type: ignore[no-untyped-def]
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            if cond():
+                return True
+            time.sleep(0.05)
+        return False
+
+    assert index() == {"sensor_mlp": "READY", "resnet_s": "UNAVAILABLE"}, "resnet_s (1.5 MB) never fits 1 MB"
+    status, doc, _ = call(f"{url}/v2/repository/models/resnet_s/load", b"{}")
+    assert status == 503 and "whole budget" in doc["error"], "the node's reason is relayed"
+    status, doc, _ = call(f"{url}/v2/repository/models/sensor_mlp/unload", b"{}")
+    assert status == 200 and doc["nodes"] == {"n1": 200}
+    assert until(lambda: index()["sensor_mlp"] == "UNAVAILABLE"), "telemetry shows it cold"
+    status, doc, _ = call(f"{url}/v2/repository/models/sensor_mlp/load", b"{}")
+    assert status == 200 and doc["nodes"] == ["n1"]
+    assert until(lambda: index()["sensor_mlp"] == "READY")
+    assert call(f"{url}/v2/models/sensor_mlp/infer", infer_body())[0] == 200
+    assert call(f"{url}/v2/repository/models/nope/load", b"{}")[0] == 404
