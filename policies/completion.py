@@ -48,6 +48,14 @@ def predicted_completion_ms(
     return view.rtt_ms(req.site, node.partition) + wait + exec_ms
 
 
+def meets_deadline(
+    view: ClusterView, node: NodeState, req: RouteRequest, margin: float, default_exec_ms: float, now_ms: float
+) -> bool:
+    """Predicted to finish within the request's remaining deadline less `margin` (a share of it)."""
+    assert req.deadline_ms is not None
+    return predicted_completion_ms(view, node, req, default_exec_ms, now_ms) <= req.deadline_ms * (1.0 - margin)
+
+
 class Completion:
     name: ClassVar[str] = "completion"
     reads: ClassVar[frozenset[str]] = frozenset(

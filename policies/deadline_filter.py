@@ -15,7 +15,7 @@ from typing import ClassVar
 from pydantic import Field
 
 from policies.api import ClusterView, Context, NodeState, Params, RouteRequest
-from policies.completion import predicted_completion_ms
+from policies.completion import meets_deadline
 
 
 class DeadlineFilterParams(Params):
@@ -40,10 +40,8 @@ class DeadlineFilter:
     def filter(self, req: RouteRequest, view: ClusterView, nodes: list[NodeState], ctx: Context) -> list[NodeState]:
         if req.deadline_ms is None:
             return nodes
-        budget = req.deadline_ms * (1.0 - self.params.margin)
-        fits = [
-            n for n in nodes if predicted_completion_ms(view, n, req, self.params.default_exec_ms, ctx.now_ms) <= budget
-        ]
+        p = self.params
+        fits = [n for n in nodes if meets_deadline(view, n, req, p.margin, p.default_exec_ms, ctx.now_ms)]
         if fits or req.priority < self.params.always_try_min:
             return fits
         return nodes

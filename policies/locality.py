@@ -19,7 +19,7 @@ from typing import ClassVar
 from pydantic import Field
 
 from policies.api import ClusterView, Context, NodeState, Params, RouteRequest
-from policies.completion import predicted_completion_ms
+from policies.completion import meets_deadline
 
 
 class LocalityParams(Params):
@@ -40,8 +40,7 @@ def has_room(
     """Room for this request: predicted in time (with a deadline), else below `max_load` per slot."""
     if req.deadline_ms is None:
         return view.outstanding(node) / node.capacity < max_load
-    budget = req.deadline_ms * (1.0 - margin)
-    return predicted_completion_ms(view, node, req, default_exec_ms, now_ms) <= budget
+    return meets_deadline(view, node, req, margin, default_exec_ms, now_ms)
 
 
 class Locality:

@@ -19,7 +19,7 @@ import os
 import socket
 import uuid
 import zlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -196,6 +196,18 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
         await router.client.close()
 
 
+@contextlib.asynccontextmanager
+async def _running(coro: Coroutine[Any, Any, None], name: str) -> AsyncIterator[None]:
+    """Run `coro` as a background task for the duration of the block; cancel it on the way out."""
+    task = asyncio.create_task(coro, name=name)
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
 async def _peers(app: web.Application) -> AsyncIterator[None]:
     """Active-active: publish this router's in-flight per node, read the other routers' (telemetry.peers)."""
     router = app[ROUTER]
@@ -219,13 +231,10 @@ async def _peers(app: web.Application) -> AsyncIterator[None]:
                 publisher.submit(msg)
             await asyncio.sleep(cfg.interval_ms / 1000.0)
 
-    task = asyncio.create_task(publish(), name="peers-publisher")
     try:
-        yield
+        async with _running(publish(), "peers-publisher"):
+            yield
     finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
         router.dispatcher.tracker.remote = None
         await loop.run_in_executor(None, loads.stop)
         await loop.run_in_executor(None, publisher.close)
@@ -253,13 +262,8 @@ async def _config_watcher(app: web.Application) -> AsyncIterator[None]:
                 seen = current
                 router.reload_file()
 
-    task = asyncio.create_task(watch(), name="config-watcher")
-    try:
+    async with _running(watch(), "config-watcher"):
         yield
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
 
 
 # --- OIP v2 -------------------------------------------------------------------------------------
@@ -587,7 +591,7 @@ async def get_view(request: web.Request) -> web.Response:
                 "messages": router.peers.messages,
                 "malformed": router.peers.malformed,
                 "remote_in_flight": sum(router.peers.remote(n.node_id) for n in view),
-                "lag_ms": _quantiles(list(router.peers.lag_ms)),
+                "lag_ms": {q: round(router.peers.lag_quantile(f), 2) for q, f in (("p50", 0.5), ("p99", 0.99))},
             },
             "holds": {
                 "held": router.dispatcher.holds,
@@ -596,13 +600,6 @@ async def get_view(request: web.Request) -> web.Response:
             },
         }
     )
-
-
-def _quantiles(values: list[float]) -> dict[str, float]:
-    if not values:
-        return {}
-    values.sort()
-    return {q: round(values[min(len(values) - 1, int(f * len(values)))], 2) for q, f in (("p50", 0.5), ("p99", 0.99))}
 
 
 def telemetry_summary(store: ViewStore) -> dict[str, Any]:

@@ -31,6 +31,20 @@ def _faults(ax: Any, policies: dict[str, Any]) -> None:
             ax.text(t, ax.get_ylim()[1], f" {label}", color="crimson", fontsize=7, va="top", rotation=90)
 
 
+def _save(fig: Any, path: Path) -> None:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _label(ax: Any, report: dict[str, Any], xlabel: str, ylabel: str, what: str) -> None:
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(f"{report['scenario']} ({report['mode']}): {what}")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+
+
 def plot_delay(report: dict[str, Any], path: Path) -> None:
     """The delay-scheduling timer per site over time, for runs whose policy tunes one (`delay_spill`)."""
     series = [
@@ -50,14 +64,8 @@ def plot_delay(report: dict[str, Any], path: Path) -> None:
         ds = [d for _, d in points] + [points[-1][1]]
         ax.step(ts, ds, where="post", label=f"{name} {site}")
     _faults(ax, report["policies"])
-    ax.set_xlabel("time (s)")
-    ax.set_ylabel("delay D (ms)")
-    ax.set_title(f"{report['scenario']} ({report['mode']}): tuned delay-scheduling timer per site")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _label(ax, report, "time (s)", "delay D (ms)", "tuned delay-scheduling timer per site")
+    _save(fig, path)
 
 
 def plot_cdf(report: dict[str, Any], path: Path) -> None:
@@ -73,14 +81,8 @@ def plot_cdf(report: dict[str, Any], path: Path) -> None:
                 label=f"{name} prio {prio}",
             )
     ax.set_xscale("log")
-    ax.set_xlabel("latency (ms, log)")
-    ax.set_ylabel("share of completed requests")
-    ax.set_title(f"{report['scenario']} ({report['mode']}): latency CDF")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _label(ax, report, "latency (ms, log)", "share of completed requests", "latency CDF")
+    _save(fig, path)
 
 
 def plot_timeline(report: dict[str, Any], path: Path) -> None:
@@ -103,9 +105,7 @@ def plot_timeline(report: dict[str, Any], path: Path) -> None:
     top.legend(fontsize=8)
     _faults(top, report["policies"])
     _faults(bottom, report["policies"])
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(fig, path)
 
 
 def plot_nodes(report: dict[str, Any], path: Path) -> None:
@@ -124,9 +124,7 @@ def plot_nodes(report: dict[str, Any], path: Path) -> None:
     axes[0, 0].legend(fontsize=7, ncol=4)
     axes[-1, 0].set_xlabel("seconds from start")
     fig.suptitle(f"{report['scenario']} ({report['mode']}): load per node")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(fig, path)
 
 
 def _table(report: dict[str, Any]) -> list[str]:

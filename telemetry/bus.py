@@ -54,16 +54,19 @@ def ensure_topic(
         admin.close()
 
 
-class TelemetryPublisher:
-    """Sends `NodeLoad` messages keyed by node id. Blocking; call from a worker thread.
+class KafkaSender:
+    """A Kafka producer that never raises: sends are counted, failures logged and counted.
 
-    Broker failures are logged and counted, never raised: a node keeps serving while its telemetry
-    cannot be delivered (routers will see it go stale, which is the truth).
+    Blocking; call it from a worker thread. A node keeps serving while its telemetry cannot be
+    delivered (routers will see it go stale, which is the truth), and a router keeps routing while its
+    peers cannot hear from it.
     """
 
-    def __init__(self, bootstrap: str, topic: str = TOPIC) -> None:
+    def __init__(self, bootstrap: str, topic: str, client_id: str, what: str) -> None:
         self.bootstrap = bootstrap
         self.topic = topic
+        self.client_id = client_id
+        self.what = what  # for the log lines
         self.sent = 0
         self.failed = 0
         self._producer: Any = None
@@ -78,22 +81,20 @@ class TelemetryPublisher:
             max_block_ms=2000,
             request_timeout_ms=5000,
             retries=1,
-            client_id="edgeroute-node",
+            client_id=self.client_id,
         )
 
-    def publish(self, msg: NodeLoad) -> bool:
+    def send(self, key: bytes | None, value: bytes, timestamp_ms: int) -> bool:
         try:
             if self._producer is None:
                 self._producer = self._connect()
-            self._producer.send(
-                self.topic, key=msg.node_id.encode(), value=msg.to_json(), timestamp_ms=int(msg.sent_at_ms)
-            )
+            self._producer.send(self.topic, key=key, value=value, timestamp_ms=timestamp_ms)
             self.sent += 1
             return True
-        except Exception as exc:  # noqa: BLE001 - any broker fault must not take the node down
+        except Exception as exc:  # noqa: BLE001 - any broker fault must not take the process down
             self.failed += 1
             if self.failed == 1 or self.failed % 100 == 0:
-                log.warning("telemetry publish failed (%d so far): %s", self.failed, exc)
+                log.warning("%s publish failed (%d so far): %s", self.what, self.failed, exc)
             return False
 
     def close(self) -> None:
@@ -102,8 +103,18 @@ class TelemetryPublisher:
                 self._producer.flush(timeout=2)
                 self._producer.close(timeout=2)
             except Exception as exc:  # noqa: BLE001
-                log.debug("producer close: %s", exc)
+                log.debug("%s producer close: %s", self.what, exc)
             self._producer = None
+
+
+class TelemetryPublisher(KafkaSender):
+    """Sends `NodeLoad` messages keyed by node id (blocking; see KafkaSender)."""
+
+    def __init__(self, bootstrap: str, topic: str = TOPIC) -> None:
+        super().__init__(bootstrap, topic, "edgeroute-node", "telemetry")
+
+    def publish(self, msg: NodeLoad) -> bool:
+        return self.send(msg.node_id.encode(), msg.to_json(), int(msg.sent_at_ms))
 
 
 class TelemetrySource(Protocol):

@@ -14,18 +14,15 @@ a few milliseconds old instead of up to a telemetry interval.
 
 from __future__ import annotations
 
-import logging
 from collections import deque
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from types import MappingProxyType
-from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from telemetry.bus import TopicReader, now_ms
-
-log = logging.getLogger(__name__)
+from telemetry.bus import KafkaSender, TopicReader, now_ms
+from telemetry.store import nearest_rank
 
 PEERS_TOPIC = "edgeroute.routers"
 PEERS_SCHEMA = 1
@@ -76,6 +73,10 @@ class PeerLoads(TopicReader):
         """The other routers' requests in flight at `node_id` (swapped whole; read from any thread)."""
         return self._remote.get(node_id, 0)
 
+    def lag_quantile(self, q: float) -> float:
+        """Send-to-receipt lag of the other routers' messages (nearest rank, q in [0, 1])."""
+        return nearest_rank(list(self.lag_ms), q)
+
     @property
     def peers(self) -> int:
         return len(self._latest)
@@ -119,15 +120,11 @@ class PeerPublisher:
     """Publishes this router's `RouterLoad` when it changed; the send runs on one worker thread."""
 
     def __init__(self, bootstrap: str, router_id: str, topic: str = PEERS_TOPIC, heartbeat_ms: float = 300.0) -> None:
-        self.bootstrap = bootstrap
-        self.heartbeat_ms = heartbeat_ms  # publish at least this often, so peers know each other while idle
-        self._last_at = float("-inf")
         self.router_id = router_id
-        self.topic = topic
+        self.heartbeat_ms = heartbeat_ms  # publish at least this often, so peers know each other while idle
         self.seq = 0
-        self.sent = 0
-        self.failed = 0
-        self._producer: Any = None
+        self.sender = KafkaSender(bootstrap, topic, f"edgeroute-router-{router_id}", "peer load")
+        self._last_at = float("-inf")
         self._last: tuple[dict[str, int], dict[str, int]] | None = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="peers-publisher")
 
@@ -144,43 +141,9 @@ class PeerPublisher:
         return msg
 
     def submit(self, msg: RouterLoad) -> None:
-        self._executor.submit(self._send, msg)
-
-    def _send(self, msg: RouterLoad) -> None:
-        try:
-            if self._producer is None:
-                from kafka import KafkaProducer
-
-                self._producer = KafkaProducer(
-                    bootstrap_servers=self.bootstrap,
-                    linger_ms=0,
-                    acks=1,
-                    max_block_ms=2000,
-                    request_timeout_ms=5000,
-                    retries=1,
-                    client_id=f"edgeroute-router-{self.router_id}",
-                )
-            self._producer.send(
-                self.topic,
-                key=self.router_id.encode(),
-                value=msg.model_dump_json(by_alias=True).encode(),
-                timestamp_ms=int(msg.sent_at_ms),
-            )
-            self.sent += 1
-        except Exception as exc:  # noqa: BLE001 - a broker fault must not take the router down
-            self.failed += 1
-            if self.failed == 1 or self.failed % 100 == 0:
-                log.warning("peer publish failed (%d so far): %s", self.failed, exc)
+        value = msg.model_dump_json(by_alias=True).encode()
+        self._executor.submit(self.sender.send, self.router_id.encode(), value, int(msg.sent_at_ms))
 
     def close(self) -> None:
-        def _close() -> None:
-            if self._producer is not None:
-                try:
-                    self._producer.flush(timeout=2)
-                    self._producer.close(timeout=2)
-                except Exception as exc:  # noqa: BLE001
-                    log.debug("peer producer close: %s", exc)
-                self._producer = None
-
-        self._executor.submit(_close).result(timeout=10)
+        self._executor.submit(self.sender.close).result(timeout=10)
         self._executor.shutdown(wait=True)

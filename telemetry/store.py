@@ -6,6 +6,7 @@ import logging
 import math
 import threading
 from collections import deque
+from collections.abc import Iterable
 from typing import Any
 
 from telemetry.schema import MalformedTelemetry, NodeLoad
@@ -19,6 +20,14 @@ log = logging.getLogger(__name__)
 # the restart is not revived for `stale_after_ms`. Below it, receipt time is used, which is immune to
 # small clock skew between node and router.
 CATCH_UP_LAG_MS = 1000.0
+
+
+def nearest_rank(values: Iterable[float], q: float) -> float:
+    """Nearest-rank quantile (q in [0, 1]) of `values`, 0 when there are none."""
+    ordered = sorted(values)
+    if not ordered:
+        return 0.0
+    return ordered[min(len(ordered), max(1, math.ceil(q * len(ordered)))) - 1]
 
 
 class ViewStore:
@@ -37,10 +46,7 @@ class ViewStore:
 
     def lag_quantile(self, q: float) -> float:
         """Nearest-rank quantile (q in [0, 1]) of the recent send-to-receipt lags, 0 when none."""
-        lags = sorted(self.lag_ms)
-        if not lags:
-            return 0.0
-        return lags[min(len(lags), max(1, math.ceil(q * len(lags)))) - 1]
+        return nearest_rank(self.lag_ms, q)
 
     def summary(self) -> dict[str, Any]:
         """The `telemetry` block of a report: message counts and lag p50/p99."""

@@ -48,8 +48,8 @@ def test_in_flight_counts_travel_between_routers_through_the_broker(broker: Embe
         assert _until(lambda: b_loads.remote("n1") == 0, timeout_s=5)
         assert b_loads.peers == 0
         # garbage on the topic is counted and skipped
-        a_pub._producer.send(topic, value=b'{"schema": 1, "router_id": ""}')  # noqa: SLF001
-        a_pub._producer.send(topic, value=b"not json")  # noqa: SLF001
+        a_pub.sender.send(None, b'{"schema": 1, "router_id": ""}', int(time.time() * 1000))
+        a_pub.sender.send(None, b"not json", int(time.time() * 1000))
         assert _until(lambda: b_loads.malformed == 2)
     finally:
         b_loads.stop()
