@@ -3,9 +3,12 @@ repository load/unload, and a model that cannot load failing alone."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,6 +23,12 @@ MODELS = ["sensor_mlp", "detector_head", "mobilenet_s", "resnet_s"]  # resnet_s 
 
 @pytest.fixture
 def node(tmp_path: Path) -> Iterator[str]:
+    with _node(tmp_path) as url:
+        yield url
+
+
+@contextlib.contextmanager
+def _node(tmp_path: Path, **extra: object) -> Iterator[str]:
     port = free_port()
     cfg = {
         "node_id": "r1",
@@ -28,6 +37,7 @@ def node(tmp_path: Path) -> Iterator[str]:
         "kafka": None,
         "memory_budget_bytes": BUDGET,
         "models": [{"name": m} for m in MODELS],
+        **extra,
     }
     log = open(tmp_path / "node.log", "wb")  # noqa: SIM115 - closed below
     popen = subprocess.Popen(
@@ -87,8 +97,6 @@ def test_repository_load_and_unload(node: str) -> None:
 
 
 def test_the_router_loads_and_unloads_for_the_cluster(own_stack) -> None:  # type: ignore[no-untyped-def]
-    import time
-
     stack = own_stack(
         [{"id": "n1", "partition": "edge-a", "models": ["sensor_mlp", "resnet_s"], "memory_budget_mb": 1}]
     )
@@ -116,3 +124,25 @@ def test_the_router_loads_and_unloads_for_the_cluster(own_stack) -> None:  # typ
     assert until(lambda: index()["sensor_mlp"] == "READY")
     assert call(f"{url}/v2/models/sensor_mlp/infer", infer_body())[0] == 200
     assert call(f"{url}/v2/repository/models/nope/load", b"{}")[0] == 404
+    status, doc, _ = call(f"{url}/v2/repository/models/sensor_mlp/load", b"{not json")
+    assert status == 400 and "malformed" in doc["error"]
+    status, doc, _ = call(f"{url}/v2/repository/models/sensor_mlp/load", b'{"parameters": {"node": "ghost"}}')
+    assert status == 404 and "ghost" in doc["error"]
+
+
+def test_a_model_in_use_is_not_unloaded(tmp_path: Path) -> None:
+    with _node(tmp_path, speed=0.0005) as url:  # sensor_mlp holds its slot ~120 ms
+        done: list[int] = []
+
+        def infer() -> None:
+            done.append(call(f"{url}/v2/models/sensor_mlp/infer", infer_body())[0])
+
+        worker = threading.Thread(target=infer)
+        worker.start()
+        deadline = time.monotonic() + 5
+        while stats(url)["in_flight"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        status, doc, _ = call(f"{url}/v2/repository/models/sensor_mlp/unload", b"{}")
+        assert status == 409 and "in progress" in doc["error"]
+        worker.join()
+        assert done == [200] and "sensor_mlp" in stats(url)["resident"]

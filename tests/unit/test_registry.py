@@ -25,6 +25,10 @@ def test_every_preset_builds_with_base_filters_first(preset: str) -> None:
         ({"picker": {"type": "max"}, "scorers": [{"type": "queue", "weight": -1}]}, "weight"),
         ({"preset": "p2c", "params": {"latency": {"default_exec_ms": 3}}}, "not in the pipeline"),
         ({"preset": "p2c", "params": {"sample": {"k": "two"}}}, "k"),
+        ({"preset": "edge_first", "params": {"delay_spill": {"margin": 1.5}}}, "margin"),
+        ({"preset": "edge_first", "params": {"delay_spill": {"slo_target": 0}}}, "slo_target"),
+        ({"preset": "edge_first", "params": {"locality": {"max_load": 0}}}, "max_load"),
+        ({"preset": "compass", "params": {"warm_model": {"default_load_ms": -1}}}, "default_load_ms"),
     ],
 )
 def test_bad_specs_are_rejected_with_the_path(spec: object, needle: str) -> None:

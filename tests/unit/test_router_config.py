@@ -23,6 +23,11 @@ def test_defaults_are_valid() -> None:
         ({"links": [{"a": "x", "b": "y", "rtt_ms": 10, "loss": 1.0}]}, "loss"),
         ({"auth": {"tokens": {"a": "t"}, "roles": []}}, "roles"),
         ({"rate_limit": {"rps": 0, "burst": 1}}, "rps"),
+        ({"outlier": {"consecutive": 0}}, "consecutive"),
+        ({"outlier": {"max_share": 1.5}}, "max_share"),
+        ({"peers": {"enabled": True, "interval_ms": 0}}, "interval_ms"),
+        ({"peers": {"gossip": True}}, "gossip"),
+        ({"auth": {"tokens": {"a": "t"}, "sites": {"a": 3}}}, "sites"),
     ],
 )
 def test_invalid_configs_are_rejected(raw: object, needle: str) -> None:

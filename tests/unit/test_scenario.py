@@ -94,6 +94,7 @@ def test_load_by_bare_name() -> None:
             "min_rate_rps",
         ),
         (QUICK.replace("      rate_rps: 60", "      arrival: sawtooth\n      rate_rps: 60"), "arrival"),
+        (QUICK.replace("slots: 2", "slots: 2, admit_by_deadline: maybe", 1), "admit_by_deadline"),
     ],
 )
 def test_bad_scenarios_give_one_line(text: str, needle: str) -> None:
