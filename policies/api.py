@@ -47,6 +47,16 @@ class RouteRequest:
     request_id: str = ""
     exclude: frozenset[str] = frozenset()  # nodes already tried for this request
     waited_ms: float = 0.0  # how long the router has already held it for local capacity (delay scheduling)
+    # a workflow stage: its own remaining budget (ESG's per-stage split of the end-to-end SLO), and
+    # where its input was produced (the node of the stage before it) and how large that input is
+    stage_deadline_ms: float | None = None
+    input_node: str | None = None
+    input_bytes: int = 0
+
+    @property
+    def budget_ms(self) -> float | None:
+        """The budget a placement must meet: the stage's own for a workflow stage, else the deadline."""
+        return self.stage_deadline_ms if self.stage_deadline_ms is not None else self.deadline_ms
 
 
 @dataclass(frozen=True, slots=True)

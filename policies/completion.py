@@ -29,31 +29,42 @@ class CompletionParams(Params):
     default_exec_ms: float = Field(5.0, gt=0)
 
 
-def predicted_completion_ms(
-    view: ClusterView, node: NodeState, req: RouteRequest, default_exec_ms: float, now_ms: float | None = None
-) -> float:
+def exec_estimate_ms(node: NodeState, req: RouteRequest, default_exec_ms: float) -> float:
+    """The node's EWMA for the model at the request's batch size, else `default_exec_ms`."""
     state = node.model(req.model)
     exec_ms = state.ewma_ms(req.batch) if state is not None else None
-    if exec_ms is None or exec_ms <= 0:
-        exec_ms = default_exec_ms
+    return exec_ms if exec_ms is not None and exec_ms > 0 else default_exec_ms
+
+
+def predicted_wait_ms(
+    view: ClusterView, node: NodeState, req: RouteRequest, exec_ms: float, now_ms: float | None = None
+) -> float:
+    """How long the request would queue on the node at its priority (see the module docstring)."""
     outstanding = view.outstanding(node)
     reported_wait = node.load.wait_ms(req.priority)
     if reported_wait is None:
-        wait = outstanding / node.capacity * exec_ms
-    else:
-        # the report is `age` old: that much of the wait it predicted has already passed
-        age = 0.0 if now_ms is None else max(0.0, now_ms - node.heard_at_ms)
-        extra = max(0, outstanding - node.reported_outstanding)
-        wait = max(0.0, reported_wait - age) + extra * exec_ms / node.capacity
-    return view.rtt_ms(req.site, node.partition) + wait + exec_ms
+        return outstanding / node.capacity * exec_ms
+    # the report is `age` old: that much of the wait it predicted has already passed
+    age = 0.0 if now_ms is None else max(0.0, now_ms - node.heard_at_ms)
+    extra = max(0, outstanding - node.reported_outstanding)
+    return max(0.0, reported_wait - age) + extra * exec_ms / node.capacity
+
+
+def predicted_completion_ms(
+    view: ClusterView, node: NodeState, req: RouteRequest, default_exec_ms: float, now_ms: float | None = None
+) -> float:
+    exec_ms = exec_estimate_ms(node, req, default_exec_ms)
+    return view.rtt_ms(req.site, node.partition) + predicted_wait_ms(view, node, req, exec_ms, now_ms) + exec_ms
 
 
 def meets_deadline(
     view: ClusterView, node: NodeState, req: RouteRequest, margin: float, default_exec_ms: float, now_ms: float
 ) -> bool:
-    """Predicted to finish within the request's remaining deadline less `margin` (a share of it)."""
-    assert req.deadline_ms is not None
-    return predicted_completion_ms(view, node, req, default_exec_ms, now_ms) <= req.deadline_ms * (1.0 - margin)
+    """Predicted to finish within the request's remaining budget less `margin` (a share of it): the
+    stage's own budget for a workflow stage, else the request's deadline."""
+    budget = req.budget_ms
+    assert budget is not None
+    return predicted_completion_ms(view, node, req, default_exec_ms, now_ms) <= budget * (1.0 - margin)
 
 
 class Completion:

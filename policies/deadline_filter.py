@@ -38,7 +38,7 @@ class DeadlineFilter:
         return 429
 
     def filter(self, req: RouteRequest, view: ClusterView, nodes: list[NodeState], ctx: Context) -> list[NodeState]:
-        if req.deadline_ms is None:
+        if req.budget_ms is None:
             return nodes
         p = self.params
         fits = [n for n in nodes if meets_deadline(view, n, req, p.margin, p.default_exec_ms, ctx.now_ms)]

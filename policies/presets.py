@@ -9,7 +9,8 @@
 | least_latency     | scorer latency -> picker max                         | earliest predicted completion |
 | slo_priority      | deadline_filter, priority_headroom -> completion -> max | deadlines, priorities first |
 | edge_first        | locality, delay_spill -> completion -> max           | own site first, hold, spill |
-| compass           | warm_model -> max                                    | earliest finish, loads counted |
+| compass           | warm_model -> max                                    | earliest finish, loads and moves counted |
+| esg               | stage_budget -> warm_model -> max                    | each stage within its share of the SLO |
 """
 
 from __future__ import annotations
@@ -57,8 +58,17 @@ PRESETS: dict[str, Preset] = {
     ),
     "compass": Preset(
         "earliest predicted finish with the model's load time counted where it is not resident "
-        "(network RTT and the wait at the request's priority included), so work goes where the model is warm",
+        "(network RTT and the wait at the request's priority included) and the input's move where a "
+        "workflow's previous stage ran elsewhere, so work goes where the model is warm and stages stay together",
         PluginSpec(type="max"),
+        scorers=[PluginSpec(type="warm_model")],
+    ),
+    "esg": Preset(
+        "workflow stages each placed within their own share of the end-to-end SLO (split along the "
+        "critical path by the router): nodes predicted to finish the stage in its budget, load and input "
+        "move counted, then the earliest finish among them; the best estimate when none fits",
+        PluginSpec(type="max"),
+        filters=[PluginSpec(type="stage_budget")],
         scorers=[PluginSpec(type="warm_model")],
     ),
     "least_latency": Preset(

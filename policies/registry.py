@@ -27,11 +27,13 @@ from policies.queue import Queue
 from policies.random_pick import RandomPick
 from policies.round_robin import RoundRobin
 from policies.sample import Sample
+from policies.stage_budget import StageBudget
 from policies.warm_model import WarmModel
 from policies.weighted_random import WeightedRandom
 
 FILTERS: dict[str, type[Any]] = {
-    c.name: c for c in (Healthy, HasModel, NotTried, Sample, DeadlineFilter, PriorityHeadroom, Locality, DelaySpill)
+    c.name: c
+    for c in (Healthy, HasModel, NotTried, Sample, DeadlineFilter, PriorityHeadroom, Locality, DelaySpill, StageBudget)
 }
 SCORERS: dict[str, type[Any]] = {c.name: c for c in (Queue, Latency, Completion, WarmModel)}
 PICKERS: dict[str, type[Any]] = {c.name: c for c in (PickMax, RoundRobin, RandomPick, WeightedRandom)}

@@ -1,12 +1,19 @@
 """Scorer `warm_model`: Compass-style finish estimate, preferring nodes where the model is warm.
 
-finish(node) = rtt(site, partition) + wait(priority) + load + exec, where `rtt`, `wait` and `exec`
-are as in `completion`, and `load` is 0 when the model is resident on the node and otherwise the
-node's last measured load time for it (`models.load_ms`), else `default_load_ms`. A node that would
-have to load the model first is chosen only when the warm ones are busier than the load costs.
+    finish(node) = rtt(site, partition) + max(wait(priority), load, input arrival) + exec
 
-score = min_finish / finish. Inputs: models.resident, models.load_ms, plus those of `completion`.
-Parameters: `default_load_ms` (> 0, default 500), `default_exec_ms` (default 5).
+- `rtt`, `wait` and `exec` are as in `completion`;
+- `load` is 0 when the model is resident on the node, else the node's last measured load time for it
+  (`models.load_ms`), else `default_load_ms` (the node loads before it queues the request, so the
+  queue ahead drains meanwhile: the two overlap);
+- `input arrival` is 0 for a request whose input is already on the node (a workflow stage after a
+  stage that ran there: the stages are collocated), else the time to move `input_bytes` at
+  `bandwidth_mbps` plus the link RTT between the two nodes' partitions.
+
+A node that would have to load the model first, or fetch the input from another node, is chosen only
+when the warm, collocated ones are busier than that costs. score = min_finish / finish.
+Inputs: models.resident, models.load_ms, plus those of `completion`. Parameters: `default_load_ms`
+(> 0, default 500), `default_exec_ms` (default 5), `bandwidth_mbps` (node-to-node, default 1000).
 """
 
 from __future__ import annotations
@@ -16,12 +23,13 @@ from typing import ClassVar
 from pydantic import Field
 
 from policies.api import ClusterView, Context, NodeState, Params, RouteRequest
-from policies.completion import predicted_completion_ms
+from policies.completion import exec_estimate_ms, predicted_wait_ms
 
 
 class WarmModelParams(Params):
     default_load_ms: float = Field(500.0, gt=0)
     default_exec_ms: float = Field(5.0, gt=0)
+    bandwidth_mbps: float = Field(1000.0, gt=0)
 
 
 def load_penalty_ms(node: NodeState, model: str, default_load_ms: float) -> float:
@@ -31,31 +39,50 @@ def load_penalty_ms(node: NodeState, model: str, default_load_ms: float) -> floa
     return state.load_ms if state.load_ms is not None else default_load_ms
 
 
+def input_arrival_ms(view: ClusterView, node: NodeState, req: RouteRequest, bandwidth_mbps: float) -> float:
+    """Time for the request's input to reach `node` from the node that produced it (0 if the same)."""
+    if req.input_node is None or req.input_node == node.node_id:
+        return 0.0
+    source = view.get(req.input_node)
+    rtt = 0.0 if source is None else view.rtt_ms(source.partition, node.partition)
+    return rtt + req.input_bytes * 8.0 / (bandwidth_mbps * 1000.0)
+
+
+def finish_estimate_ms(
+    view: ClusterView, node: NodeState, req: RouteRequest, p: WarmModelParams, now_ms: float
+) -> float:
+    exec_ms = exec_estimate_ms(node, req, p.default_exec_ms)
+    start = max(
+        predicted_wait_ms(view, node, req, exec_ms, now_ms),
+        load_penalty_ms(node, req.model, p.default_load_ms),
+        input_arrival_ms(view, node, req, p.bandwidth_mbps),
+    )
+    return view.rtt_ms(req.site, node.partition) + start + exec_ms
+
+
+READS = frozenset(
+    {
+        "models.resident",
+        "models.load_ms",
+        "expected_wait_ms",
+        "models.ewma_ms_by_batch",
+        "queued_by_priority",
+        "in_flight",
+        "capacity",
+        "partition",
+    }
+)
+
+
 class WarmModel:
     name: ClassVar[str] = "warm_model"
-    reads: ClassVar[frozenset[str]] = frozenset(
-        {
-            "models.resident",
-            "models.load_ms",
-            "expected_wait_ms",
-            "models.ewma_ms_by_batch",
-            "queued_by_priority",
-            "in_flight",
-            "capacity",
-            "partition",
-        }
-    )
+    reads: ClassVar[frozenset[str]] = READS
     Params = WarmModelParams
 
     def __init__(self, params: WarmModelParams | None = None) -> None:
         self.params = params or WarmModelParams()
 
     def score(self, req: RouteRequest, view: ClusterView, nodes: list[NodeState], ctx: Context) -> list[float]:
-        p = self.params
-        finish = [
-            predicted_completion_ms(view, n, req, p.default_exec_ms, ctx.now_ms)
-            + load_penalty_ms(n, req.model, p.default_load_ms)
-            for n in nodes
-        ]
+        finish = [finish_estimate_ms(view, n, req, self.params, ctx.now_ms) for n in nodes]
         best = min(finish)
         return [best / f if f > 0 else 1.0 for f in finish]

@@ -43,3 +43,57 @@ def test_a_never_loaded_model_costs_the_default_load_time() -> None:
     v = ClusterView.of([node("a", resident=False), node("b", resident=True, wait=45)], NOW)
     scores = scorer.score(RouteRequest("m"), v, list(v), Context(NOW, random.Random(0)))
     assert scores == pytest.approx([50 / 105, 1.0]), "b finishes at 45 + 5, a at 100 + 5"
+
+
+def stage(model: str = "m", **kw: object) -> RouteRequest:
+    return RouteRequest(model, **kw)  # type: ignore[arg-type]
+
+
+def pick(policy: str, req: RouteRequest, *loads: NodeLoad) -> str:
+    out = build_policy(policy).choose(req, ClusterView.of(list(loads), NOW), Context(NOW, random.Random(0)))
+    assert isinstance(out, Decision)
+    return out.node_id
+
+
+def test_a_stage_stays_on_the_node_holding_its_input_until_that_node_is_busier_than_the_move() -> None:
+    # 1 MB of crops at the default 1000 Mbit/s takes 8 ms to move
+    req = stage(input_node="here", input_bytes=1_000_000)
+    assert pick("compass", req, node("here", resident=True, wait=6), node("there", resident=True)) == "here"
+    assert pick("compass", req, node("here", resident=True, wait=12), node("there", resident=True)) == "there"
+    # without an input elsewhere the idle node wins at once
+    assert pick("compass", stage(), node("here", resident=True, wait=6), node("there", resident=True)) == "there"
+
+
+def test_collocation_across_partitions_counts_the_link_rtt() -> None:
+    from telemetry.topology import LinkState, LinkTable
+
+    here = node("here", resident=True, wait=20)
+    far = node("far", resident=True).model_copy(update={"partition": "cloud"})
+    v = ClusterView.of([here, far], NOW).with_links(LinkTable([LinkState("edge-a", "cloud", rtt_ms=40.0)]))
+    req = stage(input_node="here", input_bytes=1000, site="edge-a")
+    scorer = WarmModel()
+    here_s, far_s = scorer.score(req, v, [v.nodes["here"], v.nodes["far"]], Context(NOW, random.Random(0)))
+    assert here_s == 1.0 and far_s < 1.0, "the far node pays 40 ms to get the input and 40 ms to answer"
+
+
+def test_finish_estimate_overlaps_the_load_with_the_queue() -> None:
+    from policies.warm_model import finish_estimate_ms
+
+    v = ClusterView.of([node("cold", resident=False, load_ms=300, wait=100)], NOW)
+    est = finish_estimate_ms(v, v.nodes["cold"], stage(), WarmModelParams(), NOW)
+    assert est == pytest.approx(300 + 5), "the queue drains while the node loads"
+
+
+def test_stage_budget_keeps_the_nodes_that_fit_the_stage_share_else_all() -> None:
+    from policies.stage_budget import StageBudget
+
+    f = StageBudget()
+    v = ClusterView.of([node("warm", resident=True, wait=10), node("cold", resident=False, load_ms=300)], NOW)
+    ctx = Context(NOW, random.Random(0))
+    tight = stage(deadline_ms=1000, stage_deadline_ms=50)
+    assert [n.node_id for n in f.filter(tight, v, list(v), ctx)] == ["warm"]
+    hopeless = stage(deadline_ms=1000, stage_deadline_ms=5)
+    assert len(f.filter(hopeless, v, list(v), ctx)) == 2, "nothing fits: placed on the best estimate"
+    roomy = stage(deadline_ms=1000)
+    assert len(f.filter(roomy, v, list(v), ctx)) == 2, "a single-model request is checked against its deadline"
+    assert pick("esg", tight, node("cold", resident=False, load_ms=300), node("warm", resident=True, wait=10)) == "warm"
