@@ -36,6 +36,7 @@ NODE_HEADER = "x-edgeroute-node"
 EXEC_HEADER = "x-edgeroute-exec-ms"  # slot time of this request's execution
 QUEUE_HEADER = "x-edgeroute-queue-ms"  # time waiting for a slot
 BATCH_HEADER = "x-edgeroute-batch-rows"  # rows of the batch this request ran in
+COLD_HEADER = "x-edgeroute-cold-ms"  # the model was not resident: how long this request waited for it
 REQUEST_ID_HEADER = "x-edgeroute-request-id"
 VERSION = "0.1.0"
 
@@ -359,12 +360,17 @@ async def infer(request: web.Request) -> web.Response:
     arrived = time.perf_counter()
     if rt.draining:
         return _error(503, "node is draining")
+    warm = request.match_info["model"] in rt.models
     model = await _model_or_error(request)
     if isinstance(model, web.Response):
         return model
+    cold_ms = None if warm else (time.perf_counter() - arrived) * 1000.0
     rt.residency.pin(model.name)  # not evicted while this request needs it
     try:
-        return await _infer(request, rt, model, arrived)
+        response = await _infer(request, rt, model, arrived)
+        if cold_ms is not None:
+            response.headers[COLD_HEADER] = f"{cold_ms:.3f}"
+        return response
     finally:
         rt.residency.unpin(model.name)
 

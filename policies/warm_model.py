@@ -13,7 +13,7 @@
 A node that would have to load the model first, or fetch the input from another node, is chosen only
 when the warm, collocated ones are busier than that costs. score = min_finish / finish.
 Inputs: models.resident, models.load_ms, plus those of `completion`. Parameters: `default_load_ms`
-(> 0, default 500), `default_exec_ms` (default 5), `bandwidth_mbps` (node-to-node, default 1000).
+(> 0, default 500), `default_exec_ms` (default 5), `bandwidth_mbps` (node-to-node, default 100: an edge site's LAN).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from policies.completion import exec_estimate_ms, predicted_wait_ms
 class WarmModelParams(Params):
     default_load_ms: float = Field(500.0, gt=0)
     default_exec_ms: float = Field(5.0, gt=0)
-    bandwidth_mbps: float = Field(1000.0, gt=0)
+    bandwidth_mbps: float = Field(100.0, gt=0)
 
 
 def load_penalty_ms(node: NodeState, model: str, default_load_ms: float) -> float:

@@ -33,6 +33,7 @@ from router.config import ConfigError, RouterConfig, load_config
 from router.dispatch import Dispatcher, Outcome, PolicyHolder
 from router.metrics import RouterMetrics
 from router.node_client import HttpNodeClient, NodeClient, NodeTimeout, NodeUnavailable
+from router.workflows import WorkflowInputError, WorkflowRunner, decode_inputs
 from telemetry.bus import KafkaTelemetrySource, TelemetrySource, ensure_topic, now_ms
 from telemetry.health import HealthConfig
 from telemetry.peers import PeerLoads, PeerPublisher
@@ -89,6 +90,8 @@ class Router:
         self.auth = Authenticator(config.auth)
         self.peers: PeerLoads | None = None
         self.limiter = RateLimiter(config.rate_limit)
+        self.workflows = {w.name: WorkflowRunner(w, self.dispatcher, clock) for w in config.workflows}
+        self.metrics.watch_workflows(self.workflows)
 
     def reload_policy(self, raw: Any, origin: str) -> PolicySpec:
         """Validate `raw` fully, then swap it in; on any error keep the old policy and raise."""
@@ -299,30 +302,81 @@ def _unknown_or_unavailable(model: str, known: bool) -> web.Response:
     return _error(404, f"unknown model '{model}'")
 
 
-async def model_metadata(request: web.Request) -> web.Response:
-    router = request.app[ROUTER]
-    model = request.match_info["model"]
-    nodes, known = _model_nodes(router, model)
-    if not nodes:
-        return _unknown_or_unavailable(model, known)
-    suffix = request.path.split(f"/v2/models/{model}", 1)[1]
+async def _node_metadata(router: Router, model: str, suffix: str = "") -> tuple[int, bytes] | None:
+    """A serving node's answer to `GET /v2/models/{model}{suffix}`, least busy node first."""
+    nodes, _ = _model_nodes(router, model)
     for node in sorted(nodes, key=lambda n: router.store.view.outstanding(n)):
         try:
             reply = await router.client.get(f"{node.endpoint}/v2/models/{model}{suffix}", 2.0)
         except (NodeUnavailable, NodeTimeout):
             continue
         if reply.status < 500:
-            return web.Response(status=reply.status, body=reply.body, content_type="application/json")
-    return _error(503, f"no node answered metadata for model '{model}'")
+            return reply.status, reply.body
+    return None
+
+
+async def _workflow_metadata(router: Router, runner: WorkflowRunner) -> web.Response:
+    """Like an ensemble's: the inputs as the stages' models declare them, outputs named STAGE.OUTPUT."""
+    spec = runner.spec
+    meta: dict[str, dict[str, Any]] = {}
+    for stage in spec.stages:
+        got = await _node_metadata(router, stage.model)
+        if got is None or got[0] != 200:
+            return _error(503, f"workflow '{spec.name}': no node answered metadata for model '{stage.model}'")
+        meta[stage.name] = json.loads(got[1])
+    inputs: dict[str, dict[str, Any]] = {}
+    for stage in spec.stages:
+        declared = {t["name"]: t for t in meta[stage.name].get("inputs", [])}
+        for model_input, src in stage.inputs.items():
+            ref = src if isinstance(src, str) else src.crop
+            if ref in spec.inputs and ref not in inputs and model_input in declared:
+                inputs[ref] = {**declared[model_input], "name": ref}
+    if isinstance(spec.outputs, list):
+        wanted = set(spec.outputs)
+    else:
+        wanted = {f"{s}.{t['name']}" for s in spec.sinks() for t in meta[s].get("outputs", [])}
+    outputs = [{**t, "name": f"{s.name}.{t['name']}"} for s in spec.stages for t in meta[s.name].get("outputs", [])]
+    return web.json_response(
+        {
+            "name": spec.name,
+            "versions": ["1"],
+            "platform": "edgeroute_workflow",
+            "inputs": [inputs.get(n, {"name": n, "datatype": "FP32", "shape": [-1]}) for n in spec.inputs],
+            "outputs": [o for o in outputs if o["name"] in wanted],
+            "parameters": {"slo_ms": spec.slo_ms, "stages": [s.model_dump(exclude_none=True) for s in spec.stages]},
+        }
+    )
+
+
+async def model_metadata(request: web.Request) -> web.Response:
+    router = request.app[ROUTER]
+    model = request.match_info["model"]
+    runner = router.workflows.get(model)
+    if runner is not None:
+        return await _workflow_metadata(router, runner)
+    nodes, known = _model_nodes(router, model)
+    if not nodes:
+        return _unknown_or_unavailable(model, known)
+    suffix = request.path.split(f"/v2/models/{model}", 1)[1]
+    got = await _node_metadata(router, model, suffix)
+    if got is None:
+        return _error(503, f"no node answered metadata for model '{model}'")
+    return web.Response(status=got[0], body=got[1], content_type="application/json")
 
 
 async def model_ready(request: web.Request) -> web.Response:
     router = request.app[ROUTER]
     model = request.match_info["model"]
     version = request.match_info.get("version")
-    nodes, known = _model_nodes(router, model)
     if version is not None and version != "1":
         return _error(404, f"model '{model}' has no version '{version}'")
+    runner = router.workflows.get(model)
+    if runner is not None:
+        absent = [m for m in runner.models() if not _model_nodes(router, m)[0]]
+        if absent:
+            return _error(503, f"workflow '{model}': no ready node serves {', '.join(absent)}")
+        return web.json_response({"name": model, "ready": True, "models": runner.models()})
+    nodes, known = _model_nodes(router, model)
     if not nodes:
         return _unknown_or_unavailable(model, known)
     return web.json_response({"name": model, "ready": True, "nodes": len(nodes)})
@@ -342,7 +396,12 @@ async def repository_index(request: web.Request) -> web.Response:
             return {"state": "UNAVAILABLE", "reason": "not resident on any node; loads on first use"}
         return {"state": "UNAVAILABLE", "reason": "no fresh ready node serves it"}
 
-    return web.json_response([{"name": m, "version": "1", **state(m)} for m in names])
+    index = [{"name": m, "version": "1", **state(m)} for m in names]
+    for name, runner in router.workflows.items():
+        absent = [m for m in runner.models() if m not in serving]
+        index.append({"name": name, "version": "1", "state": "UNAVAILABLE" if absent else "READY",
+                      **({"reason": f"no fresh ready node serves {', '.join(absent)}"} if absent else {})})  # fmt: skip
+    return web.json_response(index)
 
 
 def _fresh_serving(router: Router, model: str) -> list[NodeState]:
@@ -443,6 +502,9 @@ async def infer(request: web.Request) -> web.Response:
     except BadHint as exc:
         _count(router, model, 0, "none", 400, arrived)
         return _error(400, str(exc))
+    runner = router.workflows.get(model)
+    if runner is not None:
+        return await _run_workflow(router, runner, request, body, doc, int(priority or 0), deadline, site, arrived)
     if not router.store.view.serving(model):
         _count(router, model, int(priority or 0), "none", 404, arrived)
         return _error(404, f"unknown model '{model}'")
@@ -471,6 +533,39 @@ async def infer(request: web.Request) -> web.Response:
     out_headers["x-edgeroute-attempts"] = str(outcome.attempts)
     content_type = out_headers.pop("Content-Type", "application/json").split(";")[0]
     return web.Response(status=outcome.status, body=outcome.body, headers=out_headers, content_type=content_type)
+
+
+async def _run_workflow(
+    router: Router,
+    runner: WorkflowRunner,
+    request: web.Request,
+    body: bytes,
+    doc: dict[str, Any],
+    priority: int,
+    deadline: float | None,
+    site: str | None,
+    arrived: float,
+) -> web.Response:
+    """A workflow job: every stage routed by the policy, tensors passed between them (router.workflows)."""
+    name = runner.spec.name
+    header_length = request.headers.get(HEADER_LENGTH)
+    tail = body[int(header_length) :] if header_length is not None else b""
+    try:
+        inputs = decode_inputs(doc, tail)
+        missing = [n for n in runner.spec.inputs if n not in inputs]
+        if missing:
+            raise WorkflowInputError(f"workflow '{name}' needs input(s) {', '.join(missing)}")
+    except WorkflowInputError as exc:
+        _count(router, name, priority, "none", 400, arrived)
+        return _error(400, str(exc))
+    budget = min(deadline if deadline is not None else runner.spec.slo_ms, router.config.max_deadline_ms)
+    job_id = str(doc.get("id") or uuid.uuid4().hex[:16])
+    outcome = await runner.run(inputs, priority, budget, site, job_id, arrived, {PRIORITY_HEADER: str(priority)})
+    _count(router, name, priority, "workflow", outcome.status, arrived)
+    headers = {"x-edgeroute-node": outcome.node, "x-edgeroute-workflow": name}
+    if outcome.status == 429:
+        headers["Retry-After"] = "1"
+    return web.Response(status=outcome.status, body=outcome.body, headers=headers, content_type="application/json")
 
 
 def _count(router: Router, model: str, priority: int, node: str, status: int, arrived: float) -> None:
@@ -593,6 +688,7 @@ async def get_view(request: web.Request) -> web.Response:
                 "remote_in_flight": sum(router.peers.remote(n.node_id) for n in view),
                 "lag_ms": {q: round(router.peers.lag_quantile(f), 2) for q, f in (("p50", 0.5), ("p99", 0.99))},
             },
+            "workflows": {name: runner.stats.as_json() for name, runner in router.workflows.items()},
             "holds": {
                 "held": router.dispatcher.holds,
                 "held_ms_total": round(router.dispatcher.held_ms_total, 1),

@@ -149,19 +149,10 @@ class Dispatcher:
     ) -> tuple[Decision, NodeState] | Rejection | Defer:
         view = self.tracker.overlay(self.store.view)
         t0 = time.perf_counter()
+        if req.stage_deadline_ms is not None:  # the stage's budget shrinks with the job's
+            req = replace(req, stage_deadline_ms=req.stage_deadline_ms - (req.deadline_ms or 0.0) + remaining)
         choice = policy.choose(
-            RouteRequest(
-                req.model,
-                req.priority,
-                remaining,
-                req.site,
-                req.batch,
-                req.request_id,
-                frozenset(tried),
-                req.waited_ms,
-            ),
-            view,
-            Context(now, self.rng),
+            replace(req, deadline_ms=remaining, exclude=frozenset(tried)), view, Context(now, self.rng)
         )
         self.decision_seconds.append(time.perf_counter() - t0)
         if isinstance(choice, (Rejection, Defer)):

@@ -82,10 +82,14 @@ def scenario(
 
 
 def make_stack(
-    broker: EmbeddedBroker, tmp: Path, nodes: list[dict[str, Any]], router: dict[str, Any] | None = None
+    broker: EmbeddedBroker,
+    tmp: Path,
+    nodes: list[dict[str, Any]],
+    router: dict[str, Any] | None = None,
+    policies: list[Any] | None = None,
 ) -> Stack:
     return Stack(
-        scenario(nodes, router),
+        scenario(nodes, router, policies),
         kafka=broker.bootstrap,
         log_dir=tmp,
         topic=f"edgeroute.telemetry.t{next(_topics)}",

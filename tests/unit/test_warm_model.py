@@ -56,8 +56,8 @@ def pick(policy: str, req: RouteRequest, *loads: NodeLoad) -> str:
 
 
 def test_a_stage_stays_on_the_node_holding_its_input_until_that_node_is_busier_than_the_move() -> None:
-    # 1 MB of crops at the default 1000 Mbit/s takes 8 ms to move
-    req = stage(input_node="here", input_bytes=1_000_000)
+    # 100 kB of crops at the default 100 Mbit/s takes 8 ms to move
+    req = stage(input_node="here", input_bytes=100_000)
     assert pick("compass", req, node("here", resident=True, wait=6), node("there", resident=True)) == "here"
     assert pick("compass", req, node("here", resident=True, wait=12), node("there", resident=True)) == "there"
     # without an input elsewhere the idle node wins at once
