@@ -63,6 +63,7 @@ DTYPES: dict[str, Any] = {
 }
 OIP_OF = {np.dtype(v).str: k for k, v in DTYPES.items()}
 COLD_HEADER = "x-edgeroute-cold-ms"
+HEADER_LENGTH = "Inference-Header-Content-Length"
 
 
 class WorkflowInputError(ValueError):
@@ -78,31 +79,59 @@ class WorkflowBroken(RuntimeError):
 
 def decode_inputs(doc: Mapping[str, Any], tail: bytes) -> dict[str, np.ndarray]:
     """The request's input tensors, JSON `data` or binary (`parameters.binary_data_size` in `tail`)."""
+    return decode_tensors(doc["inputs"], tail, "input")
+
+
+def decode_tensors(items: Any, tail: bytes, kind: str) -> dict[str, np.ndarray]:
     out: dict[str, np.ndarray] = {}
     offset = 0
-    for item in doc["inputs"]:
+    if not isinstance(items, list):
+        raise WorkflowInputError(f"'{kind}s' must be a list")
+    for item in items:
         if not isinstance(item, dict) or not isinstance(item.get("name"), str):
-            raise WorkflowInputError("every input needs a 'name'")
+            raise WorkflowInputError(f"every {kind} needs a 'name'")
         name, shape, dtype_name = item["name"], item.get("shape"), item.get("datatype")
         if dtype_name not in DTYPES:
-            raise WorkflowInputError(f"input '{name}': datatype {dtype_name!r} is not supported")
+            raise WorkflowInputError(f"{kind} '{name}': datatype {dtype_name!r} is not supported")
         if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
-            raise WorkflowInputError(f"input '{name}': 'shape' must be a list of non-negative integers")
-        dtype = np.dtype(DTYPES[dtype_name])
+            raise WorkflowInputError(f"{kind} '{name}': 'shape' must be a list of non-negative integers")
+        dtype = np.dtype(DTYPES[dtype_name]).newbyteorder("<")
         params = item.get("parameters") or {}
         size = params.get("binary_data_size") if isinstance(params, dict) else None
         try:
             if size is not None:
                 if not isinstance(size, int) or size < 0 or offset + size > len(tail):
-                    raise WorkflowInputError(f"input '{name}': binary_data_size {size!r} is outside the body")
+                    raise WorkflowInputError(f"{kind} '{name}': binary_data_size {size!r} is outside the body")
                 arr = np.frombuffer(tail[offset : offset + size], dtype=dtype)
                 offset += size
             else:
                 arr = np.asarray(item.get("data"), dtype=dtype)
             out[name] = arr.reshape(shape)
         except (ValueError, TypeError) as exc:
-            raise WorkflowInputError(f"input '{name}': data does not fit shape {shape}: {exc}") from None
+            raise WorkflowInputError(f"{kind} '{name}': data does not fit shape {shape}: {exc}") from None
     return out
+
+
+def binary_body(request_id: str, feeds: Mapping[str, np.ndarray]) -> tuple[bytes, int]:
+    """An OIP request with binary tensors (and binary outputs asked for): body and JSON header length."""
+    blobs = [np.ascontiguousarray(a).astype(a.dtype.newbyteorder("<"), copy=False).tobytes() for a in feeds.values()]
+    head = json.dumps(
+        {
+            "id": request_id,
+            "parameters": {"binary_data_output": True},
+            "inputs": [
+                {
+                    "name": k,
+                    "datatype": OIP_OF[np.dtype(v.dtype).newbyteorder("=").str],
+                    "shape": list(v.shape),
+                    "parameters": {"binary_data_size": len(b)},
+                }  # fmt: skip
+                for (k, v), b in zip(feeds.items(), blobs, strict=True)
+            ],
+        },
+        separators=(",", ":"),
+    ).encode()
+    return head + b"".join(blobs), len(head)
 
 
 def tensor_json(name: str, arr: np.ndarray) -> dict[str, Any]:
@@ -270,11 +299,10 @@ class WorkflowRunner:
             input_node=input_node,
             input_bytes=sum(produced.values()),
         )
-        body = json.dumps({"id": req.request_id, "inputs": [tensor_json(k, v) for k, v in feeds.items()]}).encode()
+        body, head_len = binary_body(req.request_id, feeds)
+        fwd = {**headers, "Content-Type": "application/octet-stream", HEADER_LENGTH: str(head_len)}
         t0 = time.perf_counter()
-        outcome = await self.dispatcher.dispatch(
-            req, f"/v2/models/{stage.model}/infer", body, {**headers, "Content-Type": "application/json"}, deadline_at
-        )
+        outcome = await self.dispatcher.dispatch(req, f"/v2/models/{stage.model}/infer", body, fwd, deadline_at)
         result.ms = (time.perf_counter() - t0) * 1000.0
         result.node, result.status, result.batch, result.attempts = (
             outcome.node,
@@ -298,9 +326,8 @@ class WorkflowRunner:
         else:
             self.stats.warm += 1
         try:
-            doc = json.loads(outcome.body)
-            result.outputs = {o["name"]: np.asarray(o["data"], dtype=DTYPES[o["datatype"]]).reshape(o["shape"])
-                              for o in doc["outputs"]}  # fmt: skip
+            n = int(outcome.headers.get(HEADER_LENGTH, len(outcome.body)))
+            result.outputs = decode_tensors(json.loads(outcome.body[:n])["outputs"], outcome.body[n:], "output")
         except (ValueError, KeyError, TypeError) as exc:
             return result, Outcome.error(502, f"stage {stage.name}: unreadable answer from {outcome.node}: {exc}",
                                          outcome.node)  # fmt: skip
