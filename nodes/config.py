@@ -22,6 +22,12 @@ class ModelSpec(BaseModel):
     max_batch: int = Field(1, ge=1, le=1024, description="rows one execution may take (dynamic batching)")
     max_queue_delay_ms: float = Field(0.0, ge=0, description="how long a small batch may wait to fill")
     preferred_batch: list[int] = Field(default_factory=list, description="batch sizes worth waiting for")
+    size_mb: float | None = Field(
+        None, gt=0, description="memory the model holds resident; default its file size (emulates a GPU-sized model)"
+    )
+    load_ms: float | None = Field(
+        None, ge=0, description="least time a load takes; the loader holds until then (emulates copying weights in)"
+    )
 
     @property
     def architecture(self) -> str:

@@ -562,7 +562,8 @@ async def _run_workflow(
     job_id = str(doc.get("id") or uuid.uuid4().hex[:16])
     outcome = await runner.run(inputs, priority, budget, site, job_id, arrived, {PRIORITY_HEADER: str(priority)})
     _count(router, name, priority, "workflow", outcome.status, arrived)
-    headers = {"x-edgeroute-node": outcome.node, "x-edgeroute-workflow": name}
+    headers = {k: v for k, v in outcome.headers.items() if k.startswith("x-edgeroute-")}
+    headers.update({"x-edgeroute-node": outcome.node, "x-edgeroute-workflow": name})
     if outcome.status == 429:
         headers["Retry-After"] = "1"
     return web.Response(status=outcome.status, body=outcome.body, headers=headers, content_type="application/json")

@@ -161,6 +161,19 @@ def crops(image: np.ndarray, boxes: np.ndarray, scores: np.ndarray, spec: CropSp
     return out
 
 
+def _tally(results: Mapping[str, StageResult]) -> dict[str, str]:
+    """A job's totals as answer headers (the replay harness reads them)."""
+    ran = [r for r in results.values() if r.status != 0]
+    return {
+        "x-edgeroute-stages": str(len(ran)),
+        "x-edgeroute-cold-stages": str(sum(r.cold for r in ran)),
+        "x-edgeroute-bytes-kept": str(sum(r.bytes_kept for r in ran)),
+        "x-edgeroute-bytes-moved": str(sum(r.bytes_moved for r in ran)),
+        "x-edgeroute-exec-ms": f"{sum(r.exec_ms for r in ran):.3f}",
+        "x-edgeroute-queue-ms": f"{sum(r.queue_ms for r in ran):.3f}",
+    }
+
+
 # --- running a job -------------------------------------------------------------------------------
 
 
@@ -173,6 +186,10 @@ class StageResult:
     batch: int = 0
     attempts: int = 0
     cold: bool = False
+    exec_ms: float = 0.0  # the node's x-edgeroute-exec-ms and -queue-ms
+    queue_ms: float = 0.0
+    bytes_kept: int = 0
+    bytes_moved: int = 0
     skipped: bool = False
     outputs: dict[str, np.ndarray] = field(default_factory=dict)
 
@@ -243,13 +260,18 @@ class WorkflowRunner:
                     for s in ready
                 )  # fmt: skip
             )
+            failures = []
             for s, (result, failure) in zip(ready, done, strict=True):
                 results[s.name] = result
                 if failure is not None:
-                    return failure
+                    failures.append(failure)
+            if failures:
+                failures[0].headers.update(_tally(results))
+                return failures[0]
         self.stats.ok += 1
         nodes = ",".join(sorted({r.node for r in results.values() if not r.skipped}))
-        return Outcome(200, self._answer(job_id, results), {"Content-Type": "application/json"}, nodes, 1)
+        headers = {"Content-Type": "application/json", **_tally(results)}
+        return Outcome(200, self._answer(job_id, results), headers, nodes, 1)
 
     async def _stage(
         self,
@@ -313,14 +335,18 @@ class WorkflowRunner:
         self.stats.stages += 1
         for node, nbytes in produced.items():
             if node == outcome.node:
-                self.stats.bytes_kept += nbytes
+                result.bytes_kept += nbytes
             else:
-                self.stats.bytes_moved += nbytes
+                result.bytes_moved += nbytes
+        self.stats.bytes_kept += result.bytes_kept
+        self.stats.bytes_moved += result.bytes_moved
         if outcome.status != 200:
             reason = outcome.reason or f"status {outcome.status}"
             return result, Outcome.error(outcome.status, f"stage {stage.name} ({stage.model}): {reason}",
                                          outcome.node, outcome.attempts)  # fmt: skip
         result.cold = COLD_HEADER in outcome.headers
+        result.exec_ms = float(outcome.headers.get("x-edgeroute-exec-ms", 0.0))
+        result.queue_ms = float(outcome.headers.get("x-edgeroute-queue-ms", 0.0))
         if result.cold:
             self.stats.cold += 1
         else:

@@ -25,7 +25,7 @@ from typing import Any
 
 import yaml
 
-from scenarios.schema import Fault, NodeSpec, Scenario
+from scenarios.schema import Fault, ModelEntry, NodeSpec, Scenario
 from telemetry.broker import EmbeddedBroker, free_port, terminate, wait_for_port
 from telemetry.bus import ensure_topic
 from telemetry.schema import TOPIC
@@ -65,9 +65,13 @@ def profile_baselines() -> dict[str, dict[int, float]]:
         return {}
 
 
-def _model_config(spec: NodeSpec, model: str, seed: int, baselines: dict[str, Any] | None) -> dict[str, Any]:
+def _model_config(
+    spec: NodeSpec, model: str, seed: int, baselines: dict[str, Any] | None, entry: ModelEntry | None
+) -> dict[str, Any]:
     out: dict[str, Any] = {"name": model, "seed": seed}
-    curve = (baselines or {}).get(model)
+    if entry is not None:
+        out.update({k: v for k, v in entry.model_dump().items() if v is not None})
+    curve = (baselines or {}).get(out.get("zoo", model))
     if curve:
         out["baseline_ms"] = curve[1]
         out["baseline_ms_by_batch"] = {b: ms for b, ms in curve.items() if b != 1}
@@ -86,6 +90,7 @@ def node_config(
     seed: int,
     extra: dict[str, Any] | None = None,
     baselines: dict[str, dict[int, float]] | None = None,
+    catalogue: dict[str, ModelEntry] | None = None,
 ) -> dict[str, Any]:
     cfg: dict[str, Any] = {
         "node_id": spec.id,
@@ -104,7 +109,7 @@ def node_config(
         "max_block_ms": spec.max_block_ms,
         "queue_limits": spec.queue_limits,
         "admit_by_deadline": spec.admit_by_deadline,
-        "models": [_model_config(spec, m, seed, baselines) for m in spec.models],
+        "models": [_model_config(spec, m, seed, baselines, (catalogue or {}).get(m)) for m in spec.models],
     }
     cfg.update(extra or {})
     return cfg
@@ -210,7 +215,9 @@ class Stack:
 
     def start_node(self, spec: NodeSpec, port: int = 0) -> Proc:
         port = port or free_port()
-        cfg = node_config(spec, port, self.bootstrap, self.scenario.seed, {"topic": self.topic}, self.baselines)
+        cfg = node_config(
+            spec, port, self.bootstrap, self.scenario.seed, {"topic": self.topic}, self.baselines, self.scenario.models
+        )
         proc = self._spawn(spec.id, ["-m", "nodes", "--config", json.dumps(cfg), "--log-level", "WARNING"])
         proc.port, proc.url = port, f"http://127.0.0.1:{port}"
         self.nodes[spec.id] = proc

@@ -54,6 +54,10 @@ class Result:
     exec_ms: float = 0.0  # the node's slot time for it (x-edgeroute-exec-ms), 0 if not served
     queue_ms: float = 0.0  # its wait for a slot at the node (x-edgeroute-queue-ms)
     rows: int = 1  # rows of the batch it ran in (x-edgeroute-batch-rows): its share of the exec time
+    stages: int = 1  # executions it took (a workflow's stages run; x-edgeroute-stages)
+    cold: int = 0  # of those, how many waited for their model to load (x-edgeroute-cold-ms / -cold-stages)
+    bytes_kept: int = 0  # a workflow's intermediate bytes used on the node that made them
+    bytes_moved: int = 0  # ... and those a stage on another node needed
 
 
 def _homogeneous(rng: random.Random, rate: float, start: float, stop: float) -> list[float]:
@@ -251,6 +255,10 @@ async def run_load(
                         float(resp.headers.get("x-edgeroute-exec-ms", 0.0)),
                         float(resp.headers.get("x-edgeroute-queue-ms", 0.0)),
                         max(1, int(resp.headers.get("x-edgeroute-batch-rows", 1))),
+                        int(resp.headers.get("x-edgeroute-stages", 1)),
+                        int(resp.headers.get("x-edgeroute-cold-stages", "x-edgeroute-cold-ms" in resp.headers)),
+                        int(resp.headers.get("x-edgeroute-bytes-kept", 0)),
+                        int(resp.headers.get("x-edgeroute-bytes-moved", 0)),
                     )
             except (TimeoutError, aiohttp.ClientError, OSError) as exc:
                 results[i] = Result(

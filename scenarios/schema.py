@@ -64,6 +64,18 @@ class NodeSpec(_Strict):
         return self
 
 
+class ModelEntry(_Strict):
+    """A model served under its name: a zoo architecture (default: the name itself) with its own seed
+    (a fleet's fine-tuned variants), and optionally the memory it holds resident and the least time
+    its load takes: on a CPU machine the zoo models are small and load in milliseconds, so GPU-sized
+    models are emulated by declaring these (the node accounts the size and holds the load that long)."""
+
+    zoo: str | None = None
+    seed: int | None = None
+    size_mb: float | None = Field(None, gt=0)
+    load_ms: float | None = Field(None, ge=0)
+
+
 class Link(_Strict):
     """A network path between two partitions; emulated by the router live, modelled by the simulator."""
 
@@ -230,6 +242,7 @@ class Scenario(_Strict):
     topology: Topology
     workload: Workload
     router: dict[str, Any] = Field(default_factory=dict, description="RouterConfig overrides")
+    models: dict[str, ModelEntry] = Field(default_factory=dict, description="model catalogue (default: zoo names)")
     faults: list[Fault] = Field(default_factory=list)
     policies: list[PolicyRun] = Field(min_length=1)
     _base_dir: Path = PrivateAttr(default_factory=Path.cwd)
@@ -262,6 +275,13 @@ class Scenario(_Strict):
     def _check(self) -> Scenario:
         parts = set(self.topology.partitions)
         served = {m for n in self.topology.nodes for m in n.models}
+        from nodes.zoo import ZOO
+
+        for name in sorted(served):
+            if self.architecture(name) not in ZOO:
+                raise ValueError(
+                    f"model '{name}' is neither a zoo model ({', '.join(sorted(ZOO))}) nor in `models` with a `zoo`"
+                )
         for i, site in enumerate(self.workload.sites):
             if site.site not in parts:
                 raise ValueError(f"workload.sites.{i}.site '{site.site}' is not a partition")
@@ -290,6 +310,15 @@ class Scenario(_Strict):
                 where = ".".join(str(x) for x in first["loc"])
                 raise ValueError(f"policies '{p.name}' nodes.{where}: {first['msg']}") from None
         return self
+
+    def architecture(self, model: str) -> str:
+        """The zoo architecture a model name is built from (its profile entry)."""
+        entry = self.models.get(model)
+        return entry.zoo if entry is not None and entry.zoo is not None else model
+
+    def model_size_mb(self, model: str) -> float | None:
+        entry = self.models.get(model)
+        return None if entry is None else entry.size_mb
 
     def policy(self, name: str) -> PolicyRun:
         """The run named `name`, or a preset of that name."""

@@ -312,10 +312,12 @@ class Simulation:
         self.fault_log: list[tuple[float, str]] = []
         self.hedges = 0
         self._latencies: dict[tuple[str, int], deque[float]] = {}
-        self._exec = {m: profile.exec_for(m) for n in scenario.topology.nodes for m in n.models}
-        self._overhead = {m: profile.overhead_for(m) for m in self._exec}
-        self._baseline = {m: profile.baseline_ms(m) for m in self._exec}
-        self._curves = {m: profile.curve(m) for m in self._exec}
+        arch = {m: scenario.architecture(m) for n in scenario.topology.nodes for m in n.models}
+        self._arch = arch
+        self._exec = {m: profile.exec_for(a) for m, a in arch.items()}
+        self._overhead = {m: profile.overhead_for(a) for m, a in arch.items()}
+        self._baseline = {m: profile.baseline_ms(a) for m, a in arch.items()}
+        self._curves = {m: profile.curve(a) for m, a in arch.items()}
         self._device = DeviceInfo(kind="cpu", name="sim")
         self._held: dict[str, deque[tuple[SimRequest, int]]] = {}  # the router's SlotWaiters
         self._observes = self.policy.learns
@@ -655,7 +657,7 @@ class Simulation:
         rows = sum(w.rows for w in batch)
         # the live node's speed emulation: the real run, then (1/speed - 1) x the reference time
         real = (
-            self.profile.exec_for(model, rows).sample(self.svc_rng)
+            self.profile.exec_for(self._arch[model], rows).sample(self.svc_rng)
             if rows > 1
             else self._exec[model].sample(self.svc_rng)
         )
