@@ -52,6 +52,9 @@ class RouteRequest:
     stage_deadline_ms: float | None = None
     input_node: str | None = None
     input_bytes: int = 0
+    # the stages that will take this one's output: their models, and how much will go to them
+    next_models: tuple[str, ...] = ()
+    next_bytes: int = 0
 
     @property
     def budget_ms(self) -> float | None:

@@ -10,6 +10,10 @@
   stage that ran there: the stages are collocated), else the time to move `input_bytes` at
   `bandwidth_mbps` plus the link RTT between the two nodes' partitions.
 
+For a workflow stage whose output feeds later stages (`next_models`), a node that does not hold those
+models resident is charged the move of that output (`next_bytes`): the next stage will either go
+elsewhere and fetch it, or load its model here. So a job's stages gather where all of them are warm.
+
 A node that would have to load the model first, or fetch the input from another node, is chosen only
 when the warm, collocated ones are busier than that costs. score = min_finish / finish.
 Inputs: models.resident, models.load_ms, plus those of `completion`. Parameters: `default_load_ms`
@@ -48,6 +52,13 @@ def input_arrival_ms(view: ClusterView, node: NodeState, req: RouteRequest, band
     return rtt + req.input_bytes * 8.0 / (bandwidth_mbps * 1000.0)
 
 
+def next_move_ms(node: NodeState, req: RouteRequest, bandwidth_mbps: float) -> float:
+    """What the stages after this one pay if they cannot stay on `node`: moving this stage's output."""
+    if not req.next_models or all((m := node.model(n)) is not None and m.resident for n in req.next_models):
+        return 0.0
+    return req.next_bytes * 8.0 / (bandwidth_mbps * 1000.0)
+
+
 def finish_estimate_ms(
     view: ClusterView, node: NodeState, req: RouteRequest, p: WarmModelParams, now_ms: float
 ) -> float:
@@ -83,6 +94,9 @@ class WarmModel:
         self.params = params or WarmModelParams()
 
     def score(self, req: RouteRequest, view: ClusterView, nodes: list[NodeState], ctx: Context) -> list[float]:
-        finish = [finish_estimate_ms(view, n, req, self.params, ctx.now_ms) for n in nodes]
+        p = self.params
+        finish = [
+            finish_estimate_ms(view, n, req, p, ctx.now_ms) + next_move_ms(n, req, p.bandwidth_mbps) for n in nodes
+        ]
         best = min(finish)
         return [best / f if f > 0 else 1.0 for f in finish]

@@ -161,6 +161,12 @@ def crops(image: np.ndarray, boxes: np.ndarray, scores: np.ndarray, spec: CropSp
     return out
 
 
+def _pixel_bytes(ref: str, inputs: Mapping[str, np.ndarray]) -> int:
+    """Bytes of one pixel (all channels) of an image [1, C, H, W] the client sent; 12 (3 x FP32) else."""
+    image = inputs.get(ref)
+    return int(image.shape[1] * image.itemsize) if image is not None and image.ndim == 4 else 12
+
+
 def _tally(results: Mapping[str, StageResult]) -> dict[str, str]:
     """A job's totals as answer headers (the replay harness reads them)."""
     ran = [r for r in results.values() if r.status != 0]
@@ -208,6 +214,27 @@ class WorkflowStats:
 
     def as_json(self) -> dict[str, int]:
         return dict(self.__dict__)
+
+
+def downstream(
+    spec: WorkflowSpec, stage: str, pixel_bytes: Callable[[str], int] = lambda ref: 12
+) -> tuple[tuple[str, ...], int]:
+    """The models of the stages that take `stage`'s output, and the bytes of crops they will take from
+    it (`max_crops` crops of `size` x `size` pixels of `pixel_bytes(image ref)` bytes each; other
+    tensors are not known before the stage runs)."""
+    models: list[str] = []
+    nbytes = 0
+    for st in spec.stages:
+        uses = False
+        for src in st.inputs.values():
+            refs = src.refs if isinstance(src, CropSpec) else [src]
+            if any(r.split(".", 1)[0] == stage for r in refs if "." in r):
+                uses = True
+                if isinstance(src, CropSpec):
+                    nbytes += src.max_crops * src.size * src.size * pixel_bytes(src.crop)
+        if uses:
+            models.append(st.model)
+    return tuple(models), nbytes
 
 
 def expected_stage_ms(view: ClusterView, model: str, default_ms: float = 5.0) -> float:
@@ -309,6 +336,7 @@ class WorkflowRunner:
             result.skipped = True  # no detection to classify
             return result, None
         input_node = max(produced, key=lambda n: produced[n]) if produced else None
+        next_models, next_bytes = downstream(self.spec, stage.name, lambda ref: _pixel_bytes(ref, inputs))
         now = self.clock()
         req = RouteRequest(
             stage.model,
@@ -320,6 +348,8 @@ class WorkflowRunner:
             stage_deadline_ms=arrived_ms + share[1] - now,
             input_node=input_node,
             input_bytes=sum(produced.values()),
+            next_models=next_models,
+            next_bytes=next_bytes,
         )
         body, head_len = binary_body(req.request_id, feeds)
         fwd = {**headers, "Content-Type": "application/octet-stream", HEADER_LENGTH: str(head_len)}

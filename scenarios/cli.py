@@ -91,6 +91,29 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _sweep(args: argparse.Namespace) -> int:
+    from scenarios.sweep import confirm_live, parse_counts, sweep, write_sweep
+
+    scenario = load_scenario(args.scenario)
+    if args.seed is not None:
+        scenario = scenario.model_copy(update={"seed": args.seed})
+    runs = [scenario.policy(p) for p in args.policy] if args.policy else list(scenario.policies)
+    try:
+        counts = parse_counts(args.nodes)
+    except ValueError as exc:
+        print(f"edgeroute: {exc}", file=sys.stderr)
+        return 2
+    profile = Path(args.profile) if args.profile else None
+    result = sweep(scenario, runs, counts, args.target, args.duration, profile)
+    if args.confirm:
+        result["live"] = confirm_live(scenario, runs, result, kafka=args.kafka, duration_s=args.duration)
+    out = Path(args.out) if args.out else Path("reports") / scenario.name
+    path = write_sweep(result, out)
+    print(path.read_text())
+    print(f"sweep: {path}")
+    return 0
+
+
 def _profile(args: argparse.Namespace) -> int:
     from scenarios.profile import DEFAULT_PROFILE, profile
 
@@ -170,6 +193,19 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("--policy", default="p2c", help="sim: preset in the loop; routers: least_outstanding")
     bench.add_argument("--kafka", help="external Kafka bootstrap HOST:PORT")
     bench.set_defaults(func=_bench)
+
+    sw = sub.add_parser("sweep", help="fewest nodes per policy that keep the target share within deadline (sim)")
+    sw.add_argument("scenario")
+    sw.add_argument("--nodes", default="1-8", help="node counts: 1-8, 2,4,6 or a mix (default 1-8)")
+    sw.add_argument("--target", type=float, default=0.99, help="share of requests within deadline (0.99)")
+    sw.add_argument("--policy", action="append", help="run name or preset (repeatable; default: all)")
+    sw.add_argument("--confirm", action="store_true", help="replay each policy live at its end point")
+    sw.add_argument("--out", help="output folder (default: reports/<scenario>/)")
+    sw.add_argument("--kafka", help="external Kafka bootstrap HOST:PORT (with --confirm)")
+    sw.add_argument("--seed", type=int, help="override the scenario's seed")
+    sw.add_argument("--duration", type=float, help="override the workload duration (seconds)")
+    sw.add_argument("--profile", help="simulator profile JSON (default: scenarios/profiles/cpu.json)")
+    sw.set_defaults(func=_sweep)
 
     prof = sub.add_parser("profile", help="measure execution and overhead profiles for the simulator")
     prof.add_argument("models", nargs="*", help="zoo models (default: all)")

@@ -324,9 +324,10 @@ class Stack:
         if self.broker is not None and self.broker.proc is None:
             self.broker.start()
 
-    def use_nodes(self, specs: list[NodeSpec], timeout_s: float = 60.0) -> None:
-        """Restart the nodes whose settings differ (a run with its own node settings), then wait."""
-        changed = [s for s in specs if self.node_specs.get(s.id) != s]
+    def use_nodes(self, specs: list[NodeSpec], timeout_s: float = 60.0, fresh: bool = False) -> None:
+        """Restart the nodes whose settings differ (a run with its own node settings), or all of them
+        when `fresh` (back to their start-up state: resident models, measurements), then wait."""
+        changed = [s for s in specs if fresh or self.node_specs.get(s.id) != s]
         for spec in changed:
             proc = self.nodes.pop(spec.id, None)
             port = proc.port if proc else self.dead.pop(spec.id, 0)

@@ -87,7 +87,8 @@ def replay_live(
             print(f"router: {stack.router_url}\nkafka: {stack.bootstrap}", flush=True)
         payloads = asyncio.run(fetch_payloads(stack.router_url, models, scenario.seed, stack.client_headers))
         for run in runs:
-            stack.use_nodes(run.node_specs(scenario.topology.nodes))
+            # with a model catalogue what is resident matters: every run starts from the start-up set
+            stack.use_nodes(run.node_specs(scenario.topology.nodes), fresh=bool(scenario.models))
             stack.set_policy(run.policy.model_dump(exclude_none=True))
             _wait_idle(stack.router_url, stack.admin_headers)
             injector = FaultInjector(stack, list(scenario.faults))
@@ -114,6 +115,10 @@ def replay_live(
             summary["wall_s"] = round(wall, 2)
             summary["faults"] = injector.events
             summary["node_stats"] = {n: http_json(f"{p.url}/admin/stats")[1] for n, p in sorted(stack.nodes.items())}
+            summary["residency"].update(
+                loads=sum(int(st.get("loads", 0)) for st in summary["node_stats"].values()),
+                evictions=sum(int(st.get("evictions", 0)) for st in summary["node_stats"].values()),
+            )
             status, pol = http_json(f"{stack.router_url}/admin/policy", headers=stack.admin_headers)
             if status == 200 and pol.get("state"):
                 summary["policy_state"] = _relative(pol["state"], t0_ms)
@@ -254,6 +259,9 @@ def replay_sim(
         summary["warmup_requests"] = len(results) - len(measured)
         summary["wall_s"] = round(wall, 3)
         summary["events"] = sim.events
+        summary["residency"].update(
+            loads=sum(n.loads for n in sim.nodes.values()), evictions=sum(n.evictions for n in sim.nodes.values())
+        )
         summary["faults"] = sim.fault_log
         summary.update(series(results, warmup, duration + warmup))
         report["policies"][run.name] = summary

@@ -62,6 +62,10 @@ def summarize(
     reasons = Counter(r.error[:120] for r in results if r.status not in (200, None))
     out["error_reasons"] = dict(reasons.most_common(5))
     out["node_ms"] = node_times(results)
+    models = sorted({r.arrival.model for r in results})
+    if len(models) > 1:
+        out["by_model"] = {m: _summary([r for r in results if r.arrival.model == m]) for m in models}
+    out["residency"] = residency(results)
     if nodes is not None:
         out.update(placement(results, nodes, duration_s))
     return out
@@ -86,6 +90,22 @@ def placement(results: list[Result], nodes: Mapping[str, tuple[str, float]], dur
             "provisioned": round(sum(c for _, c in nodes.values()) * duration_s, 3),
             "busy_per_1k_requests": round(busy / len(served) * 1000.0, 4) if served else 0.0,
         },
+    }
+
+
+def residency(results: list[Result]) -> dict[str, Any]:
+    """Warm hits: of the executions the answered requests took (a workflow's stages each count), the
+    share whose model was already resident on the node; and a workflow's intermediate bytes used on
+    the node that made them (kept) or needed elsewhere (moved)."""
+    ran = [r for r in results if r.status is not None and r.node != "none"]
+    executions = sum(r.stages for r in ran)
+    cold = sum(r.cold for r in ran)
+    return {
+        "executions": executions,
+        "cold": cold,
+        "warm_hit_rate": round(1.0 - cold / executions, 4) if executions else 1.0,
+        "bytes_kept": sum(r.bytes_kept for r in results),
+        "bytes_moved": sum(r.bytes_moved for r in results),
     }
 
 

@@ -21,6 +21,7 @@ from pydantic import (
 )
 
 from policies.registry import PolicyConfigError, PolicySpec, build_policy
+from router.config import WorkflowSpec
 
 
 class ScenarioError(ValueError):
@@ -282,10 +283,15 @@ class Scenario(_Strict):
                 raise ValueError(
                     f"model '{name}' is neither a zoo model ({', '.join(sorted(ZOO))}) nor in `models` with a `zoo`"
                 )
+        workflows = self.workflow_specs()
+        for w in workflows:
+            unserved = sorted({st.model for st in w.stages} - served)
+            if unserved:
+                raise ValueError(f"router.workflows '{w.name}': no node serves {unserved}")
         for i, site in enumerate(self.workload.sites):
             if site.site not in parts:
                 raise ValueError(f"workload.sites.{i}.site '{site.site}' is not a partition")
-            unserved = sorted(set(site.models) - served)
+            unserved = sorted(set(site.models) - served - {w.name for w in workflows})
             if unserved:
                 raise ValueError(f"workload.sites.{i}.models: no node serves {unserved}")
         ids = {n.id for n in self.topology.nodes}
@@ -310,6 +316,22 @@ class Scenario(_Strict):
                 where = ".".join(str(x) for x in first["loc"])
                 raise ValueError(f"policies '{p.name}' nodes.{where}: {first['msg']}") from None
         return self
+
+    def workflow_specs(self) -> list[WorkflowSpec]:
+        """The router's workflows (validated as the router validates them)."""
+        raw = self.router.get("workflows") or []
+        if not isinstance(raw, list):
+            raise ValueError("router.workflows must be a list")
+        out = []
+        for i, item in enumerate(raw):
+            try:
+                out.append(WorkflowSpec.model_validate(item))
+            except ValidationError as exc:
+                first = max(exc.errors(), key=lambda e: len(e["loc"]))
+                where = ".".join(str(x) for x in first["loc"])
+                msg = first["msg"].removeprefix("Value error, ")
+                raise ValueError(f"router.workflows.{i}{'.' + where if where else ''}: {msg}") from None
+        return out
 
     def architecture(self, model: str) -> str:
         """The zoo architecture a model name is built from (its profile entry)."""

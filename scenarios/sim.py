@@ -16,6 +16,15 @@ from what:
 - **Nodes**: `slots` execution slots and a FIFO queue bounded by `max_queue` (503 beyond); a queued
   request whose deadline passes is answered 504 and leaves the queue; an execution takes a sample of
   the profile's `exec_ms` for that model, divided by the node's speed.
+- **Residency**: each node holds the models that fit its memory budget (sizes from the scenario's
+  model catalogue, else the zoo files), in config order at start; a request for a model that is not
+  resident waits for its load (one load at a time per node, its catalogue `load_ms`), which first evicts
+  the least recently used models with no request queued or running (`nodes.residency`, the node's own
+  rule); one that cannot fit is answered 503. Telemetry reports what is resident and the load times.
+- **Workflows** (the router's `workflows`): a job runs its stages as the router does, each a request
+  routed by the same policy with its share of the SLO (`policies.budgets`), the node holding its input
+  and the input's size; a crop stage takes `max_crops` rows (the detector's output is not modelled,
+  so scenarios set `min_score: 0`). The job's answer comes when its last stage answers.
 - **Faults**: kill/restart a node (in-flight and queued requests fail as a connection reset would),
   slow a node, cut/restore a link, broker outage (telemetry stops being delivered).
 
@@ -26,21 +35,27 @@ same report.
 
 from __future__ import annotations
 
+import functools
 import heapq
 import math
+import os
 import random
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
+from nodes.residency import NoRoom, Residency
 from nodes.scheduler import BatchPolicy, Scheduler, Work, batch_curve_ms
 from policies.api import HOLD_POLL_MS, Context, Defer, Rejection, RouteRequest
+from policies.budgets import split_budget
 from policies.engine import Pipeline
 from policies.registry import build_policy
+from router.config import CropSpec, WorkflowSpec
+from router.workflows import downstream, expected_stage_ms
 from scenarios.loadgen import Arrival, Result
 from scenarios.schema import Fault, NodeSpec, PolicyRun, Scenario
 from telemetry.health import HealthConfig, OutlierDetector
@@ -54,9 +69,23 @@ RETRYABLE = frozenset({500, 502, 503})
 
 # Event kinds; the number also orders simultaneous events (a delivery before a decision at the same
 # instant, completions before new arrivals, so freed slots are visible).
-DELIVER, FINISH, NODE_ARRIVE, ARRIVAL, EXPIRE, REPLY, ROUTER_TIMEOUT, PUBLISH, POLL, FAULT, WAKE, HEDGE, RESUME = range(
-    13
-)
+(
+    DELIVER,
+    FINISH,
+    LOADED,
+    NODE_ARRIVE,
+    ARRIVAL,
+    EXPIRE,
+    REPLY,
+    ROUTER_TIMEOUT,
+    PUBLISH,
+    POLL,
+    FAULT,
+    WAKE,
+    HEDGE,
+    RESUME,
+) = range(14)
+DEFAULT_LOAD_MS = 5.0  # a zoo model's session creation and warm-up on this machine, when none is declared
 
 
 M = TypeVar("M", bound=BaseModel)
@@ -191,6 +220,42 @@ class SimRequest:
     held_since: float | None = None  # first held for a local slot (delay scheduling)
     waited_ms: float = 0.0
     hold: int = 0  # bumped per hold, so a wake and a timeout resume it once
+    model: str = ""  # what it runs: the arrival's model, or a workflow stage's
+    batch: int = 1
+    stage: StageRun | None = None  # set for a workflow stage
+
+
+@dataclass(slots=True)
+class SimWorkflow:
+    """One workflow job: its stages' shares of the SLO, their nodes, and what is left to run."""
+
+    index: int
+    arrival: Arrival
+    spec: WorkflowSpec
+    t0: float
+    deadline_at: float
+    shares: dict[str, tuple[float, float]]
+    nodes: dict[str, str] = field(default_factory=dict)  # stage -> node that ran it
+    pending: set[str] = field(default_factory=set)
+    running: int = 0
+    done: bool = False
+    stages: int = 0
+    cold: int = 0
+    exec_ms: float = 0.0
+    queue_ms: float = 0.0
+    bytes_kept: int = 0
+    bytes_moved: int = 0
+
+
+@dataclass(slots=True)
+class StageRun:
+    job: SimWorkflow
+    name: str
+    latest_at: float  # the stage's share ends here (virtual ms)
+    input_node: str | None
+    produced: dict[str, int]  # input bytes by the node that produced them
+    next_models: tuple[str, ...] = ()
+    next_bytes: int = 0
 
 
 @dataclass(slots=True)
@@ -209,6 +274,8 @@ class Job:
     exec_ms: float = 0.0  # the node's execution time for its batch (the live x-edgeroute-exec-ms)
     queue_ms: float = 0.0  # its wait in the node's queue (x-edgeroute-queue-ms)
     rows: int = 1  # rows of that batch
+    pinned: bool = False  # holds its model resident while queued or running
+    cold: bool = False  # waited for its model to load
 
 
 @dataclass(slots=True)
@@ -231,13 +298,20 @@ class SimNode:
     last_published: int = 0
     busy_ms: float = 0.0
     epoch: int = 0  # bumped on kill, so events of the old incarnation are ignored
-    model_cache: dict[tuple[str, int, int, float], ModelLoad] = field(default_factory=dict)
+    model_cache: dict[tuple[str, int, int, float, bool, float | None], ModelLoad] = field(default_factory=dict)
     served: int = 0
     wake_at: float | None = None
     started_ms: float = 0.0  # serving since (restarts take 2 s to load models, as live)
     handoff: bool = False  # the next start follows an execution directly (the worker's handoff)
 
     busy: int = 0  # requests executing
+    residency: Residency = field(default_factory=lambda: Residency(0))
+    loading: str | None = None  # the model being loaded (one at a time)
+    load_queue: deque[str] = field(default_factory=deque)
+    load_waiters: dict[str, list[Job]] = field(default_factory=dict)
+    load_ms: dict[str, float] = field(default_factory=dict)  # last measured, as the live node reports
+    loads: int = 0  # loads after start-up
+    evictions: int = 0
     starts: int = 0  # executions started (with change_threshold 1, each one is published)
     last_published_starts: int = 0
 
@@ -301,6 +375,8 @@ class Simulation:
         self.tracker = OutstandingTracker(self.health)
         self.links = LinkTable(LinkState(k.a, k.b, k.rtt_ms, k.jitter_ms, k.loss) for k in scenario.topology.links)
         self.store.set_links(self.links)
+        self._arch = {m: scenario.architecture(m) for n in scenario.topology.nodes for m in n.models}
+        self._size = {m: model_bytes(scenario, m) for m in self._arch}
         self.nodes = {n.id: self._node(n) for n in run.node_specs(scenario.topology.nodes)}
         self.results: list[Result | None] = [None] * len(schedule)
         self.heap: list[tuple[float, int, int, Any]] = []
@@ -313,7 +389,12 @@ class Simulation:
         self.hedges = 0
         self._latencies: dict[tuple[str, int], deque[float]] = {}
         arch = {m: scenario.architecture(m) for n in scenario.topology.nodes for m in n.models}
-        self._arch = arch
+        self._load_ms = {m: _declared_load_ms(scenario, m) for m in arch}
+        self.workflows = {w.name: w for w in scenario.workflow_specs()}
+        self._preds = {
+            w.name: {st.name: {a for a, b in w.edges() if b == st.name} for st in w.stages}
+            for w in self.workflows.values()
+        }
         self._exec = {m: profile.exec_for(a) for m, a in arch.items()}
         self._overhead = {m: profile.overhead_for(a) for m, a in arch.items()}
         self._baseline = {m: profile.baseline_ms(a) for m, a in arch.items()}
@@ -344,6 +425,7 @@ class Simulation:
             WAKE: self._wake,
             HEDGE: self._hedge,
             RESUME: self._resume,
+            LOADED: self._loaded,
         }
         last = self.schedule[-1].at_s * 1000.0 if self.schedule else 0.0
         end = horizon_ms if horizon_ms is not None else last + 60_000.0
@@ -385,10 +467,97 @@ class Simulation:
 
     def _arrival(self, payload: tuple[int, Arrival]) -> None:
         i, a = payload
-        o = self._overhead[a.model].sample(self.svc_rng)
         t0 = a.at_s * 1000.0
-        req = SimRequest(i, a, t0, t0 + a.deadline_ms, o / 2.0, o / 2.0)
+        spec = self.workflows.get(a.model)
+        if spec is not None:
+            self._start_workflow(i, a, spec, t0)
+            return
+        o = self._overhead[a.model].sample(self.svc_rng)
+        req = SimRequest(i, a, t0, t0 + a.deadline_ms, o / 2.0, o / 2.0, model=a.model)
         self._decide(req)
+
+    # --- workflows (the router's WorkflowRunner) -------------------------------------------------
+
+    def _start_workflow(self, index: int, a: Arrival, spec: WorkflowSpec, t0: float) -> None:
+        view = self.store.view
+        expected = {st.name: expected_stage_ms(view, st.model) for st in spec.stages}
+        shares = split_budget(a.deadline_ms, expected, spec.edges())
+        job = SimWorkflow(index, a, spec, t0, t0 + a.deadline_ms, shares, pending={st.name for st in spec.stages})
+        self._launch_ready(job)
+
+    def _launch_ready(self, job: SimWorkflow) -> None:
+        preds = self._preds[job.spec.name]
+        for st in job.spec.stages:
+            if st.name not in job.pending or not preds[st.name] <= job.nodes.keys():
+                continue
+            job.pending.discard(st.name)
+            produced: dict[str, int] = {}
+            batch = 1
+            for src in st.inputs.values():
+                if isinstance(src, CropSpec):
+                    batch = src.max_crops
+                    node = job.nodes.get(src.boxes.split(".", 1)[0]) if "." in src.boxes else None
+                    if node is not None:
+                        produced[node] = produced.get(node, 0) + src.max_crops * 3 * src.size * src.size * 4
+                elif "." in src:
+                    stage, output = src.split(".", 1)
+                    node = job.nodes[stage]
+                    produced[node] = produced.get(node, 0) + output_bytes(
+                        self._arch.get(stage_model(job.spec, stage), ""), output
+                    )
+            input_node = max(produced, key=lambda n: produced[n]) if produced else None
+            o = self._overhead[st.model].sample(self.svc_rng)
+            run = StageRun(
+                job, st.name, job.t0 + job.shares[st.name][1], input_node, produced, *downstream(job.spec, st.name)
+            )
+            req = SimRequest(job.index, job.arrival, self.now, job.deadline_at, o / 2.0, o / 2.0,
+                             model=st.model, batch=batch, stage=run)  # fmt: skip
+            job.running += 1
+            self._decide(req)
+
+    def _stage_done(self, req: SimRequest, status: int, reason: str, at_ms: float, served: Job | None) -> None:
+        run = req.stage
+        assert run is not None
+        job = run.job
+        job.running -= 1
+        if job.done:
+            return
+        if served is not None:
+            job.stages += 1
+            job.cold += served.cold
+            job.exec_ms += served.exec_ms
+            job.queue_ms += served.queue_ms
+            for node, nbytes in run.produced.items():
+                if node == served.node.spec.id:
+                    job.bytes_kept += nbytes
+                else:
+                    job.bytes_moved += nbytes
+        if status != 200:
+            job.done = True
+            self._finish_workflow(job, status, f"stage {run.name} ({req.model}): {reason}", at_ms)
+            return
+        assert served is not None
+        job.nodes[run.name] = served.node.spec.id
+        if not job.pending and job.running == 0:
+            job.done = True
+            self._finish_workflow(job, 200, "", at_ms)
+            return
+        self._launch_at(job, at_ms)
+
+    def _launch_at(self, job: SimWorkflow, at_ms: float) -> None:
+        """The next stages leave when the router has the previous stage's answer (after its overhead)."""
+        if at_ms <= self.now:
+            self._launch_ready(job)
+        else:
+            self.push(at_ms, RESUME, job)
+
+    def _finish_workflow(self, job: SimWorkflow, status: int, reason: str, at_ms: float) -> None:
+        self._open -= 1
+        nodes = ",".join(sorted(set(job.nodes.values()))) or "none"
+        self.results[job.index] = Result(
+            job.arrival, status, at_ms - job.t0, nodes if status == 200 else "none", reason, job.exec_ms,
+            job.queue_ms, 1, job.stages, job.cold, job.bytes_kept, job.bytes_moved,
+        )  # fmt: skip
 
     def _decide(self, req: SimRequest) -> None:
         now = self.now
@@ -399,13 +568,7 @@ class Simulation:
             return
         view = self.tracker.overlay(self.store.view)
         a = req.arrival
-        choice = self.policy.choose(
-            RouteRequest(
-                a.model, a.priority, remaining, a.site, 1, str(req.index), frozenset(req.tried), req.waited_ms
-            ),
-            view,
-            Context(now, self.policy_rng),
-        )
+        choice = self.policy.choose(self._route_request(req, now), view, Context(now, self.policy_rng))
         if isinstance(choice, Defer):  # held at the router, as live: woken by a freed slot or a timeout
             if req.held_since is None:
                 req.held_since = now
@@ -426,9 +589,43 @@ class Simulation:
         req.jobs = []
         self._dispatch(req, state, now)
         if self.cfg.hedge_min_priority is not None and a.priority >= self.cfg.hedge_min_priority:
-            self.push(now + self._hedge_delay(a), HEDGE, (req, req.attempt))
+            self.push(now + self._hedge_delay(req.model, a.priority), HEDGE, (req, req.attempt))
 
-    def _resume(self, payload: tuple[SimRequest, int]) -> None:
+    def _route_request(self, req: SimRequest, now: float) -> RouteRequest:
+        a = req.arrival
+        run = req.stage
+        if run is None:
+            return RouteRequest(
+                a.model,
+                a.priority,
+                req.deadline_at - now,
+                a.site,
+                1,
+                str(req.index),
+                frozenset(req.tried),
+                req.waited_ms,
+            )
+        return RouteRequest(
+            req.model,
+            a.priority,
+            req.deadline_at - now,
+            a.site,
+            req.batch,
+            f"{req.index}.{run.name}",
+            frozenset(req.tried),
+            req.waited_ms,
+            stage_deadline_ms=run.latest_at - now,
+            input_node=run.input_node,
+            input_bytes=sum(run.produced.values()),
+            next_models=run.next_models,
+            next_bytes=run.next_bytes,
+        )
+
+    def _resume(self, payload: tuple[SimRequest, int] | SimWorkflow) -> None:
+        if isinstance(payload, SimWorkflow):
+            if not payload.done:
+                self._launch_ready(payload)
+            return
         req, hold = payload
         if req.done or hold != req.hold:
             return
@@ -470,10 +667,10 @@ class Simulation:
         if arrive >= req.deadline_at:
             self.push(req.deadline_at, ROUTER_TIMEOUT, job)
 
-    def _hedge_delay(self, a: Arrival) -> float:
+    def _hedge_delay(self, model: str, priority: int) -> float:
         if self.cfg.hedge_after_ms is not None:
             return self.cfg.hedge_after_ms
-        seen = sorted(self._latencies.get((a.model, a.priority), ()))
+        seen = sorted(self._latencies.get((model, priority), ()))
         return 10.0 if len(seen) < 20 else seen[min(len(seen) - 1, int(0.95 * len(seen)))]
 
     def _hedge(self, payload: tuple[SimRequest, int]) -> None:
@@ -483,11 +680,8 @@ class Simulation:
             return
         now = self.now
         view = self.tracker.overlay(self.store.view)
-        a = req.arrival
         choice = self.policy.choose(
-            RouteRequest(a.model, a.priority, req.deadline_at - now, a.site, 1, str(req.index), frozenset(req.tried)),
-            view,
-            Context(now, self.policy_rng),
+            replace(self._route_request(req, now), waited_ms=0.0), view, Context(now, self.policy_rng)
         )
         if isinstance(choice, (Rejection, Defer)):  # no second node free now: keep the first attempt
             return
@@ -507,6 +701,7 @@ class Simulation:
                 self._wake_held(job.node.spec.partition)
             if job.work is not None and job.node.sched.remove(job.work):
                 job.dropped = True
+                self._unpin(job.node, job)
                 self._changed(job.node)
 
     def _reply(self, payload: tuple[Job, int, str]) -> None:
@@ -525,7 +720,7 @@ class Simulation:
         job.settled = True
         if status == 200:
             self._drop_others(req, job)
-            self._latencies.setdefault((req.arrival.model, req.arrival.priority), deque(maxlen=256)).append(
+            self._latencies.setdefault((req.model, req.arrival.priority), deque(maxlen=256)).append(
                 self.now + req.overhead_out - req.t0
             )
             self._answer(req, 200, "", self.now + req.overhead_out, job)
@@ -556,16 +751,21 @@ class Simulation:
         if req.done:
             return
         req.done = True
-        self._open -= 1
+        if req.stage is None:
+            self._open -= 1
         a = req.arrival
         if self._observes:  # the router feeds every answer back to the policy (delay tuning)
             latency = at_ms - req.t0
+            budget = req.deadline_at - req.t0
             self.policy.observe(
-                RouteRequest(a.model, a.priority, a.deadline_ms, a.site, 1, str(req.index), waited_ms=req.waited_ms),
+                RouteRequest(req.model, a.priority, budget, a.site, req.batch, str(req.index), waited_ms=req.waited_ms),
                 latency,
-                status == 200 and latency <= a.deadline_ms,
+                status == 200 and latency <= budget,
                 Context(self.now, self.policy_rng),
             )
+        if req.stage is not None:
+            self._stage_done(req, status, reason, at_ms, served)
+            return
         if served is None:
             self.results[req.index] = Result(a, status, at_ms - req.t0, "none", reason)
         else:
@@ -597,7 +797,16 @@ class Simulation:
             admit_by_deadline=spec.admit_by_deadline,
         )
         node = SimNode(spec, spec.speed, sched)
+        node.residency = self._initial_residency(spec)
         return node
+
+    def _initial_residency(self, spec: NodeSpec) -> Residency:
+        """As the node starts: its models in config order while they fit; the rest load on first use."""
+        residency = Residency(spec.memory_budget_mb << 20)
+        for m in spec.models:
+            if residency.used_bytes + self._size[m] <= residency.budget_bytes:
+                residency.add(m, self._size[m])
+        return residency
 
     def _curve(self, model: str, rows: int) -> float:
         """Reference execution ms for `rows` rows (the profile's idle medians by batch size)."""
@@ -613,21 +822,80 @@ class Simulation:
         if req.deadline_at - self.now <= 0:
             self._send_reply(job, 504, "deadline passed before the node received the request")
             return
+        if req.model not in node.residency:  # the node loads it first (the live node's `ensure`)
+            job.cold = True
+            waiting = node.load_waiters.setdefault(req.model, [])
+            waiting.append(job)
+            if len(waiting) == 1:
+                node.load_queue.append(req.model)
+                self._next_load(node)
+            if req.deadline_at > self.now:  # the router stops waiting at the deadline
+                self.push(req.deadline_at, ROUTER_TIMEOUT, job)
+            return
+        node.residency.touch(req.model)
+        self._admit(node, job)
+
+    def _admit(self, node: SimNode, job: Job) -> None:
+        """Into the node's scheduler (refused, 503/429, when full or, with admit_by_deadline, late)."""
+        req = job.req
         a = req.arrival
+        if req.deadline_at - self.now <= 0:
+            self._send_reply(job, 504, "deadline passed while the node loaded the model")
+            return
         refusal = node.sched.refuse(a.priority)
         if refusal is None and node.sched.admit_by_deadline:
             left = [max(0.0, b.ends_at - self.now) for b in node.running]
-            refusal = node.sched.refuse_late(a.model, 1, a.priority, req.deadline_at - self.now, left, node.spec.slots)
+            refusal = node.sched.refuse_late(
+                req.model, req.batch, a.priority, req.deadline_at - self.now, left, node.spec.slots
+            )
         if refusal is not None:
             self._send_reply(job, refusal[0], refusal[1])
             return
-        work = Work(job, a.model, a.priority, req.deadline_at, 1, self.now)
+        work = Work(job, req.model, a.priority, req.deadline_at, req.batch, self.now)
         job.work = work
+        job.pinned = True
+        node.residency.pin(req.model)
         node.sched.push(work)
         self._kick(node)
         if not job.started and not job.dropped:  # still queued: it leaves at its deadline
             self.push(req.deadline_at, EXPIRE, (job, node.epoch))
         self._changed(node)
+
+    def _unpin(self, node: SimNode, job: Job) -> None:
+        if job.pinned:
+            job.pinned = False
+            node.residency.unpin(job.req.model)
+
+    def _next_load(self, node: SimNode) -> None:
+        """Start the next queued load, evicting idle models first; one that cannot fit fails its waiters."""
+        while node.loading is None and node.load_queue:
+            model = node.load_queue.popleft()
+            try:
+                victims = node.residency.plan(model, self._size[model])
+            except NoRoom as exc:
+                for job in node.load_waiters.pop(model, []):
+                    self._send_reply(job, 503, f"cannot load model '{model}': {exc.reason}")
+                continue
+            for victim in victims:
+                node.residency.remove(victim)
+                node.evictions += 1
+            node.loading = model
+            self.push(self.now + self._load_ms[model], LOADED, (node, node.epoch, model))
+
+    def _loaded(self, payload: tuple[SimNode, int, str]) -> None:
+        node, epoch, model = payload
+        if epoch != node.epoch:
+            return
+        node.loading = None
+        node.residency.add(model, self._size[model])
+        node.loads += 1
+        node.load_ms[model] = self._load_ms[model]
+        for job in node.load_waiters.pop(model, []):
+            if not job.settled:
+                self._admit(node, job)
+        self._kick(node)
+        self._emit(node)  # the live node publishes at once when its resident set changes
+        self._next_load(node)
 
     def _kick(self, node: SimNode) -> None:
         """Start batches while the node has free slots (the live engine's `kick`)."""
@@ -637,6 +905,7 @@ class Simulation:
             for work in decision.expired:
                 job = work.handle
                 job.dropped = True
+                self._unpin(node, job)
                 self._send_reply(job, 504, "deadline cannot be met: it would finish too late")
             if decision.batch:
                 self._start(node, decision.batch)
@@ -701,6 +970,7 @@ class Simulation:
         node.ewma[key] = service if prev is None else (1 - self.cfg.ewma_alpha) * prev + self.cfg.ewma_alpha * service
         for job in running.jobs:
             node.served += 1
+            self._unpin(node, job)
             self._send_reply(job, 200, "")
         self._kick(node)
         node.handoff = False
@@ -714,6 +984,7 @@ class Simulation:
         if not node.sched.remove(job.work):
             return
         job.dropped = True
+        self._unpin(node, job)
         # the node answers 504 now; the router, whose timeout is the same deadline, answers the client
         self._router_timeout(job)
         self._changed(node)
@@ -739,9 +1010,10 @@ class Simulation:
         models = {}
         cache = node.model_cache
         sched = node.sched
+        resident = node.residency
         for m in spec.models:
             ewma = round(node.ewma.get((m, 1), self._baseline[m] / node.speed), 2)
-            key = (m, sched.queued_by_model[m], node.in_flight_of(m), ewma)
+            key = (m, sched.queued_by_model[m], node.in_flight_of(m), ewma, m in resident, node.load_ms.get(m))
             state = cache.get(key)
             if state is None:
                 if len(cache) > 4096:
@@ -749,7 +1021,12 @@ class Simulation:
                 by_batch = {str(rows): round(v, 2) for (mm, rows), v in node.ewma.items() if mm == m}
                 by_batch["1"] = ewma
                 state = cache[key] = _construct(
-                    ModelLoad, resident=True, queued=key[1], in_flight=key[2], ewma_ms_by_batch=by_batch
+                    ModelLoad,
+                    resident=key[4],
+                    queued=key[1],
+                    in_flight=key[2],
+                    ewma_ms_by_batch=by_batch,
+                    load_ms=key[5],
                 )
             models[m] = state
         if sched.mode == "priority" or sched.queued:
@@ -776,7 +1053,7 @@ class Simulation:
             capacity=spec.slots,
             max_queue=spec.max_queue,
             models=models,
-            memory_used_bytes=0,
+            memory_used_bytes=resident.used_bytes,
             memory_budget_bytes=spec.memory_budget_mb << 20,
             utilisation=0.0,
             started_at_ms=node.started_ms,
@@ -848,6 +1125,13 @@ class Simulation:
                 self.push(self.now + job.back_ms, REPLY, (job, 503, f"node {node.spec.id} unavailable: reset"))
             node.running.clear()
             node.busy = 0
+            for waiting in node.load_waiters.values():
+                for job in waiting:
+                    self.push(self.now + job.back_ms, REPLY, (job, 503, f"node {node.spec.id} unavailable: reset"))
+            node.load_waiters.clear()
+            node.load_queue.clear()
+            node.loading = None
+            node.residency = self._initial_residency(node.spec)  # the restarted process loads at start
             self.fault_log.append((t, f"kill {node.spec.id}"))
         elif kind == "restart":
             node = self.nodes[action[1]]
@@ -886,3 +1170,42 @@ def simulate(
         results = sim.run()
         out[run.name] = (results, sim, time.perf_counter() - t0)
     return out
+
+
+def model_bytes(scenario: Scenario, model: str) -> int:
+    """Resident size: the catalogue's `size_mb`, else the zoo file's (as the node accounts it)."""
+    declared = scenario.model_size_mb(model)
+    if declared is not None:
+        return int(declared * (1 << 20))
+    return _zoo_file_bytes(scenario.architecture(model))
+
+
+def _declared_load_ms(scenario: Scenario, model: str) -> float:
+    entry = scenario.models.get(model)
+    return entry.load_ms if entry is not None and entry.load_ms is not None else DEFAULT_LOAD_MS
+
+
+@functools.cache
+def _zoo_file_bytes(arch: str) -> int:
+    from nodes import zoo
+
+    return os.path.getsize(zoo.ensure(arch))
+
+
+@functools.cache
+def output_bytes(arch: str, output: str, batch: int = 1) -> int:
+    """Bytes of one of a zoo model's outputs for `batch` rows (FP32), from its graph."""
+    import onnx
+
+    from nodes import zoo
+
+    graph = onnx.load_from_string(zoo.build(arch)).graph
+    for out in graph.output:
+        if out.name == output:
+            dims = [d.dim_value if d.dim_value > 0 else batch for d in out.type.tensor_type.shape.dim]
+            return 4 * math.prod(dims)
+    return 0
+
+
+def stage_model(spec: WorkflowSpec, stage: str) -> str:
+    return next(st.model for st in spec.stages if st.name == stage)

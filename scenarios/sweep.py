@@ -1,0 +1,203 @@
+"""Node-count sweeps: the fewest nodes at which each policy keeps a target share of requests in deadline.
+
+`edgeroute sweep SCENARIO --nodes 1-8` simulates every policy of the scenario at each node count (the
+scenario's nodes in order; beyond its list, copies of the last one with new ids), records SLO
+attainment, warm hit rate, loads and bytes moved, and reports per policy the fewest nodes reaching
+`--target` (default 0.99) and the ratio to the first policy's (Compass reports needing half the servers
+of a residency-blind scheduler). `--confirm` replays each policy live at its own end point (or at the
+largest count when it never reached the target), so the simulated answer is checked on real nodes.
+Writes sweep.json, sweep.md and sweep.png to the output folder.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from scenarios.schema import NodeSpec, PolicyRun, Scenario
+
+
+def with_nodes(scenario: Scenario, count: int) -> Scenario:
+    """The scenario with `count` nodes: its own in order, then copies of the last one (ids `<id>-<k>`)."""
+    nodes: list[NodeSpec] = list(scenario.topology.nodes[:count])
+    last = scenario.topology.nodes[-1]
+    k = 0
+    taken = {n.id for n in scenario.topology.nodes}
+    while len(nodes) < count:
+        k += 1
+        new_id = f"{last.id}-{k}"
+        if new_id not in taken:
+            nodes.append(last.model_copy(update={"id": new_id}))
+    topology = scenario.topology.model_copy(update={"nodes": nodes})
+    faults = [f for f in scenario.faults if f.node is None or f.node in {n.id for n in nodes}]
+    out = scenario.model_copy(update={"topology": topology, "faults": faults})
+    out._base_dir = scenario.base_dir
+    return out
+
+
+def parse_counts(text: str) -> list[int]:
+    """`1-8`, `2,4,6` or a mix (`1-4,6,8`), ascending and unique."""
+    counts: set[int] = set()
+    for part in text.split(","):
+        part = part.strip()
+        if "-" in part:
+            lo, hi = (int(x) for x in part.split("-", 1))
+            counts.update(range(lo, hi + 1))
+        elif part:
+            counts.add(int(part))
+    if not counts or min(counts) < 1:
+        raise ValueError(f"--nodes {text!r}: give counts >= 1, e.g. 1-8 or 2,4,6")
+    return sorted(counts)
+
+
+def _row(p: dict[str, Any]) -> dict[str, Any]:
+    res = p.get("residency", {})
+    workflows = [v for m, v in p.get("by_model", {}).items() if m in p.get("workflows", [])]
+    return {
+        "slo_attainment": p["slo_attainment"],
+        "p99_ms": p["latency_ms"]["p99"],
+        "warm_hit_rate": res.get("warm_hit_rate"),
+        "loads": res.get("loads"),
+        "bytes_moved": res.get("bytes_moved"),
+        "bytes_kept": res.get("bytes_kept"),
+        "cost_provisioned": p.get("cost", {}).get("provisioned"),
+        "errors": sum(p["errors"].values()),
+        "workflow_slo": _pooled_slo(workflows) if workflows else None,
+    }
+
+
+def _pooled_slo(rows: list[dict[str, Any]]) -> float:
+    sent = sum(r["sent"] for r in rows)
+    return round(sum(r["slo_attainment"] * r["sent"] for r in rows) / sent, 4) if sent else 0.0
+
+
+def sweep(
+    scenario: Scenario,
+    runs: list[PolicyRun],
+    counts: list[int],
+    target: float = 0.99,
+    duration_s: float | None = None,
+    profile_path: Path | None = None,
+    echo: bool = True,
+) -> dict[str, Any]:
+    from scenarios.replay import replay_sim
+
+    grid: dict[str, dict[int, dict[str, Any]]] = {r.name: {} for r in runs}
+    workflows = {w.name for w in scenario.workflow_specs()}
+    for n in counts:
+        report = replay_sim(with_nodes(scenario, n), runs, duration_s=duration_s, profile_path=profile_path)
+        for name, p in report["policies"].items():
+            p["workflows"] = sorted(workflows)
+            grid[name][n] = _row(p)
+            if echo:
+                row = grid[name][n]
+                print(
+                    f"{n:>3} nodes  {name:<16} SLO {row['slo_attainment'] * 100:6.2f}%  "
+                    f"warm {100 * (row['warm_hit_rate'] or 0):5.1f}%  loads {row['loads']}",
+                    flush=True,
+                )
+    needed = {name: next((n for n in counts if grid[name][n]["slo_attainment"] >= target), None) for name in grid}
+    first = runs[0].name
+    # nodes needed relative to the first policy's; when that one never reached the target, its need is
+    # above the largest count swept, and the ratio is below need / (largest + 1): written as "<x"
+    base = needed[first]
+    ratio: dict[str, float | str | None] = {}
+    for name, need in needed.items():
+        if need is None:
+            ratio[name] = None
+        elif base is not None:
+            ratio[name] = round(need / base, 3)
+        else:
+            ratio[name] = f"<{need / (max(counts) + 1):.3f}"
+    return {
+        "scenario": scenario.name,
+        "mode": "sim",
+        "target": target,
+        "counts": counts,
+        "needed": needed,
+        "ratio_to": first,
+        "ratio": ratio,
+        "grid": {name: {str(n): row for n, row in rows.items()} for name, rows in grid.items()},
+    }
+
+
+def confirm_live(
+    scenario: Scenario,
+    runs: list[PolicyRun],
+    result: dict[str, Any],
+    kafka: str | None = None,
+    duration_s: float | None = None,
+) -> dict[str, Any]:
+    """Each policy live at its end point (the count it needed, else the largest swept)."""
+    from scenarios.replay import replay_live
+
+    out: dict[str, Any] = {}
+    for run in runs:
+        n = result["needed"].get(run.name) or max(result["counts"])
+        report = replay_live(with_nodes(scenario, n), [run], kafka=kafka, duration_s=duration_s, echo=False)
+        p = report["policies"][run.name]
+        out[run.name] = {"nodes": n, **_row({**p, "workflows": [w.name for w in scenario.workflow_specs()]})}
+    return out
+
+
+def write_sweep(result: dict[str, Any], out_dir: Path) -> Path:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "sweep.json").write_text(json.dumps(result, indent=2) + "\n")
+    lines = [
+        f"# Node sweep: {result['scenario']} (simulated)",
+        "",
+        f"Fewest nodes keeping {result['target'] * 100:g}% of requests within their deadline:",
+        "",
+        "| policy | nodes needed | ratio |",
+        "|---|---|---|",
+    ]
+    lines[4] = f"| policy | nodes needed | ratio to {result['ratio_to']} |"
+    for name, need in result["needed"].items():
+        shown = need if need is not None else f"not reached at {max(result['counts'])}"
+        ratio = result["ratio"][name]
+        lines.append(f"| {name} | {shown} | {ratio if ratio is not None else '-'} |")
+    lines += [
+        "",
+        "| nodes | policy | SLO | workflow SLO | warm hit rate | loads | MB moved | MB kept | p99 ms |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for n in result["counts"]:
+        for name, rows in result["grid"].items():
+            r = rows[str(n)]
+            wf = f"{r['workflow_slo'] * 100:.1f}%" if r["workflow_slo"] is not None else "-"
+            lines.append(
+                f"| {n} | {name} | {r['slo_attainment'] * 100:.2f}% | {wf} | {100 * (r['warm_hit_rate'] or 0):.1f}% | "
+                f"{r['loads']} | {(r['bytes_moved'] or 0) / 1e6:.1f} | {(r['bytes_kept'] or 0) / 1e6:.1f} | "
+                f"{r['p99_ms']:.1f} |"
+            )
+    if "live" in result:
+        lines += ["", "Confirmed live at the end points:", "", "| policy | nodes | SLO | warm hit rate | loads |",
+                  "|---|---|---|---|---|"]  # fmt: skip
+        for name, r in result["live"].items():
+            lines.append(
+                f"| {name} | {r['nodes']} | {r['slo_attainment'] * 100:.2f}% | "
+                f"{100 * (r['warm_hit_rate'] or 0):.1f}% | {r['loads']} |"
+            )
+    path = out_dir / "sweep.md"
+    path.write_text("\n".join(lines) + "\n")
+    _plot(result, out_dir / "sweep.png")
+    return path
+
+
+def _plot(result: dict[str, Any], path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    from scenarios.render import _save
+
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    for name, rows in result["grid"].items():
+        ns = result["counts"]
+        ax.plot(ns, [rows[str(n)]["slo_attainment"] * 100 for n in ns], marker="o", label=name)
+    ax.axhline(result["target"] * 100, color="grey", ls="--", lw=1)
+    ax.set_xlabel("nodes")
+    ax.set_ylabel("requests within deadline (%)")
+    ax.set_title(f"{result['scenario']} (sim): SLO attainment by node count")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    _save(fig, path)
