@@ -54,6 +54,8 @@ class NodeRuntime:
     loader: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="loader"))
     load_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     loads: int = 0  # models loaded on demand (after start-up)
+    model_requests: int = 0  # inference requests for a model this node serves
+    cold_requests: int = 0  # ... of which found it not resident (waited for a load, or failed to)
     evictions: int = 0
     load_ms_total: float = 0.0
     load_ms: dict[str, float] = field(default_factory=dict)  # last measured load time per model
@@ -361,6 +363,9 @@ async def infer(request: web.Request) -> web.Response:
     if rt.draining:
         return _error(503, "node is draining")
     warm = request.match_info["model"] in rt.models
+    if request.match_info["model"] in rt.specs:
+        rt.model_requests += 1
+        rt.cold_requests += not warm
     model = await _model_or_error(request)
     if isinstance(model, web.Response):
         return model
@@ -423,6 +428,8 @@ async def stats(request: web.Request) -> web.Response:
         "memory_budget_bytes": rt.residency.budget_bytes,
         "loads": rt.loads,
         "evictions": rt.evictions,
+        "model_requests": rt.model_requests,
+        "cold_requests": rt.cold_requests,
         "handoffs": engine.handoffs,
         "handoff_ms_mean": round(engine.handoff_ms_total / engine.handoffs, 4) if engine.handoffs else 0.0,
         "wakeups": engine.wakeups,

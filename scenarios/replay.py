@@ -16,7 +16,7 @@ from typing import Any
 
 from scenarios.launcher import FaultInjector, Stack, http_json
 from scenarios.loadgen import Arrival, build_schedule, fetch_payloads, run_load
-from scenarios.report import format_table, series, summarize, write_report
+from scenarios.report import format_table, node_warm_rates, series, summarize, write_report
 from scenarios.schema import PolicyRun, Scenario
 
 
@@ -55,6 +55,9 @@ def _header(scenario: Scenario, mode: str, duration: float, warmup: float) -> di
         "warmup_s": warmup,
         "policies": {},
     }
+
+
+NODE_RESIDENCY_COUNTERS = ("model_requests", "cold_requests", "loads", "evictions")  # /admin/stats, SimNode
 
 
 def _wait_idle(router_url: str, headers: dict[str, str], timeout_s: float = 10.0) -> None:
@@ -115,9 +118,9 @@ def replay_live(
             summary["wall_s"] = round(wall, 2)
             summary["faults"] = injector.events
             summary["node_stats"] = {n: http_json(f"{p.url}/admin/stats")[1] for n, p in sorted(stack.nodes.items())}
+            stats = summary["node_stats"].values()
             summary["residency"].update(
-                loads=sum(int(st.get("loads", 0)) for st in summary["node_stats"].values()),
-                evictions=sum(int(st.get("evictions", 0)) for st in summary["node_stats"].values()),
+                node_warm_rates(*(sum(int(st.get(k, 0)) for st in stats) for k in NODE_RESIDENCY_COUNTERS))
             )
             status, pol = http_json(f"{stack.router_url}/admin/policy", headers=stack.admin_headers)
             if status == 200 and pol.get("state"):
@@ -260,7 +263,7 @@ def replay_sim(
         summary["wall_s"] = round(wall, 3)
         summary["events"] = sim.events
         summary["residency"].update(
-            loads=sum(n.loads for n in sim.nodes.values()), evictions=sum(n.evictions for n in sim.nodes.values())
+            node_warm_rates(*(sum(getattr(n, k) for n in sim.nodes.values()) for k in NODE_RESIDENCY_COUNTERS))
         )
         summary["faults"] = sim.fault_log
         summary.update(series(results, warmup, duration + warmup))

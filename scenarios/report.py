@@ -94,18 +94,27 @@ def placement(results: list[Result], nodes: Mapping[str, tuple[str, float]], dur
 
 
 def residency(results: list[Result]) -> dict[str, Any]:
-    """Warm hits: of the executions the answered requests took (a workflow's stages each count), the
-    share whose model was already resident on the node; and a workflow's intermediate bytes used on
-    the node that made them (kept) or needed elsewhere (moved)."""
-    ran = [r for r in results if r.status is not None and r.node != "none"]
-    executions = sum(r.stages for r in ran)
-    cold = sum(r.cold for r in ran)
+    """A workflow's intermediate bytes used on the node that made them (kept) or needed elsewhere
+    (moved), and of the answered requests' executions (a workflow's stages each count), how many waited
+    for a load. The warm hit rate over every request that reached a node, answered or not, is added
+    from the nodes' own counters (`node_warm_rates`)."""
+    ran = [r for r in results if r.status == 200]
     return {
-        "executions": executions,
-        "cold": cold,
-        "warm_hit_rate": round(1.0 - cold / executions, 4) if executions else 1.0,
+        "answered_executions": sum(r.stages for r in ran),
+        "answered_cold": sum(r.cold for r in ran),
         "bytes_kept": sum(r.bytes_kept for r in results),
         "bytes_moved": sum(r.bytes_moved for r in results),
+    }
+
+
+def node_warm_rates(requests: int, cold: int, loads: int, evictions: int) -> dict[str, Any]:
+    """The nodes' view: requests for a served model, those that found it cold, loads and evictions."""
+    return {
+        "model_requests": requests,
+        "cold_requests": cold,
+        "warm_hit_rate": round(1.0 - cold / requests, 4) if requests else 1.0,
+        "loads": loads,
+        "evictions": evictions,
     }
 
 

@@ -311,7 +311,10 @@ class SimNode:
     load_waiters: dict[str, list[Job]] = field(default_factory=dict)
     load_ms: dict[str, float] = field(default_factory=dict)  # last measured, as the live node reports
     loads: int = 0  # loads after start-up
+    model_requests: int = 0  # requests that reached the node (the live /admin/stats counters)
+    cold_requests: int = 0  # ... for a model that was not resident
     evictions: int = 0
+    peak_memory: int = 0  # most bytes ever resident (tests check it against the budget)
     starts: int = 0  # executions started (with change_threshold 1, each one is published)
     last_published_starts: int = 0
 
@@ -798,6 +801,7 @@ class Simulation:
         )
         node = SimNode(spec, spec.speed, sched)
         node.residency = self._initial_residency(spec)
+        node.peak_memory = node.residency.used_bytes
         return node
 
     def _initial_residency(self, spec: NodeSpec) -> Residency:
@@ -822,7 +826,9 @@ class Simulation:
         if req.deadline_at - self.now <= 0:
             self._send_reply(job, 504, "deadline passed before the node received the request")
             return
+        node.model_requests += 1
         if req.model not in node.residency:  # the node loads it first (the live node's `ensure`)
+            node.cold_requests += 1
             job.cold = True
             waiting = node.load_waiters.setdefault(req.model, [])
             waiting.append(job)
@@ -888,6 +894,7 @@ class Simulation:
             return
         node.loading = None
         node.residency.add(model, self._size[model])
+        node.peak_memory = max(node.peak_memory, node.residency.used_bytes)
         node.loads += 1
         node.load_ms[model] = self._load_ms[model]
         for job in node.load_waiters.pop(model, []):

@@ -146,3 +146,24 @@ def test_a_model_in_use_is_not_unloaded(tmp_path: Path) -> None:
         assert status == 409 and "in progress" in doc["error"]
         worker.join()
         assert done == [200] and "sensor_mlp" in stats(url)["resident"]
+
+
+def test_declared_sizes_and_load_times_emulate_gpu_sized_models(tmp_path: Path) -> None:
+    models = [
+        {"name": "cls-a", "zoo": "sensor_mlp", "seed": 1, "size_mb": 2, "load_ms": 250},
+        {"name": "cls-b", "zoo": "sensor_mlp", "seed": 2, "size_mb": 2, "load_ms": 250},
+    ]
+    with _node(tmp_path, models=models, memory_budget_bytes=3 << 20) as url:
+        before = stats(url)
+        assert before["resident"] == ["cls-a"] and before["memory_used_bytes"] == 2 << 20
+        status, body, headers = call(f"{url}/v2/models/cls-b/infer", infer_body())
+        assert status == 200, body
+        assert float(headers["x-edgeroute-cold-ms"]) >= 250, "the load is held to its declared time"
+        after = stats(url)
+        assert after["resident"] == ["cls-b"], "cls-a was evicted: the two do not fit in 3 MiB"
+        assert after["memory_used_bytes"] <= after["memory_budget_bytes"]
+        assert (after["loads"], after["evictions"]) == (1, 1)
+        assert (after["model_requests"], after["cold_requests"]) == (1, 1)
+        status, _, headers = call(f"{url}/v2/models/cls-b/infer", infer_body())
+        assert status == 200 and "x-edgeroute-cold-ms" not in headers
+        assert stats(url)["cold_requests"] == 1

@@ -1,0 +1,165 @@
+"""The simulator's residency and workflows: the node's own LRU rule within its memory budget, loads
+that take their declared time, workflows run stage by stage with the router's budget split, and the
+node-count sweep."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from scenarios.loadgen import build_schedule
+from scenarios.replay import replay_sim
+from scenarios.schema import Scenario, load_scenario
+from scenarios.sim import Profile, Simulation, output_bytes
+from scenarios.sweep import parse_counts, sweep, with_nodes
+
+CROP = {"crop": "image", "boxes": "detect.boxes", "scores": "detect.scores", "min_score": 0.0, "max_crops": 4}
+
+
+def camera(nodes: int = 2, rate: float = 20.0, classifiers: int = 3, **over: Any) -> Scenario:
+    cls = [f"cls-{i}" for i in range(classifiers)]
+    doc: dict[str, Any] = {
+        "name": "cam",
+        "seed": 3,
+        "models": {
+            "det": {"zoo": "detector_head", "size_mb": 300, "load_ms": 300},
+            **{c: {"zoo": "mobilenet_s", "seed": i + 1, "size_mb": 700, "load_ms": 400} for i, c in enumerate(cls)},
+        },
+        "topology": {
+            "partitions": ["site"],
+            "nodes": [
+                {"id": f"g{i}", "partition": "site", "speed": 0.05, "memory_budget_mb": 1024, "models": ["det", *cls]}
+                for i in range(1, nodes + 1)
+            ],
+        },
+        "router": {
+            "workflows": [
+                {
+                    "name": f"cam-{c}",
+                    "slo_ms": 300,
+                    "inputs": ["image"],
+                    "stages": [
+                        {"name": "detect", "model": "det", "inputs": {"image": "image"}},
+                        {"name": "classify", "model": c, "inputs": {"image": CROP}},
+                    ],
+                }  # fmt: skip
+                for c in cls
+            ]
+        },
+        "workload": {
+            "duration_s": 10,
+            "warmup_s": 2,
+            "sites": [
+                {"site": "site", "rate_rps": rate, "models": {f"cam-{c}": 1.0 for c in cls}, "deadline_ms": {0: 300}}
+            ],
+        },
+        "policies": ["p2c", "compass"],
+    }
+    doc.update(over)
+    return Scenario.model_validate(doc)
+
+
+def simulate(s: Scenario, policy: str) -> Simulation:
+    from scenarios.profile import load_profile
+    from scenarios.replay import _plan
+
+    _, _, schedule = _plan(s, None)
+    sim = Simulation(s, s.policy(policy), schedule, Profile.from_json(load_profile(None)))
+    sim.run()
+    return sim
+
+
+@pytest.mark.parametrize("policy", ["p2c", "compass"])
+def test_a_node_never_holds_more_than_its_budget_and_evicts_to_load(policy: str) -> None:
+    sim = simulate(camera(), policy)
+    for node in sim.nodes.values():
+        budget = node.spec.memory_budget_mb << 20
+        assert node.peak_memory <= budget
+        assert node.residency.used_bytes <= budget
+        assert len(node.residency.resident) <= 2, "the detector and one 700 MB classifier fit in 1 GB"
+    assert sum(n.loads for n in sim.nodes.values()) > 0, "three classifiers, room for one per node"
+    assert sum(n.evictions for n in sim.nodes.values()) > 0
+
+
+def test_at_start_a_node_holds_its_models_in_config_order_while_they_fit() -> None:
+    sim = Simulation(camera(), camera().policy("p2c"), [], Profile.from_json(_profile()))
+    assert sim.nodes["g1"].residency.resident == ["det", "cls-0"]
+
+
+def _profile() -> dict[str, Any]:
+    from scenarios.profile import load_profile
+
+    return load_profile(None)
+
+
+def test_a_cold_load_longer_than_the_deadline_is_a_miss_and_a_model_too_big_is_503() -> None:
+    s = camera(nodes=1, classifiers=2, rate=5.0)
+    sim = simulate(s, "p2c")
+    results = [r for r in sim.results if r is not None]
+    assert any(r.status == 504 for r in results), "cls-1 loads in 400 ms, past 300 ms"
+    big = camera(nodes=1, classifiers=1, models={
+        "det": {"zoo": "detector_head", "size_mb": 300}, "cls-0": {"zoo": "mobilenet_s", "size_mb": 4096}})  # fmt: skip
+    sim = simulate(big, "p2c")
+    reasons = {r.error for r in sim.results if r is not None and r.status == 503}
+    assert any("more than the node's whole budget" in e for e in reasons), reasons
+
+
+def test_a_workflow_runs_every_stage_and_keeps_the_crops_on_the_detectors_node() -> None:
+    s = camera(nodes=2, classifiers=1, rate=5.0)
+    sim = simulate(s, "compass")
+    measured = [r for r in sim.results if r is not None and r.arrival.at_s >= 2.0]  # after warm-up
+    ok = [r for r in measured if r.status == 200]
+    assert len(ok) == len(measured)
+    crop_bytes = 4 * 3 * 64 * 64 * 4
+    assert all(r.stages == 2 for r in ok)
+    assert sum(r.bytes_kept for r in ok) == crop_bytes * len(ok), "compass keeps both stages on one node"
+    assert sum(r.bytes_moved for r in ok) == 0
+    assert all(r.exec_ms > 0 and r.latency_ms > r.exec_ms for r in ok)
+
+
+def test_workflow_reports_are_deterministic_and_carry_residency_figures() -> None:
+    s = camera()
+    a, b = replay_sim(s, list(s.policies)), replay_sim(s, list(s.policies))
+    for name in ("p2c", "compass"):
+        pa, pb = a["policies"][name], b["policies"][name]
+        assert pa["residency"] == pb["residency"] and pa["latency_ms"] == pb["latency_ms"]
+        assert set(pa["residency"]) >= {"warm_hit_rate", "loads", "evictions", "bytes_kept", "bytes_moved"}
+        assert pa["sent"] == pa["completed"] + sum(pa["errors"].values())
+    assert a["policies"]["compass"]["residency"]["warm_hit_rate"] > a["policies"]["p2c"]["residency"]["warm_hit_rate"]
+
+
+def test_output_bytes_come_from_the_zoo_graph() -> None:
+    assert output_bytes("detector_head", "boxes") == 8 * 4 * 4
+    assert output_bytes("detector_head", "scores", batch=2) == 2 * 8 * 4
+    assert output_bytes("detector_head", "nope") == 0
+
+
+def test_with_nodes_takes_the_first_nodes_then_copies_the_last() -> None:
+    s = camera(nodes=2)
+    assert [n.id for n in with_nodes(s, 1).topology.nodes] == ["g1"]
+    grown = with_nodes(s, 4).topology.nodes
+    assert [n.id for n in grown] == ["g1", "g2", "g2-1", "g2-2"]
+    assert grown[3].models == grown[1].models
+
+
+def test_parse_counts() -> None:
+    assert parse_counts("1-3,6,2") == [1, 2, 3, 6]
+    with pytest.raises(ValueError, match="counts >= 1"):
+        parse_counts("0-2")
+
+
+def test_a_sweep_finds_the_fewest_nodes_per_policy() -> None:
+    s = camera(classifiers=2, rate=10.0)
+    result = sweep(s, list(s.policies), [1, 2, 3], target=0.99, echo=False)
+    assert result["needed"]["compass"] == 2, result["grid"]["compass"]
+    assert result["grid"]["compass"]["2"]["warm_hit_rate"] > result["grid"]["p2c"]["2"]["warm_hit_rate"]
+    assert set(result["grid"]["p2c"]) == {"1", "2", "3"}
+
+
+def test_the_camera_pipeline_scenario_parses_and_compares_the_three_policies() -> None:
+    s = load_scenario("scenarios/camera-pipeline.yaml")
+    assert [p.name for p in s.policies] == ["p2c", "compass", "esg"]
+    assert len(s.workflow_specs()) == 6
+    schedule = build_schedule(s.workload, s.seed, 10.0, s.base_dir)
+    assert {a.model for a in schedule} >= {"cam-a", "sensor"}
