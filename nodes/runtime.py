@@ -105,6 +105,34 @@ def _specs(args: list[Any]) -> dict[str, TensorSpec]:
     return out
 
 
+def file_metadata(spec: ModelSpec, zoo_dir: str | None) -> dict[str, Any]:
+    """A model's OIP metadata read from its ONNX graph, without loading it (for a model not resident)."""
+    import onnx
+
+    path = zoo.ensure(spec.architecture, spec.seed, Path(zoo_dir) if zoo_dir else None)
+    graph = onnx.load(str(path), load_external_data=False).graph
+    initializers = {i.name for i in graph.initializer}
+
+    def specs(values: Any) -> list[dict[str, Any]]:
+        out = []
+        for v in values:
+            if v.name in initializers:
+                continue
+            t = v.type.tensor_type
+            ort_name = f"tensor({onnx.helper.tensor_dtype_to_string(t.elem_type).removeprefix('TensorProto.').lower()})"
+            dims = tuple(d.dim_value if d.HasField("dim_value") else -1 for d in t.shape.dim)
+            out.append(TensorSpec(v.name, ORT_TO_OIP.get(ort_name, ort_name), dims).as_json())
+        return out
+
+    return {
+        "name": spec.name,
+        "versions": ["1"],
+        "platform": "onnxruntime_onnx",
+        "inputs": specs(graph.input),
+        "outputs": specs(graph.output),
+    }
+
+
 def model_file_size(spec: ModelSpec, zoo_dir: str | None) -> int:
     """Bytes the model takes resident: its declared `size_mb`, else its ONNX file (built into the zoo
     cache if missing)."""

@@ -24,7 +24,7 @@ from nodes.config import NodeConfig
 from nodes.engine import NodeEngine
 from nodes.protocol import HEADER_LENGTH, BadRequest, decode_request, encode_response, split_body
 from nodes.residency import NoRoom, Residency
-from nodes.runtime import LoadedModel, choose_providers, load_model, model_file_size
+from nodes.runtime import LoadedModel, choose_providers, file_metadata, load_model, model_file_size
 from telemetry.bus import TelemetryPublisher
 from telemetry.schema import DeviceInfo, ModelLoad, NodeLoad
 
@@ -310,10 +310,24 @@ async def server_metadata(request: web.Request) -> web.Response:
 
 
 async def model_metadata(request: web.Request) -> web.Response:
-    model = await _model_or_error(request)
-    if isinstance(model, web.Response):
-        return model
-    return web.json_response(model.metadata())
+    """A resident model's metadata from its session; a model not resident is described from its file
+    (asking about a model must not load it and evict another)."""
+    rt = request.app[RUNTIME]
+    name = request.match_info["model"]
+    version = request.match_info.get("version")
+    if name not in rt.specs:
+        return _error(404, f"unknown model '{name}'")
+    if version is not None and version != "1":
+        return _error(404, f"model '{name}' has no version '{version}'")
+    model = rt.models.get(name)
+    if model is not None:
+        return web.json_response(model.metadata())
+    loop = asyncio.get_running_loop()
+    try:
+        doc = await loop.run_in_executor(rt.loader, file_metadata, rt.specs[name], rt.config.zoo_dir)
+    except Exception as exc:  # noqa: BLE001 - a model whose file cannot be read fails alone
+        return _error(500, f"model '{name}' cannot be read: {exc}")
+    return web.json_response(doc)
 
 
 async def model_ready(request: web.Request) -> web.Response:

@@ -19,6 +19,7 @@ import os
 import socket
 import uuid
 import zlib
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,7 @@ from policies.api import RouteRequest
 from policies.registry import PolicyConfigError, PolicySpec, build_policy
 from router.admission import Authenticator, RateLimiter
 from router.config import ConfigError, RouterConfig, load_config
+from router.copies import plan_copies
 from router.dispatch import Dispatcher, Outcome, PolicyHolder
 from router.metrics import RouterMetrics
 from router.node_client import HttpNodeClient, NodeClient, NodeTimeout, NodeUnavailable
@@ -84,6 +86,7 @@ class Router:
             config.connect_timeout_ms,
             config.hedging,
             HealthConfig(**config.outlier.model_dump()),
+            config.copies.window_ms,
         )
         self.store.set_links(self.dispatcher.links)
         self.metrics = RouterMetrics(self.store, clock)
@@ -91,6 +94,9 @@ class Router:
         self.peers: PeerLoads | None = None
         self.limiter = RateLimiter(config.rate_limit)
         self.workflows = {w.name: WorkflowRunner(w, self.dispatcher, clock) for w in config.workflows}
+        self.copies_loading: set[str] = set()  # models with a copy being loaded ahead of demand
+        self.copies_last: dict[str, float] = {}
+        self.copies_made: deque[dict[str, Any]] = deque(maxlen=50)
         self.metrics.watch_workflows(self.workflows)
 
     def reload_policy(self, raw: Any, origin: str) -> PolicySpec:
@@ -243,6 +249,66 @@ async def _peers(app: web.Application) -> AsyncIterator[None]:
         await loop.run_in_executor(None, publisher.close)
 
 
+async def _copies(app: web.Application) -> AsyncIterator[None]:
+    """Copy scaling (router.copies): load one more warm copy of a model whose demand outgrows its copies."""
+    router = app[ROUTER]
+    cfg = router.config.copies
+    if not cfg.enabled:
+        yield
+        return
+    pending: set[asyncio.Task[None]] = set()
+
+    async def load(model: str, node_id: str) -> None:
+        node = router.store.view.get(node_id)
+        started = router.clock()
+        result = "unreachable"
+        try:
+            if node is not None:
+                reply = await router.client.post(
+                    f"{node.endpoint}/v2/repository/models/{model}/load",
+                    b"{}",
+                    {"Content-Type": "application/json"},
+                    30.0,
+                )
+                result = "loaded" if reply.status == 200 else f"refused {reply.status}"
+        except (NodeUnavailable, NodeTimeout):
+            pass
+        finally:
+            router.copies_loading.discard(model)
+        router.metrics.copies.labels(model, result.split()[0]).inc()
+        router.copies_made.append(
+            {
+                "at_ms": round(started, 1),
+                "model": model,
+                "node": node_id,
+                "result": result,
+                "ms": round(router.clock() - started, 1),
+            }  # fmt: skip
+        )
+        log.info("copy of %s on %s: %s", model, node_id, result)
+
+    async def plan() -> None:
+        while True:
+            await asyncio.sleep(cfg.interval_ms / 1000.0)
+            now = router.clock()
+            rates = router.dispatcher.demand.rates(now)
+            for model, node_id in plan_copies(
+                router.store.view, rates, now, cfg, router.copies_loading, router.copies_last
+            ):
+                router.copies_loading.add(model)
+                router.copies_last[model] = now
+                task = asyncio.create_task(load(model, node_id), name=f"copy-{model}")
+                pending.add(task)
+                task.add_done_callback(pending.discard)
+
+    try:
+        async with _running(plan(), "copy-planner"):
+            yield
+    finally:
+        for task in list(pending):
+            task.cancel()
+
+
 async def _config_watcher(app: web.Application) -> AsyncIterator[None]:
     router = app[ROUTER]
     path = router.config_path
@@ -305,7 +371,8 @@ def _unknown_or_unavailable(model: str, known: bool) -> web.Response:
 async def _node_metadata(router: Router, model: str, suffix: str = "") -> tuple[int, bytes] | None:
     """A serving node's answer to `GET /v2/models/{model}{suffix}`, least busy node first."""
     nodes, _ = _model_nodes(router, model)
-    for node in sorted(nodes, key=lambda n: router.store.view.outstanding(n)):
+    view = router.store.view
+    for node in sorted(nodes, key=lambda n: (not ((m := n.model(model)) and m.resident), view.outstanding(n))):
         try:
             reply = await router.client.get(f"{node.endpoint}/v2/models/{model}{suffix}", 2.0)
         except (NodeUnavailable, NodeTimeout):
@@ -690,6 +757,7 @@ async def get_view(request: web.Request) -> web.Response:
                 "lag_ms": {q: round(router.peers.lag_quantile(f), 2) for q, f in (("p50", 0.5), ("p99", 0.99))},
             },
             "workflows": {name: runner.stats.as_json() for name, runner in router.workflows.items()},
+            "copies": {"loading": sorted(router.copies_loading), "recent": list(router.copies_made)},
             "holds": {
                 "held": router.dispatcher.holds,
                 "held_ms_total": round(router.dispatcher.held_ms_total, 1),
@@ -764,6 +832,7 @@ def create_app(
     app[ROUTER] = Router(config, source, client, clock, config_path)
     app.cleanup_ctx.append(_lifecycle)
     app.cleanup_ctx.append(_peers)
+    app.cleanup_ctx.append(_copies)
     app.cleanup_ctx.append(_config_watcher)
     r = app.router
     r.add_get("/v2/health/live", live)

@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from policies.budgets import WorkflowError, split_budget
 from policies.registry import PolicyConfigError, PolicySpec, build_policy
 from router.admission import AuthConfig, RateLimitConfig
+from router.copies import CopyConfig
 
 
 class ConfigError(ValueError):
@@ -165,6 +166,7 @@ class RouterConfig(BaseModel):
     auth: AuthConfig | None = None
     rate_limit: RateLimitConfig | None = None
     workflows: list[WorkflowSpec] = Field(default_factory=list, description="DAG pipelines served as virtual models")
+    copies: CopyConfig = Field(default_factory=CopyConfig, description="load warm copies ahead of demand")
 
     @model_validator(mode="after")
     def _unique_workflows(self) -> RouterConfig:

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field, replace
 from policies.api import HOLD_POLL_MS, Context, Decision, Defer, Rejection, RouteRequest
 from policies.engine import Pipeline
 from router.config import HedgingConfig
+from router.copies import DemandMeter
 from router.node_client import NodeClient, NodeReply, NodeTimeout, NodeUnavailable
 from telemetry.health import HealthConfig, OutlierDetector
 from telemetry.overlay import OutstandingTracker
@@ -112,6 +113,7 @@ class Dispatcher:
         connect_timeout_ms: float = 500.0,
         hedging: HedgingConfig | None = None,
         health: HealthConfig | None = None,
+        demand_window_ms: float = 2000.0,
     ) -> None:
         self.hedging = hedging
         self.hedges = self.hedge_wins = self.hedge_cancels = 0
@@ -131,6 +133,7 @@ class Dispatcher:
         self.retries = 0
         self.waiters = SlotWaiters()
         self.holds = 0  # requests held at least once for a local slot
+        self.demand = DemandMeter(demand_window_ms)  # dispatches per model (copy scaling)
         self.held_ms_total = 0.0
 
     def hedge_delay_ms(self, req: RouteRequest) -> float:
@@ -166,6 +169,7 @@ class Dispatcher:
     ) -> Outcome:
         policy = self.policies.current
         started = self.clock()
+        self.demand.record(req.model, started)
         held: list[float] = [0.0]
         outcome = await self._dispatch(policy, req, path, body, headers, deadline_at_ms, started, held)
         if held[0] > 0:

@@ -106,6 +106,9 @@ class RouterMetrics:
             registry=self.registry,
         )
         self.retries = Counter("edgeroute_retries", "dispatches after the first", ["model"], registry=self.registry)
+        self.copies = Counter(
+            "edgeroute_copy_loads", "warm copies loaded ahead of demand", ["model", "result"], registry=self.registry
+        )
         self.policy_swaps = Counter(
             "edgeroute_policy_reloads", "policy reload attempts", ["result"], registry=self.registry
         )

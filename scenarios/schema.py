@@ -76,6 +76,15 @@ class ModelEntry(_Strict):
     size_mb: float | None = Field(None, gt=0)
     load_ms: float | None = Field(None, ge=0)
 
+    @field_validator("zoo")
+    @classmethod
+    def _known(cls, v: str | None) -> str | None:
+        from nodes.zoo import ZOO
+
+        if v is not None and v not in ZOO:
+            raise ValueError(f"'{v}' is not a zoo model ({', '.join(sorted(ZOO))})")
+        return v
+
 
 class Link(_Strict):
     """A network path between two partitions; emulated by the router live, modelled by the simulator."""

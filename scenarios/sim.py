@@ -55,6 +55,7 @@ from policies.budgets import split_budget
 from policies.engine import Pipeline
 from policies.registry import build_policy
 from router.config import CropSpec, WorkflowSpec
+from router.copies import CopyConfig, DemandMeter, plan_copies
 from router.workflows import downstream, expected_stage_ms
 from scenarios.loadgen import Arrival, Result
 from scenarios.schema import Fault, NodeSpec, PolicyRun, Scenario
@@ -84,7 +85,8 @@ RETRYABLE = frozenset({500, 502, 503})
     WAKE,
     HEDGE,
     RESUME,
-) = range(14)
+    COPIES,
+) = range(15)
 DEFAULT_LOAD_MS = 5.0  # a zoo model's session creation and warm-up on this machine, when none is declared
 
 
@@ -337,6 +339,7 @@ class SimConfig:
     hedge_after_ms: float | None = None
     ewma_alpha: float = 0.2
     health: HealthConfig = field(default_factory=HealthConfig)  # the router's `outlier` config
+    copies: CopyConfig = field(default_factory=CopyConfig)  # the router's `copies` config
 
     @classmethod
     def from_router(cls, router: dict[str, Any]) -> SimConfig:
@@ -348,6 +351,8 @@ class SimConfig:
             cfg.hedge_after_ms = hedging.get("after_ms")
         if router.get("outlier"):
             cfg.health = HealthConfig(**router["outlier"])
+        if router.get("copies"):
+            cfg.copies = CopyConfig.model_validate(router["copies"])
         return cfg
 
 
@@ -405,6 +410,10 @@ class Simulation:
         self._device = DeviceInfo(kind="cpu", name="sim")
         self._held: dict[str, deque[tuple[SimRequest, int]]] = {}  # the router's SlotWaiters
         self._observes = self.policy.learns
+        self.demand = DemandMeter(self.cfg.copies.window_ms)  # the router's, for copy scaling
+        self.copy_loading: dict[str, str] = {}  # model -> node loading a copy ahead of demand
+        self.copy_last: dict[str, float] = {}
+        self.copies_made = 0
         self.holds = 0
 
     # --- the heap --------------------------------------------------------------------------------
@@ -429,12 +438,15 @@ class Simulation:
             HEDGE: self._hedge,
             RESUME: self._resume,
             LOADED: self._loaded,
+            COPIES: self._copies,
         }
         last = self.schedule[-1].at_s * 1000.0 if self.schedule else 0.0
         end = horizon_ms if horizon_ms is not None else last + 60_000.0
         for node in self.nodes.values():
             self.push(self.tel_rng.random() * self.cfg.interval_ms, PUBLISH, (node, node.epoch))
         self.push(self.cfg.poll_ms, POLL, None)
+        if self.cfg.copies.enabled:
+            self.push(self.cfg.copies.interval_ms, COPIES, None)
         for fault in self.scenario.faults:
             self._schedule_fault(fault)
         arrivals = iter(enumerate(self.schedule))
@@ -477,6 +489,7 @@ class Simulation:
             return
         o = self._overhead[a.model].sample(self.svc_rng)
         req = SimRequest(i, a, t0, t0 + a.deadline_ms, o / 2.0, o / 2.0, model=a.model)
+        self.demand.record(a.model, self.now)
         self._decide(req)
 
     # --- workflows (the router's WorkflowRunner) -------------------------------------------------
@@ -516,6 +529,7 @@ class Simulation:
             req = SimRequest(job.index, job.arrival, self.now, job.deadline_at, o / 2.0, o / 2.0,
                              model=st.model, batch=batch, stage=run)  # fmt: skip
             job.running += 1
+            self.demand.record(st.model, self.now)
             self._decide(req)
 
     def _stage_done(self, req: SimRequest, status: int, reason: str, at_ms: float, served: Job | None) -> None:
@@ -832,7 +846,7 @@ class Simulation:
             job.cold = True
             waiting = node.load_waiters.setdefault(req.model, [])
             waiting.append(job)
-            if len(waiting) == 1:
+            if node.loading != req.model and req.model not in node.load_queue:
                 node.load_queue.append(req.model)
                 self._next_load(node)
             if req.deadline_at > self.now:  # the router stops waiting at the deadline
@@ -876,11 +890,15 @@ class Simulation:
         """Start the next queued load, evicting idle models first; one that cannot fit fails its waiters."""
         while node.loading is None and node.load_queue:
             model = node.load_queue.popleft()
+            if model in node.residency:  # a copy loaded meanwhile
+                continue
             try:
                 victims = node.residency.plan(model, self._size[model])
             except NoRoom as exc:
                 for job in node.load_waiters.pop(model, []):
                     self._send_reply(job, 503, f"cannot load model '{model}': {exc.reason}")
+                if self.copy_loading.get(model) == node.spec.id:
+                    del self.copy_loading[model]
                 continue
             for victim in victims:
                 node.residency.remove(victim)
@@ -897,12 +915,32 @@ class Simulation:
         node.peak_memory = max(node.peak_memory, node.residency.used_bytes)
         node.loads += 1
         node.load_ms[model] = self._load_ms[model]
+        if self.copy_loading.get(model) == node.spec.id:
+            del self.copy_loading[model]
         for job in node.load_waiters.pop(model, []):
             if not job.settled:
                 self._admit(node, job)
         self._kick(node)
         self._emit(node)  # the live node publishes at once when its resident set changes
         self._next_load(node)
+
+    def _copies(self, _: Any) -> None:
+        """The router's copy planner (router.copies), on the simulated clock."""
+        cfg = self.cfg.copies
+        plans = plan_copies(
+            self.store.view, self.demand.rates(self.now), self.now, cfg, self.copy_loading, self.copy_last
+        )
+        for model, node_id in plans:
+            node = self.nodes[node_id]
+            self.copy_last[model] = self.now
+            if not node.alive or model in node.residency or model == node.loading or model in node.load_queue:
+                continue
+            self.copy_loading[model] = node_id
+            self.copies_made += 1
+            node.load_queue.append(model)
+            self._next_load(node)
+        if self._open > 0:
+            self.push(self.now + cfg.interval_ms, COPIES, None)
 
     def _kick(self, node: SimNode) -> None:
         """Start batches while the node has free slots (the live engine's `kick`)."""

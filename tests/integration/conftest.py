@@ -63,7 +63,10 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedBroker]
 
 
 def scenario(
-    nodes: list[dict[str, Any]], router: dict[str, Any] | None = None, policies: list[Any] | None = None
+    nodes: list[dict[str, Any]],
+    router: dict[str, Any] | None = None,
+    policies: list[Any] | None = None,
+    catalogue: dict[str, Any] | None = None,
 ) -> Scenario:
     parts = sorted({n["partition"] for n in nodes})
     models = sorted({m for n in nodes for m in n["models"]})
@@ -77,6 +80,7 @@ def scenario(
             },
             "router": router or {},
             "policies": policies or ["p2c"],
+            "models": catalogue or {},
         }
     )
 
@@ -87,9 +91,10 @@ def make_stack(
     nodes: list[dict[str, Any]],
     router: dict[str, Any] | None = None,
     policies: list[Any] | None = None,
+    models: dict[str, Any] | None = None,
 ) -> Stack:
     return Stack(
-        scenario(nodes, router, policies),
+        scenario(nodes, router, policies, models),
         kafka=broker.bootstrap,
         log_dir=tmp,
         topic=f"edgeroute.telemetry.t{next(_topics)}",
@@ -123,8 +128,13 @@ def own_stack(broker: EmbeddedBroker, tmp_path: Path) -> Iterator[Any]:
     """A factory for a stack the test may break (kill nodes, restart the router)."""
     stacks: list[Stack] = []
 
-    def make(nodes: list[dict[str, Any]], router: dict[str, Any] | None = None) -> Stack:
-        stack = make_stack(broker, tmp_path / f"s{len(stacks)}", nodes, router)
+    def make(
+        nodes: list[dict[str, Any]],
+        router: dict[str, Any] | None = None,
+        policies: list[Any] | None = None,
+        models: dict[str, Any] | None = None,
+    ) -> Stack:
+        stack = make_stack(broker, tmp_path / f"s{len(stacks)}", nodes, router, policies, models)
         stacks.append(stack)
         return stack.start()
 

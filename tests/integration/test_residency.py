@@ -167,3 +167,12 @@ def test_declared_sizes_and_load_times_emulate_gpu_sized_models(tmp_path: Path) 
         status, _, headers = call(f"{url}/v2/models/cls-b/infer", infer_body())
         assert status == 200 and "x-edgeroute-cold-ms" not in headers
         assert stats(url)["cold_requests"] == 1
+
+
+def test_metadata_of_a_model_not_resident_does_not_load_it(node: str) -> None:
+    before = stats(node)
+    assert "mobilenet_s" not in before["resident"]
+    status, meta, _ = call(f"{node}/v2/models/mobilenet_s")
+    assert status == 200 and meta["inputs"] == [{"name": "image", "datatype": "FP32", "shape": [-1, 3, 64, 64]}]
+    after = stats(node)
+    assert after["resident"] == before["resident"] and after["loads"] == before["loads"]

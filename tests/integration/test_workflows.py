@@ -70,9 +70,10 @@ def stack(broker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]: 
             {"id": "w1", "partition": "edge-a", "models": ["detector_head", "mobilenet_s"]},
             {"id": "w2", "partition": "edge-a", "models": ["detector_head", "mobilenet_s"]},
         ],
-        router={"workflows": WORKFLOWS},
         policies=["compass"],
     )
+    # straight into the router config: a scenario would refuse the workflow whose model nobody serves
+    s.router_overrides["workflows"] = WORKFLOWS
     s.start()
     try:
         yield s
@@ -200,3 +201,33 @@ def test_the_repository_index_lists_workflows(stack: Stack) -> None:
     assert index["camera"]["state"] == "READY"
     assert index["ghost"]["state"] == "UNAVAILABLE" and "no_such_model" in index["ghost"]["reason"]
     assert call(f"{stack.router_url}/v2/models/ghost/ready")[0] == 503
+
+
+def test_copy_scaling_loads_a_hot_model_on_a_second_node_ahead_of_need(own_stack) -> None:  # type: ignore[no-untyped-def]
+    import asyncio
+
+    from scenarios.loadgen import Arrival, fetch_payloads, run_load
+
+    models = {
+        "cls": {"zoo": "mobilenet_s", "size_mb": 700, "load_ms": 300},
+        "filler": {"zoo": "sensor_mlp", "size_mb": 700, "load_ms": 300},
+    }
+    gpu = {"partition": "edge-a", "speed": 0.02, "memory_budget_mb": 1024}
+    stack = own_stack(
+        [{**gpu, "id": "c1", "models": ["cls", "filler"]}, {**gpu, "id": "c2", "models": ["filler", "cls"]}],
+        router={"copies": {"enabled": True, "interval_ms": 200, "window_ms": 1000, "target_utilisation": 0.5}},
+        policies=["compass"],
+        models=models,
+    )
+    # one copy: 1 slot, ~7 ms per request, planned at half use: ~70 req/s; send 120 req/s for 3 s
+    schedule = [Arrival(i / 120.0, "edge-a", "cls", 0, 2000.0) for i in range(360)]
+    payloads = asyncio.run(fetch_payloads(stack.router_url, {"cls"}, 0))
+    results = asyncio.run(run_load(stack.router_url, schedule, payloads))
+    assert all(r.status == 200 for r in results), {r.status for r in results}
+    copies = call(f"{stack.router_url}/admin/view")[1]["copies"]
+    assert {"model": "cls", "node": "c2", "result": "loaded"}.items() <= copies["recent"][0].items(), copies
+    assert "cls" in call(f"{stack.nodes['c2'].url}/admin/stats")[1]["resident"]
+    served = {r.node for r in results}
+    assert served == {"c1", "c2"}, "the second copy takes a share once loaded"
+    metrics = call(f"{stack.router_url}/metrics")[1]
+    assert 'edgeroute_copy_loads_total{model="cls",result="loaded"} 1.0' in metrics

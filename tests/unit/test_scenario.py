@@ -95,6 +95,22 @@ def test_load_by_bare_name() -> None:
         ),
         (QUICK.replace("      rate_rps: 60", "      arrival: sawtooth\n      rate_rps: 60"), "arrival"),
         (QUICK.replace("slots: 2", "slots: 2, admit_by_deadline: maybe", 1), "admit_by_deadline"),
+        (QUICK + "models: {cls-a: {zoo: yolo}}\n", "models.cls-a.zoo (line"),
+        (
+            QUICK.replace("models: [sensor_mlp, mobilenet_s]}", "models: [sensor_mlp, cls-x]}", 1),
+            "'cls-x' is neither a zoo",
+        ),
+        (QUICK + "models: {sensor_mlp: {size_mb: -1}}\n", "models.sensor_mlp.size_mb"),
+        (
+            QUICK + "router: {workflows: [{name: w, slo_ms: 90, inputs: [x], stages: [{name: s, model: yolo, "
+            "inputs: {x: x}}]}]}\n",
+            "router.workflows 'w': no node serves",
+        ),  # fmt: skip
+        (
+            QUICK + "router: {workflows: [{name: w, slo_ms: 90, inputs: [x], stages: [{name: s, model: resnet_s, "
+            "inputs: {x: y}}]}]}\n",
+            "router.workflows.0: stage s: 'y' is neither",
+        ),  # fmt: skip
     ],
 )
 def test_bad_scenarios_give_one_line(text: str, needle: str) -> None:

@@ -163,3 +163,41 @@ def test_the_camera_pipeline_scenario_parses_and_compares_the_three_policies() -
     assert len(s.workflow_specs()) == 6
     schedule = build_schedule(s.workload, s.seed, 10.0, s.base_dir)
     assert {a.model for a in schedule} >= {"cam-a", "sensor"}
+
+
+def hot_model(copies: bool) -> Scenario:
+    nodes = [
+        {"id": "g1", "partition": "site", "speed": 0.05, "memory_budget_mb": 1024, "models": ["cls", "filler"]},
+        {"id": "g2", "partition": "site", "speed": 0.05, "memory_budget_mb": 1024, "models": ["filler", "cls"]},
+        {"id": "g3", "partition": "site", "speed": 0.05, "memory_budget_mb": 1024, "models": ["filler", "cls"]},
+    ]
+    return Scenario.model_validate(
+        {
+            "name": "hot",
+            "seed": 2,
+            "models": {
+                "cls": {"zoo": "mobilenet_s", "size_mb": 700, "load_ms": 400},
+                "filler": {"zoo": "sensor_mlp", "size_mb": 700, "load_ms": 400},
+            },
+            "topology": {"partitions": ["site"], "nodes": nodes},
+            "router": {"copies": {"enabled": copies, "target_utilisation": 0.5}},
+            "workload": {
+                "duration_s": 10,
+                "warmup_s": 1,
+                "sites": [{"site": "site", "rate_rps": 450, "models": {"cls": 1.0}, "deadline_ms": {0: 100}}],
+            },
+            "policies": ["compass"],
+        }
+    )
+
+
+def test_copy_scaling_loads_a_hot_model_ahead_of_need_on_the_planners_clock() -> None:
+    without, with_copies = simulate(hot_model(False), "compass"), simulate(hot_model(True), "compass")
+    assert with_copies.copies_made >= 1
+    assert sum(n.loads for n in with_copies.nodes.values()) >= 1
+    served = {n.spec.id: n.served for n in with_copies.nodes.values()}
+    assert sum(1 for v in served.values() if v > 100) >= 2, f"the load is shared by the copies: {served}"
+    assert without.copies_made == 0
+    late = [r for r in with_copies.results if r is not None and (r.status != 200 or r.latency_ms > 100)]
+    late_without = [r for r in without.results if r is not None and (r.status != 200 or r.latency_ms > 100)]
+    assert len(late) * 5 < len(late_without), "one copy cannot keep up with 450 req/s of 2.8 ms each"
