@@ -3,9 +3,10 @@
     finish(node) = rtt(site, partition) + max(wait(priority), load, input arrival) + exec
 
 - `rtt`, `wait` and `exec` are as in `completion`;
-- `load` is 0 when the model is resident on the node, else the node's last measured load time for it
-  (`models.load_ms`), else `default_load_ms` (the node loads before it queues the request, so the
-  queue ahead drains meanwhile: the two overlap);
+- `load` is 0 when the model is resident on the node, what is left of a load this router already set
+  off there (`ClusterView.load_ready_at`: a request went there while the model was cold), else the
+  node's last measured load time for it (`models.load_ms`), else `default_load_ms` (the node loads
+  before it queues the request, so the queue ahead drains meanwhile: the two overlap);
 - `input arrival` is 0 for a request whose input is already on the node (a workflow stage after a
   stage that ran there: the stages are collocated), else the time to move `input_bytes` at
   `bandwidth_mbps` plus the link RTT between the two nodes' partitions.
@@ -36,10 +37,17 @@ class WarmModelParams(Params):
     bandwidth_mbps: float = Field(100.0, gt=0)
 
 
-def load_penalty_ms(node: NodeState, model: str, default_load_ms: float) -> float:
+def load_penalty_ms(
+    node: NodeState, model: str, default_load_ms: float, view: ClusterView | None = None, now_ms: float = 0.0
+) -> float:
+    """0 where resident; what is left of a load this router already set off there; else a whole load."""
     state = node.model(model)
     if state is None or state.resident:
         return 0.0
+    if view is not None:
+        ready_at = view.load_ready_at(node, model)
+        if ready_at is not None:
+            return max(0.0, ready_at - now_ms)
     return state.load_ms if state.load_ms is not None else default_load_ms
 
 
@@ -65,7 +73,7 @@ def finish_estimate_ms(
     exec_ms = exec_estimate_ms(node, req, p.default_exec_ms)
     start = max(
         predicted_wait_ms(view, node, req, exec_ms, now_ms),
-        load_penalty_ms(node, req.model, p.default_load_ms),
+        load_penalty_ms(node, req.model, p.default_load_ms, view, now_ms),
         input_arrival_ms(view, node, req, p.bandwidth_mbps),
     )
     return view.rtt_ms(req.site, node.partition) + start + exec_ms

@@ -226,6 +226,7 @@ class Dispatcher:
                     return last_error
                 return Outcome.error(picked.status, picked.reason, attempts=attempt - 1)
             choice, state = picked
+            self.tracker.sent_model(state, req.model, now)
             if attempt > 1:
                 self.retries += 1
             tried.add(choice.node_id)

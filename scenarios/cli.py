@@ -55,6 +55,13 @@ def _replay(args: argparse.Namespace) -> int:
     scenario = load_scenario(args.scenario)
     if args.seed is not None:
         scenario = scenario.model_copy(update={"seed": args.seed})
+    if args.nodes is not None:
+        from scenarios.sweep import with_nodes
+
+        if args.nodes < 1:
+            print("edgeroute: --nodes must be at least 1", file=sys.stderr)
+            return 2
+        scenario = with_nodes(scenario, args.nodes)
     runs = [scenario.policy(p) for p in args.policy] if args.policy else list(scenario.policies)
     out = Path(args.out) if args.out else Path("reports") / scenario.name
     profile = Path(args.profile) if args.profile else None
@@ -176,6 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     rp.add_argument("--kafka", help="external Kafka bootstrap HOST:PORT")
     rp.add_argument("--seed", type=int, help="override the scenario's seed")
     rp.add_argument("--duration", type=float, help="override the workload duration (seconds)")
+    rp.add_argument("--nodes", type=int, help="run on this many nodes (the first ones, then copies of the last)")
     rp.add_argument(
         "--mode",
         choices=["live", "sim", "both"],

@@ -326,7 +326,9 @@ class Stack:
 
     def use_nodes(self, specs: list[NodeSpec], timeout_s: float = 60.0, fresh: bool = False) -> None:
         """Restart the nodes whose settings differ (a run with its own node settings), or all of them
-        when `fresh` (back to their start-up state: resident models, measurements), then wait."""
+        when `fresh` (back to their start-up state: resident models, measurements), then wait until
+        they are ready and the router's slow start for restarted nodes is over (a run starts on a
+        settled cluster, as the simulator's does)."""
         changed = [s for s in specs if fresh or self.node_specs.get(s.id) != s]
         for spec in changed:
             proc = self.nodes.pop(spec.id, None)
@@ -338,6 +340,8 @@ class Stack:
         if changed:
             time.sleep(0.5)  # let the old incarnation's last telemetry (draining) pass
             self.wait_ready(timeout_s)
+            outlier = {**self.scenario.router, **self.router_overrides}.get("outlier") or {}
+            time.sleep(float(outlier.get("slow_start_ms", 3000.0)) / 1000.0)
 
     def restore(self) -> None:
         """Undo every fault: dead nodes back, speeds reset, links restored, broker up."""

@@ -602,6 +602,7 @@ class Simulation:
             return
         state = view.get(choice.node_id)
         assert state is not None
+        self.tracker.sent_model(state, req.model, now)
         req.attempt += 1
         req.jobs = []
         self._dispatch(req, state, now)

@@ -15,6 +15,12 @@ dropping below what the routers know to be there.
 
 Estimates are computed lazily, per node asked about, so a decision over a sample of two nodes costs
 O(1) whatever the cluster size. Single-threaded: the router's event loop, or the simulator.
+
+Loads in progress: a request dispatched to a node whose report shows its model not resident sets off
+a load there (`loading`), expected to end `load_ms` later. Until a report shows the model resident (or
+twice that time has passed), the view answers `load_ready_at(node, model)`, so the next requests for
+that model see the load already under way on that node (`warm_model` charges only what is left of it)
+instead of each one starting a load on another node.
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ class OutstandingTracker:
         self.health = health  # attached to every overlaid view for the `healthy` filter
         self.remote = remote  # other routers' in flight per node (telemetry.peers), if shared
         self._nodes: dict[str, _Node] = {}
+        self._loads: dict[tuple[str, str], tuple[float, float]] = {}  # (node, model) -> (ready at, load ms)
         self._base: ClusterView | None = None
         self._overlaid: ClusterView | None = None
 
@@ -63,6 +70,31 @@ class OutstandingTracker:
         n = self._sync(state)
         pending = n.pending if self.remote is None else n.pending + self.remote(state.node_id)
         return max(pending, state.reported_outstanding + n.dispatched - n.settled)
+
+    def sent_model(self, state: NodeState, model: str, now_ms: float, default_load_ms: float = 500.0) -> None:
+        """A request for `model` went to `state`: if its report shows the model cold, a load starts."""
+        m = state.model(model)
+        if m is not None and not m.resident and self.load_ready_at(state, model) is None:
+            self.loading(state, model, now_ms, m.load_ms if m.load_ms is not None else default_load_ms)
+
+    def loading(self, state: NodeState, model: str, now_ms: float, load_ms: float) -> None:
+        """A load of `model` starts on `state` now, expected to take `load_ms`."""
+        key = (state.node_id, model)
+        if key not in self._loads or self._loads[key][0] + self._loads[key][1] < now_ms:
+            self._loads[key] = (now_ms + load_ms, load_ms)
+
+    def load_ready_at(self, state: NodeState, model: str) -> float | None:
+        key = (state.node_id, model)
+        entry = self._loads.get(key)
+        if entry is None:
+            return None
+        m = state.model(model)
+        if (m is not None and m.resident and state.heard_at_ms >= entry[0] - entry[1]) or (
+            state.heard_at_ms > entry[0] + entry[1]
+        ):
+            del self._loads[key]  # reported done (or long overdue: the node's reports will tell)
+            return None
+        return entry[0]
 
     def dispatch(self, state: NodeState) -> None:
         n = self._sync(state)

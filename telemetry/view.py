@@ -159,6 +159,11 @@ class ClusterView:
     def outstanding(self, node: NodeState) -> int:
         return node.reported_outstanding if self.overlay is None else self.overlay.estimate(node)
 
+    def load_ready_at(self, node: NodeState, model: str) -> float | None:
+        """When a load of `model` this router set off on `node` should finish (None: none known)."""
+        loads = getattr(self.overlay, "load_ready_at", None)
+        return None if loads is None else loads(node, model)
+
     def _index(self) -> dict[str, tuple[str, ...]]:
         """model -> ids of the nodes reporting it, built on first use (views are immutable)."""
         index = self._by_model

@@ -97,3 +97,25 @@ def test_stage_budget_keeps_the_nodes_that_fit_the_stage_share_else_all() -> Non
     roomy = stage(deadline_ms=1000)
     assert len(f.filter(roomy, v, list(v), ctx)) == 2, "a single-model request is checked against its deadline"
     assert pick("esg", tight, node("cold", resident=False, load_ms=300), node("warm", resident=True, wait=10)) == "warm"
+
+
+def test_a_load_this_router_set_off_is_charged_only_what_is_left_of_it() -> None:
+    from telemetry.overlay import OutstandingTracker
+
+    tracker = OutstandingTracker()
+    base = ClusterView.of(
+        [node("loading", resident=False, load_ms=400), node("other", resident=False, load_ms=400)], NOW
+    )
+    view = tracker.overlay(base)
+    tracker.sent_model(view.nodes["loading"], "m", NOW)  # a request went there while the model was cold
+    assert view.load_ready_at(view.nodes["loading"], "m") == NOW + 400
+    assert view.load_ready_at(view.nodes["other"], "m") is None
+    later = NOW + 300
+    assert load_penalty_ms(view.nodes["loading"], "m", 500.0, view, later) == pytest.approx(100.0)
+    assert load_penalty_ms(view.nodes["other"], "m", 500.0, view, later) == 400.0
+    scores = WarmModel().score(RouteRequest("m"), view, list(view), Context(later, random.Random(0)))
+    assert scores[0] == 1.0 and scores[1] < 0.5, "the next request joins the load under way"
+    # a report showing the model resident ends it
+    done = node("loading", resident=True).model_copy(update={"sent_at_ms": NOW + 450, "seq": 2})
+    fresh = tracker.overlay(base.with_node(type(view.nodes["loading"])(done, NOW + 460), NOW + 460))
+    assert fresh.load_ready_at(fresh.nodes["loading"], "m") is None
