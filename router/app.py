@@ -232,6 +232,7 @@ async def _peers(app: web.Application) -> AsyncIterator[None]:
     loads.start()
     router.peers = loads
     router.dispatcher.tracker.remote = loads.remote
+    router.dispatcher.tracker.remote_settled = loads.settled
 
     async def publish() -> None:
         while True:
@@ -245,6 +246,7 @@ async def _peers(app: web.Application) -> AsyncIterator[None]:
             yield
     finally:
         router.dispatcher.tracker.remote = None
+        router.dispatcher.tracker.remote_settled = None
         await loop.run_in_executor(None, loads.stop)
         await loop.run_in_executor(None, publisher.close)
 

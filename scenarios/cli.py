@@ -111,7 +111,7 @@ def _sweep(args: argparse.Namespace) -> int:
         print(f"edgeroute: {exc}", file=sys.stderr)
         return 2
     profile = Path(args.profile) if args.profile else None
-    result = sweep(scenario, runs, counts, args.target, args.duration, profile)
+    result = sweep(scenario, runs, counts, args.target, args.duration, profile, seeds=args.seeds)
     if args.confirm:
         result["live"] = confirm_live(scenario, runs, result, kafka=args.kafka, duration_s=args.duration)
     out = Path(args.out) if args.out else Path("reports") / scenario.name
@@ -208,6 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     sw.add_argument("--target", type=float, default=0.99, help="share of requests within deadline (0.99)")
     sw.add_argument("--policy", action="append", help="run name or preset (repeatable; default: all)")
     sw.add_argument("--confirm", action="store_true", help="replay each policy live at its end point")
+    sw.add_argument("--seeds", type=int, default=3, help="seeds per count; every one must reach the target (3)")
     sw.add_argument("--out", help="output folder (default: reports/<scenario>/)")
     sw.add_argument("--kafka", help="external Kafka bootstrap HOST:PORT (with --confirm)")
     sw.add_argument("--seed", type=int, help="override the scenario's seed")

@@ -1,11 +1,12 @@
 """Node-count sweeps: the fewest nodes at which each policy keeps a target share of requests in deadline.
 
 `edgeroute sweep SCENARIO --nodes 1-8` simulates every policy of the scenario at each node count (the
-scenario's nodes in order; beyond its list, copies of the last one with new ids), records SLO
-attainment, warm hit rate, loads and bytes moved, and reports per policy the fewest nodes reaching
-`--target` (default 0.99) and the ratio to the first policy's (Compass reports needing half the servers
-of a residency-blind scheduler). `--confirm` replays each policy live at its own end point (or at the
-largest count when it never reached the target), so the simulated answer is checked on real nodes.
+scenario's nodes in order; beyond its list, copies of the last one with new ids) with `--seeds` seeds,
+records SLO attainment, warm hit rate, loads and bytes moved, and reports per policy the fewest nodes
+at which every seed reaches `--target` (default 0.99), and the ratio to the first policy's (Compass
+reports needing half the servers of a residency-blind scheduler). `--confirm` replays each policy live
+at its own end point (or at the largest count when it never reached the target), and one node more
+while live misses the target, so the simulated answer is checked on real nodes.
 Writes sweep.json, sweep.md and sweep.png to the output folder.
 """
 
@@ -80,21 +81,38 @@ def sweep(
     duration_s: float | None = None,
     profile_path: Path | None = None,
     echo: bool = True,
+    seeds: int = 3,
 ) -> dict[str, Any]:
+    """Each count is simulated with `seeds` seeds (the scenario's and the next ones); a count is
+    enough for a policy only if every seed keeps `target`: placements that just fit can go either
+    way, and one lucky seed is not an answer. The grid shows the worst seed, and the mean SLO."""
     from scenarios.replay import replay_sim
 
     grid: dict[str, dict[int, dict[str, Any]]] = {r.name: {} for r in runs}
     workflows = {w.name for w in scenario.workflow_specs()}
     for n in counts:
-        report = replay_sim(with_nodes(scenario, n), runs, duration_s=duration_s, profile_path=profile_path)
-        for name, p in report["policies"].items():
-            p["workflows"] = sorted(workflows)
-            grid[name][n] = _row(p)
+        sized = with_nodes(scenario, n)
+        per_seed: dict[str, list[dict[str, Any]]] = {r.name: [] for r in runs}
+        for k in range(seeds):
+            seeded = sized.model_copy(update={"seed": scenario.seed + k})
+            seeded._base_dir = scenario.base_dir
+            report = replay_sim(seeded, runs, duration_s=duration_s, profile_path=profile_path)
+            for name, p in report["policies"].items():
+                p["workflows"] = sorted(workflows)
+                per_seed[name].append(_row(p))
+        for name, rows in per_seed.items():
+            worst = min(rows, key=lambda r: r["slo_attainment"])
+            grid[name][n] = {
+                **worst,
+                "slo_mean": round(sum(r["slo_attainment"] for r in rows) / len(rows), 4),
+                "slo_by_seed": [r["slo_attainment"] for r in rows],
+            }
             if echo:
                 row = grid[name][n]
                 print(
-                    f"{n:>3} nodes  {name:<16} SLO {row['slo_attainment'] * 100:6.2f}%  "
-                    f"warm {100 * (row['warm_hit_rate'] or 0):5.1f}%  loads {row['loads']}",
+                    f"{n:>3} nodes  {name:<16} SLO worst {row['slo_attainment'] * 100:6.2f}% "
+                    f"mean {row['slo_mean'] * 100:6.2f}%  warm {100 * (row['warm_hit_rate'] or 0):5.1f}%  "
+                    f"loads {row['loads']}",
                     flush=True,
                 )
     needed = {name: next((n for n in counts if grid[name][n]["slo_attainment"] >= target), None) for name in grid}
@@ -114,6 +132,7 @@ def sweep(
         "scenario": scenario.name,
         "mode": "sim",
         "target": target,
+        "seeds": [scenario.seed + k for k in range(seeds)],
         "counts": counts,
         "needed": needed,
         "ratio_to": first,
@@ -133,11 +152,21 @@ def confirm_live(
     from scenarios.replay import replay_live
 
     out: dict[str, Any] = {}
+    workflows = [w.name for w in scenario.workflow_specs()]
+    top = max(result["counts"])
     for run in runs:
-        n = result["needed"].get(run.name) or max(result["counts"])
-        report = replay_live(with_nodes(scenario, n), [run], kafka=kafka, duration_s=duration_s, echo=False)
-        p = report["policies"][run.name]
-        out[run.name] = {"nodes": n, **_row({**p, "workflows": [w.name for w in scenario.workflow_specs()]})}
+        needed = result["needed"].get(run.name)
+        n = needed or top
+        tries = []
+        while True:
+            report = replay_live(with_nodes(scenario, n), [run], kafka=kafka, duration_s=duration_s, echo=False)
+            row = {"nodes": n, **_row({**report["policies"][run.name], "workflows": workflows})}
+            tries.append(row)
+            # the simulator's end point missed live: one more node, while within the swept range
+            if needed is None or row["slo_attainment"] >= result["target"] or n >= top:
+                break
+            n += 1
+        out[run.name] = {**tries[-1], "tries": tries}
     return out
 
 
@@ -147,7 +176,8 @@ def write_sweep(result: dict[str, Any], out_dir: Path) -> Path:
     lines = [
         f"# Node sweep: {result['scenario']} (simulated)",
         "",
-        f"Fewest nodes keeping {result['target'] * 100:g}% of requests within their deadline:",
+        f"Fewest nodes keeping {result['target'] * 100:g}% of requests within their deadline with every seed "
+        f"({', '.join(str(x) for x in result.get('seeds', []))}):",
         "",
         "| policy | nodes needed | ratio |",
         "|---|---|---|",
@@ -159,26 +189,38 @@ def write_sweep(result: dict[str, Any], out_dir: Path) -> Path:
         lines.append(f"| {name} | {shown} | {ratio if ratio is not None else '-'} |")
     lines += [
         "",
-        "| nodes | policy | SLO | workflow SLO | warm hit rate | loads | MB moved | MB kept | p99 ms |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "Per count, the worst seed's figures and the mean SLO over the seeds:",
+        "",
+        "| nodes | policy | SLO (worst) | SLO (mean) | workflow SLO | warm hit rate | loads | MB moved | MB kept "
+        "| p99 ms |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for n in result["counts"]:
         for name, rows in result["grid"].items():
             r = rows[str(n)]
             wf = f"{r['workflow_slo'] * 100:.1f}%" if r["workflow_slo"] is not None else "-"
             lines.append(
-                f"| {n} | {name} | {r['slo_attainment'] * 100:.2f}% | {wf} | {100 * (r['warm_hit_rate'] or 0):.1f}% | "
+                f"| {n} | {name} | {r['slo_attainment'] * 100:.2f}% | "
+                f"{r.get('slo_mean', r['slo_attainment']) * 100:.2f}% "
+                f"| {wf} | {100 * (r['warm_hit_rate'] or 0):.1f}% | "
                 f"{r['loads']} | {(r['bytes_moved'] or 0) / 1e6:.1f} | {(r['bytes_kept'] or 0) / 1e6:.1f} | "
                 f"{r['p99_ms']:.1f} |"
             )
     if "live" in result:
-        lines += ["", "Confirmed live at the end points:", "", "| policy | nodes | SLO | warm hit rate | loads |",
-                  "|---|---|---|---|---|"]  # fmt: skip
+        lines += [
+            "",
+            "Live at the end points (from the simulator's count, one more node while live missed):",
+            "",
+            "| policy | nodes | SLO | workflow SLO | warm hit rate | loads |",
+            "|---|---|---|---|---|---|",
+        ]
         for name, r in result["live"].items():
-            lines.append(
-                f"| {name} | {r['nodes']} | {r['slo_attainment'] * 100:.2f}% | "
-                f"{100 * (r['warm_hit_rate'] or 0):.1f}% | {r['loads']} |"
-            )
+            for t in r.get("tries", [r]):
+                wf = f"{t['workflow_slo'] * 100:.1f}%" if t.get("workflow_slo") is not None else "-"
+                lines.append(
+                    f"| {name} | {t['nodes']} | {t['slo_attainment'] * 100:.2f}% | {wf} | "
+                    f"{100 * (t['warm_hit_rate'] or 0):.1f}% | {t['loads']} |"
+                )
     path = out_dir / "sweep.md"
     path.write_text("\n".join(lines) + "\n")
     _plot(result, out_dir / "sweep.png")

@@ -7,7 +7,11 @@ latest report (of `r` outstanding), and estimates
     outstanding = max(pending, r + d - s)
 
 where `pending` is this router's own unanswered requests there, plus, with active-active routers
-(telemetry.peers), the other routers' requests in flight there as they last published them.
+(telemetry.peers), the other routers' requests in flight there as they last published them. With
+peers, `s` also counts the answers the other routers got from the node since its report (from their
+published running sums), and their new dispatches are in `pending`: without that, requests of the
+other routers that finished since the report would keep the node looking busier than it is until
+the next report, for every decision in between.
 `r + d - s` is exact when every request counted in the report settles after the router saw the
 report; requests that settled between the node's send and the router's receipt make it an
 overestimate until the next report, which is the safe side. `max(pending, ...)` keeps it from
@@ -37,15 +41,22 @@ class _Node:
     dispatched: int = 0
     settled: int = 0
     report: tuple[int, float] = (-1, -1.0)
+    remote_settled: int = 0  # the other routers' settled sum for this node when the report came
     started: float | None = None  # the node's started_at_ms as first seen, to notice a restart
     total_dispatched: int = 0  # running sums, published to the other routers
     total_settled: int = 0
 
 
 class OutstandingTracker:
-    def __init__(self, health: Health | None = None, remote: Callable[[str], int] | None = None) -> None:
+    def __init__(
+        self,
+        health: Health | None = None,
+        remote: Callable[[str], int] | None = None,
+        remote_settled: Callable[[str], int] | None = None,
+    ) -> None:
         self.health = health  # attached to every overlaid view for the `healthy` filter
         self.remote = remote  # other routers' in flight per node (telemetry.peers), if shared
+        self.remote_settled = remote_settled  # ... and their running sum of answers per node
         self._nodes: dict[str, _Node] = {}
         self._loads: dict[tuple[str, str], tuple[float, float]] = {}  # (node, model) -> (ready at, load ms)
         self._base: ClusterView | None = None
@@ -59,6 +70,7 @@ class OutstandingTracker:
         if key != n.report:
             n.report = key
             n.dispatched = n.settled = 0
+            n.remote_settled = 0 if self.remote_settled is None else self.remote_settled(state.node_id)
             started = state.load.started_at_ms
             if started != n.started:
                 if n.started is not None and self.health is not None:  # a new process: slow start
@@ -68,8 +80,13 @@ class OutstandingTracker:
 
     def estimate(self, state: NodeState) -> int:
         n = self._sync(state)
-        pending = n.pending if self.remote is None else n.pending + self.remote(state.node_id)
-        return max(pending, state.reported_outstanding + n.dispatched - n.settled)
+        if self.remote is None:
+            return max(n.pending, state.reported_outstanding + n.dispatched - n.settled)
+        pending = n.pending + self.remote(state.node_id)
+        settled = n.settled
+        if self.remote_settled is not None:
+            settled += max(0, self.remote_settled(state.node_id) - n.remote_settled)
+        return max(pending, state.reported_outstanding + n.dispatched - settled)
 
     def sent_model(self, state: NodeState, model: str, now_ms: float, default_load_ms: float = 500.0) -> None:
         """A request for `model` went to `state`: if its report shows the model cold, a load starts."""

@@ -65,6 +65,7 @@ class PeerLoads(TopicReader):
         self.lag_ms: deque[float] = deque(maxlen=2048)  # send-to-receipt of the other routers' messages
         self._latest: dict[str, tuple[float, RouterLoad]] = {}  # router -> (received at, latest message)
         self._remote: Mapping[str, int] = MappingProxyType({})
+        self._settled: Mapping[str, int] = MappingProxyType({})
 
     def start(self) -> None:
         self._start()
@@ -72,6 +73,10 @@ class PeerLoads(TopicReader):
     def remote(self, node_id: str) -> int:
         """The other routers' requests in flight at `node_id` (swapped whole; read from any thread)."""
         return self._remote.get(node_id, 0)
+
+    def settled(self, node_id: str) -> int:
+        """The other routers' running sum of answers from `node_id` (the overlay takes differences)."""
+        return self._settled.get(node_id, 0)
 
     def lag_quantile(self, q: float) -> float:
         """Send-to-receipt lag of the other routers' messages (nearest rank, q in [0, 1])."""
@@ -110,10 +115,14 @@ class PeerLoads(TopicReader):
         for rid in [r for r, (at, _) in self._latest.items() if now_ms - at > self.stale_after_ms]:
             del self._latest[rid]
         total: dict[str, int] = {}
+        settled: dict[str, int] = {}
         for _, msg in self._latest.values():
             for node, n in msg.in_flight().items():
                 total[node] = total.get(node, 0) + n
+            for node, n in msg.settled.items():
+                settled[node] = settled.get(node, 0) + n
         self._remote = MappingProxyType(total)
+        self._settled = MappingProxyType(settled)
 
 
 class PeerPublisher:

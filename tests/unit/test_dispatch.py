@@ -177,6 +177,23 @@ def test_outstanding_estimate_between_reports() -> None:
     assert t.overlay(v3).outstanding(v3.nodes["a"]) == 2
 
 
+def test_with_peers_their_answers_since_the_report_lower_the_estimate() -> None:
+    remote = {"a": 1}
+    settled = {"a": 10}
+    t = OutstandingTracker(remote=lambda n: remote.get(n, 0), remote_settled=lambda n: settled.get(n, 0))
+    v = view(load("a", queued=6, seq=1))  # 6 outstanding at the report, mostly the other router's
+    assert t.overlay(v).outstanding(v.nodes["a"]) == 6
+    settled["a"] = 13  # the other router got three answers from `a` since that report
+    remote["a"] = 1
+    assert t.overlay(v).outstanding(v.nodes["a"]) == 3
+    t.dispatch(v.nodes["a"])
+    assert t.overlay(v).outstanding(v.nodes["a"]) == 4
+    settled["a"] = 30  # never below what the routers know to be in flight there (1 own + 1 remote)
+    assert t.overlay(v).outstanding(v.nodes["a"]) == 2
+    v2 = view(load("a", queued=2, seq=2, sent_at_ms=1_100.0))  # a new report: counted from here
+    assert t.overlay(v2).outstanding(v2.nodes["a"]) == 2
+
+
 async def test_hedged_request_races_a_duplicate_and_cancels_the_loser_at_its_node() -> None:
     from router.config import HedgingConfig
 
