@@ -2,8 +2,9 @@
 
 A node serves a repository of models but holds only some in memory (GPU memory on a GPU, a configured
 budget on CPU). Loading a model that does not fit evicts resident models, least recently used first,
-never one that has requests queued or running (`pin`/`unpin`). If the model is larger than the whole
-budget it can never load (`NoRoom.permanent`); if only pinned models stand in the way it cannot load
+never one that has requests queued or running (`pin`/`unpin`), and none whose room is not needed (a
+small model that is older than the large one whose eviction alone makes the room is kept). If the
+model is larger than the whole budget it can never load (`NoRoom.permanent`); if only pinned models stand in the way it cannot load
 now (retry elsewhere or later). The resident set never exceeds the budget.
 """
 
@@ -78,6 +79,12 @@ class Residency:
                 "models with requests in progress",
                 permanent=False,
             )
+        # spare the victims whose room turned out not to be needed (a small model that happened to be
+        # least recently used before the big one whose eviction alone makes the room), newest first
+        for other in reversed(list(evict)):
+            if free - self._sizes[other] >= size_bytes:
+                evict.remove(other)
+                free -= self._sizes[other]
         return evict
 
     def add(self, name: str, size_bytes: int) -> None:

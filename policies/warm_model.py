@@ -5,8 +5,9 @@
 - `rtt`, `wait` and `exec` are as in `completion`;
 - `load` is 0 when the model is resident on the node, what is left of a load this router already set
   off there (`ClusterView.load_ready_at`: a request went there while the model was cold), else the
-  node's last measured load time for it (`models.load_ms`), else `default_load_ms` (the node loads
-  before it queues the request, so the queue ahead drains meanwhile: the two overlap);
+  node's last measured load time for it (`models.load_ms`, else `default_load_ms`) after the loads of
+  other models this router set off there (`loader_busy_ms`: a node loads one at a time); the node
+  loads before it queues the request, so the queue ahead drains meanwhile: the two overlap;
 - `input arrival` is 0 for a request whose input is already on the node (a workflow stage after a
   stage that ran there: the stages are collocated), else the time to move `input_bytes` at
   `bandwidth_mbps` plus the link RTT between the two nodes' partitions.
@@ -44,11 +45,13 @@ def load_penalty_ms(
     state = node.model(model)
     if state is None or state.resident:
         return 0.0
-    if view is not None:
-        ready_at = view.load_ready_at(node, model)
-        if ready_at is not None:
-            return max(0.0, ready_at - now_ms)
-    return state.load_ms if state.load_ms is not None else default_load_ms
+    load = state.load_ms if state.load_ms is not None else default_load_ms
+    if view is None:
+        return load
+    ready_at = view.load_ready_at(node, model)
+    if ready_at is not None:
+        return max(0.0, ready_at - now_ms)
+    return view.loader_busy_ms(node, now_ms) + load  # behind the loads already queued there
 
 
 def input_arrival_ms(view: ClusterView, node: NodeState, req: RouteRequest, bandwidth_mbps: float) -> float:

@@ -24,7 +24,9 @@ Loads in progress: a request dispatched to a node whose report shows its model n
 a load there (`loading`), expected to end `load_ms` later. Until a report shows the model resident (or
 twice that time has passed), the view answers `load_ready_at(node, model)`, so the next requests for
 that model see the load already under way on that node (`warm_model` charges only what is left of it)
-instead of each one starting a load on another node.
+instead of each one starting a load on another node; and a load of another model there waits for
+those (`loader_busy_ms`: a node loads one model at a time), so cold models spread over the nodes
+instead of queueing up on the one that looks idlest.
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ class OutstandingTracker:
         self.remote_settled = remote_settled  # ... and their running sum of answers per node
         self._nodes: dict[str, _Node] = {}
         self._loads: dict[tuple[str, str], tuple[float, float]] = {}  # (node, model) -> (ready at, load ms)
+        self._loader_free_at: dict[str, float] = {}  # a node loads one model at a time: when its loader frees
         self._base: ClusterView | None = None
         self._overlaid: ClusterView | None = None
 
@@ -95,10 +98,17 @@ class OutstandingTracker:
             self.loading(state, model, now_ms, m.load_ms if m.load_ms is not None else default_load_ms)
 
     def loading(self, state: NodeState, model: str, now_ms: float, load_ms: float) -> None:
-        """A load of `model` starts on `state` now, expected to take `load_ms`."""
+        """A load of `model` is queued on `state` now, expected to take `load_ms` once the node's loader
+        is free (a node loads one model at a time)."""
         key = (state.node_id, model)
         if key not in self._loads or self._loads[key][0] + self._loads[key][1] < now_ms:
-            self._loads[key] = (now_ms + load_ms, load_ms)
+            ready = max(now_ms, self._loader_free_at.get(state.node_id, 0.0)) + load_ms
+            self._loads[key] = (ready, load_ms)
+            self._loader_free_at[state.node_id] = ready
+
+    def loader_busy_ms(self, state: NodeState, now_ms: float) -> float:
+        """How long the loads this router set off on `state` keep its loader busy from `now_ms`."""
+        return max(0.0, self._loader_free_at.get(state.node_id, 0.0) - now_ms)
 
     def load_ready_at(self, state: NodeState, model: str) -> float | None:
         key = (state.node_id, model)

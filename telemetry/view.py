@@ -159,6 +159,11 @@ class ClusterView:
     def outstanding(self, node: NodeState) -> int:
         return node.reported_outstanding if self.overlay is None else self.overlay.estimate(node)
 
+    def loader_busy_ms(self, node: NodeState, now_ms: float) -> float:
+        """How long loads this router set off keep `node`'s loader busy (0: none known)."""
+        busy = getattr(self.overlay, "loader_busy_ms", None)
+        return 0.0 if busy is None else float(busy(node, now_ms))
+
     def load_ready_at(self, node: NodeState, model: str) -> float | None:
         """When a load of `model` this router set off on `node` should finish (None: none known)."""
         loads = getattr(self.overlay, "load_ready_at", None)

@@ -22,6 +22,16 @@ def test_evicts_least_recently_used_first_and_skips_pinned_models() -> None:
     assert r.plan("d", 10) == [] and r.plan("a", 1000) == [], "fits already / already resident"
 
 
+def test_a_small_old_model_is_spared_when_the_large_eviction_alone_makes_room() -> None:
+    r = Residency(2048)
+    for name, size in (("detector", 300), ("sensor", 100), ("cls-a", 700), ("cls-b", 700)):
+        r.add(name, size)
+    r.touch("cls-b")  # LRU order: detector, sensor, cls-a, cls-b
+    assert r.plan("cls-c", 700) == ["cls-a"], "248 free + cls-a's 700 is enough: detector and sensor stay"
+    assert r.plan("big", 1100) == ["detector", "cls-a"], "sensor's 100 is not needed once both are out"
+    assert r.plan("huge", 1700) == ["detector", "cls-a", "cls-b"], "248 + 300 + 1400 = 1948 >= 1700: sensor stays"
+
+
 def test_too_big_is_permanent_and_pinned_memory_is_temporary() -> None:
     r = Residency(100)
     with pytest.raises(NoRoom) as big:
