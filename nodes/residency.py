@@ -1,11 +1,12 @@
-"""Which models a node keeps loaded within its memory budget (pure; the node and, later, the simulator).
+"""Which models a node keeps loaded within its memory budget (pure; the node and the simulator).
 
 A node serves a repository of models but holds only some in memory (GPU memory on a GPU, a configured
 budget on CPU). Loading a model that does not fit evicts resident models, least recently used first,
 never one that has requests queued or running (`pin`/`unpin`), and none whose room is not needed (a
 small model that is older than the large one whose eviction alone makes the room is kept). If the
-model is larger than the whole budget it can never load (`NoRoom.permanent`); if only pinned models stand in the way it cannot load
-now (retry elsewhere or later). The resident set never exceeds the budget.
+model is larger than the whole budget it can never load (`NoRoom.permanent`); if only pinned models
+stand in the way it cannot load now (retry elsewhere or later). The resident set never exceeds the
+budget.
 """
 
 from __future__ import annotations

@@ -119,3 +119,17 @@ def test_a_load_this_router_set_off_is_charged_only_what_is_left_of_it() -> None
     done = node("loading", resident=True).model_copy(update={"sent_at_ms": NOW + 450, "seq": 2})
     fresh = tracker.overlay(base.with_node(type(view.nodes["loading"])(done, NOW + 460), NOW + 460))
     assert fresh.load_ready_at(fresh.nodes["loading"], "m") is None
+
+
+def test_a_cold_model_waits_behind_the_loads_already_queued_on_a_node() -> None:
+    from telemetry.overlay import OutstandingTracker
+
+    tracker = OutstandingTracker()
+    base = ClusterView.of([node("busy", resident=False, load_ms=400), node("idle", resident=False, load_ms=400)], NOW)
+    view = tracker.overlay(base)
+    tracker.loading(view.nodes["busy"], "other", NOW, 400.0)  # busy's loader is taken for 400 ms
+    assert view.loader_busy_ms(view.nodes["busy"], NOW + 100) == 300.0
+    assert load_penalty_ms(view.nodes["busy"], "m", 500.0, view, NOW + 100) == 300.0 + 400.0
+    assert load_penalty_ms(view.nodes["idle"], "m", 500.0, view, NOW + 100) == 400.0
+    tracker.loading(view.nodes["busy"], "m", NOW + 100, 400.0)  # queued behind: ready at NOW + 800
+    assert view.load_ready_at(view.nodes["busy"], "m") == NOW + 800
