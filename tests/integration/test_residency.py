@@ -176,3 +176,23 @@ def test_metadata_of_a_model_not_resident_does_not_load_it(node: str) -> None:
     assert status == 200 and meta["inputs"] == [{"name": "image", "datatype": "FP32", "shape": [-1, 3, 64, 64]}]
     after = stats(node)
     assert after["resident"] == before["resident"] and after["loads"] == before["loads"]
+
+
+def test_a_model_that_fails_to_load_answers_500_for_itself_only(tmp_path: Path) -> None:
+    from nodes import zoo
+
+    zoo_dir = tmp_path / "zoo"
+    for name in ("sensor_mlp", "detector_head"):
+        zoo.ensure(name, 0, zoo_dir)
+    broken = zoo_dir / f"mobilenet_s-v{zoo.ZOO_VERSION}-s0.onnx"
+    broken.write_bytes(b"not an onnx model" * 5000)  # ~85 kB: does not fit beside the others at start
+    models = [{"name": m} for m in ("sensor_mlp", "detector_head", "mobilenet_s")]
+    with _node(tmp_path, models=models, zoo_dir=str(zoo_dir)) as url:
+        status, body, _ = call(f"{url}/v2/models/mobilenet_s/infer", IMAGE)
+        assert status == 500 and "model 'mobilenet_s' failed to load" in body["error"], body
+        status, body, _ = call(f"{url}/v2/models/sensor_mlp/infer", infer_body())
+        assert status == 200, body
+        status, body, _ = call(f"{url}/v2/models/detector_head/infer", IMAGE)
+        assert status == 200, body
+        after = stats(url)
+        assert "mobilenet_s" not in after["resident"] and after["memory_used_bytes"] <= after["memory_budget_bytes"]
