@@ -240,7 +240,9 @@ def downstream(
 def expected_stage_ms(view: ClusterView, model: str, default_ms: float = 5.0) -> float:
     """The median of the serving nodes' EWMA at batch 1 (telemetry), else `default_ms`."""
     seen = sorted(
-        ms for n in view.serving(model) if (m := n.model(model)) is not None and (ms := m.ewma_ms(1)) is not None
+        ms
+        for n in view.serving(model)
+        if (m := n.model(model)) is not None and (ms := m.ewma_ms(1)) is not None and ms > 0
     )
     return seen[len(seen) // 2] if seen else default_ms
 

@@ -102,6 +102,8 @@ def test_the_expected_stage_time_is_the_median_of_the_nodes_ewma() -> None:
     v: ClusterView = view(load("a", models={"m": 2.0}), load("b", models={"m": 8.0}), load("c", models={"m": 4.0}))
     assert expected_stage_ms(v, "m") == 4.0
     assert expected_stage_ms(v, "other", default_ms=7.0) == 7.0
+    zero = view(load("z", models={"m": 0.0}))
+    assert expected_stage_ms(zero, "m", default_ms=7.0) == 7.0, "a zero EWMA would make the SLO split divide by 0"
 
 
 def test_the_policy_sees_the_stages_input_node_and_its_budget_shrinking_with_the_job() -> None:
