@@ -14,6 +14,7 @@ import asyncio
 import logging
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -72,6 +73,7 @@ class NodeEngine:
     handoff_ms_total: float = 0.0  # the slot's idle time in those handoffs (lock, GIL, batch building)
     wakeups: int = 0  # a batch started from the event loop (the slot was idle)
     wakeup_ms_total: float = 0.0  # from handing it to a worker thread to the run starting
+    wakeup_recent: deque[float] = field(default_factory=lambda: deque(maxlen=4096))  # for quantiles
     peak_outstanding: int = 0  # most requests queued + executing at once (reset by GET /admin/stats?reset=1)
     on_change: Any = None  # called after queue or slot changes (telemetry trigger)
     lock: threading.Lock = field(default_factory=threading.Lock)  # the scheduler and `running`
@@ -238,6 +240,7 @@ class NodeEngine:
             else:
                 self.wakeups += 1
                 self.wakeup_ms_total += (started - submitted) * 1000.0
+                self.wakeup_recent.append((started - submitted) * 1000.0)
             error: Exception | None = None
             results: dict[str, np.ndarray] = {}
             exec_ms = 0.0

@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -426,6 +426,13 @@ async def _infer(request: web.Request, rt: NodeRuntime, model: LoadedModel, arri
     return web.Response(body=payload, content_type="application/octet-stream", headers=headers)
 
 
+def _quantiles(values: Iterable[float], qs: tuple[float, ...]) -> list[float]:
+    ordered = sorted(values)
+    if not ordered:
+        return [0.0 for _ in qs]
+    return [round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 4) for q in qs]
+
+
 async def stats(request: web.Request) -> web.Response:
     """Counters for operators and tests: served, cancelled, queued, executing, and the peak of queued +
     executing since start or the last `?reset=1` (which starts a new peak)."""
@@ -448,6 +455,7 @@ async def stats(request: web.Request) -> web.Response:
         "handoff_ms_mean": round(engine.handoff_ms_total / engine.handoffs, 4) if engine.handoffs else 0.0,
         "wakeups": engine.wakeups,
         "wakeup_ms_mean": round(engine.wakeup_ms_total / engine.wakeups, 4) if engine.wakeups else 0.0,
+        "wakeup_ms_p50_p99": _quantiles(engine.wakeup_recent, (0.5, 0.99)),
         "scheduler": engine.scheduler.mode,
     }
     if request.query.get("reset") == "1":
