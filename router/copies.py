@@ -49,7 +49,10 @@ class DemandMeter:
     _times: dict[str, deque[float]] = field(default_factory=dict)
 
     def record(self, model: str, now_ms: float) -> None:
-        self._times.setdefault(model, deque()).append(now_ms)
+        times = self._times.setdefault(model, deque())
+        times.append(now_ms)
+        while times[0] < now_ms - self.window_ms:  # bounded by the window whether or not anyone reads it
+            times.popleft()
 
     def rates(self, now_ms: float) -> dict[str, float]:
         """Requests per second per model over the window (models gone quiet are dropped)."""

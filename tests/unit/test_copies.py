@@ -65,3 +65,6 @@ def test_the_demand_meter_counts_per_model_over_its_window() -> None:
     rates = meter.rates(NOW + 999)
     assert rates["m"] == 100.0 and rates["other"] == 1.0
     assert meter.rates(NOW + 2500) == {}, "quiet models drop out"
+    for t in range(100_000):
+        meter.record("busy", NOW + t)
+    assert len(meter._times["busy"]) <= 1001, "a meter nobody reads stays within its window"
