@@ -86,7 +86,7 @@ class Router:
             config.connect_timeout_ms,
             config.hedging,
             HealthConfig(**config.outlier.model_dump()),
-            config.copies.window_ms,
+            config.copies.window_ms if config.copies.enabled else None,
         )
         self.store.set_links(self.dispatcher.links)
         self.metrics = RouterMetrics(self.store, clock)
@@ -293,6 +293,7 @@ async def _copies(app: web.Application) -> AsyncIterator[None]:
         while True:
             await asyncio.sleep(cfg.interval_ms / 1000.0)
             now = router.clock()
+            assert router.dispatcher.demand is not None  # metered when copies are enabled
             rates = router.dispatcher.demand.rates(now)
             for model, node_id in plan_copies(
                 router.store.view, rates, now, cfg, router.copies_loading, router.copies_last

@@ -113,7 +113,7 @@ class Dispatcher:
         connect_timeout_ms: float = 500.0,
         hedging: HedgingConfig | None = None,
         health: HealthConfig | None = None,
-        demand_window_ms: float = 2000.0,
+        demand_window_ms: float | None = None,
     ) -> None:
         self.hedging = hedging
         self.hedges = self.hedge_wins = self.hedge_cancels = 0
@@ -133,7 +133,8 @@ class Dispatcher:
         self.retries = 0
         self.waiters = SlotWaiters()
         self.holds = 0  # requests held at least once for a local slot
-        self.demand = DemandMeter(demand_window_ms)  # dispatches per model (copy scaling)
+        # dispatches per model, for copy scaling (None: not metered)
+        self.demand = DemandMeter(demand_window_ms) if demand_window_ms is not None else None
         self.held_ms_total = 0.0
 
     def hedge_delay_ms(self, req: RouteRequest) -> float:
@@ -169,7 +170,8 @@ class Dispatcher:
     ) -> Outcome:
         policy = self.policies.current
         started = self.clock()
-        self.demand.record(req.model, started)
+        if self.demand is not None:
+            self.demand.record(req.model, started)
         held: list[float] = [0.0]
         outcome = await self._dispatch(policy, req, path, body, headers, deadline_at_ms, started, held)
         if held[0] > 0:

@@ -411,6 +411,7 @@ class Simulation:
         self._held: dict[str, deque[tuple[SimRequest, int]]] = {}  # the router's SlotWaiters
         self._observes = self.policy.learns
         self.demand = DemandMeter(self.cfg.copies.window_ms)  # the router's, for copy scaling
+        self._metered = self.cfg.copies.enabled
         self.copy_loading: dict[str, str] = {}  # model -> node loading a copy ahead of demand
         self.copy_last: dict[str, float] = {}
         self.copies_made = 0
@@ -489,7 +490,8 @@ class Simulation:
             return
         o = self._overhead[a.model].sample(self.svc_rng)
         req = SimRequest(i, a, t0, t0 + a.deadline_ms, o / 2.0, o / 2.0, model=a.model)
-        self.demand.record(a.model, self.now)
+        if self._metered:
+            self.demand.record(a.model, self.now)
         self._decide(req)
 
     # --- workflows (the router's WorkflowRunner) -------------------------------------------------
@@ -529,7 +531,8 @@ class Simulation:
             req = SimRequest(job.index, job.arrival, self.now, job.deadline_at, o / 2.0, o / 2.0,
                              model=st.model, batch=batch, stage=run)  # fmt: skip
             job.running += 1
-            self.demand.record(st.model, self.now)
+            if self._metered:
+                self.demand.record(st.model, self.now)
             self._decide(req)
 
     def _stage_done(self, req: SimRequest, status: int, reason: str, at_ms: float, served: Job | None) -> None:
