@@ -122,9 +122,13 @@ def _sweep(args: argparse.Namespace) -> int:
 
 
 def _profile(args: argparse.Namespace) -> int:
-    from scenarios.profile import DEFAULT_PROFILE, profile
+    from scenarios.profile import DEFAULT_PROFILE, profile, profile_node_scaling
 
-    profile(args.models or PROFILED_MODELS, args.requests, Path(args.out or DEFAULT_PROFILE), kafka=args.kafka)
+    out = Path(args.out or DEFAULT_PROFILE)
+    if args.node_scaling:
+        profile_node_scaling(out, args.models or PROFILED_MODELS, kafka=args.kafka)
+        return 0
+    profile(args.models or PROFILED_MODELS, args.requests, out, kafka=args.kafka)
     return 0
 
 
@@ -221,6 +225,9 @@ def main(argv: list[str] | None = None) -> int:
     prof.add_argument("--requests", type=int, default=400, help="measured requests per model")
     prof.add_argument("--out", help="profile JSON (default: scenarios/profiles/cpu.json)")
     prof.add_argument("--kafka", help="external Kafka bootstrap HOST:PORT")
+    prof.add_argument(
+        "--node-scaling", action="store_true", help="add the overhead by node count to an existing profile"
+    )
     prof.set_defaults(func=_profile)
 
     rep = sub.add_parser("report", help="re-render report.md and the plots from a saved report.json")

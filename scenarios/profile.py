@@ -9,6 +9,9 @@ then per model, closed loop at concurrency 1 so nothing queues:
 - `levels`: the same overhead, and execution times, under open-loop load at several request rates
   through two nodes, since every process shares this machine's cores;
 - `telemetry_lag_ms`: send-to-receipt lag of telemetry through the broker, as a consumer sees it.
+- `overhead_by_nodes` (`edgeroute profile --node-scaling`): the overhead at one rate on stacks of 2, 4
+  and 6 nodes, since every node process shares the cores; the simulator shifts its overhead by the
+  difference between the scenario's node count and the profile's 4.
 - `handoff_ms`: the mean idle time of a slot between back-to-back executions on a busy node (the worker
   thread taking the next batch), which the simulator adds to each execution that follows another;
   `wakeup_ms`: the mean delay from an idle slot being given a batch to the run starting (a worker
@@ -161,6 +164,48 @@ def profile(
     out.write_text(json.dumps(result, indent=1) + "\n")
     print(f"written: {out}")
     return result
+
+
+NODE_COUNTS = (2, 4, 6)
+PROFILE_NODES = 4  # the stack `profile` measures its levels on
+
+
+def profile_node_scaling(
+    out: Path, models: list[str], counts: tuple[int, ...] = NODE_COUNTS, rate: float = 150.0, kafka: str | None = None
+) -> dict[str, Any]:
+    """Add to an existing profile how the per-request overhead grows with the number of node processes
+    sharing the machine: the same open-loop level at `rate` on stacks of `counts` nodes. The simulator
+    shifts its overhead by the difference between the scenario's node count and the profile's (4),
+    interpolated. Written into the profile without touching its other measurements."""
+    doc = load_profile(out)
+    rows = []
+    for n in counts:
+        scenario = Scenario.model_validate(
+            {
+                "name": "profile-nodes",
+                "topology": {
+                    "partitions": ["lab"],
+                    "nodes": [
+                        {"id": f"profiler-{i}", "partition": "lab", "slots": 2, "max_queue": 256, "models": models}
+                        for i in range(n)
+                    ],
+                },
+                "workload": {"sites": [{"site": "lab", "rate_rps": 1, "models": {m: 1 for m in models}}]},
+                "router": {"default_deadline_ms": 10000},
+                "policies": ["least_outstanding"],
+            }
+        )
+        with Stack(scenario, kafka=kafka) as stack:
+            payloads = {m: example_payload(asyncio.run(_metadata(stack.router_url, m)), 0) for m in models}
+            measure_level(stack, rate, models, payloads)  # warm the path up first
+            level = measure_level(stack, rate, models, payloads)
+        rows.append({"nodes": n, "rate_rps": rate, "overhead_ms": level["overhead_ms"]})
+        print(f"  {n} nodes at {rate:.0f} req/s: overhead p50 {level['overhead_ms'][50]:6.3f} ms", flush=True)
+    doc["profile_nodes"] = PROFILE_NODES
+    doc["overhead_by_nodes"] = rows
+    out.write_text(json.dumps(doc, indent=1) + "\n")
+    print(f"written: {out}")
+    return doc
 
 
 def _node_counters(stack: Stack) -> tuple[float, int, float, int]:

@@ -246,7 +246,7 @@ def replay_sim(
     from scenarios.sim import Profile, Simulation
 
     duration, warmup, schedule = _plan(scenario, duration_s)
-    profile = Profile.from_json(load_profile(profile_path), offered_rate(scenario))
+    profile = Profile.from_json(load_profile(profile_path), offered_rate(scenario), len(scenario.topology.nodes))
     report = _header(scenario, "sim", duration, warmup)
     messages = 0
     telemetry: dict[str, Any] = {}

@@ -145,7 +145,7 @@ class Profile:
     wakeup_ms: float = 0.0  # an idle slot's delay from being given a batch to the run starting
 
     @classmethod
-    def from_json(cls, doc: dict[str, Any], rate_rps: float | None = None) -> Profile:
+    def from_json(cls, doc: dict[str, Any], rate_rps: float | None = None, nodes: int | None = None) -> Profile:
         """The profile for a machine loaded at `rate_rps` (None: idle).
 
         With load levels measured, the level nearest `rate_rps` supplies the overhead (shifted per
@@ -167,6 +167,9 @@ class Profile:
             for m, q in level.get("exec_ms", {}).items():
                 if m in exec_ms and any(q):
                     exec_ms[m][1] = Distribution(q)
+        shift = _node_shift_ms(doc, nodes)
+        if shift:
+            overhead = {m: Distribution([max(0.0, v + shift) for v in d.q]) for m, d in overhead.items()}
         idle = {m: float(entry["exec_ms"]["1"][50]) for m, entry in doc["models"].items()}
         curves = {m: {int(b): float(q[50]) for b, q in entry["exec_ms"].items()} for m, entry in doc["models"].items()}
         jitter = Distribution(doc.get("emulation_jitter_ms", [0.0] * 101))
@@ -203,6 +206,25 @@ class Profile:
 
     def overhead_for(self, model: str) -> Distribution:
         return self.overhead_ms.get(model) or next(iter(self.overhead_ms.values()))
+
+
+def _node_shift_ms(doc: dict[str, Any], nodes: int | None) -> float:
+    """How much more (or less) per-request overhead a stack of `nodes` node processes has than the one
+    the profile was measured on (`overhead_by_nodes`, p50, linear between the measured counts)."""
+    rows = sorted(doc.get("overhead_by_nodes") or [], key=lambda r: r["nodes"])
+    if nodes is None or len(rows) < 2:
+        return 0.0
+    points = [(float(r["nodes"]), float(r["overhead_ms"][50])) for r in rows]
+
+    def at(n: float) -> float:
+        lo, hi = (points[0], points[1]) if n <= points[0][0] else (points[-2], points[-1])
+        for a, b in zip(points, points[1:], strict=False):
+            if a[0] <= n <= b[0]:
+                lo, hi = a, b
+                break
+        return lo[1] + (hi[1] - lo[1]) * (n - lo[0]) / (hi[0] - lo[0])
+
+    return at(float(nodes)) - at(float(doc.get("profile_nodes", 4)))
 
 
 @dataclass(slots=True)

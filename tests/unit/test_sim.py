@@ -184,3 +184,20 @@ def test_simulated_hedging_duplicates_slow_critical_requests_and_accounts_for_th
     assert sum(1 for r in hi if r.node == "fast") > len(hi) * 0.9, "duplicates on the fast node win"
     assert sim.tracker.pending("slow") == 0 and sim.tracker.pending("fast") == 0
     assert len(results) == len(schedule)
+
+
+def test_overhead_shifts_with_the_number_of_node_processes() -> None:
+    from scenarios.sim import _node_shift_ms
+
+    rows = [{"nodes": n, "overhead_ms": [0.0] * 50 + [p50] + [0.0] * 50} for n, p50 in ((2, 2.0), (4, 2.4), (6, 2.7))]
+    doc = {"profile_nodes": 4, "overhead_by_nodes": rows}
+    assert _node_shift_ms(doc, 4) == 0.0
+    assert _node_shift_ms(doc, 5) == pytest.approx(0.15)
+    assert _node_shift_ms(doc, 2) == pytest.approx(-0.4)
+    assert _node_shift_ms(doc, 8) == pytest.approx(0.6), "beyond the counts measured: the last slope"
+    assert _node_shift_ms({}, 5) == 0.0 and _node_shift_ms(doc, None) == 0.0
+    base = Profile.from_json({"models": {"m": {"exec_ms": {"1": [1.0] * 101}, "overhead_ms": [2.0] * 101}}})
+    moved = Profile.from_json(
+        {**{"models": {"m": {"exec_ms": {"1": [1.0] * 101}, "overhead_ms": [2.0] * 101}}}, **doc}, None, 6
+    )
+    assert moved.overhead_for("m").median() == pytest.approx(base.overhead_for("m").median() + 0.3)
