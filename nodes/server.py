@@ -270,9 +270,8 @@ async def _telemetry_ctx(app: web.Application) -> AsyncIterator[None]:
         pub_executor.shutdown(wait=True)
 
 
-async def _model_or_error(request: web.Request) -> LoadedModel | web.Response:
-    """The requested model, loaded on demand; 404 if the node does not serve it, 503 if it cannot be
-    loaded now (memory held by models in use, or larger than the budget), 500 if loading failed."""
+def _unserved(request: web.Request) -> web.Response | None:
+    """404 if the node does not serve the requested model (or that version of it), else None."""
     rt = request.app[RUNTIME]
     name = request.match_info["model"]
     if name not in rt.specs:
@@ -280,6 +279,17 @@ async def _model_or_error(request: web.Request) -> LoadedModel | web.Response:
     version = request.match_info.get("version")
     if version is not None and version != "1":
         return _error(404, f"model '{name}' has no version '{version}'")
+    return None
+
+
+async def _model_or_error(request: web.Request) -> LoadedModel | web.Response:
+    """The requested model, loaded on demand; 404 if the node does not serve it, 503 if it cannot be
+    loaded now (memory held by models in use, or larger than the budget), 500 if loading failed."""
+    rt = request.app[RUNTIME]
+    name = request.match_info["model"]
+    unserved = _unserved(request)
+    if unserved is not None:
+        return unserved
     try:
         return await rt.ensure(name)
     except NoRoom as exc:
@@ -314,11 +324,9 @@ async def model_metadata(request: web.Request) -> web.Response:
     (asking about a model must not load it and evict another)."""
     rt = request.app[RUNTIME]
     name = request.match_info["model"]
-    version = request.match_info.get("version")
-    if name not in rt.specs:
-        return _error(404, f"unknown model '{name}'")
-    if version is not None and version != "1":
-        return _error(404, f"model '{name}' has no version '{version}'")
+    unserved = _unserved(request)
+    if unserved is not None:
+        return unserved
     model = rt.models.get(name)
     if model is not None:
         return web.json_response(model.metadata())

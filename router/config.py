@@ -81,6 +81,10 @@ class CropSpec(BaseModel):
     def refs(self) -> list[str]:
         return [self.crop, self.boxes, self.scores]
 
+    def crop_bytes(self, pixel_bytes: int = 12) -> int:
+        """Bytes of the batch of crops at most: `max_crops` of `size` x `size` pixels (12: 3 x FP32)."""
+        return self.max_crops * self.size * self.size * pixel_bytes
+
 
 class StageSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")

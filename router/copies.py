@@ -72,7 +72,7 @@ def _resident(node: NodeState, model: str) -> bool:
     return state is not None and state.resident
 
 
-def copy_capacity_rps(view: ClusterView, model: str, warm: list[NodeState], cfg: CopyConfig) -> float:
+def copy_capacity_rps(model: str, warm: list[NodeState], cfg: CopyConfig) -> float:
     times = sorted(
         ms for n in warm if (m := n.model(model)) is not None and (ms := m.ewma_ms(1)) is not None and ms > 0
     )
@@ -99,7 +99,7 @@ def plan_copies(
         warm = [n for n in serving if _resident(n, model)]
         if not warm:
             continue
-        capacity = copy_capacity_rps(view, model, warm, cfg)
+        capacity = copy_capacity_rps(model, warm, cfg)
         if rate <= capacity:
             continue
         cold = [n for n in serving if not _resident(n, model)]

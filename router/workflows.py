@@ -231,7 +231,7 @@ def downstream(
             if any(r.split(".", 1)[0] == stage for r in refs if "." in r):
                 uses = True
                 if isinstance(src, CropSpec):
-                    nbytes += src.max_crops * src.size * src.size * pixel_bytes(src.crop)
+                    nbytes += src.crop_bytes(pixel_bytes(src.crop))
         if uses:
             models.append(st.model)
     return tuple(models), nbytes

@@ -418,7 +418,7 @@ class Simulation:
         self.fault_log: list[tuple[float, str]] = []
         self.hedges = 0
         self._latencies: dict[tuple[str, int], deque[float]] = {}
-        arch = {m: scenario.architecture(m) for n in scenario.topology.nodes for m in n.models}
+        arch = self._arch
         self._load_ms = {m: _declared_load_ms(scenario, m) for m in arch}
         self.workflows = {w.name: w for w in scenario.workflow_specs()}
         self._preds = {
@@ -538,7 +538,7 @@ class Simulation:
                     batch = src.max_crops
                     node = job.nodes.get(src.boxes.split(".", 1)[0]) if "." in src.boxes else None
                     if node is not None:
-                        produced[node] = produced.get(node, 0) + src.max_crops * 3 * src.size * src.size * 4
+                        produced[node] = produced.get(node, 0) + src.crop_bytes()
                 elif "." in src:
                     stage, output = src.split(".", 1)
                     node = job.nodes[stage]

@@ -52,9 +52,9 @@ def parse_counts(text: str) -> list[int]:
     return sorted(counts)
 
 
-def _row(p: dict[str, Any]) -> dict[str, Any]:
+def _row(p: dict[str, Any], workflows: set[str] | list[str]) -> dict[str, Any]:
     res = p.get("residency", {})
-    workflows = [v for m, v in p.get("by_model", {}).items() if m in p.get("workflows", [])]
+    flows = [v for m, v in p.get("by_model", {}).items() if m in workflows]
     return {
         "slo_attainment": p["slo_attainment"],
         "p99_ms": p["latency_ms"]["p99"],
@@ -64,7 +64,7 @@ def _row(p: dict[str, Any]) -> dict[str, Any]:
         "bytes_kept": res.get("bytes_kept"),
         "cost_provisioned": p.get("cost", {}).get("provisioned"),
         "errors": sum(p["errors"].values()),
-        "workflow_slo": _pooled_slo(workflows) if workflows else None,
+        "workflow_slo": _pooled_slo(flows) if flows else None,
     }
 
 
@@ -98,8 +98,7 @@ def sweep(
             seeded._base_dir = scenario.base_dir
             report = replay_sim(seeded, runs, duration_s=duration_s, profile_path=profile_path)
             for name, p in report["policies"].items():
-                p["workflows"] = sorted(workflows)
-                per_seed[name].append(_row(p))
+                per_seed[name].append(_row(p, workflows))
         for name, rows in per_seed.items():
             worst = min(rows, key=lambda r: r["slo_attainment"])
             grid[name][n] = {
@@ -160,7 +159,7 @@ def confirm_live(
         tries = []
         while True:
             report = replay_live(with_nodes(scenario, n), [run], kafka=kafka, duration_s=duration_s, echo=False)
-            row = {"nodes": n, **_row({**report["policies"][run.name], "workflows": workflows})}
+            row = {"nodes": n, **_row(report["policies"][run.name], workflows)}
             tries.append(row)
             # the simulator's end point missed live: one more node, while within the swept range
             if needed is None or row["slo_attainment"] >= result["target"] or n >= top:
