@@ -27,6 +27,10 @@ def test_defaults_are_valid() -> None:
         ({"outlier": {"max_share": 1.5}}, "max_share"),
         ({"peers": {"enabled": True, "interval_ms": 0}}, "interval_ms"),
         ({"peers": {"gossip": True}}, "gossip"),
+        ({"copies": {"enabled": True, "target_utilisation": 0}}, "target_utilisation"),
+        ({"copies": {"cooldown_ms": -1}}, "cooldown_ms"),
+        ({"copies": {"replicas": 3}}, "replicas"),
+        ({"workflows": {"name": "x"}}, "workflows"),
         ({"auth": {"tokens": {"a": "t"}, "sites": {"a": 3}}}, "sites"),
     ],
 )
