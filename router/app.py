@@ -36,7 +36,7 @@ from router.dispatch import Dispatcher, Outcome, PolicyHolder
 from router.metrics import RouterMetrics
 from router.node_client import HttpNodeClient, NodeClient, NodeTimeout, NodeUnavailable
 from router.workflows import WorkflowInputError, WorkflowRunner, decode_inputs
-from telemetry.bus import KafkaTelemetrySource, TelemetrySource, ensure_topic, now_ms
+from telemetry.bus import KafkaTelemetrySource, TelemetrySource, TopicReader, ensure_topic, now_ms
 from telemetry.health import HealthConfig
 from telemetry.peers import PeerLoads, PeerPublisher
 from telemetry.store import ViewStore
@@ -197,11 +197,23 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
         # import kafka-python once here: its package init is not safe to run from two threads at once
         # (the telemetry consumer and the peers' topic creation)
         importlib.import_module("kafka")
+    cfg = router.config.peers
+    if cfg.enabled and router.config.kafka is not None:
+        router.peers = PeerLoads(
+            router.config.kafka, router.router_id, cfg.topic, cfg.stale_after_ms, router.clock, cfg.fetch_max_wait_ms
+        )
+        await asyncio.get_running_loop().run_in_executor(None, ensure_topic, router.config.kafka, cfg.topic)
+        if isinstance(router.source, TopicReader) and router.source.bootstrap == router.config.kafka:
+            router.source.carry(router.peers)  # one consumer, one fetch per poll for telemetry and peers
+        router.peers.start()
     router.source.start(router.store)
     try:
         yield
     finally:
-        await asyncio.get_running_loop().run_in_executor(None, router.source.stop)
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, router.source.stop)
+        if router.peers is not None:
+            await loop.run_in_executor(None, router.peers.stop)
         await router.client.close()
 
 
@@ -218,24 +230,28 @@ async def _running(coro: Coroutine[Any, Any, None], name: str) -> AsyncIterator[
 
 
 async def _peers(app: web.Application) -> AsyncIterator[None]:
-    """Active-active: publish this router's in-flight per node, read the other routers' (telemetry.peers)."""
+    """Active-active: publish this router's in-flight per node; the other routers' are read with the
+    telemetry (telemetry.peers, started in `_lifecycle`)."""
     router = app[ROUTER]
-    cfg = router.config.peers
-    if not cfg.enabled or router.config.kafka is None:
+    loads = router.peers
+    if loads is None:
         yield
         return
-    rid = router.router_id
-    loads = PeerLoads(router.config.kafka, rid, cfg.topic, cfg.stale_after_ms, router.clock)
-    publisher = PeerPublisher(router.config.kafka, rid, cfg.topic, cfg.stale_after_ms / 3)
-    loop = asyncio.get_running_loop()
-    await loop.run_in_executor(None, ensure_topic, router.config.kafka, cfg.topic)
-    loads.start()
-    router.peers = loads
+    cfg = router.config.peers
+    assert router.config.kafka is not None
+    publisher = PeerPublisher(router.config.kafka, router.router_id, cfg.topic, cfg.stale_after_ms / 3)
     router.dispatcher.tracker.remote = loads.remote
     router.dispatcher.tracker.remote_settled = loads.settled
 
+    changed = asyncio.Event()
+    router.dispatcher.tracker.on_change = changed.set
+
     async def publish() -> None:
+        # at once on a change (then at most one message per interval), else a heartbeat
         while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(changed.wait(), publisher.heartbeat_ms / 1000.0)
+            changed.clear()
             msg = publisher.snapshot(*router.dispatcher.tracker.totals(), router.clock())
             if msg is not None:
                 publisher.submit(msg)
@@ -247,8 +263,8 @@ async def _peers(app: web.Application) -> AsyncIterator[None]:
     finally:
         router.dispatcher.tracker.remote = None
         router.dispatcher.tracker.remote_settled = None
-        await loop.run_in_executor(None, loads.stop)
-        await loop.run_in_executor(None, publisher.close)
+        router.dispatcher.tracker.on_change = None
+        await asyncio.get_running_loop().run_in_executor(None, publisher.close)
 
 
 async def _copies(app: web.Application) -> AsyncIterator[None]:

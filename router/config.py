@@ -62,6 +62,7 @@ class PeersConfig(BaseModel):
     topic: str = "edgeroute.routers"
     interval_ms: float = Field(5.0, gt=0, description="publish at most this often, only when changed")
     stale_after_ms: float = Field(1000.0, gt=0, description="a silent router's load is dropped after this")
+    fetch_max_wait_ms: int = Field(5, ge=1, description="the peers consumer's fetch wait (see README)")
     router_id: str | None = Field(None, description="default: host name and process id")
 
 

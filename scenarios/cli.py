@@ -92,7 +92,7 @@ def _bench(args: argparse.Namespace) -> int:
         from scenarios.bench import bench_routers
 
         policy = args.policy if args.policy != "p2c" else "least_outstanding"
-        bench_routers(Path(args.out), nodes=args.nodes or 4, policy=policy)
+        bench_routers(Path(args.out), nodes=args.nodes or 4, policy=policy, rounds=args.rounds)
         return 0
     bench_router(Path(args.out), requests=args.requests or 2000, kafka=args.kafka)
     return 0
@@ -204,6 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("--nodes", type=int, default=None, help="sim: cluster size (1000); routers: nodes (4)")
     bench.add_argument("--policy", default="p2c", help="sim: preset in the loop; routers: least_outstanding")
     bench.add_argument("--kafka", help="external Kafka bootstrap HOST:PORT")
+    bench.add_argument("--rounds", type=int, default=3, help="routers: rounds of the three set-ups, pooled (3)")
     bench.set_defaults(func=_bench)
 
     sw = sub.add_parser("sweep", help="fewest nodes per policy that keep the target share within deadline (sim)")

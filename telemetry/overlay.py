@@ -64,6 +64,7 @@ class OutstandingTracker:
         self._loader_free_at: dict[str, float] = {}  # a node loads one model at a time: when its loader frees
         self._base: ClusterView | None = None
         self._overlaid: ClusterView | None = None
+        self.on_change: Callable[[], None] | None = None  # called after every dispatch and settle
 
     def _sync(self, state: NodeState) -> _Node:
         n = self._nodes.get(state.node_id)
@@ -128,6 +129,8 @@ class OutstandingTracker:
         n.pending += 1
         n.dispatched += 1
         n.total_dispatched += 1
+        if self.on_change is not None:
+            self.on_change()
 
     def settle(self, node_id: str) -> None:
         n = self._nodes.get(node_id)
@@ -136,6 +139,8 @@ class OutstandingTracker:
         n.pending = max(0, n.pending - 1)
         n.settled += 1
         n.total_settled += 1
+        if self.on_change is not None:
+            self.on_change()
 
     def totals(self) -> tuple[dict[str, int], dict[str, int]]:
         """Running sums of dispatches and settles per node (what active-active routers publish)."""

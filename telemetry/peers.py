@@ -56,8 +56,9 @@ class PeerLoads(TopicReader):
         topic: str = PEERS_TOPIC,
         stale_after_ms: float = 1000.0,
         clock: Callable[[], float] = now_ms,
+        fetch_max_wait_ms: int = 5,
     ) -> None:
-        super().__init__(bootstrap, topic, lookback_ms=stale_after_ms, fetch_max_wait_ms=5, clock=clock)
+        super().__init__(bootstrap, topic, lookback_ms=stale_after_ms, fetch_max_wait_ms=fetch_max_wait_ms, clock=clock)
         self.router_id = router_id
         self.stale_after_ms = stale_after_ms
         self.messages = 0

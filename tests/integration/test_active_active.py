@@ -3,13 +3,18 @@ on one port that see each other's dispatches."""
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from scenarios.launcher import Stack, http_json
 from telemetry.broker import EmbeddedBroker
-from telemetry.bus import ensure_topic
+from telemetry.bus import KafkaTelemetrySource, TelemetryPublisher, ensure_topic
 from telemetry.peers import PeerLoads, PeerPublisher
+from telemetry.store import ViewStore
+from tests.helpers import load
 from tests.integration.conftest import scenario
 
 
@@ -55,6 +60,39 @@ def test_in_flight_counts_travel_between_routers_through_the_broker(broker: Embe
         b_loads.stop()
         a_pub.close()
         b_pub.close()
+
+
+def test_one_consumer_carries_telemetry_and_the_peers_topic(broker: EmbeddedBroker) -> None:
+    telemetry_topic = f"edgeroute.telemetry.c{time.time_ns()}"
+    peers_topic = f"{telemetry_topic}.routers"
+    ensure_topic(broker.bootstrap, telemetry_topic)
+    ensure_topic(broker.bootstrap, peers_topic)
+    source = KafkaTelemetrySource(broker.bootstrap, telemetry_topic, lookback_ms=5000, fetch_max_wait_ms=10)
+    loads = PeerLoads(broker.bootstrap, "b", peers_topic, stale_after_ms=5000, fetch_max_wait_ms=5)
+    with pytest.raises(ValueError):
+        source.carry(PeerLoads("127.0.0.1:1", "b", peers_topic))  # another broker: needs its own consumer
+    source.carry(loads)
+    store = ViewStore(stale_after_ms=5000)
+    pub, a_pub = TelemetryPublisher(broker.bootstrap, telemetry_topic), PeerPublisher(broker.bootstrap, "a", peers_topic)
+    loads.start()  # carried: starts nothing of its own
+    source.start(store)
+    try:
+        assert loads.assigned.wait(10) and source.assigned.wait(1)
+        assert pub.publish(load("n1", sent_at_ms=time.time() * 1000))
+        msg = a_pub.snapshot({"n1": 4}, {"n1": 1}, time.time() * 1000)
+        assert msg is not None
+        a_pub.submit(msg)
+        assert _until(lambda: "n1" in store.view.nodes and loads.remote("n1") == 3)
+        threads = [t.name for t in threading.enumerate()]
+        assert threads.count("telemetry-consumer") == 1 and "peers-consumer" not in threads
+        with pytest.raises(ValueError):
+            source.carry(PeerLoads(broker.bootstrap, "c", f"{peers_topic}.2"))  # already running
+    finally:
+        source.stop()
+        loads.stop()
+        pub.close()
+        a_pub.close()
+    assert "telemetry-consumer" not in [t.name for t in threading.enumerate()]
 
 
 def test_two_router_processes_share_one_port_and_each_others_load(broker: EmbeddedBroker, tmp_path: Path) -> None:

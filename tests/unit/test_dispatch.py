@@ -194,6 +194,17 @@ def test_with_peers_their_answers_since_the_report_lower_the_estimate() -> None:
     assert t.overlay(v2).outstanding(v2.nodes["a"]) == 2
 
 
+def test_tracker_reports_every_change_for_the_peers_publisher() -> None:
+    changes: list[tuple[dict[str, int], dict[str, int]]] = []
+    t = OutstandingTracker()
+    t.on_change = lambda: changes.append(t.totals())  # the publisher wakes on each (router.app._peers)
+    v = view(load("a"), load("b"))
+    t.dispatch(v.nodes["a"])
+    t.dispatch(v.nodes["b"])
+    t.settle("a")
+    assert changes == [({"a": 1}, {}), ({"a": 1, "b": 1}, {}), ({"a": 1, "b": 1}, {"a": 1})]
+
+
 async def test_hedged_request_races_a_duplicate_and_cancels_the_loser_at_its_node() -> None:
     from router.config import HedgingConfig
 
