@@ -320,7 +320,7 @@ def bench_routers(
     rate_rps: float = 120.0,
     duration_s: float = 15.0,
     policy: str = "least_outstanding",
-    rounds: int = 3,
+    rounds: int = 5,
 ) -> dict[str, Any]:
     """The same bursts through one router, two routers that do not share their load, and two that do
     (telemetry.peers): p50/p99 latency and the largest queue any node reached. `rounds` rounds, the

@@ -204,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("--nodes", type=int, default=None, help="sim: cluster size (1000); routers: nodes (4)")
     bench.add_argument("--policy", default="p2c", help="sim: preset in the loop; routers: least_outstanding")
     bench.add_argument("--kafka", help="external Kafka bootstrap HOST:PORT")
-    bench.add_argument("--rounds", type=int, default=3, help="routers: rounds of the three set-ups, pooled (3)")
+    bench.add_argument("--rounds", type=int, default=5, help="routers: rounds of the three set-ups, pooled (5)")
     bench.set_defaults(func=_bench)
 
     sw = sub.add_parser("sweep", help="fewest nodes per policy that keep the target share within deadline (sim)")
