@@ -73,7 +73,8 @@ def test_one_consumer_carries_telemetry_and_the_peers_topic(broker: EmbeddedBrok
         source.carry(PeerLoads("127.0.0.1:1", "b", peers_topic))  # another broker: needs its own consumer
     source.carry(loads)
     store = ViewStore(stale_after_ms=5000)
-    pub, a_pub = TelemetryPublisher(broker.bootstrap, telemetry_topic), PeerPublisher(broker.bootstrap, "a", peers_topic)
+    pub = TelemetryPublisher(broker.bootstrap, telemetry_topic)
+    a_pub = PeerPublisher(broker.bootstrap, "a", peers_topic)
     loads.start()  # carried: starts nothing of its own
     source.start(store)
     try:
