@@ -443,7 +443,8 @@ def _quantiles(values: Iterable[float], qs: tuple[float, ...]) -> list[float]:
 
 async def stats(request: web.Request) -> web.Response:
     """Counters for operators and tests: served, cancelled, queued, executing, and the peak of queued +
-    executing since start or the last `?reset=1` (which starts a new peak)."""
+    executing since start or the last `?reset=1` (which starts a new peak). `?samples=1` adds the
+    latest wake-up times themselves (up to 4096, oldest first), for the profiler."""
     rt = request.app[RUNTIME]
     engine = rt.engine
     body = {
@@ -466,6 +467,8 @@ async def stats(request: web.Request) -> web.Response:
         "wakeup_ms_p50_p99": _quantiles(engine.wakeup_recent, (0.5, 0.99)),
         "scheduler": engine.scheduler.mode,
     }
+    if request.query.get("samples") == "1":
+        body["wakeup_samples_ms"] = [round(v, 4) for v in engine.wakeup_recent]
     if request.query.get("reset") == "1":
         engine.peak_outstanding = engine.scheduler.queued + engine.in_flight
     return web.json_response(body)

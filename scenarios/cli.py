@@ -128,7 +128,7 @@ def _profile(args: argparse.Namespace) -> int:
     if args.node_scaling:
         profile_node_scaling(out, args.models or PROFILED_MODELS, kafka=args.kafka)
         return 0
-    profile(args.models or PROFILED_MODELS, args.requests, out, kafka=args.kafka)
+    profile(args.models or PROFILED_MODELS, args.requests, out, kafka=args.kafka, new_reference=args.new_reference)
     return 0
 
 
@@ -228,6 +228,11 @@ def main(argv: list[str] | None = None) -> int:
     prof.add_argument("--kafka", help="external Kafka bootstrap HOST:PORT")
     prof.add_argument(
         "--node-scaling", action="store_true", help="add the overhead by node count to an existing profile"
+    )
+    prof.add_argument(
+        "--new-reference",
+        action="store_true",
+        help="re-measure the reference execution times too (they set every scenario's emulated device speeds)",
     )
     prof.set_defaults(func=_profile)
 

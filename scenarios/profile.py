@@ -81,8 +81,15 @@ def profile(
     out: Path,
     kafka: str | None = None,
     levels: tuple[float, ...] = LEVELS_RPS,
+    new_reference: bool = False,
 ) -> dict[str, Any]:
-    """Measure and write the profile; see the module docstring."""
+    """Measure and write the profile; see the module docstring.
+
+    The idle execution times are also the reference the live nodes' speed emulation stretches (a node
+    of `speed: 0.02` holds its slot 49 x the reference longer), so they define every scenario's
+    emulated devices and offered load; a busier day measures them 10-20% slower. So unless
+    `new_reference`, an existing profile at `out` keeps its models' execution times (and says since
+    when: `reference_exec_at`), and its node-count rows; everything else is measured afresh."""
     scenario = Scenario.model_validate(
         {
             "name": "profile",
@@ -160,10 +167,28 @@ def profile(
         finally:
             source.stop()
         result["telemetry_lag_ms"] = quantiles(list(store.lag_ms))
+    if not new_reference and out.exists():
+        kept = keep_reference(result, json.loads(out.read_text()))
+        if kept:
+            print(f"kept the reference execution times of {', '.join(kept)} from {result['reference_exec_at']}")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1) + "\n")
     print(f"written: {out}")
     return result
+
+
+def keep_reference(result: dict[str, Any], old: dict[str, Any]) -> list[str]:
+    """Carry an older profile's reference execution times (models in both) and node-count rows into
+    `result`; returns the models kept. See `profile`."""
+    kept = [m for m in result["models"] if m in old.get("models", {})]
+    for m in kept:
+        result["models"][m]["exec_ms"] = old["models"][m]["exec_ms"]
+    if kept:
+        result["reference_exec_at"] = old.get("reference_exec_at", old.get("at"))
+    for key in ("profile_nodes", "overhead_by_nodes"):
+        if key in old:
+            result[key] = old[key]
+    return kept
 
 
 NODE_COUNTS = (2, 4, 6)
@@ -221,22 +246,57 @@ def _node_counters(stack: Stack) -> tuple[float, int, float, int]:
     return w_ms, w_n, h_ms, h_n
 
 
-def measure_level(stack: Stack, rate: float, models: list[str], payloads: dict[str, Payload]) -> dict[str, Any]:
-    """Open-loop load at `rate` (uniform model mix) through the router: overhead, execution, and the
-    nodes' slot wake-up and handoff times, all as the loaded machine has them."""
+def _wakeup_counts(stack: Stack) -> dict[str, int]:
+    return {n: int(http_json(f"{p.url}/admin/stats")[1].get("wakeups", 0)) for n, p in stack.nodes.items()}
+
+
+def _wakeup_samples(stack: Stack, before: dict[str, int]) -> list[float]:
+    """The nodes' slot wake-up times since `before` (their wake-up counts then), pooled."""
+    samples: list[float] = []
+    for n, proc in stack.nodes.items():
+        st = http_json(f"{proc.url}/admin/stats?samples=1")[1]
+        new = int(st.get("wakeups", 0)) - before.get(n, 0)
+        recent = st.get("wakeup_samples_ms") or []
+        samples += recent[len(recent) - min(len(recent), new) :] if new > 0 else []
+    return samples
+
+
+def measure_level(
+    stack: Stack,
+    rate: float,
+    models: list[str] | dict[str, float],
+    payloads: dict[str, Payload],
+    *,
+    site: str = "lab",
+    seconds: float = LEVEL_SECONDS,
+    headers: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """Open-loop load at `rate` (`models`: a mix, or a list for a uniform one) through the router:
+    overhead (pooled and per model), execution, and the nodes' slot wake-up (mean and distribution)
+    and handoff times, all as the loaded machine has them."""
+    mix = models if isinstance(models, dict) else {m: 1.0 for m in models}
     workload = Workload.model_validate(
-        {"duration_s": LEVEL_SECONDS, "sites": [{"site": "lab", "rate_rps": rate, "models": {m: 1 for m in models}}]}
+        {"duration_s": seconds, "sites": [{"site": site, "rate_rps": rate, "models": mix}]}
     )
     before = _node_counters(stack)
-    results = asyncio.run(run_load(stack.router_url, build_schedule(workload, int(rate)), payloads))
+    counts = _wakeup_counts(stack)
+    results = asyncio.run(run_load(stack.router_url, build_schedule(workload, int(rate)), payloads, headers=headers))
     after = _node_counters(stack)
+    samples = _wakeup_samples(stack, counts)
     ok = [r for r in results if r.status == 200]
     wakeups, handoffs = after[1] - before[1], after[3] - before[3]
+
+    def overhead(rs: list[Any]) -> list[float]:
+        return quantiles([max(0.0, r.latency_ms - r.exec_ms - r.queue_ms) for r in rs])
+
+    by_model = {m: [r for r in ok if r.arrival.model == m] for m in mix}
     return {
         "rate_rps": rate,
-        "overhead_ms": quantiles([max(0.0, r.latency_ms - r.exec_ms - r.queue_ms) for r in ok]),
-        "exec_ms": {m: quantiles([r.exec_ms for r in ok if r.arrival.model == m]) for m in models},
+        "overhead_ms": overhead(ok),
+        "overhead_ms_by_model": {m: overhead(rs) for m, rs in by_model.items() if len(rs) >= 20},
+        "exec_ms": {m: quantiles([r.exec_ms for r in rs]) for m, rs in by_model.items()},
         "wakeup_ms": round((after[0] - before[0]) / wakeups, 4) if wakeups else 0.0,
+        "wakeup_ms_q": quantiles(samples) if len(samples) >= 20 else None,
         "handoff_ms": round((after[2] - before[2]) / handoffs, 4) if handoffs else 0.0,
         "completed": len(ok),
         "sent": len(results),

@@ -143,27 +143,28 @@ class Profile:
     emulation_jitter_ms: Distribution = field(default_factory=lambda: Distribution([0.0] * 101))
     handoff_ms: float = 0.0  # slot idle time between back-to-back executions (the worker's handoff)
     wakeup_ms: float = 0.0  # an idle slot's delay from being given a batch to the run starting
+    wakeup_dist: Distribution | None = None  # ... its distribution, where profiled (mean `wakeup_ms`)
 
     @classmethod
     def from_json(cls, doc: dict[str, Any], rate_rps: float | None = None, nodes: int | None = None) -> Profile:
         """The profile for a machine loaded at `rate_rps` (None: idle).
 
-        With load levels measured, the level nearest `rate_rps` supplies the overhead (shifted per
-        model by that model's idle difference from the mean, e.g. larger bodies) and the execution
-        times, which on shared cores grow with load; batch sizes above 1 keep their idle times.
+        With load levels measured, the level nearest `rate_rps` supplies the overhead (per model: the
+        level's own per-model medians where it has them, else the model's idle difference from the
+        mean, e.g. larger bodies), the slot wake-up (its distribution where measured) and handoff
+        times, and the execution times, which on shared cores grow with load; batch sizes above 1 keep
+        their idle times. The overhead is then shifted by the scenario's node count
+        (`overhead_by_nodes`).
         """
         exec_ms = {
             m: {int(b): Distribution(q) for b, q in entry["exec_ms"].items()} for m, entry in doc["models"].items()
         }
         overhead = {m: Distribution(entry["overhead_ms"]) for m, entry in doc["models"].items()}
         levels = doc.get("levels") or []
-        if rate_rps is not None and levels:
-            level = min(levels, key=lambda lv: abs(lv["rate_rps"] - rate_rps))
-            idle_mean = sum(d.median() for d in overhead.values()) / len(overhead)
-            pooled = level["overhead_ms"]
-            overhead = {
-                m: Distribution([max(0.0, v + d.median() - idle_mean) for v in pooled]) for m, d in overhead.items()
-            }
+        level = min(levels, key=lambda lv: abs(lv["rate_rps"] - rate_rps)) if rate_rps is not None and levels else None
+        if level is not None:
+            overhead = _level_overhead(level, overhead)
+        if level is not None:
             for m, q in level.get("exec_ms", {}).items():
                 if m in exec_ms and any(q):
                     exec_ms[m][1] = Distribution(q)
@@ -175,10 +176,12 @@ class Profile:
         jitter = Distribution(doc.get("emulation_jitter_ms", [0.0] * 101))
         handoff = float(doc.get("handoff_ms", 0.0))
         wakeup = float(doc.get("wakeup_ms", 0.0))
-        if rate_rps is not None and levels:  # on a loaded machine threads hand over more slowly
-            level = min(levels, key=lambda lv: abs(lv["rate_rps"] - rate_rps))
+        wakeup_dist = None
+        if level is not None:  # on a loaded machine threads hand over more slowly
             handoff = max(handoff, float(level.get("handoff_ms", 0.0)))
             wakeup = max(wakeup, float(level.get("wakeup_ms", 0.0)))
+            if level.get("wakeup_ms_q"):
+                wakeup_dist = Distribution(level["wakeup_ms_q"])
         return cls(
             exec_ms,
             overhead,
@@ -188,6 +191,7 @@ class Profile:
             jitter,
             handoff,
             wakeup,
+            wakeup_dist,
         )
 
     def exec_for(self, model: str, batch: int = 1) -> Distribution:
@@ -206,6 +210,20 @@ class Profile:
 
     def overhead_for(self, model: str) -> Distribution:
         return self.overhead_ms.get(model) or next(iter(self.overhead_ms.values()))
+
+
+def _level_overhead(level: dict[str, Any], idle: dict[str, Distribution]) -> dict[str, Distribution]:
+    """Per-model overhead under a load level: the level's pooled distribution moved to each model's
+    median there (`overhead_ms_by_model`), or by the model's idle difference from the idle mean where
+    the level did not measure it."""
+    pooled = level["overhead_ms"]
+    by_model = level.get("overhead_ms_by_model") or {}
+    idle_mean = sum(d.median() for d in idle.values()) / len(idle)
+    offsets = {
+        m: float(by_model[m][50]) - float(pooled[50]) if m in by_model else d.median() - idle_mean
+        for m, d in idle.items()
+    }
+    return {m: Distribution([max(0.0, v + offsets[m]) for v in pooled]) for m in idle}
 
 
 def _node_shift_ms(doc: dict[str, Any], nodes: int | None) -> float:
@@ -1008,7 +1026,8 @@ class Simulation:
             node.handoff = False
             begin = self.now + self.profile.handoff_ms
         else:  # an idle slot: a worker thread has to wake up
-            begin = self.now + self.profile.wakeup_ms
+            dist = self.profile.wakeup_dist
+            begin = self.now + (self.profile.wakeup_ms if dist is None else dist.sample(self.svc_rng))
         jobs = [w.handle for w in batch]
         for w in batch:
             job = w.handle

@@ -201,3 +201,43 @@ def test_overhead_shifts_with_the_number_of_node_processes() -> None:
         {**{"models": {"m": {"exec_ms": {"1": [1.0] * 101}, "overhead_ms": [2.0] * 101}}}, **doc}, None, 6
     )
     assert moved.overhead_for("m").median() == pytest.approx(base.overhead_for("m").median() + 0.3)
+
+
+def test_a_level_gives_each_model_its_own_overhead_and_the_wake_up_distribution() -> None:
+    models = {
+        m: {"exec_ms": {"1": [0.1] * 101}, "overhead_ms": [idle] * 101} for m, idle in (("small", 1.0), ("big", 2.0))
+    }
+    level = {"rate_rps": 100.0, "overhead_ms": [float(q) / 50 for q in range(101)], "wakeup_ms": 0.2}
+    old = Profile.from_json({"models": models, "levels": [level]}, rate_rps=100)
+    # without per-model figures at the level: the idle difference from the idle mean (+-0.5 ms)
+    assert old.overhead_for("small").median() == pytest.approx(0.5)
+    assert old.overhead_for("big").median() == pytest.approx(1.5)
+    assert old.wakeup_dist is None and old.wakeup_ms == 0.2
+    by_model = {"small": [0.9] * 101, "big": [1.2] * 101}  # under load the bodies matter less than idle
+    wake = [0.1] * 90 + [2.0] * 11
+    new = Profile.from_json(
+        {"models": models, "levels": [{**level, "overhead_ms_by_model": by_model, "wakeup_ms_q": wake}]}, 100
+    )
+    assert new.overhead_for("small").median() == pytest.approx(0.9)
+    assert new.overhead_for("big").median() == pytest.approx(1.2)
+    assert new.overhead_for("big").q[100] == pytest.approx(2.0 + 0.2), "the pooled shape, moved"
+    assert new.wakeup_dist is not None and new.wakeup_dist.q == wake
+
+
+def test_re_profiling_keeps_the_reference_execution_times_that_set_the_emulated_speeds() -> None:
+    from scenarios.profile import keep_reference
+
+    old = {
+        "at": "2026-01-01T00:00:00+00:00",
+        "models": {"m": {"exec_ms": {"1": [1.0] * 101}}, "gone": {"exec_ms": {"1": [9.0] * 101}}},
+        "profile_nodes": 4,
+        "overhead_by_nodes": [{"nodes": 2}],
+    }
+    new = {"models": {"m": {"exec_ms": {"1": [1.3] * 101}}, "added": {"exec_ms": {"1": [5.0] * 101}}}}
+    assert keep_reference(new, old) == ["m"]
+    assert new["models"]["m"]["exec_ms"]["1"][50] == 1.0 and new["models"]["added"]["exec_ms"]["1"][50] == 5.0
+    assert "gone" not in new["models"] and new["reference_exec_at"] == old["at"]
+    assert new["profile_nodes"] == 4 and new["overhead_by_nodes"] == [{"nodes": 2}]
+    later: dict[str, Any] = {"models": {"m": {"exec_ms": {"1": [2.0] * 101}}}}
+    keep_reference(later, {**new, "at": "2026-06-01T00:00:00+00:00"})
+    assert later["reference_exec_at"] == old["at"], "the reference's own date travels on"
