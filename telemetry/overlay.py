@@ -60,7 +60,7 @@ class OutstandingTracker:
         self.remote = remote  # other routers' in flight per node (telemetry.peers), if shared
         self.remote_settled = remote_settled  # ... and their running sum of answers per node
         self._nodes: dict[str, _Node] = {}
-        self._loads: dict[tuple[str, str], tuple[float, float]] = {}  # (node, model) -> (ready at, load ms)
+        self._loads: dict[str, dict[str, tuple[float, float]]] = {}  # node -> model -> (ready at, load ms)
         self._loader_free_at: dict[str, float] = {}  # a node loads one model at a time: when its loader frees
         self._base: ClusterView | None = None
         self._overlaid: ClusterView | None = None
@@ -101,28 +101,42 @@ class OutstandingTracker:
     def loading(self, state: NodeState, model: str, now_ms: float, load_ms: float) -> None:
         """A load of `model` is queued on `state` now, expected to take `load_ms` once the node's loader
         is free (a node loads one model at a time)."""
-        key = (state.node_id, model)
-        if key not in self._loads or self._loads[key][0] + self._loads[key][1] < now_ms:
+        loads = self._loads.setdefault(state.node_id, {})
+        entry = loads.get(model)
+        if entry is None or entry[0] + entry[1] < now_ms:
             ready = max(now_ms, self._loader_free_at.get(state.node_id, 0.0)) + load_ms
-            self._loads[key] = (ready, load_ms)
+            loads[model] = (ready, load_ms)
             self._loader_free_at[state.node_id] = ready
+
+    def _expire(self, state: NodeState) -> dict[str, tuple[float, float]]:
+        """Drop the loads on `state` its report shows done (or that are long overdue: the node's reports
+        will tell); when none is left, its loader is free from that report on, even if the loads ended
+        earlier than expected. Returns the loads still under way there."""
+        loads = self._loads.get(state.node_id)
+        if not loads:
+            return {}
+        for model, (ready, load_ms) in list(loads.items()):
+            m = state.model(model)
+            if (m is not None and m.resident and state.heard_at_ms >= ready - load_ms) or (
+                state.heard_at_ms > ready + load_ms
+            ):
+                del loads[model]
+        if not loads:
+            del self._loads[state.node_id]
+            free = self._loader_free_at.get(state.node_id)
+            if free is not None and free > state.heard_at_ms:
+                self._loader_free_at[state.node_id] = state.heard_at_ms
+            return {}
+        return loads
 
     def loader_busy_ms(self, state: NodeState, now_ms: float) -> float:
         """How long the loads this router set off on `state` keep its loader busy from `now_ms`."""
+        self._expire(state)
         return max(0.0, self._loader_free_at.get(state.node_id, 0.0) - now_ms)
 
     def load_ready_at(self, state: NodeState, model: str) -> float | None:
-        key = (state.node_id, model)
-        entry = self._loads.get(key)
-        if entry is None:
-            return None
-        m = state.model(model)
-        if (m is not None and m.resident and state.heard_at_ms >= entry[0] - entry[1]) or (
-            state.heard_at_ms > entry[0] + entry[1]
-        ):
-            del self._loads[key]  # reported done (or long overdue: the node's reports will tell)
-            return None
-        return entry[0]
+        entry = self._expire(state).get(model)
+        return None if entry is None else entry[0]
 
     def dispatch(self, state: NodeState) -> None:
         n = self._sync(state)

@@ -133,3 +133,18 @@ def test_a_cold_model_waits_behind_the_loads_already_queued_on_a_node() -> None:
     assert load_penalty_ms(view.nodes["idle"], "m", 500.0, view, NOW + 100) == 400.0
     tracker.loading(view.nodes["busy"], "m", NOW + 100, 400.0)  # queued behind: ready at NOW + 800
     assert view.load_ready_at(view.nodes["busy"], "m") == NOW + 800
+
+
+def test_a_load_reported_done_early_frees_the_nodes_loader_at_once() -> None:
+    from telemetry.overlay import OutstandingTracker
+
+    tracker = OutstandingTracker()
+    base = ClusterView.of([node("n", resident=False, load_ms=400)], NOW)
+    view = tracker.overlay(base)
+    tracker.loading(view.nodes["n"], "m", NOW, 400.0)
+    assert view.loader_busy_ms(view.nodes["n"], NOW + 100) == 300.0
+    # the node reports the model resident at NOW + 150, well before the 400 ms expected
+    done = node("n", resident=True).model_copy(update={"sent_at_ms": NOW + 150, "seq": 2})
+    fresh = tracker.overlay(base.with_node(type(view.nodes["n"])(done, NOW + 160), NOW + 160))
+    assert fresh.loader_busy_ms(fresh.nodes["n"], NOW + 170) == 0.0, "another model's load need not wait"
+    assert fresh.load_ready_at(fresh.nodes["n"], "m") is None
