@@ -91,6 +91,10 @@ def _bench(args: argparse.Namespace) -> int:
     if args.what == "routers":
         from scenarios.bench import bench_routers
 
+        if args.rounds < 1:
+            print("edgeroute: --rounds must be at least 1", file=sys.stderr)
+            return 2
+
         policy = args.policy if args.policy != "p2c" else "least_outstanding"
         bench_routers(Path(args.out), nodes=args.nodes or 4, policy=policy, rounds=args.rounds)
         return 0

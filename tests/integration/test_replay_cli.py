@@ -81,6 +81,15 @@ def test_bad_scenario_is_one_line_not_a_traceback(tmp_path: Path) -> None:
     assert len(lines) == 1 and "workload.sites.0.rate_rps" in lines[0]
 
 
+def test_bench_routers_with_no_rounds_is_one_line_and_starts_nothing(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [*CLI, "bench", "routers", "--rounds", "0", "--out", str(tmp_path)], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip() == "edgeroute: --rounds must be at least 1"
+    assert not list(tmp_path.iterdir()), "nothing measured, nothing written"
+
+
 def test_up_prints_addresses_and_stops_everything_on_sigterm(tmp_path: Path) -> None:
     scenario = tmp_path / "it-up.yaml"
     scenario.write_text(SCENARIO)

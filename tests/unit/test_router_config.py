@@ -27,6 +27,7 @@ def test_defaults_are_valid() -> None:
         ({"outlier": {"max_share": 1.5}}, "max_share"),
         ({"peers": {"enabled": True, "interval_ms": 0}}, "interval_ms"),
         ({"peers": {"gossip": True}}, "gossip"),
+        ({"peers": {"enabled": True, "fetch_max_wait_ms": 0}}, "fetch_max_wait_ms"),
         ({"copies": {"enabled": True, "target_utilisation": 0}}, "target_utilisation"),
         ({"copies": {"cooldown_ms": -1}}, "cooldown_ms"),
         ({"copies": {"replicas": 3}}, "replicas"),
