@@ -302,8 +302,10 @@ def _routers_round(scenario: Scenario, routers: int, share: bool, schedule: list
         cpu = {k: round(100 * (sum(_cpu_seconds(pid) for pid in v) - cpu0[k]) / wall, 1) for k, v in pids.items()}
         stats = {n: http_json(f"{p.url}/admin/stats")[1] for n, p in stack.nodes.items()}
         peers = http_json(f"{stack.router_url}/admin/view")[1].get("peers")
+    measured = [r for r in results if r.arrival.at_s >= scenario.workload.warmup_s]
     return {
-        "results": [r for r in results if r.arrival.at_s >= scenario.workload.warmup_s],
+        "results": measured,
+        "p99": percentile(sorted(r.latency_ms for r in measured if r.status == 200), 99),
         "peak": max(st["peak_outstanding"] for st in stats.values()),
         "gap": sum(
             st["handoff_ms_mean"] * st["handoffs"] + st["wakeup_ms_mean"] * st["wakeups"] for st in stats.values()
@@ -336,9 +338,8 @@ def bench_routers(
         for label, routers, share in setups:
             one = _routers_round(scenario, routers, share, schedule)
             done[label].append(one)
-            ok = sorted(r.latency_ms for r in one["results"] if r.status == 200)
             print(
-                f"round {i + 1}/{rounds}  {label:<30} p99 {percentile(ok, 99):7.1f} ms  "
+                f"round {i + 1}/{rounds}  {label:<30} p99 {one['p99']:7.1f} ms  "
                 f"cpu % broker {one['cpu']['broker']:.0f} nodes {one['cpu']['nodes']:.0f} "
                 f"routers {one['cpu']['routers']:.0f}",
                 flush=True,
@@ -362,10 +363,7 @@ def bench_routers(
                 "completed": len(ok),
                 "p50_ms": round(percentile(ok, 50), 2),
                 "p99_ms": round(percentile(ok, 99), 2),
-                "p99_by_round_ms": [
-                    round(percentile(sorted(r.latency_ms for r in one["results"] if r.status == 200), 99), 2)
-                    for one in rounds_done
-                ],
+                "p99_by_round_ms": [round(one["p99"], 2) for one in rounds_done],
                 "max_node_queue": max(one["peak"] for one in rounds_done),
                 "exec_mean_ms": round(sum(r.exec_ms for r in served) / max(1, len(served)), 3),  # CPU contention
                 "queue_mean_ms": round(sum(r.queue_ms for r in served) / max(1, len(served)), 3),  # balance

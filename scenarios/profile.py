@@ -233,12 +233,17 @@ def profile_node_scaling(
     return doc
 
 
-def _node_counters(stack: Stack) -> tuple[float, int, float, int]:
-    """Summed over the stack's nodes: wake-up ms and count, handoff ms and count (from /admin/stats)."""
+def _node_stats(stack: Stack, samples: bool = False) -> dict[str, dict[str, Any]]:
+    """Every node's /admin/stats (with its latest wake-up times when `samples`)."""
+    query = "?samples=1" if samples else ""
+    return {n: http_json(f"{p.url}/admin/stats{query}")[1] for n, p in stack.nodes.items()}
+
+
+def _node_counters(stats: dict[str, dict[str, Any]]) -> tuple[float, int, float, int]:
+    """Summed over the nodes: wake-up ms and count, handoff ms and count."""
     w_ms = h_ms = 0.0
     w_n = h_n = 0
-    for proc in stack.nodes.values():
-        st = http_json(f"{proc.url}/admin/stats")[1]
+    for st in stats.values():
         w_n += int(st.get("wakeups", 0))
         h_n += int(st.get("handoffs", 0))
         w_ms += float(st.get("wakeup_ms_mean", 0.0)) * int(st.get("wakeups", 0))
@@ -246,16 +251,11 @@ def _node_counters(stack: Stack) -> tuple[float, int, float, int]:
     return w_ms, w_n, h_ms, h_n
 
 
-def _wakeup_counts(stack: Stack) -> dict[str, int]:
-    return {n: int(http_json(f"{p.url}/admin/stats")[1].get("wakeups", 0)) for n, p in stack.nodes.items()}
-
-
-def _wakeup_samples(stack: Stack, before: dict[str, int]) -> list[float]:
-    """The nodes' slot wake-up times since `before` (their wake-up counts then), pooled."""
+def _wakeup_samples(before: dict[str, dict[str, Any]], after: dict[str, dict[str, Any]]) -> list[float]:
+    """The nodes' slot wake-up times between two stats readings (`after` with samples), pooled."""
     samples: list[float] = []
-    for n, proc in stack.nodes.items():
-        st = http_json(f"{proc.url}/admin/stats?samples=1")[1]
-        new = int(st.get("wakeups", 0)) - before.get(n, 0)
+    for n, st in after.items():
+        new = int(st.get("wakeups", 0)) - int(before.get(n, {}).get("wakeups", 0))
         recent = st.get("wakeup_samples_ms") or []
         samples += recent[len(recent) - min(len(recent), new) :] if new > 0 else []
     return samples
@@ -278,11 +278,11 @@ def measure_level(
     workload = Workload.model_validate(
         {"duration_s": seconds, "sites": [{"site": site, "rate_rps": rate, "models": mix}]}
     )
-    before = _node_counters(stack)
-    counts = _wakeup_counts(stack)
+    stats_before = _node_stats(stack)
     results = asyncio.run(run_load(stack.router_url, build_schedule(workload, int(rate)), payloads, headers=headers))
-    after = _node_counters(stack)
-    samples = _wakeup_samples(stack, counts)
+    stats_after = _node_stats(stack, samples=True)
+    before, after = _node_counters(stats_before), _node_counters(stats_after)
+    samples = _wakeup_samples(stats_before, stats_after)
     ok = [r for r in results if r.status == 200]
     wakeups, handoffs = after[1] - before[1], after[3] - before[3]
 
