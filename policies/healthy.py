@@ -1,7 +1,7 @@
 """Filter `healthy`: keep nodes that report `ready` and were heard from within `stale_after_ms`.
 
 Inputs: status, heard_at (the view's staleness), and the router's own health record (the view's
-`health`, see telemetry.health). A draining node, one whose telemetry stopped (crashed, partitioned),
+`health`, see router.lifecycle.health). A draining node, one whose telemetry stopped (crashed, partitioned),
 or one ejected for this request's site after consecutive failures is not chosen; a node back from an
 ejection or freshly started is admitted with a probability that ramps up (slow start).
 

@@ -30,17 +30,14 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from policies.api import RouteRequest
 from policies.registry import PolicyConfigError, PolicySpec, build_policy
 from router.admission import Authenticator, RateLimiter
-from router.config import ConfigError, RouterConfig, load_config
-from router.copies import plan_copies
+from router.config import ConfigError, RouterConfig, lifecycle_settings, load_config
 from router.dispatch import Dispatcher, Outcome, PolicyHolder
 from router.metrics import RouterMetrics
 from router.node_client import HttpNodeClient, NodeClient, NodeTimeout, NodeUnavailable
 from router.workflows import WorkflowInputError, WorkflowRunner, decode_inputs
 from telemetry.bus import KafkaTelemetrySource, TelemetrySource, TopicReader, ensure_topic, now_ms
-from telemetry.health import HealthConfig
 from telemetry.peers import PeerLoads, PeerPublisher
 from telemetry.store import ViewStore
-from telemetry.topology import LinkState, LinkTable
 from telemetry.view import NodeState
 
 log = logging.getLogger("edgeroute.router")
@@ -75,28 +72,14 @@ class Router:
         # routers of one group must not draw the same random numbers: with the same view they would
         # break every tie the same way and herd onto the same node
         seed = config.seed if config.peers.router_id is None else config.seed ^ zlib.crc32(self.router_id.encode())
-        self.dispatcher = Dispatcher(
-            self.store,
-            self.policies,
-            client,
-            config.max_attempts,
-            seed,
-            clock,
-            LinkTable(LinkState(**k.model_dump()) for k in config.links),
-            config.connect_timeout_ms,
-            config.hedging,
-            HealthConfig(**config.outlier.model_dump()),
-            config.copies.window_ms if config.copies.enabled else None,
-        )
-        self.store.set_links(self.dispatcher.links)
+        self.dispatcher = Dispatcher(lifecycle_settings(config, seed), self.store, self.policies, client, clock)
+        self.lifecycle = self.dispatcher.lifecycle
         self.metrics = RouterMetrics(self.store, clock)
         self.auth = Authenticator(config.auth)
         self.peers: PeerLoads | None = None
         self.limiter = RateLimiter(config.rate_limit)
         self.workflows = {w.name: WorkflowRunner(w, self.dispatcher, clock) for w in config.workflows}
-        self.copies_loading: set[str] = set()  # models with a copy being loaded ahead of demand
-        self.copies_last: dict[str, float] = {}
-        self.copies_made: deque[dict[str, Any]] = deque(maxlen=50)
+        self.copies_log: deque[dict[str, Any]] = deque(maxlen=50)  # the latest copy loads, for /admin/view
         self.metrics.watch_workflows(self.workflows)
 
     def reload_policy(self, raw: Any, origin: str) -> PolicySpec:
@@ -206,6 +189,7 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
         if isinstance(router.source, TopicReader) and router.source.bootstrap == router.config.kafka:
             router.source.carry(router.peers)  # one consumer, one fetch per poll for telemetry and peers
         router.peers.start()
+    router.dispatcher.attach_to_loop(asyncio.get_running_loop())
     router.source.start(router.store)
     try:
         yield
@@ -240,11 +224,11 @@ async def _peers(app: web.Application) -> AsyncIterator[None]:
     cfg = router.config.peers
     assert router.config.kafka is not None
     publisher = PeerPublisher(router.config.kafka, router.router_id, cfg.topic, cfg.stale_after_ms / 3)
-    router.dispatcher.tracker.remote = loads.remote
-    router.dispatcher.tracker.remote_settled = loads.settled
+    router.lifecycle.tracker.remote = loads.remote
+    router.lifecycle.tracker.remote_settled = loads.settled
 
     changed = asyncio.Event()
-    router.dispatcher.tracker.on_change = changed.set
+    router.lifecycle.tracker.on_change = changed.set
 
     async def publish() -> None:
         # at once on a change (then at most one message per interval), else a heartbeat
@@ -252,7 +236,7 @@ async def _peers(app: web.Application) -> AsyncIterator[None]:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(changed.wait(), publisher.heartbeat_ms / 1000.0)
             changed.clear()
-            msg = publisher.snapshot(*router.dispatcher.tracker.totals(), router.clock())
+            msg = publisher.snapshot(*router.lifecycle.tracker.totals(), router.clock())
             if msg is not None:
                 publisher.submit(msg)
             await asyncio.sleep(cfg.interval_ms / 1000.0)
@@ -261,14 +245,14 @@ async def _peers(app: web.Application) -> AsyncIterator[None]:
         async with _running(publish(), "peers-publisher"):
             yield
     finally:
-        router.dispatcher.tracker.remote = None
-        router.dispatcher.tracker.remote_settled = None
-        router.dispatcher.tracker.on_change = None
+        router.lifecycle.tracker.remote = None
+        router.lifecycle.tracker.remote_settled = None
+        router.lifecycle.tracker.on_change = None
         await asyncio.get_running_loop().run_in_executor(None, publisher.close)
 
 
 async def _copies(app: web.Application) -> AsyncIterator[None]:
-    """Copy scaling (router.copies): load one more warm copy of a model whose demand outgrows its copies."""
+    """Copy scaling (router.lifecycle.copies): load one more warm copy of a model whose demand outgrows its copies."""
     router = app[ROUTER]
     cfg = router.config.copies
     if not cfg.enabled:
@@ -292,9 +276,9 @@ async def _copies(app: web.Application) -> AsyncIterator[None]:
         except (NodeUnavailable, NodeTimeout):
             pass
         finally:
-            router.copies_loading.discard(model)
+            router.lifecycle.copies.done(model)
         router.metrics.copies.labels(model, result.split()[0]).inc()
-        router.copies_made.append(
+        router.copies_log.append(
             {
                 "at_ms": round(started, 1),
                 "model": model,
@@ -308,14 +292,7 @@ async def _copies(app: web.Application) -> AsyncIterator[None]:
     async def plan() -> None:
         while True:
             await asyncio.sleep(cfg.interval_ms / 1000.0)
-            now = router.clock()
-            assert router.dispatcher.demand is not None  # metered when copies are enabled
-            rates = router.dispatcher.demand.rates(now)
-            for model, node_id in plan_copies(
-                router.store.view, rates, now, cfg, router.copies_loading, router.copies_last
-            ):
-                router.copies_loading.add(model)
-                router.copies_last[model] = now
+            for model, node_id in router.lifecycle.copies.plan(router.store.view, router.clock()):
                 task = asyncio.create_task(load(model, node_id), name=f"copy-{model}")
                 pending.add(task)
                 task.add_done_callback(pending.discard)
@@ -717,7 +694,7 @@ async def put_policy(request: web.Request) -> web.Response:
 
 
 async def get_links(request: web.Request) -> web.Response:
-    return web.json_response(request.app[ROUTER].dispatcher.links.as_json())
+    return web.json_response(request.app[ROUTER].lifecycle.links.as_json())
 
 
 async def put_link(request: web.Request) -> web.Response:
@@ -729,18 +706,17 @@ async def put_link(request: web.Request) -> web.Response:
     except (ValueError, KeyError, TypeError):
         return _error(400, 'body must be {"a": partition, "b": partition, "cut": bool}')
     try:
-        router.dispatcher.links = router.dispatcher.links.with_cut(a, b, cut)
-        router.store.set_links(router.dispatcher.links)
+        router.lifecycle.set_link(a, b, cut)
     except KeyError as exc:
         return _error(404, str(exc.args[0]))
     log.warning("link %s-%s %s", a, b, "cut" if cut else "restored")
-    return web.json_response(router.dispatcher.links.as_json())
+    return web.json_response(router.lifecycle.links.as_json())
 
 
 async def get_view(request: web.Request) -> web.Response:
     router = request.app[ROUTER]
     now = router.clock()
-    view = router.dispatcher.tracker.overlay(router.store.view)
+    view = router.lifecycle.tracker.overlay(router.store.view)
     return web.json_response(
         {
             "nodes": [
@@ -760,11 +736,11 @@ async def get_view(request: web.Request) -> web.Response:
             ],
             "telemetry": telemetry_summary(router.store),
             "hedging": {
-                "sent": router.dispatcher.hedges,
-                "won": router.dispatcher.hedge_wins,
-                "cancelled": router.dispatcher.hedge_cancels,
+                "sent": router.lifecycle.hedges_sent,
+                "won": router.lifecycle.hedge_wins,
+                "cancelled": router.lifecycle.hedge_cancels,
             },
-            "health": router.dispatcher.health.state(now),
+            "health": router.lifecycle.health.state(now),
             "router_id": router.router_id,
             "peers": None
             if router.peers is None
@@ -776,11 +752,11 @@ async def get_view(request: web.Request) -> web.Response:
                 "lag_ms": {q: round(router.peers.lag_quantile(f), 2) for q, f in (("p50", 0.5), ("p99", 0.99))},
             },
             "workflows": {name: runner.stats.as_json() for name, runner in router.workflows.items()},
-            "copies": {"loading": sorted(router.copies_loading), "recent": list(router.copies_made)},
+            "copies": {"loading": sorted(router.lifecycle.copies.loading), "recent": list(router.copies_log)},
             "holds": {
-                "held": router.dispatcher.holds,
-                "held_ms_total": round(router.dispatcher.held_ms_total, 1),
-                "waiting": len(router.dispatcher.waiters),
+                "held": router.lifecycle.holds,
+                "held_ms_total": round(router.lifecycle.held_ms_total, 1),
+                "waiting": router.dispatcher.waiting,
             },
         }
     )
@@ -794,7 +770,7 @@ async def status_page(request: web.Request) -> web.Response:
     """A human-readable page: the policy, every node with its freshness and load, telemetry health."""
     router = request.app[ROUTER]
     now = router.clock()
-    view = router.dispatcher.tracker.overlay(router.store.view)
+    view = router.lifecycle.tracker.overlay(router.store.view)
     tel = telemetry_summary(router.store)
     rows = "".join(
         "<tr class='{cls}'><td>{id}</td><td>{part}</td><td>{tier}</td><td>{status}</td><td>{age:.0f}</td>"

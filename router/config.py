@@ -11,7 +11,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from policies.budgets import WorkflowError, split_budget
 from policies.registry import PolicyConfigError, PolicySpec, build_policy
 from router.admission import AuthConfig, RateLimitConfig
-from router.copies import CopyConfig
+from router.lifecycle import LifecycleSettings
+from router.lifecycle.copies import CopyConfig
+from router.lifecycle.health import HealthConfig
+from router.lifecycle.links import LinkState
 
 
 class ConfigError(ValueError):
@@ -41,7 +44,7 @@ class HedgingConfig(BaseModel):
 
 
 class OutlierConfig(BaseModel):
-    """Outlier ejection per (site, node) path and slow start (telemetry.health)."""
+    """Outlier ejection per (site, node) path and slow start (router.lifecycle.health)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -214,3 +217,19 @@ def load_config(path: str | Path) -> RouterConfig:
         return parse_config(raw)
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}") from None
+
+
+def lifecycle_settings(config: RouterConfig, seed: int | None = None) -> LifecycleSettings:
+    """The request lifecycle's settings from a router config (the simulator builds its own from a
+    scenario's `router:` section through the same function)."""
+    hedging = config.hedging
+    return LifecycleSettings(
+        max_attempts=config.max_attempts,
+        connect_timeout_ms=config.connect_timeout_ms,
+        hedge_min_priority=None if hedging is None else hedging.min_priority,
+        hedge_after_ms=None if hedging is None else hedging.after_ms,
+        health=HealthConfig(**config.outlier.model_dump()),
+        copies=config.copies,
+        links=tuple(LinkState(**k.model_dump()) for k in config.links),
+        seed=config.seed if seed is None else seed,
+    )

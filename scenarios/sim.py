@@ -50,23 +50,21 @@ from pydantic import BaseModel
 
 from nodes.residency import NoRoom, Residency
 from nodes.scheduler import BatchPolicy, Scheduler, Work, batch_curve_ms
-from policies.api import HOLD_POLL_MS, Context, Defer, Rejection, RouteRequest
+from policies.api import RouteRequest
 from policies.budgets import split_budget
 from policies.engine import Pipeline
 from policies.registry import build_policy
 from router.config import CropSpec, WorkflowSpec
-from router.copies import CopyConfig, DemandMeter, plan_copies
+from router.lifecycle import Attempts, Failure, Hold, Lifecycle, LifecycleSettings, Send, classify
+from router.lifecycle.copies import CopyConfig
+from router.lifecycle.health import HealthConfig
+from router.lifecycle.links import LinkState
+from router.lifecycle.overlay import OutstandingTracker
 from router.workflows import downstream, expected_stage_ms
 from scenarios.loadgen import Arrival, Result
 from scenarios.schema import Fault, NodeSpec, PolicyRun, Scenario
-from telemetry.health import HealthConfig, OutlierDetector
-from telemetry.overlay import OutstandingTracker
 from telemetry.schema import DeviceInfo, ModelLoad, NodeLoad
 from telemetry.store import ViewStore
-from telemetry.topology import LinkState, LinkTable
-from telemetry.view import NodeState
-
-RETRYABLE = frozenset({500, 502, 503})
 
 # Event kinds; the number also orders simultaneous events (a delivery before a decision at the same
 # instant, completions before new arrivals, so freed slots are visible).
@@ -253,14 +251,10 @@ class SimRequest:
     deadline_at: float
     overhead_in: float
     overhead_out: float
-    tried: set[str] = field(default_factory=set)
+    life: Attempts  # the lifecycle's state of this request (attempts, tried nodes, holds)
     jobs: list[Job] = field(default_factory=list)  # live attempts (two while hedged)
-    attempt: int = 0
     node: str | None = None
     done: bool = False
-    last_error: tuple[int, str] | None = None
-    held_since: float | None = None  # first held for a local slot (delay scheduling)
-    waited_ms: float = 0.0
     hold: int = 0  # bumped per hold, so a wake and a timeout resume it once
     model: str = ""  # what it runs: the arrival's model, or a workflow stage's
     batch: int = 1
@@ -373,26 +367,22 @@ class SimConfig:
     interval_ms: float = 100.0
     poll_ms: float = 2.0  # batching of deliveries; the measured lag already includes the consumer's poll
     stale_after_ms: float = 1000.0
-    max_attempts: int = 3
-    connect_timeout_ms: float = 500.0
-    hedge_min_priority: int | None = None  # the router's `hedging` config, when set
-    hedge_after_ms: float | None = None
     ewma_alpha: float = 0.2
-    health: HealthConfig = field(default_factory=HealthConfig)  # the router's `outlier` config
-    copies: CopyConfig = field(default_factory=CopyConfig)  # the router's `copies` config
+    lifecycle: LifecycleSettings = field(default_factory=LifecycleSettings)  # as the router's config gives it
 
     @classmethod
     def from_router(cls, router: dict[str, Any]) -> SimConfig:
-        keys = {"stale_after_ms", "max_attempts", "connect_timeout_ms"}
-        cfg = cls(**{k: v for k, v in router.items() if k in keys})
+        """From a scenario's `router:` section (the keys the live router's config takes)."""
+        cfg = cls(**{k: v for k, v in router.items() if k == "stale_after_ms"})
         hedging = router.get("hedging")
-        if hedging:
-            cfg.hedge_min_priority = int(hedging.get("min_priority", 10))
-            cfg.hedge_after_ms = hedging.get("after_ms")
-        if router.get("outlier"):
-            cfg.health = HealthConfig(**router["outlier"])
-        if router.get("copies"):
-            cfg.copies = CopyConfig.model_validate(router["copies"])
+        cfg.lifecycle = LifecycleSettings(
+            max_attempts=int(router.get("max_attempts", 3)),
+            connect_timeout_ms=float(router.get("connect_timeout_ms", 500.0)),
+            hedge_min_priority=int(hedging.get("min_priority", 10)) if hedging else None,
+            hedge_after_ms=hedging.get("after_ms") if hedging else None,
+            health=HealthConfig(**router["outlier"]) if router.get("outlier") else HealthConfig(),
+            copies=CopyConfig.model_validate(router["copies"]) if router.get("copies") else CopyConfig(),
+        )
         return cfg
 
 
@@ -414,15 +404,14 @@ class Simulation:
         self.cfg = config or SimConfig.from_router(scenario.router)
         seed = scenario.seed
         self.policy = policy or build_policy(run.policy)
-        self.policy_rng = random.Random(seed)  # the router's ctx.rng, as live
-        self.net_rng = random.Random(seed + 1)
         self.svc_rng = random.Random(seed + 2)
         self.tel_rng = random.Random(seed + 3)
         self.store = ViewStore(stale_after_ms=self.cfg.stale_after_ms)
-        self.health = OutlierDetector(self.cfg.health)
-        self.tracker = OutstandingTracker(self.health)
-        self.links = LinkTable(LinkState(k.a, k.b, k.rtt_ms, k.jitter_ms, k.loss) for k in scenario.topology.links)
-        self.store.set_links(self.links)
+        links = tuple(LinkState(k.a, k.b, k.rtt_ms, k.jitter_ms, k.loss) for k in scenario.topology.links)
+        # the router's own lifecycle: policy rng from `seed`, link rng from `seed + 1`, as live
+        self.lc: Lifecycle[tuple[SimRequest, int]] = Lifecycle(
+            replace(self.cfg.lifecycle, links=links, seed=seed), self.store, _still_held
+        )
         self._arch = {m: scenario.architecture(m) for n in scenario.topology.nodes for m in n.models}
         self._size = {m: model_bytes(scenario, m) for m in self._arch}
         self.nodes = {n.id: self._node(n) for n in run.node_specs(scenario.topology.nodes)}
@@ -434,8 +423,6 @@ class Simulation:
         self.pending_delivery: list[NodeLoad] = []
         self.broker_up = True
         self.fault_log: list[tuple[float, str]] = []
-        self.hedges = 0
-        self._latencies: dict[tuple[str, int], deque[float]] = {}
         arch = self._arch
         self._load_ms = {m: _declared_load_ms(scenario, m) for m in arch}
         self.workflows = {w.name: w for w in scenario.workflow_specs()}
@@ -448,14 +435,22 @@ class Simulation:
         self._baseline = {m: profile.baseline_ms(a) for m, a in arch.items()}
         self._curves = {m: profile.curve(a) for m, a in arch.items()}
         self._device = DeviceInfo(kind="cpu", name="sim")
-        self._held: dict[str, deque[tuple[SimRequest, int]]] = {}  # the router's SlotWaiters
-        self._observes = self.policy.learns
-        self.demand = DemandMeter(self.cfg.copies.window_ms)  # the router's, for copy scaling
-        self._metered = self.cfg.copies.enabled
-        self.copy_loading: dict[str, str] = {}  # model -> node loading a copy ahead of demand
-        self.copy_last: dict[str, float] = {}
-        self.copies_made = 0
-        self.holds = 0
+
+    @property
+    def tracker(self) -> OutstandingTracker:
+        return self.lc.tracker
+
+    @property
+    def hedges(self) -> int:
+        return self.lc.hedges_sent
+
+    @property
+    def holds(self) -> int:
+        return self.lc.holds
+
+    @property
+    def copies_made(self) -> int:
+        return self.lc.copies.made
 
     # --- the heap --------------------------------------------------------------------------------
 
@@ -486,8 +481,8 @@ class Simulation:
         for node in self.nodes.values():
             self.push(self.tel_rng.random() * self.cfg.interval_ms, PUBLISH, (node, node.epoch))
         self.push(self.cfg.poll_ms, POLL, None)
-        if self.cfg.copies.enabled:
-            self.push(self.cfg.copies.interval_ms, COPIES, None)
+        if self.lc.copies.cfg.enabled:
+            self.push(self.lc.copies.cfg.interval_ms, COPIES, None)
         for fault in self.scenario.faults:
             self._schedule_fault(fault)
         arrivals = iter(enumerate(self.schedule))
@@ -529,9 +524,9 @@ class Simulation:
             self._start_workflow(i, a, spec, t0)
             return
         o = self._overhead[a.model].sample(self.svc_rng)
-        req = SimRequest(i, a, t0, t0 + a.deadline_ms, o / 2.0, o / 2.0, model=a.model)
-        if self._metered:
-            self.demand.record(a.model, self.now)
+        route = RouteRequest(a.model, a.priority, a.deadline_ms, a.site, 1, str(i))
+        life = self.lc.begin(route, self.policy, t0, t0 + a.deadline_ms)
+        req = SimRequest(i, a, t0, t0 + a.deadline_ms, o / 2.0, o / 2.0, life, model=a.model)
         self._decide(req)
 
     # --- workflows (the router's WorkflowRunner) -------------------------------------------------
@@ -568,11 +563,16 @@ class Simulation:
             run = StageRun(
                 job, st.name, job.t0 + job.shares[st.name][1], input_node, produced, *downstream(job.spec, st.name)
             )
-            req = SimRequest(job.index, job.arrival, self.now, job.deadline_at, o / 2.0, o / 2.0,
+            a = job.arrival
+            route = RouteRequest(
+                st.model, a.priority, job.deadline_at - job.t0, a.site, batch, f"{job.index}.{run.name}",
+                stage_deadline_ms=run.latest_at - job.t0, input_node=input_node,
+                input_bytes=sum(produced.values()), next_models=run.next_models, next_bytes=run.next_bytes,
+            )  # fmt: skip
+            life = self.lc.begin(route, self.policy, self.now, job.deadline_at)
+            req = SimRequest(job.index, job.arrival, self.now, job.deadline_at, o / 2.0, o / 2.0, life,
                              model=st.model, batch=batch, stage=run)  # fmt: skip
             job.running += 1
-            if self._metered:
-                self.demand.record(st.model, self.now)
             self._decide(req)
 
     def _stage_done(self, req: SimRequest, status: int, reason: str, at_ms: float, served: Job | None) -> None:
@@ -620,67 +620,21 @@ class Simulation:
         )  # fmt: skip
 
     def _decide(self, req: SimRequest) -> None:
+        """Carry out the lifecycle's next step for `req` (router.lifecycle.Lifecycle.decide)."""
         now = self.now
-        remaining = req.deadline_at - now
-        if remaining <= 0:
-            reason = "deadline passed" + (f"; last: {req.last_error[1]}" if req.last_error else "")
-            self._answer(req, 504, reason, now + req.overhead_out)
-            return
-        view = self.tracker.overlay(self.store.view)
-        a = req.arrival
-        choice = self.policy.choose(self._route_request(req, now), view, Context(now, self.policy_rng))
-        if isinstance(choice, Defer):  # held at the router, as live: woken by a freed slot or a timeout
-            if req.held_since is None:
-                req.held_since = now
-                self.holds += 1
+        step = self.lc.decide(req.life, now)
+        if isinstance(step, Send):
+            req.jobs = []
+            self._dispatch(req, step, now)
+            delay = self.lc.hedge_delay_ms(req.life, now)
+            if delay is not None:
+                self.push(now + delay, HEDGE, (req, req.life.attempt))
+        elif isinstance(step, Hold):  # held at the router, as live: woken by a freed slot or a timeout
             req.hold += 1
-            self._held.setdefault(choice.partition, deque()).append((req, req.hold))
-            self.push(now + min(choice.wait_ms, HOLD_POLL_MS, remaining), RESUME, (req, req.hold))
-            return
-        if isinstance(choice, Rejection):
-            if req.last_error is not None:
-                self._answer(req, req.last_error[0], req.last_error[1], now + req.overhead_out)
-            else:
-                self._answer(req, choice.status, choice.reason, now + req.overhead_out)
-            return
-        state = view.get(choice.node_id)
-        assert state is not None
-        self.tracker.sent_model(state, req.model, now)
-        req.attempt += 1
-        req.jobs = []
-        self._dispatch(req, state, now)
-        if self.cfg.hedge_min_priority is not None and a.priority >= self.cfg.hedge_min_priority:
-            self.push(now + self._hedge_delay(req.model, a.priority), HEDGE, (req, req.attempt))
-
-    def _route_request(self, req: SimRequest, now: float) -> RouteRequest:
-        a = req.arrival
-        run = req.stage
-        if run is None:
-            return RouteRequest(
-                a.model,
-                a.priority,
-                req.deadline_at - now,
-                a.site,
-                1,
-                str(req.index),
-                frozenset(req.tried),
-                req.waited_ms,
-            )
-        return RouteRequest(
-            req.model,
-            a.priority,
-            req.deadline_at - now,
-            a.site,
-            req.batch,
-            f"{req.index}.{run.name}",
-            frozenset(req.tried),
-            req.waited_ms,
-            stage_deadline_ms=run.latest_at - now,
-            input_node=run.input_node,
-            input_bytes=sum(run.produced.values()),
-            next_models=run.next_models,
-            next_bytes=run.next_bytes,
-        )
+            self.lc.hold(step.partition, (req, req.hold))
+            self.push(now + step.wait_ms, RESUME, (req, req.hold))
+        else:
+            self._answer(req, step.status, step.reason, now + req.overhead_out)
 
     def _resume(self, payload: tuple[SimRequest, int] | SimWorkflow) -> None:
         if isinstance(payload, SimWorkflow):
@@ -691,34 +645,29 @@ class Simulation:
         if req.done or hold != req.hold:
             return
         req.hold += 1
-        assert req.held_since is not None
-        req.waited_ms = self.now - req.held_since
+        self.lc.resumed(req.life, self.now)
         self._decide(req)
 
-    def _wake_held(self, partition: str) -> None:
-        """A slot freed in `partition`: resume the oldest request held for one (SlotWaiters.wake)."""
-        queue = self._held.get(partition)
-        while queue:
-            req, hold = queue.popleft()
-            if not req.done and hold == req.hold:
-                self.push(self.now, RESUME, (req, hold))
-                return
+    def _settle(self, job: Job) -> None:
+        """The router stops waiting for `job`: its slot frees, waking the oldest request held there."""
+        woken = self.lc.settled(job.node.spec.id, job.node.spec.partition)
+        if woken is not None:
+            self.push(self.now, RESUME, woken)
 
-    def _dispatch(self, req: SimRequest, state: NodeState, now: float) -> None:
+    def _dispatch(self, req: SimRequest, send: Send, now: float) -> None:
         """Send one attempt (or a hedge) of `req` to the chosen node, across its link."""
-        node = self.nodes[state.node_id]
+        node = self.nodes[send.decision.node_id]
         req.node = node.spec.id
-        req.tried.add(node.spec.id)
-        crossing = self.links.crossing(req.arrival.site, node.spec.partition, self.net_rng)
+        crossing = self.lc.cross(req.arrival.site, node.spec.partition)
         if crossing is None:  # cut link: the connect attempt times out
-            wait = min(self.cfg.connect_timeout_ms, max(0.0, req.deadline_at - now) / 2)
-            job = Job(req, req.attempt, node, 0.0, dispatched=False)
+            job = Job(req, send.attempt, node, 0.0, dispatched=False)
             req.jobs.append(job)
-            self.push(now + wait, REPLY, (job, 503, f"node {node.spec.id} unreachable: link cut"))
+            reply = (job, 503, f"node {node.spec.id} unreachable: link cut", Failure.CUT)
+            self.push(now + self.lc.connect_wait_ms(req.life, now), REPLY, reply)
             return
-        self.tracker.dispatch(state)
+        self.lc.dispatched(send.state)
         out_ms, back_ms = crossing
-        job = Job(req, req.attempt, node, back_ms)
+        job = Job(req, send.attempt, node, back_ms)
         req.jobs.append(job)
         arrive = now + req.overhead_in + out_ms
         self.push(arrive, NODE_ARRIVE, (job, node.epoch))
@@ -728,28 +677,14 @@ class Simulation:
         if arrive >= req.deadline_at:
             self.push(req.deadline_at, ROUTER_TIMEOUT, job)
 
-    def _hedge_delay(self, model: str, priority: int) -> float:
-        if self.cfg.hedge_after_ms is not None:
-            return self.cfg.hedge_after_ms
-        seen = sorted(self._latencies.get((model, priority), ()))
-        return 10.0 if len(seen) < 20 else seen[min(len(seen) - 1, int(0.95 * len(seen)))]
-
     def _hedge(self, payload: tuple[SimRequest, int]) -> None:
         """The router's hedge: a duplicate to another node if the attempt has not answered yet."""
         req, attempt = payload
-        if req.done or attempt != req.attempt or len(req.jobs) != 1:
+        if req.done or attempt != req.life.attempt or len(req.jobs) != 1:
             return
-        now = self.now
-        view = self.tracker.overlay(self.store.view)
-        choice = self.policy.choose(
-            replace(self._route_request(req, now), waited_ms=0.0), view, Context(now, self.policy_rng)
-        )
-        if isinstance(choice, (Rejection, Defer)):  # no second node free now: keep the first attempt
-            return
-        state = view.get(choice.node_id)
-        assert state is not None
-        self.hedges += 1
-        self._dispatch(req, state, now)
+        send = self.lc.hedge(req.life, self.now)
+        if send is not None:
+            self._dispatch(req, send, self.now)
 
     def _drop_others(self, req: SimRequest, keep: Job) -> None:
         """The answer came: cancel the other live attempt at its node (as the router's DELETE does)."""
@@ -758,39 +693,30 @@ class Simulation:
                 continue
             job.settled = True
             if job.dispatched:
-                self.tracker.settle(job.node.spec.id)
-                self._wake_held(job.node.spec.partition)
+                self._settle(job)
             if job.work is not None and job.node.sched.remove(job.work):
                 job.dropped = True
                 self._unpin(job.node, job)
                 self._changed(job.node)
 
-    def _reply(self, payload: tuple[Job, int, str]) -> None:
-        job, status, reason = payload
+    def _reply(self, payload: tuple[Job, int, str, Failure]) -> None:
+        job, status, reason, kind = payload
         req = job.req
-        # the router's outlier detector sees every answer it gets (connection faults, 500/502)
-        if status in (500, 502) or (status == 503 and reason.startswith(f"node {job.node.spec.id} un")):
-            self.health.failure(req.arrival.site, job.node.spec.id, self.now, len(self.nodes))
-        elif status != 503:
-            self.health.success(req.arrival.site, job.node.spec.id)
-        if req.done or job.attempt != req.attempt or job.settled:
+        # the router's outlier detector sees every answer it gets
+        self.lc.answered(req.life, job.node.spec.id, kind, self.now)
+        if req.done or job.attempt != req.life.attempt or job.settled:
             return  # the router already gave up on this attempt
         if job.dispatched:
-            self.tracker.settle(job.node.spec.id)
-            self._wake_held(job.node.spec.partition)
+            self._settle(job)
         job.settled = True
         if status == 200:
             self._drop_others(req, job)
-            self._latencies.setdefault((req.model, req.arrival.priority), deque(maxlen=256)).append(
-                self.now + req.overhead_out - req.t0
-            )
             self._answer(req, 200, "", self.now + req.overhead_out, job)
             return
-        if status in RETRYABLE and any(not j.settled for j in req.jobs):
-            req.last_error = (status, reason)
+        if kind.retryable and any(not j.settled for j in req.jobs):
+            req.life.last_error = (status, reason)
             return  # the hedge twin may still answer
-        if status in RETRYABLE and req.attempt < self.cfg.max_attempts:
-            req.last_error = (status, reason)
+        if self.lc.retry(req.life, kind, status, reason):
             self._decide(req)
             return
         self._drop_others(req, job)
@@ -798,14 +724,12 @@ class Simulation:
 
     def _router_timeout(self, job: Job) -> None:
         req = job.req
-        if req.done or job.attempt != req.attempt:
+        if req.done or job.attempt != req.life.attempt:
             return
         for j in req.jobs:
             if j.dispatched and not j.settled:
-                self.tracker.settle(j.node.spec.id)
-                self._wake_held(j.node.spec.partition)
+                self._settle(j)
             j.settled = True
-        req.attempt += 1000  # later replies of this attempt are stale
         self._answer(req, 504, f"deadline passed waiting for node {job.node.spec.id}", self.now + req.overhead_out)
 
     def _answer(self, req: SimRequest, status: int, reason: str, at_ms: float, served: Job | None = None) -> None:
@@ -815,15 +739,7 @@ class Simulation:
         if req.stage is None:
             self._open -= 1
         a = req.arrival
-        if self._observes:  # the router feeds every answer back to the policy (delay tuning)
-            latency = at_ms - req.t0
-            budget = req.deadline_at - req.t0
-            self.policy.observe(
-                RouteRequest(req.model, a.priority, budget, a.site, req.batch, str(req.index), waited_ms=req.waited_ms),
-                latency,
-                status == 200 and latency <= budget,
-                Context(self.now, self.policy_rng),
-            )
+        self.lc.finish(req.life, status, at_ms)
         if req.stage is not None:
             self._stage_done(req, status, reason, at_ms, served)
             return
@@ -878,7 +794,7 @@ class Simulation:
         job, epoch = payload
         node = job.node
         if not node.alive or epoch != node.epoch:
-            self._send_reply(job, 503, f"node {node.spec.id} unavailable: connection refused", 0.0)
+            self._send_reply(job, 503, f"node {node.spec.id} unavailable: connection refused", 0.0, Failure.CONNECT)
             return
         req = job.req
         if req.deadline_at - self.now <= 0:
@@ -941,8 +857,7 @@ class Simulation:
             except NoRoom as exc:
                 for job in node.load_waiters.pop(model, []):
                     self._send_reply(job, 503, f"cannot load model '{model}': {exc.reason}")
-                if self.copy_loading.get(model) == node.spec.id:
-                    del self.copy_loading[model]
+                self.lc.copies.done(model, node.spec.id)
                 continue
             for victim in victims:
                 node.residency.remove(victim)
@@ -959,8 +874,7 @@ class Simulation:
         node.peak_memory = max(node.peak_memory, node.residency.used_bytes)
         node.loads += 1
         node.load_ms[model] = self._load_ms[model]
-        if self.copy_loading.get(model) == node.spec.id:
-            del self.copy_loading[model]
+        self.lc.copies.done(model, node.spec.id)
         for job in node.load_waiters.pop(model, []):
             if not job.settled:
                 self._admit(node, job)
@@ -969,20 +883,16 @@ class Simulation:
         self._next_load(node)
 
     def _copies(self, _: Any) -> None:
-        """The router's copy planner (router.copies), on the simulated clock."""
-        cfg = self.cfg.copies
-        plans = plan_copies(
-            self.store.view, self.demand.rates(self.now), self.now, cfg, self.copy_loading, self.copy_last
-        )
-        for model, node_id in plans:
+        """The router's copy planner (router.lifecycle.copies), on the simulated clock."""
+        copies = self.lc.copies
+        for model, node_id in copies.plan(self.store.view, self.now):
             node = self.nodes[node_id]
-            self.copy_last[model] = self.now
             if not node.alive or model in node.residency or model == node.loading or model in node.load_queue:
+                copies.done(model, node_id)  # as the live node answers such a load at once
                 continue
-            self.copy_loading[model] = node_id
-            self.copies_made += 1
             node.load_queue.append(model)
             self._next_load(node)
+        cfg = copies.cfg
         if self._open > 0:
             self.push(self.now + cfg.interval_ms, COPIES, None)
 
@@ -1079,9 +989,11 @@ class Simulation:
         self._router_timeout(job)
         self._changed(node)
 
-    def _send_reply(self, job: Job, status: int, reason: str, back: float | None = None) -> None:
+    def _send_reply(
+        self, job: Job, status: int, reason: str, back: float | None = None, kind: Failure | None = None
+    ) -> None:
         delay = job.back_ms if back is None else back
-        self.push(self.now + delay, REPLY, (job, status, reason))
+        self.push(self.now + delay, REPLY, (job, status, reason, classify(status) if kind is None else kind))
 
     def _changed(self, node: SimNode) -> None:
         threshold = node.spec.change_threshold
@@ -1212,12 +1124,12 @@ class Simulation:
             jobs = [j for b in node.running for j in b.jobs] + [w.handle for w in node.sched.drain()]
             for job in jobs:
                 job.dropped = True
-                self.push(self.now + job.back_ms, REPLY, (job, 503, f"node {node.spec.id} unavailable: reset"))
+                self._send_reply(job, 503, f"node {node.spec.id} unavailable: reset", None, Failure.CONNECT)
             node.running.clear()
             node.busy = 0
             for waiting in node.load_waiters.values():
                 for job in waiting:
-                    self.push(self.now + job.back_ms, REPLY, (job, 503, f"node {node.spec.id} unavailable: reset"))
+                    self._send_reply(job, 503, f"node {node.spec.id} unavailable: reset", None, Failure.CONNECT)
             node.load_waiters.clear()
             node.load_queue.clear()
             node.loading = None
@@ -1241,12 +1153,16 @@ class Simulation:
             self.fault_log.append((t, f"{node.spec.id} speed x{action[2]:g}"))
         elif kind == "link":
             (a, b), cut = action[1], action[2]
-            self.links = self.links.with_cut(a, b, cut)
-            self.store.set_links(self.links)
+            self.lc.set_link(a, b, cut)
             self.fault_log.append((t, f"{'cut' if cut else 'restore'} link {a}-{b}"))
         elif kind == "broker":
             self.broker_up = action[1]
             self.fault_log.append((t, "broker up" if action[1] else "broker down"))
+
+
+def _still_held(entry: tuple[SimRequest, int]) -> bool:
+    req, hold = entry
+    return not req.done and hold == req.hold
 
 
 def simulate(

@@ -8,7 +8,7 @@ accumulated, so a lost or late message never skews the count, and a router that 
 right from the first message it reads). Each router consumes the topic and keeps, per node, the sum
 over the *other* routers heard within `stale_after_ms` of their in-flight (dispatched - settled); a
 router that stops publishing (crashed) drops out of the sum after that. The outstanding tracker adds
-it to this router's own pending count (telemetry.overlay), so each sees the global in-flight load
+it to this router's own pending count (router.lifecycle.overlay), so each sees the global in-flight load
 a few milliseconds old instead of up to a telemetry interval.
 """
 
@@ -22,7 +22,7 @@ from types import MappingProxyType
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from telemetry.bus import KafkaSender, TopicReader, now_ms
-from telemetry.store import nearest_rank
+from telemetry.quantiles import nearest_rank
 
 PEERS_TOPIC = "edgeroute.routers"
 PEERS_SCHEMA = 1

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import logging
-import math
 import threading
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable
 from typing import Any
 
+from telemetry.quantiles import nearest_rank
 from telemetry.schema import MalformedTelemetry, NodeLoad
-from telemetry.topology import LinkTable
 from telemetry.view import ClusterView, NodeState
 
 log = logging.getLogger(__name__)
@@ -20,14 +19,6 @@ log = logging.getLogger(__name__)
 # the restart is not revived for `stale_after_ms`. Below it, receipt time is used, which is immune to
 # small clock skew between node and router.
 CATCH_UP_LAG_MS = 1000.0
-
-
-def nearest_rank(values: Iterable[float], q: float) -> float:
-    """Nearest-rank quantile (q in [0, 1]) of `values`, 0 when there are none."""
-    ordered = sorted(values)
-    if not ordered:
-        return 0.0
-    return ordered[min(len(ordered), max(1, math.ceil(q * len(ordered)))) - 1]
 
 
 class ViewStore:
@@ -43,6 +34,10 @@ class ViewStore:
         self.out_of_order = 0
         self.lag_ms: deque[float] = deque(maxlen=lag_samples)
         self._write = threading.Lock()
+        # Called with the node states of each applied batch, after the swap, in the applying thread:
+        # the router's lifecycle syncs its per-report counters and notices restarts there, so that
+        # reading a view never has to.
+        self.on_applied: Callable[[list[NodeState]], None] | None = None
 
     def lag_quantile(self, q: float) -> float:
         """Nearest-rank quantile (q in [0, 1]) of the recent send-to-receipt lags, 0 when none."""
@@ -55,11 +50,6 @@ class ViewStore:
             "malformed": self.malformed,
             "lag_ms": {"p50": round(self.lag_quantile(0.5), 3), "p99": round(self.lag_quantile(0.99), 3)},
         }
-
-    def set_links(self, links: LinkTable | None) -> None:
-        """Attach the partition link table to the current and every later view."""
-        with self._write:
-            self.view = self.view.with_links(links)
 
     def apply(self, msg: NodeLoad, received_at_ms: float) -> bool:
         """Fold one message into a new view and swap it in; False if it was older than what we have."""
@@ -82,7 +72,9 @@ class ViewStore:
                 fresh[msg.node_id] = NodeState(msg, heard_at)
             if fresh:
                 self.view = view.with_nodes(fresh.values(), received_at_ms)
-            return len(fresh)
+        if fresh and self.on_applied is not None:
+            self.on_applied(list(fresh.values()))
+        return len(fresh)
 
     def parse(self, raw: bytes) -> NodeLoad | None:
         """Parse one message; malformed input is counted and logged, never raised."""

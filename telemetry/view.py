@@ -20,7 +20,6 @@ from types import MappingProxyType
 from typing import Protocol, overload
 
 from telemetry.schema import ModelLoad, NodeLoad
-from telemetry.topology import LinkTable
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,17 +90,28 @@ class _NodesById(Sequence[NodeState]):
 
 
 class Overlay(Protocol):
-    """The router's estimate of a node's outstanding requests (see telemetry.overlay)."""
+    """The router's estimate of a node's outstanding requests (see router.lifecycle.overlay).
+
+    Every method is a read: it never changes the router's state (that happens where telemetry is
+    applied and where requests are dispatched and settled)."""
 
     def estimate(self, node: NodeState) -> int: ...
 
+    def loader_busy_ms(self, node: NodeState, now_ms: float) -> float: ...
+
+    def load_ready_at(self, node: NodeState, model: str) -> float | None: ...
+
 
 class Health(Protocol):
-    """The router's view of node health from its own answers (see telemetry.health)."""
+    """The router's view of node health from its own answers (see router.lifecycle.health); a read."""
 
     def admitter(self, site: str | None, now_ms: float, rng: random.Random) -> Callable[[NodeState], bool] | None: ...
 
-    def restarted(self, node_id: str, at_ms: float) -> None: ...
+
+class Links(Protocol):
+    """Partition distances (the router's link table, router.lifecycle.links); a read."""
+
+    def rtt_ms(self, site: str | None, partition: str) -> float: ...
 
 
 class FixedOverlay:
@@ -113,6 +123,12 @@ class FixedOverlay:
     def estimate(self, node: NodeState) -> int:
         return self.values.get(node.node_id, node.reported_outstanding)
 
+    def loader_busy_ms(self, node: NodeState, now_ms: float) -> float:
+        return 0.0
+
+    def load_ready_at(self, node: NodeState, model: str) -> float | None:
+        return None
+
 
 @dataclass(frozen=True)
 class ClusterView:
@@ -123,8 +139,8 @@ class ClusterView:
     built_at_ms: float = 0.0
     overlay: Overlay | None = None
     newest_heard_ms: float = float("-inf")
-    links: LinkTable | None = None  # partition distances (the router's link table), kept across rebuilds
-    health: Health | None = None  # the router's outlier ejection and slow start (telemetry.health)
+    links: Links | None = None  # partition distances (the router's link table), attached with the overlay
+    health: Health | None = None  # the router's outlier ejection and slow start (router.lifecycle.health)
     _by_model: dict[str, tuple[str, ...]] | None = field(default=None, compare=False, repr=False)
 
     def __iter__(self) -> Iterator[NodeState]:
@@ -153,7 +169,7 @@ class ClusterView:
         """Round-trip time from a request's site to a partition (0 inside one, or with no link)."""
         return 0.0 if self.links is None else self.links.rtt_ms(site, partition)
 
-    def with_links(self, links: LinkTable | None) -> ClusterView:
+    def with_links(self, links: Links | None) -> ClusterView:
         return replace(self, links=links, _by_model=self._index())
 
     def outstanding(self, node: NodeState) -> int:
@@ -161,13 +177,11 @@ class ClusterView:
 
     def loader_busy_ms(self, node: NodeState, now_ms: float) -> float:
         """How long loads this router set off keep `node`'s loader busy (0: none known)."""
-        busy = getattr(self.overlay, "loader_busy_ms", None)
-        return 0.0 if busy is None else float(busy(node, now_ms))
+        return 0.0 if self.overlay is None else self.overlay.loader_busy_ms(node, now_ms)
 
     def load_ready_at(self, node: NodeState, model: str) -> float | None:
         """When a load of `model` this router set off on `node` should finish (None: none known)."""
-        loads = getattr(self.overlay, "load_ready_at", None)
-        return None if loads is None else loads(node, model)
+        return None if self.overlay is None else self.overlay.load_ready_at(node, model)
 
     def _index(self) -> dict[str, tuple[str, ...]]:
         """model -> ids of the nodes reporting it, built on first use (views are immutable)."""
@@ -222,12 +236,14 @@ class ClusterView:
         )
 
     def with_outstanding(
-        self, overlay: Overlay | Mapping[str, int] | None, health: Health | None = None
+        self, overlay: Overlay | Mapping[str, int] | None, health: Health | None = None, links: Links | None = None
     ) -> ClusterView:
-        if overlay is not None and not hasattr(overlay, "estimate"):
+        """This view with the router's own state attached for reading: its outstanding estimates, its
+        node health and its link table (None keeps the view's links)."""
+        if isinstance(overlay, Mapping):
             overlay = FixedOverlay(overlay)
         # same nodes, only the load estimate differs: share the index (building it first if needed)
-        return replace(self, overlay=overlay, health=health, _by_model=self._index())
+        return replace(self, overlay=overlay, health=health, links=links or self.links, _by_model=self._index())
 
     @classmethod
     def of(cls, loads: list[NodeLoad], heard_at_ms: float, stale_after_ms: float = 1000.0) -> ClusterView:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from router.copies import CopyConfig, DemandMeter, plan_copies
+from router.lifecycle.copies import CopyConfig, DemandMeter, plan_copies
 from telemetry.schema import ModelLoad, NodeLoad
 from telemetry.view import ClusterView
 from tests.helpers import load

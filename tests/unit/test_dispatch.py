@@ -11,10 +11,12 @@ import pytest
 from policies import RouteRequest, build_policy
 from policies.engine import Pipeline
 from router.dispatch import Dispatcher, PolicyHolder
+from router.lifecycle import LifecycleSettings
+from router.lifecycle.holds import HoldQueue
+from router.lifecycle.links import LinkState
+from router.lifecycle.overlay import OutstandingTracker
 from router.node_client import InMemoryNodeClient, NodeReply, NodeTimeout, NodeUnavailable
-from telemetry.overlay import OutstandingTracker
 from telemetry.store import ViewStore
-from telemetry.topology import LinkState, LinkTable
 from tests.helpers import load, view
 
 NOW = 1_000.0
@@ -52,13 +54,19 @@ def make(
     preset: str = "least_outstanding",  # type: ignore[type-arg]
     attempts: int = 3,
     clock: list[float] | None = None,
+    hedge: tuple[int, float] | None = None,
 ) -> tuple[Dispatcher, InMemoryNodeClient]:
     store = ViewStore()
     for msg in loads or [load(n.removeprefix("http://")) for n in handlers]:
         store.apply(msg, NOW)
     client = InMemoryNodeClient(handlers)  # type: ignore[arg-type]
     t = clock or [NOW]
-    d = Dispatcher(store, PolicyHolder(build_policy(preset), preset), client, attempts, 0, lambda: t[0])
+    settings = LifecycleSettings(
+        max_attempts=attempts,
+        hedge_min_priority=None if hedge is None else hedge[0],
+        hedge_after_ms=None if hedge is None else hedge[1],
+    )
+    d = Dispatcher(settings, store, PolicyHolder(build_policy(preset), preset), client, lambda: t[0])
     return d, client
 
 
@@ -182,6 +190,7 @@ def test_with_peers_their_answers_since_the_report_lower_the_estimate() -> None:
     settled = {"a": 10}
     t = OutstandingTracker(remote=lambda n: remote.get(n, 0), remote_settled=lambda n: settled.get(n, 0))
     v = view(load("a", queued=6, seq=1))  # 6 outstanding at the report, mostly the other router's
+    t.applied(list(v.nodes.values()))  # the report is applied: the other routers' answers count from here
     assert t.overlay(v).outstanding(v.nodes["a"]) == 6
     settled["a"] = 13  # the other router got three answers from `a` since that report
     remote["a"] = 1
@@ -191,6 +200,7 @@ def test_with_peers_their_answers_since_the_report_lower_the_estimate() -> None:
     settled["a"] = 30  # never below what the routers know to be in flight there (1 own + 1 remote)
     assert t.overlay(v).outstanding(v.nodes["a"]) == 2
     v2 = view(load("a", queued=2, seq=2, sent_at_ms=1_100.0))  # a new report: counted from here
+    t.applied(list(v2.nodes.values()))
     assert t.overlay(v2).outstanding(v2.nodes["a"]) == 2
 
 
@@ -206,8 +216,6 @@ def test_tracker_reports_every_change_for_the_peers_publisher() -> None:
 
 
 async def test_hedged_request_races_a_duplicate_and_cancels_the_loser_at_its_node() -> None:
-    from router.config import HedgingConfig
-
     seen_ids: dict[str, str] = {}
 
     async def slow(method: str, path: str, body: bytes, headers: Mapping[str, str]) -> NodeReply:
@@ -222,27 +230,24 @@ async def test_hedged_request_races_a_duplicate_and_cancels_the_loser_at_its_nod
         seen_ids["fast"] = headers["x-edgeroute-request-id"]
         return NodeReply(200, b'{"ok": true}', {"x-edgeroute-node": "b"})
 
-    d, client = make({"http://a": slow, "http://b": fast}, loads=[load("a"), load("b", queued=5)])
-    d.hedging = HedgingConfig(min_priority=10, after_ms=20)
+    d, client = make({"http://a": slow, "http://b": fast}, loads=[load("a"), load("b", queued=5)], hedge=(10, 20))
     req = RouteRequest("m", priority=10, request_id="r9")
     out = await d.dispatch(req, "/v2/models/m/infer", b"{}", {}, NOW + 1000)
     assert out.status == 200 and out.node == "b"
     await asyncio.sleep(0.01)  # the cancel is sent in the background
     assert seen_ids["slow"] == "r9-1" and seen_ids["fast"] == "r9-h"
     assert seen_ids["cancelled"] == "/admin/requests/r9-1"
-    assert (d.hedges, d.hedge_wins, d.hedge_cancels) == (1, 1, 1)
-    assert d.tracker.pending("a") == 0 and d.tracker.pending("b") == 0
+    lc = d.lifecycle
+    assert (lc.hedges_sent, lc.hedge_wins, lc.hedge_cancels) == (1, 1, 1)
+    assert lc.tracker.pending("a") == 0 and lc.tracker.pending("b") == 0
 
 
 async def test_low_priority_is_not_hedged_and_fast_answers_are_not_duplicated() -> None:
-    from router.config import HedgingConfig
-
-    d, client = make({"http://a": ok("a"), "http://b": ok("b")})
-    d.hedging = HedgingConfig(min_priority=10, after_ms=50)
+    d, client = make({"http://a": ok("a"), "http://b": ok("b")}, hedge=(10, 50))
     out = await d.dispatch(RouteRequest("m", priority=10, request_id="q"), "/p", b"{}", {}, NOW + 1000)
-    assert out.status == 200 and len(client.calls) == 1 and d.hedges == 0
+    assert out.status == 200 and len(client.calls) == 1 and d.lifecycle.hedges_sent == 0
     out = await d.dispatch(RouteRequest("m", priority=0, request_id="q2"), "/p", b"{}", {}, NOW + 1000)
-    assert out.status == 200 and len(client.calls) == 2 and d.hedges == 0
+    assert out.status == 200 and len(client.calls) == 2 and d.lifecycle.hedges_sent == 0
 
 
 # --- delay scheduling: held requests ---------------------------------------------------------------
@@ -256,12 +261,11 @@ def _held_setup(initial_ms: float) -> tuple[Dispatcher, ViewStore]:
     busy = load("a1", partition="edge-a", sent_at_ms=now, queued=20, wait={"0": 900.0})
     store.apply(busy, now)
     store.apply(load("c1", partition="cloud", sent_at_ms=now), now)
-    # the view's link table (the delay is capped by the RTT to the nearest other partition); this
-    # dispatcher emulates no links, so the spill itself is immediate
-    store.set_links(LinkTable([LinkState("edge-a", "cloud", rtt_ms=300)]))
+    # the link table (the delay is capped by the RTT to the nearest other partition; a spill pays it)
+    settings = LifecycleSettings(links=(LinkState("edge-a", "cloud", rtt_ms=300),))
     spec = {"preset": "edge_first", "params": {"delay_spill": {"initial_ms": initial_ms, "tune": False}}}
     client = InMemoryNodeClient({"http://a1": ok("a1"), "http://c1": ok("c1")})
-    d = Dispatcher(store, PolicyHolder(build_policy(spec), spec), client, 3, 0, lambda: time.time() * 1000.0)
+    d = Dispatcher(settings, store, PolicyHolder(build_policy(spec), spec), client, lambda: time.time() * 1000.0)
     return d, store
 
 
@@ -277,7 +281,7 @@ async def test_a_held_request_spills_after_the_delay() -> None:
     out = await _held_request(d)
     assert out.status == 200 and out.node == "c1"  # type: ignore[attr-defined]
     held = float(out.headers["x-edgeroute-held-ms"])  # type: ignore[attr-defined]
-    assert 55 <= held < 200 and d.holds == 1 and out.attempts == 1  # type: ignore[attr-defined]
+    assert 55 <= held < 200 and d.lifecycle.holds == 1 and out.attempts == 1  # type: ignore[attr-defined]
 
 
 async def test_a_held_request_takes_local_room_as_soon_as_the_view_shows_it() -> None:
@@ -286,7 +290,7 @@ async def test_a_held_request_takes_local_room_as_soon_as_the_view_shows_it() ->
     d, store = _held_setup(initial_ms=400)
     task = asyncio.create_task(_held_request(d))
     await asyncio.sleep(0.03)
-    assert not task.done() and len(d.waiters) == 1, "held, not dispatched"
+    assert not task.done() and d.waiting == 1, "held, not dispatched"
     now = time.time() * 1000.0
     store.apply(load("a1", partition="edge-a", sent_at_ms=now, seq=2), now)  # edge-a is free again
     out = await asyncio.wait_for(task, 1.0)
@@ -295,26 +299,14 @@ async def test_a_held_request_takes_local_room_as_soon_as_the_view_shows_it() ->
     assert d.policies.current.state()["delay_spill"]["sites"]["edge-a"]["local_after_wait"] == 1
 
 
-async def test_slot_waiters_wake_the_oldest_first() -> None:
-    from router.dispatch import SlotWaiters
-
-    w = SlotWaiters()
-    order: list[str] = []
-
-    async def wait(name: str) -> None:
-        await w.wait("edge-a", 5000)
-        order.append(name)
-
-    first = asyncio.create_task(wait("first"))
-    await asyncio.sleep(0.01)
-    second = asyncio.create_task(wait("second"))
-    await asyncio.sleep(0.01)
-    w.wake("edge-a")
-    await asyncio.sleep(0.01)
-    assert order == ["first"] and len(w) == 1
-    w.wake("edge-b")  # another partition wakes nobody here
-    await asyncio.sleep(0.01)
-    assert order == ["first"]
-    w.wake("edge-a")
-    await asyncio.gather(first, second)
-    assert order == ["first", "second"]
+def test_holds_wake_the_oldest_still_waiting_first() -> None:
+    waiting = {"first": True, "gone": True, "second": True}
+    q: HoldQueue[str] = HoldQueue(lambda e: waiting[e])
+    q.hold("edge-a", "first")
+    q.hold("edge-a", "gone")
+    q.hold("edge-a", "second")
+    assert q.wake("edge-b") is None  # another partition wakes nobody here
+    assert q.wake("edge-a") == "first" and len(q) == 2
+    waiting["gone"] = False  # its hold timed out: skipped
+    assert q.wake("edge-a") == "second"
+    assert q.wake("edge-a") is None and len(q) == 0

@@ -10,10 +10,10 @@ import pytest
 from policies import Context, Decision, RouteRequest, build_policy
 from policies.api import Defer
 from policies.delay_spill import DelaySpill, DelaySpillParams
-from telemetry.health import HealthConfig, OutlierDetector
-from telemetry.overlay import OutstandingTracker
+from router.lifecycle.health import HealthConfig, OutlierDetector
+from router.lifecycle.links import LinkState, LinkTable
+from router.lifecycle.overlay import OutstandingTracker
 from telemetry.schema import NodeLoad
-from telemetry.topology import LinkState, LinkTable
 from telemetry.view import ClusterView
 from tests.helpers import load
 
@@ -155,13 +155,15 @@ def test_slow_start_ramps_a_restarted_node_and_ignores_nodes_seen_first() -> Non
     d = detector()
     tracker = OutstandingTracker(d)
     first = view(node("a1", "edge-a")).nodes["a1"]
-    tracker.estimate(first)  # first seen: no slow start (every node is new when a router starts)
+    tracker.applied([first])  # first seen: no slow start (every node is new when a router starts)
     assert d.admitter(None, NOW, random.Random(0)) is None, "nothing ejected or ramping: the fast path"
     restarted = ClusterView.of(
         [load("a1", partition="edge-a", sent_at_ms=NOW + 500).model_copy(update={"started_at_ms": NOW + 400})],
         NOW + 500,
     ).nodes["a1"]
-    tracker.estimate(restarted)  # a new report with a new start time: a new process
+    tracker.estimate(restarted)  # reading never notices anything
+    assert d.weight(None, restarted, NOW + 500) == 1.0
+    tracker.applied([restarted])  # applying a new report with a new start time: a new process
     assert d.weight(None, restarted, NOW + 500) == pytest.approx(0.1), "just started: the floor"
     assert d.weight(None, restarted, NOW + 1400) == pytest.approx(0.5)
     assert d.weight(None, restarted, NOW + 2400) == 1.0

@@ -8,8 +8,8 @@ import pytest
 
 from policies import Context, Decision, Rejection, RouteRequest, build_policy
 from policies.completion import predicted_completion_ms
+from router.lifecycle.links import LinkState, LinkTable
 from telemetry.schema import NodeLoad
-from telemetry.topology import LinkState, LinkTable
 from telemetry.view import ClusterView
 from tests.helpers import load
 

@@ -65,7 +65,7 @@ def test_a_stage_stays_on_the_node_holding_its_input_until_that_node_is_busier_t
 
 
 def test_collocation_across_partitions_counts_the_link_rtt() -> None:
-    from telemetry.topology import LinkState, LinkTable
+    from router.lifecycle.links import LinkState, LinkTable
 
     here = node("here", resident=True, wait=20)
     far = node("far", resident=True).model_copy(update={"partition": "cloud"})
@@ -100,7 +100,7 @@ def test_stage_budget_keeps_the_nodes_that_fit_the_stage_share_else_all() -> Non
 
 
 def test_a_load_this_router_set_off_is_charged_only_what_is_left_of_it() -> None:
-    from telemetry.overlay import OutstandingTracker
+    from router.lifecycle.overlay import OutstandingTracker
 
     tracker = OutstandingTracker()
     base = ClusterView.of(
@@ -122,7 +122,7 @@ def test_a_load_this_router_set_off_is_charged_only_what_is_left_of_it() -> None
 
 
 def test_a_cold_model_waits_behind_the_loads_already_queued_on_a_node() -> None:
-    from telemetry.overlay import OutstandingTracker
+    from router.lifecycle.overlay import OutstandingTracker
 
     tracker = OutstandingTracker()
     base = ClusterView.of([node("busy", resident=False, load_ms=400), node("idle", resident=False, load_ms=400)], NOW)
@@ -136,7 +136,7 @@ def test_a_cold_model_waits_behind_the_loads_already_queued_on_a_node() -> None:
 
 
 def test_a_load_reported_done_early_frees_the_nodes_loader_at_once() -> None:
-    from telemetry.overlay import OutstandingTracker
+    from router.lifecycle.overlay import OutstandingTracker
 
     tracker = OutstandingTracker()
     base = ClusterView.of([node("n", resident=False, load_ms=400)], NOW)

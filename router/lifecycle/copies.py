@@ -112,3 +112,35 @@ def plan_copies(
         plans.append((rate / capacity, model, target.node_id))
     plans.sort(key=lambda p: (-p[0], p[1]))
     return [(model, node) for _, model, node in plans]
+
+
+class CopyState:
+    """What copy scaling remembers between rounds, for the router and the simulator alike: the demand
+    meter, the copy each model has loading (model -> node), when each model last got a copy, and how
+    many copies were started."""
+
+    def __init__(self, cfg: CopyConfig) -> None:
+        self.cfg = cfg
+        self.demand = DemandMeter(cfg.window_ms)
+        self.loading: dict[str, str] = {}
+        self.last_ms: dict[str, float] = {}
+        self.made = 0
+
+    def record(self, model: str, now_ms: float) -> None:
+        """One dispatch of `model` (metered only while copy scaling is on)."""
+        if self.cfg.enabled:
+            self.demand.record(model, now_ms)
+
+    def plan(self, view: ClusterView, now_ms: float) -> list[tuple[str, str]]:
+        """This round's (model, node) loads; each is marked loading and starts the model's cooldown."""
+        plans = plan_copies(view, self.demand.rates(now_ms), now_ms, self.cfg, self.loading, self.last_ms)
+        for model, node in plans:
+            self.last_ms[model] = now_ms
+            self.loading[model] = node
+            self.made += 1
+        return plans
+
+    def done(self, model: str, node: str | None = None) -> None:
+        """The copy of `model` finished loading or failed (on `node`, where known)."""
+        if node is None or self.loading.get(model) == node:
+            self.loading.pop(model, None)

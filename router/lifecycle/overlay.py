@@ -17,8 +17,11 @@ report; requests that settled between the node's send and the router's receipt m
 overestimate until the next report, which is the safe side. `max(pending, ...)` keeps it from
 dropping below what the routers know to be there.
 
-Estimates are computed lazily, per node asked about, so a decision over a sample of two nodes costs
-O(1) whatever the cluster size. Single-threaded: the router's event loop, or the simulator.
+Estimates are computed when asked, per node, so a decision over a sample of two nodes costs O(1)
+whatever the cluster size, and asking never changes anything: the per-report counters are reset and
+restarts noticed where telemetry is applied (`applied`) or a request is dispatched (`dispatch`), both
+writes. A read of a node whose newer report has not been applied yet counts nothing since it (as the
+reset would). Single-threaded: the router's event loop, or the simulator.
 
 Loads in progress: a request dispatched to a node whose report shows its model not resident sets off
 a load there (`loading`), expected to end `load_ms` later. Until a report shows the model resident (or
@@ -34,7 +37,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from telemetry.view import ClusterView, Health, NodeState
+from router.lifecycle.health import OutlierDetector
+from telemetry.view import ClusterView, Links, NodeState
 
 
 @dataclass(slots=True)
@@ -52,7 +56,7 @@ class _Node:
 class OutstandingTracker:
     def __init__(
         self,
-        health: Health | None = None,
+        health: OutlierDetector | None = None,
         remote: Callable[[str], int] | None = None,
         remote_settled: Callable[[str], int] | None = None,
     ) -> None:
@@ -62,7 +66,8 @@ class OutstandingTracker:
         self._nodes: dict[str, _Node] = {}
         self._loads: dict[str, dict[str, tuple[float, float]]] = {}  # node -> model -> (ready at, load ms)
         self._loader_free_at: dict[str, float] = {}  # a node loads one model at a time: when its loader frees
-        self._base: ClusterView | None = None
+        self.links: Links | None = None  # attached to every overlaid view (the lifecycle's link table)
+        self._base: tuple[ClusterView, Links | None] | None = None
         self._overlaid: ClusterView | None = None
         self.on_change: Callable[[], None] | None = None  # called after every dispatch and settle
 
@@ -82,8 +87,21 @@ class OutstandingTracker:
                 n.started = started
         return n
 
+    def applied(self, states: list[NodeState]) -> None:
+        """New reports were applied to the view: reset their counters, notice restarts, drop the
+        loads they show done."""
+        for state in states:
+            self._sync(state)
+            self._expire(state)
+
     def estimate(self, state: NodeState) -> int:
-        n = self._sync(state)
+        n = self._nodes.get(state.node_id)
+        if n is None or n.report != (state.load.seq, state.load.sent_at_ms):
+            # nothing counted since this report yet (not applied, or never dispatched to)
+            pending = 0 if n is None else n.pending
+            if self.remote is not None:
+                pending += self.remote(state.node_id)
+            return max(pending, state.reported_outstanding)
         if self.remote is None:
             return max(n.pending, state.reported_outstanding + n.dispatched - n.settled)
         pending = n.pending + self.remote(state.node_id)
@@ -95,6 +113,7 @@ class OutstandingTracker:
     def sent_model(self, state: NodeState, model: str, now_ms: float, default_load_ms: float = 500.0) -> None:
         """A request for `model` went to `state`: if its report shows the model cold, a load starts."""
         m = state.model(model)
+        self._expire(state)
         if m is not None and not m.resident and self.load_ready_at(state, model) is None:
             self.loading(state, model, now_ms, m.load_ms if m.load_ms is not None else default_load_ms)
 
@@ -116,10 +135,7 @@ class OutstandingTracker:
         if not loads:
             return {}
         for model, (ready, load_ms) in list(loads.items()):
-            m = state.model(model)
-            if (m is not None and m.resident and state.heard_at_ms >= ready - load_ms) or (
-                state.heard_at_ms > ready + load_ms
-            ):
+            if self._done(state, model, ready, load_ms):
                 del loads[model]
         if not loads:
             del self._loads[state.node_id]
@@ -129,14 +145,27 @@ class OutstandingTracker:
             return {}
         return loads
 
+    @staticmethod
+    def _done(state: NodeState, model: str, ready: float, load_ms: float) -> bool:
+        m = state.model(model)
+        return (m is not None and m.resident and state.heard_at_ms >= ready - load_ms) or (
+            state.heard_at_ms > ready + load_ms
+        )
+
     def loader_busy_ms(self, state: NodeState, now_ms: float) -> float:
-        """How long the loads this router set off on `state` keep its loader busy from `now_ms`."""
-        self._expire(state)
-        return max(0.0, self._loader_free_at.get(state.node_id, 0.0) - now_ms)
+        """How long the loads this router set off on `state` keep its loader busy from `now_ms` (a read:
+        loads that `state` shows done free the loader from its report on, as `_expire` will record)."""
+        free = self._loader_free_at.get(state.node_id, 0.0)
+        loads = self._loads.get(state.node_id)
+        if loads and free > state.heard_at_ms and all(self._done(state, m, *e) for m, e in loads.items()):
+            free = state.heard_at_ms
+        return max(0.0, free - now_ms)
 
     def load_ready_at(self, state: NodeState, model: str) -> float | None:
-        entry = self._expire(state).get(model)
-        return None if entry is None else entry[0]
+        entry = self._loads.get(state.node_id, {}).get(model)
+        if entry is None or self._done(state, model, *entry):
+            return None
+        return entry[0]
 
     def dispatch(self, state: NodeState) -> None:
         n = self._sync(state)
@@ -169,7 +198,10 @@ class OutstandingTracker:
         return 0 if n is None else n.pending
 
     def overlay(self, view: ClusterView) -> ClusterView:
-        """`view` with this router's estimates attached (computed when asked; cached per view)."""
-        if view is not self._base or self._overlaid is None:
-            self._base, self._overlaid = view, view.with_outstanding(self, self.health)
+        """`view` with this router's estimates, health and links attached (computed when asked; the
+        overlaid view is cached per view and link table)."""
+        base = self._base
+        if base is None or base[0] is not view or base[1] is not self.links or self._overlaid is None:
+            self._base = (view, self.links)
+            self._overlaid = view.with_outstanding(self, self.health, self.links)
         return self._overlaid

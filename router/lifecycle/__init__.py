@@ -1,0 +1,23 @@
+"""The request lifecycle, pure: what happens around a policy, for the router and the simulator alike.
+
+No asyncio, aiohttp or Kafka here (tests/unit/test_lifecycle.py checks the imports). The router
+(`router.dispatch`) drives it with asyncio, the simulator (`scenarios.sim`) with its event heap. The
+package sits under `router/` because it is the router's behaviour; the simulator imports it as it
+imports `policies`, and never the router's aiohttp code.
+
+- `lifecycle`: `Lifecycle` and its steps (decide, cross, count, judge, retry, hedge, finish)
+- `attempts`: one request's attempt state and the steps (`Send`, `Hold`, `Answer`)
+- `failures`: failure kinds, what is retried and what counts against a node
+- `holds`: requests held for a slot (delay scheduling), woken oldest first
+- `hedges`: when to send a duplicate
+- `overlay`: this router's in-flight counts per node between reports; loads it set off
+- `health`: outlier ejection and slow start per (site, node)
+- `links`: partition links (RTT, jitter, loss, cuts) as emulated
+- `copies`: copy scaling (demand meter and planner)
+"""
+
+from router.lifecycle.attempts import Answer, Attempts, Hold, Send
+from router.lifecycle.failures import Failure, classify
+from router.lifecycle.lifecycle import Lifecycle, LifecycleSettings
+
+__all__ = ["Answer", "Attempts", "Failure", "Hold", "Lifecycle", "LifecycleSettings", "Send", "classify"]

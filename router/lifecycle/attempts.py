@@ -1,0 +1,55 @@
+"""One request's attempts: the state the lifecycle keeps for it and the steps it answers with.
+
+A request is asked about until it ends: `Lifecycle.decide` answers `Send` (an attempt at a node),
+`Hold` (a policy deferred it: wait for a slot in a partition, then decide again) or `Answer` (it ends
+here without a node's answer: deadline passed, or no node can take it). After an attempt fails,
+`Lifecycle.retry` says whether to decide again. The drivers only carry these steps out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from policies.api import Decision, RouteRequest
+from policies.engine import Pipeline
+from telemetry.view import NodeState
+
+
+@dataclass(slots=True)
+class Attempts:
+    request: RouteRequest  # as admitted: `deadline_ms` is the whole budget
+    policy: Pipeline  # taken once: a policy swap mid-request does not change it
+    started_ms: float
+    deadline_at_ms: float
+    stage_deadline_at_ms: float | None = None  # a workflow stage's share ends here
+    tried: set[str] = field(default_factory=set)
+    attempt: int = 0  # attempts sent (a hedge's duplicate is not one; holding is not one)
+    last_error: tuple[int, str] | None = None
+    held_since_ms: float | None = None
+    waited_ms: float = 0.0  # held so far (delay scheduling)
+
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    """Forward attempt `attempt` to `decision.node_id` (`state` is that node as the policy saw it)."""
+
+    decision: Decision
+    state: NodeState
+    attempt: int
+    hedge: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Hold:
+    """Wait for a slot in `partition` for at most `wait_ms`, then decide again."""
+
+    partition: str
+    wait_ms: float
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """The request ends with this error, without (another) node's answer."""
+
+    status: int
+    reason: str

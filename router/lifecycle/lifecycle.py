@@ -1,0 +1,229 @@
+"""The request lifecycle: every rule that acts around a policy, in one pure state machine.
+
+The router drives it with asyncio (`router.dispatch`), the simulator with its event heap
+(`scenarios.sim`); neither re-implements a rule here. No asyncio, aiohttp, Kafka or clock: the
+drivers pass `now`, and randomness comes from generators seeded by `LifecycleSettings.seed`.
+
+For one request (`begin` -> `Attempts`):
+
+1. **Decide** (`decide`): with the remaining budget gone, the request ends 504; else the policy is
+   asked on the current view with this router's overlay (outstanding counts, health, links), the nodes
+   already tried excluded, the remaining budget as `deadline_ms` and, for a workflow stage, what is
+   left of the stage's share. A `Defer` holds the request (`Hold`: not an attempt) for at most
+   min(the deferral's wait, `HOLD_POLL_MS`, the remaining budget); a `Rejection` ends it with the last
+   attempt's error if there was one, else the rejection; a `Decision` is attempt n (`Send`).
+2. **Cross** (`cross`): a request from a site to a node in another partition pays the link's emulated
+   delay each way, or finds the link cut: then the attempt fails as a connect would, after
+   `connect_wait_ms` = min(connect timeout, remaining / 2), leaving half the budget for a retry.
+3. **Count** (`dispatched`, `settled`): the overlay counts the attempt at the node until it settles;
+   a settle wakes the oldest request held for that partition (`holds`).
+4. **Judge** (`answered`): each attempt's `Failure` kind (router.lifecycle.failures) updates the
+   node's health for the request's site (ejection, slow start).
+5. **Retry** (`retry`): a retryable failure with attempts left goes back to 1; anything else ends.
+6. **Hedge** (`hedge_delay_ms`, `hedge`): at high enough priority, an attempt not answered within the
+   hedge delay gets one duplicate at another node; the first useful answer wins.
+7. **Finish** (`finish`): a success's latency feeds the hedge timer; the outcome feeds a learning
+   policy (`observe`: delay scheduling tunes its timers).
+
+Telemetry applied to the store reaches `applied` (the store's `on_applied` hook): the overlay's
+per-report counters reset and restarts start slow start there, never in a read.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Generic, TypeVar
+
+from policies.api import HOLD_POLL_MS, Context, Defer, Rejection, RouteRequest
+from policies.engine import Pipeline
+from router.lifecycle.attempts import Answer, Attempts, Hold, Send
+from router.lifecycle.copies import CopyConfig, CopyState
+from router.lifecycle.failures import Failure
+from router.lifecycle.health import HealthConfig, OutlierDetector
+from router.lifecycle.hedges import HedgeTimer
+from router.lifecycle.holds import HoldQueue
+from router.lifecycle.links import LinkState, LinkTable
+from router.lifecycle.overlay import OutstandingTracker
+from telemetry.store import ViewStore
+from telemetry.view import ClusterView, NodeState
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class LifecycleSettings:
+    """Everything the lifecycle needs from the router's config (or a scenario's `router:` section)."""
+
+    max_attempts: int = 3
+    connect_timeout_ms: float = 500.0
+    hedge_min_priority: int | None = None  # None: no hedging
+    hedge_after_ms: float | None = None  # None: the recent p95
+    health: HealthConfig = field(default_factory=HealthConfig)
+    copies: CopyConfig = field(default_factory=CopyConfig)
+    links: tuple[LinkState, ...] = ()
+    seed: int = 0
+
+
+class Lifecycle(Generic[T]):
+    """The router-wide state around the policy and the steps of each request's lifecycle.
+
+    `T` is what a driver holds for a deferred request (the router: a future; the simulator: the
+    request and its hold number); `waiting(entry)` says whether it still waits.
+    """
+
+    def __init__(self, settings: LifecycleSettings, store: ViewStore, waiting: Callable[[T], bool]) -> None:
+        self.settings = settings
+        self.store = store
+        self.rng = random.Random(settings.seed)  # the policies' ctx.rng
+        self.net_rng = random.Random(settings.seed + 1)  # link jitter and loss; apart from the policies'
+        self.health = OutlierDetector(settings.health)
+        self.tracker = OutstandingTracker(self.health)
+        self.links = LinkTable(settings.links)
+        self.tracker.links = self.links
+        self.hedges = HedgeTimer(settings.hedge_min_priority, settings.hedge_after_ms)
+        self.copies = CopyState(settings.copies)
+        self.held: HoldQueue[T] = HoldQueue(waiting)
+        self.retries = 0
+        self.holds = 0  # requests held at least once
+        self.held_ms_total = 0.0
+        self.hedges_sent = self.hedge_wins = self.hedge_cancels = 0
+        store.on_applied = self.applied
+
+    # --- telemetry and admin ----------------------------------------------------------------------
+
+    def applied(self, states: list[NodeState]) -> None:
+        """Reports just applied to the store (the only place per-report state changes)."""
+        self.tracker.applied(states)
+
+    def set_link(self, a: str, b: str, cut: bool) -> None:
+        """Cut or restore a link (KeyError for an unknown one); the table is swapped whole."""
+        self.links = self.links.with_cut(a, b, cut)
+        self.tracker.links = self.links
+
+    def view(self) -> ClusterView:
+        """The current view with this router's overlay, health and links attached (cached per view)."""
+        return self.tracker.overlay(self.store.view)
+
+    # --- one request ------------------------------------------------------------------------------
+
+    def begin(self, req: RouteRequest, policy: Pipeline, now: float, deadline_at_ms: float) -> Attempts:
+        self.copies.record(req.model, now)
+        stage_at = None
+        if req.stage_deadline_ms is not None:  # the stage's share counts from when the job's budget began
+            began = now if req.deadline_ms is None else deadline_at_ms - req.deadline_ms
+            stage_at = began + req.stage_deadline_ms
+        return Attempts(req, policy, now, deadline_at_ms, stage_at)
+
+    def _route_request(self, a: Attempts, now: float, remaining: float) -> RouteRequest:
+        req = a.request
+        return replace(
+            req,
+            deadline_ms=remaining,
+            exclude=frozenset(a.tried),
+            waited_ms=a.waited_ms,
+            stage_deadline_ms=None if a.stage_deadline_at_ms is None else a.stage_deadline_at_ms - now,
+        )
+
+    def decide(self, a: Attempts, now: float) -> Send | Hold | Answer:
+        remaining = a.deadline_at_ms - now
+        if remaining <= 0:
+            last = f"; last: {a.last_error[1]}" if a.last_error else ""
+            return Answer(504, f"deadline passed after {a.attempt} attempt(s){last}")
+        view = self.view()
+        choice = a.policy.choose(self._route_request(a, now, remaining), view, Context(now, self.rng))
+        if isinstance(choice, Defer):
+            if a.held_since_ms is None:
+                a.held_since_ms = now
+                self.holds += 1
+            return Hold(choice.partition, min(choice.wait_ms, HOLD_POLL_MS, remaining))
+        if isinstance(choice, Rejection):
+            if a.last_error is not None:
+                return Answer(*a.last_error)
+            return Answer(choice.status, choice.reason)
+        state = view.get(choice.node_id)
+        assert state is not None, "a policy chose a node that is not in its view"
+        a.attempt += 1
+        if a.attempt > 1:
+            self.retries += 1
+        a.tried.add(choice.node_id)
+        self.tracker.sent_model(state, a.request.model, now)
+        return Send(choice, state, a.attempt)
+
+    def resumed(self, a: Attempts, now: float) -> None:
+        """A hold ended (woken or timed out): the request has waited since it was first held."""
+        if a.held_since_ms is not None:
+            a.waited_ms = now - a.held_since_ms
+
+    def hedge_delay_ms(self, a: Attempts, now: float) -> float | None:
+        """When to duplicate the attempt just sent (ms from now), or None: this request is not hedged."""
+        req = a.request
+        if not self.hedges.applies(req.priority):
+            return None
+        return min(self.hedges.delay_ms(req.model, req.priority), max(0.0, a.deadline_at_ms - now))
+
+    def hedge(self, a: Attempts, now: float) -> Send | None:
+        """A duplicate of the unanswered attempt at another node, or None if no other node is free."""
+        remaining = a.deadline_at_ms - now
+        if remaining <= 0:
+            return None
+        view = self.view()
+        choice = a.policy.choose(self._route_request(a, now, remaining), view, Context(now, self.rng))
+        if isinstance(choice, (Rejection, Defer)):
+            return None
+        state = view.get(choice.node_id)
+        assert state is not None, "a policy chose a node that is not in its view"
+        a.tried.add(choice.node_id)
+        self.hedges_sent += 1
+        self.tracker.sent_model(state, a.request.model, now)
+        return Send(choice, state, a.attempt, hedge=True)
+
+    def cross(self, site: str | None, partition: str) -> tuple[float, float] | None:
+        """(out ms, back ms) of emulated link delay for one attempt, or None: the link is cut."""
+        return self.links.crossing(site, partition, self.net_rng)
+
+    def connect_wait_ms(self, a: Attempts, now: float) -> float:
+        """How long a connect is given (and a cut link takes to fail): half the remaining budget at most."""
+        return min(self.settings.connect_timeout_ms, max(0.0, a.deadline_at_ms - now) / 2)
+
+    def dispatched(self, state: NodeState) -> None:
+        """An attempt is on its way to `state` (counted in the overlay until it settles)."""
+        self.tracker.dispatch(state)
+
+    def hold(self, partition: str, entry: T) -> None:
+        """A request deferred for a slot in `partition` waits as `entry` (the driver times it out)."""
+        self.held.hold(partition, entry)
+
+    def settled(self, node_id: str, partition: str) -> T | None:
+        """This router stopped waiting for an attempt at `node_id` (answer, failure or cancel): the slot
+        it held frees, waking the oldest request held for its partition (returned, to resume)."""
+        self.tracker.settle(node_id)
+        return self.held.wake(partition)
+
+    def answered(self, a: Attempts, node_id: str, kind: Failure, now: float) -> None:
+        """What an attempt's end says about the node's health on the path from the request's site."""
+        effect = kind.health
+        if effect is False:
+            self.health.failure(a.request.site, node_id, now, len(self.store.view))
+        elif effect is True:
+            self.health.success(a.request.site, node_id)
+
+    def retry(self, a: Attempts, kind: Failure, status: int, reason: str) -> bool:
+        """After a failed attempt: decide again (True), or end with this attempt's answer (False)."""
+        if not kind.retryable:
+            return False
+        a.last_error = (status, reason)
+        return a.attempt < self.settings.max_attempts
+
+    def finish(self, a: Attempts, status: int, at_ms: float) -> None:
+        """The request's answer left at `at_ms`: feed the hedge timer and a learning policy."""
+        latency = at_ms - a.started_ms
+        req = a.request
+        if status == 200 and self.hedges.applies(req.priority):
+            self.hedges.record(req.model, req.priority, latency)
+        if a.waited_ms > 0:
+            self.held_ms_total += a.waited_ms
+        if a.policy.learns:
+            ok = status == 200 and at_ms <= a.deadline_at_ms
+            a.policy.observe(replace(req, waited_ms=a.waited_ms), latency, ok, Context(at_ms, self.rng))
