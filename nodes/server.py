@@ -26,6 +26,7 @@ from nodes.protocol import HEADER_LENGTH, BadRequest, decode_request, encode_res
 from nodes.residency import NoRoom, Residency
 from nodes.runtime import LoadedModel, choose_providers, file_metadata, load_model, model_file_size
 from telemetry.bus import TelemetryPublisher
+from telemetry.quantiles import nearest_rank
 from telemetry.schema import DeviceInfo, ModelLoad, NodeLoad
 
 log = logging.getLogger("edgeroute.node")
@@ -436,9 +437,7 @@ async def _infer(request: web.Request, rt: NodeRuntime, model: LoadedModel, arri
 
 def _quantiles(values: Iterable[float], qs: tuple[float, ...]) -> list[float]:
     ordered = sorted(values)
-    if not ordered:
-        return [0.0 for _ in qs]
-    return [round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 4) for q in qs]
+    return [round(nearest_rank(ordered, q, presorted=True), 4) for q in qs]
 
 
 async def stats(request: web.Request) -> web.Response:

@@ -33,12 +33,12 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import numpy as np
 
 from scenarios.launcher import Stack, http_json
 from scenarios.loadgen import Payload, build_schedule, example_payload, run_load
 from scenarios.schema import NodeSpec, Scenario, Workload
 from telemetry.bus import KafkaTelemetrySource
+from telemetry.quantiles import grid_101
 from telemetry.store import ViewStore
 
 DEFAULT_PROFILE = Path(__file__).parent / "profiles" / "cpu.json"
@@ -46,9 +46,8 @@ BATCHES = (1, 2, 4, 8)
 
 
 def quantiles(samples: list[float]) -> list[float]:
-    if not samples:
-        return [0.0] * 101
-    return [round(float(v), 4) for v in np.percentile(np.asarray(samples), np.arange(101))]
+    """A measured distribution as the profile stores it (telemetry.quantiles.grid_101)."""
+    return grid_101(samples)
 
 
 async def _measure(url: str, payload: Payload, n: int) -> list[tuple[float, float]]:

@@ -18,14 +18,13 @@ from pathlib import Path
 from typing import Any
 
 from scenarios.loadgen import Result
+from telemetry.quantiles import nearest_rank
 
 
 def percentile(sorted_values: list[float], q: float) -> float:
-    """Nearest-rank percentile of an ascending list (0 for an empty one)."""
-    if not sorted_values:
-        return 0.0
-    rank = max(1, int(-(-q * len(sorted_values) // 100)))
-    return sorted_values[min(rank, len(sorted_values)) - 1]
+    """Nearest-rank percentile (`q` in 0..100) of an ascending list, 0 for an empty one
+    (telemetry.quantiles.nearest_rank, the one helper)."""
+    return nearest_rank(sorted_values, q / 100.0, presorted=True)
 
 
 def _summary(results: list[Result]) -> dict[str, Any]:
