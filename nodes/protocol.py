@@ -14,38 +14,7 @@ from typing import Any
 
 import numpy as np
 
-DATATYPES: dict[str, np.dtype[Any]] = {
-    "BOOL": np.dtype(np.bool_),
-    "UINT8": np.dtype(np.uint8),
-    "UINT16": np.dtype(np.uint16),
-    "UINT32": np.dtype(np.uint32),
-    "UINT64": np.dtype(np.uint64),
-    "INT8": np.dtype(np.int8),
-    "INT16": np.dtype(np.int16),
-    "INT32": np.dtype(np.int32),
-    "INT64": np.dtype(np.int64),
-    "FP16": np.dtype(np.float16),
-    "FP32": np.dtype(np.float32),
-    "FP64": np.dtype(np.float64),
-}
-
-ORT_TO_OIP = {
-    "tensor(bool)": "BOOL",
-    "tensor(uint8)": "UINT8",
-    "tensor(uint16)": "UINT16",
-    "tensor(uint32)": "UINT32",
-    "tensor(uint64)": "UINT64",
-    "tensor(int8)": "INT8",
-    "tensor(int16)": "INT16",
-    "tensor(int32)": "INT32",
-    "tensor(int64)": "INT64",
-    "tensor(float16)": "FP16",
-    "tensor(float)": "FP32",
-    "tensor(double)": "FP64",
-    "tensor(string)": "BYTES",
-}
-
-HEADER_LENGTH = "Inference-Header-Content-Length"
+from telemetry import wire
 
 
 class BadRequest(ValueError):
@@ -78,9 +47,9 @@ def split_body(body: bytes, header_length: str | None) -> tuple[dict[str, Any], 
         try:
             n = int(header_length)
         except ValueError:
-            raise BadRequest(f"{HEADER_LENGTH} is not an integer") from None
+            raise BadRequest(f"{wire.HEADER_LENGTH} is not an integer") from None
         if n < 0 or n > len(body):
-            raise BadRequest(f"{HEADER_LENGTH} {n} is outside the body of {len(body)} bytes")
+            raise BadRequest(f"{wire.HEADER_LENGTH} {n} is outside the body of {len(body)} bytes")
         head, tail = body[:n], body[n:]
     else:
         head, tail = body, b""
@@ -130,7 +99,7 @@ def decode_request(
             want not in (-1, got) for want, got in zip(spec.shape, shape, strict=True)
         ):
             raise BadRequest(f"input '{name}' has shape {shape}, expected {list(spec.shape)}")
-        dtype = DATATYPES[spec.datatype]
+        dtype = wire.DATATYPES[spec.datatype]
         count = int(np.prod(shape)) if shape else 1
         item_params = item.get("parameters")
         item_params = {} if item_params is None else item_params

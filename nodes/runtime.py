@@ -13,8 +13,9 @@ import numpy as np
 
 from nodes import zoo
 from nodes.config import ModelSpec
-from nodes.protocol import ORT_TO_OIP, TensorSpec
+from nodes.protocol import TensorSpec
 from nodes.scheduler import batch_curve_ms
+from telemetry.wire import ORT_TO_OIP
 
 WARMUP_RUNS = 30
 
@@ -179,6 +180,6 @@ def load_model(spec: ModelSpec, providers: list[str], threads: int, zoo_dir: str
 
 
 def _np_dtype(datatype: str) -> Any:
-    from nodes.protocol import DATATYPES
+    from telemetry.wire import DATATYPES
 
     return DATATYPES.get(datatype, np.float32)

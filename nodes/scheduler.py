@@ -67,7 +67,7 @@ class BatchPolicy:
 
 
 @dataclass(slots=True)
-class Decision:
+class NextBatch:
     """What to do now: run `batch` (may be empty), answer `expired` with 504, or wake at `wake_at_ms`."""
 
     batch: list[Work] = field(default_factory=list)
@@ -75,7 +75,7 @@ class Decision:
     wake_at_ms: float | None = None
 
 
-_NOTHING = Decision()  # shared, never mutated: the answer when nothing is queued
+_NOTHING = NextBatch()  # shared, never mutated: the answer when nothing is queued
 
 ExecModel = Callable[[str, int], float]  # (model, rows) -> predicted execution ms
 
@@ -221,11 +221,11 @@ class Scheduler:
                 best = q[0]
         return None if best is None else best[1]
 
-    def next(self, now_ms: float) -> Decision:
+    def next(self, now_ms: float) -> NextBatch:
         """The next batch to run on one free slot (see the module docstring)."""
         if not self._queued:
             return _NOTHING
-        decision = Decision()
+        decision = NextBatch()
         while True:
             if not self._queued:
                 return decision

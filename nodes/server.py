@@ -21,24 +21,17 @@ from typing import Any
 from aiohttp import web
 
 from nodes.config import NodeConfig
-from nodes.engine import NodeEngine
-from nodes.protocol import HEADER_LENGTH, BadRequest, decode_request, encode_response, split_body
+from nodes.executor import Executor
+from nodes.protocol import BadRequest, decode_request, encode_response, split_body
 from nodes.residency import NoRoom, Residency
 from nodes.runtime import LoadedModel, choose_providers, file_metadata, load_model, model_file_size
+from telemetry import wire
 from telemetry.bus import TelemetryPublisher
 from telemetry.quantiles import nearest_rank
 from telemetry.schema import DeviceInfo, ModelLoad, NodeLoad
 
 log = logging.getLogger("edgeroute.node")
 
-PRIORITY_HEADER = "x-edgeroute-priority"
-DEADLINE_HEADER = "x-edgeroute-deadline-ms"
-NODE_HEADER = "x-edgeroute-node"
-EXEC_HEADER = "x-edgeroute-exec-ms"  # slot time of this request's execution
-QUEUE_HEADER = "x-edgeroute-queue-ms"  # time waiting for a slot
-BATCH_HEADER = "x-edgeroute-batch-rows"  # rows of the batch this request ran in
-COLD_HEADER = "x-edgeroute-cold-ms"  # the model was not resident: how long this request waited for it
-REQUEST_ID_HEADER = "x-edgeroute-request-id"
 VERSION = "0.1.0"
 
 
@@ -60,7 +53,7 @@ class NodeRuntime:
     evictions: int = 0
     load_ms_total: float = 0.0
     load_ms: dict[str, float] = field(default_factory=dict)  # last measured load time per model
-    engine: NodeEngine = field(init=False)
+    engine: Executor = field(init=False)
     draining: bool = False
     seq: int = 0
     last_published_outstanding: int = 0
@@ -69,7 +62,7 @@ class NodeRuntime:
     started_at_ms: float = field(default_factory=lambda: time.time() * 1000.0)  # models loaded, serving
 
     def __post_init__(self) -> None:
-        self.engine = NodeEngine(self.config, self.models, self.executor, self.config.speed, on_change=self.changed)
+        self.engine = Executor(self.config, self.models, self.executor, self.config.speed, on_change=self.changed)
         self.specs = {m.name: m for m in self.config.models}  # the repository: every model it can serve
         if self.residency.budget_bytes < 0:
             self.residency = Residency(self.config.memory_budget_bytes)
@@ -397,7 +390,7 @@ async def infer(request: web.Request) -> web.Response:
     try:
         response = await _infer(request, rt, model, arrived)
         if cold_ms is not None:
-            response.headers[COLD_HEADER] = f"{cold_ms:.3f}"
+            response.headers[wire.COLD_MS] = f"{cold_ms:.3f}"
         return response
     finally:
         rt.residency.unpin(model.name)
@@ -406,15 +399,15 @@ async def infer(request: web.Request) -> web.Response:
 async def _infer(request: web.Request, rt: NodeRuntime, model: LoadedModel, arrived: float) -> web.Response:
     try:
         body = await request.read()
-        doc, tail = split_body(body, request.headers.get(HEADER_LENGTH))
+        doc, tail = split_body(body, request.headers.get(wire.HEADER_LENGTH))
         req = decode_request(doc, tail, model.inputs, list(model.outputs))
-        priority = int(_hint(request, req.parameters, PRIORITY_HEADER, "priority") or 0)
-        budget_ms = _hint(request, req.parameters, DEADLINE_HEADER, "deadline_ms")
+        priority = int(_hint(request, req.parameters, wire.PRIORITY, "priority") or 0)
+        budget_ms = _hint(request, req.parameters, wire.DEADLINE_MS, "deadline_ms")
     except BadRequest as exc:
         return _error(400, str(exc))
     if budget_ms is not None and budget_ms <= 0:
         return _error(504, "deadline passed before the node received the request")
-    request_id = request.headers.get(REQUEST_ID_HEADER)
+    request_id = request.headers.get(wire.REQUEST_ID)
     if budget_ms is not None:  # the budget counts from arrival: reading and validating took some of it
         budget_ms -= (time.perf_counter() - arrived) * 1000.0
         if budget_ms <= 0:
@@ -424,14 +417,14 @@ async def _infer(request: web.Request, rt: NodeRuntime, model: LoadedModel, arri
         return _error(outcome.status, outcome.reason)
     payload, header_len = encode_response(model.name, model.version, req, model.outputs, outcome.outputs)
     headers = {
-        NODE_HEADER: rt.config.node_id,
-        EXEC_HEADER: f"{outcome.exec_ms:.3f}",
-        QUEUE_HEADER: f"{outcome.queue_ms:.3f}",
-        BATCH_HEADER: str(outcome.batch_rows),
+        wire.NODE: rt.config.node_id,
+        wire.EXEC_MS: f"{outcome.exec_ms:.3f}",
+        wire.QUEUE_MS: f"{outcome.queue_ms:.3f}",
+        wire.BATCH_ROWS: str(outcome.batch_rows),
     }
     if header_len is None:
         return web.Response(body=payload, content_type="application/json", headers=headers)
-    headers[HEADER_LENGTH] = str(header_len)
+    headers[wire.HEADER_LENGTH] = str(header_len)
     return web.Response(body=payload, content_type="application/octet-stream", headers=headers)
 
 

@@ -2,7 +2,8 @@
 
 from policies.api import Context, Decision, Rejection, RouteRequest
 from policies.engine import Pipeline
-from policies.registry import PolicyConfigError, PolicySpec, build_policy
+from policies.registry import build_policy
+from policies.spec import PolicyConfigError, PolicySpec
 
 __all__ = [
     "Context",

@@ -10,9 +10,9 @@ reproducible from its seed.
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import ClassVar, Protocol, runtime_checkable
+from typing import Any, ClassVar, Protocol, TypeVar, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict
 
@@ -23,8 +23,16 @@ __all__ = [
     "Context",
     "Decision",
     "Defer",
+    "Admitter",
+    "CandidateSource",
     "Filter",
+    "Gate",
     "HOLD_POLL_MS",
+    "Learner",
+    "PluginClass",
+    "RejectStatus",
+    "Sampler",
+    "Stateful",
     "NodeState",
     "Params",
     "Picker",
@@ -143,3 +151,79 @@ class Policy(Protocol):
     name: str
 
     def choose(self, req: RouteRequest, view: ClusterView, ctx: Context) -> Decision | Rejection | Defer: ...
+
+
+# --- optional hooks ---------------------------------------------------------------------------------
+# A filter may implement any of these besides `filter`; the engine checks each plugin against them once,
+# when a pipeline is built (tests/unit/test_registry.py checks every registered plugin), never per request.
+
+
+@runtime_checkable
+class Admitter(Protocol):
+    """A filter that judges one node at a time: a per-node predicate for this request (None: admits all),
+    so the engine can fuse leading filters and sample without filtering every node first."""
+
+    def admitter(self, req: RouteRequest, view: ClusterView, ctx: Context) -> Callable[[NodeState], bool] | None: ...
+
+
+@runtime_checkable
+class CandidateSource(Protocol):
+    """A filter that can name its candidates from an index (`has_model`: the view's per-model index)."""
+
+    def candidates(self, req: RouteRequest, view: ClusterView) -> Sequence[NodeState]: ...
+
+
+@runtime_checkable
+class Sampler(Protocol):
+    """A filter that samples: from `base`, nodes that `admit` accepts (None: cannot, filter instead)."""
+
+    def sample_from(
+        self, base: Sequence[NodeState], admit: Callable[[NodeState], bool], ctx: Context
+    ) -> list[NodeState] | None: ...
+
+
+@runtime_checkable
+class Gate(Protocol):
+    """A filter that may hold the request at the router (delay scheduling) instead of filtering."""
+
+    def gate(
+        self, req: RouteRequest, view: ClusterView, nodes: list[NodeState], ctx: Context
+    ) -> list[NodeState] | Defer: ...
+
+
+@runtime_checkable
+class Learner(Protocol):
+    """A plugin that learns from outcomes: the router feeds every answered request back."""
+
+    def observe(self, req: RouteRequest, latency_ms: float, met_deadline: bool, ctx: Context) -> None: ...
+
+
+@runtime_checkable
+class Stateful(Protocol):
+    """A plugin with learned state to show (`/admin/policy`, reports)."""
+
+    def state(self) -> dict[str, Any]: ...
+
+
+@runtime_checkable
+class RejectStatus(Protocol):
+    """A filter whose rejection is not a 503 (e.g. 429: the deadline cannot be met anywhere)."""
+
+    def reject_status(self, req: RouteRequest) -> int: ...
+
+
+HOOKS: tuple[type, ...] = (Admitter, CandidateSource, Sampler, Gate, Learner, Stateful, RejectStatus)
+
+P_co = TypeVar("P_co", covariant=True)
+
+
+class PluginClass(Protocol[P_co]):
+    """What the registry holds: a plugin class, its name, its parameter model, and its constructor."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def Params(self) -> type[Params]: ...  # noqa: N802 - the plugin class's nested parameter model
+
+    def __call__(self, params: Any) -> P_co: ...

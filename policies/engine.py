@@ -4,10 +4,10 @@
 a weighted mean of clamped [0, 1] scores, and lets the picker choose. If a filter leaves no candidate
 the answer is a 503 `Rejection` naming that filter, so an operator can see which constraint bit.
 
-Fast path. Filters that judge one node at a time offer `admitter(req, view, ctx)`, a per-node
-predicate; a filter may also offer `candidates(req, view)`, an indexed starting set (`has_model` gives
-the view's per-model index). The engine fuses the leading per-node filters into one predicate over that
-set, and when the next filter is a sampler (`sample_from`), it samples by rejection instead of
+Fast path. Filters that judge one node at a time implement `Admitter` (a per-node predicate); a filter
+may also be a `CandidateSource`, an indexed starting set (`has_model` gives the view's per-model index).
+The engine fuses the leading per-node filters into one predicate over that set, and when the next
+filter is a `Sampler`, it samples by rejection instead of
 filtering every node first: a `p2c` decision then costs O(1) in the cluster size, not O(nodes). The
 result has the same distribution as filter-then-sample (uniform over the admitted nodes); the slow
 path runs only to name the filter that rejected everything.
@@ -20,16 +20,23 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from policies.api import (
+    Admitter,
+    CandidateSource,
     ClusterView,
     Context,
     Decision,
     Defer,
     Filter,
+    Gate,
+    Learner,
     NodeState,
     Picker,
     Rejection,
+    RejectStatus,
     RouteRequest,
+    Sampler,
     Scorer,
+    Stateful,
 )
 
 
@@ -75,11 +82,23 @@ class Pipeline:
             reads |= s.reads
         reads |= self.picker.reads
         self.reads = frozenset(reads)
-        lead = 0
-        while lead < len(self.filters) and hasattr(self.filters[lead], "admitter"):
-            lead += 1
-        self._lead = lead
-        self._observers: list[Any] = [f for f in self.filters if hasattr(f, "observe")]
+        # the optional hooks (policies.api), resolved once here, never probed per request
+        lead: list[Admitter] = []
+        for f in self.filters:
+            if not isinstance(f, Admitter):
+                break
+            lead.append(f)
+        self._lead = len(lead)
+        self._admitters = lead
+        self._source: CandidateSource | None = next((f for f in lead if isinstance(f, CandidateSource)), None)
+        rest = list(self.filters[self._lead :])
+        self._sampler: Sampler | None = rest[0] if rest and isinstance(rest[0], Sampler) else None
+        self._rest: list[Filter] = rest
+        self._gates: dict[int, Gate] = {id(f): f for f in rest if isinstance(f, Gate)}
+        self._observers: list[Learner] = [
+            p for p in [*self.filters, *(s for s, _ in self.scorers), self.picker] if isinstance(p, Learner)
+        ]
+        self._stateful: list[tuple[str, Stateful]] = [(f.name, f) for f in self.filters if isinstance(f, Stateful)]
 
     def _rejection(self, req: RouteRequest, view: ClusterView, ctx: Context) -> Rejection:
         nodes = list(view)
@@ -88,9 +107,8 @@ class Pipeline:
         for f in self.filters:
             nodes = f.filter(req, view, nodes, ctx)
             if not nodes:
-                status = getattr(f, "reject_status", None)
                 return Rejection(
-                    status(req) if status is not None else 503,
+                    f.reject_status(req) if isinstance(f, RejectStatus) else 503,
                     f"no node for model '{req.model}' passed filter '{f.name}'",
                 )
         return Rejection(503, f"no node for model '{req.model}'")
@@ -100,40 +118,32 @@ class Pipeline:
 
         A filter with a `gate` method (delay scheduling) may instead answer `Defer`: hold the request.
         """
-        lead = self.filters[: self._lead]
-        base: Sequence[NodeState] | None = None
-        for f in lead:
-            get = getattr(f, "candidates", None)
-            if get is not None:
-                base = get(req, view)
-                break
-        if base is None:
-            base = list(view)
+        base: Sequence[NodeState] = list(view) if self._source is None else self._source.candidates(req, view)
         admits: list[Callable[[NodeState], bool]] = []
-        for f in lead:
-            a = getattr(f, "admitter")(req, view, ctx)  # noqa: B009 - an optional protocol method
+        for adm in self._admitters:
+            a = adm.admitter(req, view, ctx)
             if a is not None:
                 admits.append(a)
 
         admit = _all_of(admits)
 
-        rest = list(self.filters[self._lead :])
+        rest = self._rest
         nodes: list[NodeState] | None = None
-        if rest and hasattr(rest[0], "sample_from"):
-            sampler: Any = rest[0]
-            nodes = sampler.sample_from(base, admit, ctx)
+        if self._sampler is not None:
+            nodes = self._sampler.sample_from(base, admit, ctx)
             if nodes is not None:
-                rest.pop(0)
+                rest = rest[1:]
         if nodes is None:
             nodes = [n for n in base if admit(n)]
+        gates = self._gates
         for f in rest:
             if not nodes:
                 break
-            gate = getattr(f, "gate", None)
+            gate = gates.get(id(f))
             if gate is None:
                 nodes = f.filter(req, view, nodes, ctx)
                 continue
-            held = gate(req, view, nodes, ctx)
+            held = gate.gate(req, view, nodes, ctx)
             if isinstance(held, Defer):
                 return held
             nodes = held
@@ -151,7 +161,7 @@ class Pipeline:
 
     def state(self) -> dict[str, Any]:
         """What the stateful plugins have learned (e.g. tuned delay timers), for /admin and reports."""
-        return {f.name: f.state() for f in self.filters if hasattr(f, "state")}
+        return {name: f.state() for name, f in self._stateful}
 
     def choose(self, req: RouteRequest, view: ClusterView, ctx: Context) -> Decision | Rejection | Defer:
         nodes = self._candidates(req, view, ctx)

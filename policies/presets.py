@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from policies.registry import PluginSpec
+from policies.spec import PluginSpec
 
 
 @dataclass(frozen=True)

@@ -7,11 +7,11 @@ so a bad config is rejected before it can replace a working policy.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import ValidationError
 
-from policies.api import Filter, Picker, Scorer
+from policies.api import Filter, Picker, PluginClass, Scorer
 from policies.completion import Completion
 from policies.deadline_filter import DeadlineFilter
 from policies.delay_spill import DelaySpill
@@ -22,68 +22,32 @@ from policies.latency import Latency
 from policies.locality import Locality
 from policies.not_tried import NotTried
 from policies.pick_max import PickMax
+from policies.presets import PRESETS
 from policies.priority_headroom import PriorityHeadroom
 from policies.queue import Queue
 from policies.random_pick import RandomPick
 from policies.round_robin import RoundRobin
 from policies.sample import Sample
+from policies.spec import PluginSpec, PolicyConfigError, PolicySpec
 from policies.stage_budget import StageBudget
 from policies.warm_model import WarmModel
 from policies.weighted_random import WeightedRandom
 
-FILTERS: dict[str, type[Any]] = {
+FILTERS: dict[str, PluginClass[Filter]] = {
     c.name: c
     for c in (Healthy, HasModel, NotTried, Sample, DeadlineFilter, PriorityHeadroom, Locality, DelaySpill, StageBudget)
 }
-SCORERS: dict[str, type[Any]] = {c.name: c for c in (Queue, Latency, Completion, WarmModel)}
-PICKERS: dict[str, type[Any]] = {c.name: c for c in (PickMax, RoundRobin, RandomPick, WeightedRandom)}
+SCORERS: dict[str, PluginClass[Scorer]] = {c.name: c for c in (Queue, Latency, Completion, WarmModel)}
+PICKERS: dict[str, PluginClass[Picker]] = {c.name: c for c in (PickMax, RoundRobin, RandomPick, WeightedRandom)}
+
+T = TypeVar("T")
 
 # Always first, in this order, unless a spec lists them itself: never route to a dead node, to a node
 # without the model, or back to a node this request already failed on.
 BASE_FILTERS = ("healthy", "has_model", "not_tried")
 
 
-class PolicyConfigError(ValueError):
-    pass
-
-
-class PluginSpec(BaseModel):
-    """`{type: NAME, weight: W, <param>: <value>, ...}`; the params are checked by the plugin."""
-
-    model_config = ConfigDict(extra="allow", frozen=True)
-
-    type: str
-    weight: float = Field(1.0, ge=0)
-
-    @property
-    def params(self) -> dict[str, Any]:
-        return dict(self.model_extra or {})
-
-
-class PolicySpec(BaseModel):
-    """A policy in config: a preset (optionally with per-plugin parameter overrides) or a pipeline."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    preset: str | None = None
-    name: str | None = None
-    params: dict[str, dict[str, Any]] = Field(default_factory=dict)
-    filters: list[PluginSpec] | None = None
-    scorers: list[PluginSpec] | None = None
-    picker: PluginSpec | None = None
-
-    @model_validator(mode="after")
-    def _one_source(self) -> PolicySpec:
-        if self.preset is None and self.picker is None:
-            raise ValueError("give either 'preset' or a pipeline with at least a 'picker'")
-        return self
-
-    @property
-    def display_name(self) -> str:
-        return self.name or self.preset or "custom"
-
-
-def _make(kind: str, table: dict[str, type[Any]], spec: PluginSpec, overrides: dict[str, Any]) -> Any:
+def _make(kind: str, table: dict[str, PluginClass[T]], spec: PluginSpec, overrides: dict[str, Any]) -> T:
     cls = table.get(spec.type)
     if cls is None:
         raise PolicyConfigError(f"unknown {kind} '{spec.type}'; known: {', '.join(sorted(table))}")
@@ -98,8 +62,6 @@ def _make(kind: str, table: dict[str, type[Any]], spec: PluginSpec, overrides: d
 
 def build_policy(spec: PolicySpec | dict[str, Any] | str) -> Pipeline:
     """A fresh policy object for `spec` (a PolicySpec, its dict form, or a preset name)."""
-    from policies.presets import PRESETS
-
     if isinstance(spec, str):
         spec = PolicySpec(preset=spec)
     elif isinstance(spec, dict):

@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.port is not None:
         updates["port"] = args.port
     if args.policy:
-        from policies.registry import PolicySpec
+        from policies import PolicySpec
 
         updates["policy"] = PolicySpec(preset=args.policy)
     if args.router_id:

@@ -8,8 +8,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from policies import PolicyConfigError, PolicySpec, build_policy
 from policies.budgets import WorkflowError, split_budget
-from policies.registry import PolicyConfigError, PolicySpec, build_policy
 from router.admission import AuthConfig, RateLimitConfig
 from router.lifecycle import LifecycleSettings
 from router.lifecycle.copies import CopyConfig

@@ -21,6 +21,7 @@ from policies.api import RouteRequest
 from policies.engine import Pipeline
 from router.lifecycle import Answer, Attempts, Failure, Hold, Lifecycle, LifecycleSettings, Send, classify
 from router.node_client import NodeClient, NodeReply, NodeTimeout, NodeUnavailable
+from telemetry import wire
 from telemetry.store import ViewStore
 from telemetry.view import NodeState
 
@@ -111,7 +112,7 @@ class Dispatcher:
         a = lc.begin(req, self.policies.current, self.clock(), deadline_at_ms)
         outcome = await self._run(a, path, body, headers)
         if a.waited_ms > 0:
-            outcome.headers["x-edgeroute-held-ms"] = f"{a.waited_ms:.3f}"
+            outcome.headers[wire.HELD_MS] = f"{a.waited_ms:.3f}"
         lc.finish(a, outcome.status, self.clock())
         return outcome
 
@@ -214,8 +215,8 @@ class Dispatcher:
             if remaining_ms <= 0:
                 raise NodeTimeout(send.decision.endpoint)
             fwd = dict(headers)
-            fwd["x-edgeroute-deadline-ms"] = f"{remaining_ms:.3f}"
-            fwd["x-edgeroute-request-id"] = _request_id(a, send)
+            fwd[wire.DEADLINE_MS] = f"{remaining_ms:.3f}"
+            fwd[wire.REQUEST_ID] = _request_id(a, send)
             reply: NodeReply = await self.client.post(send.decision.endpoint + path, body, fwd, remaining_ms / 1000.0)
             if back_ms > 0:
                 late = self.clock() + back_ms > deadline_at_ms

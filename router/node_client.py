@@ -9,12 +9,14 @@ from typing import Protocol
 
 import aiohttp
 
+from telemetry import wire
+
 PASS_HEADERS = (
     "Content-Type",
-    "Inference-Header-Content-Length",
-    "x-edgeroute-node",
-    "x-edgeroute-exec-ms",
-    "x-edgeroute-queue-ms",
+    wire.HEADER_LENGTH,
+    wire.NODE,
+    wire.EXEC_MS,
+    wire.QUEUE_MS,
 )
 
 

@@ -48,22 +48,8 @@ from policies.api import RouteRequest
 from policies.budgets import split_budget
 from router.config import CropSpec, StageSpec, WorkflowSpec
 from router.dispatch import Dispatcher, Outcome
+from telemetry import wire
 from telemetry.view import ClusterView
-
-DTYPES: dict[str, Any] = {
-    "FP32": np.float32,
-    "FP64": np.float64,
-    "FP16": np.float16,
-    "INT64": np.int64,
-    "INT32": np.int32,
-    "INT16": np.int16,
-    "INT8": np.int8,
-    "UINT8": np.uint8,
-    "BOOL": np.bool_,
-}
-OIP_OF = {np.dtype(v).str: k for k, v in DTYPES.items()}
-COLD_HEADER = "x-edgeroute-cold-ms"
-HEADER_LENGTH = "Inference-Header-Content-Length"
 
 
 class WorkflowInputError(ValueError):
@@ -91,11 +77,11 @@ def decode_tensors(items: Any, tail: bytes, kind: str) -> dict[str, np.ndarray]:
         if not isinstance(item, dict) or not isinstance(item.get("name"), str):
             raise WorkflowInputError(f"every {kind} needs a 'name'")
         name, shape, dtype_name = item["name"], item.get("shape"), item.get("datatype")
-        if dtype_name not in DTYPES:
+        if dtype_name not in wire.DATATYPES:
             raise WorkflowInputError(f"{kind} '{name}': datatype {dtype_name!r} is not supported")
         if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
             raise WorkflowInputError(f"{kind} '{name}': 'shape' must be a list of non-negative integers")
-        dtype = np.dtype(DTYPES[dtype_name]).newbyteorder("<")
+        dtype = wire.DATATYPES[dtype_name].newbyteorder("<")
         params = item.get("parameters") or {}
         size = params.get("binary_data_size") if isinstance(params, dict) else None
         try:
@@ -122,7 +108,7 @@ def binary_body(request_id: str, feeds: Mapping[str, np.ndarray]) -> tuple[bytes
             "inputs": [
                 {
                     "name": k,
-                    "datatype": OIP_OF[np.dtype(v.dtype).newbyteorder("=").str],
+                    "datatype": wire.DATATYPE_OF[np.dtype(v.dtype).newbyteorder("=").str],
                     "shape": list(v.shape),
                     "parameters": {"binary_data_size": len(b)},
                 }  # fmt: skip
@@ -135,7 +121,12 @@ def binary_body(request_id: str, feeds: Mapping[str, np.ndarray]) -> tuple[bytes
 
 
 def tensor_json(name: str, arr: np.ndarray) -> dict[str, Any]:
-    return {"name": name, "datatype": OIP_OF[arr.dtype.str], "shape": list(arr.shape), "data": arr.ravel().tolist()}
+    return {
+        "name": name,
+        "datatype": wire.DATATYPE_OF[arr.dtype.str],
+        "shape": list(arr.shape),
+        "data": arr.ravel().tolist(),
+    }
 
 
 def crops(image: np.ndarray, boxes: np.ndarray, scores: np.ndarray, spec: CropSpec) -> np.ndarray:
@@ -171,12 +162,12 @@ def _tally(results: Mapping[str, StageResult]) -> dict[str, str]:
     """A job's totals as answer headers (the replay harness reads them)."""
     ran = [r for r in results.values() if r.status != 0]
     return {
-        "x-edgeroute-stages": str(len(ran)),
-        "x-edgeroute-cold-stages": str(sum(r.cold for r in ran)),
-        "x-edgeroute-bytes-kept": str(sum(r.bytes_kept for r in ran)),
-        "x-edgeroute-bytes-moved": str(sum(r.bytes_moved for r in ran)),
-        "x-edgeroute-exec-ms": f"{sum(r.exec_ms for r in ran):.3f}",
-        "x-edgeroute-queue-ms": f"{sum(r.queue_ms for r in ran):.3f}",
+        wire.STAGES: str(len(ran)),
+        wire.COLD_STAGES: str(sum(r.cold for r in ran)),
+        wire.BYTES_KEPT: str(sum(r.bytes_kept for r in ran)),
+        wire.BYTES_MOVED: str(sum(r.bytes_moved for r in ran)),
+        wire.EXEC_MS: f"{sum(r.exec_ms for r in ran):.3f}",
+        wire.QUEUE_MS: f"{sum(r.queue_ms for r in ran):.3f}",
     }
 
 
@@ -354,7 +345,7 @@ class WorkflowRunner:
             next_bytes=next_bytes,
         )
         body, head_len = binary_body(req.request_id, feeds)
-        fwd = {**headers, "Content-Type": "application/octet-stream", HEADER_LENGTH: str(head_len)}
+        fwd = {**headers, "Content-Type": "application/octet-stream", wire.HEADER_LENGTH: str(head_len)}
         t0 = time.perf_counter()
         outcome = await self.dispatcher.dispatch(req, f"/v2/models/{stage.model}/infer", body, fwd, deadline_at)
         result.ms = (time.perf_counter() - t0) * 1000.0
@@ -376,15 +367,15 @@ class WorkflowRunner:
             reason = outcome.reason or f"status {outcome.status}"
             return result, Outcome.error(outcome.status, f"stage {stage.name} ({stage.model}): {reason}",
                                          outcome.node, outcome.attempts)  # fmt: skip
-        result.cold = COLD_HEADER in outcome.headers
-        result.exec_ms = float(outcome.headers.get("x-edgeroute-exec-ms", 0.0))
-        result.queue_ms = float(outcome.headers.get("x-edgeroute-queue-ms", 0.0))
+        result.cold = wire.COLD_MS in outcome.headers
+        result.exec_ms = float(outcome.headers.get(wire.EXEC_MS, 0.0))
+        result.queue_ms = float(outcome.headers.get(wire.QUEUE_MS, 0.0))
         if result.cold:
             self.stats.cold += 1
         else:
             self.stats.warm += 1
         try:
-            n = int(outcome.headers.get(HEADER_LENGTH, len(outcome.body)))
+            n = int(outcome.headers.get(wire.HEADER_LENGTH, len(outcome.body)))
             result.outputs = decode_tensors(json.loads(outcome.body[:n])["outputs"], outcome.body[n:], "output")
         except (ValueError, KeyError, TypeError) as exc:
             return result, Outcome.error(502, f"stage {stage.name}: unreadable answer from {outcome.node}: {exc}",

@@ -22,17 +22,7 @@ import aiohttp
 import numpy as np
 
 from scenarios.schema import ScenarioError, SiteLoad, Workload
-
-DATATYPE_NUMPY = {
-    "FP32": np.float32,
-    "FP64": np.float64,
-    "FP16": np.float16,
-    "INT64": np.int64,
-    "INT32": np.int32,
-    "INT8": np.int8,
-    "UINT8": np.uint8,
-    "BOOL": np.bool_,
-}
+from telemetry import wire
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,7 +162,7 @@ def example_payload(metadata: dict[str, Any], seed: int, binary_over: int = 1024
     blobs: list[bytes] = []
     for spec in metadata["inputs"]:
         shape = [batch if d < 0 else d for d in spec["shape"]]
-        dtype = np.dtype(DATATYPE_NUMPY[spec["datatype"]])
+        dtype = wire.DATATYPES[spec["datatype"]]
         data = rng.random(shape).astype(dtype) if dtype.kind == "f" else rng.integers(0, 2, shape).astype(dtype)
         entry: dict[str, Any] = {"name": spec["name"], "shape": shape, "datatype": spec["datatype"]}
         if data.size > binary_over:
@@ -227,13 +217,13 @@ async def run_load(
         async def send(i: int, a: Arrival) -> None:
             headers = {
                 "Content-Type": "application/json",
-                "x-edgeroute-priority": str(a.priority),
-                "x-edgeroute-deadline-ms": f"{a.deadline_ms:g}",
-                "x-edgeroute-site": a.site,
+                wire.PRIORITY: str(a.priority),
+                wire.DEADLINE_MS: f"{a.deadline_ms:g}",
+                wire.SITE: a.site,
             }
             payload = payloads[a.model]
             if payload.header_length is not None:
-                headers["Inference-Header-Content-Length"] = str(payload.header_length)
+                headers[wire.HEADER_LENGTH] = str(payload.header_length)
                 headers["Content-Type"] = "application/octet-stream"
             t0 = time.perf_counter()
             try:
@@ -250,15 +240,15 @@ async def run_load(
                         a,
                         resp.status,
                         (time.perf_counter() - t0) * 1000.0,
-                        resp.headers.get("x-edgeroute-node", "none"),
+                        resp.headers.get(wire.NODE, "none"),
                         err,
-                        float(resp.headers.get("x-edgeroute-exec-ms", 0.0)),
-                        float(resp.headers.get("x-edgeroute-queue-ms", 0.0)),
-                        max(1, int(resp.headers.get("x-edgeroute-batch-rows", 1))),
-                        int(resp.headers.get("x-edgeroute-stages", 1)),
-                        int(resp.headers.get("x-edgeroute-cold-stages", "x-edgeroute-cold-ms" in resp.headers)),
-                        int(resp.headers.get("x-edgeroute-bytes-kept", 0)),
-                        int(resp.headers.get("x-edgeroute-bytes-moved", 0)),
+                        float(resp.headers.get(wire.EXEC_MS, 0.0)),
+                        float(resp.headers.get(wire.QUEUE_MS, 0.0)),
+                        max(1, int(resp.headers.get(wire.BATCH_ROWS, 1))),
+                        int(resp.headers.get(wire.STAGES, 1)),
+                        int(resp.headers.get(wire.COLD_STAGES, wire.COLD_MS in resp.headers)),
+                        int(resp.headers.get(wire.BYTES_KEPT, 0)),
+                        int(resp.headers.get(wire.BYTES_MOVED, 0)),
                     )
             except (TimeoutError, aiohttp.ClientError, OSError) as exc:
                 results[i] = Result(

@@ -37,6 +37,7 @@ import aiohttp
 from scenarios.launcher import Stack, http_json
 from scenarios.loadgen import Payload, build_schedule, example_payload, run_load
 from scenarios.schema import NodeSpec, Scenario, Workload
+from telemetry import wire
 from telemetry.bus import KafkaTelemetrySource
 from telemetry.quantiles import grid_101
 from telemetry.store import ViewStore
@@ -52,9 +53,9 @@ def quantiles(samples: list[float]) -> list[float]:
 
 async def _measure(url: str, payload: Payload, n: int) -> list[tuple[float, float]]:
     """(latency ms, exec ms) for n sequential requests after a short warm-up."""
-    headers = {"Content-Type": "application/json", "x-edgeroute-deadline-ms": "10000"}
+    headers = {"Content-Type": "application/json", wire.DEADLINE_MS: "10000"}
     if payload.header_length is not None:
-        headers["Inference-Header-Content-Length"] = str(payload.header_length)
+        headers[wire.HEADER_LENGTH] = str(payload.header_length)
         headers["Content-Type"] = "application/octet-stream"
     out: list[tuple[float, float]] = []
     async with aiohttp.ClientSession() as session:
@@ -64,7 +65,7 @@ async def _measure(url: str, payload: Payload, n: int) -> list[tuple[float, floa
                 await resp.read()
                 if resp.status != 200:
                     raise RuntimeError(f"profiling {url}: {resp.status}")
-                exec_ms = float(resp.headers.get("x-edgeroute-exec-ms", "0"))
+                exec_ms = float(resp.headers.get(wire.EXEC_MS, "0"))
             if i >= 10:
                 out.append(((time.perf_counter() - t0) * 1000.0, exec_ms))
     return out

@@ -20,7 +20,7 @@ from pydantic import (
     model_validator,
 )
 
-from policies.registry import PolicyConfigError, PolicySpec, build_policy
+from policies import PolicyConfigError, PolicySpec, build_policy
 from router.config import WorkflowSpec
 
 

@@ -25,5 +25,6 @@ def test_grid_interpolates_between_order_statistics() -> None:
     assert len(g) == 101 and g[0] == 0.0 and g[50] == 5.0 and g[100] == 10.0
     assert grid_101([]) == [0.0] * 101
     assert grid_101([4.0]) == [4.0] * 101
-    xs = [random.Random(1).gauss(10, 2) for _ in range(1000)]
+    rng = random.Random(1)
+    xs = [rng.gauss(10, 2) for _ in range(1000)]
     assert grid_101(xs)[50] == pytest.approx(sorted(xs)[499] / 2 + sorted(xs)[500] / 2, abs=1e-3)

@@ -1,8 +1,9 @@
 import pytest
 
 from policies import PolicyConfigError, build_policy
+from policies.api import HOOKS, Filter, Params, Picker, Scorer
 from policies.presets import PRESETS
-from policies.registry import BASE_FILTERS
+from policies.registry import BASE_FILTERS, FILTERS, PICKERS, SCORERS
 
 
 @pytest.mark.parametrize("preset", sorted(PRESETS))
@@ -55,3 +56,39 @@ def test_custom_pipeline_with_weights() -> None:
         }
     )
     assert [w for _, w in policy.scorers] == [2.0, 1.0]
+
+
+# --- every registered plugin against the declared contract (policies.api) ---------------------------
+
+KINDS = {
+    "filter": (FILTERS, Filter, "filter"),
+    "scorer": (SCORERS, Scorer, "score"),
+    "picker": (PICKERS, Picker, "pick"),
+}
+HOOK_METHODS = {name for hook in HOOKS for name in dir(hook) if not name.startswith("_")}
+
+
+@pytest.mark.parametrize(
+    ("kind", "name"), [(kind, name) for kind, (table, _, _) in KINDS.items() for name in sorted(table)]
+)
+def test_every_registered_plugin_satisfies_its_protocols(kind: str, name: str) -> None:
+    table, protocol, method = KINDS[kind]
+    cls = table[name]
+    assert cls.name == name, "registered under its own name"
+    assert issubclass(cls.Params, Params), "parameters are strict pydantic models"
+    plugin = cls(cls.Params())
+    assert isinstance(plugin, protocol)
+    assert isinstance(plugin.reads, frozenset), "declares the telemetry fields it reads (pickers read none)"
+    public = {m for m in dir(plugin) if not m.startswith("_") and callable(getattr(plugin, m))} - {"Params"}
+    undeclared = public - {method} - HOOK_METHODS
+    assert not undeclared, f"{name}: methods outside the declared hooks: {sorted(undeclared)}"
+    for hook in HOOKS:
+        members = {m for m in dir(hook) if not m.startswith("_")}
+        if members & public:
+            assert isinstance(plugin, hook), f"{name} implements part of {hook.__name__}"
+
+
+def test_the_engine_resolves_hooks_at_build_time() -> None:
+    policy = build_policy("edge_first")
+    assert policy.learns and "delay_spill" in policy.state()
+    assert not build_policy("p2c").learns

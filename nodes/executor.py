@@ -23,13 +23,13 @@ import numpy as np
 from nodes.config import NodeConfig
 from nodes.protocol import InferRequest
 from nodes.runtime import LoadedModel
-from nodes.scheduler import BatchPolicy, Decision, Scheduler, Work
+from nodes.scheduler import BatchPolicy, NextBatch, Scheduler, Work
 
 log = logging.getLogger("edgeroute.node")
 
 
 @dataclass
-class Outcome:
+class InferResult:
     status: int
     outputs: dict[str, np.ndarray] | None = None
     reason: str = ""
@@ -41,7 +41,7 @@ class Outcome:
 @dataclass
 class _Pending:
     request: InferRequest
-    future: asyncio.Future[Outcome]
+    future: asyncio.Future[InferResult]
     queued_at: float  # perf_counter seconds
     timer: asyncio.TimerHandle | None = None
     request_id: str | None = None
@@ -57,7 +57,7 @@ class Running:
 
 
 @dataclass
-class NodeEngine:
+class Executor:
     config: NodeConfig
     models: dict[str, LoadedModel]
     executor: Any
@@ -122,7 +122,7 @@ class NodeEngine:
 
     async def submit(
         self, model: str, req: InferRequest, priority: int, budget_ms: float | None, request_id: str | None = None
-    ) -> Outcome:
+    ) -> InferResult:
         with self.lock:
             refusal = self.scheduler.refuse(priority)
             if refusal is None and self.scheduler.admit_by_deadline:
@@ -130,7 +130,7 @@ class NodeEngine:
                 left = [max(0.0, r.ends_at_ms - now) for r in self.running]
                 refusal = self.scheduler.refuse_late(model, req.batch, priority, budget_ms, left, self.config.slots)
         if refusal is not None:
-            return Outcome(refusal[0], reason=refusal[1])
+            return InferResult(refusal[0], reason=refusal[1])
         loop = asyncio.get_running_loop()
         now = self.now_ms()
         deadline = None if budget_ms is None else now + budget_ms
@@ -162,7 +162,7 @@ class NodeEngine:
         if work is None or not removed:
             return False
         self.cancelled += 1
-        self._resolve(work, Outcome(499, reason="cancelled by the router (duplicate answered elsewhere)"))
+        self._resolve(work, InferResult(499, reason="cancelled by the router (duplicate answered elsewhere)"))
         self._changed()
         return True
 
@@ -170,11 +170,11 @@ class NodeEngine:
         with self.lock:
             removed = self.scheduler.remove(work)
         if removed:
-            self._resolve(work, Outcome(504, reason="deadline passed while queued at the node"))
+            self._resolve(work, InferResult(504, reason="deadline passed while queued at the node"))
             self._changed()
 
     @staticmethod
-    def _resolve(work: Work, outcome: Outcome) -> None:
+    def _resolve(work: Work, outcome: InferResult) -> None:
         pending: _Pending = work.handle
         if not pending.future.done():
             pending.future.set_result(outcome)
@@ -202,7 +202,7 @@ class NodeEngine:
                 now = self.now_ms()
                 decision = self.scheduler.next(now)
                 for work in decision.expired:
-                    self._resolve(work, Outcome(504, reason="deadline cannot be met: it would finish too late"))
+                    self._resolve(work, InferResult(504, reason="deadline cannot be met: it would finish too late"))
                 if decision.batch:
                     starts.append((decision.batch, self._claim(decision.batch, now)))
                     continue
@@ -286,14 +286,14 @@ class NodeEngine:
         started: float,
         rows: int,
         error: Exception | None,
-        decision: Decision | None,
+        decision: NextBatch | None,
         idle: bool,
     ) -> None:
         """Event loop: answer the batch's requests (and any the scheduler expired), then refill slots."""
         if error is not None:
             log.error("model %s failed: %s", model.name, error)
             for w in batch:
-                self._resolve(w, Outcome(500, reason=f"model '{model.name}' failed: {error}"))
+                self._resolve(w, InferResult(500, reason=f"model '{model.name}' failed: {error}"))
         else:
             with self.lock:
                 self.scheduler.ran(batch[0].priority, exec_ms, self.now_ms(), self.config.slots)
@@ -306,13 +306,13 @@ class NodeEngine:
                 self.served += 1
                 self._resolve(
                     w,
-                    Outcome(
+                    InferResult(
                         200, outputs, exec_ms=exec_ms, queue_ms=(started - pending.queued_at) * 1000.0, batch_rows=rows
                     ),
                 )
         if decision is not None:
             for work in decision.expired:
-                self._resolve(work, Outcome(504, reason="deadline cannot be met: it would finish too late"))
+                self._resolve(work, InferResult(504, reason="deadline cannot be met: it would finish too late"))
         if idle:
             self.kick()
         else:

@@ -1,0 +1,188 @@
+"""The admin sub-application (`/admin/...`, admin tokens only) and the status page.
+
+Routes: `GET/PUT /admin/policy` (validated, then swapped whole), `GET /admin/view` (nodes, overlay,
+health, holds, hedges, copies, workflows), `GET/PUT /admin/links` (cut or restore an emulated link).
+The sub-application has its own authentication middleware: every route needs an admin token when
+auth is configured. The status page (`/`) is rendered from `templates/status.html`.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from string import Template
+from typing import Any
+
+from aiohttp import web
+
+from policies import PolicyConfigError, PolicySpec
+from router.state import ROUTER, Router
+from router.state import json_error as _error
+from telemetry.store import ViewStore
+
+log = logging.getLogger("edgeroute.router")
+
+
+async def get_policy(request: web.Request) -> web.Response:
+    router = request.app[ROUTER]
+    spec = router.policies.spec
+    body = spec.model_dump(exclude_none=True) if isinstance(spec, PolicySpec) else {}
+    return web.json_response(
+        {"name": router.policies.current.name, "spec": body, "state": router.policies.current.state()}
+    )
+
+
+async def put_policy(request: web.Request) -> web.Response:
+    router = request.app[ROUTER]
+    try:
+        raw = await request.json()
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        return _error(400, f"malformed JSON: {exc}")
+    try:
+        spec = router.reload_policy(raw, "PUT /admin/policy")
+    except PolicyConfigError as exc:
+        return _error(400, f"policy rejected, keeping '{router.policies.current.name}': {exc}")
+    return web.json_response({"name": router.policies.current.name, "spec": spec.model_dump(exclude_none=True)})
+
+
+async def get_links(request: web.Request) -> web.Response:
+    return web.json_response(request.app[ROUTER].lifecycle.links.as_json())
+
+
+async def put_link(request: web.Request) -> web.Response:
+    """`{"a": A, "b": B, "cut": bool}`: cut or restore an emulated link (fault injection)."""
+    router = request.app[ROUTER]
+    try:
+        doc = await request.json()
+        a, b, cut = str(doc["a"]), str(doc["b"]), bool(doc["cut"])
+    except (ValueError, KeyError, TypeError):
+        return _error(400, 'body must be {"a": partition, "b": partition, "cut": bool}')
+    try:
+        router.lifecycle.set_link(a, b, cut)
+    except KeyError as exc:
+        return _error(404, str(exc.args[0]))
+    log.warning("link %s-%s %s", a, b, "cut" if cut else "restored")
+    return web.json_response(router.lifecycle.links.as_json())
+
+
+async def get_view(request: web.Request) -> web.Response:
+    router = request.app[ROUTER]
+    now = router.clock()
+    view = router.lifecycle.tracker.overlay(router.store.view)
+    return web.json_response(
+        {
+            "nodes": [
+                {
+                    "node_id": n.node_id,
+                    "endpoint": n.endpoint,
+                    "partition": n.partition,
+                    "tier": n.load.tier,
+                    "status": n.load.status,
+                    "fresh": view.is_fresh(n, now),
+                    "age_ms": round(view.age_ms(n.node_id, now), 1),
+                    "outstanding": view.outstanding(n),
+                    "capacity": n.capacity,
+                    "models": sorted(n.load.models),
+                }
+                for n in view
+            ],
+            "telemetry": telemetry_summary(router.store),
+            "hedging": {
+                "sent": router.lifecycle.hedges_sent,
+                "won": router.lifecycle.hedge_wins,
+                "cancelled": router.lifecycle.hedge_cancels,
+            },
+            "health": router.lifecycle.health.state(now),
+            "router_id": router.router_id,
+            "peers": None
+            if router.peers is None
+            else {
+                "routers": router.peers.peers,
+                "messages": router.peers.messages,
+                "malformed": router.peers.malformed,
+                "remote_in_flight": sum(router.peers.remote(n.node_id) for n in view),
+                "lag_ms": {q: round(router.peers.lag_quantile(f), 2) for q, f in (("p50", 0.5), ("p99", 0.99))},
+            },
+            "workflows": {name: runner.stats.as_json() for name, runner in router.workflows.items()},
+            "copies": {"loading": sorted(router.lifecycle.copies.loading), "recent": list(router.copies_log)},
+            "holds": {
+                "held": router.lifecycle.holds,
+                "held_ms_total": round(router.lifecycle.held_ms_total, 1),
+                "waiting": router.dispatcher.waiting,
+            },
+        }
+    )
+
+
+def telemetry_summary(store: ViewStore) -> dict[str, Any]:
+    return store.summary()
+
+
+_STATUS = Template((Path(__file__).parent / "templates" / "status.html").read_text())
+_ROW = Template(
+    "<tr class='$cls'><td>$id</td><td>$part</td><td>$tier</td><td>$status</td><td>$age</td>"
+    "<td>$out/$cap</td><td>$models</td></tr>"
+)
+
+
+async def status_page(request: web.Request) -> web.Response:
+    """A human-readable page: the policy, every node with its freshness and load, telemetry health."""
+    router = request.app[ROUTER]
+    now = router.clock()
+    view = router.lifecycle.view()
+    tel = telemetry_summary(router.store)
+    rows = "".join(
+        _ROW.substitute(
+            cls="ok" if view.is_fresh(n, now) and n.ready else "bad",
+            id=html.escape(n.node_id),
+            part=html.escape(n.partition),
+            tier=n.load.tier,
+            status=n.load.status if view.is_fresh(n, now) else "stale",
+            age=f"{view.age_ms(n.node_id, now):.0f}",
+            out=view.outstanding(n),
+            cap=n.capacity,
+            models=html.escape(", ".join(sorted(n.load.models))),
+        )
+        for n in sorted(view, key=lambda n: (n.partition, n.node_id))
+    )
+    page = _STATUS.substitute(
+        policy=html.escape(router.policies.current.name),
+        known=len(view),
+        fresh=len(view.fresh_nodes(now)),
+        stale_after=f"{router.config.stale_after_ms:.0f}",
+        messages=tel["messages"],
+        malformed=tel["malformed"],
+        lag_p50=f"{tel['lag_ms']['p50']:.1f}",
+        lag_p99=f"{tel['lag_ms']['p99']:.1f}",
+        rows=rows,
+    )
+    return web.Response(text=page, content_type="text/html")
+
+
+@web.middleware
+async def admin_auth(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """Every admin route needs an admin token (when auth is configured)."""
+    router = request.app[ROUTER]
+    verdict = router.auth.check(request.headers.get("Authorization"), True, request.remote or "unknown")
+    if verdict.status:
+        headers = {"WWW-Authenticate": "Bearer"} if verdict.status == 401 else None
+        return _error(verdict.status, verdict.reason, headers)
+    return await handler(request)
+
+
+def create_admin_app(router: Router) -> web.Application:
+    """The `/admin` sub-application, sharing the main app's `Router`."""
+    sub = web.Application(middlewares=[admin_auth])
+    sub[ROUTER] = router
+    r = sub.router
+    r.add_get("/policy", get_policy)
+    r.add_put("/policy", put_policy)
+    r.add_get("/view", get_view)
+    r.add_get("/links", get_links)
+    r.add_put("/links", put_link)
+    return sub

@@ -1,0 +1,380 @@
+"""The Open Inference Protocol v2 handlers: health, metadata, readiness, inference, repository.
+
+authenticate (middleware) -> validate -> admit (size, deadline) -> dispatch (router.dispatch drives the
+request lifecycle) -> answer. Every accepted request gets exactly one answer: the node's result, or
+`{"error": ...}` with 400 (malformed), 404 (unknown model), 413 (too large), 503 (no capable node) or
+504 (deadline passed). A request is parsed once and only as far as routing needs; its body is
+forwarded as the bytes that came in.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from typing import Any
+
+from aiohttp import web
+
+from policies.api import RouteRequest
+from router.dispatch import Outcome
+from router.node_client import NodeTimeout, NodeUnavailable
+from router.state import CLIENT, ROUTER, VERSION, Router
+from router.state import json_error as _error
+from router.workflows import WorkflowInputError, WorkflowRunner, decode_inputs
+from telemetry import wire
+from telemetry.view import NodeState
+
+log = logging.getLogger("edgeroute.router")
+
+
+class BadHint(ValueError):
+    pass
+
+
+def _number(value: Any, key: str) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise BadHint(f"'{key}' must be a number")
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        raise BadHint(f"'{key}' must be a number") from None
+    if out != out or out in (float("inf"), float("-inf")):
+        raise BadHint(f"'{key}' must be finite")
+    return out
+
+
+async def live(request: web.Request) -> web.Response:
+    return web.json_response({"live": True})
+
+
+async def ready(request: web.Request) -> web.Response:
+    router = request.app[ROUTER]
+    n = len(router.store.view.fresh_nodes(router.clock()))
+    return web.json_response({"ready": n > 0, "nodes": n}, status=200 if n else 503)
+
+
+async def server_metadata(request: web.Request) -> web.Response:
+    return web.json_response(
+        {"name": "edgeroute", "version": VERSION, "extensions": ["binary_tensor_data", "model_repository"]}
+    )
+
+
+def _model_nodes(router: Router, model: str) -> tuple[list[Any], bool]:
+    """(fresh ready nodes serving `model`, whether any node at all ever reported it)."""
+    view = router.store.view
+    nodes = view.models(router.clock()).get(model, [])
+    known = bool(nodes) or any(n.serves(model) for n in view)
+    return nodes, known
+
+
+def _unknown_or_unavailable(model: str, known: bool) -> web.Response:
+    if known:
+        return _error(503, f"no ready node serves model '{model}'")
+    return _error(404, f"unknown model '{model}'")
+
+
+async def _node_metadata(router: Router, model: str, suffix: str = "") -> tuple[int, bytes] | None:
+    """A serving node's answer to `GET /v2/models/{model}{suffix}`, least busy node first."""
+    nodes, _ = _model_nodes(router, model)
+    view = router.store.view
+    for node in sorted(nodes, key=lambda n: (not ((m := n.model(model)) and m.resident), view.outstanding(n))):
+        try:
+            reply = await router.client.get(f"{node.endpoint}/v2/models/{model}{suffix}", 2.0)
+        except (NodeUnavailable, NodeTimeout):
+            continue
+        if reply.status < 500:
+            return reply.status, reply.body
+    return None
+
+
+async def _workflow_metadata(router: Router, runner: WorkflowRunner) -> web.Response:
+    """Like an ensemble's: the inputs as the stages' models declare them, outputs named STAGE.OUTPUT."""
+    spec = runner.spec
+    meta: dict[str, dict[str, Any]] = {}
+    for stage in spec.stages:
+        got = await _node_metadata(router, stage.model)
+        if got is None or got[0] != 200:
+            return _error(503, f"workflow '{spec.name}': no node answered metadata for model '{stage.model}'")
+        meta[stage.name] = json.loads(got[1])
+    inputs: dict[str, dict[str, Any]] = {}
+    for stage in spec.stages:
+        declared = {t["name"]: t for t in meta[stage.name].get("inputs", [])}
+        for model_input, src in stage.inputs.items():
+            ref = src if isinstance(src, str) else src.crop
+            if ref in spec.inputs and ref not in inputs and model_input in declared:
+                inputs[ref] = {**declared[model_input], "name": ref}
+    if isinstance(spec.outputs, list):
+        wanted = set(spec.outputs)
+    else:
+        wanted = {f"{s}.{t['name']}" for s in spec.sinks() for t in meta[s].get("outputs", [])}
+    outputs = [{**t, "name": f"{s.name}.{t['name']}"} for s in spec.stages for t in meta[s.name].get("outputs", [])]
+    return web.json_response(
+        {
+            "name": spec.name,
+            "versions": ["1"],
+            "platform": "edgeroute_workflow",
+            "inputs": [inputs.get(n, {"name": n, "datatype": "FP32", "shape": [-1]}) for n in spec.inputs],
+            "outputs": [o for o in outputs if o["name"] in wanted],
+            "parameters": {"slo_ms": spec.slo_ms, "stages": [s.model_dump(exclude_none=True) for s in spec.stages]},
+        }
+    )
+
+
+async def model_metadata(request: web.Request) -> web.Response:
+    router = request.app[ROUTER]
+    model = request.match_info["model"]
+    runner = router.workflows.get(model)
+    if runner is not None:
+        return await _workflow_metadata(router, runner)
+    nodes, known = _model_nodes(router, model)
+    if not nodes:
+        return _unknown_or_unavailable(model, known)
+    suffix = request.path.split(f"/v2/models/{model}", 1)[1]
+    got = await _node_metadata(router, model, suffix)
+    if got is None:
+        return _error(503, f"no node answered metadata for model '{model}'")
+    return web.Response(status=got[0], body=got[1], content_type="application/json")
+
+
+async def model_ready(request: web.Request) -> web.Response:
+    router = request.app[ROUTER]
+    model = request.match_info["model"]
+    version = request.match_info.get("version")
+    if version is not None and version != "1":
+        return _error(404, f"model '{model}' has no version '{version}'")
+    runner = router.workflows.get(model)
+    if runner is not None:
+        absent = [m for m in runner.models() if not _model_nodes(router, m)[0]]
+        if absent:
+            return _error(503, f"workflow '{model}': no ready node serves {', '.join(absent)}")
+        return web.json_response({"name": model, "ready": True, "models": runner.models()})
+    nodes, known = _model_nodes(router, model)
+    if not nodes:
+        return _unknown_or_unavailable(model, known)
+    return web.json_response({"name": model, "ready": True, "nodes": len(nodes)})
+
+
+async def repository_index(request: web.Request) -> web.Response:
+    router = request.app[ROUTER]
+    view = router.store.view
+    serving = view.models(router.clock())
+    names = sorted({m for n in view for m in n.load.models})
+    warm = {m for m, nodes in serving.items() for n in nodes if (st := n.model(m)) is not None and st.resident}
+
+    def state(m: str) -> dict[str, str]:
+        if m in warm:
+            return {"state": "READY"}
+        if m in serving:
+            return {"state": "UNAVAILABLE", "reason": "not resident on any node; loads on first use"}
+        return {"state": "UNAVAILABLE", "reason": "no fresh ready node serves it"}
+
+    index = [{"name": m, "version": "1", **state(m)} for m in names]
+    for name, runner in router.workflows.items():
+        absent = [m for m in runner.models() if m not in serving]
+        index.append({"name": name, "version": "1", "state": "UNAVAILABLE" if absent else "READY",
+                      **({"reason": f"no fresh ready node serves {', '.join(absent)}"} if absent else {})})  # fmt: skip
+    return web.json_response(index)
+
+
+def _fresh_serving(router: Router, model: str) -> list[NodeState]:
+    now = router.clock()
+    return [n for n in router.store.view.serving(model) if n.ready and router.store.view.is_fresh(n, now)]
+
+
+async def repository_load(request: web.Request) -> web.Response:
+    """Cluster `POST /v2/repository/models/{m}/load`: make the model resident on a node.
+
+    Already resident on a fresh node: nothing to do. Otherwise the node that serves it with the most
+    free memory loads it (or the node named in `{"parameters": {"node": ID}}`); its answer is relayed.
+    """
+    router = request.app[ROUTER]
+    model = request.match_info["model"]
+    nodes = _fresh_serving(router, model)
+    if not nodes:
+        return _error(404, f"no fresh node serves model '{model}'")
+    wanted = None
+    raw = await request.read()
+    if raw:
+        try:
+            doc = json.loads(raw)
+            wanted = (doc.get("parameters") or {}).get("node") if isinstance(doc, dict) else None
+        except (ValueError, AttributeError):
+            return _error(400, "malformed JSON body")
+    if wanted is not None:
+        nodes = [n for n in nodes if n.node_id == wanted]
+        if not nodes:
+            return _error(404, f"node '{wanted}' is not a fresh node serving '{model}'")
+    else:
+        warm = [n.node_id for n in nodes if (st := n.model(model)) is not None and st.resident]
+        if warm:
+            return web.json_response({"name": model, "state": "READY", "nodes": warm})
+    target = max(nodes, key=lambda n: n.load.memory_budget_bytes - n.load.memory_used_bytes)
+    reply = await router.client.post(
+        f"{target.endpoint}/v2/repository/models/{model}/load", b"{}", {"Content-Type": "application/json"}, 60.0
+    )
+    if reply.status != 200:
+        return web.Response(status=reply.status, body=reply.body, content_type="application/json")
+    return web.json_response({"name": model, "state": "READY", "nodes": [target.node_id]})
+
+
+async def repository_unload(request: web.Request) -> web.Response:
+    """Cluster `POST /v2/repository/models/{m}/unload`: every node holding it lets it go (409 from a
+    node with requests in progress is relayed per node)."""
+    router = request.app[ROUTER]
+    model = request.match_info["model"]
+    nodes = _fresh_serving(router, model)
+    if not nodes:
+        return _error(404, f"no fresh node serves model '{model}'")
+    results: dict[str, int] = {}
+    for n in nodes:
+        reply = await router.client.post(
+            f"{n.endpoint}/v2/repository/models/{model}/unload", b"{}", {"Content-Type": "application/json"}, 10.0
+        )
+        results[n.node_id] = reply.status
+    status = 200 if all(code == 200 for code in results.values()) else 409
+    return web.json_response({"name": model, "state": "UNAVAILABLE" if status == 200 else "BUSY", "nodes": results},
+                             status=status)  # fmt: skip
+
+
+async def infer(request: web.Request) -> web.Response:
+    router = request.app[ROUTER]
+    arrived = router.clock()
+    model = request.match_info["model"]
+    cfg = router.config
+    if request.content_length is not None and request.content_length > cfg.max_body_bytes:
+        count(router, model, 0, "none", 413, arrived)
+        return _error(413, f"request body of {request.content_length} bytes exceeds {cfg.max_body_bytes}")
+    try:
+        body = await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        count(router, model, 0, "none", 413, arrived)
+        return _error(413, f"request body exceeds {cfg.max_body_bytes} bytes")
+    try:
+        doc = _parse_header(body, request.headers.get(wire.HEADER_LENGTH))
+        params = doc.get("parameters")
+        params = {} if params is None else params
+        if not isinstance(params, dict):
+            raise BadHint("'parameters' must be an object")
+        priority = _number(request.headers.get(wire.PRIORITY, params.get("priority")), "priority")
+        if priority is not None and priority != int(priority):
+            raise BadHint("'priority' must be an integer")
+        deadline = _number(request.headers.get(wire.DEADLINE_MS, params.get("deadline_ms")), "deadline_ms")
+        if deadline is None and params.get("timeout") is not None:
+            # Triton clients send their request timeout as `parameters.timeout` in microseconds
+            timeout_us = _number(params.get("timeout"), "timeout")
+            deadline = None if timeout_us is None else timeout_us / 1000.0
+        if deadline is not None and deadline <= 0:
+            raise BadHint("'deadline_ms' must be positive")
+        site = request.headers.get(wire.SITE, params.get("site"))
+        if site is not None and not isinstance(site, str):
+            raise BadHint("'site' must be a string")
+        if site is None and cfg.auth is not None:  # the site of the client's key
+            site = cfg.auth.sites.get(request.get(CLIENT, ""))
+        batch = _batch_of(doc)
+    except BadHint as exc:
+        count(router, model, 0, "none", 400, arrived)
+        return _error(400, str(exc))
+    runner = router.workflows.get(model)
+    if runner is not None:
+        return await _run_workflow(router, runner, request, body, doc, int(priority or 0), deadline, site, arrived)
+    if not router.store.view.serving(model):
+        count(router, model, int(priority or 0), "none", 404, arrived)
+        return _error(404, f"unknown model '{model}'")
+    budget = min(deadline if deadline is not None else cfg.default_deadline_ms, cfg.max_deadline_ms)
+    req_id = str(doc.get("id") or uuid.uuid4().hex[:16])
+    prio = int(priority or 0)
+    headers = {
+        "Content-Type": request.headers.get("Content-Type", "application/json"),
+        wire.PRIORITY: str(prio),
+    }
+    if wire.HEADER_LENGTH in request.headers:
+        headers[wire.HEADER_LENGTH] = request.headers[wire.HEADER_LENGTH]
+    outcome: Outcome = await router.dispatcher.dispatch(
+        RouteRequest(model, prio, budget, site, batch, req_id), request.path, body, headers, arrived + budget
+    )
+    for seconds in router.dispatcher.decision_seconds:
+        router.metrics.decision.observe(seconds)
+    router.dispatcher.decision_seconds.clear()
+    if outcome.attempts > 1:
+        router.metrics.retries.labels(model).inc(outcome.attempts - 1)
+    count(router, model, prio, outcome.node, outcome.status, arrived)
+    out_headers = dict(outcome.headers)
+    if outcome.status == 429 and "Retry-After" not in out_headers:
+        out_headers["Retry-After"] = "1"  # refused early: no node could serve it in time
+    out_headers[wire.NODE] = outcome.node
+    out_headers[wire.ATTEMPTS] = str(outcome.attempts)
+    content_type = out_headers.pop("Content-Type", "application/json").split(";")[0]
+    return web.Response(status=outcome.status, body=outcome.body, headers=out_headers, content_type=content_type)
+
+
+async def _run_workflow(
+    router: Router,
+    runner: WorkflowRunner,
+    request: web.Request,
+    body: bytes,
+    doc: dict[str, Any],
+    priority: int,
+    deadline: float | None,
+    site: str | None,
+    arrived: float,
+) -> web.Response:
+    """A workflow job: every stage routed by the policy, tensors passed between them (router.workflows)."""
+    name = runner.spec.name
+    header_length = request.headers.get(wire.HEADER_LENGTH)
+    tail = body[int(header_length) :] if header_length is not None else b""
+    try:
+        inputs = decode_inputs(doc, tail)
+        missing = [n for n in runner.spec.inputs if n not in inputs]
+        if missing:
+            raise WorkflowInputError(f"workflow '{name}' needs input(s) {', '.join(missing)}")
+    except WorkflowInputError as exc:
+        count(router, name, priority, "none", 400, arrived)
+        return _error(400, str(exc))
+    budget = min(deadline if deadline is not None else runner.spec.slo_ms, router.config.max_deadline_ms)
+    job_id = str(doc.get("id") or uuid.uuid4().hex[:16])
+    outcome = await runner.run(inputs, priority, budget, site, job_id, arrived, {wire.PRIORITY: str(priority)})
+    count(router, name, priority, "workflow", outcome.status, arrived)
+    headers = {k: v for k, v in outcome.headers.items() if k.startswith("x-edgeroute-")}
+    headers.update({"x-edgeroute-node": outcome.node, wire.WORKFLOW: name})
+    if outcome.status == 429:
+        headers["Retry-After"] = "1"
+    return web.Response(status=outcome.status, body=outcome.body, headers=headers, content_type="application/json")
+
+
+def count(router: Router, model: str, priority: int, node: str, status: int, arrived: float) -> None:
+    outcome = "ok" if status < 400 else str(status)
+    router.metrics.requests.labels(model, str(priority), node, outcome).inc()
+    router.metrics.latency.labels(model, str(priority)).observe(max(0.0, router.clock() - arrived) / 1000)
+
+
+def _parse_header(body: bytes, header_length: str | None) -> dict[str, Any]:
+    head = body
+    if header_length is not None:
+        try:
+            n = int(header_length)
+        except ValueError:
+            raise BadHint(f"{wire.HEADER_LENGTH} is not an integer") from None
+        if not 0 <= n <= len(body):
+            raise BadHint(f"{wire.HEADER_LENGTH} {n} is outside the body of {len(body)} bytes")
+        head = body[:n]
+    try:
+        doc = json.loads(head)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise BadHint(f"malformed JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise BadHint("request body must be a JSON object")
+    inputs = doc.get("inputs")
+    if not isinstance(inputs, list) or not inputs:
+        raise BadHint("'inputs' must be a non-empty list")
+    return doc
+
+
+def _batch_of(doc: dict[str, Any]) -> int:
+    first = doc["inputs"][0]
+    shape = first.get("shape") if isinstance(first, dict) else None
+    if isinstance(shape, list) and shape and isinstance(shape[0], int) and shape[0] > 0:
+        return shape[0]
+    return 1

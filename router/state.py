@@ -1,0 +1,95 @@
+"""What one router owns (`Router`), built once by the app factory, and the keys the app stores it under."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import zlib
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from policies import PolicyConfigError, PolicySpec, build_policy
+from router.admission import Authenticator, RateLimiter
+from router.config import ConfigError, RouterConfig, lifecycle_settings, load_config
+from router.dispatch import Dispatcher, PolicyHolder
+from router.metrics import RouterMetrics
+from router.node_client import NodeClient
+from router.workflows import WorkflowRunner
+from telemetry.bus import TelemetrySource
+from telemetry.peers import PeerLoads
+from telemetry.store import ViewStore
+
+log = logging.getLogger("edgeroute.router")
+
+VERSION = "0.1.0"
+
+
+CLIENT = "edgeroute.client"  # request key: the authenticated client's name
+
+
+class Router:
+    """Everything one router owns. Built once by `create_app`; policy swaps replace one reference."""
+
+    def __init__(
+        self,
+        config: RouterConfig,
+        source: TelemetrySource,
+        client: NodeClient,
+        clock: Callable[[], float],
+        config_path: Path | None,
+    ) -> None:
+        self.config = config
+        self.source = source
+        self.client = client
+        self.clock = clock
+        self.config_path = config_path
+        self.store = ViewStore(stale_after_ms=config.stale_after_ms)
+        self.policies = PolicyHolder(build_policy(config.policy), config.policy)
+        self.router_id = config.peers.router_id or f"{socket.gethostname()}-{os.getpid()}"
+        # routers of one group must not draw the same random numbers: with the same view they would
+        # break every tie the same way and herd onto the same node
+        seed = config.seed if config.peers.router_id is None else config.seed ^ zlib.crc32(self.router_id.encode())
+        self.dispatcher = Dispatcher(lifecycle_settings(config, seed), self.store, self.policies, client, clock)
+        self.lifecycle = self.dispatcher.lifecycle
+        self.metrics = RouterMetrics(self.store, clock)
+        self.auth = Authenticator(config.auth)
+        self.peers: PeerLoads | None = None
+        self.limiter = RateLimiter(config.rate_limit)
+        self.workflows = {w.name: WorkflowRunner(w, self.dispatcher, clock) for w in config.workflows}
+        self.copies_log: deque[dict[str, Any]] = deque(maxlen=50)  # the latest copy loads, for /admin/view
+        self.metrics.watch_workflows(self.workflows)
+
+    def reload_policy(self, raw: Any, origin: str) -> PolicySpec:
+        """Validate `raw` fully, then swap it in; on any error keep the old policy and raise."""
+        try:
+            spec = raw if isinstance(raw, PolicySpec) else PolicySpec.model_validate(raw)
+            policy = build_policy(spec)
+        except (PolicyConfigError, ValueError) as exc:
+            self.metrics.policy_swaps.labels("rejected").inc()
+            log.warning("policy reload from %s rejected, keeping %s: %s", origin, self.policies.current.name, exc)
+            raise PolicyConfigError(str(exc).splitlines()[0] if str(exc) else "invalid policy") from None
+        self.policies.swap(policy, spec)
+        self.metrics.policy_swaps.labels("applied").inc()
+        log.info("policy %s applied from %s", policy.name, origin)
+        return spec
+
+    def reload_file(self) -> None:
+        if self.config_path is None:
+            return
+        try:
+            cfg = load_config(self.config_path)
+            self.reload_policy(cfg.policy, str(self.config_path))
+        except (ConfigError, PolicyConfigError) as exc:
+            log.warning("config reload rejected, keeping the running policy: %s", exc)
+
+
+ROUTER = web.AppKey("router", Router)
+
+
+def json_error(status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
+    return web.json_response({"error": message}, status=status, headers=headers)

@@ -1,0 +1,69 @@
+"""The wire format every edgeroute process shares: Open Inference Protocol v2 names and tensor types,
+and the `x-edgeroute-*` headers that carry routing hints and answer details.
+
+The one home for these spellings: the router, the nodes and the tools import them from here (the
+package every other one may import; see the design card's dependency rules).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+# Triton's binary tensor data extension: the JSON header's length; raw tensors follow it
+HEADER_LENGTH = "Inference-Header-Content-Length"
+
+# OIP datatypes and their numpy types (little-endian on the wire); BYTES is not served
+DATATYPES: dict[str, np.dtype[Any]] = {
+    "BOOL": np.dtype(np.bool_),
+    "UINT8": np.dtype(np.uint8),
+    "UINT16": np.dtype(np.uint16),
+    "UINT32": np.dtype(np.uint32),
+    "UINT64": np.dtype(np.uint64),
+    "INT8": np.dtype(np.int8),
+    "INT16": np.dtype(np.int16),
+    "INT32": np.dtype(np.int32),
+    "INT64": np.dtype(np.int64),
+    "FP16": np.dtype(np.float16),
+    "FP32": np.dtype(np.float32),
+    "FP64": np.dtype(np.float64),
+}
+DATATYPE_OF: dict[str, str] = {dt.str: name for name, dt in DATATYPES.items()}  # numpy dtype.str -> OIP
+
+# ONNX Runtime's tensor type names -> OIP datatypes
+ORT_TO_OIP = {
+    "tensor(bool)": "BOOL",
+    "tensor(uint8)": "UINT8",
+    "tensor(uint16)": "UINT16",
+    "tensor(uint32)": "UINT32",
+    "tensor(uint64)": "UINT64",
+    "tensor(int8)": "INT8",
+    "tensor(int16)": "INT16",
+    "tensor(int32)": "INT32",
+    "tensor(int64)": "INT64",
+    "tensor(float16)": "FP16",
+    "tensor(float)": "FP32",
+    "tensor(double)": "FP64",
+    "tensor(string)": "BYTES",
+}
+
+# routing hints (client -> router; the router sends nodes the *remaining* budget)
+PRIORITY = "x-edgeroute-priority"
+DEADLINE_MS = "x-edgeroute-deadline-ms"
+SITE = "x-edgeroute-site"
+REQUEST_ID = "x-edgeroute-request-id"  # router -> node: an attempt's id (cancels name it)
+
+# answer details (node -> router -> client)
+NODE = "x-edgeroute-node"
+EXEC_MS = "x-edgeroute-exec-ms"
+QUEUE_MS = "x-edgeroute-queue-ms"
+BATCH_ROWS = "x-edgeroute-batch-rows"
+COLD_MS = "x-edgeroute-cold-ms"
+ATTEMPTS = "x-edgeroute-attempts"
+HELD_MS = "x-edgeroute-held-ms"
+WORKFLOW = "x-edgeroute-workflow"
+STAGES = "x-edgeroute-stages"
+COLD_STAGES = "x-edgeroute-cold-stages"
+BYTES_KEPT = "x-edgeroute-bytes-kept"
+BYTES_MOVED = "x-edgeroute-bytes-moved"
