@@ -114,8 +114,11 @@ def _sweep(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"edgeroute: {exc}", file=sys.stderr)
         return 2
+    if args.seeds < 1 or args.jobs < 0:
+        print("edgeroute: --seeds must be at least 1 and --jobs at least 0 (0: one per core)", file=sys.stderr)
+        return 2
     profile = Path(args.profile) if args.profile else None
-    result = sweep(scenario, runs, counts, args.target, args.duration, profile, seeds=args.seeds)
+    result = sweep(scenario, runs, counts, args.target, args.duration, profile, seeds=args.seeds, jobs=args.jobs)
     if args.confirm:
         result["live"] = confirm_live(scenario, runs, result, kafka=args.kafka, duration_s=args.duration)
     out = Path(args.out) if args.out else Path("reports") / scenario.name
@@ -126,7 +129,8 @@ def _sweep(args: argparse.Namespace) -> int:
 
 
 def _profile(args: argparse.Namespace) -> int:
-    from scenarios.profile import DEFAULT_PROFILE, profile, profile_node_scaling
+    from scenarios.profile import profile, profile_node_scaling
+    from scenarios.sim.profile import DEFAULT_PROFILE
 
     out = Path(args.out or DEFAULT_PROFILE)
     if args.node_scaling:
@@ -218,6 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     sw.add_argument("--policy", action="append", help="run name or preset (repeatable; default: all)")
     sw.add_argument("--confirm", action="store_true", help="replay each policy live at its end point")
     sw.add_argument("--seeds", type=int, default=3, help="seeds per count; every one must reach the target (3)")
+    sw.add_argument("--jobs", type=int, default=0, help="simulations in parallel (0: one per core; 1: serial)")
     sw.add_argument("--out", help="output folder (default: reports/<scenario>/)")
     sw.add_argument("--kafka", help="external Kafka bootstrap HOST:PORT (with --confirm)")
     sw.add_argument("--seed", type=int, help="override the scenario's seed")

@@ -26,6 +26,7 @@ from typing import Any
 import yaml
 
 from scenarios.schema import Fault, ModelEntry, NodeSpec, Scenario
+from scenarios.sim.profile import DEFAULT_PROFILE
 from telemetry.broker import EmbeddedBroker, free_port, terminate, wait_for_port
 from telemetry.bus import ensure_topic
 from telemetry.schema import TOPIC
@@ -56,8 +57,6 @@ def http_json(
 
 def profile_baselines() -> dict[str, dict[int, float]]:
     """Per-model reference execution times by batch size from the default profile (idle medians)."""
-    from scenarios.profile import DEFAULT_PROFILE
-
     try:
         doc = json.loads(DEFAULT_PROFILE.read_text())
         return {m: {int(b): float(q[50]) for b, q in e["exec_ms"].items()} for m, e in doc["models"].items()}

@@ -37,12 +37,12 @@ import aiohttp
 from scenarios.launcher import Stack, http_json
 from scenarios.loadgen import Payload, build_schedule, example_payload, run_load
 from scenarios.schema import NodeSpec, Scenario, Workload
+from scenarios.sim.profile import DEFAULT_PROFILE
 from telemetry import wire
 from telemetry.bus import KafkaTelemetrySource
 from telemetry.quantiles import grid_101
 from telemetry.store import ViewStore
 
-DEFAULT_PROFILE = Path(__file__).parent / "profiles" / "cpu.json"
 BATCHES = (1, 2, 4, 8)
 
 

@@ -8,11 +8,18 @@ reports needing half the servers of a residency-blind scheduler). `--confirm` re
 at its own end point (or at the largest count when it never reached the target), and one node more
 while live misses the target, so the simulated answer is checked on real nodes.
 Writes sweep.json, sweep.md and sweep.png to the output folder.
+
+The simulations run on every core (`--jobs`, default all): each (count, seed, policy) cell is one
+independent simulation seeded from the scenario, so a process pool gives exactly the serial result
+(the cells are put back in order; tests/unit/test_sweep_parallel.py checks the equality).
 """
 
 from __future__ import annotations
 
 import json
+import multiprocessing
+import os
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +80,29 @@ def _pooled_slo(rows: list[dict[str, Any]]) -> float:
     return round(sum(r["slo_attainment"] * r["sent"] for r in rows) / sent, 4) if sent else 0.0
 
 
+Cell = tuple[int, int, Scenario, PolicyRun, float | None, Path | None, list[str]]
+
+
+def _simulate_cell(cell: Cell) -> dict[str, Any]:
+    """One policy at one node count and seed, simulated (a worker process runs this)."""
+    from scenarios.replay import replay_sim
+
+    _, _, scenario, run, duration_s, profile_path, workflows = cell
+    report = replay_sim(scenario, [run], duration_s=duration_s, profile_path=profile_path)
+    return _row(report["policies"][run.name], workflows)
+
+
+def _run_cells(cells: list[Cell], jobs: int) -> list[dict[str, Any]]:
+    """Every cell's row, in the cells' order: serially with `jobs` 1, else on a pool of `jobs` processes
+    (0: one per core). Worker processes are spawned, never forked, so no lock or thread of this
+    process is copied into them."""
+    workers = min(len(cells), jobs if jobs > 0 else (os.cpu_count() or 1))
+    if workers <= 1:
+        return [_simulate_cell(c) for c in cells]
+    with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return list(pool.map(_simulate_cell, cells))
+
+
 def sweep(
     scenario: Scenario,
     runs: list[PolicyRun],
@@ -82,29 +112,32 @@ def sweep(
     profile_path: Path | None = None,
     echo: bool = True,
     seeds: int = 3,
+    jobs: int = 0,
 ) -> dict[str, Any]:
     """Each count is simulated with `seeds` seeds (the scenario's and the next ones); a count is
     enough for a policy only if every seed keeps `target`: placements that just fit can go either
-    way, and one lucky seed is not an answer. The grid shows the worst seed, and the mean SLO."""
-    from scenarios.replay import replay_sim
-
+    way, and one lucky seed is not an answer. The grid shows the worst seed, and the mean SLO.
+    The simulations run on `jobs` processes (0: every core; 1: in this process)."""
     grid: dict[str, dict[int, dict[str, Any]]] = {r.name: {} for r in runs}
-    workflows = {w.name for w in scenario.workflow_specs()}
+    workflows = sorted(w.name for w in scenario.workflow_specs())
+    cells: list[Cell] = []
     for n in counts:
         sized = with_nodes(scenario, n)
-        per_seed: dict[str, list[dict[str, Any]]] = {r.name: [] for r in runs}
         for k in range(seeds):
             seeded = sized.model_copy(update={"seed": scenario.seed + k})
             seeded._base_dir = scenario.base_dir
-            report = replay_sim(seeded, runs, duration_s=duration_s, profile_path=profile_path)
-            for name, p in report["policies"].items():
-                per_seed[name].append(_row(p, workflows))
-        for name, rows in per_seed.items():
-            worst = min(rows, key=lambda r: r["slo_attainment"])
+            cells += [(n, k, seeded, run, duration_s, profile_path, workflows) for run in runs]
+    rows = _run_cells(cells, jobs)
+    per_count: dict[int, dict[str, list[dict[str, Any]]]] = {n: {r.name: [] for r in runs} for n in counts}
+    for (n, _, _, run, *_), row in zip(cells, rows, strict=True):  # cells in order: seeds ascending
+        per_count[n][run.name].append(row)
+    for n in counts:
+        for name, seed_rows in per_count[n].items():
+            worst = min(seed_rows, key=lambda r: r["slo_attainment"])
             grid[name][n] = {
                 **worst,
-                "slo_mean": round(sum(r["slo_attainment"] for r in rows) / len(rows), 4),
-                "slo_by_seed": [r["slo_attainment"] for r in rows],
+                "slo_mean": round(sum(r["slo_attainment"] for r in seed_rows) / len(seed_rows), 4),
+                "slo_by_seed": [r["slo_attainment"] for r in seed_rows],
             }
             if echo:
                 row = grid[name][n]

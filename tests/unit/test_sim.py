@@ -187,7 +187,7 @@ def test_simulated_hedging_duplicates_slow_critical_requests_and_accounts_for_th
 
 
 def test_overhead_shifts_with_the_number_of_node_processes() -> None:
-    from scenarios.sim import _node_shift_ms
+    from scenarios.sim.profile import _node_shift_ms
 
     rows = [{"nodes": n, "overhead_ms": [0.0] * 50 + [p50] + [0.0] * 50} for n, p50 in ((2, 2.0), (4, 2.4), (6, 2.7))]
     doc = {"profile_nodes": 4, "overhead_by_nodes": rows}

@@ -1,0 +1,215 @@
+"""The discrete-event simulator's engine: the scenario on virtual time, with the router's own policy objects.
+
+An event heap ordered by (time, kind, seq); each handler may push new events. What is modelled, and
+from what:
+
+- **Arrivals**: the same seeded schedule the live replay sends (`loadgen.build_schedule`).
+- **Router**: the very same `Pipeline` (built by `build_policy`), `ViewStore`, `ClusterView` and
+  `OutstandingTracker` classes as the live router, the same retry rule (connect failures and 500/502/503
+  go to another node while the deadline allows) and the same `LinkTable` rules for crossing partitions.
+  Each request pays a fixed per-request overhead sampled from the profile (`overhead_ms`: HTTP on both
+  hops, parsing, the policy), half on the way in and half on the way out.
+- **Telemetry**: each node publishes a `NodeLoad` every `interval_ms` (random phase) and at once when
+  its outstanding work moves by `change_threshold`; each message reaches the router after a lag sampled
+  from the profile, and the router applies what arrived in batches every `poll_ms` (its consumer's
+  `fetch_max_wait_ms`). The policy never sees live state, only what telemetry told it plus its overlay.
+- **Nodes**: `slots` execution slots and a FIFO queue bounded by `max_queue` (503 beyond); a queued
+  request whose deadline passes is answered 504 and leaves the queue; an execution takes a sample of
+  the profile's `exec_ms` for that model, divided by the node's speed.
+- **Residency**: each node holds the models that fit its memory budget (sizes from the scenario's
+  model catalogue, else the zoo files), in config order at start; a request for a model that is not
+  resident waits for its load (one load at a time per node, its catalogue `load_ms`), which first evicts
+  the least recently used models with no request queued or running (`nodes.residency`, the node's own
+  rule); one that cannot fit is answered 503. Telemetry reports what is resident and the load times.
+- **Workflows** (the router's `workflows`): a job runs its stages as the router does, each a request
+  routed by the same policy with its share of the SLO (`policies.budgets`), the node holding its input
+  and the input's size; a crop stage takes `max_crops` rows (the detector's output is not modelled,
+  so scenarios set `min_score: 0`). The job's answer comes when its last stage answers.
+- **Faults**: kill/restart a node (in-flight and queued requests fail as a connection reset would),
+  slow a node, cut/restore a link, broker outage (telemetry stops being delivered).
+
+Counters live on the `Simulation` instance (never on classes), so runs never leak into each other, and
+everything random comes from generators seeded by the scenario seed: the same scenario and seed give the
+same report.
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+from policies.engine import Pipeline
+from policies.registry import build_policy
+from router.lifecycle import Lifecycle
+from router.lifecycle.links import LinkState
+from router.lifecycle.overlay import OutstandingTracker
+from scenarios.loadgen import Arrival, Result
+from scenarios.schema import PolicyRun, Scenario
+from scenarios.sim.faults import FaultModel
+from scenarios.sim.nodes import NodeModel
+from scenarios.sim.profile import Profile
+from scenarios.sim.router import RouterDriver
+from scenarios.sim.state import (
+    ARRIVAL,
+    COPIES,
+    DELIVER,
+    EXPIRE,
+    FAULT,
+    FINISH,
+    HEDGE,
+    LOADED,
+    NODE_ARRIVE,
+    POLL,
+    PUBLISH,
+    REPLY,
+    RESUME,
+    ROUTER_TIMEOUT,
+    WAKE,
+    SimConfig,
+    SimRequest,
+    _declared_load_ms,
+    _still_held,
+    model_bytes,
+)
+from scenarios.sim.telemetry import TelemetryModel
+from scenarios.sim.workflows import WorkflowDriver
+from telemetry.schema import DeviceInfo, NodeLoad
+from telemetry.store import ViewStore
+
+
+class Simulation(RouterDriver, WorkflowDriver, NodeModel, TelemetryModel, FaultModel):
+    def __init__(
+        self,
+        scenario: Scenario,
+        run: PolicyRun,
+        schedule: list[Arrival],
+        profile: Profile,
+        config: SimConfig | None = None,
+        policy: Pipeline | None = None,
+    ) -> None:
+        self.scenario = scenario
+        self.schedule = schedule
+        self.profile = profile
+        self.cfg = config or SimConfig.from_router(scenario.router)
+        seed = scenario.seed
+        self.policy = policy or build_policy(run.policy)
+        self.svc_rng = random.Random(seed + 2)
+        self.tel_rng = random.Random(seed + 3)
+        self.store = ViewStore(stale_after_ms=self.cfg.stale_after_ms)
+        links = tuple(LinkState(k.a, k.b, k.rtt_ms, k.jitter_ms, k.loss) for k in scenario.topology.links)
+        # the router's own lifecycle: policy rng from `seed`, link rng from `seed + 1`, as live
+        self.lc: Lifecycle[tuple[SimRequest, int]] = Lifecycle(
+            replace(self.cfg.lifecycle, links=links, seed=seed), self.store, _still_held
+        )
+        self._arch = {m: scenario.architecture(m) for n in scenario.topology.nodes for m in n.models}
+        self._size = {m: model_bytes(scenario, m) for m in self._arch}
+        self.nodes = {n.id: self._node(n) for n in run.node_specs(scenario.topology.nodes)}
+        self.results: list[Result | None] = [None] * len(schedule)
+        self.heap: list[tuple[float, int, int, Any]] = []
+        self.seq = 0
+        self.events = 0
+        self.now = 0.0
+        self.pending_delivery: list[NodeLoad] = []
+        self.broker_up = True
+        self.fault_log: list[tuple[float, str]] = []
+        arch = self._arch
+        self._load_ms = {m: _declared_load_ms(scenario, m) for m in arch}
+        self.workflows = {w.name: w for w in scenario.workflow_specs()}
+        self._preds = {
+            w.name: {st.name: {a for a, b in w.edges() if b == st.name} for st in w.stages}
+            for w in self.workflows.values()
+        }
+        self._exec = {m: profile.exec_for(a) for m, a in arch.items()}
+        self._overhead = {m: profile.overhead_for(a) for m, a in arch.items()}
+        self._baseline = {m: profile.baseline_ms(a) for m, a in arch.items()}
+        self._curves = {m: profile.curve(a) for m, a in arch.items()}
+        self._device = DeviceInfo(kind="cpu", name="sim")
+
+    @property
+    def tracker(self) -> OutstandingTracker:
+        return self.lc.tracker
+
+    @property
+    def hedges(self) -> int:
+        return self.lc.hedges_sent
+
+    @property
+    def holds(self) -> int:
+        return self.lc.holds
+
+    @property
+    def copies_made(self) -> int:
+        return self.lc.copies.made
+
+    def run(self, horizon_ms: float | None = None) -> list[Result]:
+        handlers: dict[int, Callable[[Any], None]] = {
+            DELIVER: self._deliver,
+            FINISH: self._finish,
+            NODE_ARRIVE: self._node_arrive,
+            ARRIVAL: self._arrival,
+            EXPIRE: self._expire,
+            REPLY: self._reply,
+            ROUTER_TIMEOUT: self._router_timeout,
+            PUBLISH: self._publish,
+            POLL: self._poll,
+            FAULT: self._fault,
+            WAKE: self._wake,
+            HEDGE: self._hedge,
+            RESUME: self._resume,
+            LOADED: self._loaded,
+            COPIES: self._copies,
+        }
+        last = self.schedule[-1].at_s * 1000.0 if self.schedule else 0.0
+        end = horizon_ms if horizon_ms is not None else last + 60_000.0
+        for node in self.nodes.values():
+            self.push(self.tel_rng.random() * self.cfg.interval_ms, PUBLISH, (node, node.epoch))
+        self.push(self.cfg.poll_ms, POLL, None)
+        if self.lc.copies.cfg.enabled:
+            self.push(self.lc.copies.cfg.interval_ms, COPIES, None)
+        for fault in self.scenario.faults:
+            self._schedule_fault(fault)
+        arrivals = iter(enumerate(self.schedule))
+        nxt = next(arrivals, None)
+        if nxt is not None:
+            self.push(nxt[1].at_s * 1000.0, ARRIVAL, nxt)
+        heap = self.heap
+        pop = heapq.heappop
+        open_requests = len(self.schedule)
+        self._open = open_requests
+        while heap:
+            at, kind, _, payload = pop(heap)
+            if at > end:
+                break
+            self.now = at
+            self.events += 1
+            if kind == ARRIVAL:
+                self._arrival(payload)
+                nxt = next(arrivals, None)
+                if nxt is not None:
+                    self.push(nxt[1].at_s * 1000.0, ARRIVAL, nxt)
+            else:
+                handlers[kind](payload)
+            if self._open == 0 and nxt is None:
+                break
+        for i, r in enumerate(self.results):  # anything still open at the horizon got no answer
+            if r is None:
+                a = self.schedule[i]
+                self.results[i] = Result(a, None, end - a.at_s * 1000.0, "none", "no answer within the horizon")
+        return [r for r in self.results if r is not None]
+
+
+def simulate(
+    scenario: Scenario, runs: list[PolicyRun], profile: Profile, schedule: list[Arrival]
+) -> dict[str, tuple[list[Result], Simulation, float]]:
+    """Each policy over the same schedule: name -> (results, the simulation, wall seconds)."""
+    out: dict[str, tuple[list[Result], Simulation, float]] = {}
+    for run in runs:
+        sim = Simulation(scenario, run, schedule, profile)
+        t0 = time.perf_counter()
+        results = sim.run()
+        out[run.name] = (results, sim, time.perf_counter() - t0)
+    return out

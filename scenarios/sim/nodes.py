@@ -1,0 +1,259 @@
+"""The node model: slots, the node's own scheduler and batcher (nodes.scheduler), residency and loads
+(nodes.residency), speed emulation and wake-up times from the profile."""
+
+from __future__ import annotations
+
+from nodes.residency import NoRoom, Residency
+from nodes.scheduler import BatchPolicy, Scheduler, Work, batch_curve_ms
+from router.lifecycle import Failure, classify
+from scenarios.schema import NodeSpec
+from scenarios.sim.state import (
+    EXPIRE,
+    FINISH,
+    LOADED,
+    REPLY,
+    ROUTER_TIMEOUT,
+    WAKE,
+    Job,
+    SimBatch,
+    SimNode,
+    SimState,
+)
+
+
+class NodeModel(SimState):
+    def _node(self, spec: NodeSpec) -> SimNode:
+        node: SimNode
+
+        def predict(model: str, rows: int) -> float:
+            # as the live node: its measured EWMA for this batch size, else the emulated curve
+            measured = node.ewma.get((model, rows))
+            return measured if measured is not None else self._curve(model, rows) / node.speed
+
+        batching = {
+            m: BatchPolicy(b.max_batch, b.max_queue_delay_ms, tuple(b.preferred)) for m, b in spec.batching.items()
+        }
+        sched = Scheduler(
+            spec.scheduler,
+            predict,
+            batching=batching,
+            high_priority_min=spec.high_priority_min,
+            max_block_ms=spec.max_block_ms,
+            max_queue=spec.max_queue,
+            queue_limits=spec.queue_limits,
+            admit_by_deadline=spec.admit_by_deadline,
+        )
+        node = SimNode(spec, spec.speed, sched)
+        node.residency = self._initial_residency(spec)
+        node.peak_memory = node.residency.used_bytes
+        return node
+
+    def _initial_residency(self, spec: NodeSpec) -> Residency:
+        """As the node starts: its models in config order while they fit; the rest load on first use."""
+        residency = Residency(spec.memory_budget_mb << 20)
+        for m in spec.models:
+            if residency.used_bytes + self._size[m] <= residency.budget_bytes:
+                residency.add(m, self._size[m])
+        return residency
+
+    def _curve(self, model: str, rows: int) -> float:
+        """Reference execution ms for `rows` rows (the profile's idle medians by batch size)."""
+        return batch_curve_ms(self._curves[model], rows)
+
+    def _node_arrive(self, payload: tuple[Job, int]) -> None:
+        job, epoch = payload
+        node = job.node
+        if not node.alive or epoch != node.epoch:
+            self._send_reply(job, 503, f"node {node.spec.id} unavailable: connection refused", 0.0, Failure.CONNECT)
+            return
+        req = job.req
+        if req.deadline_at - self.now <= 0:
+            self._send_reply(job, 504, "deadline passed before the node received the request")
+            return
+        node.model_requests += 1
+        if req.model not in node.residency:  # the node loads it first (the live node's `ensure`)
+            node.cold_requests += 1
+            job.cold = True
+            waiting = node.load_waiters.setdefault(req.model, [])
+            waiting.append(job)
+            if node.loading != req.model and req.model not in node.load_queue:
+                node.load_queue.append(req.model)
+                self._next_load(node)
+            if req.deadline_at > self.now:  # the router stops waiting at the deadline
+                self.push(req.deadline_at, ROUTER_TIMEOUT, job)
+            return
+        node.residency.touch(req.model)
+        self._admit(node, job)
+
+    def _admit(self, node: SimNode, job: Job) -> None:
+        """Into the node's scheduler (refused, 503/429, when full or, with admit_by_deadline, late)."""
+        req = job.req
+        a = req.arrival
+        if req.deadline_at - self.now <= 0:
+            self._send_reply(job, 504, "deadline passed while the node loaded the model")
+            return
+        refusal = node.sched.refuse(a.priority)
+        if refusal is None and node.sched.admit_by_deadline:
+            left = [max(0.0, b.ends_at - self.now) for b in node.running]
+            refusal = node.sched.refuse_late(
+                req.model, req.batch, a.priority, req.deadline_at - self.now, left, node.spec.slots
+            )
+        if refusal is not None:
+            self._send_reply(job, refusal[0], refusal[1])
+            return
+        work = Work(job, req.model, a.priority, req.deadline_at, req.batch, self.now)
+        job.work = work
+        job.pinned = True
+        node.residency.pin(req.model)
+        node.sched.push(work)
+        self._kick(node)
+        if not job.started and not job.dropped:  # still queued: it leaves at its deadline
+            self.push(req.deadline_at, EXPIRE, (job, node.epoch))
+        self._changed(node)
+
+    def _unpin(self, node: SimNode, job: Job) -> None:
+        if job.pinned:
+            job.pinned = False
+            node.residency.unpin(job.req.model)
+
+    def _next_load(self, node: SimNode) -> None:
+        """Start the next queued load, evicting idle models first; one that cannot fit fails its waiters."""
+        while node.loading is None and node.load_queue:
+            model = node.load_queue.popleft()
+            if model in node.residency:  # a copy loaded meanwhile
+                continue
+            try:
+                victims = node.residency.plan(model, self._size[model])
+            except NoRoom as exc:
+                for job in node.load_waiters.pop(model, []):
+                    self._send_reply(job, 503, f"cannot load model '{model}': {exc.reason}")
+                self.lc.copies.done(model, node.spec.id)
+                continue
+            for victim in victims:
+                node.residency.remove(victim)
+                node.evictions += 1
+            node.loading = model
+            self.push(self.now + self._load_ms[model], LOADED, (node, node.epoch, model))
+
+    def _loaded(self, payload: tuple[SimNode, int, str]) -> None:
+        node, epoch, model = payload
+        if epoch != node.epoch:
+            return
+        node.loading = None
+        node.residency.add(model, self._size[model])
+        node.peak_memory = max(node.peak_memory, node.residency.used_bytes)
+        node.loads += 1
+        node.load_ms[model] = self._load_ms[model]
+        self.lc.copies.done(model, node.spec.id)
+        for job in node.load_waiters.pop(model, []):
+            if not job.settled:
+                self._admit(node, job)
+        self._kick(node)
+        self._emit(node)  # the live node publishes at once when its resident set changes
+        self._next_load(node)
+
+    def _kick(self, node: SimNode) -> None:
+        """Start batches while the node has free slots (the live engine's `kick`)."""
+        sched = node.sched
+        while len(node.running) < node.spec.slots and sched.queued:
+            decision = sched.next(self.now)
+            for work in decision.expired:
+                job = work.handle
+                job.dropped = True
+                self._unpin(node, job)
+                self._send_reply(job, 504, "deadline cannot be met: it would finish too late")
+            if decision.batch:
+                self._start(node, decision.batch)
+                continue
+            if decision.wake_at_ms is not None and decision.wake_at_ms != node.wake_at:
+                node.wake_at = decision.wake_at_ms
+                self.push(decision.wake_at_ms, WAKE, (node, node.epoch))
+            break
+
+    def _wake(self, payload: tuple[SimNode, int]) -> None:
+        node, epoch = payload
+        if epoch == node.epoch and node.alive:
+            node.wake_at = None
+            self._kick(node)
+
+    def _start(self, node: SimNode, batch: list[Work]) -> None:
+        model = batch[0].model
+        rows = sum(w.rows for w in batch)
+        # the live node's speed emulation: the real run, then (1/speed - 1) x the reference time
+        real = (
+            self.profile.exec_for(self._arch[model], rows).sample(self.svc_rng)
+            if rows > 1
+            else self._exec[model].sample(self.svc_rng)
+        )
+        service = real + self._curve(model, rows) * (1.0 / node.speed - 1.0)
+        if node.speed < 1.0:  # the emulation's sleep wakes a little late under load (profiled)
+            service += max(0.0, self.profile.emulation_jitter_ms.sample(self.svc_rng))
+        if node.handoff:  # straight from the previous execution: the worker's handoff idles the slot
+            node.handoff = False
+            begin = self.now + self.profile.handoff_ms
+        else:  # an idle slot: a worker thread has to wake up
+            dist = self.profile.wakeup_dist
+            begin = self.now + (self.profile.wakeup_ms if dist is None else dist.sample(self.svc_rng))
+        jobs = [w.handle for w in batch]
+        for w in batch:
+            job = w.handle
+            job.started = True
+            job.exec_ms = service
+            job.queue_ms = begin - w.enqueued_at_ms
+            job.rows = rows
+        end = begin + service
+        running = SimBatch(model, jobs, rows, end)
+        node.running.append(running)
+        node.busy += len(jobs)
+        node.starts += 1
+        self.push(end, FINISH, (running, node, node.epoch, service))
+        for job in jobs:
+            if end + job.back_ms >= job.req.deadline_at:
+                self.push(job.req.deadline_at, ROUTER_TIMEOUT, job)
+
+    def _finish(self, payload: tuple[SimBatch, SimNode, int, float]) -> None:
+        running, node, epoch, service = payload
+        if epoch != node.epoch:
+            return
+        node.running.remove(running)
+        node.busy -= len(running.jobs)
+        node.busy_ms += service
+        if running.jobs:
+            node.sched.ran(running.jobs[0].req.arrival.priority, service, self.now, node.spec.slots)
+        node.handoff = node.sched.queued > 0
+        key = (running.model, running.rows)
+        prev = node.ewma.get(key)
+        node.ewma[key] = service if prev is None else (1 - self.cfg.ewma_alpha) * prev + self.cfg.ewma_alpha * service
+        for job in running.jobs:
+            node.served += 1
+            self._unpin(node, job)
+            self._send_reply(job, 200, "")
+        self._kick(node)
+        node.handoff = False
+        self._changed(node)
+
+    def _expire(self, payload: tuple[Job, int]) -> None:
+        job, epoch = payload
+        node = job.node
+        if job.started or job.dropped or epoch != node.epoch or job.work is None:
+            return
+        if not node.sched.remove(job.work):
+            return
+        job.dropped = True
+        self._unpin(node, job)
+        # the node answers 504 now; the router, whose timeout is the same deadline, answers the client
+        self._router_timeout(job)
+        self._changed(node)
+
+    def _send_reply(
+        self, job: Job, status: int, reason: str, back: float | None = None, kind: Failure | None = None
+    ) -> None:
+        delay = job.back_ms if back is None else back
+        self.push(self.now + delay, REPLY, (job, status, reason, classify(status) if kind is None else kind))
+
+    def _changed(self, node: SimNode) -> None:
+        threshold = node.spec.change_threshold
+        if abs(node.outstanding - node.last_published) >= threshold or (
+            threshold == 1 and node.starts != node.last_published_starts
+        ):
+            self._emit(node)

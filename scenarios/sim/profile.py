@@ -1,0 +1,152 @@
+"""The simulator's profile: per-model execution and overhead distributions measured on a machine
+(`edgeroute profile`), and how a load level and a node count select among them."""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+DEFAULT_PROFILE = Path(__file__).resolve().parents[1] / "profiles" / "cpu.json"
+
+
+class Distribution:
+    """Inverse-CDF sampling from 101 stored quantiles (linear between them)."""
+
+    __slots__ = ("q", "tail_scale")
+
+    def __init__(self, quantiles: list[float]) -> None:
+        self.q = quantiles if len(quantiles) == 101 else [0.0] * 101
+        # The top 1% is not interpolated up to the maximum: from a few thousand samples the max is
+        # one outlier, and a straight line to it would give that outlier 1% of the mass (a 30 ms
+        # hiccup seen once would add ~20 ms to every hundredth request). Instead the tail beyond p99
+        # is exponential with the scale of the p95..p99 stretch, capped at the measured maximum.
+        self.tail_scale = max(0.0, (self.q[99] - self.q[95]) / math.log(5.0))
+
+    def sample(self, rng: random.Random) -> float:
+        u = rng.random() * 100.0
+        i = int(u)
+        if i >= 99:
+            excess = -self.tail_scale * math.log(1.0 - (u - 99.0) * 0.99)
+            return min(self.q[99] + excess, self.q[100])
+        lo = self.q[i]
+        return lo + (self.q[i + 1] - lo) * (u - i)
+
+    def median(self) -> float:
+        return self.q[50]
+
+
+@dataclass
+class Profile:
+    """Per-model execution and overhead distributions measured by `edgeroute profile`."""
+
+    exec_ms: dict[str, dict[int, Distribution]]
+    overhead_ms: dict[str, Distribution]
+    telemetry_lag_ms: Distribution
+    idle_exec_median: dict[str, float] = field(default_factory=dict)
+    idle_curve: dict[str, dict[int, float]] = field(default_factory=dict)
+    emulation_jitter_ms: Distribution = field(default_factory=lambda: Distribution([0.0] * 101))
+    handoff_ms: float = 0.0  # slot idle time between back-to-back executions (the worker's handoff)
+    wakeup_ms: float = 0.0  # an idle slot's delay from being given a batch to the run starting
+    wakeup_dist: Distribution | None = None  # ... its distribution, where profiled (mean `wakeup_ms`)
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any], rate_rps: float | None = None, nodes: int | None = None) -> Profile:
+        """The profile for a machine loaded at `rate_rps` (None: idle).
+
+        With load levels measured, the level nearest `rate_rps` supplies the overhead (per model: the
+        level's own per-model medians where it has them, else the model's idle difference from the
+        mean, e.g. larger bodies), the slot wake-up (its distribution where measured) and handoff
+        times, and the execution times, which on shared cores grow with load; batch sizes above 1 keep
+        their idle times. The overhead is then shifted by the scenario's node count
+        (`overhead_by_nodes`).
+        """
+        exec_ms = {
+            m: {int(b): Distribution(q) for b, q in entry["exec_ms"].items()} for m, entry in doc["models"].items()
+        }
+        overhead = {m: Distribution(entry["overhead_ms"]) for m, entry in doc["models"].items()}
+        levels = doc.get("levels") or []
+        level = min(levels, key=lambda lv: abs(lv["rate_rps"] - rate_rps)) if rate_rps is not None and levels else None
+        if level is not None:
+            overhead = _level_overhead(level, overhead)
+        if level is not None:
+            for m, q in level.get("exec_ms", {}).items():
+                if m in exec_ms and any(q):
+                    exec_ms[m][1] = Distribution(q)
+        shift = _node_shift_ms(doc, nodes)
+        if shift:
+            overhead = {m: Distribution([max(0.0, v + shift) for v in d.q]) for m, d in overhead.items()}
+        idle = {m: float(entry["exec_ms"]["1"][50]) for m, entry in doc["models"].items()}
+        curves = {m: {int(b): float(q[50]) for b, q in entry["exec_ms"].items()} for m, entry in doc["models"].items()}
+        jitter = Distribution(doc.get("emulation_jitter_ms", [0.0] * 101))
+        handoff = float(doc.get("handoff_ms", 0.0))
+        wakeup = float(doc.get("wakeup_ms", 0.0))
+        wakeup_dist = None
+        if level is not None:  # on a loaded machine threads hand over more slowly
+            handoff = max(handoff, float(level.get("handoff_ms", 0.0)))
+            wakeup = max(wakeup, float(level.get("wakeup_ms", 0.0)))
+            if level.get("wakeup_ms_q"):
+                wakeup_dist = Distribution(level["wakeup_ms_q"])
+        return cls(
+            exec_ms,
+            overhead,
+            Distribution(doc.get("telemetry_lag_ms", [5.0] * 101)),
+            idle,
+            curves,
+            jitter,
+            handoff,
+            wakeup,
+            wakeup_dist,
+        )
+
+    def exec_for(self, model: str, batch: int = 1) -> Distribution:
+        by_batch = self.exec_ms.get(model)
+        if not by_batch:
+            raise KeyError(f"the profile has no model '{model}'; run `edgeroute profile {model}`")
+        return by_batch.get(batch) or by_batch[min(by_batch)]
+
+    def baseline_ms(self, model: str) -> float:
+        """What the live node's speed emulation stretches by: the idle median (the launcher passes it)."""
+        return self.idle_exec_median.get(model, self.exec_for(model).median())
+
+    def curve(self, model: str) -> dict[int, float]:
+        """Reference execution ms by batch size (idle medians), as the launcher gives the live nodes."""
+        return dict(self.idle_curve.get(model) or {1: self.baseline_ms(model)})
+
+    def overhead_for(self, model: str) -> Distribution:
+        return self.overhead_ms.get(model) or next(iter(self.overhead_ms.values()))
+
+
+def _level_overhead(level: dict[str, Any], idle: dict[str, Distribution]) -> dict[str, Distribution]:
+    """Per-model overhead under a load level: the level's pooled distribution moved to each model's
+    median there (`overhead_ms_by_model`), or by the model's idle difference from the idle mean where
+    the level did not measure it."""
+    pooled = level["overhead_ms"]
+    by_model = level.get("overhead_ms_by_model") or {}
+    idle_mean = sum(d.median() for d in idle.values()) / len(idle)
+    offsets = {
+        m: float(by_model[m][50]) - float(pooled[50]) if m in by_model else d.median() - idle_mean
+        for m, d in idle.items()
+    }
+    return {m: Distribution([max(0.0, v + offsets[m]) for v in pooled]) for m in idle}
+
+
+def _node_shift_ms(doc: dict[str, Any], nodes: int | None) -> float:
+    """How much more (or less) per-request overhead a stack of `nodes` node processes has than the one
+    the profile was measured on (`overhead_by_nodes`, p50, linear between the measured counts)."""
+    rows = sorted(doc.get("overhead_by_nodes") or [], key=lambda r: r["nodes"])
+    if nodes is None or len(rows) < 2:
+        return 0.0
+    points = [(float(r["nodes"]), float(r["overhead_ms"][50])) for r in rows]
+
+    def at(n: float) -> float:
+        lo, hi = (points[0], points[1]) if n <= points[0][0] else (points[-2], points[-1])
+        for a, b in zip(points, points[1:], strict=False):
+            if a[0] <= n <= b[0]:
+                lo, hi = a, b
+                break
+        return lo[1] + (hi[1] - lo[1]) * (n - lo[0]) / (hi[0] - lo[0])
+
+    return at(float(nodes)) - at(float(doc.get("profile_nodes", 4)))

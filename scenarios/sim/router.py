@@ -1,0 +1,183 @@
+"""The router, driven on the event heap: the same `Lifecycle` (router.lifecycle) and policy objects as
+the live router; this module only carries out its steps as events (holds as timed resumes, hedges as
+timed duplicates, answers after the overhead the profile measured)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from policies.api import RouteRequest
+from router.lifecycle import Failure, Hold, Send
+from scenarios.loadgen import Arrival, Result
+from scenarios.sim.state import (
+    COPIES,
+    HEDGE,
+    NODE_ARRIVE,
+    REPLY,
+    RESUME,
+    ROUTER_TIMEOUT,
+    Job,
+    SimRequest,
+    SimState,
+    SimWorkflow,
+)
+
+
+class RouterDriver(SimState):
+    def _arrival(self, payload: tuple[int, Arrival]) -> None:
+        i, a = payload
+        t0 = a.at_s * 1000.0
+        spec = self.workflows.get(a.model)
+        if spec is not None:
+            self._start_workflow(i, a, spec, t0)
+            return
+        o = self._overhead[a.model].sample(self.svc_rng)
+        route = RouteRequest(a.model, a.priority, a.deadline_ms, a.site, 1, str(i))
+        life = self.lc.begin(route, self.policy, t0, t0 + a.deadline_ms)
+        req = SimRequest(i, a, t0, t0 + a.deadline_ms, o / 2.0, o / 2.0, life, model=a.model)
+        self._decide(req)
+
+    def _decide(self, req: SimRequest) -> None:
+        """Carry out the lifecycle's next step for `req` (router.lifecycle.Lifecycle.decide)."""
+        now = self.now
+        step = self.lc.decide(req.life, now)
+        if isinstance(step, Send):
+            req.jobs = []
+            self._dispatch(req, step, now)
+            delay = self.lc.hedge_delay_ms(req.life, now)
+            if delay is not None:
+                self.push(now + delay, HEDGE, (req, req.life.attempt))
+        elif isinstance(step, Hold):  # held at the router, as live: woken by a freed slot or a timeout
+            req.hold += 1
+            self.lc.hold(step.partition, (req, req.hold))
+            self.push(now + step.wait_ms, RESUME, (req, req.hold))
+        else:
+            self._answer(req, step.status, step.reason, now + req.overhead_out)
+
+    def _resume(self, payload: tuple[SimRequest, int] | SimWorkflow) -> None:
+        if isinstance(payload, SimWorkflow):
+            if not payload.done:
+                self._launch_ready(payload)
+            return
+        req, hold = payload
+        if req.done or hold != req.hold:
+            return
+        req.hold += 1
+        self.lc.resumed(req.life, self.now)
+        self._decide(req)
+
+    def _settle(self, job: Job) -> None:
+        """The router stops waiting for `job`: its slot frees, waking the oldest request held there."""
+        woken = self.lc.settled(job.node.spec.id, job.node.spec.partition)
+        if woken is not None:
+            self.push(self.now, RESUME, woken)
+
+    def _dispatch(self, req: SimRequest, send: Send, now: float) -> None:
+        """Send one attempt (or a hedge) of `req` to the chosen node, across its link."""
+        node = self.nodes[send.decision.node_id]
+        req.node = node.spec.id
+        crossing = self.lc.cross(req.arrival.site, node.spec.partition)
+        if crossing is None:  # cut link: the connect attempt times out
+            job = Job(req, send.attempt, node, 0.0, dispatched=False)
+            req.jobs.append(job)
+            reply = (job, 503, f"node {node.spec.id} unreachable: link cut", Failure.CUT)
+            self.push(now + self.lc.connect_wait_ms(req.life, now), REPLY, reply)
+            return
+        self.lc.dispatched(send.state)
+        out_ms, back_ms = crossing
+        job = Job(req, send.attempt, node, back_ms)
+        req.jobs.append(job)
+        arrive = now + req.overhead_in + out_ms
+        self.push(arrive, NODE_ARRIVE, (job, node.epoch))
+        # The router stops waiting at the deadline (its client timeout is the remaining budget). That
+        # event is only pushed where it can matter: here if the request cannot even reach the node in
+        # time, in `_start` if it will finish too late; a queued request's expiry covers the rest.
+        if arrive >= req.deadline_at:
+            self.push(req.deadline_at, ROUTER_TIMEOUT, job)
+
+    def _hedge(self, payload: tuple[SimRequest, int]) -> None:
+        """The router's hedge: a duplicate to another node if the attempt has not answered yet."""
+        req, attempt = payload
+        if req.done or attempt != req.life.attempt or len(req.jobs) != 1:
+            return
+        send = self.lc.hedge(req.life, self.now)
+        if send is not None:
+            self._dispatch(req, send, self.now)
+
+    def _drop_others(self, req: SimRequest, keep: Job) -> None:
+        """The answer came: cancel the other live attempt at its node (as the router's DELETE does)."""
+        for job in req.jobs:
+            if job is keep or job.settled:
+                continue
+            job.settled = True
+            if job.dispatched:
+                self._settle(job)
+            if job.work is not None and job.node.sched.remove(job.work):
+                job.dropped = True
+                self._unpin(job.node, job)
+                self._changed(job.node)
+
+    def _reply(self, payload: tuple[Job, int, str, Failure]) -> None:
+        job, status, reason, kind = payload
+        req = job.req
+        # the router's outlier detector sees every answer it gets
+        self.lc.answered(req.life, job.node.spec.id, kind, self.now)
+        if req.done or job.attempt != req.life.attempt or job.settled:
+            return  # the router already gave up on this attempt
+        if job.dispatched:
+            self._settle(job)
+        job.settled = True
+        if status == 200:
+            self._drop_others(req, job)
+            self._answer(req, 200, "", self.now + req.overhead_out, job)
+            return
+        if kind.retryable and any(not j.settled for j in req.jobs):
+            req.life.last_error = (status, reason)
+            return  # the hedge twin may still answer
+        if self.lc.retry(req.life, kind, status, reason):
+            self._decide(req)
+            return
+        self._drop_others(req, job)
+        self._answer(req, status, reason, self.now + req.overhead_out)
+
+    def _router_timeout(self, job: Job) -> None:
+        req = job.req
+        if req.done or job.attempt != req.life.attempt:
+            return
+        for j in req.jobs:
+            if j.dispatched and not j.settled:
+                self._settle(j)
+            j.settled = True
+        self._answer(req, 504, f"deadline passed waiting for node {job.node.spec.id}", self.now + req.overhead_out)
+
+    def _answer(self, req: SimRequest, status: int, reason: str, at_ms: float, served: Job | None = None) -> None:
+        if req.done:
+            return
+        req.done = True
+        if req.stage is None:
+            self._open -= 1
+        a = req.arrival
+        self.lc.finish(req.life, status, at_ms)
+        if req.stage is not None:
+            self._stage_done(req, status, reason, at_ms, served)
+            return
+        if served is None:
+            self.results[req.index] = Result(a, status, at_ms - req.t0, "none", reason)
+        else:
+            self.results[req.index] = Result(
+                a, status, at_ms - req.t0, served.node.spec.id, reason, served.exec_ms, served.queue_ms, served.rows
+            )
+
+    def _copies(self, _: Any) -> None:
+        """The router's copy planner (router.lifecycle.copies), on the simulated clock."""
+        copies = self.lc.copies
+        for model, node_id in copies.plan(self.store.view, self.now):
+            node = self.nodes[node_id]
+            if not node.alive or model in node.residency or model == node.loading or model in node.load_queue:
+                copies.done(model, node_id)  # as the live node answers such a load at once
+                continue
+            node.load_queue.append(model)
+            self._next_load(node)
+        cfg = copies.cfg
+        if self._open > 0:
+            self.push(self.now + cfg.interval_ms, COPIES, None)

@@ -1,0 +1,327 @@
+"""The simulator's state: event kinds, what it keeps per request, job, batch and node, its config, and
+`SimState`, the attributes and event-handler signatures every part of the simulation shares.
+
+The simulation is one object (`engine.Simulation`) assembled from one class per concern, each in its
+own module (router driver, workflows, node model, telemetry, faults); `SimState` declares what they
+share so each module reads on its own.
+"""
+
+from __future__ import annotations
+
+import functools
+import heapq
+import math
+import os
+import random
+from collections import deque
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from pydantic import BaseModel
+
+from nodes.residency import Residency
+from nodes.scheduler import Scheduler, Work
+from policies.engine import Pipeline
+from router.config import WorkflowSpec
+from router.lifecycle import Attempts, Failure, Lifecycle, LifecycleSettings
+from router.lifecycle.copies import CopyConfig
+from router.lifecycle.health import HealthConfig
+from scenarios.loadgen import Arrival, Result
+from scenarios.schema import Fault, NodeSpec, Scenario
+from scenarios.sim.profile import Distribution, Profile
+from telemetry.schema import DeviceInfo, ModelLoad, NodeLoad
+from telemetry.store import ViewStore
+
+# Event kinds; the number also orders simultaneous events (a delivery before a decision at the same
+# instant, completions before new arrivals, so freed slots are visible).
+(
+    DELIVER,
+    FINISH,
+    LOADED,
+    NODE_ARRIVE,
+    ARRIVAL,
+    EXPIRE,
+    REPLY,
+    ROUTER_TIMEOUT,
+    PUBLISH,
+    POLL,
+    FAULT,
+    WAKE,
+    HEDGE,
+    RESUME,
+    COPIES,
+) = range(15)
+
+DEFAULT_LOAD_MS = 5.0  # a zoo model's session creation and warm-up on this machine, when none is declared
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def _construct(cls: type[M], **values: Any) -> M:
+    """A pydantic model instance from known-valid values, without validation (the simulator makes
+    hundreds of thousands of telemetry messages; it builds them from its own state, so they are valid
+    by construction). Every field is given, so no defaults are needed."""
+    obj = cls.__new__(cls)
+    object.__setattr__(obj, "__dict__", values)
+    object.__setattr__(obj, "__pydantic_fields_set__", set(values))
+    object.__setattr__(obj, "__pydantic_extra__", None)
+    object.__setattr__(obj, "__pydantic_private__", None)
+    return obj
+
+
+@dataclass(slots=True)
+class SimRequest:
+    index: int
+    arrival: Arrival
+    t0: float  # ms
+    deadline_at: float
+    overhead_in: float
+    overhead_out: float
+    life: Attempts  # the lifecycle's state of this request (attempts, tried nodes, holds)
+    jobs: list[Job] = field(default_factory=list)  # live attempts (two while hedged)
+    node: str | None = None
+    done: bool = False
+    hold: int = 0  # bumped per hold, so a wake and a timeout resume it once
+    model: str = ""  # what it runs: the arrival's model, or a workflow stage's
+    batch: int = 1
+    stage: StageRun | None = None  # set for a workflow stage
+
+
+@dataclass(slots=True)
+class SimWorkflow:
+    """One workflow job: its stages' shares of the SLO, their nodes, and what is left to run."""
+
+    index: int
+    arrival: Arrival
+    spec: WorkflowSpec
+    t0: float
+    deadline_at: float
+    shares: dict[str, tuple[float, float]]
+    nodes: dict[str, str] = field(default_factory=dict)  # stage -> node that ran it
+    pending: set[str] = field(default_factory=set)
+    running: int = 0
+    done: bool = False
+    stages: int = 0
+    cold: int = 0
+    exec_ms: float = 0.0
+    queue_ms: float = 0.0
+    bytes_kept: int = 0
+    bytes_moved: int = 0
+
+
+@dataclass(slots=True)
+class StageRun:
+    job: SimWorkflow
+    name: str
+    latest_at: float  # the stage's share ends here (virtual ms)
+    input_node: str | None
+    produced: dict[str, int]  # input bytes by the node that produced them
+    next_models: tuple[str, ...] = ()
+    next_bytes: int = 0
+
+
+@dataclass(slots=True)
+class Job:
+    """One attempt of a request at a node."""
+
+    req: SimRequest
+    attempt: int
+    node: SimNode
+    back_ms: float
+    dispatched: bool = True  # counted in the router's overlay (not for a cut link)
+    started: bool = False
+    dropped: bool = False  # node side: out of the queue without running (expired, reset, cancelled)
+    settled: bool = False  # router side: its answer consumed or the router stopped waiting for it
+    work: Work | None = None
+    exec_ms: float = 0.0  # the node's execution time for its batch (the live x-edgeroute-exec-ms)
+    queue_ms: float = 0.0  # its wait in the node's queue (x-edgeroute-queue-ms)
+    rows: int = 1  # rows of that batch
+    pinned: bool = False  # holds its model resident while queued or running
+    cold: bool = False  # waited for its model to load
+
+
+@dataclass(slots=True)
+class SimBatch:
+    model: str
+    jobs: list[Job]
+    rows: int
+    ends_at: float
+
+
+@dataclass
+class SimNode:
+    spec: NodeSpec
+    speed: float
+    sched: Scheduler
+    alive: bool = True
+    running: list[SimBatch] = field(default_factory=list)
+    ewma: dict[tuple[str, int], float] = field(default_factory=dict)
+    seq: int = 0
+    last_published: int = 0
+    busy_ms: float = 0.0
+    epoch: int = 0  # bumped on kill, so events of the old incarnation are ignored
+    model_cache: dict[tuple[str, int, int, float, bool, float | None], ModelLoad] = field(default_factory=dict)
+    served: int = 0
+    wake_at: float | None = None
+    started_ms: float = 0.0  # serving since (restarts take 2 s to load models, as live)
+    handoff: bool = False  # the next start follows an execution directly (the worker's handoff)
+
+    busy: int = 0  # requests executing
+    residency: Residency = field(default_factory=lambda: Residency(0))
+    loading: str | None = None  # the model being loaded (one at a time)
+    load_queue: deque[str] = field(default_factory=deque)
+    load_waiters: dict[str, list[Job]] = field(default_factory=dict)
+    load_ms: dict[str, float] = field(default_factory=dict)  # last measured, as the live node reports
+    loads: int = 0  # loads after start-up
+    model_requests: int = 0  # requests that reached the node (the live /admin/stats counters)
+    cold_requests: int = 0  # ... for a model that was not resident
+    evictions: int = 0
+    peak_memory: int = 0  # most bytes ever resident (tests check it against the budget)
+    starts: int = 0  # executions started (with change_threshold 1, each one is published)
+    last_published_starts: int = 0
+
+    @property
+    def outstanding(self) -> int:
+        return self.sched.queued + self.busy
+
+    def in_flight_of(self, model: str) -> int:
+        return sum(len(b.jobs) for b in self.running if b.model == model)
+
+
+@dataclass
+class SimConfig:
+    interval_ms: float = 100.0
+    poll_ms: float = 2.0  # batching of deliveries; the measured lag already includes the consumer's poll
+    stale_after_ms: float = 1000.0
+    ewma_alpha: float = 0.2
+    lifecycle: LifecycleSettings = field(default_factory=LifecycleSettings)  # as the router's config gives it
+
+    @classmethod
+    def from_router(cls, router: dict[str, Any]) -> SimConfig:
+        """From a scenario's `router:` section (the keys the live router's config takes)."""
+        cfg = cls(**{k: v for k, v in router.items() if k == "stale_after_ms"})
+        hedging = router.get("hedging")
+        cfg.lifecycle = LifecycleSettings(
+            max_attempts=int(router.get("max_attempts", 3)),
+            connect_timeout_ms=float(router.get("connect_timeout_ms", 500.0)),
+            hedge_min_priority=int(hedging.get("min_priority", 10)) if hedging else None,
+            hedge_after_ms=hedging.get("after_ms") if hedging else None,
+            health=HealthConfig(**router["outlier"]) if router.get("outlier") else HealthConfig(),
+            copies=CopyConfig.model_validate(router["copies"]) if router.get("copies") else CopyConfig(),
+        )
+        return cfg
+
+
+class SimState:
+    """What the parts of the simulation share (set by `engine.Simulation.__init__`)."""
+
+    scenario: Scenario
+    schedule: list[Arrival]
+    profile: Profile
+    cfg: SimConfig
+    policy: Pipeline
+    svc_rng: random.Random
+    tel_rng: random.Random
+    store: ViewStore
+    lc: Lifecycle[tuple[SimRequest, int]]
+    _arch: dict[str, str]
+    _size: dict[str, int]
+    nodes: dict[str, SimNode]
+    results: list[Result | None]
+    heap: list[tuple[float, int, int, Any]]
+    seq: int
+    events: int
+    now: float
+    pending_delivery: list[NodeLoad]
+    broker_up: bool
+    fault_log: list[tuple[float, str]]
+    _load_ms: dict[str, float]
+    workflows: dict[str, WorkflowSpec]
+    _preds: dict[str, dict[str, set[str]]]
+    _exec: dict[str, Distribution]
+    _overhead: dict[str, Distribution]
+    _baseline: dict[str, float]
+    _curves: dict[str, dict[int, float]]
+    _device: DeviceInfo
+    _open: int
+
+    def push(self, at: float, kind: int, payload: Any) -> None:
+        self.seq += 1
+        heapq.heappush(self.heap, (at, kind, self.seq, payload))
+
+    if TYPE_CHECKING:  # handlers one part calls in another (defined there)
+
+        def _arrival(self, payload: tuple[int, Arrival]) -> None: ...
+        def _changed(self, node: SimNode) -> None: ...
+        def _copies(self, _: Any) -> None: ...
+        def _decide(self, req: SimRequest) -> None: ...
+        def _deliver(self, msg: NodeLoad) -> None: ...
+        def _emit(self, node: SimNode) -> None: ...
+        def _expire(self, payload: tuple[Job, int]) -> None: ...
+        def _fault(self, action: tuple[Any, ...]) -> None: ...
+        def _finish(self, payload: tuple[SimBatch, SimNode, int, float]) -> None: ...
+        def _hedge(self, payload: tuple[SimRequest, int]) -> None: ...
+        def _initial_residency(self, spec: NodeSpec) -> Residency: ...
+        def _launch_ready(self, job: SimWorkflow) -> None: ...
+        def _loaded(self, payload: tuple[SimNode, int, str]) -> None: ...
+        def _next_load(self, node: SimNode) -> None: ...
+        def _node(self, spec: NodeSpec) -> SimNode: ...
+        def _node_arrive(self, payload: tuple[Job, int]) -> None: ...
+        def _poll(self, _: Any) -> None: ...
+        def _publish(self, payload: tuple[SimNode, int]) -> None: ...
+        def _reply(self, payload: tuple[Job, int, str, Failure]) -> None: ...
+        def _resume(self, payload: tuple[SimRequest, int] | SimWorkflow) -> None: ...
+        def _router_timeout(self, job: Job) -> None: ...
+        def _schedule_fault(self, f: Fault) -> None: ...
+        def _send_reply(
+            self, job: Job, status: int, reason: str, back: float | None = None, kind: Failure | None = None
+        ) -> None: ...
+        def _stage_done(self, req: SimRequest, status: int, reason: str, at_ms: float, served: Job | None) -> None: ...
+        def _start_workflow(self, index: int, a: Arrival, spec: WorkflowSpec, t0: float) -> None: ...
+        def _unpin(self, node: SimNode, job: Job) -> None: ...
+        def _wake(self, payload: tuple[SimNode, int]) -> None: ...
+
+
+def _still_held(entry: tuple[SimRequest, int]) -> bool:
+    req, hold = entry
+    return not req.done and hold == req.hold
+
+
+def model_bytes(scenario: Scenario, model: str) -> int:
+    """Resident size: the catalogue's `size_mb`, else the zoo file's (as the node accounts it)."""
+    declared = scenario.model_size_mb(model)
+    if declared is not None:
+        return int(declared * (1 << 20))
+    return _zoo_file_bytes(scenario.architecture(model))
+
+
+def _declared_load_ms(scenario: Scenario, model: str) -> float:
+    entry = scenario.models.get(model)
+    return entry.load_ms if entry is not None and entry.load_ms is not None else DEFAULT_LOAD_MS
+
+
+@functools.cache
+def _zoo_file_bytes(arch: str) -> int:
+    from nodes import zoo
+
+    return os.path.getsize(zoo.ensure(arch))
+
+
+@functools.cache
+def output_bytes(arch: str, output: str, batch: int = 1) -> int:
+    """Bytes of one of a zoo model's outputs for `batch` rows (FP32), from its graph."""
+    import onnx
+
+    from nodes import zoo
+
+    graph = onnx.load_from_string(zoo.build(arch)).graph
+    for out in graph.output:
+        if out.name == output:
+            dims = [d.dim_value if d.dim_value > 0 else batch for d in out.type.tensor_type.shape.dim]
+            return 4 * math.prod(dims)
+    return 0
+
+
+def stage_model(spec: WorkflowSpec, stage: str) -> str:
+    return next(st.model for st in spec.stages if st.name == stage)

@@ -1,0 +1,110 @@
+"""Workflows as the router runs them: stages routed by the same policy with their shares of the SLO,
+inputs kept where they were produced or moved (router.workflows)."""
+
+from __future__ import annotations
+
+from policies.api import RouteRequest
+from policies.budgets import split_budget
+from router.config import CropSpec, WorkflowSpec
+from router.workflows import downstream, expected_stage_ms
+from scenarios.loadgen import Arrival, Result
+from scenarios.sim.state import (
+    RESUME,
+    Job,
+    SimRequest,
+    SimState,
+    SimWorkflow,
+    StageRun,
+    output_bytes,
+    stage_model,
+)
+
+
+class WorkflowDriver(SimState):
+    def _start_workflow(self, index: int, a: Arrival, spec: WorkflowSpec, t0: float) -> None:
+        view = self.store.view
+        expected = {st.name: expected_stage_ms(view, st.model) for st in spec.stages}
+        shares = split_budget(a.deadline_ms, expected, spec.edges())
+        job = SimWorkflow(index, a, spec, t0, t0 + a.deadline_ms, shares, pending={st.name for st in spec.stages})
+        self._launch_ready(job)
+
+    def _launch_ready(self, job: SimWorkflow) -> None:
+        preds = self._preds[job.spec.name]
+        for st in job.spec.stages:
+            if st.name not in job.pending or not preds[st.name] <= job.nodes.keys():
+                continue
+            job.pending.discard(st.name)
+            produced: dict[str, int] = {}
+            batch = 1
+            for src in st.inputs.values():
+                if isinstance(src, CropSpec):
+                    batch = src.max_crops
+                    node = job.nodes.get(src.boxes.split(".", 1)[0]) if "." in src.boxes else None
+                    if node is not None:
+                        produced[node] = produced.get(node, 0) + src.crop_bytes()
+                elif "." in src:
+                    stage, output = src.split(".", 1)
+                    node = job.nodes[stage]
+                    produced[node] = produced.get(node, 0) + output_bytes(
+                        self._arch.get(stage_model(job.spec, stage), ""), output
+                    )
+            input_node = max(produced, key=lambda n: produced[n]) if produced else None
+            o = self._overhead[st.model].sample(self.svc_rng)
+            run = StageRun(
+                job, st.name, job.t0 + job.shares[st.name][1], input_node, produced, *downstream(job.spec, st.name)
+            )
+            a = job.arrival
+            route = RouteRequest(
+                st.model, a.priority, job.deadline_at - job.t0, a.site, batch, f"{job.index}.{run.name}",
+                stage_deadline_ms=run.latest_at - job.t0, input_node=input_node,
+                input_bytes=sum(produced.values()), next_models=run.next_models, next_bytes=run.next_bytes,
+            )  # fmt: skip
+            life = self.lc.begin(route, self.policy, self.now, job.deadline_at)
+            req = SimRequest(job.index, job.arrival, self.now, job.deadline_at, o / 2.0, o / 2.0, life,
+                             model=st.model, batch=batch, stage=run)  # fmt: skip
+            job.running += 1
+            self._decide(req)
+
+    def _stage_done(self, req: SimRequest, status: int, reason: str, at_ms: float, served: Job | None) -> None:
+        run = req.stage
+        assert run is not None
+        job = run.job
+        job.running -= 1
+        if job.done:
+            return
+        if served is not None:
+            job.stages += 1
+            job.cold += served.cold
+            job.exec_ms += served.exec_ms
+            job.queue_ms += served.queue_ms
+            for node, nbytes in run.produced.items():
+                if node == served.node.spec.id:
+                    job.bytes_kept += nbytes
+                else:
+                    job.bytes_moved += nbytes
+        if status != 200:
+            job.done = True
+            self._finish_workflow(job, status, f"stage {run.name} ({req.model}): {reason}", at_ms)
+            return
+        assert served is not None
+        job.nodes[run.name] = served.node.spec.id
+        if not job.pending and job.running == 0:
+            job.done = True
+            self._finish_workflow(job, 200, "", at_ms)
+            return
+        self._launch_at(job, at_ms)
+
+    def _launch_at(self, job: SimWorkflow, at_ms: float) -> None:
+        """The next stages leave when the router has the previous stage's answer (after its overhead)."""
+        if at_ms <= self.now:
+            self._launch_ready(job)
+        else:
+            self.push(at_ms, RESUME, job)
+
+    def _finish_workflow(self, job: SimWorkflow, status: int, reason: str, at_ms: float) -> None:
+        self._open -= 1
+        nodes = ",".join(sorted(set(job.nodes.values()))) or "none"
+        self.results[job.index] = Result(
+            job.arrival, status, at_ms - job.t0, nodes if status == 200 else "none", reason, job.exec_ms,
+            job.queue_ms, 1, job.stages, job.cold, job.bytes_kept, job.bytes_moved,
+        )  # fmt: skip
