@@ -168,7 +168,8 @@ class Admitter(Protocol):
 
 @runtime_checkable
 class CandidateSource(Protocol):
-    """A filter that can name its candidates from an index (`has_model`: the view's per-model index)."""
+    """A filter that can name its candidates from an index (`has_model`: the view's per-model index).
+    The candidates must be exactly the nodes the filter admits: the engine does not check them again."""
 
     def candidates(self, req: RouteRequest, view: ClusterView) -> Sequence[NodeState]: ...
 

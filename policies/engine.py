@@ -5,7 +5,8 @@ a weighted mean of clamped [0, 1] scores, and lets the picker choose. If a filte
 the answer is a 503 `Rejection` naming that filter, so an operator can see which constraint bit.
 
 Fast path. Filters that judge one node at a time implement `Admitter` (a per-node predicate); a filter
-may also be a `CandidateSource`, an indexed starting set (`has_model` gives the view's per-model index).
+may also be a `CandidateSource`, an indexed starting set (`has_model` gives the view's per-model index)
+whose members its own admitter would all accept, so that admitter is not asked again.
 The engine fuses the leading per-node filters into one predicate over that set, and when the next
 filter is a `Sampler`, it samples by rejection instead of
 filtering every node first: a `p2c` decision then costs O(1) in the cluster size, not O(nodes). The
@@ -118,9 +119,12 @@ class Pipeline:
 
         A filter with a `gate` method (delay scheduling) may instead answer `Defer`: hold the request.
         """
-        base: Sequence[NodeState] = list(view) if self._source is None else self._source.candidates(req, view)
+        source = self._source
+        base: Sequence[NodeState] = list(view) if source is None else source.candidates(req, view)
         admits: list[Callable[[NodeState], bool]] = []
         for adm in self._admitters:
+            if adm is source:  # its candidates are exactly the nodes its admitter accepts
+                continue
             a = adm.admitter(req, view, ctx)
             if a is not None:
                 admits.append(a)

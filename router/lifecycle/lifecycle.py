@@ -50,6 +50,7 @@ from telemetry.store import ViewStore
 from telemetry.view import ClusterView, NodeState
 
 T = TypeVar("T")
+_NONE_TRIED: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -117,13 +118,23 @@ class Lifecycle(Generic[T]):
         return Attempts(req, policy, now, deadline_at_ms, stage_at)
 
     def _route_request(self, a: Attempts, now: float, remaining: float) -> RouteRequest:
+        """What the policy sees at `now` (built field by field: this runs on every decision)."""
         req = a.request
-        return replace(
-            req,
-            deadline_ms=remaining,
-            exclude=frozenset(a.tried),
-            waited_ms=a.waited_ms,
-            stage_deadline_ms=None if a.stage_deadline_at_ms is None else a.stage_deadline_at_ms - now,
+        stage_at = a.stage_deadline_at_ms
+        return RouteRequest(
+            req.model,
+            req.priority,
+            remaining,
+            req.site,
+            req.batch,
+            req.request_id,
+            frozenset(a.tried) if a.tried else _NONE_TRIED,
+            a.waited_ms,
+            None if stage_at is None else stage_at - now,
+            req.input_node,
+            req.input_bytes,
+            req.next_models,
+            req.next_bytes,
         )
 
     def decide(self, a: Attempts, now: float) -> Send | Hold | Answer:

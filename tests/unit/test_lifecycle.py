@@ -229,3 +229,17 @@ def test_finish_feeds_a_learning_policy_with_the_whole_wait() -> None:
     lc.finish(a, 200, NOW + 40)
     lc.finish(a, 200, NOW + 140)
     assert observed == [(12.0, 40.0, True), (12.0, 140.0, False)]
+
+
+def test_the_policy_sees_every_field_of_the_request() -> None:
+    import dataclasses
+
+    lc, _ = make()
+    req = RouteRequest("m", 7, 100.0, "edge-a", 3, "r1", frozenset(), 0.0, 40.0, "a", 9, ("n",), 11)
+    a = lc.begin(req, build_policy("p2c"), NOW, NOW + 100)
+    a.tried.add("b")
+    seen = lc._route_request(a, NOW + 10, 90.0)
+    adjusted = {"deadline_ms": 90.0, "exclude": frozenset({"b"}), "stage_deadline_ms": 30.0}
+    for f in dataclasses.fields(RouteRequest):
+        want = adjusted.get(f.name, getattr(req, f.name))
+        assert getattr(seen, f.name) == want, f.name

@@ -11,7 +11,7 @@ from nodes.config import NodeConfig
 from nodes.protocol import InferRequest
 from nodes.runtime import LoadedModel
 from nodes.scheduler import Work
-from nodes.server import NodeRuntime
+from nodes.state import NodeRuntime
 from telemetry.schema import DeviceInfo, NodeLoad
 
 

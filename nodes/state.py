@@ -1,0 +1,168 @@
+"""What one node owns (`NodeRuntime`: config, models, residency, executor, telemetry counters), built
+once by the app factory (nodes.server), and the keys the app stores it under."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from aiohttp import web
+
+from nodes.config import NodeConfig
+from nodes.executor import Executor
+from nodes.residency import Residency
+from nodes.runtime import LoadedModel, load_model, model_file_size
+from telemetry.schema import DeviceInfo, ModelLoad, NodeLoad
+
+log = logging.getLogger("edgeroute.node")
+
+VERSION = "0.1.0"
+
+
+@dataclass
+class NodeRuntime:
+    """Everything a running node owns; created at startup, torn down in reverse."""
+
+    config: NodeConfig
+    models: dict[str, LoadedModel]  # the resident ones (shared with the engine)
+    executor: ThreadPoolExecutor
+    device: DeviceInfo
+    providers: list[str] = field(default_factory=lambda: ["CPUExecutionProvider"])
+    residency: Residency = field(default_factory=lambda: Residency(-1))  # -1: built from config and models
+    loader: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="loader"))
+    load_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    loads: int = 0  # models loaded on demand (after start-up)
+    model_requests: int = 0  # inference requests for a model this node serves
+    cold_requests: int = 0  # ... of which found it not resident (waited for a load, or failed to)
+    evictions: int = 0
+    load_ms_total: float = 0.0
+    load_ms: dict[str, float] = field(default_factory=dict)  # last measured load time per model
+    engine: Executor = field(init=False)
+    draining: bool = False
+    seq: int = 0
+    last_published_outstanding: int = 0
+    last_published_starts: int = 0
+    publish_now: asyncio.Event = field(default_factory=asyncio.Event)
+    started_at_ms: float = field(default_factory=lambda: time.time() * 1000.0)  # models loaded, serving
+
+    def __post_init__(self) -> None:
+        self.engine = Executor(self.config, self.models, self.executor, self.config.speed, on_change=self.changed)
+        self.specs = {m.name: m for m in self.config.models}  # the repository: every model it can serve
+        if self.residency.budget_bytes < 0:
+            self.residency = Residency(self.config.memory_budget_bytes)
+            for m in self.models.values():
+                self.residency.add(m.name, m.size_bytes)
+        for m in self.models.values():
+            self.load_ms.setdefault(m.name, m.load_ms)
+
+    async def ensure(self, name: str) -> LoadedModel:
+        """The model, loaded first if it is not resident (evicting least recently used idle models).
+
+        Raises NoRoom (it cannot fit, now or ever) or the load's own error; either concerns this model
+        only. Loads run one at a time on their own thread, never on an execution slot.
+        """
+        model = self.models.get(name)
+        if model is not None:
+            self.residency.touch(name)
+            return model
+        async with self.load_lock:
+            model = self.models.get(name)
+            if model is not None:
+                return model
+            spec = self.specs[name]
+            cfg = self.config
+            loop = asyncio.get_running_loop()
+            size = await loop.run_in_executor(self.loader, model_file_size, spec, cfg.zoo_dir)
+            for victim in self.residency.plan(name, size):
+                self.residency.remove(victim)
+                self.models.pop(victim, None)
+                self.evictions += 1
+                log.info("node %s evicted %s to make room for %s", cfg.node_id, victim, name)
+            model = await loop.run_in_executor(
+                self.loader, load_model, spec, self.providers, cfg.threads_per_slot, cfg.zoo_dir
+            )
+            self.residency.add(name, model.size_bytes)
+            self.models[name] = model
+            self.load_ms[name] = model.load_ms
+            self.loads += 1
+            self.load_ms_total += model.load_ms
+            log.info("node %s loaded %s on demand in %.0f ms", cfg.node_id, name, model.load_ms)
+            self.publish_now.set()
+            return model
+
+    @property
+    def speed(self) -> float:
+        return self.engine.speed
+
+    @property
+    def outstanding(self) -> int:
+        return self.engine.scheduler.queued + self.engine.in_flight
+
+    def changed(self) -> None:
+        """Publish at once on a large change; with change_threshold 1, on every execution start too
+        (routers then know when each node's current execution ends, which critical routing needs)."""
+        threshold = self.config.change_threshold
+        if abs(self.outstanding - self.last_published_outstanding) >= threshold or (
+            threshold == 1 and self.engine.starts != self.last_published_starts
+        ):
+            self.publish_now.set()
+
+    def snapshot(self, endpoint: str, interval_busy_ms: float, interval_ms: float) -> NodeLoad:
+        self.seq += 1
+        self.last_published_outstanding = self.outstanding
+        self.last_published_starts = self.engine.starts
+        engine = self.engine
+        sched = engine.scheduler
+        util = min(1.0, interval_busy_ms / max(1e-9, interval_ms * self.config.slots))
+        with engine.lock:
+            prios = {0, self.config.high_priority_min, *(p for p, n in sched.queued_by_priority.items() if n)}
+            queued = {str(p): n for p, n in sched.queued_by_priority.items() if n}
+            per_model = {
+                name: (
+                    sched.queued_by_model[name],
+                    engine.in_flight_of(name),
+                    dict(m.ewma_ms) if m else {},
+                    m is not None,
+                )
+                for name in self.specs
+                for m in [self.models.get(name)]
+            }
+            in_flight = engine.in_flight
+        return NodeLoad(
+            node_id=self.config.node_id,
+            endpoint=endpoint,
+            partition=self.config.partition,
+            tier=self.config.tier,
+            device=self.device,
+            seq=self.seq,
+            sent_at_ms=time.time() * 1000.0,
+            status="draining" if self.draining else "ready",
+            queued_by_priority=queued,
+            expected_wait_ms={str(p): round(engine.expected_wait_ms(p), 3) for p in sorted(prios)},
+            scheduler=self.config.scheduler,
+            in_flight=in_flight,
+            capacity=self.config.slots,
+            max_queue=self.config.max_queue,
+            models={
+                name: ModelLoad(
+                    resident=resident,
+                    load_ms=round(self.load_ms[name], 2) if name in self.load_ms else None,
+                    queued=q,
+                    in_flight=f,
+                    ewma_ms_by_batch={str(b): round(v, 4) for b, v in ewma.items()},
+                )
+                for name, (q, f, ewma, resident) in per_model.items()
+            },
+            memory_used_bytes=self.residency.used_bytes,
+            memory_budget_bytes=self.config.memory_budget_bytes,
+            utilisation=util,
+            started_at_ms=self.started_at_ms,
+        )
+
+
+CONFIG = web.AppKey("config", NodeConfig)
+RUNTIME = web.AppKey("runtime", NodeRuntime)
+ENDPOINT = web.AppKey("endpoint", list)  # one-element list, filled once the site is bound
