@@ -122,8 +122,9 @@ class Pipeline:
         source = self._source
         base: Sequence[NodeState] = list(view) if source is None else source.candidates(req, view)
         admits: list[Callable[[NodeState], bool]] = []
+        skip: object = source  # its candidates are exactly the nodes its own admitter accepts
         for adm in self._admitters:
-            if adm is source:  # its candidates are exactly the nodes its admitter accepts
+            if adm is skip:
                 continue
             a = adm.admitter(req, view, ctx)
             if a is not None:
