@@ -48,8 +48,8 @@ from policies.api import RouteRequest
 from policies.budgets import split_budget
 from router.config import CropSpec, StageSpec, WorkflowSpec
 from router.dispatch import Dispatcher, Outcome
+from router.lifecycle.stages import downstream, expected_stage_ms
 from telemetry import wire
-from telemetry.view import ClusterView
 
 
 class WorkflowInputError(ValueError):
@@ -205,37 +205,6 @@ class WorkflowStats:
 
     def as_json(self) -> dict[str, int]:
         return dict(self.__dict__)
-
-
-def downstream(
-    spec: WorkflowSpec, stage: str, pixel_bytes: Callable[[str], int] = lambda ref: 12
-) -> tuple[tuple[str, ...], int]:
-    """The models of the stages that take `stage`'s output, and the bytes of crops they will take from
-    it (`max_crops` crops of `size` x `size` pixels of `pixel_bytes(image ref)` bytes each; other
-    tensors are not known before the stage runs)."""
-    models: list[str] = []
-    nbytes = 0
-    for st in spec.stages:
-        uses = False
-        for src in st.inputs.values():
-            refs = src.refs if isinstance(src, CropSpec) else [src]
-            if any(r.split(".", 1)[0] == stage for r in refs if "." in r):
-                uses = True
-                if isinstance(src, CropSpec):
-                    nbytes += src.crop_bytes(pixel_bytes(src.crop))
-        if uses:
-            models.append(st.model)
-    return tuple(models), nbytes
-
-
-def expected_stage_ms(view: ClusterView, model: str, default_ms: float = 5.0) -> float:
-    """The median of the serving nodes' EWMA at batch 1 (telemetry), else `default_ms`."""
-    seen = sorted(
-        ms
-        for n in view.serving(model)
-        if (m := n.model(model)) is not None and (ms := m.ewma_ms(1)) is not None and ms > 0
-    )
-    return seen[len(seen) // 2] if seen else default_ms
 
 
 class WorkflowRunner:

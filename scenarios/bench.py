@@ -184,9 +184,9 @@ def bench_sim(
     """Events per second of the simulator with a real policy in the loop; prints and writes JSON."""
     import resource
 
-    from scenarios.loadgen import build_schedule
     from scenarios.profile import load_profile
     from scenarios.sim import Profile, Simulation
+    from scenarios.workload import build_schedule
 
     scenario = sim_scenario(nodes, requests, policy, rate_rps)
     t0 = time.perf_counter()
@@ -328,7 +328,7 @@ def bench_routers(
     (telemetry.peers): p50/p99 latency and the largest queue any node reached. `rounds` rounds, the
     three set-ups interleaved in each (so a drift of the machine hits all three alike); quantiles are
     over every round's answers pooled, with each round's p99 alongside. Prints and writes JSON."""
-    from scenarios.loadgen import build_schedule
+    from scenarios.workload import build_schedule
 
     scenario = routers_scenario(nodes, rate_rps, duration_s, policy)
     schedule = build_schedule(scenario.workload, scenario.seed)

@@ -10,135 +10,17 @@ is `lost`; the router's contract is that this never happens.
 from __future__ import annotations
 
 import asyncio
-import csv
-import math
-import random
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import aiohttp
 import numpy as np
 
-from scenarios.schema import ScenarioError, SiteLoad, Workload
+from scenarios.workload import Arrival, Result, build_schedule
+
+__all__ = ["Arrival", "Payload", "Result", "build_schedule", "example_payload", "fetch_payloads", "run_load"]
 from telemetry import wire
-
-
-@dataclass(frozen=True, slots=True)
-class Arrival:
-    at_s: float
-    site: str
-    model: str
-    priority: int
-    deadline_ms: float
-
-
-@dataclass(slots=True)
-class Result:
-    arrival: Arrival
-    status: int | None  # None: no answer at all (lost)
-    latency_ms: float
-    node: str
-    error: str = ""
-    exec_ms: float = 0.0  # the node's slot time for it (x-edgeroute-exec-ms), 0 if not served
-    queue_ms: float = 0.0  # its wait for a slot at the node (x-edgeroute-queue-ms)
-    rows: int = 1  # rows of the batch it ran in (x-edgeroute-batch-rows): its share of the exec time
-    stages: int = 1  # executions it took (a workflow's stages run; x-edgeroute-stages)
-    cold: int = 0  # of those, how many waited for their model to load (x-edgeroute-cold-ms / -cold-stages)
-    bytes_kept: int = 0  # a workflow's intermediate bytes used on the node that made them
-    bytes_moved: int = 0  # ... and those a stage on another node needed
-
-
-def _homogeneous(rng: random.Random, rate: float, start: float, stop: float) -> list[float]:
-    out: list[float] = []
-    if rate <= 0:
-        return out
-    t = start
-    while True:
-        t += rng.expovariate(rate)
-        if t >= stop:
-            return out
-        out.append(t)
-
-
-def arrival_times(site: SiteLoad, horizon_s: float, rng: random.Random) -> list[float]:
-    """Arrival instants of one site's process within [start_s, min(stop_s, horizon))."""
-    start = site.start_s
-    stop = min(horizon_s, site.stop_s if site.stop_s is not None else horizon_s)
-    if stop <= start:
-        return []
-    if site.arrival == "poisson":
-        return _homogeneous(rng, site.rate_rps, start, stop)
-    if site.arrival == "bursty":
-        out: list[float] = []
-        t, on = start, True
-        while t < stop:
-            length = site.on_s if on else site.off_s
-            out += _homogeneous(rng, site.rate_rps if on else site.off_rate_rps, t, min(stop, t + length))
-            t, on = t + length, not on
-        return out
-    if site.arrival == "diurnal":
-        # thinning (Lewis-Shedler): candidates at the peak rate, kept with probability rate(t) / peak
-        peak, low = site.rate_rps, site.min_rate_rps
-        keep: list[float] = []
-        for t in _homogeneous(rng, peak, start, stop):
-            rate = low + (peak - low) * (1 - math.cos(2 * math.pi * (t - start) / site.period_s)) / 2
-            if rng.random() * peak < rate:
-                keep.append(t)
-        return keep
-    raise ValueError(f"arrival {site.arrival!r} has no generated times")
-
-
-def read_trace(path: Path, site: SiteLoad, default_deadline_ms: float, horizon_s: float) -> list[Arrival]:
-    """Rows `at_s,model,priority,deadline_ms` (header optional; priority and deadline may be blank)."""
-    out: list[Arrival] = []
-    with path.open(newline="") as fh:
-        for lineno, row in enumerate(csv.reader(fh), 1):
-            if not row or row[0].strip().startswith("#") or (lineno == 1 and row[0].strip() == "at_s"):
-                continue
-            try:
-                at = float(row[0])
-                model = row[1].strip()
-                prio = int(row[2]) if len(row) > 2 and row[2].strip() else 0
-                deadline = (
-                    float(row[3])
-                    if len(row) > 3 and row[3].strip()
-                    else site.deadline_ms.get(prio, default_deadline_ms)
-                )
-            except (ValueError, IndexError):
-                raise ScenarioError(f"{path}:{lineno}: expected at_s,model,priority,deadline_ms") from None
-            if site.start_s <= at < min(horizon_s, site.stop_s or horizon_s):
-                out.append(Arrival(at, site.site, model, prio, deadline))
-    return out
-
-
-def build_schedule(
-    workload: Workload, seed: int, duration_s: float | None = None, base_dir: Path | None = None
-) -> list[Arrival]:
-    """Every arrival of the run, time-ordered; models and priorities drawn from each site's mix."""
-    rng = random.Random(seed)
-    horizon = duration_s if duration_s is not None else workload.duration_s
-    out: list[Arrival] = []
-    for site in workload.sites:
-        if site.arrival == "trace":
-            assert site.trace is not None
-            path = Path(site.trace)
-            out += read_trace(
-                path if path.is_absolute() else (base_dir or Path.cwd()) / path,
-                site,
-                workload.default_deadline_ms,
-                horizon,
-            )
-            continue
-        models, model_w = list(site.models), list(site.models.values())
-        prios, prio_w = list(site.priorities), list(site.priorities.values())
-        for t in arrival_times(site, horizon, rng):
-            prio = rng.choices(prios, prio_w)[0]
-            deadline = site.deadline_ms.get(prio, workload.default_deadline_ms)
-            out.append(Arrival(t, site.site, rng.choices(models, model_w)[0], prio, deadline))
-    out.sort(key=lambda a: (a.at_s, a.site))
-    return out[: workload.max_requests]
 
 
 @dataclass(frozen=True)

@@ -47,7 +47,6 @@ from policies.registry import build_policy
 from router.lifecycle import Lifecycle
 from router.lifecycle.links import LinkState
 from router.lifecycle.overlay import OutstandingTracker
-from scenarios.loadgen import Arrival, Result
 from scenarios.schema import PolicyRun, Scenario
 from scenarios.sim.faults import FaultModel
 from scenarios.sim.nodes import NodeModel
@@ -77,6 +76,7 @@ from scenarios.sim.state import (
 )
 from scenarios.sim.telemetry import TelemetryModel
 from scenarios.sim.workflows import WorkflowDriver
+from scenarios.workload import Arrival, Result
 from telemetry.schema import DeviceInfo, NodeLoad
 from telemetry.store import ViewStore
 

@@ -8,7 +8,6 @@ from typing import Any
 
 from policies.api import RouteRequest
 from router.lifecycle import Failure, Hold, Send
-from scenarios.loadgen import Arrival, Result
 from scenarios.sim.state import (
     COPIES,
     HEDGE,
@@ -21,6 +20,7 @@ from scenarios.sim.state import (
     SimState,
     SimWorkflow,
 )
+from scenarios.workload import Arrival, Result
 
 
 class RouterDriver(SimState):

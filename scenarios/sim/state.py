@@ -26,9 +26,9 @@ from router.config import WorkflowSpec
 from router.lifecycle import Attempts, Failure, Lifecycle, LifecycleSettings
 from router.lifecycle.copies import CopyConfig
 from router.lifecycle.health import HealthConfig
-from scenarios.loadgen import Arrival, Result
 from scenarios.schema import Fault, NodeSpec, Scenario
 from scenarios.sim.profile import Distribution, Profile
+from scenarios.workload import Arrival, Result
 from telemetry.schema import DeviceInfo, ModelLoad, NodeLoad
 from telemetry.store import ViewStore
 

@@ -6,8 +6,7 @@ from __future__ import annotations
 from policies.api import RouteRequest
 from policies.budgets import split_budget
 from router.config import CropSpec, WorkflowSpec
-from router.workflows import downstream, expected_stage_ms
-from scenarios.loadgen import Arrival, Result
+from router.lifecycle.stages import downstream, expected_stage_ms
 from scenarios.sim.state import (
     RESUME,
     Job,
@@ -18,6 +17,7 @@ from scenarios.sim.state import (
     output_bytes,
     stage_model,
 )
+from scenarios.workload import Arrival, Result
 
 
 class WorkflowDriver(SimState):

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
-from scenarios.loadgen import Arrival, Result
 from scenarios.report import format_table, percentile, summarize
+from scenarios.workload import Arrival, Result
 
 
 def r(status: int | None, ms: float, prio: int = 0, node: str = "a", deadline: float = 100.0) -> Result:

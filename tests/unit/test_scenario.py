@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from scenarios.loadgen import build_schedule
 from scenarios.schema import ScenarioError, load_scenario, parse_scenario
+from scenarios.workload import build_schedule
 
 ROOT = Path(__file__).resolve().parents[2] / "scenarios"
 QUICK = """\
@@ -144,8 +144,8 @@ def test_schedule_is_seeded_bounded_and_mixed() -> None:
 def test_arrival_processes(tmp_path: Path) -> None:
     import random
 
-    from scenarios.loadgen import arrival_times
     from scenarios.schema import SiteLoad
+    from scenarios.workload import arrival_times
 
     bursty = SiteLoad(site="s", arrival="bursty", rate_rps=100, on_s=2, off_s=3, off_rate_rps=10, models={"m": 1})
     t = arrival_times(bursty, 10.0, random.Random(1))

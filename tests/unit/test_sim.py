@@ -6,10 +6,10 @@ from typing import Any
 
 import pytest
 
-from scenarios.loadgen import build_schedule
 from scenarios.replay import replay_sim
 from scenarios.schema import Scenario
 from scenarios.sim import Distribution, Profile, Simulation
+from scenarios.workload import build_schedule
 
 WALL_CLOCK = {"started_at", "wall_s"}
 

@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
-from scenarios.loadgen import build_schedule
 from scenarios.replay import replay_sim
 from scenarios.schema import Scenario, load_scenario
 from scenarios.sim import Profile, Simulation, output_bytes
 from scenarios.sweep import parse_counts, sweep, with_nodes
+from scenarios.workload import build_schedule
 
 CROP = {"crop": "image", "boxes": "detect.boxes", "scores": "detect.scores", "min_score": 0.0, "max_crops": 4}
 
