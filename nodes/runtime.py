@@ -61,16 +61,20 @@ class LoadedModel:
     def run(self, feeds: dict[str, np.ndarray], stretch: float, batch: int = 1) -> tuple[dict[str, np.ndarray], float]:
         """Execute (blocking; called in an executor thread). Returns outputs and slot time in ms.
 
-        `stretch` >= 1 emulates a device `stretch` times slower than this host: after the real run the
-        slot stays busy for `(stretch - 1) x baseline` more, where `baseline` is this model's idle
-        execution time at this batch size measured at load. Adding a constant, rather than
-        multiplying the real time, keeps host noise (other processes on the same cores) from being
-        amplified `stretch` times, so the emulated device is as steady as a real one.
+        `stretch` > 1 emulates a device `stretch` times slower than the reference machine: the slot
+        stays busy until `stretch x baseline` after the run began, where `baseline` is this model's
+        reference execution time at this batch size (the profile's idle median, the same on every
+        host). The host's own run is absorbed in that time, so the emulated device is the same device
+        on any host that runs the model faster than the device would, and host noise is not amplified;
+        on a host slower than that the slot takes the real run's time. The sleep wakes a little late
+        under load (`emulation_jitter_ms` in the simulator's profile).
         """
         start = time.perf_counter()
         values = self.session.run(list(self.outputs), feeds)
         if stretch > 1.0:
-            time.sleep(self.baseline_for(batch) * (stretch - 1.0) / 1000.0)
+            left = self.baseline_for(batch) * stretch / 1000.0 - (time.perf_counter() - start)
+            if left > 0:
+                time.sleep(left)
         elapsed_ms = (time.perf_counter() - start) * 1000.0
         return dict(zip(self.outputs, values, strict=True)), elapsed_ms
 

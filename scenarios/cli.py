@@ -74,6 +74,7 @@ def _replay(args: argparse.Namespace) -> int:
             out,
             mode=args.mode,
             profile_path=profile,
+            calibrate=args.calibrate,
             kafka=args.kafka,
             duration_s=args.duration,
         )
@@ -203,6 +204,12 @@ def main(argv: list[str] | None = None) -> int:
         help="live stack, discrete-event simulation, or both with their relative error",
     )
     rp.add_argument("--profile", help="simulator profile JSON (default: scenarios/profiles/cpu.json)")
+    rp.add_argument(
+        "--calibrate",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="measure this host on the stack before the live runs and simulate on it (default: with --mode both)",
+    )
     rp.set_defaults(func=_replay)
 
     bench = sub.add_parser("bench", help="benchmarks (print and save figures)")

@@ -28,6 +28,7 @@ import asyncio
 import json
 import platform
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,7 @@ from scenarios.launcher import Stack, http_json
 from scenarios.loadgen import Payload, build_schedule, example_payload, run_load
 from scenarios.schema import NodeSpec, Scenario, Workload
 from scenarios.sim.profile import DEFAULT_PROFILE
+from scenarios.workload import Result
 from telemetry import wire
 from telemetry.bus import KafkaTelemetrySource
 from telemetry.quantiles import grid_101
@@ -270,10 +272,15 @@ def measure_level(
     site: str = "lab",
     seconds: float = LEVEL_SECONDS,
     headers: dict[str, str] | None = None,
+    real_exec: Callable[[Result], float] | None = None,
+    key: Callable[[str], str] | None = None,
+    results_out: list[Result] | None = None,
 ) -> dict[str, Any]:
     """Open-loop load at `rate` (`models`: a mix, or a list for a uniform one) through the router:
     overhead (pooled and per model), execution, and the nodes' slot wake-up (mean and distribution)
-    and handoff times, all as the loaded machine has them."""
+    and handoff times, all as the loaded machine has them. `real_exec` takes a slow node's emulated
+    stretch out of an execution time (scenarios.host); `key` names each model as the profile does
+    (its zoo architecture), pooling models that share one; `results_out` receives every answer."""
     mix = models if isinstance(models, dict) else {m: 1.0 for m in models}
     workload = Workload.model_validate(
         {"duration_s": seconds, "sites": [{"site": site, "rate_rps": rate, "models": mix}]}
@@ -283,18 +290,24 @@ def measure_level(
     stats_after = _node_stats(stack, samples=True)
     before, after = _node_counters(stats_before), _node_counters(stats_after)
     samples = _wakeup_samples(stats_before, stats_after)
+    if results_out is not None:
+        results_out.extend(results)
     ok = [r for r in results if r.status == 200]
     wakeups, handoffs = after[1] - before[1], after[3] - before[3]
 
     def overhead(rs: list[Any]) -> list[float]:
         return quantiles([max(0.0, r.latency_ms - r.exec_ms - r.queue_ms) for r in rs])
 
-    by_model = {m: [r for r in ok if r.arrival.model == m] for m in mix}
+    name = key or (lambda m: m)
+    execution = real_exec or (lambda r: r.exec_ms)
+    by_model: dict[str, list[Result]] = {}
+    for m in mix:
+        by_model.setdefault(name(m), []).extend(r for r in ok if r.arrival.model == m)
     return {
         "rate_rps": rate,
         "overhead_ms": overhead(ok),
         "overhead_ms_by_model": {m: overhead(rs) for m, rs in by_model.items() if len(rs) >= 20},
-        "exec_ms": {m: quantiles([r.exec_ms for r in rs]) for m, rs in by_model.items()},
+        "exec_ms": {m: quantiles([execution(r) for r in rs]) for m, rs in by_model.items() if rs},
         "wakeup_ms": round((after[0] - before[0]) / wakeups, 4) if wakeups else 0.0,
         "wakeup_ms_q": quantiles(samples) if len(samples) >= 20 else None,
         "handoff_ms": round((after[2] - before[2]) / handoffs, 4) if handoffs else 0.0,
@@ -306,9 +319,9 @@ def measure_level(
 def _emulation_jitter(stack: Stack, result: dict[str, Any], speed: float = 0.02) -> list[float]:
     """How much longer than asked a speed-emulated slot really is, on a node near 80% busy.
 
-    The node holds its slot for the real run plus `(1/speed - 1) x reference` by sleeping; under load
-    the sleeping thread wakes late by a little, which near saturation matters. Measured as slot time
-    minus that stretch minus the loaded real run's median, on MobileNet, straight to the node.
+    The node holds its slot until `reference / speed` after the run began by sleeping; under load the
+    sleeping thread wakes late by a little, which near saturation matters. Measured as slot time minus
+    that target, on MobileNet, straight to the node.
     """
     model = "mobilenet_s"
     spec = NodeSpec(id="profiler-slow", partition="lab", slots=1, speed=speed, max_queue=512, models=[model])
@@ -316,15 +329,14 @@ def _emulation_jitter(stack: Stack, result: dict[str, Any], speed: float = 0.02)
     stack.start_node(spec)
     stack.wait_ready(60)
     reference = stack.baselines.get(model, {}).get(1, float(result["models"][model]["exec_ms"]["1"][50]))
-    stretch = reference * (1.0 / speed - 1.0)
-    real = float(result["levels"][-1]["exec_ms"][model][50]) if result["levels"] else reference
-    rate = 0.8 * 1000.0 / (stretch + real)
+    target = reference / speed
+    rate = 0.8 * 1000.0 / target
     workload = Workload.model_validate(
         {"duration_s": LEVEL_SECONDS, "sites": [{"site": "lab", "rate_rps": rate, "models": {model: 1}}]}
     )
     payloads = {model: example_payload(asyncio.run(_metadata(stack.router_url, model)), 0)}
     results = asyncio.run(run_load(stack.nodes[spec.id].url, build_schedule(workload, 7), payloads))
-    jitter = [r.exec_ms - stretch - real for r in results if r.status == 200]
+    jitter = [r.exec_ms - target for r in results if r.status == 200]
     q = quantiles(jitter)
     print(f"  emulation jitter at {rate:.0f} req/s on one slow node: p50 {q[50]:6.3f} ms  p99 {q[99]:6.3f}", flush=True)
     stats = http_json(f"{stack.nodes[spec.id].url}/admin/stats")[1]

@@ -77,8 +77,10 @@ def replay_live(
     duration_s: float | None = None,
     log_dir: Path | None = None,
     echo: bool = True,
+    calibrate: bool = False,
 ) -> dict[str, Any]:
-    """Run each policy on the live stack; returns the report (not yet written)."""
+    """Run each policy on the live stack; returns the report (not yet written). With `calibrate`, the
+    host is measured on the stack first (scenarios.host) and the report carries it under "host"."""
     duration, warmup, schedule = _plan(scenario, duration_s)
     models = {a.model for a in schedule} or {m for s in scenario.workload.sites for m in s.models}
     report = _header(scenario, "live", duration, warmup)
@@ -89,6 +91,8 @@ def replay_live(
         if echo:
             print(f"router: {stack.router_url}\nkafka: {stack.bootstrap}", flush=True)
         payloads = asyncio.run(fetch_payloads(stack.router_url, models, scenario.seed, stack.client_headers))
+        if calibrate and runs:
+            report["host"] = _calibrate(stack, scenario, runs[0], payloads, echo)
         for run in runs:
             # with a model catalogue what is resident matters: every run starts from the start-up set
             stack.use_nodes(run.node_specs(scenario.topology.nodes), fresh=bool(scenario.models))
@@ -134,6 +138,26 @@ def replay_live(
     return report
 
 
+def _calibrate(
+    stack: Stack, scenario: Scenario, first: PolicyRun, payloads: dict[str, Any], echo: bool
+) -> dict[str, Any] | None:
+    """Measure the host on the scenario's stack, as the first run will find it."""
+    from scenarios.host import compare_with_profile, format_host, measure_host
+    from scenarios.profile import load_profile
+
+    specs = first.node_specs(scenario.topology.nodes)
+    stack.use_nodes(specs, fresh=bool(scenario.models))
+    stack.set_policy(first.policy.model_dump(exclude_none=True))
+    _wait_idle(stack.router_url, stack.admin_headers)
+    level = measure_host(stack, scenario, specs, offered_rate(scenario), payloads)
+    if level is None:
+        return None
+    row = compare_with_profile(load_profile(), level)
+    if echo:
+        print(format_host(row), flush=True)
+    return {"level": level, "vs_profile": row}
+
+
 def _node_costs(scenario: Scenario, run: PolicyRun) -> dict[str, tuple[str, float]]:
     return {n.id: (n.partition, n.cost_per_s) for n in run.node_specs(scenario.topology.nodes)}
 
@@ -176,21 +200,32 @@ def run_replay(
     out_dir: Path,
     mode: str = "live",
     profile_path: Path | None = None,
+    calibrate: bool | None = None,
     **kwargs: Any,
 ) -> Path:
-    """Replay live, simulated, or both (then the live report carries the sim one and the comparison)."""
+    """Replay live, simulated, or both (then the live report carries the sim one and the comparison).
+
+    `calibrate` (None: only with `both`) measures the host before the live runs; the simulation of
+    `both` then runs on the profile calibrated to it (scenarios.host)."""
+    if calibrate is None:
+        calibrate = mode == "both"
     if mode == "sim":
         report = replay_sim(scenario, runs, duration_s=kwargs.get("duration_s"), profile_path=profile_path)
     else:
-        report = replay_live(scenario, runs, **kwargs)
+        report = replay_live(scenario, runs, calibrate=calibrate, **kwargs)
         if mode == "both":
-            sim = replay_sim(scenario, runs, duration_s=kwargs.get("duration_s"), profile_path=profile_path)
+            host = report.get("host")
+            sim = replay_sim(scenario, runs, duration_s=kwargs.get("duration_s"), profile_path=profile_path, host=host)
             report["sim"] = sim
             report["comparison"] = compare(report, sim)
     path = write_report(report, out_dir)
     from scenarios.render import render
 
     markdown = render(report, out_dir)
+    if report.get("host"):
+        from scenarios.host import format_host
+
+        print(format_host(report["host"]["vs_profile"]))
     print(format_table(report))
     if "sim" in report:
         print(format_table(report["sim"]))
@@ -240,14 +275,23 @@ def replay_sim(
     *,
     duration_s: float | None = None,
     profile_path: Path | None = None,
+    host: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Run each policy in the simulator on the same schedule the live replay would send."""
+    """Run each policy in the simulator on the same schedule the live replay would send; with `host`
+    (a host measurement, scenarios.host), on the profile calibrated to it."""
     from scenarios.profile import load_profile
     from scenarios.sim import Profile, Simulation
 
     duration, warmup, schedule = _plan(scenario, duration_s)
-    profile = Profile.from_json(load_profile(profile_path), offered_rate(scenario), len(scenario.topology.nodes))
+    doc = load_profile(profile_path)
+    nodes = len(scenario.topology.nodes)
+    if host is not None:
+        from scenarios.host import host_profile
+
+        doc = host_profile(doc, host["level"], nodes)
+    profile = Profile.from_json(doc, offered_rate(scenario), nodes)
     report = _header(scenario, "sim", duration, warmup)
+    report["profile"] = "host-calibrated" if host is not None else str(profile_path or "default")
     messages = 0
     telemetry: dict[str, Any] = {}
     for run in runs:

@@ -179,15 +179,18 @@ class NodeModel(SimState):
     def _start(self, node: SimNode, batch: list[Work]) -> None:
         model = batch[0].model
         rows = sum(w.rows for w in batch)
-        # the live node's speed emulation: the real run, then (1/speed - 1) x the reference time
+        # the live node's speed emulation: the slot is held until reference / speed after the run
+        # began, the real run absorbed in it (nodes.runtime.LoadedModel.run)
         real = (
             self.profile.exec_for(self._arch[model], rows).sample(self.svc_rng)
             if rows > 1
             else self._exec[model].sample(self.svc_rng)
         )
-        service = real + self._curve(model, rows) * (1.0 / node.speed - 1.0)
-        if node.speed < 1.0:  # the emulation's sleep wakes a little late under load (profiled)
+        if node.speed < 1.0:  # held; the sleep wakes a little late under load (profiled)
+            service = max(real, self._curve(model, rows) / node.speed)
             service += max(0.0, self.profile.emulation_jitter_ms.sample(self.svc_rng))
+        else:
+            service = real
         if node.handoff:  # straight from the previous execution: the worker's handoff idles the slot
             node.handoff = False
             begin = self.now + self.profile.handoff_ms

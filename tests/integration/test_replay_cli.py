@@ -71,6 +71,30 @@ def test_replay_writes_the_report_contract(tmp_path: Path) -> None:
     assert tel["messages"] > 0 and tel["malformed"] == 0 and set(tel["lag_ms"]) == {"p50", "p99"}
 
 
+def test_replay_both_measures_the_host_and_simulates_on_it(tmp_path: Path) -> None:
+    scenario = tmp_path / "it-replay.yaml"
+    scenario.write_text(SCENARIO)
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        [*CLI, "replay", str(scenario), "--mode", "both", "--policy", "p2c", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "host at 40 req/s" in proc.stdout
+    report = json.loads((out / "report.json").read_text())
+    host = report["host"]
+    level = host["level"]
+    assert level["rate_rps"] == 40 and level["completed"] > 20
+    assert set(level["exec_ms"]) == {"sensor_mlp", "mobilenet_s"}, "the host's own execution, by architecture"
+    assert 0 < level["overhead_ms"][50] <= level["overhead_ms"][99]
+    assert host["vs_profile"]["overhead_ms"]["host"][0] == round(level["overhead_ms"][50], 3)
+    assert report["sim"]["profile"] == "host-calibrated"
+    assert set(report["comparison"]) == {"p2c"}
+    assert report["policies"]["p2c"]["lost"] == 0
+
+
 def test_bad_scenario_is_one_line_not_a_traceback(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text(SCENARIO.replace("rate_rps: 40", "rate_rps: lots"))

@@ -1,0 +1,104 @@
+"""Host calibration's pure parts (scenarios.host) and the speed emulation's hold (nodes.runtime)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from nodes.runtime import LoadedModel
+from scenarios.host import compare_with_profile, host_profile, model_mix
+from scenarios.schema import Scenario
+from scenarios.sim import Profile
+from scenarios.sim.profile import DEFAULT_PROFILE, _node_shift_ms
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def level(rate: float = 160.0, overhead: float = 8.0) -> dict[str, object]:
+    grid = [overhead + i * 0.01 for i in range(101)]
+    return {
+        "rate_rps": rate,
+        "overhead_ms": grid,
+        "overhead_ms_by_model": {},
+        "exec_ms": {"sensor_mlp": [0.3] * 101},
+        "wakeup_ms": 0.2,
+        "wakeup_ms_q": [0.2] * 101,
+        "handoff_ms": 0.1,
+        "emulation_jitter_ms": [0.5] * 101,
+    }
+
+
+def test_the_mix_is_requests_per_second_per_model_without_workflows() -> None:
+    scenario = Scenario.model_validate(
+        {
+            "name": "mix",
+            "topology": {
+                "partitions": ["a", "b"],
+                "nodes": [{"id": "n", "partition": "a", "models": ["sensor_mlp", "mobilenet_s"]}],
+            },
+            "workload": {
+                "duration_s": 1,
+                "sites": [
+                    {"site": "a", "rate_rps": 100, "models": {"sensor_mlp": 3, "mobilenet_s": 1}},
+                    {"site": "b", "rate_rps": 10, "models": {"sensor_mlp": 1}},
+                ],
+            },
+            "policies": ["p2c"],
+        }
+    )
+    assert model_mix(scenario) == {"sensor_mlp": pytest.approx(85.0), "mobilenet_s": pytest.approx(25.0)}
+
+
+def test_the_host_profile_takes_the_measured_level_and_leaves_the_devices_alone() -> None:
+    doc = json.loads(DEFAULT_PROFILE.read_text())
+    before = json.dumps(doc, sort_keys=True)
+    calibrated = host_profile(doc, level(), nodes=5)
+    assert json.dumps(doc, sort_keys=True) == before, "the committed profile is not modified"
+    assert calibrated["levels"] == [level()] and calibrated["emulation_jitter_ms"] == [0.5] * 101
+    assert calibrated["models"] == doc["models"], "reference times (the emulated devices) unchanged"
+    assert _node_shift_ms(calibrated, 5) == 0.0, "measured on the scenario's own node count"
+    profile = Profile.from_json(calibrated, 40.0, 5)  # any rate: the one level is the host's
+    # the host's level (about 8.5 ms), shifted by the model's idle difference; the profile's is ~2.5
+    assert profile.overhead_for("sensor_mlp").median() == pytest.approx(8.5, abs=0.5)
+    assert profile.exec_for("sensor_mlp").median() == pytest.approx(0.3)
+    assert profile.baseline_ms("sensor_mlp") == doc["models"]["sensor_mlp"]["exec_ms"]["1"][50]
+
+
+def test_the_host_is_shown_beside_the_profiles_nearest_level() -> None:
+    doc = json.loads(DEFAULT_PROFILE.read_text())
+    row = compare_with_profile(doc, level(rate=160.0))
+    assert row["profile_level_rps"] == 150.0
+    assert row["overhead_ms"]["host"] == [8.5, 8.99]
+    nearest = next(lv for lv in doc["levels"] if lv["rate_rps"] == 150.0)
+    assert row["overhead_ms"]["profile"][0] == round(nearest["overhead_ms"][50], 3)
+    assert row["exec_ms_p50"]["sensor_mlp"]["host"] == 0.3
+
+
+class Sleeper:
+    """A session whose run takes `real_s` seconds."""
+
+    def __init__(self, real_s: float) -> None:
+        self.real_s = real_s
+
+    def run(self, names: list[str], feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        time.sleep(self.real_s)
+        return [feeds["x"]]
+
+
+@pytest.mark.parametrize("real_ms", [5.0, 25.0])
+def test_a_slow_device_holds_its_slot_for_its_own_time_whatever_the_host_takes(real_ms: float) -> None:
+    # reference 10 ms, speed 0.2: the device takes 50 ms; adding (1/speed - 1) x reference to the real
+    # run would give 45 or 65 ms depending on the host
+    model = LoadedModel("m", "1", Sleeper(real_ms / 1000.0), {}, {"y": None}, 0, 0.0, baseline_ms=10.0)  # type: ignore[dict-item]
+    _, elapsed = model.run({"x": np.zeros(1)}, 5.0)
+    assert 49.9 <= elapsed < 62.0, elapsed
+
+
+def test_a_host_slower_than_the_device_takes_its_own_time() -> None:
+    model = LoadedModel("m", "1", Sleeper(0.03), {}, {"y": None}, 0, 0.0, baseline_ms=10.0)  # type: ignore[dict-item]
+    _, elapsed = model.run({"x": np.zeros(1)}, 2.0)  # the device would take 20 ms; the host takes 30
+    assert 29.9 <= elapsed < 42.0, elapsed
