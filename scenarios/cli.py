@@ -84,6 +84,15 @@ def _replay(args: argparse.Namespace) -> int:
 def _bench(args: argparse.Namespace) -> int:
     from scenarios.bench import bench_router
 
+    if args.what == "decide":
+        from scenarios.bench_decide import SIZES, bench_decide
+
+        sizes = (args.nodes,) if args.nodes else SIZES
+        if min(sizes) < 1 or (args.requests is not None and args.requests < 1):
+            print("edgeroute: --nodes and --requests must be at least 1", file=sys.stderr)
+            return 2
+        bench_decide(Path(args.out), sizes, decisions=args.requests or 2000)
+        return 0
     if args.what == "sim":
         from scenarios.bench import bench_sim
 
@@ -213,10 +222,19 @@ def main(argv: list[str] | None = None) -> int:
     rp.set_defaults(func=_replay)
 
     bench = sub.add_parser("bench", help="benchmarks (print and save figures)")
-    bench.add_argument("what", choices=["router", "sim", "routers"])
+    bench.add_argument("what", choices=["router", "sim", "routers", "decide"])
     bench.add_argument("--out", default="reports/bench")
-    bench.add_argument("--requests", type=int, help="requests (router: per run, 2000; sim: 1000000)")
-    bench.add_argument("--nodes", type=int, default=None, help="sim: cluster size (1000); routers: nodes (4)")
+    bench.add_argument(
+        "--requests",
+        type=int,
+        help="requests (router: per run, 2000; sim: 1000000; decide: decisions per preset and size, 2000)",
+    )
+    bench.add_argument(
+        "--nodes",
+        type=int,
+        default=None,
+        help="sim: cluster size (1000); routers: nodes (4); decide: one view size (default 10 to 10,000)",
+    )
     bench.add_argument("--policy", default="p2c", help="sim: preset in the loop; routers: least_outstanding")
     bench.add_argument("--kafka", help="external Kafka bootstrap HOST:PORT")
     bench.add_argument("--rounds", type=int, default=5, help="routers: rounds of the three set-ups, pooled (5)")
