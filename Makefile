@@ -34,8 +34,9 @@ lint: $(STAMP)  ## ruff and mypy
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 
-bench: $(STAMP)  ## router overhead and simulator speed benchmarks (print, and write reports/bench/*.json)
+bench: $(STAMP)  ## router overhead, decision cost and simulator speed benchmarks (print, and write reports/bench/*.json)
 	$(VENV)/bin/edgeroute bench router
+	$(VENV)/bin/edgeroute bench decide
 	$(VENV)/bin/edgeroute bench sim
 
 profile: $(STAMP)  ## re-measure the simulator profile of this machine (scenarios/profiles/cpu.json)
