@@ -6,6 +6,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from telemetry.signing import Signer, TelemetryKey, signer_for
+
 
 class ModelSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -67,6 +69,13 @@ class NodeConfig(BaseModel):
     memory_budget_bytes: int = Field(2 << 30, ge=0)
     max_body_bytes: int = Field(16 << 20, ge=1024)
     kafka: str | None = Field(None, description="bootstrap HOST:PORT; None disables telemetry")
+    telemetry_key: TelemetryKey | None = Field(
+        None, description="ID:SECRET signing telemetry (telemetry.signing); default $EDGEROUTE_TELEMETRY_KEY"
+    )
+
+    def signer(self) -> Signer | None:
+        return signer_for(self.telemetry_key)
+
     topic: str = "edgeroute.telemetry"
     interval_ms: float = Field(100.0, gt=0)
     change_threshold: int = Field(4, ge=1, description="publish at once when outstanding moves this much")

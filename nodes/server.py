@@ -80,7 +80,7 @@ async def _telemetry_ctx(app: web.Application) -> AsyncIterator[None]:
         yield
         return
     rt = app[RUNTIME]
-    publisher = TelemetryPublisher(cfg.kafka, cfg.topic)
+    publisher = TelemetryPublisher(cfg.kafka, cfg.topic, cfg.signer())
     pub_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"telemetry-{cfg.node_id}")
     loop = asyncio.get_running_loop()
 

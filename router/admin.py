@@ -21,6 +21,7 @@ from aiohttp import web
 from policies import PolicyConfigError, PolicySpec
 from router.state import ROUTER, Router
 from router.state import json_error as _error
+from telemetry.signing import Verifier
 from telemetry.store import ViewStore
 
 log = logging.getLogger("edgeroute.router")
@@ -89,7 +90,7 @@ async def get_view(request: web.Request) -> web.Response:
                 }
                 for n in view
             ],
-            "telemetry": telemetry_summary(router.store),
+            "telemetry": telemetry_summary(router.store, router.verifier),
             "hedging": {
                 "sent": router.lifecycle.hedges_sent,
                 "won": router.lifecycle.hedge_wins,
@@ -117,8 +118,12 @@ async def get_view(request: web.Request) -> web.Response:
     )
 
 
-def telemetry_summary(store: ViewStore) -> dict[str, Any]:
-    return store.summary()
+def telemetry_summary(store: ViewStore, verifier: Verifier | None = None) -> dict[str, Any]:
+    """The store's counts, and the signature checks where messages are verified."""
+    out = store.summary()
+    if verifier is not None:
+        out["signatures"] = verifier.summary()
+    return out
 
 
 _STATUS = Template((Path(__file__).parent / "templates" / "status.html").read_text())

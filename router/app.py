@@ -84,6 +84,7 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
         router.peers = PeerLoads(
             router.config.kafka, router.router_id, cfg.topic, cfg.stale_after_ms, router.clock, cfg.fetch_max_wait_ms
         )
+        router.peers.verifier = router.verifier
         await asyncio.get_running_loop().run_in_executor(None, ensure_topic, router.config.kafka, cfg.topic)
         if isinstance(router.source, TopicReader) and router.source.bootstrap == router.config.kafka:
             router.source.carry(router.peers)  # one consumer, one fetch per poll for telemetry and peers
@@ -122,7 +123,9 @@ async def _peers(app: web.Application) -> AsyncIterator[None]:
         return
     cfg = router.config.peers
     assert router.config.kafka is not None
-    publisher = PeerPublisher(router.config.kafka, router.router_id, cfg.topic, cfg.stale_after_ms / 3)
+    publisher = PeerPublisher(
+        router.config.kafka, router.router_id, cfg.topic, cfg.stale_after_ms / 3, router.config.signer()
+    )
     router.lifecycle.tracker.remote = loads.remote
     router.lifecycle.tracker.remote_settled = loads.settled
 
@@ -252,6 +255,8 @@ def create_app(
         client = HttpNodeClient(config.pool_per_node, config.connect_timeout_ms / 1000.0)
     app = web.Application(client_max_size=config.max_body_bytes, middlewares=[json_errors, admission])
     app[ROUTER] = Router(config, source, client, clock, config_path)
+    if isinstance(source, TopicReader):
+        source.verifier = app[ROUTER].verifier
     app.cleanup_ctx.append(_lifecycle)
     app.cleanup_ctx.append(_peers)
     app.cleanup_ctx.append(_copies)

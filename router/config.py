@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from policies import PolicyConfigError, PolicySpec, build_policy
 from router.admission import AuthConfig, RateLimitConfig
@@ -15,6 +15,7 @@ from router.lifecycle.copies import CopyConfig
 from router.lifecycle.health import HealthConfig
 from router.lifecycle.links import LinkState
 from router.lifecycle.stages import CropSpec, StageSpec, WorkflowSpec
+from telemetry.signing import Signer, TelemetryKey, Verifier, signer_for
 
 __all__ = ["ConfigError", "CropSpec", "RouterConfig", "StageSpec", "WorkflowSpec", "lifecycle_settings", "load_config"]
 
@@ -77,11 +78,37 @@ class RouterConfig(BaseModel):
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
     kafka: str | None = Field(None, description="telemetry bootstrap HOST:PORT")
+    telemetry_keys: list[TelemetryKey] | None = Field(
+        None,
+        description="ID:SECRET keys that telemetry and peer messages must be signed with (telemetry.signing); "
+        "default $EDGEROUTE_TELEMETRY_KEYS; none: unsigned accepted",
+    )
+    telemetry_key: TelemetryKey | None = Field(
+        None, description="ID:SECRET this router signs its peer messages with; default $EDGEROUTE_TELEMETRY_KEY"
+    )
+
+    @field_validator("telemetry_keys")
+    @classmethod
+    def _keys(cls, v: list[str] | None) -> list[str] | None:
+        if v is not None and not v:
+            raise ValueError("an empty key list would turn verification off; leave telemetry_keys out instead")
+        return v
+
+    def verifier(self) -> Verifier | None:
+        """What telemetry and peer messages are checked with: the configured keys, else the environment's."""
+        return Verifier.parse(self.telemetry_keys) if self.telemetry_keys else Verifier.from_env()
+
+    def signer(self) -> Signer | None:
+        return signer_for(self.telemetry_key)
+
     topic: str = "edgeroute.telemetry"
     policy: PolicySpec = Field(default_factory=lambda: PolicySpec(preset="p2c"))
     seed: int = Field(0, description="seed of the policies' random.Random")
     stale_after_ms: float = Field(1000.0, gt=0)
     lookback_ms: float = Field(5000.0, ge=0, description="telemetry history read at start")
+    evict_after_ms: float = Field(
+        300_000.0, gt=0, description="a node silent this long leaves the view (after stale, after panic mode)"
+    )
     fetch_max_wait_ms: int = Field(10, ge=1)
     default_deadline_ms: float = Field(2000.0, gt=0, description="budget of requests that give none")
     max_deadline_ms: float = Field(60000.0, gt=0)

@@ -48,7 +48,8 @@ class Router:
         self.client = client
         self.clock = clock
         self.config_path = config_path
-        self.store = ViewStore(stale_after_ms=config.stale_after_ms)
+        self.verifier = config.verifier()  # telemetry and peer messages (telemetry.signing), if keyed
+        self.store = ViewStore(stale_after_ms=config.stale_after_ms, evict_after_ms=config.evict_after_ms)
         self.policies = PolicyHolder(build_policy(config.policy), config.policy)
         self.router_id = config.peers.router_id or f"{socket.gethostname()}-{os.getpid()}"
         # routers of one group must not draw the same random numbers: with the same view they would

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import secrets
 import shutil
 import subprocess
 import sys
@@ -30,6 +31,7 @@ from scenarios.sim.profile import DEFAULT_PROFILE
 from telemetry.broker import EmbeddedBroker, free_port, terminate, wait_for_port
 from telemetry.bus import ensure_topic
 from telemetry.schema import TOPIC
+from telemetry.signing import SIGN_ENV, VERIFY_ENV, Verifier
 
 log = logging.getLogger("edgeroute.launcher")
 
@@ -152,6 +154,13 @@ class Stack:
     # model -> reference execution ms for the speed emulation; the simulator uses the same numbers
     baselines: dict[str, dict[int, float]] = field(default_factory=lambda: profile_baselines())
     node_specs: dict[str, NodeSpec] = field(default_factory=dict)  # as currently running (run overrides)
+    # every stack signs its telemetry and peer messages with a key of its own (telemetry.signing):
+    # nodes and routers get it through the environment; forged or unsigned messages are dropped
+    telemetry_key: str = field(default_factory=lambda: f"stack-{os.getpid()}:{secrets.token_hex(32)}")
+
+    def verifier(self) -> Verifier:
+        """A verifier for this stack's messages (for in-process readers such as the profiler's)."""
+        return Verifier.parse([self.telemetry_key])
 
     @property
     def bootstrap(self) -> str:
@@ -206,7 +215,12 @@ class Stack:
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                env={
+                    **os.environ,
+                    "PYTHONUNBUFFERED": "1",
+                    SIGN_ENV: self.telemetry_key,
+                    VERIFY_ENV: self.telemetry_key,
+                },
             )
         finally:
             out.close()

@@ -163,6 +163,7 @@ def profile(
         # telemetry lag on an idle machine, as the router's consumer sees it (poll wait included)
         store = ViewStore()
         source = KafkaTelemetrySource(stack.bootstrap, stack.topic, lookback_ms=0)
+        source.verifier = stack.verifier()
         source.start(store)
         try:
             time.sleep(4.0)

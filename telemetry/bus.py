@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from telemetry.schema import TOPIC, NodeLoad
+from telemetry.signing import Signer, Verifier
 from telemetry.store import ViewStore
 
 log = logging.getLogger(__name__)
@@ -62,9 +63,10 @@ class KafkaSender:
     peers cannot hear from it.
     """
 
-    def __init__(self, bootstrap: str, topic: str, client_id: str, what: str) -> None:
+    def __init__(self, bootstrap: str, topic: str, client_id: str, what: str, signer: Signer | None = None) -> None:
         self.bootstrap = bootstrap
         self.topic = topic
+        self.signer = signer  # seals every message (telemetry.signing) when set
         self.client_id = client_id
         self.what = what  # for the log lines
         self.sent = 0
@@ -89,6 +91,8 @@ class KafkaSender:
         try:
             if self._producer is None:
                 self._producer = self._connect()
+            if self.signer is not None:
+                value = self.signer.seal(self.topic, value, now_ms())
             self._producer.send(self.topic, key=key, value=value, timestamp_ms=timestamp_ms)
             self.sent += 1
             return True
@@ -111,8 +115,8 @@ class KafkaSender:
 class TelemetryPublisher(KafkaSender):
     """Sends `NodeLoad` messages keyed by node id (blocking; see KafkaSender)."""
 
-    def __init__(self, bootstrap: str, topic: str = TOPIC) -> None:
-        super().__init__(bootstrap, topic, "edgeroute-node", "telemetry")
+    def __init__(self, bootstrap: str, topic: str = TOPIC, signer: Signer | None = None) -> None:
+        super().__init__(bootstrap, topic, "edgeroute-node", "telemetry", signer)
 
     def publish(self, msg: NodeLoad) -> bool:
         return self.send(msg.node_id.encode(), msg.to_json(), int(msg.sent_at_ms))
@@ -167,6 +171,7 @@ class TopicReader:
         self.fetch_max_wait_ms = max(1, fetch_max_wait_ms)  # 0 stops consumption on some brokers
         self.clock = clock
         self.errors = 0
+        self.verifier: Verifier | None = None  # checks signed messages (telemetry.signing) when set
         self.assigned = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -212,7 +217,13 @@ class TopicReader:
                     for tp, records in batches.items():
                         by_topic.setdefault(tp.topic, []).extend(r.value or b"" for r in records)
                     for topic, values in by_topic.items():
-                        readers[topic]._handle(values, received)
+                        reader = readers[topic]
+                        verifier = reader.verifier
+                        if verifier is not None:
+                            opened = [verifier.open(topic, v, received) for v in values]
+                            values = [v for v in opened if v is not None]
+                        if values:
+                            reader._handle(values, received)
                     for reader in readers.values():
                         reader._tick(received)
             except Exception as exc:  # noqa: BLE001 - broker outages are survived, not raised

@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from telemetry.bus import KafkaSender, TopicReader, now_ms
 from telemetry.quantiles import nearest_rank
+from telemetry.signing import Signer
 
 PEERS_TOPIC = "edgeroute.routers"
 PEERS_SCHEMA = 1
@@ -129,11 +130,18 @@ class PeerLoads(TopicReader):
 class PeerPublisher:
     """Publishes this router's `RouterLoad` when it changed; the send runs on one worker thread."""
 
-    def __init__(self, bootstrap: str, router_id: str, topic: str = PEERS_TOPIC, heartbeat_ms: float = 300.0) -> None:
+    def __init__(
+        self,
+        bootstrap: str,
+        router_id: str,
+        topic: str = PEERS_TOPIC,
+        heartbeat_ms: float = 300.0,
+        signer: Signer | None = None,
+    ) -> None:
         self.router_id = router_id
         self.heartbeat_ms = heartbeat_ms  # publish at least this often, so peers know each other while idle
         self.seq = 0
-        self.sender = KafkaSender(bootstrap, topic, f"edgeroute-router-{router_id}", "peer load")
+        self.sender = KafkaSender(bootstrap, topic, f"edgeroute-router-{router_id}", "peer load", signer)
         self._last_at = float("-inf")
         self._last: tuple[dict[str, int], dict[str, int]] | None = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="peers-publisher")

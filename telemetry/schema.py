@@ -4,13 +4,20 @@ Nodes publish one `NodeLoad` per `interval_ms` and at once on a large change, as
 id, on the topic `edgeroute.telemetry`. Consumers parse with `NodeLoad.parse`, which raises
 `MalformedTelemetry` for anything that is not a valid message of a version it understands; the
 caller counts and skips it, never crashes.
+
+Whoever can write to the topic is outside the router's trust, so every field is bounded: times and
+sizes are finite and non-negative with ceilings, counts non-negative, map keys that are numbers must
+parse as integers in range, names are short and of a plain alphabet, maps have a maximum number of
+entries, and an endpoint is an http(s) base URL with no credentials, query or fragment. A message
+outside the bounds is malformed as a whole.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
+from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 SCHEMA_VERSION = 1
 TOPIC = "edgeroute.telemetry"
@@ -18,6 +25,30 @@ TOPIC = "edgeroute.telemetry"
 
 class MalformedTelemetry(ValueError):
     """A telemetry message that could not be decoded, failed validation, or has a future schema."""
+
+
+MAX_MS = 86_400_000.0  # a day: no wait, load or execution time a node reports is longer
+MAX_EPOCH_MS = 1e13  # year 2286: a send or start time beyond it is not a clock reading
+MAX_COUNT = 1_000_000
+MAX_PRIORITY = 1_000_000
+MAX_MAP = 64  # priorities or batch sizes one node reports
+MAX_MODELS = 1024
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]*$"
+
+Ms = Annotated[float, Field(ge=0, le=MAX_MS, allow_inf_nan=False)]
+Count = Annotated[int, Field(ge=0, le=MAX_COUNT)]
+Name = Annotated[str, Field(min_length=1, max_length=128, pattern=NAME_PATTERN)]
+
+
+def _int_keys(values: dict[str, object], lo: int, hi: int, what: str) -> dict[str, object]:
+    for key in values:
+        try:
+            k = int(key)
+        except ValueError:
+            raise ValueError(f"{what} key {key[:20]!r} is not an integer") from None
+        if not lo <= k <= hi or key != str(k):
+            raise ValueError(f"{what} key {key[:20]!r} is out of range [{lo}, {hi}]")
+    return values
 
 
 class _Strict(BaseModel):
@@ -28,19 +59,25 @@ class _Strict(BaseModel):
 
 class DeviceInfo(_Strict):
     kind: Literal["cpu", "cuda"]
-    name: str = ""
+    name: str = Field("", max_length=128)
 
 
 class ModelLoad(_Strict):
     """One model's state on a node."""
 
     resident: bool = True
-    load_ms: float | None = Field(None, ge=0, description="the node's last measured load time for it")
-    queued: int = Field(0, ge=0)
-    in_flight: int = Field(0, ge=0)
+    load_ms: Ms | None = Field(None, description="the node's last measured load time for it")
+    queued: Count = 0
+    in_flight: Count = 0
     # Exponentially weighted mean execution time by batch size, keys are batch sizes as strings
     # (JSON object keys), values milliseconds.
-    ewma_ms_by_batch: dict[str, float] = Field(default_factory=dict)
+    ewma_ms_by_batch: dict[str, Ms] = Field(default_factory=dict, max_length=MAX_MAP)
+
+    @field_validator("ewma_ms_by_batch")
+    @classmethod
+    def _batch_sizes(cls, v: dict[str, float]) -> dict[str, float]:
+        _int_keys(v, 1, 1 << 16, "ewma_ms_by_batch")  # type: ignore[arg-type]
+        return v
 
     def ewma_ms(self, batch: int = 1) -> float | None:
         """The EWMA execution time for `batch`, else the nearest smaller measured batch, else None."""
@@ -59,27 +96,53 @@ class NodeLoad(_Strict):
     """A node's load at `sent_at_ms` (Unix epoch milliseconds, the node's clock)."""
 
     schema_: int = Field(SCHEMA_VERSION, alias="schema")
-    node_id: str = Field(min_length=1, max_length=128)
-    endpoint: str = Field(min_length=1, description="base URL of the node's OIP v2 server")
-    partition: str = Field(min_length=1)
+    node_id: Name
+    endpoint: str = Field(min_length=1, max_length=256, description="base URL of the node's OIP v2 server")
+    partition: Name
     tier: Literal["edge", "cloud"]
     device: DeviceInfo
-    seq: int = Field(ge=0)
-    sent_at_ms: float = Field(ge=0)
+    seq: int = Field(ge=0, le=1 << 62)
+    sent_at_ms: float = Field(ge=0, le=MAX_EPOCH_MS, allow_inf_nan=False)
     status: Literal["ready", "draining"] = "ready"
-    queued_by_priority: dict[str, int] = Field(default_factory=dict)
+    queued_by_priority: dict[str, Count] = Field(default_factory=dict, max_length=MAX_MAP)
     # predicted wait for a slot of a request arriving now, by priority (keys as strings); a priority
     # not listed waits like the nearest lower one listed
-    expected_wait_ms: dict[str, float] = Field(default_factory=dict)
+    expected_wait_ms: dict[str, Ms] = Field(default_factory=dict, max_length=MAX_MAP)
     scheduler: Literal["fifo", "priority"] = "fifo"
-    in_flight: int = Field(0, ge=0)
-    capacity: int = Field(1, ge=1, description="concurrent execution slots")
-    max_queue: int = Field(0, ge=0)
-    models: dict[str, ModelLoad] = Field(default_factory=dict)
-    memory_used_bytes: int = Field(0, ge=0)
-    memory_budget_bytes: int = Field(0, ge=0)
-    utilisation: float = Field(0.0, ge=0.0, le=1.0)
-    started_at_ms: float = Field(0.0, ge=0, description="when the node process started (its clock); 0 unknown")
+    in_flight: Count = 0
+    capacity: int = Field(1, ge=1, le=4096, description="concurrent execution slots")
+    max_queue: Count = 0
+    models: dict[Name, ModelLoad] = Field(default_factory=dict, max_length=MAX_MODELS)
+    memory_used_bytes: int = Field(0, ge=0, le=1 << 50)
+    memory_budget_bytes: int = Field(0, ge=0, le=1 << 50)
+    utilisation: float = Field(0.0, ge=0.0, le=1.0, allow_inf_nan=False)
+    started_at_ms: float = Field(
+        0.0,
+        ge=0,
+        le=MAX_EPOCH_MS,
+        allow_inf_nan=False,
+        description="when the node process started (its clock); 0 unknown",
+    )
+
+    @field_validator("queued_by_priority", "expected_wait_ms")
+    @classmethod
+    def _priorities(cls, v: dict[str, float]) -> dict[str, float]:
+        _int_keys(v, -MAX_PRIORITY, MAX_PRIORITY, "priority")  # type: ignore[arg-type]
+        return v
+
+    @field_validator("endpoint")
+    @classmethod
+    def _base_url(cls, v: str) -> str:
+        parts = urlsplit(v)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError("endpoint must be an http(s) URL with a host")
+        if parts.username or parts.password or parts.query or parts.fragment or "@" in parts.netloc:
+            raise ValueError("endpoint must not carry credentials, a query or a fragment")
+        try:
+            parts.port  # noqa: B018 - raises on an invalid port
+        except ValueError:
+            raise ValueError("endpoint has an invalid port") from None
+        return v
 
     model_config = ConfigDict(frozen=True, extra="ignore", populate_by_name=True)
 
@@ -116,9 +179,4 @@ class NodeLoad(_Strict):
             raise MalformedTelemetry(f"schema {msg.schema_} is newer than supported {SCHEMA_VERSION}")
         if msg.schema_ < 1:
             raise MalformedTelemetry(f"schema {msg.schema_} is not a known version")
-        for key in msg.queued_by_priority:
-            try:
-                int(key)
-            except ValueError:
-                raise MalformedTelemetry(f"queued_by_priority: key {key!r} is not an integer") from None
         return msg

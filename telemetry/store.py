@@ -19,6 +19,9 @@ log = logging.getLogger(__name__)
 # the restart is not revived for `stale_after_ms`. Below it, receipt time is used, which is immune to
 # small clock skew between node and router.
 CATCH_UP_LAG_MS = 1000.0
+# A message sent more than this after its receipt (by the sender's clock) is not believed: one forged
+# far-future timestamp would otherwise make every genuine report of that node look out of order.
+MAX_CLOCK_AHEAD_MS = 10_000.0
 
 
 class ViewStore:
@@ -27,11 +30,17 @@ class ViewStore:
     Readers take `store.view` (one attribute read) and keep that snapshot for a whole decision.
     """
 
-    def __init__(self, stale_after_ms: float = 1000.0, lag_samples: int = 4096) -> None:
+    def __init__(
+        self, stale_after_ms: float = 1000.0, lag_samples: int = 4096, evict_after_ms: float = 300_000.0
+    ) -> None:
         self.view = ClusterView(stale_after_ms=stale_after_ms)
+        self.evict_after_ms = evict_after_ms  # a node silent this long leaves the view
         self.messages = 0
         self.malformed = 0
         self.out_of_order = 0
+        self.from_future = 0  # sent more than MAX_CLOCK_AHEAD_MS after receipt: dropped
+        self.evicted = 0
+        self._swept_at = float("-inf")
         self.lag_ms: deque[float] = deque(maxlen=lag_samples)
         self._write = threading.Lock()
         # Called with the node states of each applied batch, after the swap, in the applying thread:
@@ -48,6 +57,8 @@ class ViewStore:
         return {
             "messages": self.messages,
             "malformed": self.malformed,
+            "from_future": self.from_future,
+            "evicted": self.evicted,
             "lag_ms": {"p50": round(self.lag_quantile(0.5), 3), "p99": round(self.lag_quantile(0.99), 3)},
         }
 
@@ -63,6 +74,9 @@ class ViewStore:
             for msg in msgs:
                 self.messages += 1
                 lag = received_at_ms - msg.sent_at_ms
+                if lag < -MAX_CLOCK_AHEAD_MS:
+                    self.from_future += 1
+                    continue
                 self.lag_ms.append(max(0.0, lag))
                 current = fresh.get(msg.node_id) or view.get(msg.node_id)
                 if current is not None and msg.sent_at_ms < current.load.sent_at_ms:
@@ -71,7 +85,13 @@ class ViewStore:
                 heard_at = received_at_ms if lag < CATCH_UP_LAG_MS else min(received_at_ms, msg.sent_at_ms)
                 fresh[msg.node_id] = NodeState(msg, heard_at)
             if fresh:
-                self.view = view.with_nodes(fresh.values(), received_at_ms)
+                view = self.view = view.with_nodes(fresh.values(), received_at_ms)
+            if received_at_ms - self._swept_at >= 1000.0:  # at most once a second: a scan of the view
+                self._swept_at = received_at_ms
+                gone = [n.node_id for n in view if received_at_ms - n.heard_at_ms > self.evict_after_ms]
+                if gone:
+                    self.evicted += len(gone)
+                    self.view = view.without(gone, received_at_ms)
         if fresh and self.on_applied is not None:
             self.on_applied(list(fresh.values()))
         return len(fresh)

@@ -235,6 +235,21 @@ class ClusterView:
             _by_model=index,
         )
 
+    def without(self, node_ids: Iterable[str], built_at_ms: float) -> ClusterView:
+        """This view without `node_ids` (nodes silent past the store's eviction age)."""
+        nodes = dict(self.nodes)
+        for node_id in node_ids:
+            nodes.pop(node_id, None)
+        newest = max((n.heard_at_ms for n in nodes.values()), default=float("-inf"))
+        return replace(
+            self,
+            nodes=MappingProxyType(nodes),
+            built_at_ms=built_at_ms,
+            newest_heard_ms=newest,
+            overlay=None,
+            _by_model=None,
+        )
+
     def with_outstanding(
         self, overlay: Overlay | Mapping[str, int] | None, health: Health | None = None, links: Links | None = None
     ) -> ClusterView:

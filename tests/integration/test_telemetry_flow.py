@@ -13,6 +13,7 @@ from kafka import KafkaProducer
 from scenarios.launcher import Stack
 from telemetry.broker import EmbeddedBroker
 from telemetry.bus import KafkaTelemetrySource, TelemetryPublisher, ensure_topic
+from telemetry.signing import Signer
 from telemetry.store import ViewStore
 from tests.helpers import load
 from tests.integration.http import call, infer_body
@@ -131,8 +132,13 @@ def test_history_revives_no_dead_node_and_malformed_messages_are_counted(broker:
 def test_malformed_telemetry_on_the_live_topic_is_counted_not_fatal(shared_stack: Stack) -> None:
     before = call(f"{shared_stack.router_url}/admin/view")[1]["telemetry"]["malformed"]
     raw = KafkaProducer(bootstrap_servers=shared_stack.bootstrap)
+    signer = Signer.parse(shared_stack.telemetry_key)  # signed by the stack's key, yet malformed
     try:
-        raw.send(shared_stack.topic, key=b"n1", value=b'{"schema": 1, "node_id": 5}')
+        raw.send(
+            shared_stack.topic,
+            key=b"n1",
+            value=signer.seal(shared_stack.topic, b'{"schema": 1, "node_id": 5}', time.time() * 1000),
+        )
         raw.flush()
     finally:
         raw.close()
@@ -144,3 +150,42 @@ def test_malformed_telemetry_on_the_live_topic_is_counted_not_fatal(shared_stack
     assert status == 200
     metrics = call(f"{shared_stack.router_url}/metrics")[1]
     assert "edgeroute_telemetry_malformed_total" in metrics
+
+
+def test_forged_and_unsigned_telemetry_changes_nothing_on_the_default_stack(shared_stack: Stack) -> None:
+    """The stack signs its telemetry: an outsider announcing a node at an address of their choosing, or
+    making a real node look idle or pushing it out with a far-future report, is dropped and counted."""
+    url = shared_stack.router_url
+    before = call(f"{url}/admin/view")[1]
+    real = next(n for n in before["nodes"] if n["node_id"] == "n2")
+    now = time.time() * 1000
+    evil = load("evil", sent_at_ms=now).model_copy(update={"endpoint": "http://127.0.0.1:9"})
+    hijack = load("n2", queued=0, seq=10**9, sent_at_ms=now + 10_000_000).model_copy(
+        update={"endpoint": "http://127.0.0.1:9"}
+    )
+    wrong = Signer.parse("stack-intruder:0123456789abcdef0123456789abcdef")
+    raw = KafkaProducer(bootstrap_servers=shared_stack.bootstrap)
+    try:
+        for msg in (evil, hijack):
+            raw.send(shared_stack.topic, key=msg.node_id.encode(), value=msg.to_json())  # unsigned
+            raw.send(
+                shared_stack.topic, key=msg.node_id.encode(), value=wrong.seal(shared_stack.topic, msg.to_json(), now)
+            )
+        raw.flush()
+    finally:
+        raw.close()
+    deadline = time.monotonic() + 5
+    while True:
+        sig = call(f"{url}/admin/view")[1]["telemetry"]["signatures"]
+        if sig["unsigned"] >= 2 and sig["unknown_key"] >= 2:
+            break
+        assert time.monotonic() < deadline, sig
+        time.sleep(0.05)
+    time.sleep(0.3)  # the real nodes keep reporting meanwhile
+    after = call(f"{url}/admin/view")[1]
+    assert {n["node_id"] for n in after["nodes"]} == {n["node_id"] for n in before["nodes"]}, "no node was added"
+    n2 = next(n for n in after["nodes"] if n["node_id"] == "n2")
+    assert n2["endpoint"] == real["endpoint"] and n2["fresh"], n2
+    for _ in range(5):  # and traffic still goes to the real nodes only
+        status, _, headers = call(f"{url}/v2/models/sensor_mlp/infer", infer_body())
+        assert status == 200 and headers.get("x-edgeroute-node") in {"n1", "n2"}

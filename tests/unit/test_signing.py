@@ -1,0 +1,58 @@
+"""Signed telemetry and peer messages (telemetry.signing)."""
+
+from __future__ import annotations
+
+import pytest
+
+from telemetry.signing import KeyError_, Signer, Verifier, parse_key
+
+KEY = "fleet:0123456789abcdef0123"
+NOW = 1_700_000_000_000.0
+BODY = b'{"node_id": "n1", "queued_by_priority": {"0": 1}}'
+
+
+def test_a_sealed_message_opens_with_the_key() -> None:
+    sealed = Signer.parse(KEY).seal("edgeroute.telemetry", BODY, NOW)
+    v = Verifier.parse([KEY])
+    assert v.open("edgeroute.telemetry", sealed, NOW + 50) == BODY
+    assert v.summary()["accepted"] == 1
+
+
+@pytest.mark.parametrize(
+    ("raw", "counter"),
+    [
+        (BODY, "unsigned"),
+        (Signer.parse("other:0123456789abcdef0123").seal("edgeroute.telemetry", BODY, NOW), "unknown_key"),
+        (Signer.parse("fleet:not-the-right-secret!!").seal("edgeroute.telemetry", BODY, NOW), "forged"),
+        (Signer.parse(KEY).seal("edgeroute.routers", BODY, NOW), "forged"),  # moved to another topic
+        (Signer.parse(KEY).seal("edgeroute.telemetry", BODY, NOW).replace(b'"0": 1', b'"0": 9'), "forged"),
+        (Signer.parse(KEY).seal("edgeroute.telemetry", BODY, NOW - 60_000), "expired"),  # replayed later
+        (Signer.parse(KEY).seal("edgeroute.telemetry", BODY, NOW + 60_000), "expired"),
+        (b"ER1 fleet 1700000000000", "forged"),
+        (b"ER1 fleet notanumber " + b"0" * 64 + b" " + BODY, "expired"),
+    ],
+)
+def test_what_does_not_verify_is_dropped_and_counted(raw: bytes, counter: str) -> None:
+    v = Verifier.parse([KEY])
+    assert v.open("edgeroute.telemetry", raw, NOW) is None
+    assert v.summary()[counter] == 1 and v.summary()["accepted"] == 0
+
+
+def test_without_keys_everything_is_accepted_unverified() -> None:
+    v = Verifier({})
+    sealed = Signer.parse(KEY).seal("t", BODY, NOW)
+    assert v.open("t", BODY, NOW) == BODY and v.open("t", sealed, NOW) == BODY
+
+
+@pytest.mark.parametrize("text", ["nocolon", ":0123456789abcdef0123", "bad id:0123456789abcdef0123", "k:short"])
+def test_bad_keys_are_refused(text: str) -> None:
+    with pytest.raises(KeyError_):
+        parse_key(text)
+
+
+def test_keys_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("EDGEROUTE_TELEMETRY_KEY", KEY)
+    monkeypatch.setenv("EDGEROUTE_TELEMETRY_KEYS", f"{KEY}, old:abcdefabcdefabcdefab")
+    signer, verifier = Signer.from_env(), Verifier.from_env()
+    assert signer is not None and verifier is not None and set(verifier.keys) == {"fleet", "old"}
+    assert verifier.open("t", signer.seal("t", BODY, NOW), NOW) == BODY

@@ -1,0 +1,164 @@
+"""Telemetry is hostile input: bounds on every field, a clock window, eviction, and a generated attack
+on the parser, the store and the policies (no sockets)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import random
+from typing import Any
+
+import pytest
+
+from policies import Context, RouteRequest, build_policy
+from policies.presets import PRESETS
+from telemetry.schema import MalformedTelemetry, NodeLoad
+from telemetry.store import MAX_CLOCK_AHEAD_MS, ViewStore
+from tests.helpers import load
+
+NOW = 1_700_000_000_000.0
+
+
+def valid() -> dict[str, Any]:
+    msg = json.loads(load("n1", queued=2, wait={"0": 5.0, "10": 1.0}, sent_at_ms=NOW).to_json())
+    msg["models"]["m"]["ewma_ms_by_batch"] = {"1": 4.0, "4": 9.0}
+    return msg
+
+
+def with_(path: str, value: Any) -> bytes:
+    msg = valid()
+    *head, last = path.split(".")
+    target = msg
+    for key in head:
+        target = target[key]
+    target[last] = value
+    return json.dumps(msg).encode()
+
+
+@pytest.mark.parametrize(
+    ("path", "value"),
+    [
+        ("queued_by_priority", {"0": -5}),
+        ("queued_by_priority", {"abc": 1}),
+        ("queued_by_priority", {"01": 1}),
+        ("queued_by_priority", {str(10**12): 1}),
+        ("queued_by_priority", {str(p): 1 for p in range(100)}),
+        ("expected_wait_ms", {"abc": 1.0}),
+        ("expected_wait_ms", {"0": -1.0}),
+        ("expected_wait_ms", {"0": 1e300}),
+        ("models.m.ewma_ms_by_batch", {"0": 1.0}),
+        ("models.m.ewma_ms_by_batch", {"1": -2.0}),
+        ("models.m.load_ms", 1e308),
+        ("models.m.queued", -1),
+        ("sent_at_ms", 1e300),
+        ("started_at_ms", 1e300),
+        ("in_flight", -3),
+        ("in_flight", 10**9),
+        ("capacity", 0),
+        ("capacity", 10**6),
+        ("utilisation", 1.5),
+        ("memory_used_bytes", 1 << 60),
+        ("node_id", "a b"),
+        ("node_id", "x" * 200),
+        ("node_id", "n\\u0000"),
+        ("partition", ""),
+        ("partition", "edge/../a"),
+        ("endpoint", "ftp://10.0.0.1"),
+        ("endpoint", "http://user:pw@10.0.0.1:8000"),
+        ("endpoint", "http://10.0.0.1:8000/?redirect=x"),
+        ("endpoint", "http://10.0.0.1:99999"),
+        ("endpoint", "http:///nohost"),
+        ("models", {f"m{i}": {} for i in range(2000)}),
+        ("models", {"bad name": {}}),
+        ("device", {"kind": "cpu", "name": "x" * 500}),
+    ],
+)
+def test_out_of_bounds_telemetry_is_malformed(path: str, value: Any) -> None:
+    with pytest.raises(MalformedTelemetry):
+        NodeLoad.parse(with_(path, value))
+
+
+def test_non_finite_numbers_are_malformed() -> None:
+    for field in ("sent_at_ms", "utilisation"):
+        raw = with_(field, 0.0).replace(b'"' + field.encode() + b'": 0.0', b'"' + field.encode() + b'": NaN')
+        with pytest.raises(MalformedTelemetry):
+            NodeLoad.parse(raw)
+
+
+def test_a_valid_message_still_parses() -> None:
+    msg = NodeLoad.parse(json.dumps(valid()).encode())
+    assert msg.queued == 2 and msg.models["m"].ewma_ms(4) == 9.0
+
+
+def test_a_forged_future_timestamp_cannot_push_a_real_node_out() -> None:
+    store = ViewStore()
+    forged = NodeLoad.parse(with_("sent_at_ms", NOW + 10 * MAX_CLOCK_AHEAD_MS))
+    assert store.apply(forged, NOW) is False and store.from_future == 1
+    genuine = NodeLoad.parse(with_("sent_at_ms", NOW - 5))
+    assert store.apply(genuine, NOW) is True, "the genuine report is not 'out of order'"
+    slightly_ahead = NodeLoad.parse(with_("sent_at_ms", NOW + 500))  # a node clock a little fast: fine
+    assert store.apply(slightly_ahead, NOW + 10)
+
+
+def test_silent_nodes_leave_the_view() -> None:
+    store = ViewStore(evict_after_ms=60_000)
+    store.apply(load("quiet", sent_at_ms=NOW), NOW)
+    store.apply(load("busy", sent_at_ms=NOW), NOW)
+    for k in range(1, 62):
+        store.apply(load("busy", seq=k + 1, sent_at_ms=NOW + k * 1000), NOW + k * 1000)
+    assert store.view.get("quiet") is None and store.view.get("busy") is not None
+    assert store.evicted == 1
+    assert [n.node_id for n in store.view.serving("m")] == ["busy"], "the model index follows"
+
+
+def _mutate(msg: Any, rng: random.Random, depth: int = 0) -> Any:
+    hostile = [
+        -1, -(2**63), 2**64, 1e300, -1e300, float("inf"), float("nan"), "", "x" * 300, "../..", None, True,
+        [], {}, {"abc": 1}, {"-1": -1}, "http://a@b", 0, 1,
+    ]  # fmt: skip
+    if isinstance(msg, dict) and msg:
+        out = dict(msg)
+        key = rng.choice(list(out))
+        roll = rng.random()
+        if roll < 0.5:
+            out[key] = rng.choice(hostile)
+        elif roll < 0.7 and depth < 3:
+            out[key] = _mutate(out[key], rng, depth + 1)
+        elif roll < 0.85:
+            out[rng.choice(["abc", "-5", "0", "99999999999", "1e3"])] = rng.choice(hostile)
+        else:
+            del out[key]
+        return out
+    return rng.choice(hostile)
+
+
+def test_generated_hostile_telemetry_never_crashes_and_never_passes_out_of_bounds() -> None:
+    rng = random.Random(2026)
+    store = ViewStore()
+    base = valid()
+    accepted = 0
+    for i in range(3000):
+        msg = copy.deepcopy(base)
+        msg["node_id"] = f"n{i % 50}"
+        msg["seq"] = i
+        msg["sent_at_ms"] = NOW + i
+        for _ in range(rng.randrange(1, 4)):
+            msg = _mutate(msg, rng)
+        raw = json.dumps(msg, allow_nan=True).encode()
+        if store.apply_raw(raw, NOW + i):  # counted and skipped when malformed; never raises
+            accepted += 1
+    assert store.malformed > 1000 and accepted > 100
+    for n in store.view:
+        load_ = n.load
+        assert load_.queued >= 0 and math.isfinite(load_.sent_at_ms) and 0 <= load_.utilisation <= 1
+        for p, w in load_.expected_wait_ms.items():
+            assert int(p) == int(p) and math.isfinite(w) and w >= 0
+        for m in load_.models.values():
+            assert all(int(b) >= 1 and math.isfinite(v) and v >= 0 for b, v in m.ewma_ms_by_batch.items())
+    # every policy decides on whatever was accepted without raising
+    for preset in sorted(PRESETS):
+        policy = build_policy(preset)
+        for k in range(50):
+            req = RouteRequest("m", rng.choice((0, 10, -1)), rng.choice((None, 50.0, 500.0)), "edge-a", 1, f"q{k}")
+            policy.choose(req, store.view, Context(NOW + 3000, random.Random(k)))
