@@ -21,7 +21,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from router import admin, oip
 from router.config import ConfigError, RouterConfig
-from router.node_client import HttpNodeClient, NodeClient, NodeTimeout, NodeUnavailable
+from router.node_client import HttpNodeClient, NodeClient, NodeError
 from router.state import CLIENT, ROUTER, Router
 from router.state import json_error as _error
 from telemetry.bus import KafkaTelemetrySource, TelemetrySource, TopicReader, ensure_topic, now_ms
@@ -175,7 +175,7 @@ async def _copies(app: web.Application) -> AsyncIterator[None]:
                     30.0,
                 )
                 result = "loaded" if reply.status == 200 else f"refused {reply.status}"
-        except (NodeUnavailable, NodeTimeout):
+        except NodeError:
             pass
         finally:
             router.lifecycle.copies.done(model)

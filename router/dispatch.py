@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from policies.api import RouteRequest
 from policies.engine import Pipeline
 from router.lifecycle import Answer, Attempts, Failure, Hold, Lifecycle, LifecycleSettings, Send, classify
-from router.node_client import NodeClient, NodeReply, NodeTimeout, NodeUnavailable
+from router.node_client import NodeBadAnswer, NodeClient, NodeError, NodeReply, NodeTimeout, NodeUnavailable
 from telemetry import wire
 from telemetry.store import ViewStore
 from telemetry.view import NodeState
@@ -192,7 +192,7 @@ class Dispatcher:
     async def _cancel_at_node(self, endpoint: str, rid: str) -> None:
         try:
             await self.client.delete(f"{endpoint}/admin/requests/{rid}", 1.0)
-        except (NodeUnavailable, NodeTimeout) as exc:
+        except NodeError as exc:
             log.debug("cancel of %s at %s failed: %s", rid, endpoint, exc)
 
     async def _forward(self, a: Attempts, send: Send, path: str, body: bytes, headers: Mapping[str, str]) -> Outcome:
@@ -226,6 +226,11 @@ class Dispatcher:
         except NodeUnavailable as exc:
             lc.answered(a, node_id, Failure.CONNECT, self.clock())
             return Outcome.error(503, f"node {node_id} unavailable: {exc}", node_id, send.attempt, Failure.CONNECT)
+        except NodeBadAnswer as exc:
+            lc.answered(a, node_id, Failure.NODE_ERROR, self.clock())
+            return Outcome.error(
+                502, f"node {node_id} answered badly: {exc}", node_id, send.attempt, Failure.NODE_ERROR
+            )
         except NodeTimeout:
             lc.answered(a, node_id, Failure.TIMEOUT, self.clock())
             reason = f"deadline passed waiting for node {node_id}"

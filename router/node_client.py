@@ -20,12 +20,24 @@ PASS_HEADERS = (
 )
 
 
-class NodeUnavailable(Exception):
+class NodeError(Exception):
+    """Any way a call to a node can fail without a usable answer."""
+
+
+class NodeUnavailable(NodeError):
     """The node could not be reached (refused, reset, DNS); safe to retry elsewhere."""
 
 
-class NodeTimeout(Exception):
+class NodeTimeout(NodeError):
     """No answer within the time allowed; the request may still be running at the node."""
+
+
+class NodeBadAnswer(NodeError):
+    """The node answered, but not with something the router may pass on (a redirect, which is never
+    followed; an answer over the size limit); safe to retry elsewhere, and counted against the node."""
+
+
+MAX_ANSWER_BYTES = 64 << 20
 
 
 @dataclass(frozen=True)
@@ -46,12 +58,22 @@ class NodeClient(Protocol):
 
 
 class HttpNodeClient:
-    """aiohttp client over a keep-alive pool (`pool_per_node` connections per node)."""
+    """aiohttp client over a keep-alive pool (`pool_per_node` connections per node).
 
-    def __init__(self, pool_per_node: int = 64, connect_timeout_s: float = 0.5) -> None:
+    A node's answer is hostile input too: redirects are never followed (a forged or broken node could
+    otherwise point the router at any address) and are a `NodeBadAnswer`, as is an answer over
+    `max_answer_bytes`; a connect that times out, a refused or reset connection, malformed HTTP and an
+    unusable endpoint are `NodeUnavailable` (retried elsewhere, counted against the node); only a
+    node that accepted the request and did not answer in time is a `NodeTimeout`.
+    """
+
+    def __init__(
+        self, pool_per_node: int = 64, connect_timeout_s: float = 0.5, max_answer_bytes: int = MAX_ANSWER_BYTES
+    ) -> None:
         self._session: aiohttp.ClientSession | None = None
         self._pool = pool_per_node
         self._connect_timeout_s = connect_timeout_s
+        self._max_answer = max_answer_bytes
 
     @property
     def session(self) -> aiohttp.ClientSession:
@@ -72,16 +94,30 @@ class HttpNodeClient:
             sock_connect=min(self._connect_timeout_s, max(0.001, timeout_s / 2)),
         )
         try:
-            async with self.session.request(method, url, data=body, headers=headers, timeout=timeout) as resp:
-                payload = await resp.read()
+            async with self.session.request(
+                method, url, data=body, headers=headers, timeout=timeout, allow_redirects=False
+            ) as resp:
+                if 300 <= resp.status < 400:
+                    raise NodeBadAnswer(f"{url}: answered a redirect ({resp.status}), not followed")
+                if (resp.content_length or 0) > self._max_answer:
+                    raise NodeBadAnswer(f"{url}: answer of {resp.content_length} bytes is over the limit")
+                chunks: list[bytes] = []
+                size = 0
+                async for chunk in resp.content.iter_chunked(1 << 16):
+                    size += len(chunk)
+                    if size > self._max_answer:
+                        raise NodeBadAnswer(f"{url}: answer over {self._max_answer} bytes")
+                    chunks.append(chunk)
                 kept = {h: resp.headers[h] for h in PASS_HEADERS if h in resp.headers}
-                return NodeReply(resp.status, payload, kept)
+                return NodeReply(resp.status, b"".join(chunks), kept)
+        except aiohttp.ConnectionTimeoutError:  # before ServerTimeoutError, its base: nothing was sent
+            raise NodeUnavailable(f"{url}: connect timed out") from None
         except TimeoutError:
             raise NodeTimeout(url) from None
         except aiohttp.ServerTimeoutError:
             raise NodeTimeout(url) from None
-        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, OSError) as exc:
-            raise NodeUnavailable(f"{url}: {exc}") from None
+        except (aiohttp.ClientError, OSError, ValueError) as exc:  # refused, reset, malformed HTTP, bad URL
+            raise NodeUnavailable(f"{url}: {type(exc).__name__}: {exc}"[:300]) from None
 
     async def post(self, url: str, body: bytes, headers: Mapping[str, str], timeout_s: float) -> NodeReply:
         return await self._request("POST", url, body, headers, timeout_s)

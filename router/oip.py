@@ -18,7 +18,7 @@ from aiohttp import web
 
 from policies.api import RouteRequest
 from router.dispatch import Outcome
-from router.node_client import NodeTimeout, NodeUnavailable
+from router.node_client import NodeError
 from router.state import CLIENT, ROUTER, VERSION, Router
 from router.state import json_error as _error
 from router.workflows import WorkflowInputError, WorkflowRunner, decode_inputs
@@ -83,7 +83,7 @@ async def _node_metadata(router: Router, model: str, suffix: str = "") -> tuple[
     for node in sorted(nodes, key=lambda n: (not ((m := n.model(model)) and m.resident), view.outstanding(n))):
         try:
             reply = await router.client.get(f"{node.endpoint}/v2/models/{model}{suffix}", 2.0)
-        except (NodeUnavailable, NodeTimeout):
+        except NodeError:
             continue
         if reply.status < 500:
             return reply.status, reply.body

@@ -1,0 +1,111 @@
+"""Nodes that answer badly, on loopback: a redirect (never followed), garbage instead of HTTP, an answer
+over the size limit. Each is a failure of that node, retried on another, counted against it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from policies import RouteRequest, build_policy
+from router.dispatch import Dispatcher, PolicyHolder
+from router.lifecycle import LifecycleSettings
+from router.node_client import HttpNodeClient, NodeUnavailable
+from telemetry.store import ViewStore
+from tests.helpers import load
+
+
+async def _serve(app: web.Application) -> tuple[web.AppRunner, str]:
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    return runner, f"http://127.0.0.1:{port}"
+
+
+@pytest.fixture
+async def nodes() -> AsyncIterator[dict[str, object]]:
+    hits = {"secret": 0}
+
+    async def good(request: web.Request) -> web.Response:
+        return web.json_response({"ok": True}, headers={"x-edgeroute-node": "good"})
+
+    async def redirect(request: web.Request) -> web.Response:
+        raise web.HTTPFound("/secret")
+
+    async def secret(request: web.Request) -> web.Response:
+        hits["secret"] += 1
+        return web.json_response({"leaked": True})
+
+    async def huge(request: web.Request) -> web.Response:
+        return web.Response(body=b"x" * 200_000)
+
+    apps = {}
+    for name, handler in (("good", good), ("redirect", redirect), ("huge", huge)):
+        app = web.Application()
+        app.router.add_post("/v2/models/m/infer", handler)
+        app.router.add_route("*", "/secret", secret)
+        apps[name] = app
+
+    async def garbage(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read(100)
+        writer.write(b"this is not HTTP\r\n\r\n")
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(garbage, "127.0.0.1", 0)
+    runners = {}
+    urls = {}
+    for name, app in apps.items():
+        runners[name], urls[name] = await _serve(app)
+    urls["garbage"] = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    try:
+        yield {"urls": urls, "hits": hits}
+    finally:
+        server.close()
+        await server.wait_closed()
+        for runner in runners.values():
+            await runner.cleanup()
+
+
+@pytest.mark.parametrize("bad", ["redirect", "garbage", "huge"])
+async def test_a_bad_answer_is_retried_on_another_node_and_counted(nodes: dict[str, object], bad: str) -> None:
+    urls: dict[str, str] = nodes["urls"]  # type: ignore[assignment]
+    store = ViewStore()
+    import time
+
+    now = time.time() * 1000
+    store.apply(load(bad, sent_at_ms=now).model_copy(update={"endpoint": urls[bad]}), now)
+    store.apply(load("good", queued=5, sent_at_ms=now).model_copy(update={"endpoint": urls["good"]}), now)
+    client = HttpNodeClient(max_answer_bytes=100_000)
+    policy = PolicyHolder(build_policy("least_outstanding"), "least_outstanding")
+    d = Dispatcher(LifecycleSettings(), store, policy, client)
+    try:
+        out = await d.dispatch(
+            RouteRequest("m", request_id="r", site="edge-a"), "/v2/models/m/infer", b"{}", {}, now + 2000
+        )
+    finally:
+        await client.close()
+    assert out.status == 200 and out.node == "good" and out.attempts == 2, (out.status, out.reason)
+    assert json.loads(out.body) == {"ok": True}
+    assert nodes["hits"] == {"secret": 0}, "a redirect is never followed"
+    assert d.lifecycle.retries == 1
+
+
+async def test_a_connect_timeout_is_unavailable_not_a_final_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
+    client = HttpNodeClient()
+
+    def times_out(*args: object, **kwargs: object) -> object:
+        raise aiohttp.ConnectionTimeoutError("connect timed out")
+
+    monkeypatch.setattr(client.session, "request", times_out)
+    try:
+        with pytest.raises(NodeUnavailable, match="connect timed out"):
+            await client.post("http://127.0.0.1:1/v2/models/m/infer", b"{}", {}, 1.0)
+    finally:
+        await client.close()
