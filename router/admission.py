@@ -2,10 +2,11 @@
 
 Both are optional and off by default. With `auth.tokens` set, every model and admin route needs
 `Authorization: Bearer <token>`: none or a malformed header is 401, an unknown token 403, and admin
-routes are 403 for clients not in `auth.admin_clients`. Health, server metadata, `/metrics` and the
-status page stay open for probes and scrapers. With `rate_limit` set, each client (its token's name,
-else its address) gets a bucket of `burst` requests refilled at `rps`; an empty bucket is 429 with
-`Retry-After`.
+routes (`/admin/...`, and the repository's model load and unload) are 403 for clients not in
+`auth.admin_clients`. An empty token table is a config error, not a way to turn auth off. Health,
+server metadata, `/metrics` and the status page stay open for probes and scrapers. With `rate_limit`
+set, each client (its token's name, else its address) gets a bucket of `burst` requests refilled at
+`rps`; an empty bucket is 429 with `Retry-After`.
 """
 
 from __future__ import annotations
@@ -14,13 +15,21 @@ import hmac
 import math
 from dataclasses import dataclass
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
 class AuthConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     tokens: dict[str, str] = Field(default_factory=dict, description="client name -> bearer token")
+
+    @field_validator("tokens")
+    @classmethod
+    def _some_tokens(cls, v: dict[str, str]) -> dict[str, str]:
+        if not v:
+            raise ValueError("an empty token table would turn authentication off; leave 'auth' out instead")
+        return v
+
     admin_clients: list[str] = Field(default_factory=list, description="clients allowed on /admin")
     sites: dict[str, str] = Field(
         default_factory=dict, description="client name -> its site, for requests that name none"

@@ -31,6 +31,8 @@ log = logging.getLogger("edgeroute.router")
 
 OPEN_PATHS = frozenset({"/", "/v2", "/v2/health/live", "/v2/health/ready", "/metrics"})
 ADMIN_PREFIX = "/admin/"
+# loading and unloading models changes what the fleet holds in memory: an operator's act, not a client's
+REPOSITORY_CONTROL = "/v2/repository/models/"
 
 
 @web.middleware
@@ -42,7 +44,7 @@ async def admission(
         return await handler(request)  # open, or the admin sub-application's own authentication
     router = request.app[ROUTER]
     verdict = router.auth.check(
-        request.headers.get("Authorization"), request.path.startswith("/admin"), request.remote or "unknown"
+        request.headers.get("Authorization"), request.path.startswith(REPOSITORY_CONTROL), request.remote or "unknown"
     )
     if verdict.status:
         headers = {"WWW-Authenticate": "Bearer"} if verdict.status == 401 else None

@@ -168,7 +168,7 @@ def load_config(path: str | Path) -> RouterConfig:
         raise ConfigError(f"{path}: {exc}") from None
 
 
-def lifecycle_settings(config: RouterConfig, seed: int | None = None) -> LifecycleSettings:
+def lifecycle_settings(config: RouterConfig, seed: int | None = None, router_id: str = "router") -> LifecycleSettings:
     """The request lifecycle's settings from a router config (the simulator builds its own from a
     scenario's `router:` section through the same function)."""
     hedging = config.hedging
@@ -181,4 +181,5 @@ def lifecycle_settings(config: RouterConfig, seed: int | None = None) -> Lifecyc
         copies=config.copies,
         links=tuple(LinkState(**k.model_dump()) for k in config.links),
         seed=config.seed if seed is None else seed,
+        router_id=router_id,
     )

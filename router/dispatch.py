@@ -251,5 +251,6 @@ class Dispatcher:
 
 
 def _request_id(a: Attempts, send: Send) -> str:
-    """The id an attempt carries to its node (cancels name it): the request's id, then the attempt."""
-    return f"{a.request.request_id}-{'h' if send.hedge else send.attempt}"
+    """The id an attempt carries to its node (cancels name it): this router's id for the request, then
+    the attempt. Never the client's own id, which two clients may share."""
+    return f"{a.uid}-{'h' if send.hedge else send.attempt}"

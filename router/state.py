@@ -55,7 +55,9 @@ class Router:
         # routers of one group must not draw the same random numbers: with the same view they would
         # break every tie the same way and herd onto the same node
         seed = config.seed if config.peers.router_id is None else config.seed ^ zlib.crc32(self.router_id.encode())
-        self.dispatcher = Dispatcher(lifecycle_settings(config, seed), self.store, self.policies, client, clock)
+        self.dispatcher = Dispatcher(
+            lifecycle_settings(config, seed, self.router_id), self.store, self.policies, client, clock
+        )
         self.lifecycle = self.dispatcher.lifecycle
         self.metrics = RouterMetrics(self.store, clock)
         self.auth = Authenticator(config.auth)

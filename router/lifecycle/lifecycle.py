@@ -65,6 +65,7 @@ class LifecycleSettings:
     copies: CopyConfig = field(default_factory=CopyConfig)
     links: tuple[LinkState, ...] = ()
     seed: int = 0
+    router_id: str = "router"  # prefixes this router's request ids (unique per router of a group)
 
 
 class Lifecycle(Generic[T]):
@@ -90,6 +91,7 @@ class Lifecycle(Generic[T]):
         self.holds = 0  # requests held at least once
         self.held_ms_total = 0.0
         self.hedges_sent = self.hedge_wins = self.hedge_cancels = 0
+        self._requests = 0
         store.on_applied = self.applied
 
     # --- telemetry and admin ----------------------------------------------------------------------
@@ -115,7 +117,8 @@ class Lifecycle(Generic[T]):
         if req.stage_deadline_ms is not None:  # the stage's share counts from when the job's budget began
             began = now if req.deadline_ms is None else deadline_at_ms - req.deadline_ms
             stage_at = began + req.stage_deadline_ms
-        return Attempts(req, policy, now, deadline_at_ms, stage_at)
+        self._requests += 1
+        return Attempts(req, policy, now, deadline_at_ms, stage_at, uid=f"{self.settings.router_id}.{self._requests}")
 
     def _route_request(self, a: Attempts, now: float, remaining: float) -> RouteRequest:
         """What the policy sees at `now` (built field by field: this runs on every decision)."""

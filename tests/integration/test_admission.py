@@ -58,6 +58,15 @@ def test_missing_wrong_and_unprivileged_tokens(guarded: Stack) -> None:
     assert call(f"{guarded.router_url}/v2/models/sensor_mlp", headers=bearer("tok-cams"))[0] == 200
 
 
+def test_loading_and_unloading_models_is_an_admin_act(guarded: Stack) -> None:
+    for action in ("load", "unload"):
+        url = f"{guarded.router_url}/v2/repository/models/sensor_mlp/{action}"
+        status, doc, _ = call(url, b"{}", headers=bearer("tok-cams"))
+        assert status == 403 and "admin" in doc["error"], (action, status, doc)
+    status, _, _ = call(f"{guarded.router_url}/v2/repository/index", b"{}", headers=bearer("tok-cams"))
+    assert status == 200, "listing what is served stays a client's right"
+
+
 def test_a_clients_key_gives_its_site_unless_the_request_names_one(guarded: Stack) -> None:
     import time
 

@@ -235,8 +235,9 @@ async def test_hedged_request_races_a_duplicate_and_cancels_the_loser_at_its_nod
     out = await d.dispatch(req, "/v2/models/m/infer", b"{}", {}, NOW + 1000)
     assert out.status == 200 and out.node == "b"
     await asyncio.sleep(0.01)  # the cancel is sent in the background
-    assert seen_ids["slow"] == "r9-1" and seen_ids["fast"] == "r9-h"
-    assert seen_ids["cancelled"] == "/admin/requests/r9-1"
+    # the router's own id for the request, never the client's ("r9"), which other clients may share
+    assert seen_ids["slow"] == "router.1-1" and seen_ids["fast"] == "router.1-h"
+    assert seen_ids["cancelled"] == "/admin/requests/router.1-1"
     lc = d.lifecycle
     assert (lc.hedges_sent, lc.hedge_wins, lc.hedge_cancels) == (1, 1, 1)
     assert lc.tracker.pending("a") == 0 and lc.tracker.pending("b") == 0

@@ -254,3 +254,10 @@ def test_the_simulator_runs_without_the_routers_io_code() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_each_request_gets_the_routers_own_id_whatever_id_the_client_sent() -> None:
+    lc, _ = make(router_id="r-a")
+    a = lc.begin(RouteRequest("m", request_id="1"), build_policy("p2c"), NOW, NOW + 100)
+    b = lc.begin(RouteRequest("m", request_id="1"), build_policy("p2c"), NOW, NOW + 100)
+    assert a.uid != b.uid and a.uid.startswith("r-a.") and "1" != a.uid

@@ -48,3 +48,8 @@ def test_load_from_file(tmp_path: Path) -> None:
     path.write_text("policy: [\n")
     with pytest.raises(ConfigError, match="router.yaml"):
         load_config(path)
+
+
+def test_an_empty_token_table_is_an_error_not_auth_off() -> None:
+    with pytest.raises(ConfigError, match="empty token table"):
+        parse_config({"auth": {"tokens": {}}})
