@@ -23,6 +23,7 @@ from router.state import CLIENT, ROUTER, VERSION, Router
 from router.state import json_error as _error
 from router.workflows import WorkflowInputError, WorkflowRunner, decode_inputs
 from telemetry import wire
+from telemetry.schema import MAX_PRIORITY
 from telemetry.view import NodeState
 
 log = logging.getLogger("edgeroute.router")
@@ -39,7 +40,7 @@ def _number(value: Any, key: str) -> float | None:
         raise BadHint(f"'{key}' must be a number")
     try:
         out = float(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # a 400-digit integer overflows a float
         raise BadHint(f"'{key}' must be a number") from None
     if out != out or out in (float("inf"), float("-inf")):
         raise BadHint(f"'{key}' must be finite")
@@ -261,6 +262,8 @@ async def infer(request: web.Request) -> web.Response:
         priority = _number(request.headers.get(wire.PRIORITY, params.get("priority")), "priority")
         if priority is not None and priority != int(priority):
             raise BadHint("'priority' must be an integer")
+        if priority is not None and abs(priority) > MAX_PRIORITY:
+            raise BadHint(f"'priority' must be within -{MAX_PRIORITY:,} and {MAX_PRIORITY:,}")
         deadline = _number(request.headers.get(wire.DEADLINE_MS, params.get("deadline_ms")), "deadline_ms")
         if deadline is None and params.get("timeout") is not None:
             # Triton clients send their request timeout as `parameters.timeout` in microseconds
@@ -344,10 +347,18 @@ async def _run_workflow(
     return web.Response(status=outcome.status, body=outcome.body, headers=headers, content_type="application/json")
 
 
+PRIORITY_LABELS = range(-100, 101)  # priorities outside are labelled "<-100" / ">100"
+
+
 def count(router: Router, model: str, priority: int, node: str, status: int, arrived: float) -> None:
+    """Count one answer. Label values come from clients, so they are bounded: a model no node or
+    workflow serves is "unknown", a priority outside [-100, 100] is "<-100" or ">100"."""
     outcome = "ok" if status < 400 else str(status)
-    router.metrics.requests.labels(model, str(priority), node, outcome).inc()
-    router.metrics.latency.labels(model, str(priority)).observe(max(0.0, router.clock() - arrived) / 1000)
+    if model not in router.workflows and not router.store.view.serving(model):
+        model = "unknown"
+    prio = str(priority) if priority in PRIORITY_LABELS else (">100" if priority > 0 else "<-100")
+    router.metrics.requests.labels(model, prio, node, outcome).inc()
+    router.metrics.latency.labels(model, prio).observe(max(0.0, router.clock() - arrived) / 1000)
 
 
 def _parse_header(body: bytes, header_length: str | None) -> dict[str, Any]:

@@ -57,6 +57,30 @@ def test_bad_requests_get_a_clear_4xx(shared_stack: Stack, body: bytes, model: s
     assert isinstance(doc, dict) and needle in doc["error"]
 
 
+@pytest.mark.parametrize(
+    ("priority", "needle"),
+    [("10" + "0" * 400, "finite"), (str(10**7), "within"), ("-" + str(10**7), "within")],
+)
+def test_huge_priorities_are_400_and_never_a_label(shared_stack: Stack, priority: str, needle: str) -> None:
+    got, doc = infer(shared_stack, infer_body(), headers={"x-edgeroute-priority": priority})
+    assert got == 400 and needle in doc["error"], doc  # type: ignore[index]
+
+
+def test_a_400_digit_integer_in_parameters_is_400_not_500(shared_stack: Stack) -> None:
+    doc = json.loads(infer_body())
+    doc["parameters"] = {"priority": 10**400}
+    got, out = infer(shared_stack, json.dumps(doc).encode())
+    assert got == 400 and "must be a number" in out["error"], out  # type: ignore[index]
+
+
+def test_client_chosen_label_values_are_bounded(shared_stack: Stack) -> None:
+    assert infer(shared_stack, infer_body(), "no_such_model_" + "x" * 40)[0] == 404
+    assert infer(shared_stack, infer_body(), headers={"x-edgeroute-priority": "5000"})[0] == 200
+    metrics = call(f"{shared_stack.router_url}/metrics")[1]
+    assert "no_such_model_" not in metrics and 'model="unknown"' in metrics
+    assert 'priority=">100"' in metrics and 'priority="5000"' not in metrics
+
+
 def test_oversize_body_is_413(shared_stack: Stack) -> None:
     big = infer_body(data=[0.5] * 16) + b" " * (2 << 20)  # the shared stack allows 1 MiB
     got, doc = infer(shared_stack, big)
