@@ -9,12 +9,15 @@ not used by the zoo and are refused with a clear 400.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from telemetry import wire
+
+MAX_ELEMENTS = 1 << 28  # per input tensor; a larger one is refused before anything is allocated
 
 
 class BadRequest(ValueError):
@@ -100,7 +103,11 @@ def decode_request(
         ):
             raise BadRequest(f"input '{name}' has shape {shape}, expected {list(spec.shape)}")
         dtype = wire.DATATYPES[spec.datatype]
-        count = int(np.prod(shape)) if shape else 1
+        if shape and shape[0] == 0:  # batched with another request, a zero-row input would take its rows
+            raise BadRequest(f"input '{name}' has no rows (shape {shape})")
+        count = math.prod(shape)  # Python integers: np.prod overflows silently on [2**60, 16]
+        if count > MAX_ELEMENTS:
+            raise BadRequest(f"input '{name}' shape {shape[:8]} has more than {MAX_ELEMENTS:,} elements")
         item_params = item.get("parameters")
         item_params = {} if item_params is None else item_params
         if not isinstance(item_params, dict):

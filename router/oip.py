@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import uuid
 from typing import Any
 
@@ -23,7 +24,7 @@ from router.state import CLIENT, ROUTER, VERSION, Router
 from router.state import json_error as _error
 from router.workflows import WorkflowInputError, WorkflowRunner, decode_inputs
 from telemetry import wire
-from telemetry.schema import MAX_PRIORITY
+from telemetry.schema import MAX_PRIORITY, NAME_PATTERN
 from telemetry.view import NodeState
 
 log = logging.getLogger("edgeroute.router")
@@ -244,6 +245,10 @@ async def infer(request: web.Request) -> web.Response:
     router = request.app[ROUTER]
     arrived = router.clock()
     model = request.match_info["model"]
+    version = request.match_info.get("version")
+    if not NAME.match(model) or len(model) > 128 or (version is not None and not NAME.match(version)):
+        count(router, "unknown", 0, "none", 400, arrived)
+        return _error(400, "model and version names are letters, digits and '.', '_', ':' or '-'")
     cfg = router.config
     if request.content_length is not None and request.content_length > cfg.max_body_bytes:
         count(router, model, 0, "none", 413, arrived)
@@ -296,7 +301,11 @@ async def infer(request: web.Request) -> web.Response:
     if wire.HEADER_LENGTH in request.headers:
         headers[wire.HEADER_LENGTH] = request.headers[wire.HEADER_LENGTH]
     outcome: Outcome = await router.dispatcher.dispatch(
-        RouteRequest(model, prio, budget, site, batch, req_id), request.path, body, headers, arrived + budget
+        RouteRequest(model, prio, budget, site, batch, req_id),
+        _infer_path(model, version),
+        body,
+        headers,
+        arrived + budget,
     )
     for seconds in router.dispatcher.decision_seconds:
         router.metrics.decision.observe(seconds)
@@ -348,6 +357,15 @@ async def _run_workflow(
 
 
 PRIORITY_LABELS = range(-100, 101)  # priorities outside are labelled "<-100" / ">100"
+
+
+NAME = re.compile(NAME_PATTERN)
+
+
+def _infer_path(model: str, version: str | None) -> str:
+    """The path a request is forwarded on, rebuilt from its validated model and version names (the
+    client's own path may carry encoded slashes that would reach other routes at the node)."""
+    return f"/v2/models/{model}/infer" if version is None else f"/v2/models/{model}/versions/{version}/infer"
 
 
 def count(router: Router, model: str, priority: int, node: str, status: int, arrived: float) -> None:

@@ -73,6 +73,18 @@ def test_a_400_digit_integer_in_parameters_is_400_not_500(shared_stack: Stack) -
     assert got == 400 and "must be a number" in out["error"], out  # type: ignore[index]
 
 
+def test_encoded_slashes_cannot_reach_other_routes_at_the_node(shared_stack: Stack) -> None:
+    version = "x%2F..%2F..%2Frepository%2Fmodels%2Fbig%2Fload%3F"
+    url = f"{shared_stack.router_url}/v2/models/sensor_mlp/versions/{version}/infer"
+    status, doc, _ = call(url, infer_body())
+    assert status == 400 and "names" in doc["error"], doc
+
+
+def test_a_zero_row_tensor_is_400(shared_stack: Stack) -> None:
+    got, doc = infer(shared_stack, infer_body(shape=[0, 16], data=[]))
+    assert got == 400 and "no rows" in doc["error"], doc  # type: ignore[index]
+
+
 def test_client_chosen_label_values_are_bounded(shared_stack: Stack) -> None:
     assert infer(shared_stack, infer_body(), "no_such_model_" + "x" * 40)[0] == 404
     assert infer(shared_stack, infer_body(), headers={"x-edgeroute-priority": "5000"})[0] == 200

@@ -42,6 +42,9 @@ def test_flat_and_nested_data_decode() -> None:
         ({"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32"}]}, "no 'data'"),
         ({**req(), "outputs": [{"name": "nope"}]}, "unknown output"),
         ({**req(), "parameters": []}, "parameters"),
+        (req(shape=[0, 4], data=[]), "no rows"),  # batched with another request it would take its rows
+        (req(shape=[2**60, 4], data=[]), "more than"),  # counted in Python integers: no overflow
+        (req(shape=[2**62, 2**62], data=[]), "expected|more than"),
     ],
 )
 def test_bad_requests(doc: dict[str, object], needle: str) -> None:
