@@ -72,9 +72,11 @@ def _model_nodes(router: Router, model: str) -> tuple[list[Any], bool]:
     return nodes, known
 
 
-def _unknown_or_unavailable(model: str, known: bool) -> web.Response:
+def _unknown_or_unavailable(model: str, known: bool, any_node: bool = True) -> web.Response:
     if known:
         return _error(503, f"no ready node serves model '{model}'")
+    if not any_node:
+        return _error(503, "no nodes known yet (no telemetry received)", {"Retry-After": "1"})
     return _error(404, f"unknown model '{model}'")
 
 
@@ -133,7 +135,7 @@ async def model_metadata(request: web.Request) -> web.Response:
         return await _workflow_metadata(router, runner)
     nodes, known = _model_nodes(router, model)
     if not nodes:
-        return _unknown_or_unavailable(model, known)
+        return _unknown_or_unavailable(model, known, bool(len(router.store.view)))
     suffix = request.path.split(f"/v2/models/{model}", 1)[1]
     got = await _node_metadata(router, model, suffix)
     if got is None:
@@ -155,7 +157,7 @@ async def model_ready(request: web.Request) -> web.Response:
         return web.json_response({"name": model, "ready": True, "models": runner.models()})
     nodes, known = _model_nodes(router, model)
     if not nodes:
-        return _unknown_or_unavailable(model, known)
+        return _unknown_or_unavailable(model, known, bool(len(router.store.view)))
     return web.json_response({"name": model, "ready": True, "nodes": len(nodes)})
 
 
@@ -289,6 +291,9 @@ async def infer(request: web.Request) -> web.Response:
     if runner is not None:
         return await _run_workflow(router, runner, request, body, doc, int(priority or 0), deadline, site, arrived)
     if not router.store.view.serving(model):
+        if not len(router.store.view):  # nothing heard yet (broker down or just started): not the client's fault
+            count(router, model, int(priority or 0), "none", 503, arrived)
+            return _error(503, "no nodes known yet (no telemetry received)", {"Retry-After": "1"})
         count(router, model, int(priority or 0), "none", 404, arrived)
         return _error(404, f"unknown model '{model}'")
     budget = min(deadline if deadline is not None else cfg.default_deadline_ms, cfg.max_deadline_ms)

@@ -29,7 +29,7 @@ log = logging.getLogger("edgeroute.router")
 VERSION = "0.1.0"
 
 
-CLIENT = "edgeroute.client"  # request key: the authenticated client's name
+CLIENT = web.RequestKey("edgeroute.client", str)  # the authenticated client's name
 
 
 class Router:
