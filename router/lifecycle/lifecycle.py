@@ -92,13 +92,19 @@ class Lifecycle(Generic[T]):
         self.held_ms_total = 0.0
         self.hedges_sent = self.hedge_wins = self.hedge_cancels = 0
         self._requests = 0
+        self._applied_since_prune = 0
         store.on_applied = self.applied
 
     # --- telemetry and admin ----------------------------------------------------------------------
 
     def applied(self, states: list[NodeState]) -> None:
-        """Reports just applied to the store (the only place per-report state changes)."""
+        """Reports just applied to the store (the only place per-report state changes). Now and then
+        (every 4,096 reports) what is kept for nodes that left the view is dropped."""
         self.tracker.applied(states)
+        self._applied_since_prune += len(states)
+        if self._applied_since_prune >= 4096:
+            self._applied_since_prune = 0
+            self.tracker.forget_missing(self.store.view)
 
     def set_link(self, a: str, b: str, cut: bool) -> None:
         """Cut or restore a link (KeyError for an unknown one); the table is swapped whole."""

@@ -94,6 +94,17 @@ class OutstandingTracker:
             self._sync(state)
             self._expire(state)
 
+    def forget_missing(self, view: ClusterView) -> int:
+        """Drop what is kept for nodes no longer in `view` (evicted) with nothing of this router's pending
+        there, so the tracker holds no more nodes than the view (and what is in flight). Returns how
+        many were dropped."""
+        gone = [k for k, n in self._nodes.items() if view.get(k) is None and n.pending == 0]
+        for k in gone:
+            del self._nodes[k]
+            self._loads.pop(k, None)
+            self._loader_free_at.pop(k, None)
+        return len(gone)
+
     def estimate(self, state: NodeState) -> int:
         n = self._nodes.get(state.node_id)
         if n is None or n.report != (state.load.seq, state.load.sent_at_ms):

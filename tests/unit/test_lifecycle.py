@@ -16,6 +16,7 @@ from router.lifecycle import Answer, Failure, Hold, Lifecycle, LifecycleSettings
 from router.lifecycle.health import HealthConfig
 from router.lifecycle.links import LinkState
 from telemetry.store import ViewStore
+from telemetry.view import ClusterView
 from tests.helpers import load
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -261,3 +262,16 @@ def test_each_request_gets_the_routers_own_id_whatever_id_the_client_sent() -> N
     a = lc.begin(RouteRequest("m", request_id="1"), build_policy("p2c"), NOW, NOW + 100)
     b = lc.begin(RouteRequest("m", request_id="1"), build_policy("p2c"), NOW, NOW + 100)
     assert a.uid != b.uid and a.uid.startswith("r-a.") and "1" != a.uid
+
+
+def test_the_tracker_forgets_nodes_that_left_the_view() -> None:
+    store = ViewStore(evict_after_ms=1_000)
+    lc: Lifecycle[str] = Lifecycle(LifecycleSettings(), store, lambda e: False)
+    for i in range(5000):  # many short-lived node ids (a churning fleet, or forged ids without signing)
+        store.apply(load(f"n{i}", sent_at_ms=NOW + i), NOW + i)
+    assert len(store.view) <= 2001, "evicted from the view (swept once a second)"
+    assert len(lc.tracker._nodes) < 5000, "and from the tracker, once it prunes"
+    busy = store.view.get("n4999")
+    assert busy is not None
+    lc.dispatched(busy)
+    assert lc.tracker.forget_missing(ClusterView()) >= 0 and lc.tracker.pending("n4999") == 1, "in flight is kept"
