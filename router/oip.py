@@ -283,6 +283,9 @@ async def infer(request: web.Request) -> web.Response:
             raise BadHint("'site' must be a string")
         if site is None and cfg.auth is not None:  # the site of the client's key
             site = cfg.auth.sites.get(request.get(CLIENT, ""))
+        if site is not None and not _known_site(router, site):
+            # sites key per-site state (delay timers, ejection paths): only the fleet's own are taken
+            raise BadHint(f"unknown site '{site[:64]}': not a partition of any node, nor an end of a link")
         batch = _batch_of(doc)
     except BadHint as exc:
         count(router, model, 0, "none", 400, arrived)
@@ -365,6 +368,13 @@ PRIORITY_LABELS = range(-100, 101)  # priorities outside are labelled "<-100" / 
 
 
 NAME = re.compile(NAME_PATTERN)
+
+
+def _known_site(router: Router, site: str) -> bool:
+    """A partition some node reports, an end of a configured link, or a site given to a client's key."""
+    if router.store.view.has_partition(site) or site in router.lifecycle.links.sites:
+        return True
+    return router.config.auth is not None and site in router.config.auth.sites.values()
 
 
 def _infer_path(model: str, version: str | None) -> str:

@@ -69,12 +69,13 @@ def measure_host(
     if not mix or rate_rps <= 0:
         return None
     arch = {m: scenario.architecture(m) for m in mix}
+    site = scenario.workload.sites[0].site  # a site the router knows (the load's origin barely matters here)
     speeds = {n.id: n.speed for n in specs if n.id in stack.nodes}
     for node_id in speeds:
         stack.set_speed(node_id, 1.0)
     try:  # the host's own execution: the nodes at full speed, under the same offered load
         real = measure_level(
-            stack, rate_rps, mix, dict(payloads), seconds=seconds * 0.35, headers=stack.client_headers,
+            stack, rate_rps, mix, dict(payloads), site=site, seconds=seconds * 0.35, headers=stack.client_headers,
             key=lambda m: arch[m],
         )["exec_ms"]  # fmt: skip
     finally:
@@ -83,7 +84,7 @@ def measure_host(
     # everything else as the runs will find it: the nodes at their own speeds, requests queueing
     results: list[Result] = []
     level = measure_level(
-        stack, rate_rps, mix, dict(payloads), seconds=seconds * 0.65, headers=stack.client_headers,
+        stack, rate_rps, mix, dict(payloads), site=site, seconds=seconds * 0.65, headers=stack.client_headers,
         key=lambda m: arch[m], results_out=results,
     )  # fmt: skip
     level["exec_ms"] = real

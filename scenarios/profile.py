@@ -279,7 +279,8 @@ def measure_level(
 ) -> dict[str, Any]:
     """Open-loop load at `rate` (`models`: a mix, or a list for a uniform one) through the router:
     overhead (pooled and per model), execution, and the nodes' slot wake-up (mean and distribution)
-    and handoff times, all as the loaded machine has them. `real_exec` takes a slow node's emulated
+    and handoff times, all as the loaded machine has them. `site` must be one the router knows (the
+    profiler's own stack is all in partition "lab"). `real_exec` takes a slow node's emulated
     stretch out of an execution time (scenarios.host); `key` names each model as the profile does
     (its zoo architecture), pooling models that share one; `results_out` receives every answer."""
     mix = models if isinstance(models, dict) else {m: 1.0 for m in models}

@@ -142,6 +142,7 @@ class ClusterView:
     links: Links | None = None  # partition distances (the router's link table), attached with the overlay
     health: Health | None = None  # the router's outlier ejection and slow start (router.lifecycle.health)
     _by_model: dict[str, tuple[str, ...]] | None = field(default=None, compare=False, repr=False)
+    _partitions: frozenset[str] | None = field(default=None, compare=False, repr=False)
 
     def __iter__(self) -> Iterator[NodeState]:
         return iter(self.nodes.values())
@@ -195,6 +196,14 @@ class ClusterView:
             object.__setattr__(self, "_by_model", index)
         return index
 
+    def has_partition(self, name: str) -> bool:
+        """Whether some node of this view is in partition `name` (O(1) after the first call per view)."""
+        parts = self._partitions
+        if parts is None:
+            parts = frozenset(n.partition for n in self.nodes.values())
+            object.__setattr__(self, "_partitions", parts)
+        return name in parts
+
     def serving(self, model: str) -> Sequence[NodeState]:
         """Every node (fresh or not) that reports `model`: O(1), from an index of node ids.
 
@@ -220,10 +229,13 @@ class ClusterView:
         nodes = dict(self.nodes)
         newest = self.newest_heard_ms
         index = self._by_model
+        parts = self._partitions
         for state in states:
             old = nodes.get(state.node_id)
             if index is not None and (old is None or old.load.models.keys() != state.load.models.keys()):
                 index = None  # a node joined or changed its models: rebuild the index when asked
+            if parts is not None and (old is None or old.partition != state.partition):
+                parts = None  # ... or its partition
             nodes[state.node_id] = state
             newest = max(newest, state.heard_at_ms)
         return replace(
@@ -233,6 +245,7 @@ class ClusterView:
             newest_heard_ms=newest,
             overlay=None,
             _by_model=index,
+            _partitions=parts,
         )
 
     def without(self, node_ids: Iterable[str], built_at_ms: float) -> ClusterView:
@@ -248,6 +261,7 @@ class ClusterView:
             newest_heard_ms=newest,
             overlay=None,
             _by_model=None,
+            _partitions=None,
         )
 
     def with_outstanding(

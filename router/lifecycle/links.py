@@ -45,6 +45,7 @@ class LinkTable:
 
     def __init__(self, links: Iterable[LinkState] = ()) -> None:
         self.links = {frozenset((k.a, k.b)): k for k in links}
+        self.sites = frozenset(s for k in self.links.values() for s in (k.a, k.b))  # every end of a link
 
     def __bool__(self) -> bool:
         return bool(self.links)

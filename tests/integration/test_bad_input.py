@@ -80,6 +80,12 @@ def test_encoded_slashes_cannot_reach_other_routes_at_the_node(shared_stack: Sta
     assert status == 400 and "names" in doc["error"], doc
 
 
+def test_an_unknown_site_is_400_and_keys_no_state(shared_stack: Stack) -> None:
+    got, doc = infer(shared_stack, infer_body(), headers={"x-edgeroute-site": "mars-" + "x" * 100})
+    assert got == 400 and "unknown site 'mars-" in doc["error"], doc  # type: ignore[index]
+    assert infer(shared_stack, infer_body(), headers={"x-edgeroute-site": "edge-a"})[0] == 200
+
+
 def test_a_zero_row_tensor_is_400(shared_stack: Stack) -> None:
     got, doc = infer(shared_stack, infer_body(shape=[0, 16], data=[]))
     assert got == 400 and "no rows" in doc["error"], doc  # type: ignore[index]

@@ -14,7 +14,7 @@ from scenarios.profile import measure_level
 def test_a_level_measures_overhead_per_model_and_the_wake_up_distribution(own_stack: Any) -> None:
     stack = own_stack([{"id": "n1", "partition": "edge-a", "models": ["echo", "sensor_mlp"]}])
     payloads = asyncio.run(fetch_payloads(stack.router_url, {"echo", "sensor_mlp"}, 1))
-    level = measure_level(stack, 60.0, {"echo": 0.5, "sensor_mlp": 0.5}, payloads, seconds=2.0)
+    level = measure_level(stack, 60.0, {"echo": 0.5, "sensor_mlp": 0.5}, payloads, site="edge-a", seconds=2.0)
     assert level["completed"] == level["sent"] > 60
     assert set(level["overhead_ms_by_model"]) == {"echo", "sensor_mlp"}
     assert 0 < level["overhead_ms"][50] < 50 and level["overhead_ms"] == sorted(level["overhead_ms"])

@@ -162,3 +162,13 @@ def test_generated_hostile_telemetry_never_crashes_and_never_passes_out_of_bound
         for k in range(50):
             req = RouteRequest("m", rng.choice((0, 10, -1)), rng.choice((None, 50.0, 500.0)), "edge-a", 1, f"q{k}")
             policy.choose(req, store.view, Context(NOW + 3000, random.Random(k)))
+
+
+def test_the_views_partitions_follow_its_nodes() -> None:
+    store = ViewStore()
+    store.apply(load("a", partition="edge-a", sent_at_ms=NOW), NOW)
+    assert store.view.has_partition("edge-a") and not store.view.has_partition("cloud")
+    store.apply(load("a", partition="cloud", seq=2, sent_at_ms=NOW + 1), NOW + 1)  # moved
+    assert store.view.has_partition("cloud") and not store.view.has_partition("edge-a")
+    store.apply(load("b", partition="edge-b", sent_at_ms=NOW + 2), NOW + 2)  # joined
+    assert store.view.has_partition("edge-b") and store.view.has_partition("cloud")
