@@ -45,24 +45,11 @@ class InferRequest:
 
 
 def split_body(body: bytes, header_length: str | None) -> tuple[dict[str, Any], bytes]:
-    """The JSON header and the binary tail of an OIP request body."""
-    if header_length is not None:
-        try:
-            n = int(header_length)
-        except ValueError:
-            raise BadRequest(f"{wire.HEADER_LENGTH} is not an integer") from None
-        if n < 0 or n > len(body):
-            raise BadRequest(f"{wire.HEADER_LENGTH} {n} is outside the body of {len(body)} bytes")
-        head, tail = body[:n], body[n:]
-    else:
-        head, tail = body, b""
+    """The JSON header and the binary tail of an OIP request body (telemetry.wire.split_body)."""
     try:
-        doc = json.loads(head)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise BadRequest(f"malformed JSON: {exc}") from None
-    if not isinstance(doc, dict):
-        raise BadRequest("request body must be a JSON object")
-    return doc, tail
+        return wire.split_body(body, header_length)
+    except wire.MalformedBody as exc:
+        raise BadRequest(str(exc)) from None
 
 
 def decode_request(

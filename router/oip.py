@@ -395,21 +395,10 @@ def count(router: Router, model: str, priority: int, node: str, status: int, arr
 
 
 def _parse_header(body: bytes, header_length: str | None) -> dict[str, Any]:
-    head = body
-    if header_length is not None:
-        try:
-            n = int(header_length)
-        except ValueError:
-            raise BadHint(f"{wire.HEADER_LENGTH} is not an integer") from None
-        if not 0 <= n <= len(body):
-            raise BadHint(f"{wire.HEADER_LENGTH} {n} is outside the body of {len(body)} bytes")
-        head = body[:n]
     try:
-        doc = json.loads(head)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise BadHint(f"malformed JSON: {exc}") from None
-    if not isinstance(doc, dict):
-        raise BadHint("request body must be a JSON object")
+        doc, _ = wire.split_body(body, header_length)
+    except wire.MalformedBody as exc:
+        raise BadHint(str(exc)) from None
     inputs = doc.get("inputs")
     if not isinstance(inputs, list) or not inputs:
         raise BadHint("'inputs' must be a non-empty list")

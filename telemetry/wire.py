@@ -7,6 +7,7 @@ package every other one may import; see the design card's dependency rules).
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import numpy as np
@@ -67,3 +68,29 @@ STAGES = "x-edgeroute-stages"
 COLD_STAGES = "x-edgeroute-cold-stages"
 BYTES_KEPT = "x-edgeroute-bytes-kept"
 BYTES_MOVED = "x-edgeroute-bytes-moved"
+
+
+class MalformedBody(ValueError):
+    """An OIP request body that cannot be split or whose JSON head is not an object (a 400)."""
+
+
+def split_body(body: bytes, header_length: str | None) -> tuple[dict[str, Any], bytes]:
+    """The JSON head and the binary tail of an OIP request body (Triton's binary tensor extension:
+    the head is the first `header_length` bytes; without it the whole body is JSON)."""
+    if header_length is not None:
+        try:
+            n = int(header_length)
+        except ValueError:
+            raise MalformedBody(f"{HEADER_LENGTH} is not an integer") from None
+        if n < 0 or n > len(body):
+            raise MalformedBody(f"{HEADER_LENGTH} {n} is outside the body of {len(body)} bytes")
+        head, tail = body[:n], body[n:]
+    else:
+        head, tail = body, b""
+    try:
+        doc = json.loads(head)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise MalformedBody(f"malformed JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise MalformedBody("request body must be a JSON object")
+    return doc, tail
