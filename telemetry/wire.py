@@ -89,8 +89,8 @@ def split_body(body: bytes, header_length: str | None) -> tuple[dict[str, Any], 
         head, tail = body, b""
     try:
         doc = json.loads(head)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise MalformedBody(f"malformed JSON: {exc}") from None
+    except (ValueError, RecursionError) as exc:  # also a 5,000-digit integer and nesting past the stack
+        raise MalformedBody(f"malformed JSON: {str(exc)[:200]}") from None
     if not isinstance(doc, dict):
         raise MalformedBody("request body must be a JSON object")
     return doc, tail

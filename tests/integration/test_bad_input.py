@@ -80,6 +80,20 @@ def test_encoded_slashes_cannot_reach_other_routes_at_the_node(shared_stack: Sta
     assert status == 400 and "names" in doc["error"], doc
 
 
+@pytest.mark.parametrize(
+    "body",
+    [b"[" * 200_000, b'{"inputs": [{"name": "readings", "data": [' + b"1" * 5000 + b"]}]}"],
+    ids=["deeply-nested", "5000-digit-integer"],
+)
+def test_json_that_breaks_parsers_is_400_at_router_and_node(shared_stack: Stack, body: bytes) -> None:
+    got, doc = infer(shared_stack, body)
+    assert got == 400 and "malformed JSON" in doc["error"], doc  # type: ignore[index]
+    node = shared_stack.nodes["n1"].url
+    status, doc2, _ = call(f"{node}/v2/models/sensor_mlp/infer", body)
+    assert status == 400 and "malformed JSON" in doc2["error"], doc2
+    assert infer(shared_stack, infer_body())[0] == 200, "and the next request is served"
+
+
 def test_an_unknown_site_is_400_and_keys_no_state(shared_stack: Stack) -> None:
     got, doc = infer(shared_stack, infer_body(), headers={"x-edgeroute-site": "mars-" + "x" * 100})
     assert got == 400 and "unknown site 'mars-" in doc["error"], doc  # type: ignore[index]
