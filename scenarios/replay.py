@@ -92,7 +92,7 @@ def replay_live(
             print(f"router: {stack.router_url}\nkafka: {stack.bootstrap}", flush=True)
         payloads = asyncio.run(fetch_payloads(stack.router_url, models, scenario.seed, stack.client_headers))
         if calibrate and runs:
-            report["host"] = _calibrate(stack, scenario, runs[0], payloads, echo)
+            report["host"] = _calibrate(stack, scenario, runs[0], payloads)
         for run in runs:
             # with a model catalogue what is resident matters: every run starts from the start-up set
             stack.use_nodes(run.node_specs(scenario.topology.nodes), fresh=bool(scenario.models))
@@ -138,11 +138,9 @@ def replay_live(
     return report
 
 
-def _calibrate(
-    stack: Stack, scenario: Scenario, first: PolicyRun, payloads: dict[str, Any], echo: bool
-) -> dict[str, Any] | None:
-    """Measure the host on the scenario's stack, as the first run will find it."""
-    from scenarios.host import compare_with_profile, format_host, measure_host
+def _calibrate(stack: Stack, scenario: Scenario, first: PolicyRun, payloads: dict[str, Any]) -> dict[str, Any] | None:
+    """Measure the host on the scenario's stack, as the first run will find it (printed with the report)."""
+    from scenarios.host import compare_with_profile, measure_host
     from scenarios.profile import load_profile
 
     specs = first.node_specs(scenario.topology.nodes)
@@ -152,10 +150,7 @@ def _calibrate(
     level = measure_host(stack, scenario, specs, offered_rate(scenario), payloads)
     if level is None:
         return None
-    row = compare_with_profile(load_profile(), level)
-    if echo:
-        print(format_host(row), flush=True)
-    return {"level": level, "vs_profile": row}
+    return {"level": level, "vs_profile": compare_with_profile(load_profile(), level)}
 
 
 def _node_costs(scenario: Scenario, run: PolicyRun) -> dict[str, tuple[str, float]]:
