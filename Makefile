@@ -12,7 +12,7 @@ help:  ## list the targets
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet -e '.[all,test]'
 	touch $(STAMP)
 
 venv: $(STAMP)  ## create .venv and install edgeroute with its test tools
@@ -40,7 +40,7 @@ bench: $(STAMP)  ## router overhead, decision cost and simulator speed benchmark
 	$(VENV)/bin/edgeroute bench sim
 
 profile: $(STAMP)  ## re-measure the simulator profile of this machine (scenarios/profiles/cpu.json)
-	$(VENV)/bin/edgeroute profile
+	$(VENV)/bin/edgeroute profile --out scenarios/profiles/cpu.json
 
 clean:  ## remove the virtual environment and generated files
 	rm -rf $(VENV) reports .pytest_cache .mypy_cache .ruff_cache *.egg-info

@@ -4,40 +4,44 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
 import signal
 import sys
-from pathlib import Path
-
-import yaml
-from pydantic import ValidationError
+from collections.abc import Mapping
 
 from nodes.config import NodeConfig
 from nodes.server import serve
+from telemetry.cli import add_common_flags
+from telemetry.configfile import ConfigError, line_of, read_document, validate
 
 
-def load_config(text: str) -> NodeConfig:
-    """A config from a JSON/YAML file path, or inline JSON."""
-    if text.lstrip().startswith("{"):
-        raw = json.loads(text)
-    else:
-        raw = yaml.safe_load(Path(text).read_text())
-    return NodeConfig.model_validate(raw)
+def load_config(source: str, environ: Mapping[str, str] | None = None) -> NodeConfig:
+    """A config from a YAML/JSON file path or inline JSON, with `EDGEROUTE_*` environment settings over it."""
+    raw, text, origin = read_document(source, inline_json=True)
+    cfg = validate(NodeConfig, raw, text, origin, environ=environ)
+    for i, spec in enumerate(cfg.models):  # names checked at load, not when the first request needs them
+        if (why := spec.unknown_architecture()) is not None:
+            line = line_of(text, ("models", i))
+            raise ConfigError(f"{origin}: models.{i}{f' (line {line})' if line else ''}: {why}")
+    return cfg
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="edgeroute node", description="run one model server node")
-    parser.add_argument("--config", required=True, help="YAML/JSON file or inline JSON (NodeConfig)")
+    parser.add_argument(
+        "--config",
+        required=True,
+        help="YAML/JSON file or inline JSON (NodeConfig); EDGEROUTE_* variables override it",
+    )
     parser.add_argument("--port", type=int, help="override the config's port")
     parser.add_argument("--kafka", help="override the telemetry bootstrap HOST:PORT")
-    parser.add_argument("--log-level", default="INFO")
+    add_common_flags(parser)
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
         cfg = load_config(args.config)
-    except (OSError, ValueError, ValidationError, yaml.YAMLError) as exc:
-        print(f"edgeroute node: invalid config: {exc}", file=sys.stderr)
+    except ConfigError as exc:
+        print(f"edgeroute node: {exc}", file=sys.stderr)
         return 2
     if args.port is not None:
         cfg = cfg.model_copy(update={"port": args.port})

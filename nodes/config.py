@@ -35,6 +35,17 @@ class ModelSpec(BaseModel):
     def architecture(self) -> str:
         return self.zoo or self.name
 
+    def unknown_architecture(self) -> str | None:
+        """Why the model cannot be served (its architecture is not in the zoo), or None."""
+        from nodes.zoo import ZOO
+
+        if self.architecture in ZOO:
+            return None
+        field = "zoo" if self.zoo else "name"
+        known = ", ".join(sorted(ZOO))
+        hint = "serve a variant as {name: NAME, zoo: ARCH}"
+        return f"{field} '{self.architecture}' is not a zoo model ({known}); {hint}"
+
 
 class NodeConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")

@@ -15,6 +15,7 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -76,6 +77,7 @@ class Executor:
     wakeup_recent: deque[float] = field(default_factory=lambda: deque(maxlen=4096))  # for quantiles
     peak_outstanding: int = 0  # most requests queued + executing at once (reset by GET /admin/stats?reset=1)
     on_change: Any = None  # called after queue or slot changes (telemetry trigger)
+    on_executed: Callable[[str, int, float], None] | None = None  # (model, rows, exec ms) after each batch
     lock: threading.Lock = field(default_factory=threading.Lock)  # the scheduler and `running`
     _wake: asyncio.TimerHandle | None = None
 
@@ -297,6 +299,8 @@ class Executor:
         else:
             with self.lock:
                 self.scheduler.ran(batch[0].priority, exec_ms, self.now_ms(), self.config.slots)
+            if self.on_executed is not None:
+                self.on_executed(model.name, rows, exec_ms)
             offset = 0
             for w in batch:
                 pending: _Pending = w.handle

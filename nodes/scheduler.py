@@ -32,7 +32,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -191,6 +191,13 @@ class Scheduler:
         self.queued_by_model[work.model] -= 1
         self._queued -= 1
         return True
+
+    def pending(self) -> Iterator[Work]:
+        """The requests still queued (call under the executor's lock)."""
+        for q in self._queues.values():
+            for _, w in q:
+                if not w.done:
+                    yield w
 
     def drain(self) -> list[Work]:
         """Take every queued request out (the node died); returns them."""

@@ -18,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from nodes.config import NodeConfig
 from nodes.protocol import BadRequest, decode_request, encode_response, split_body
@@ -235,6 +236,8 @@ async def infer(request: web.Request) -> web.Response:
         rt.cold_requests += not warm
     model = await _model_or_error(request)
     if isinstance(model, web.Response):
+        if request.match_info["model"] in rt.specs:  # a model it serves failed to load (unknown ones: 404)
+            rt.metrics.answered(request.match_info["model"], model.status, None, 0.0)
         return model
     cold_ms = None if warm else (time.perf_counter() - arrived) * 1000.0
     rt.residency.pin(model.name)  # not evicted while this request needs it
@@ -242,6 +245,10 @@ async def infer(request: web.Request) -> web.Response:
         response = await _infer(request, rt, model, arrived)
         if cold_ms is not None:
             response.headers[wire.COLD_MS] = f"{cold_ms:.3f}"
+        queue_ms = response.headers.get(wire.QUEUE_MS)
+        rt.metrics.answered(
+            model.name, response.status, None if queue_ms is None else float(queue_ms), time.perf_counter() - arrived
+        )
         return response
     finally:
         rt.residency.unpin(model.name)
@@ -282,6 +289,12 @@ async def _infer(request: web.Request, rt: NodeRuntime, model: LoadedModel, arri
 def _quantiles(values: Iterable[float], qs: tuple[float, ...]) -> list[float]:
     ordered = sorted(values)
     return [round(nearest_rank(ordered, q, presorted=True), 4) for q in qs]
+
+
+async def metrics(request: web.Request) -> web.Response:
+    """Prometheus exposition of this node (nodes.metrics)."""
+    body = generate_latest(request.app[RUNTIME].metrics.registry)
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
 async def stats(request: web.Request) -> web.Response:
@@ -361,6 +374,7 @@ def create_app(config: NodeConfig) -> web.Application:
     app.router.add_put("/admin/speed", put_speed)
     app.router.add_delete("/admin/requests/{id}", cancel)
     app.router.add_get("/admin/stats", stats)
+    app.router.add_get("/metrics", metrics)
     return app
 
 

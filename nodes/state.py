@@ -13,13 +13,15 @@ from aiohttp import web
 
 from nodes.config import NodeConfig
 from nodes.executor import Executor
+from nodes.metrics import NodeMetrics
 from nodes.residency import Residency
 from nodes.runtime import LoadedModel, load_model, model_file_size
 from telemetry.schema import DeviceInfo, ModelLoad, NodeLoad
+from telemetry.version import __version__
 
 log = logging.getLogger("edgeroute.node")
 
-VERSION = "0.1.0"
+VERSION = __version__
 
 
 @dataclass
@@ -47,9 +49,17 @@ class NodeRuntime:
     last_published_starts: int = 0
     publish_now: asyncio.Event = field(default_factory=asyncio.Event)
     started_at_ms: float = field(default_factory=lambda: time.time() * 1000.0)  # models loaded, serving
+    metrics: NodeMetrics = field(default_factory=NodeMetrics)
 
     def __post_init__(self) -> None:
-        self.engine = Executor(self.config, self.models, self.executor, self.config.speed, on_change=self.changed)
+        self.engine = Executor(
+            self.config,
+            self.models,
+            self.executor,
+            self.config.speed,
+            on_change=self.changed,
+            on_executed=self.metrics.executed,
+        )
         self.specs = {m.name: m for m in self.config.models}  # the repository: every model it can serve
         if self.residency.budget_bytes < 0:
             self.residency = Residency(self.config.memory_budget_bytes)
@@ -57,6 +67,7 @@ class NodeRuntime:
                 self.residency.add(m.name, m.size_bytes)
         for m in self.models.values():
             self.load_ms.setdefault(m.name, m.load_ms)
+        self.metrics.watch(self)
 
     async def ensure(self, name: str) -> LoadedModel:
         """The model, loaded first if it is not resident (evicting least recently used idle models).

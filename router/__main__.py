@@ -10,25 +10,28 @@ import sys
 from pathlib import Path
 
 from router.app import serve
-from router.config import ConfigError, RouterConfig, load_config
+from router.config import ConfigError, load_config
+from telemetry.cli import add_common_flags
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="edgeroute router", description="run the inference router")
-    parser.add_argument("--config", type=Path, help="router YAML (reloaded on change and SIGHUP)")
+    parser.add_argument(
+        "--config", type=Path, help="router YAML (reloaded on change and SIGHUP); EDGEROUTE_* variables override it"
+    )
     parser.add_argument("--kafka", help="telemetry bootstrap HOST:PORT (overrides the config)")
     parser.add_argument("--port", type=int, help="listen port (overrides the config)")
     parser.add_argument("--policy", help="preset name (overrides the config)")
     parser.add_argument("--reuse-port", action="store_true", help="SO_REUSEPORT, for several routers")
     parser.add_argument("--router-id", help="this router's id among active-active peers (overrides the config)")
-    parser.add_argument("--log-level", default="INFO")
+    add_common_flags(parser)
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("kafka").setLevel(logging.ERROR)
     try:
-        cfg = load_config(args.config) if args.config else RouterConfig()
+        cfg = load_config(args.config)
     except ConfigError as exc:
-        print(f"edgeroute router: invalid config: {exc}", file=sys.stderr)
+        print(f"edgeroute router: {exc}", file=sys.stderr)
         return 2
     updates: dict[str, object] = {}
     if args.kafka:
@@ -36,8 +39,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.port is not None:
         updates["port"] = args.port
     if args.policy:
-        from policies import PolicySpec
+        from policies import PolicyConfigError, PolicySpec, build_policy
 
+        try:
+            build_policy(PolicySpec(preset=args.policy))
+        except PolicyConfigError as exc:
+            print(f"edgeroute router: --policy: {exc}", file=sys.stderr)
+            return 2
         updates["policy"] = PolicySpec(preset=args.policy)
     if args.router_id:
         updates["peers"] = cfg.peers.model_copy(update={"router_id": args.router_id})

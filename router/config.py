@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from policies import PolicyConfigError, PolicySpec, build_policy
 from router.admission import AuthConfig, RateLimitConfig
@@ -15,13 +15,10 @@ from router.lifecycle.copies import CopyConfig
 from router.lifecycle.health import HealthConfig
 from router.lifecycle.links import LinkState
 from router.lifecycle.stages import CropSpec, StageSpec, WorkflowSpec
+from telemetry.configfile import ConfigError, load_model, validate
 from telemetry.signing import Signer, TelemetryKey, Verifier, signer_for
 
 __all__ = ["ConfigError", "CropSpec", "RouterConfig", "StageSpec", "WorkflowSpec", "lifecycle_settings", "load_config"]
-
-
-class ConfigError(ValueError):
-    pass
 
 
 class LinkConfig(BaseModel):
@@ -133,39 +130,26 @@ class RouterConfig(BaseModel):
         return self
 
 
-def _first_error(exc: ValidationError, prefix: str = "") -> str:
-    # the most specific error: for a value that may be one of several types, the one that got furthest
-    first = max(exc.errors(), key=lambda e: len(e["loc"]))
-    where = ".".join(str(p) for p in first["loc"]) or "config"
-    return f"{prefix}{where}: {first['msg']}"
-
-
-def parse_config(raw: Any) -> RouterConfig:
-    """Validate a decoded document, including building the policy once, or raise ConfigError."""
-    if raw is None:
-        raw = {}
-    if not isinstance(raw, dict):
-        raise ConfigError("router config must be a mapping")
-    try:
-        cfg = RouterConfig.model_validate(raw)
-    except ValidationError as exc:
-        raise ConfigError(_first_error(exc)) from None
+def _check_policy(cfg: RouterConfig, origin: str) -> RouterConfig:
     try:
         build_policy(cfg.policy)
     except PolicyConfigError as exc:
-        raise ConfigError(f"policy: {exc}") from None
+        raise ConfigError(f"{origin}: policy: {exc}") from None
     return cfg
 
 
-def load_config(path: str | Path) -> RouterConfig:
-    try:
-        raw = yaml.safe_load(Path(path).read_text())
-    except (OSError, yaml.YAMLError) as exc:
-        raise ConfigError(f"{path}: {exc}") from None
-    try:
-        return parse_config(raw)
-    except ConfigError as exc:
-        raise ConfigError(f"{path}: {exc}") from None
+def parse_config(raw: Any, origin: str = "router config", environ: Mapping[str, str] | None = None) -> RouterConfig:
+    """Validate a decoded document, including building the policy once, or raise ConfigError. The
+    environment is laid over it only when `environ` is given (files read by `load_config` get the
+    process's environment)."""
+    cfg = validate(RouterConfig, raw, None, origin, environ=environ, use_env=environ is not None)
+    return _check_policy(cfg, origin)
+
+
+def load_config(path: str | Path | None, environ: Mapping[str, str] | None = None) -> RouterConfig:
+    """A router config from a YAML file (None: defaults) with `EDGEROUTE_*` environment settings over it."""
+    cfg = load_model(RouterConfig, path, environ=environ)
+    return _check_policy(cfg, str(path) if path is not None else "environment")
 
 
 def lifecycle_settings(config: RouterConfig, seed: int | None = None, router_id: str = "router") -> LifecycleSettings:

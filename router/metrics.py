@@ -3,17 +3,31 @@
 from __future__ import annotations
 
 import time
+from bisect import bisect_right
 from collections.abc import Callable, Iterator, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeHistogramMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 
-from telemetry.store import ViewStore
+from telemetry.signing import Verifier
+from telemetry.store import LAG_BUCKETS_S, ViewStore
 
 if TYPE_CHECKING:
+    from router.lifecycle import Lifecycle
     from router.workflows import WorkflowRunner
+
+# one series per counter and histogram, not a second `_created` one (the timestamp is of no use here)
+prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
+VIEW_AGE_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 DECISION_BUCKETS = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 1e-2)
@@ -26,7 +40,7 @@ class _ViewCollector(Collector):
         self.store = store
         self.clock = clock
 
-    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+    def collect(self) -> Iterator[Metric]:
         store = self.store
         yield CounterMetricFamily(
             "edgeroute_telemetry_messages", "telemetry messages applied or skipped", value=store.messages
@@ -34,22 +48,84 @@ class _ViewCollector(Collector):
         yield CounterMetricFamily(
             "edgeroute_telemetry_malformed", "telemetry messages rejected as malformed", value=store.malformed
         )
-        lag = GaugeMetricFamily(
-            "edgeroute_telemetry_lag_ms", "send-to-receipt lag of recent telemetry", labels=["quantile"]
+        yield CounterMetricFamily(
+            "edgeroute_telemetry_out_of_order", "telemetry older than the node's last report", value=store.out_of_order
         )
-        for q in (0.5, 0.99):
-            lag.add_metric([str(q)], store.lag_quantile(q))
+        yield CounterMetricFamily(
+            "edgeroute_telemetry_from_future",
+            "telemetry dated too far past its receipt (dropped)",
+            value=store.from_future,
+        )
+        yield CounterMetricFamily(
+            "edgeroute_telemetry_evicted", "nodes that left the view after a long silence", value=store.evicted
+        )
+        counts, total = store.lag_counts, 0
+        buckets = []
+        for bound, n in zip((*LAG_BUCKETS_S, float("inf")), counts, strict=True):
+            total += n
+            buckets.append(("+Inf" if bound == float("inf") else repr(bound), total))
+        lag = HistogramMetricFamily("edgeroute_telemetry_lag_seconds", "send-to-receipt lag of each telemetry message")
+        lag.add_metric([], buckets, store.lag_sum_s)
         yield lag
         view = store.view
         now = self.clock()
-        age = GaugeMetricFamily("edgeroute_view_age_ms", "time since each node was last heard from", labels=["node"])
-        stale = 0
-        for node in view:
-            age.add_metric([node.node_id], view.age_ms(node.node_id, now))
-            stale += 0 if view.is_fresh(node, now) else 1
+        ages = sorted(view.age_ms(node.node_id, now) / 1000.0 for node in view)
+        age = GaugeHistogramMetricFamily(
+            "edgeroute_view_age_seconds", "time since each node in the view was last heard from (now)"
+        )
+        age.add_metric(
+            [],
+            [(repr(b), bisect_right(ages, b)) for b in VIEW_AGE_BUCKETS_S] + [("+Inf", len(ages))],
+            sum(ages),
+        )
         yield age
+        stale = sum(0 if view.is_fresh(node, now) else 1 for node in view)
         yield GaugeMetricFamily("edgeroute_stale_nodes", "nodes excluded as stale", value=stale)
         yield GaugeMetricFamily("edgeroute_known_nodes", "nodes in the view", value=len(view))
+        yield GaugeMetricFamily(
+            "edgeroute_view_max_age_seconds", "the oldest node's silence", value=ages[-1] if ages else 0.0
+        )
+
+
+class _VerifierCollector(Collector):
+    """Signed telemetry and peer messages: accepted, and dropped by reason (telemetry.signing)."""
+
+    def __init__(self, verifier: Verifier) -> None:
+        self.verifier = verifier
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        fam = CounterMetricFamily(
+            "edgeroute_signed_messages", "telemetry and peer messages by verification result", labels=["result"]
+        )
+        for result, n in self.verifier.summary().items():
+            fam.add_metric([result], n)
+        yield fam
+
+
+class _LifecycleCollector(Collector):
+    """Ejections, hedges and holds, counted by the request lifecycle (scrape time)."""
+
+    def __init__(self, lifecycle: Lifecycle[Any], clock: Callable[[], float]) -> None:
+        self.lifecycle = lifecycle
+        self.clock = clock
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        lc = self.lifecycle
+        now = self.clock()
+        yield CounterMetricFamily(
+            "edgeroute_ejections",
+            "(site, node) paths ejected after consecutive failures",
+            value=lc.health.ejected_total,
+        )
+        yield GaugeMetricFamily(
+            "edgeroute_ejected_paths", "(site, node) paths ejected now", value=len(lc.health.state(now)["ejected_now"])
+        )
+        hedges = CounterMetricFamily("edgeroute_hedges", "hedged duplicates, by result", labels=["result"])
+        hedges.add_metric(["sent"], lc.hedges_sent)
+        hedges.add_metric(["won"], lc.hedge_wins)
+        hedges.add_metric(["cancelled"], lc.hedge_cancels)
+        yield hedges
+        yield CounterMetricFamily("edgeroute_holds", "requests held for a local slot at least once", value=lc.holds)
 
 
 class _WorkflowCollector(Collector):
@@ -109,10 +185,23 @@ class RouterMetrics:
         self.copies = Counter(
             "edgeroute_copy_loads", "warm copies loaded ahead of demand", ["model", "result"], registry=self.registry
         )
+        self.early_rejections = Counter(
+            "edgeroute_early_rejections",
+            "requests the router answered 429 itself, before any node (no node could serve them in time)",
+            ["model"],
+            registry=self.registry,
+        )
         self.policy_swaps = Counter(
             "edgeroute_policy_reloads", "policy reload attempts", ["result"], registry=self.registry
         )
         self.registry.register(_ViewCollector(store, clock))
+
+    def watch_verifier(self, verifier: Verifier | None) -> None:
+        if verifier is not None:
+            self.registry.register(_VerifierCollector(verifier))
+
+    def watch_lifecycle(self, lifecycle: Lifecycle[Any], clock: Callable[[], float]) -> None:
+        self.registry.register(_LifecycleCollector(lifecycle, clock))
 
     def watch_workflows(self, runners: Mapping[str, WorkflowRunner]) -> None:
         if runners:

@@ -18,6 +18,8 @@ from typing import Any
 from aiohttp import web
 
 from policies.api import RouteRequest
+from policies.engine import Pipeline
+from policies.healthy import Healthy
 from router.dispatch import Outcome
 from router.node_client import NodeError
 from router.state import CLIENT, ROUTER, VERSION, Router
@@ -48,14 +50,33 @@ def _number(value: Any, key: str) -> float | None:
     return out
 
 
+def panic_max_age_ms(pipeline: Pipeline) -> float:
+    """How old a node's last report may be for the policy to route to it when no node is fresh (its
+    `healthy` filter's panic age; 0 when the policy has no panic mode)."""
+    for f in pipeline.filters:
+        if isinstance(f, Healthy):
+            return f.params.panic_max_age_ms
+    return 0.0
+
+
 async def live(request: web.Request) -> web.Response:
     return web.json_response({"live": True})
 
 
 async def ready(request: web.Request) -> web.Response:
+    """Readiness is "can route": some node is fresh, or, when none is, the policy's panic mode still
+    routes to nodes heard from within its panic age. A router that has heard of no node is not ready;
+    one whose nodes all went briefly quiet stays in the Service, exactly when it should keep serving."""
     router = request.app[ROUTER]
-    n = len(router.store.view.fresh_nodes(router.clock()))
-    return web.json_response({"ready": n > 0, "nodes": n}, status=200 if n else 503)
+    now = router.clock()
+    view = router.store.view
+    fresh = len(view.fresh_nodes(now))
+    if fresh:
+        return web.json_response({"ready": True, "nodes": fresh, "panic": False})
+    horizon = panic_max_age_ms(router.policies.current)
+    recent = sum(1 for n in view if n.ready and view.age_ms(n.node_id, now) <= horizon)
+    body = {"ready": recent > 0, "nodes": 0, "panic": recent > 0, "recent_nodes": recent}
+    return web.json_response(body, status=200 if recent else 503)
 
 
 async def server_metadata(request: web.Request) -> web.Response:
@@ -322,6 +343,8 @@ async def infer(request: web.Request) -> web.Response:
         router.metrics.retries.labels(model).inc(outcome.attempts - 1)
     count(router, model, prio, outcome.node, outcome.status, arrived)
     out_headers = dict(outcome.headers)
+    if outcome.status == 429 and outcome.node == "none":
+        router.metrics.early_rejections.labels(model).inc()
     if outcome.status == 429 and "Retry-After" not in out_headers:
         out_headers["Retry-After"] = "1"  # refused early: no node could serve it in time
     out_headers[wire.NODE] = outcome.node

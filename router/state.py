@@ -23,10 +23,11 @@ from router.workflows import WorkflowRunner
 from telemetry.bus import TelemetrySource
 from telemetry.peers import PeerLoads
 from telemetry.store import ViewStore
+from telemetry.version import __version__
 
 log = logging.getLogger("edgeroute.router")
 
-VERSION = "0.1.0"
+VERSION = __version__
 
 
 CLIENT = web.RequestKey("edgeroute.client", str)  # the authenticated client's name
@@ -66,6 +67,8 @@ class Router:
         self.workflows = {w.name: WorkflowRunner(w, self.dispatcher, clock) for w in config.workflows}
         self.copies_log: deque[dict[str, Any]] = deque(maxlen=50)  # the latest copy loads, for /admin/view
         self.metrics.watch_workflows(self.workflows)
+        self.metrics.watch_lifecycle(self.lifecycle, clock)
+        self.metrics.watch_verifier(self.verifier)
 
     def reload_policy(self, raw: Any, origin: str) -> PolicySpec:
         """Validate `raw` fully, then swap it in; on any error keep the old policy and raise."""

@@ -4,14 +4,19 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
+import shutil
 import signal
 import sys
 import time
 from pathlib import Path
 from types import FrameType
 
-from scenarios.schema import ScenarioError, load_scenario
+from scenarios.schema import load_scenario
+from telemetry.cli import add_version
+from telemetry.configfile import ConfigError
 
+PACKAGE_DIR = Path(__file__).resolve().parent
 DEFAULT_SCENARIO = Path(__file__).parent / "quickstart.yaml"
 PROFILED_MODELS = ["echo", "sensor_mlp", "mobilenet_s", "resnet_s", "tiny_transformer", "detector_head"]
 
@@ -65,7 +70,12 @@ def _replay(args: argparse.Namespace) -> int:
     runs = [scenario.policy(p) for p in args.policy] if args.policy else list(scenario.policies)
     out = Path(args.out) if args.out else Path("reports") / scenario.name
     profile = Path(args.profile) if args.profile else None
-    if args.mode == "sim":
+    if args.router:
+        if args.mode != "live" or args.policy or args.nodes is not None:
+            return _usage("replay --router: live mode only, with the router's own policy and nodes")
+        token = args.token or os.environ.get("EDGEROUTE_CLIENT_TOKEN")
+        run_replay(scenario, [], out, router_url=args.router, token=token, duration_s=args.duration)
+    elif args.mode == "sim":
         run_replay(scenario, runs, out, mode="sim", profile_path=profile, duration_s=args.duration)
     else:
         run_replay(
@@ -82,34 +92,40 @@ def _replay(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from scenarios.bench import bench_router
-
+    out = Path(args.out)
+    if getattr(args, "requests", None) is not None and args.requests < 1:
+        return _usage("--requests must be at least 1")
+    if getattr(args, "nodes", None) is not None and args.nodes < 1:
+        return _usage("--nodes must be at least 1")
     if args.what == "decide":
         from scenarios.bench_decide import SIZES, bench_decide
 
-        sizes = (args.nodes,) if args.nodes else SIZES
-        if min(sizes) < 1 or (args.requests is not None and args.requests < 1):
-            print("edgeroute: --nodes and --requests must be at least 1", file=sys.stderr)
-            return 2
-        bench_decide(Path(args.out), sizes, decisions=args.requests or 2000)
-        return 0
-    if args.what == "sim":
+        bench_decide(out, (args.nodes,) if args.nodes else SIZES, decisions=args.requests)
+    elif args.what == "sim":
         from scenarios.bench import bench_sim
 
-        bench_sim(Path(args.out), nodes=args.nodes or 1000, requests=args.requests or 1_000_000, policy=args.policy)
-        return 0
-    if args.what == "routers":
+        bench_sim(out, nodes=args.nodes, requests=args.requests, policy=args.policy)
+    elif args.what == "routers":
         from scenarios.bench import bench_routers
 
         if args.rounds < 1:
-            print("edgeroute: --rounds must be at least 1", file=sys.stderr)
-            return 2
+            return _usage("--rounds must be at least 1")
+        bench_routers(out, nodes=args.nodes, policy=args.policy, rounds=args.rounds)
+    else:
+        from scenarios.bench import bench_router
 
-        policy = args.policy if args.policy != "p2c" else "least_outstanding"
-        bench_routers(Path(args.out), nodes=args.nodes or 4, policy=policy, rounds=args.rounds)
-        return 0
-    bench_router(Path(args.out), requests=args.requests or 2000, kafka=args.kafka)
+        bench_router(out, requests=args.requests, kafka=args.kafka)
     return 0
+
+
+def _source_checkout() -> bool:
+    """Whether the package runs from a source tree (an editable install), where the shipped profile lives."""
+    return (PACKAGE_DIR.parent / "pyproject.toml").is_file()
+
+
+def _usage(message: str) -> int:
+    print(f"edgeroute: {message}", file=sys.stderr)
+    return 2
 
 
 def _sweep(args: argparse.Namespace) -> int:
@@ -139,11 +155,20 @@ def _sweep(args: argparse.Namespace) -> int:
 
 
 def _profile(args: argparse.Namespace) -> int:
+    from nodes.zoo import ZOO
     from scenarios.profile import profile, profile_node_scaling
     from scenarios.sim.profile import DEFAULT_PROFILE
 
-    out = Path(args.out or DEFAULT_PROFILE)
+    unknown = [m for m in args.models if m not in ZOO]
+    if unknown:
+        return _usage(f"profile: no zoo model {', '.join(map(repr, unknown))} (known: {', '.join(sorted(ZOO))})")
+    out = Path(args.out)
+    if out.resolve().is_relative_to(PACKAGE_DIR) and not _source_checkout():
+        return _usage(f"profile: --out {out} is inside the installed package; write the profile elsewhere")
+    out.parent.mkdir(parents=True, exist_ok=True)
     if args.node_scaling:
+        if not out.exists():
+            shutil.copyfile(DEFAULT_PROFILE, out)
         profile_node_scaling(out, args.models or PROFILED_MODELS, kafka=args.kafka)
         return 0
     profile(args.models or PROFILED_MODELS, args.requests, out, kafka=args.kafka, new_reference=args.new_reference)
@@ -169,6 +194,9 @@ def _report(args: argparse.Namespace) -> int:
 def _zoo(args: argparse.Namespace) -> int:
     from nodes import zoo
 
+    unknown = [m for m in args.models if m not in zoo.ZOO]
+    if unknown:
+        return _usage(f"zoo: no model {', '.join(map(repr, unknown))} (known: {', '.join(sorted(zoo.ZOO))})")
     for name in args.models or sorted(zoo.ZOO):
         path = zoo.ensure(name)
         print(f"{name:<18} {path.stat().st_size:>9} bytes  {path}")
@@ -186,6 +214,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return router_main(argv[1:])
     parser = argparse.ArgumentParser(prog="edgeroute", description="edge-cloud inference router")
+    add_version(parser)
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("node", help="run one model server node (see `edgeroute node --help`)")
     sub.add_parser("router", help="run the router (see `edgeroute router --help`)")
@@ -199,10 +228,16 @@ def main(argv: list[str] | None = None) -> int:
     up.set_defaults(func=_up)
 
     rp = sub.add_parser("replay", help="replay a scenario once per policy on the live stack")
-    rp.add_argument("scenario")
+    rp.add_argument("scenario", help="scenario YAML, or a bundled one by name (quickstart, mixed-priority, ...)")
     rp.add_argument("--policy", action="append", help="run name or preset (repeatable; default: all)")
     rp.add_argument("--out", help="report folder (default: reports/<scenario>/)")
     rp.add_argument("--kafka", help="external Kafka bootstrap HOST:PORT")
+    rp.add_argument(
+        "--router",
+        metavar="URL",
+        help="replay the workload against this running router (a deployment) instead of a local stack",
+    )
+    rp.add_argument("--token", help="bearer token for --router (default $EDGEROUTE_CLIENT_TOKEN)")
     rp.add_argument("--seed", type=int, help="override the scenario's seed")
     rp.add_argument("--duration", type=float, help="override the workload duration (seconds)")
     rp.add_argument("--nodes", type=int, help="run on this many nodes (the first ones, then copies of the last)")
@@ -221,27 +256,28 @@ def main(argv: list[str] | None = None) -> int:
     )
     rp.set_defaults(func=_replay)
 
-    bench = sub.add_parser("bench", help="benchmarks (print and save figures)")
-    bench.add_argument("what", choices=["router", "sim", "routers", "decide"])
-    bench.add_argument("--out", default="reports/bench")
-    bench.add_argument(
-        "--requests",
-        type=int,
-        help="requests (router: per run, 2000; sim: 1000000; decide: decisions per preset and size, 2000)",
-    )
-    bench.add_argument(
-        "--nodes",
-        type=int,
-        default=None,
-        help="sim: cluster size (1000); routers: nodes (4); decide: one view size (default 10 to 10,000)",
-    )
-    bench.add_argument("--policy", default="p2c", help="sim: preset in the loop; routers: least_outstanding")
-    bench.add_argument("--kafka", help="external Kafka bootstrap HOST:PORT")
-    bench.add_argument("--rounds", type=int, default=5, help="routers: rounds of the three set-ups, pooled (5)")
-    bench.set_defaults(func=_bench)
+    bench = sub.add_parser("bench", help="benchmarks (print and save figures); see `edgeroute bench WHAT --help`")
+    bsub = bench.add_subparsers(dest="what", required=True, metavar="WHAT")
+    b = bsub.add_parser("router", help="router overhead: direct to a node, through the router, concurrency 1 and 32")
+    b.add_argument("--requests", type=int, default=2000, help="requests per run (2000)")
+    b.add_argument("--kafka", help="external Kafka bootstrap HOST:PORT")
+    b = bsub.add_parser("routers", help="active-active routers, with and without shared load, at one offered rate")
+    b.add_argument("--nodes", type=int, default=4, help="nodes (4)")
+    b.add_argument("--policy", default="least_outstanding", help="preset (least_outstanding)")
+    b.add_argument("--rounds", type=int, default=5, help="rounds of the three set-ups, pooled (5)")
+    b = bsub.add_parser("decide", help="one policy decision, every preset, on views of 10 to 10,000 nodes")
+    b.add_argument("--nodes", type=int, help="one view size (default: 10, 100, 1000, 10000)")
+    b.add_argument("--requests", type=int, default=2000, help="decisions per preset and size (2000)")
+    b = bsub.add_parser("sim", help="simulator events per second with a real policy in the loop")
+    b.add_argument("--nodes", type=int, default=1000, help="cluster size (1000)")
+    b.add_argument("--requests", type=int, default=1_000_000, help="requests simulated (1,000,000)")
+    b.add_argument("--policy", default="p2c", help="preset in the loop (p2c)")
+    for b in bsub.choices.values():
+        b.add_argument("--out", default="reports/bench", help="folder for the JSON (reports/bench)")
+        b.set_defaults(func=_bench)
 
     sw = sub.add_parser("sweep", help="fewest nodes per policy that keep the target share within deadline (sim)")
-    sw.add_argument("scenario")
+    sw.add_argument("scenario", help="scenario YAML, or a bundled one by name")
     sw.add_argument("--nodes", default="1-8", help="node counts: 1-8, 2,4,6 or a mix (default 1-8)")
     sw.add_argument("--target", type=float, default=0.99, help="share of requests within deadline (0.99)")
     sw.add_argument("--policy", action="append", help="run name or preset (repeatable; default: all)")
@@ -256,9 +292,13 @@ def main(argv: list[str] | None = None) -> int:
     sw.set_defaults(func=_sweep)
 
     prof = sub.add_parser("profile", help="measure execution and overhead profiles for the simulator")
-    prof.add_argument("models", nargs="*", help="zoo models (default: all)")
+    prof.add_argument("models", nargs="*", metavar="MODEL", help="zoo models to profile (default: all)")
     prof.add_argument("--requests", type=int, default=400, help="measured requests per model")
-    prof.add_argument("--out", help="profile JSON (default: scenarios/profiles/cpu.json)")
+    prof.add_argument(
+        "--out",
+        default="reports/profile/cpu.json",
+        help="profile JSON (reports/profile/cpu.json; `make profile` writes the shipped scenarios/profiles/cpu.json)",
+    )
     prof.add_argument("--kafka", help="external Kafka bootstrap HOST:PORT")
     prof.add_argument(
         "--node-scaling", action="store_true", help="add the overhead by node count to an existing profile"
@@ -271,11 +311,11 @@ def main(argv: list[str] | None = None) -> int:
     prof.set_defaults(func=_profile)
 
     rep = sub.add_parser("report", help="re-render report.md and the plots from a saved report.json")
-    rep.add_argument("folder")
+    rep.add_argument("folder", help="a replay's report folder, or its report.json")
     rep.set_defaults(func=_report)
 
     zoo = sub.add_parser("zoo", help="build the model zoo into its cache folder and list it")
-    zoo.add_argument("models", nargs="*")
+    zoo.add_argument("models", nargs="*", metavar="MODEL", help="zoo models to build (default: all)")
     zoo.set_defaults(func=_zoo)
 
     args = parser.parse_args(argv)
@@ -284,11 +324,17 @@ def main(argv: list[str] | None = None) -> int:
     try:
         code: int = args.func(args)
         return code
-    except ScenarioError as exc:
+    except ConfigError as exc:
         print(f"edgeroute: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:  # a failure the user can act on reads as one line; the traceback on request
+        if os.environ.get("EDGEROUTE_TRACEBACK"):
+            raise
+        hint = "(EDGEROUTE_TRACEBACK=1 shows where)"
+        print(f"edgeroute {args.command}: {type(exc).__name__}: {exc} {hint}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -30,10 +30,15 @@ from scenarios.schema import Fault, ModelEntry, NodeSpec, Scenario
 from scenarios.sim.profile import DEFAULT_PROFILE
 from telemetry.broker import EmbeddedBroker, free_port, terminate, wait_for_port
 from telemetry.bus import ensure_topic
+from telemetry.configfile import ENV_PREFIX
 from telemetry.schema import TOPIC
 from telemetry.signing import SIGN_ENV, VERIFY_ENV, Verifier
 
 log = logging.getLogger("edgeroute.launcher")
+
+
+# EDGEROUTE_* variables a stack passes on to its nodes and routers (the rest would override their configs)
+PASS_ENV = frozenset({"EDGEROUTE_ZOO_DIR", "EDGEROUTE_TRACEBACK"})
 
 
 def http_json(
@@ -216,7 +221,8 @@ class Stack:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 env={
-                    **os.environ,
+                    # the stack configures its children itself: a stray EDGEROUTE_PORT must not reach them
+                    **{k: v for k, v in os.environ.items() if not k.startswith(ENV_PREFIX) or k in PASS_ENV},
                     "PYTHONUNBUFFERED": "1",
                     SIGN_ENV: self.telemetry_key,
                     VERIFY_ENV: self.telemetry_key,

@@ -8,6 +8,7 @@ let drain. Every policy sees the identical arrival schedule (same seed).
 from __future__ import annotations
 
 import asyncio
+import logging
 import sys
 import time
 from datetime import UTC, datetime
@@ -18,6 +19,8 @@ from scenarios.launcher import FaultInjector, Stack, http_json
 from scenarios.loadgen import Arrival, build_schedule, fetch_payloads, run_load
 from scenarios.report import format_table, node_warm_rates, series, summarize, write_report
 from scenarios.schema import PolicyRun, Scenario
+
+log = logging.getLogger("edgeroute.replay")
 
 
 def _progress(label: str) -> Any:
@@ -189,6 +192,36 @@ def compare(live: dict[str, Any], sim: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def replay_remote(
+    scenario: Scenario, router_url: str, token: str | None = None, duration_s: float | None = None
+) -> dict[str, Any]:
+    """The scenario's open-loop workload against a router that is already running (a deployment):
+    no stack is started, no fault injected, no policy set. One run, named after the router's policy
+    when the token may read `/admin/policy`, else "router"."""
+    if scenario.faults:
+        log.warning("%s: faults are injected only on a local stack; replaying its workload alone", scenario.name)
+    router_url = router_url.rstrip("/")
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    duration, warmup, schedule = _plan(scenario, duration_s)
+    models = {a.model for a in schedule} or {m for s in scenario.workload.sites for m in s.models}
+    report = _header(scenario, "live", duration, warmup)
+    report["router"] = router_url
+    payloads = asyncio.run(fetch_payloads(router_url, models, scenario.seed, headers))
+    status, pol = http_json(f"{router_url}/admin/policy", headers=headers)
+    name = str(pol.get("name") or "router") if status == 200 and isinstance(pol, dict) else "router"
+    started = time.monotonic()
+    results = asyncio.run(run_load(router_url, schedule, payloads, progress=_progress(name), headers=headers))
+    measured = [r for r in results if r.arrival.at_s >= warmup]
+    summary = summarize(measured, duration)
+    summary["warmup_requests"] = len(results) - len(measured)
+    summary["wall_s"] = round(time.monotonic() - started, 2)
+    summary.update(series(results, warmup, duration + warmup))
+    report["policies"][name] = summary
+    status, view = http_json(f"{router_url}/admin/view", headers=headers)
+    report["telemetry"] = view.get("telemetry", {}) if status == 200 and isinstance(view, dict) else {}
+    return report
+
+
 def run_replay(
     scenario: Scenario,
     runs: list[PolicyRun],
@@ -204,7 +237,10 @@ def run_replay(
     `both` then runs on the profile calibrated to it (scenarios.host)."""
     if calibrate is None:
         calibrate = mode == "both"
-    if mode == "sim":
+    router_url, token = kwargs.pop("router_url", None), kwargs.pop("token", None)
+    if router_url is not None:
+        report = replay_remote(scenario, router_url, token, kwargs.get("duration_s"))
+    elif mode == "sim":
         report = replay_sim(scenario, runs, duration_s=kwargs.get("duration_s"), profile_path=profile_path)
     else:
         report = replay_live(scenario, runs, calibrate=calibrate, **kwargs)

@@ -22,10 +22,11 @@ from pydantic import (
 
 from policies import PolicyConfigError, PolicySpec, build_policy
 from router.config import WorkflowSpec
+from telemetry.configfile import ConfigError, error_line
 
 
-class ScenarioError(ValueError):
-    pass
+class ScenarioError(ConfigError):
+    """A scenario mistake, as one line naming the file, field and line."""
 
 
 class _Strict(BaseModel):
@@ -363,25 +364,6 @@ class Scenario(_Strict):
         return PolicyRun(name=name, policy=PolicySpec(preset=name))
 
 
-def _line_of(text: str, loc: tuple[Any, ...]) -> int | None:
-    """Best-effort YAML line of a pydantic error location."""
-    try:
-        node: Any = yaml.compose(text)
-    except yaml.YAMLError:
-        return None
-    for key in loc:
-        if isinstance(node, yaml.MappingNode):
-            match = [v for k, v in node.value if k.value == str(key)]
-            if not match:
-                break
-            node = match[0]
-        elif isinstance(node, yaml.SequenceNode) and isinstance(key, int) and key < len(node.value):
-            node = node.value[key]
-        else:
-            break
-    return node.start_mark.line + 1 if node is not None else None
-
-
 def parse_scenario(text: str, origin: str = "<scenario>", base_dir: Path | None = None) -> Scenario:
     try:
         raw = yaml.safe_load(text)
@@ -394,13 +376,7 @@ def parse_scenario(text: str, origin: str = "<scenario>", base_dir: Path | None 
     try:
         scenario = Scenario.model_validate(raw)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        loc = tuple(first["loc"])
-        path = ".".join(str(p) for p in loc) or "scenario"
-        line = _line_of(text, loc)
-        where = f" (line {line})" if line else ""
-        msg = first["msg"].removeprefix("Value error, ")
-        raise ScenarioError(f"{origin}: {path}{where}: {msg}") from None
+        raise ScenarioError(error_line(exc, text, origin, model=Scenario)) from None
     scenario._base_dir = base_dir or Path.cwd()
     for i, site in enumerate(scenario.workload.sites):
         if site.trace is not None:

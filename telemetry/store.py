@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -24,6 +25,10 @@ CATCH_UP_LAG_MS = 1000.0
 MAX_CLOCK_AHEAD_MS = 10_000.0
 
 
+# upper bounds of the lag histogram buckets, seconds (the last bucket, +Inf, is implicit)
+LAG_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+
 class ViewStore:
     """Holds the current `ClusterView`; one writer (the consumer thread), any number of readers.
 
@@ -42,6 +47,9 @@ class ViewStore:
         self.evicted = 0
         self._swept_at = float("-inf")
         self.lag_ms: deque[float] = deque(maxlen=lag_samples)
+        # cumulative send-to-receipt lag histogram (seconds) for /metrics: a bisect per message
+        self.lag_counts = [0] * (len(LAG_BUCKETS_S) + 1)
+        self.lag_sum_s = 0.0
         self._write = threading.Lock()
         # Called with the node states of each applied batch, after the swap, in the applying thread:
         # the router's lifecycle syncs its per-report counters and notices restarts there, so that
@@ -77,7 +85,10 @@ class ViewStore:
                 if lag < -MAX_CLOCK_AHEAD_MS:
                     self.from_future += 1
                     continue
-                self.lag_ms.append(max(0.0, lag))
+                lag = max(0.0, lag)
+                self.lag_ms.append(lag)
+                self.lag_counts[bisect_left(LAG_BUCKETS_S, lag / 1000.0)] += 1
+                self.lag_sum_s += lag / 1000.0
                 current = fresh.get(msg.node_id) or view.get(msg.node_id)
                 if current is not None and msg.sent_at_ms < current.load.sent_at_ms:
                     self.out_of_order += 1

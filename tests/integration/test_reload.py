@@ -77,8 +77,8 @@ def test_status_page_and_metrics(own_stack) -> None:  # type: ignore[no-untyped-
         'edgeroute_requests_total{model="echo",node="none",outcome="400",priority="0"} 1.0',
         "edgeroute_request_latency_seconds_bucket",
         "edgeroute_decision_seconds_count",
-        "edgeroute_telemetry_lag_ms",
-        'edgeroute_view_age_ms{node="a"}',
+        "edgeroute_telemetry_lag_seconds_bucket",
+        'edgeroute_view_age_seconds_bucket{le="+Inf"} 1.0',
         "edgeroute_stale_nodes 0.0",
     ]:
         assert name in metrics, name

@@ -1,0 +1,236 @@
+"""Reading configuration: one way for router, node and scenario files.
+
+A config comes from a YAML (or JSON) document, then the environment (12-factor): `EDGEROUTE_<FIELD>`
+sets a top-level field, `__` goes one level down (`EDGEROUTE_OUTLIER__CONSECUTIVE=3`), and
+`EDGEROUTE_<FIELD>_FILE=/path` reads the value from a file (secrets mounted by Kubernetes or Docker).
+Values that start with `[` or `{` are YAML; a list field also takes `a,b,c`; everything else is a
+string that the model converts (`8000`, `true`, `2.5`). Command-line flags override both.
+
+Every mistake is one `ConfigError` line naming the source, the field and its YAML line (or the
+environment variable it came from); the CLIs print it and exit 2.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import typing
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+__all__ = [
+    "ENV_PREFIX",
+    "ConfigError",
+    "env_overlay",
+    "error_line",
+    "line_of",
+    "load_model",
+    "read_document",
+    "validate",
+]
+
+ENV_PREFIX = "EDGEROUTE_"
+M = TypeVar("M", bound=BaseModel)
+
+
+class ConfigError(ValueError):
+    """A configuration mistake, as one line: `source: field (line N): what is wrong`."""
+
+
+def read_document(source: str | Path, *, inline_json: bool = False) -> tuple[Any, str, str]:
+    """(decoded document, its text, its origin for messages) from a file path, or from inline JSON
+    when allowed and `source` starts with `{`."""
+    text: str
+    if inline_json and isinstance(source, str) and source.lstrip().startswith("{"):
+        origin, text = "<inline config>", source
+        try:
+            return json.loads(text), text, origin
+        except ValueError as exc:
+            raise ConfigError(f"{origin}: not valid JSON: {exc}") from None
+    origin = str(source)
+    try:
+        text = Path(source).read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise ConfigError(f"{origin}: cannot read: {reason}") from None
+    try:
+        return yaml.safe_load(text), text, origin
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1})" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(f"{origin}{where}: not valid YAML: {problem}") from None
+
+
+def line_of(text: str, loc: tuple[Any, ...]) -> int | None:
+    """The YAML line of a field location, as deep as the document goes (best effort)."""
+    try:
+        node: Any = yaml.compose(text)
+    except yaml.YAMLError:
+        return None
+    line = None
+    for key in loc:
+        if isinstance(node, yaml.MappingNode):
+            match = [v for k, v in node.value if getattr(k, "value", None) == str(key)]
+            if not match:
+                break
+            node = match[0]
+        elif isinstance(node, yaml.SequenceNode) and isinstance(key, int) and 0 <= key < len(node.value):
+            node = node.value[key]
+        else:
+            break
+        line = node.start_mark.line + 1
+    if line is None and node is not None and loc == ():
+        line = node.start_mark.line + 1
+    return line
+
+
+def _is_list(annotation: Any) -> bool:
+    if typing.get_origin(annotation) in (list, tuple):
+        return True
+    return any(_is_list(a) for a in typing.get_args(annotation) if a is not type(None))
+
+
+def _env_value(raw: str, listy: bool) -> Any:
+    s = raw.strip()
+    if s[:1] in "[{":
+        try:
+            return yaml.safe_load(s)
+        except yaml.YAMLError:
+            return raw
+    if listy:
+        return [part.strip() for part in s.split(",") if part.strip()]
+    return s
+
+
+def env_overlay(
+    raw: dict[str, Any], model: type[BaseModel], environ: Mapping[str, str] | None = None
+) -> tuple[dict[str, Any], dict[tuple[str, ...], str]]:
+    """`raw` with the environment's `EDGEROUTE_*` settings laid over it, and which field came from
+    which variable. Only variables whose first part names a field of `model` apply (others belong to
+    other programs); a nested part that names nothing fails validation like a YAML typo would."""
+    env = os.environ if environ is None else environ
+    fields = {name.lower(): name for name in model.model_fields}
+    out: dict[str, Any] = dict(raw)
+    sources: dict[tuple[str, ...], str] = {}
+    for var in sorted(env):
+        if not var.startswith(ENV_PREFIX):
+            continue
+        key = var[len(ENV_PREFIX) :]
+        from_file = key.endswith("_FILE") and key[:-5].lower().split("__")[0] in fields
+        if from_file:
+            key = key[:-5]
+        parts = key.lower().split("__")
+        if parts[0] not in fields or not all(parts):
+            continue
+        path = (fields[parts[0]], *parts[1:])
+        value = env[var]
+        if from_file:
+            try:
+                value = Path(value).read_text()
+            except (OSError, UnicodeDecodeError) as exc:
+                raise ConfigError(f"${var}: cannot read {value}: {exc}") from None
+        listy = len(path) == 1 and _is_list(model.model_fields[path[0]].annotation)
+        node = out
+        for i, part in enumerate(path[:-1]):
+            child = node.get(part)
+            child = dict(child) if isinstance(child, dict) else {}
+            node[part] = child
+            node = child
+            sources.setdefault(path[: i + 1], var)
+        node[path[-1]] = _env_value(value, listy)
+        sources[path] = var
+    return out, sources
+
+
+def _field_names(model: type[BaseModel], seen: set[type[BaseModel]] | None = None) -> set[str]:
+    """Every field name in a model and the models its fields hold (for "did you mean")."""
+    seen = set() if seen is None else seen
+    if model in seen:
+        return set()
+    seen.add(model)
+    names = set(model.model_fields)
+    stack = [f.annotation for f in model.model_fields.values()]
+    while stack:
+        ann = stack.pop()
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            names |= _field_names(ann, seen)
+        stack.extend(typing.get_args(ann))
+    return names
+
+
+def _suggest(key: str, model: type[BaseModel] | None) -> str:
+    if model is None:
+        return ""
+    close = difflib.get_close_matches(key, sorted(_field_names(model)), n=1, cutoff=0.75)
+    return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+def error_line(
+    exc: ValidationError,
+    text: str | None,
+    origin: str,
+    sources: Mapping[tuple[str, ...], str] | None = None,
+    model: type[BaseModel] | None = None,
+) -> str:
+    # the most specific error (for a value that may be one of several types, the one that got
+    # furthest), and of equals a misspelt key before the required one it leaves missing
+    first = max(exc.errors(), key=lambda e: (len(e["loc"]), e["type"] == "extra_forbidden"))
+    loc = tuple(first["loc"])
+    msg = str(first["msg"]).removeprefix("Value error, ")
+    if not loc:
+        return f"{origin}: {msg}"
+    field = ".".join(str(p) for p in loc)
+    if first["type"] == "extra_forbidden":
+        msg = "unknown setting" + _suggest(str(loc[-1]), model)
+    from_env = next(
+        (var for n in range(len(loc), 0, -1) if (var := (sources or {}).get(tuple(str(p) for p in loc[:n])))), None
+    )
+    if from_env:
+        return f"{origin}: {field} (from ${from_env}): {msg}"
+    line = line_of(text, loc) if text else None
+    where = f" (line {line})" if line else ""
+    return f"{origin}: {field}{where}: {msg}"
+
+
+def validate(
+    model: type[M],
+    raw: Any,
+    text: str | None = None,
+    origin: str = "config",
+    *,
+    environ: Mapping[str, str] | None = None,
+    use_env: bool = True,
+) -> M:
+    """A model from a decoded document (and the environment), or a one-line ConfigError."""
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{origin}: must be a mapping of settings, not {type(raw).__name__}")
+    sources: dict[tuple[str, ...], str] = {}
+    if use_env:
+        raw, sources = env_overlay(raw, model, environ)
+    try:
+        return model.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(error_line(exc, text, origin, sources, model)) from None
+
+
+def load_model(
+    model: type[M],
+    source: str | Path | None,
+    *,
+    inline_json: bool = False,
+    environ: Mapping[str, str] | None = None,
+    use_env: bool = True,
+) -> M:
+    """Read, overlay the environment and validate: a file, inline JSON, or (None) the environment alone."""
+    if source is None:
+        return validate(model, {}, None, "environment", environ=environ, use_env=use_env)
+    raw, text, origin = read_document(source, inline_json=inline_json)
+    return validate(model, raw, text, origin, environ=environ, use_env=use_env)

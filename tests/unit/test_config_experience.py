@@ -1,0 +1,236 @@
+"""One config experience for router, node and scenario files: settings from the environment
+(EDGEROUTE_<FIELD>, `__` for nesting, `_FILE` for secrets), and every mistake one line naming the
+field and its YAML line (or variable), exit 2, no traceback; the README's config examples are the
+inputs that get broken."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from nodes.__main__ import load_config as load_node
+from nodes.__main__ import main as node_main
+from nodes.config import NodeConfig
+from router.__main__ import main as router_main
+from router.config import load_config as load_router
+from scenarios.cli import main as cli_main
+from scenarios.schema import parse_scenario
+from telemetry.configfile import ConfigError, env_overlay
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def readme_block(heading: str) -> str:
+    """The first ```yaml block after a README heading."""
+    text = README.read_text()
+    start = text.index(heading)
+    block = re.search(r"```yaml\n(.*?)```", text[start:], re.S)
+    assert block is not None, heading
+    # the README writes secrets as placeholders
+    return block.group(1).replace("<secret>", "s" * 32).replace("<token>", "t" * 24)
+
+
+ROUTER_DOC = readme_block("### Router config")
+NODE_DOC = readme_block("### Node config")
+SCENARIO_DOC = readme_block("## Scenarios")
+
+
+def _load(kind: str, text: str, tmp_path: Path) -> object:
+    path = tmp_path / f"{kind}.yaml"
+    path.write_text(text)
+    if kind == "router":
+        return load_router(path, environ={})
+    if kind == "node":
+        return load_node(str(path), environ={})
+    return parse_scenario(text, str(path))
+
+
+@pytest.mark.parametrize("kind,doc", [("router", ROUTER_DOC), ("node", NODE_DOC), ("scenario", SCENARIO_DOC)])
+def test_readme_examples_are_valid(kind: str, doc: str, tmp_path: Path) -> None:
+    _load(kind, doc, tmp_path)
+
+
+def _top_keys(doc: str) -> list[tuple[int, str]]:
+    return [(i, m.group(1)) for i, line in enumerate(doc.splitlines()) if (m := re.match(r"^([a-z_]+):", line))]
+
+
+def _mistakes(doc: str) -> list[tuple[str, str, str, int]]:
+    """(label, broken document, field the error must name, its 1-based line) for each top-level key:
+    the key misspelt, and its value replaced by one of the wrong type."""
+    lines = doc.splitlines()
+    out = []
+    for i, key in _top_keys(doc):
+        misspelt = [*lines]
+        misspelt[i] = misspelt[i].replace(f"{key}:", f"{key}x:", 1)
+        out.append((f"{key}-misspelt", "\n".join(misspelt), f"{key}x", i + 1))
+        value = yaml.safe_load(lines[i].split(":", 1)[1]) if lines[i].split(":", 1)[1].strip() else {}
+        wrong = "[[1, 2]]" if not isinstance(value, list) else "{not: a list}"
+        if isinstance(value, str) or value is None:
+            wrong = "{a: 1}"
+        retyped = [*lines[: i + 1]]
+        retyped[i] = f"{key}: {wrong}"
+        # drop the old value's indented continuation lines
+        rest = lines[i + 1 :]
+        while rest and (rest[0].startswith(" ") or rest[0].startswith("-")):
+            rest = rest[1:]
+        out.append((f"{key}-wrong-type", "\n".join(retyped + rest), key, i + 1))
+    return out
+
+
+CASES = [
+    (kind, *m)
+    for kind, doc in (("router", ROUTER_DOC), ("node", NODE_DOC), ("scenario", SCENARIO_DOC))
+    for m in _mistakes(doc)
+]
+
+
+@pytest.mark.parametrize("kind,label,doc,field,line", CASES, ids=[f"{c[0]}-{c[1]}" for c in CASES])
+def test_every_mistake_is_one_line_naming_field_and_line(
+    kind: str, label: str, doc: str, field: str, line: int, tmp_path: Path
+) -> None:
+    with pytest.raises(ConfigError) as info:
+        _load(kind, doc, tmp_path)
+    message = str(info.value)
+    assert "\n" not in message
+    assert f"{kind}.yaml: {field}" in message, message
+    assert f"(line {line})" in message or "line" in message and field in message, message
+
+
+def test_misspelt_setting_suggests_the_field(tmp_path: Path) -> None:
+    path = tmp_path / "router.yaml"
+    path.write_text("port: 8000\noutlier:\n  consecutve: 3\n")
+    with pytest.raises(ConfigError) as info:
+        load_router(path, environ={})
+    assert str(info.value).endswith("outlier.consecutve (line 3): unknown setting (did you mean 'consecutive'?)")
+
+
+def test_yaml_syntax_error_names_its_line(tmp_path: Path) -> None:
+    path = tmp_path / "router.yaml"
+    path.write_text("port: 8000\npolicy: {preset: p2c\n")
+    with pytest.raises(ConfigError, match=r"router.yaml \(line \d\): not valid YAML"):
+        load_router(path, environ={})
+
+
+def test_node_model_must_be_in_the_zoo(tmp_path: Path) -> None:
+    path = tmp_path / "node.yaml"
+    path.write_text("node_id: n1\nmodels:\n  - {name: sensor_mlp}\n  - {name: nosuch}\n")
+    with pytest.raises(ConfigError, match=r"node.yaml: models.1 \(line 4\): name 'nosuch' is not a zoo model"):
+        load_node(str(path), environ={})
+    path.write_text("node_id: n1\nmodels:\n  - {name: cls-a, zoo: nosuch}\n")
+    with pytest.raises(ConfigError, match=r"zoo 'nosuch' is not a zoo model"):
+        load_node(str(path), environ={})
+
+
+# ---- the environment -------------------------------------------------------------------------
+
+
+def test_environment_sets_top_level_and_nested_fields(tmp_path: Path) -> None:
+    path = tmp_path / "router.yaml"
+    path.write_text("port: 8000\noutlier: {consecutive: 5, base_ms: 500}\n")
+    env = {
+        "EDGEROUTE_PORT": "9001",
+        "EDGEROUTE_KAFKA": "kafka.svc:9092",
+        "EDGEROUTE_OUTLIER__CONSECUTIVE": "3",
+        "EDGEROUTE_POLICY": "{preset: least_outstanding}",
+        "EDGEROUTE_TELEMETRY_KEYS": "a:" + "x" * 32 + ",b:" + "y" * 32,
+        "EDGEROUTE_UNRELATED": "ignored",
+        "OTHER": "ignored",
+    }
+    cfg = load_router(path, environ=env)
+    assert cfg.port == 9001 and cfg.kafka == "kafka.svc:9092"
+    assert cfg.outlier.consecutive == 3 and cfg.outlier.base_ms == 500  # the file's sibling kept
+    assert cfg.policy.preset == "least_outstanding"
+    assert cfg.telemetry_keys is not None and len(cfg.telemetry_keys) == 2
+
+
+def test_environment_without_a_file(tmp_path: Path) -> None:
+    cfg = load_router(None, environ={"EDGEROUTE_PORT": "7000", "EDGEROUTE_HOST": "0.0.0.0"})
+    assert (cfg.host, cfg.port) == ("0.0.0.0", 7000)
+
+
+def test_secret_from_a_file(tmp_path: Path) -> None:
+    tokens = tmp_path / "tokens"
+    tokens.write_text("{ops: s3cret-token-value, cams: other-token}\n")
+    key = tmp_path / "key"
+    key.write_text("fleet:" + "k" * 32 + "\n")
+    cfg = load_router(
+        None,
+        environ={
+            "EDGEROUTE_AUTH__TOKENS_FILE": str(tokens),
+            "EDGEROUTE_AUTH__ADMIN_CLIENTS": "[ops]",
+            "EDGEROUTE_TELEMETRY_KEY_FILE": str(key),
+        },
+    )
+    assert cfg.auth is not None and cfg.auth.tokens == {"ops": "s3cret-token-value", "cams": "other-token"}
+    assert cfg.auth.admin_clients == ["ops"]
+    assert cfg.telemetry_key is not None and cfg.telemetry_key.startswith("fleet:")
+    with pytest.raises(ConfigError, match=r"\$EDGEROUTE_AUTH__TOKENS_FILE: cannot read"):
+        load_router(None, environ={"EDGEROUTE_AUTH__TOKENS_FILE": str(tmp_path / "missing")})
+
+
+def test_node_settings_from_the_environment(tmp_path: Path) -> None:
+    path = tmp_path / "node.yaml"
+    path.write_text("node_id: from-file\nmodels: [{name: echo}]\n")
+    cfg: NodeConfig = load_node(
+        str(path),
+        environ={"EDGEROUTE_NODE_ID": "pod-7", "EDGEROUTE_ENDPOINT": "http://10.1.2.3:8001", "EDGEROUTE_SLOTS": "4"},
+    )
+    assert (cfg.node_id, cfg.endpoint, cfg.slots) == ("pod-7", "http://10.1.2.3:8001", 4)
+
+
+def test_a_bad_environment_value_names_its_variable(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"port \(from \$EDGEROUTE_PORT\): .*integer"):
+        load_router(None, environ={"EDGEROUTE_PORT": "eighty"})
+    with pytest.raises(ConfigError, match=r"outlier.nosuch \(from \$EDGEROUTE_OUTLIER__NOSUCH\)"):
+        load_router(None, environ={"EDGEROUTE_OUTLIER__NOSUCH": "1"})
+
+
+def test_overlay_only_touches_fields_of_the_model() -> None:
+    raw, sources = env_overlay({"port": 1}, NodeConfig, {"EDGEROUTE_TRACEBACK": "1", "EDGEROUTE_PORT": "2"})
+    assert raw == {"port": "2"} and sources == {("port",): "EDGEROUTE_PORT"}
+
+
+# ---- the command lines ------------------------------------------------------------------------
+
+
+def _one_line_exit(capsys: pytest.CaptureFixture[str], code: int | None, expect: str) -> None:
+    err = capsys.readouterr().err.strip()
+    assert code == 2, err
+    assert "Traceback" not in err and len(err.splitlines()) == 1 and expect in err, err
+
+
+def test_router_cli_mistakes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "router.yaml"
+    bad.write_text("port: 8000\nmax_attempts: 99\n")
+    _one_line_exit(capsys, router_main(["--config", str(bad)]), "router.yaml: max_attempts (line 2)")
+    _one_line_exit(capsys, router_main(["--policy", "nosuch", "--kafka", "x:1"]), "unknown preset 'nosuch'")
+    with pytest.raises(SystemExit) as info:
+        router_main(["--log-level", "verbose"])
+    err = capsys.readouterr().err.strip().splitlines()  # argparse: the usage, then one line
+    assert info.value.code == 2 and "'verbose' is not a log level" in err[-1] and "Traceback" not in err
+
+
+def test_node_cli_mistakes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _one_line_exit(capsys, node_main(["--config", str(tmp_path / "missing.yaml")]), "missing.yaml: cannot read")
+    _one_line_exit(capsys, node_main(["--config", '{"node_id": "n"}']), "models")
+    _one_line_exit(capsys, node_main(["--config", "{not json"]), "not valid JSON")
+
+
+def test_edgeroute_cli_mistakes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _one_line_exit(capsys, cli_main(["zoo", "nosuch_model"]), "no model 'nosuch_model'")
+    _one_line_exit(capsys, cli_main(["replay", str(tmp_path / "nosuch.yaml")]), "no such scenario file")
+    _one_line_exit(capsys, cli_main(["bench", "decide", "--nodes", "0"]), "--nodes must be at least 1")
+    _one_line_exit(capsys, cli_main(["profile", "nosuch"]), "no zoo model 'nosuch'")
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    from telemetry.version import __version__
+
+    for main in (cli_main, router_main, node_main):
+        with pytest.raises(SystemExit) as info:
+            main(["--version"])
+        assert info.value.code == 0
+        assert capsys.readouterr().out.strip() == f"edgeroute {__version__}"
