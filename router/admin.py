@@ -73,6 +73,10 @@ async def get_view(request: web.Request) -> web.Response:
     router = request.app[ROUTER]
     now = router.clock()
     view = router.lifecycle.tracker.overlay(router.store.view)
+    health = router.lifecycle.health
+    ejected: dict[str, list[str | None]] = {}
+    for path in health.state(now)["ejected_now"]:
+        ejected.setdefault(path["node"], []).append(path["site"])
     return web.json_response(
         {
             "nodes": [
@@ -86,10 +90,21 @@ async def get_view(request: web.Request) -> web.Response:
                     "age_ms": round(view.age_ms(n.node_id, now), 1),
                     "outstanding": view.outstanding(n),
                     "capacity": n.capacity,
+                    "queued": sum(n.load.queued_by_priority.values()),
+                    "in_flight": n.load.in_flight,
                     "models": sorted(n.load.models),
+                    "resident": sorted(m for m, ml in n.load.models.items() if ml.resident),
+                    "cold": sorted(m for m, ml in n.load.models.items() if not ml.resident),
+                    "device": {"kind": n.load.device.kind, "name": n.load.device.name},
+                    "utilisation": round(n.load.utilisation, 3),
+                    "memory": {"used": n.load.memory_used_bytes, "budget": n.load.memory_budget_bytes},
+                    "ejected_for": sorted(site or "" for site in ejected.get(n.node_id, ())),
+                    "slow_start": round(health.weight(None, n, now), 3),
                 }
-                for n in view
+                for n in sorted(view, key=lambda n: (n.partition, n.node_id))
             ],
+            "models": router.metrics.recent.summary(now),
+            "policy": {"name": router.policies.current.name, "state": router.policies.current.state()},
             "telemetry": telemetry_summary(router.store, router.verifier),
             "hedging": {
                 "sent": router.lifecycle.hedges_sent,
@@ -127,44 +142,14 @@ def telemetry_summary(store: ViewStore, verifier: Verifier | None = None) -> dic
 
 
 _STATUS = Template((Path(__file__).parent / "templates" / "status.html").read_text())
-_ROW = Template(
-    "<tr class='$cls'><td>$id</td><td>$part</td><td>$tier</td><td>$status</td><td>$age</td>"
-    "<td>$out/$cap</td><td>$models</td></tr>"
-)
 
 
 async def status_page(request: web.Request) -> web.Response:
-    """A human-readable page: the policy, every node with its freshness and load, telemetry health."""
+    """The status page: a static document whose script reads `/admin/view` every 2 s and updates in
+    place (with auth on, it asks for an admin token, or takes one from the URL fragment)."""
     router = request.app[ROUTER]
-    now = router.clock()
-    view = router.lifecycle.view()
-    tel = telemetry_summary(router.store)
-    rows = "".join(
-        _ROW.substitute(
-            cls="ok" if view.is_fresh(n, now) and n.ready else "bad",
-            id=html.escape(n.node_id),
-            part=html.escape(n.partition),
-            tier=n.load.tier,
-            status=n.load.status if view.is_fresh(n, now) else "stale",
-            age=f"{view.age_ms(n.node_id, now):.0f}",
-            out=view.outstanding(n),
-            cap=n.capacity,
-            models=html.escape(", ".join(sorted(n.load.models))),
-        )
-        for n in sorted(view, key=lambda n: (n.partition, n.node_id))
-    )
-    page = _STATUS.substitute(
-        policy=html.escape(router.policies.current.name),
-        known=len(view),
-        fresh=len(view.fresh_nodes(now)),
-        stale_after=f"{router.config.stale_after_ms:.0f}",
-        messages=tel["messages"],
-        malformed=tel["malformed"],
-        lag_p50=f"{tel['lag_ms']['p50']:.1f}",
-        lag_p99=f"{tel['lag_ms']['p99']:.1f}",
-        rows=rows,
-    )
-    return web.Response(text=page, content_type="text/html")
+    page = _STATUS.safe_substitute(policy=html.escape(router.policies.current.name))
+    return web.Response(text=page, content_type="text/html", headers={"Cache-Control": "no-store"})
 
 
 @web.middleware

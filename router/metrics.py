@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from bisect import bisect_right
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +19,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from telemetry.quantiles import nearest_rank
 from telemetry.signing import Verifier
 from telemetry.store import LAG_BUCKETS_S, ViewStore
 
@@ -159,6 +161,38 @@ class _WorkflowCollector(Collector):
         yield from (jobs, stages, moved)
 
 
+class RecentRequests:
+    """Per model, the answers of the last `window_ms` (at most `per_model` of them): request rate,
+    errors and p99 latency for the status page. Models are the bounded labels `count` gives."""
+
+    def __init__(self, window_ms: float = 10_000.0, per_model: int = 4096) -> None:
+        self.window_ms = window_ms
+        self.per_model = per_model
+        self._by_model: dict[str, deque[tuple[float, float, bool]]] = {}
+
+    def add(self, model: str, now_ms: float, latency_ms: float, ok: bool) -> None:
+        q = self._by_model.get(model)
+        if q is None:
+            q = self._by_model[model] = deque(maxlen=self.per_model)
+        q.append((now_ms, latency_ms, ok))
+
+    def summary(self, now_ms: float) -> dict[str, dict[str, float]]:
+        out = {}
+        since = now_ms - self.window_ms
+        for model, q in sorted(self._by_model.items()):
+            recent = [(lat, ok) for t, lat, ok in q if t >= since]
+            if not recent:
+                continue
+            span_s = self.window_ms / 1000.0 if len(q) < self.per_model else max(1e-3, (now_ms - q[0][0]) / 1000.0)
+            ok_lat = sorted(lat for lat, ok in recent if ok)
+            out[model] = {
+                "rps": round(len(recent) / min(span_s, self.window_ms / 1000.0), 2),
+                "errors": sum(1 for _, ok in recent if not ok),
+                "p99_ms": round(nearest_rank(ok_lat, 0.99, presorted=True), 2) if ok_lat else 0.0,
+            }
+        return out
+
+
 class RouterMetrics:
     def __init__(self, store: ViewStore, clock: Callable[[], float] = lambda: time.time() * 1000) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
@@ -195,6 +229,7 @@ class RouterMetrics:
             "edgeroute_policy_reloads", "policy reload attempts", ["result"], registry=self.registry
         )
         self.registry.register(_ViewCollector(store, clock))
+        self.recent = RecentRequests()
 
     def watch_verifier(self, verifier: Verifier | None) -> None:
         if verifier is not None:

@@ -413,8 +413,11 @@ def count(router: Router, model: str, priority: int, node: str, status: int, arr
     if model not in router.workflows and not router.store.view.serving(model):
         model = "unknown"
     prio = str(priority) if priority in PRIORITY_LABELS else (">100" if priority > 0 else "<-100")
+    now = router.clock()
+    latency_ms = max(0.0, now - arrived)
     router.metrics.requests.labels(model, prio, node, outcome).inc()
-    router.metrics.latency.labels(model, prio).observe(max(0.0, router.clock() - arrived) / 1000)
+    router.metrics.latency.labels(model, prio).observe(latency_ms / 1000)
+    router.metrics.recent.add(model, now, latency_ms, status < 400)
 
 
 def _parse_header(body: bytes, header_length: str | None) -> dict[str, Any]:

@@ -67,7 +67,7 @@ def test_status_page_and_metrics(own_stack) -> None:  # type: ignore[no-untyped-
     stack: Stack = own_stack([{"id": "a", "partition": "edge-a", "models": ["echo"]}])
     status, page, headers = call(f"{stack.router_url}/")
     assert status == 200 and headers["Content-Type"].startswith("text/html")
-    assert "policy <b>p2c</b>" in page and "<td>a</td>" in page
+    assert '<b id="policy">p2c</b>' in page and 'fetch("/admin/view"' in page
     body = b'{"inputs":[{"name":"x","shape":[1,4],"datatype":"FP32","data":[1,2,3,4]}]}'
     assert call(f"{stack.router_url}/v2/models/echo/infer", body)[0] == 200
     assert call(f"{stack.router_url}/v2/models/echo/infer", b"{bad")[0] == 400
