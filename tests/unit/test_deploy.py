@@ -137,6 +137,30 @@ def test_shipped_configs_load_as_deployed(tmp_path: Path) -> None:
     load_router(DOCKER / "router.yaml", environ={})
 
 
+def _compose() -> list[str] | None:
+    if shutil.which("docker-compose"):
+        return ["docker-compose"]
+    if shutil.which("docker"):
+        probe = subprocess.run(["docker", "compose", "version"], capture_output=True, timeout=30)
+        if probe.returncode == 0:
+            return ["docker", "compose"]
+    return None
+
+
+@pytest.mark.skipif(_compose() is None, reason="needs docker compose (or docker-compose)")
+def test_compose_validates_offline() -> None:
+    compose = _compose()
+    assert compose is not None
+    for profiles in ([], ["--profile", "gpu", "--profile", "loadgen"]):
+        out = subprocess.run(
+            [*compose, "-f", str(DOCKER / "compose.yaml"), *profiles, "config", "-q"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert out.returncode == 0, out.stderr
+
+
 def test_compose_file_hangs_together() -> None:
     compose = yaml.safe_load((DOCKER / "compose.yaml").read_text())
     services = compose["services"]
