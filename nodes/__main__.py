@@ -13,6 +13,7 @@ from nodes.config import NodeConfig
 from nodes.server import serve
 from telemetry.cli import add_common_flags
 from telemetry.configfile import ConfigError, line_of, read_document, validate
+from telemetry.tls import set_kafka_security
 
 
 def load_config(source: str, environ: Mapping[str, str] | None = None) -> NodeConfig:
@@ -43,6 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"edgeroute node: {exc}", file=sys.stderr)
         return 2
+    set_kafka_security(cfg.kafka_security)
     if args.port is not None:
         cfg = cfg.model_copy(update={"port": args.port})
     if args.kafka:

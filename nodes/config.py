@@ -2,11 +2,22 @@
 
 from __future__ import annotations
 
+import ipaddress
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from telemetry.signing import Signer, TelemetryKey, signer_for
+from telemetry.tls import KafkaSecurity, ServerTLS
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 class ModelSpec(BaseModel):
@@ -80,12 +91,30 @@ class NodeConfig(BaseModel):
     memory_budget_bytes: int = Field(2 << 30, ge=0)
     max_body_bytes: int = Field(16 << 20, ge=1024)
     kafka: str | None = Field(None, description="bootstrap HOST:PORT; None disables telemetry")
+    tls: ServerTLS | None = Field(None, description="serve HTTPS (telemetry.tls.ServerTLS); mTLS with client_ca_file")
+    kafka_security: KafkaSecurity | None = Field(None, description="Kafka SSL/SASL settings (telemetry.tls)")
+    admin_token: str | None = Field(
+        None,
+        min_length=16,
+        max_length=256,
+        description="bearer token the router (and operators) send on /admin and the repository API; "
+        "required when the node listens beyond loopback; default $EDGEROUTE_ADMIN_TOKEN",
+    )
     telemetry_key: TelemetryKey | None = Field(
         None, description="ID:SECRET signing telemetry (telemetry.signing); default $EDGEROUTE_TELEMETRY_KEY"
     )
 
     def signer(self) -> Signer | None:
         return signer_for(self.telemetry_key)
+
+    @model_validator(mode="after")
+    def _admin_locked(self) -> NodeConfig:
+        if self.admin_token is None and not _loopback(self.host):
+            raise ValueError(
+                f"admin_token is required when the node listens on {self.host} (its /admin and repository "
+                "routes would be open to the network); set it or $EDGEROUTE_ADMIN_TOKEN"
+            )
+        return self
 
     topic: str = "edgeroute.telemetry"
     interval_ms: float = Field(100.0, gt=0)

@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import logging
 import time
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from nodes.config import NodeConfig
@@ -33,8 +35,8 @@ from telemetry.schema import DeviceInfo
 log = logging.getLogger("edgeroute.node")
 
 
-def _error(status: int, message: str) -> web.Response:
-    return web.json_response({"error": message}, status=status)
+def _error(status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
+    return web.json_response({"error": message}, status=status, headers=headers)
 
 
 def _hint(request: web.Request, params: dict[str, Any], header: str, key: str) -> float | None:
@@ -353,8 +355,32 @@ async def put_speed(request: web.Request) -> web.Response:
     return web.json_response({"speed": speed})
 
 
+ADMIN_PREFIXES = ("/admin/", "/v2/repository/")
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def admin_guard(token: str | None) -> Middleware:
+    """With a token, `/admin/*` and the repository API need `Authorization: Bearer <token>` (401
+    without one, 403 for a wrong one, compared in constant time); inference, metadata, health and
+    `/metrics` stay open."""
+
+    @web.middleware
+    async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if token is not None and request.path.startswith(ADMIN_PREFIXES):
+            scheme, _, given = request.headers.get("Authorization", "").partition(" ")
+            if scheme.lower() != "bearer" or not given:
+                return _error(
+                    401, "admin routes need Authorization: Bearer <admin token>", {"WWW-Authenticate": "Bearer"}
+                )
+            if not hmac.compare_digest(given.strip().encode(), token.encode()):
+                return _error(403, "wrong admin token")
+        return await handler(request)
+
+    return guard
+
+
 def create_app(config: NodeConfig) -> web.Application:
-    app = web.Application(client_max_size=config.max_body_bytes)
+    app = web.Application(client_max_size=config.max_body_bytes, middlewares=[admin_guard(config.admin_token)])
     app[CONFIG] = config
     app[ENDPOINT] = [config.endpoint] if config.endpoint else []
     app.cleanup_ctx.append(_runtime_ctx)
@@ -384,11 +410,13 @@ async def serve(config: NodeConfig, stop: asyncio.Event, on_bound: Any = None) -
     runner = web.AppRunner(app, handle_signals=False, access_log=None)
     await runner.setup()
     try:
-        site = web.TCPSite(runner, config.host, config.port)
+        ssl_context = None if config.tls is None else config.tls.context()
+        site = web.TCPSite(runner, config.host, config.port, ssl_context=ssl_context)
         await site.start()
         port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         if not app[ENDPOINT]:
-            app[ENDPOINT].append(f"http://{config.host}:{port}")
+            scheme = "http" if ssl_context is None else "https"
+            app[ENDPOINT].append(f"{scheme}://{config.host}:{port}")
         if on_bound is not None:
             on_bound(port)
         await stop.wait()

@@ -12,6 +12,7 @@ from pathlib import Path
 from router.app import serve
 from router.config import ConfigError, load_config
 from telemetry.cli import add_common_flags
+from telemetry.tls import set_kafka_security
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -50,6 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.router_id:
         updates["peers"] = cfg.peers.model_copy(update={"router_id": args.router_id})
     cfg = cfg.model_copy(update=updates)
+    set_kafka_security(cfg.kafka_security)
     if cfg.kafka is None:
         print(
             "edgeroute router: no Kafka bootstrap (--kafka HOST:PORT or 'kafka:' in the config)",

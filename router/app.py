@@ -254,7 +254,12 @@ def create_app(
             raise ConfigError("router needs 'kafka' (a bootstrap HOST:PORT) or an explicit telemetry source")
         source = KafkaTelemetrySource(config.kafka, config.topic, config.lookback_ms, config.fetch_max_wait_ms, clock)
     if client is None:
-        client = HttpNodeClient(config.pool_per_node, config.connect_timeout_ms / 1000.0)
+        client = HttpNodeClient(
+            config.pool_per_node,
+            config.connect_timeout_ms / 1000.0,
+            admin_token=config.node_admin_token,
+            ssl_context=None if config.node_tls is None else config.node_tls.context(),
+        )
     app = web.Application(client_max_size=config.max_body_bytes, middlewares=[json_errors, admission])
     app[ROUTER] = Router(config, source, client, clock, config_path)
     if isinstance(source, TopicReader):
@@ -293,7 +298,8 @@ async def serve(
     runner = web.AppRunner(app, handle_signals=False, access_log=None)
     await runner.setup()
     try:
-        site = web.TCPSite(runner, config.host, config.port, reuse_port=reuse_port or None)
+        ssl_context = None if config.tls is None else config.tls.context()
+        site = web.TCPSite(runner, config.host, config.port, reuse_port=reuse_port or None, ssl_context=ssl_context)
         await site.start()
         port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         if on_bound is not None:

@@ -17,6 +17,7 @@ from router.lifecycle.links import LinkState
 from router.lifecycle.stages import CropSpec, StageSpec, WorkflowSpec
 from telemetry.configfile import ConfigError, load_model, validate
 from telemetry.signing import Signer, TelemetryKey, Verifier, signer_for
+from telemetry.tls import ClientTLS, KafkaSecurity, ServerTLS
 
 __all__ = ["ConfigError", "CropSpec", "RouterConfig", "StageSpec", "WorkflowSpec", "lifecycle_settings", "load_config"]
 
@@ -98,6 +99,16 @@ class RouterConfig(BaseModel):
     def signer(self) -> Signer | None:
         return signer_for(self.telemetry_key)
 
+    tls: ServerTLS | None = Field(None, description="serve HTTPS (telemetry.tls.ServerTLS); mTLS with client_ca_file")
+    node_tls: ClientTLS | None = Field(None, description="CA (and client certificate) for HTTPS nodes")
+    kafka_security: KafkaSecurity | None = Field(None, description="Kafka SSL/SASL settings (telemetry.tls)")
+    node_admin_token: str | None = Field(
+        None,
+        min_length=16,
+        max_length=256,
+        description="bearer token for the nodes' /admin and repository routes (cancels, model loads); "
+        "default $EDGEROUTE_NODE_ADMIN_TOKEN",
+    )
     topic: str = "edgeroute.telemetry"
     policy: PolicySpec = Field(default_factory=lambda: PolicySpec(preset="p2c"))
     seed: int = Field(0, description="seed of the policies' random.Random")

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import ssl
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
+from urllib.parse import urlsplit
 
 import aiohttp
 
@@ -57,6 +59,13 @@ class NodeClient(Protocol):
     async def close(self) -> None: ...
 
 
+ADMIN_PATHS = ("/admin/", "/v2/repository/")
+
+
+def _is_admin(url: str) -> bool:
+    return urlsplit(url).path.startswith(ADMIN_PATHS)
+
+
 class HttpNodeClient:
     """aiohttp client over a keep-alive pool (`pool_per_node` connections per node).
 
@@ -65,21 +74,31 @@ class HttpNodeClient:
     `max_answer_bytes`; a connect that times out, a refused or reset connection, malformed HTTP and an
     unusable endpoint are `NodeUnavailable` (retried elsewhere, counted against the node); only a
     node that accepted the request and did not answer in time is a `NodeTimeout`.
+
+    With `admin_token`, calls to a node's `/admin/` and `/v2/repository/` routes carry it as a bearer
+    token (cancels, model loads and unloads); inference never does.
     """
 
     def __init__(
-        self, pool_per_node: int = 64, connect_timeout_s: float = 0.5, max_answer_bytes: int = MAX_ANSWER_BYTES
+        self,
+        pool_per_node: int = 64,
+        connect_timeout_s: float = 0.5,
+        max_answer_bytes: int = MAX_ANSWER_BYTES,
+        admin_token: str | None = None,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
+        self._ssl: ssl.SSLContext | bool = True if ssl_context is None else ssl_context
         self._session: aiohttp.ClientSession | None = None
         self._pool = pool_per_node
         self._connect_timeout_s = connect_timeout_s
         self._max_answer = max_answer_bytes
+        self._admin = {"Authorization": f"Bearer {admin_token}"} if admin_token else None
 
     @property
     def session(self) -> aiohttp.ClientSession:
         if self._session is None:
             connector = aiohttp.TCPConnector(
-                limit=0, limit_per_host=self._pool, keepalive_timeout=30, enable_cleanup_closed=True
+                limit=0, limit_per_host=self._pool, keepalive_timeout=30, enable_cleanup_closed=True, ssl=self._ssl
             )
             self._session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
         return self._session
@@ -87,6 +106,8 @@ class HttpNodeClient:
     async def _request(
         self, method: str, url: str, body: bytes | None, headers: Mapping[str, str] | None, timeout_s: float
     ) -> NodeReply:
+        if self._admin is not None and _is_admin(url):
+            headers = {**(headers or {}), **self._admin}
         timeout = aiohttp.ClientTimeout(
             # a connect that takes half the budget will not finish in time: give up and leave the rest for
             # a retry on another node

@@ -288,7 +288,7 @@ def _routers_round(scenario: Scenario, routers: int, share: bool, schedule: list
         payloads = asyncio.run(fetch_payloads(stack.router_url, {"mobilenet_s"}, scenario.seed))
         time.sleep(1.5)  # peers find each other
         for proc in stack.nodes.values():
-            http_json(f"{proc.url}/admin/stats?reset=1")
+            http_json(f"{proc.url}/admin/stats?reset=1", headers=stack.node_headers)
         assert stack.broker is not None and stack.broker.proc is not None
         pids = {
             "broker": [stack.broker.proc.pid],
@@ -300,7 +300,7 @@ def _routers_round(scenario: Scenario, routers: int, share: bool, schedule: list
         results = asyncio.run(run_load(stack.router_url, schedule, payloads))
         wall = time.monotonic() - t0
         cpu = {k: round(100 * (sum(_cpu_seconds(pid) for pid in v) - cpu0[k]) / wall, 1) for k, v in pids.items()}
-        stats = {n: http_json(f"{p.url}/admin/stats")[1] for n, p in stack.nodes.items()}
+        stats = {n: http_json(f"{p.url}/admin/stats", headers=stack.node_headers)[1] for n, p in stack.nodes.items()}
         peers = http_json(f"{stack.router_url}/admin/view")[1].get("peers")
     measured = [r for r in results if r.arrival.at_s >= scenario.workload.warmup_s]
     return {

@@ -162,6 +162,8 @@ class Stack:
     # every stack signs its telemetry and peer messages with a key of its own (telemetry.signing):
     # nodes and routers get it through the environment; forged or unsigned messages are dropped
     telemetry_key: str = field(default_factory=lambda: f"stack-{os.getpid()}:{secrets.token_hex(32)}")
+    # the nodes' admin and repository routes take this token; the stack's router holds it
+    node_admin_token: str = field(default_factory=lambda: secrets.token_urlsafe(24))
 
     def verifier(self) -> Verifier:
         """A verifier for this stack's messages (for in-process readers such as the profiler's)."""
@@ -181,6 +183,11 @@ class Stack:
             if client in tokens:
                 return {"Authorization": f"Bearer {tokens[client]}"}
         return {}
+
+    @property
+    def node_headers(self) -> dict[str, str]:
+        """A bearer header for the nodes' admin routes (stats, speed, repository)."""
+        return {"Authorization": f"Bearer {self.node_admin_token}"}
 
     @property
     def client_headers(self) -> dict[str, str]:
@@ -226,6 +233,8 @@ class Stack:
                     "PYTHONUNBUFFERED": "1",
                     SIGN_ENV: self.telemetry_key,
                     VERIFY_ENV: self.telemetry_key,
+                    "EDGEROUTE_ADMIN_TOKEN": self.node_admin_token,  # nodes
+                    "EDGEROUTE_NODE_ADMIN_TOKEN": self.node_admin_token,  # routers
                 },
             )
         finally:
@@ -325,7 +334,7 @@ class Stack:
     def set_speed(self, node_id: str, speed: float) -> None:
         proc = self.nodes.get(node_id)
         if proc is not None:
-            http_json(f"{proc.url}/admin/speed", "PUT", {"speed": speed})
+            http_json(f"{proc.url}/admin/speed", "PUT", {"speed": speed}, headers=self.node_headers)
 
     def cut_link(self, a: str, b: str, cut: bool) -> None:
         status, body = http_json(

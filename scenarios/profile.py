@@ -239,7 +239,7 @@ def profile_node_scaling(
 def _node_stats(stack: Stack, samples: bool = False) -> dict[str, dict[str, Any]]:
     """Every node's /admin/stats (with its latest wake-up times when `samples`)."""
     query = "?samples=1" if samples else ""
-    return {n: http_json(f"{p.url}/admin/stats{query}")[1] for n, p in stack.nodes.items()}
+    return {n: http_json(f"{p.url}/admin/stats{query}", headers=stack.node_headers)[1] for n, p in stack.nodes.items()}
 
 
 def _node_counters(stats: dict[str, dict[str, Any]]) -> tuple[float, int, float, int]:
@@ -341,7 +341,7 @@ def _emulation_jitter(stack: Stack, result: dict[str, Any], speed: float = 0.02)
     jitter = [r.exec_ms - target for r in results if r.status == 200]
     q = quantiles(jitter)
     print(f"  emulation jitter at {rate:.0f} req/s on one slow node: p50 {q[50]:6.3f} ms  p99 {q[99]:6.3f}", flush=True)
-    stats = http_json(f"{stack.nodes[spec.id].url}/admin/stats")[1]
+    stats = http_json(f"{stack.nodes[spec.id].url}/admin/stats", headers=stack.node_headers)[1]
     result["handoff_ms"] = float(stats.get("handoff_ms_mean", 0.0))
     result["wakeup_ms"] = float(stats.get("wakeup_ms_mean", 0.0))
     print(

@@ -124,7 +124,10 @@ def replay_live(
             summary["warmup_requests"] = len(results) - len(measured)
             summary["wall_s"] = round(wall, 2)
             summary["faults"] = injector.events
-            summary["node_stats"] = {n: http_json(f"{p.url}/admin/stats")[1] for n, p in sorted(stack.nodes.items())}
+            summary["node_stats"] = {
+                n: http_json(f"{p.url}/admin/stats", headers=stack.node_headers)[1]
+                for n, p in sorted(stack.nodes.items())
+            }
             stats = summary["node_stats"].values()
             summary["residency"].update(
                 node_warm_rates(*(sum(int(st.get(k, 0)) for st in stats) for k in NODE_RESIDENCY_COUNTERS))

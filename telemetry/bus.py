@@ -18,6 +18,7 @@ from typing import Any, Protocol
 from telemetry.schema import TOPIC, NodeLoad
 from telemetry.signing import Signer, Verifier
 from telemetry.store import ViewStore
+from telemetry.tls import kafka_options
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +39,9 @@ def ensure_topic(
     deadline = time.monotonic() + timeout_s
     while True:
         try:
-            admin = KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=5000, client_id="edgeroute-admin")
+            admin = KafkaAdminClient(
+                bootstrap_servers=bootstrap, request_timeout_ms=5000, client_id="edgeroute-admin", **kafka_options()
+            )
             break
         except KafkaError:
             if time.monotonic() > deadline:
@@ -85,6 +88,7 @@ class KafkaSender:
             retries=1,
             client_id=self.client_id,
             metrics_enabled=False,
+            **kafka_options(),
         )
 
     def send(self, key: bytes | None, value: bytes, timestamp_ms: int) -> bool:
@@ -252,6 +256,7 @@ class TopicReader:
             request_timeout_ms=5000,
             reconnect_backoff_max_ms=1000,
             metrics_enabled=False,
+            **kafka_options(),
         )
         starts: dict[Any, int] = {}
         deadline = time.monotonic() + 10

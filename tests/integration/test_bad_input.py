@@ -161,9 +161,9 @@ def test_bad_admin_calls_on_router_and_node_are_clear_4xx(shared_stack: Stack) -
     assert status == 404 and "no link" in doc["error"]
     node = shared_stack.nodes["n1"].url
     for bad in [b"{}", b'{"speed": 0}', b'{"speed": "fast"}', b"nope"]:
-        status, doc, _ = call(f"{node}/admin/speed", bad, method="PUT")
+        status, doc, _ = call(f"{node}/admin/speed", bad, method="PUT", headers=shared_stack.node_headers)
         assert status == 400 and "speed" in doc["error"], bad
-    status, doc, _ = call(f"{node}/admin/requests/never-sent", method="DELETE")
+    status, doc, _ = call(f"{node}/admin/requests/never-sent", method="DELETE", headers=shared_stack.node_headers)
     assert status == 404 and "no queued request" in doc["error"]
-    stats = call(f"{node}/admin/stats")[1]
+    stats = call(f"{node}/admin/stats", headers=shared_stack.node_headers)[1]
     assert stats["cancelled"] == 0 and stats["scheduler"] == "fifo"

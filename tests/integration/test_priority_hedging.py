@@ -57,7 +57,7 @@ def test_hedged_loser_is_cancelled_at_its_node(broker: EmbeddedBroker, tmp_path:
         assert elapsed_ms < 150, "the answer did not wait for node a's queue"
         for t in blockers:
             t.join(10)
-        stats = call(f"{node_a}/admin/stats")[1]
+        stats = call(f"{node_a}/admin/stats", headers=stack.node_headers)[1]
         assert stats["cancelled"] == 1, stats
         assert stats["served"] == 3, "the cancelled duplicate never ran on node a"
         hedging = call(f"{stack.router_url}/admin/view")[1]["hedging"]

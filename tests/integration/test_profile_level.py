@@ -18,9 +18,11 @@ def test_a_level_measures_overhead_per_model_and_the_wake_up_distribution(own_st
     assert level["completed"] == level["sent"] > 60
     assert set(level["overhead_ms_by_model"]) == {"echo", "sensor_mlp"}
     assert 0 < level["overhead_ms"][50] < 50 and level["overhead_ms"] == sorted(level["overhead_ms"])
-    stats = http_json(f"{stack.nodes['n1'].url}/admin/stats?samples=1")[1]
+    stats = http_json(f"{stack.nodes['n1'].url}/admin/stats?samples=1", headers=stack.node_headers)[1]
     samples = stats["wakeup_samples_ms"]
     assert len(samples) == min(stats["wakeups"], 4096) > 0
     q = level["wakeup_ms_q"]
     assert q is not None and len(q) == 101 and q[0] <= level["wakeup_ms"] <= q[100]
-    assert "wakeup_samples_ms" not in http_json(f"{stack.nodes['n1'].url}/admin/stats")[1], "only when asked"
+    assert (
+        "wakeup_samples_ms" not in http_json(f"{stack.nodes['n1'].url}/admin/stats", headers=stack.node_headers)[1]
+    ), "only when asked"

@@ -226,7 +226,7 @@ def test_copy_scaling_loads_a_hot_model_on_a_second_node_ahead_of_need(own_stack
     assert all(r.status == 200 for r in results), {r.status for r in results}
     copies = call(f"{stack.router_url}/admin/view")[1]["copies"]
     assert {"model": "cls", "node": "c2", "result": "loaded"}.items() <= copies["recent"][0].items(), copies
-    assert "cls" in call(f"{stack.nodes['c2'].url}/admin/stats")[1]["resident"]
+    assert "cls" in call(f"{stack.nodes['c2'].url}/admin/stats", headers=stack.node_headers)[1]["resident"]
     served = {r.node for r in results}
     assert served == {"c1", "c2"}, "the second copy takes a share once loaded"
     metrics = call(f"{stack.router_url}/metrics")[1]

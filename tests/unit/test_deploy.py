@@ -15,6 +15,7 @@ import yaml
 
 from nodes.__main__ import load_config as load_node
 from router.config import load_config as load_router
+from telemetry.configfile import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKER = ROOT / "docker"
@@ -125,15 +126,28 @@ def test_overlay_renders_with_probes_and_references(overlay: str) -> None:
 
 
 def test_shipped_configs_load_as_deployed(tmp_path: Path) -> None:
-    pod_env = {"EDGEROUTE_NODE_ID": "edgeroute-node-edge-7d9f-abc12", "EDGEROUTE_ENDPOINT": "http://10.0.0.7:8001"}
+    secrets = dict(
+        line.split("=", 1) for line in (K8S / "base" / "config" / "secrets.env").read_text().split() if "=" in line
+    )
+    pod_env = {
+        "EDGEROUTE_NODE_ID": "edgeroute-node-edge-7d9f-abc12",
+        "EDGEROUTE_ENDPOINT": "http://10.0.0.7:8001",
+        "EDGEROUTE_ADMIN_TOKEN": secrets["node-admin-token"],
+    }
     for name in ("node-edge.yaml", "node-cloud.yaml"):
         cfg = load_node(str(K8S / "base" / "config" / name), environ={**pod_env, "EDGEROUTE_KAFKA": "k:9092"})
-        assert cfg.node_id == pod_env["EDGEROUTE_NODE_ID"] and cfg.kafka == "k:9092"
-        load_node(str(DOCKER / name), environ={})
-    secret = (K8S / "base" / "config" / "secrets.env").read_text().split("=", 1)[1].strip()
-    env = {"EDGEROUTE_KAFKA": "k:9092", "EDGEROUTE_TELEMETRY_KEYS": secret, "EDGEROUTE_PEERS__ROUTER_ID": "r-1"}
+        assert cfg.node_id == pod_env["EDGEROUTE_NODE_ID"] and cfg.kafka == "k:9092" and cfg.admin_token
+        with pytest.raises(ConfigError, match="admin_token is required"):  # listening on 0.0.0.0 unlocked
+            load_node(str(K8S / "base" / "config" / name), environ={})
+        load_node(str(DOCKER / name), environ={"EDGEROUTE_ADMIN_TOKEN": "x" * 24})
+    env = {
+        "EDGEROUTE_KAFKA": "k:9092",
+        "EDGEROUTE_TELEMETRY_KEYS": secrets["telemetry-key"],
+        "EDGEROUTE_NODE_ADMIN_TOKEN": secrets["node-admin-token"],
+        "EDGEROUTE_PEERS__ROUTER_ID": "r-1",
+    }
     cfg = load_router(K8S / "base" / "config" / "router.yaml", environ=env)
-    assert cfg.peers.enabled and cfg.peers.router_id == "r-1" and cfg.telemetry_keys
+    assert cfg.peers.enabled and cfg.peers.router_id == "r-1" and cfg.telemetry_keys and cfg.node_admin_token
     load_router(DOCKER / "router.yaml", environ={})
 
 
