@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: help venv demo test unit integration lint bench profile clean
+.PHONY: help venv demo test unit integration fuzz lint bench profile clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -28,6 +28,9 @@ unit: $(STAMP)  ## run the unit tests only (no sockets)
 
 integration: $(STAMP)  ## run the integration tests only (real broker, nodes, router on loopback)
 	$(PY) -m pytest -q tests/integration
+
+fuzz: $(STAMP)  ## 10,000 generated hostile requests against a live router and nodes (fresh seed each run)
+	EDGEROUTE_FUZZ_EXAMPLES=10000 EDGEROUTE_FUZZ_RANDOM=1 $(PY) -m pytest -q -s tests/integration/test_fuzz.py
 
 lint: $(STAMP)  ## ruff and mypy
 	$(VENV)/bin/ruff check .

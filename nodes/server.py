@@ -345,7 +345,7 @@ async def put_speed(request: web.Request) -> web.Response:
     """`{"speed": x}`: change the emulated device speed (fault injection: a slowed node)."""
     rt = request.app[RUNTIME]
     try:
-        speed = float((await request.json())["speed"])
+        speed = float(wire.loads(await request.read())["speed"])
         if not 0 < speed <= 1000:
             raise ValueError
     except (ValueError, KeyError, TypeError):

@@ -9,7 +9,6 @@ auth is configured. The status page (`/`) is rendered from `templates/status.htm
 from __future__ import annotations
 
 import html
-import json
 import logging
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -21,6 +20,7 @@ from aiohttp import web
 from policies import PolicyConfigError, PolicySpec
 from router.state import ROUTER, Router
 from router.state import json_error as _error
+from telemetry import wire
 from telemetry.signing import Verifier
 from telemetry.store import ViewStore
 
@@ -39,9 +39,9 @@ async def get_policy(request: web.Request) -> web.Response:
 async def put_policy(request: web.Request) -> web.Response:
     router = request.app[ROUTER]
     try:
-        raw = await request.json()
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        return _error(400, f"malformed JSON: {exc}")
+        raw = wire.loads(await request.read())
+    except (ValueError, UnicodeDecodeError) as exc:
+        return _error(400, str(exc))
     try:
         spec = router.reload_policy(raw, "PUT /admin/policy")
     except PolicyConfigError as exc:
@@ -57,7 +57,7 @@ async def put_link(request: web.Request) -> web.Response:
     """`{"a": A, "b": B, "cut": bool}`: cut or restore an emulated link (fault injection)."""
     router = request.app[ROUTER]
     try:
-        doc = await request.json()
+        doc = wire.loads(await request.read())
         a, b, cut = str(doc["a"]), str(doc["b"]), bool(doc["cut"])
     except (ValueError, KeyError, TypeError):
         return _error(400, 'body must be {"a": partition, "b": partition, "cut": bool}')

@@ -244,7 +244,7 @@ class Dispatcher:
         reason = ""
         if reply.status >= 400:
             try:
-                reason = str(json.loads(reply.body).get("error", ""))
+                reason = str(wire.loads(reply.body).get("error", ""))
             except (ValueError, AttributeError):
                 reason = reply.body[:200].decode(errors="replace")
         return Outcome(reply.status, reply.body, dict(reply.headers), node_id, send.attempt, reason, kind)

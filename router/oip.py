@@ -9,7 +9,6 @@ forwarded as the bytes that came in.
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 import uuid
@@ -123,7 +122,12 @@ async def _workflow_metadata(router: Router, runner: WorkflowRunner) -> web.Resp
         got = await _node_metadata(router, stage.model)
         if got is None or got[0] != 200:
             return _error(503, f"workflow '{spec.name}': no node answered metadata for model '{stage.model}'")
-        meta[stage.name] = json.loads(got[1])
+        try:
+            meta[stage.name] = wire.loads(got[1])
+            if not isinstance(meta[stage.name], dict):
+                raise wire.MalformedBody("not an object")
+        except wire.MalformedBody:
+            return _error(502, f"workflow '{spec.name}': unreadable metadata for model '{stage.model}'")
     inputs: dict[str, dict[str, Any]] = {}
     for stage in spec.stages:
         declared = {t["name"]: t for t in meta[stage.name].get("inputs", [])}
@@ -224,7 +228,7 @@ async def repository_load(request: web.Request) -> web.Response:
     raw = await request.read()
     if raw:
         try:
-            doc = json.loads(raw)
+            doc = wire.loads(raw)
             wanted = (doc.get("parameters") or {}).get("node") if isinstance(doc, dict) else None
         except (ValueError, AttributeError):
             return _error(400, "malformed JSON body")

@@ -345,7 +345,7 @@ class WorkflowRunner:
             self.stats.warm += 1
         try:
             n = int(outcome.headers.get(wire.HEADER_LENGTH, len(outcome.body)))
-            result.outputs = decode_tensors(json.loads(outcome.body[:n])["outputs"], outcome.body[n:], "output")
+            result.outputs = decode_tensors(wire.loads(outcome.body[:n])["outputs"], outcome.body[n:], "output")
         except (ValueError, KeyError, TypeError) as exc:
             return result, Outcome.error(502, f"stage {stage.name}: unreadable answer from {outcome.node}: {exc}",
                                          outcome.node)  # fmt: skip

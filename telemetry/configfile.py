@@ -50,8 +50,8 @@ def read_document(source: str | Path, *, inline_json: bool = False) -> tuple[Any
         origin, text = "<inline config>", source
         try:
             return json.loads(text), text, origin
-        except ValueError as exc:
-            raise ConfigError(f"{origin}: not valid JSON: {exc}") from None
+        except (ValueError, RecursionError) as exc:
+            raise ConfigError(f"{origin}: not valid JSON: {str(exc)[:200]}") from None
     origin = str(source)
     try:
         text = Path(source).read_text()
@@ -60,6 +60,8 @@ def read_document(source: str | Path, *, inline_json: bool = False) -> tuple[Any
         raise ConfigError(f"{origin}: cannot read: {reason}") from None
     try:
         return yaml.safe_load(text), text, origin
+    except RecursionError:
+        raise ConfigError(f"{origin}: not valid YAML: nested too deeply") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" (line {mark.line + 1})" if mark is not None else ""

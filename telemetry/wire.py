@@ -74,6 +74,15 @@ class MalformedBody(ValueError):
     """An OIP request body that cannot be split or whose JSON head is not an object (a 400)."""
 
 
+def loads(raw: bytes | str) -> Any:
+    """JSON from a peer, or MalformedBody: also for a 5,000-digit integer and nesting past the stack
+    (RecursionError), which `json.loads` would otherwise let escape as a 500."""
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        raise MalformedBody(f"malformed JSON: {str(exc)[:200]}") from None
+
+
 def split_body(body: bytes, header_length: str | None) -> tuple[dict[str, Any], bytes]:
     """The JSON head and the binary tail of an OIP request body (Triton's binary tensor extension:
     the head is the first `header_length` bytes; without it the whole body is JSON)."""
@@ -87,10 +96,7 @@ def split_body(body: bytes, header_length: str | None) -> tuple[dict[str, Any], 
         head, tail = body[:n], body[n:]
     else:
         head, tail = body, b""
-    try:
-        doc = json.loads(head)
-    except (ValueError, RecursionError) as exc:  # also a 5,000-digit integer and nesting past the stack
-        raise MalformedBody(f"malformed JSON: {str(exc)[:200]}") from None
+    doc = loads(head)
     if not isinstance(doc, dict):
         raise MalformedBody("request body must be a JSON object")
     return doc, tail

@@ -167,3 +167,20 @@ def test_bad_admin_calls_on_router_and_node_are_clear_4xx(shared_stack: Stack) -
     assert status == 404 and "no queued request" in doc["error"]
     stats = call(f"{node}/admin/stats", headers=shared_stack.node_headers)[1]
     assert stats["cancelled"] == 0 and stats["scheduler"] == "fifo"
+
+
+def test_json_that_breaks_parsers_is_a_400_on_every_json_route(shared_stack: Stack) -> None:
+    """Found by the fuzz suite: the repository load, policy, link and speed routes parsed JSON on their
+    own and let nesting past the recursion limit escape as a 500."""
+    deep = b"[" * 100_000 + b"]" * 100_000
+    bignum = b'{"speed": ' + b"9" * 5000 + b"}"
+    router, node = shared_stack.router_url, shared_stack.nodes["n1"].url
+    for url, method, headers in [
+        (f"{router}/v2/repository/models/sensor_mlp/load", "POST", {}),
+        (f"{router}/admin/policy", "PUT", {}),
+        (f"{router}/admin/links", "PUT", {}),
+        (f"{node}/admin/speed", "PUT", shared_stack.node_headers),
+    ]:
+        for body in (deep, bignum):
+            status, doc, _ = call(url, body, method=method, headers=headers)
+            assert status == 400, (url, status, doc)

@@ -107,6 +107,18 @@ def test_misspelt_setting_suggests_the_field(tmp_path: Path) -> None:
     assert str(info.value).endswith("outlier.consecutve (line 3): unknown setting (did you mean 'consecutive'?)")
 
 
+def test_hostile_documents_are_one_line_errors(tmp_path: Path) -> None:
+    path = tmp_path / "router.yaml"
+    path.write_text("[" * 50_000 + "]" * 50_000)
+    with pytest.raises(ConfigError, match="nested too deeply"):
+        load_router(path, environ={})
+    with pytest.raises(ConfigError, match="not valid JSON"):
+        load_node("{" + '"a":[' * 50_000, environ={})
+    path.write_bytes(b"\xff\xfe\x00garbage")
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_router(path, environ={})
+
+
 def test_yaml_syntax_error_names_its_line(tmp_path: Path) -> None:
     path = tmp_path / "router.yaml"
     path.write_text("port: 8000\npolicy: {preset: p2c\n")
