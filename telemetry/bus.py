@@ -202,7 +202,9 @@ class TopicReader:
             self._thread.join(timeout=10)
             self._thread = None
 
-    def _handle(self, values: list[bytes], received_ms: float) -> None:
+    def _handle(self, values: list[bytes], received_ms: float, history: bool | None = None) -> None:
+        """Fold a batch in; `history` is True while the reader catches up on what was published
+        before it started (the lookback), False once it reads the live stream."""
         raise NotImplementedError
 
     def _tick(self, now_ms: float) -> None:
@@ -214,20 +216,28 @@ class TopicReader:
             consumer = None
             try:
                 consumer = self._open()
+                # what was published before this start: read as history (dated by its send time)
+                # until the consumer reaches these offsets, then as the live stream (dated by receipt,
+                # so a node whose clock runs behind the router's is still fresh)
+                ends = {tp: end for tp, end in consumer.end_offsets(list(consumer.assignment())).items() if end}
                 while not self._stop.is_set():
                     batches = consumer.poll(timeout_ms=100, max_records=1000)
                     received = self.clock()
-                    by_topic: dict[str, list[bytes]] = {}
+                    by_topic: dict[tuple[str, bool], list[bytes]] = {}
                     for tp, records in batches.items():
-                        by_topic.setdefault(tp.topic, []).extend(r.value or b"" for r in records)
-                    for topic, values in by_topic.items():
+                        end = ends.get(tp, 0)
+                        for r in records:
+                            by_topic.setdefault((tp.topic, r.offset < end), []).append(r.value or b"")
+                        if end and records and records[-1].offset >= end - 1:
+                            del ends[tp]  # caught up on this partition
+                    for (topic, history), values in by_topic.items():
                         reader = readers[topic]
                         verifier = reader.verifier
                         if verifier is not None:
                             opened = [verifier.open(topic, v, received) for v in values]
                             values = [v for v in opened if v is not None]
                         if values:
-                            reader._handle(values, received)
+                            reader._handle(values, received, history)
                     for reader in readers.values():
                         reader._tick(received)
             except Exception as exc:  # noqa: BLE001 - broker outages are survived, not raised
@@ -304,10 +314,10 @@ class KafkaTelemetrySource(TopicReader):
         self._store = store
         self._start()
 
-    def _handle(self, values: list[bytes], received_ms: float) -> None:
+    def _handle(self, values: list[bytes], received_ms: float, history: bool | None = None) -> None:
         store = self._store
         assert store is not None
         parsed = [store.parse(v) for v in values]
         msgs = [m for m in parsed if m is not None]
         if msgs:
-            store.apply_many(msgs, received_ms)
+            store.apply_many(msgs, received_ms, history)

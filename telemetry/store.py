@@ -74,8 +74,13 @@ class ViewStore:
         """Fold one message into a new view and swap it in; False if it was older than what we have."""
         return self.apply_many([msg], received_at_ms) == 1
 
-    def apply_many(self, msgs: list[NodeLoad], received_at_ms: float) -> int:
-        """Fold a batch (one consumer poll) into one new view; returns how many were applied."""
+    def apply_many(self, msgs: list[NodeLoad], received_at_ms: float, history: bool | None = None) -> int:
+        """Fold a batch (one consumer poll) into one new view; returns how many were applied.
+
+        `history` says whether the batch was published before the reader started (True: dated by
+        its send time, so a node that died before a router restart is not revived) or comes from the
+        live stream (False: dated by receipt, whatever the node's clock says). Unknown (None): a
+        message more than CATCH_UP_LAG_MS old is taken as history."""
         with self._write:
             view = self.view
             fresh: dict[str, NodeState] = {}
@@ -93,7 +98,8 @@ class ViewStore:
                 if current is not None and msg.sent_at_ms < current.load.sent_at_ms:
                     self.out_of_order += 1
                     continue
-                heard_at = received_at_ms if lag < CATCH_UP_LAG_MS else min(received_at_ms, msg.sent_at_ms)
+                old = history if history is not None else lag >= CATCH_UP_LAG_MS
+                heard_at = min(received_at_ms, msg.sent_at_ms) if old else received_at_ms
                 fresh[msg.node_id] = NodeState(msg, heard_at)
             if fresh:
                 view = self.view = view.with_nodes(fresh.values(), received_at_ms)

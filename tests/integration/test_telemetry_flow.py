@@ -189,3 +189,26 @@ def test_forged_and_unsigned_telemetry_changes_nothing_on_the_default_stack(shar
     for _ in range(5):  # and traffic still goes to the real nodes only
         status, _, headers = call(f"{url}/v2/models/sensor_mlp/infer", infer_body())
         assert status == 200 and headers.get("x-edgeroute-node") in {"n1", "n2"}
+
+
+def test_a_node_whose_clock_runs_behind_stays_fresh(own_stack: Any) -> None:
+    """Freshness is judged by when the router received a report on the live stream, not by the node's
+    clock: a node 3 s behind (three times `stale_after_ms`) is fresh; history read at start is still
+    dated by its send time (the unit tests cover that half)."""
+    stack: Stack = own_stack([{"id": "a", "partition": "edge-a", "models": ["sensor_mlp"]}])
+    url = stack.router_url
+    endpoint = next(n["endpoint"] for n in call(f"{url}/admin/view")[1]["nodes"] if n["node_id"] == "a")
+    signer = Signer.parse(stack.telemetry_key)
+    raw = KafkaProducer(bootstrap_servers=stack.bootstrap)
+    try:
+        for i in range(10):
+            now = time.time() * 1000
+            msg = load("behind", models={"sensor_mlp": 1.0}, seq=i + 1, sent_at_ms=now - 3000.0)
+            msg = msg.model_copy(update={"endpoint": endpoint})
+            raw.send(stack.topic, key=b"behind", value=signer.seal(stack.topic, msg.to_json(), now))
+            raw.flush()
+            time.sleep(0.1)
+    finally:
+        raw.close()
+    nodes = {n["node_id"]: n for n in call(f"{url}/admin/view")[1]["nodes"]}
+    assert nodes["behind"]["fresh"] and nodes["behind"]["age_ms"] < 1000, nodes["behind"]

@@ -79,6 +79,16 @@ def test_history_read_after_a_restart_is_dated_by_its_send_time() -> None:
     assert not store.view.is_fresh(node, sent + CATCH_UP_LAG_MS + 3_000.0)
 
 
+def test_the_live_stream_is_dated_by_receipt_whatever_the_node_clock() -> None:
+    store = ViewStore(stale_after_ms=1000.0)
+    now = 100_000.0
+    store.apply_many([load("behind", sent_at_ms=now - 5_000.0)], now, history=False)
+    store.apply_many([load("old", sent_at_ms=now - 5_000.0)], now, history=True)
+    assert store.view.is_fresh(store.view.nodes["behind"], now + 500.0)
+    assert store.view.nodes["old"].heard_at_ms == now - 5_000.0
+    assert not store.view.is_fresh(store.view.nodes["old"], now)
+
+
 def test_ewma_lookup_scales_from_nearest_smaller_batch() -> None:
     from telemetry.schema import ModelLoad
 
