@@ -126,6 +126,7 @@ async def get_view(request: web.Request) -> web.Response:
             "copies": {"loading": sorted(router.lifecycle.copies.loading), "recent": list(router.copies_log)},
             "holds": {
                 "held": router.lifecycle.holds,
+                "refused": router.lifecycle.hold_refusals,
                 "held_ms_total": round(router.lifecycle.held_ms_total, 1),
                 "waiting": router.dispatcher.waiting,
             },

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import ipaddress
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -70,6 +72,52 @@ class PeersConfig(BaseModel):
     router_id: str | None = Field(None, description="default: host name and process id")
 
 
+Scheme = Literal["http", "https"]
+SCHEMES: tuple[Scheme, ...] = ("http", "https")
+
+
+class EndpointAllowList(BaseModel):
+    """Which node endpoints telemetry may announce: a report naming any other is dropped (and counted),
+    so even a holder of a telemetry key cannot point the router at an address outside the fleet."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    schemes: list[Scheme] = Field(default_factory=lambda: list(SCHEMES))
+    hosts: list[str] = Field(default_factory=list, description="host names allowed as they are")
+    networks: list[str] = Field(default_factory=list, description="CIDR blocks, e.g. 10.0.0.0/8, fd00::/8")
+
+    @field_validator("networks")
+    @classmethod
+    def _cidrs(cls, v: list[str]) -> list[str]:
+        for net in v:
+            try:
+                ipaddress.ip_network(net, strict=False)
+            except ValueError as exc:
+                raise ValueError(f"'{net}' is not a network: {exc}") from None
+        return v
+
+    def allows(self) -> Callable[[str], bool]:
+        schemes = frozenset(self.schemes)
+        hosts = frozenset(h.lower() for h in self.hosts)
+        networks = tuple(ipaddress.ip_network(n, strict=False) for n in self.networks)
+        open_hosts = not hosts and not networks
+
+        def allowed(endpoint: str) -> bool:
+            parts = urlsplit(endpoint)
+            host = (parts.hostname or "").lower()
+            if parts.scheme not in schemes or not host:
+                return False
+            if open_hosts or host in hosts:
+                return True
+            try:
+                ip = ipaddress.ip_address(host)
+            except ValueError:
+                return False
+            return any(ip in net for net in networks)
+
+        return allowed
+
+
 class RouterConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -102,6 +150,9 @@ class RouterConfig(BaseModel):
     tls: ServerTLS | None = Field(None, description="serve HTTPS (telemetry.tls.ServerTLS); mTLS with client_ca_file")
     node_tls: ClientTLS | None = Field(None, description="CA (and client certificate) for HTTPS nodes")
     kafka_security: KafkaSecurity | None = Field(None, description="Kafka SSL/SASL settings (telemetry.tls)")
+    node_endpoints: EndpointAllowList | None = Field(
+        None, description="allow-list of node endpoints (schemes, hosts, networks); none: any endpoint"
+    )
     node_admin_token: str | None = Field(
         None,
         min_length=16,
@@ -122,6 +173,9 @@ class RouterConfig(BaseModel):
     max_deadline_ms: float = Field(60000.0, gt=0)
     max_body_bytes: int = Field(8 << 20, ge=1024)
     max_attempts: int = Field(3, ge=1, le=10, description="dispatches per request, first included")
+    max_held: int = Field(
+        1024, ge=0, le=1_000_000, description="requests held for a slot at once per partition; past it: 503"
+    )
     connect_timeout_ms: float = Field(500.0, gt=0)
     pool_per_node: int = Field(64, ge=1, description="keep-alive connections per node")
     links: list[LinkConfig] = Field(default_factory=list, description="emulated partition-to-partition links")
@@ -169,6 +223,7 @@ def lifecycle_settings(config: RouterConfig, seed: int | None = None, router_id:
     hedging = config.hedging
     return LifecycleSettings(
         max_attempts=config.max_attempts,
+        max_held=config.max_held,
         connect_timeout_ms=config.connect_timeout_ms,
         hedge_min_priority=None if hedging is None else hedging.min_priority,
         hedge_after_ms=None if hedging is None else hedging.after_ms,

@@ -61,6 +61,11 @@ class _ViewCollector(Collector):
         yield CounterMetricFamily(
             "edgeroute_telemetry_evicted", "nodes that left the view after a long silence", value=store.evicted
         )
+        yield CounterMetricFamily(
+            "edgeroute_telemetry_foreign_endpoint",
+            "reports whose endpoint the node_endpoints allow-list refuses (dropped)",
+            value=store.foreign_endpoint,
+        )
         counts, total = store.lag_counts, 0
         buckets = []
         for bound, n in zip((*LAG_BUCKETS_S, float("inf")), counts, strict=True):
@@ -128,6 +133,11 @@ class _LifecycleCollector(Collector):
         hedges.add_metric(["cancelled"], lc.hedge_cancels)
         yield hedges
         yield CounterMetricFamily("edgeroute_holds", "requests held for a local slot at least once", value=lc.holds)
+        yield CounterMetricFamily(
+            "edgeroute_hold_refusals",
+            "deferrals answered 503: max_held requests already waited",
+            value=lc.hold_refusals,
+        )
 
 
 class _WorkflowCollector(Collector):

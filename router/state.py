@@ -51,6 +51,8 @@ class Router:
         self.config_path = config_path
         self.verifier = config.verifier()  # telemetry and peer messages (telemetry.signing), if keyed
         self.store = ViewStore(stale_after_ms=config.stale_after_ms, evict_after_ms=config.evict_after_ms)
+        if config.node_endpoints is not None:
+            self.store.admit_endpoint = config.node_endpoints.allows()
         self.policies = PolicyHolder(build_policy(config.policy), config.policy)
         self.router_id = config.peers.router_id or f"{socket.gethostname()}-{os.getpid()}"
         # routers of one group must not draw the same random numbers: with the same view they would

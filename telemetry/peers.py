@@ -14,6 +14,7 @@ a few milliseconds old instead of up to a telemetry interval.
 
 from __future__ import annotations
 
+import threading
 from collections import deque
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -145,6 +146,10 @@ class PeerPublisher:
         self._last_at = float("-inf")
         self._last: tuple[dict[str, int], dict[str, int]] | None = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="peers-publisher")
+        self._lock = threading.Lock()
+        self._busy = False  # a send is in progress on the worker
+        self._next: tuple[bytes, bytes, int] | None = None  # the one message waiting behind it
+        self.superseded = 0  # messages replaced by a newer one before they were sent
 
     def snapshot(self, dispatched: dict[str, int], settled: dict[str, int], sent_at_ms: float) -> RouterLoad | None:
         """The message to send now, or None if nothing changed since the last one (and it is recent)."""
@@ -159,8 +164,28 @@ class PeerPublisher:
         return msg
 
     def submit(self, msg: RouterLoad) -> None:
-        value = msg.model_dump_json(by_alias=True).encode()
-        self._executor.submit(self.sender.send, self.router_id.encode(), value, int(msg.sent_at_ms))
+        """Send `msg` soon. At most one message waits behind the one being sent: a newer one replaces
+        it (each carries running sums, so the latest says everything), so a slow or absent broker
+        never grows a queue."""
+        item = (self.router_id.encode(), msg.model_dump_json(by_alias=True).encode(), int(msg.sent_at_ms))
+        with self._lock:
+            if self._busy:
+                if self._next is not None:
+                    self.superseded += 1
+                self._next = item
+                return
+            self._busy = True
+        self._executor.submit(self._drain, item)
+
+    def _drain(self, item: tuple[bytes, bytes, int] | None) -> None:
+        try:
+            while item is not None:
+                self.sender.send(*item)
+                with self._lock:
+                    item, self._next = self._next, None
+        finally:
+            with self._lock:
+                self._busy = False
 
     def close(self) -> None:
         self._executor.submit(self.sender.close).result(timeout=10)

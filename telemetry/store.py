@@ -45,6 +45,9 @@ class ViewStore:
         self.out_of_order = 0
         self.from_future = 0  # sent more than MAX_CLOCK_AHEAD_MS after receipt: dropped
         self.evicted = 0
+        self.foreign_endpoint = 0  # reports whose endpoint the allow-list refuses: dropped
+        # which node endpoints may be routed to (the router's `node_endpoints` allow-list); None: any
+        self.admit_endpoint: Callable[[str], bool] | None = None
         self._swept_at = float("-inf")
         self.lag_ms: deque[float] = deque(maxlen=lag_samples)
         # cumulative send-to-receipt lag histogram (seconds) for /metrics: a bisect per message
@@ -67,6 +70,7 @@ class ViewStore:
             "malformed": self.malformed,
             "from_future": self.from_future,
             "evicted": self.evicted,
+            "foreign_endpoint": self.foreign_endpoint,
             "lag_ms": {"p50": round(self.lag_quantile(0.5), 3), "p99": round(self.lag_quantile(0.99), 3)},
         }
 
@@ -94,6 +98,9 @@ class ViewStore:
                 self.lag_ms.append(lag)
                 self.lag_counts[bisect_left(LAG_BUCKETS_S, lag / 1000.0)] += 1
                 self.lag_sum_s += lag / 1000.0
+                if self.admit_endpoint is not None and not self.admit_endpoint(msg.endpoint):
+                    self.foreign_endpoint += 1
+                    continue
                 current = fresh.get(msg.node_id) or view.get(msg.node_id)
                 if current is not None and msg.sent_at_ms < current.load.sent_at_ms:
                     self.out_of_order += 1

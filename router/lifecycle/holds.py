@@ -38,6 +38,15 @@ class HoldQueue(Generic[T]):
             self._prune(queue)
         queue.append(entry)
 
+    def queued(self, partition: str) -> int:
+        """Entries in `partition`'s queue, including any that stopped waiting but are not pruned yet
+        (an upper bound, which is what a limit needs)."""
+        queue = self._queues.get(partition)
+        if queue is None:
+            return 0
+        self._prune(queue)
+        return len(queue)
+
     def wake(self, partition: str) -> T | None:
         """The oldest entry still waiting in `partition` (taken out of the queue), or None."""
         queue = self._queues.get(partition)

@@ -66,6 +66,7 @@ class LifecycleSettings:
     links: tuple[LinkState, ...] = ()
     seed: int = 0
     router_id: str = "router"  # prefixes this router's request ids (unique per router of a group)
+    max_held: int = 1024  # requests held at once per partition; a deferral past it is a 503
 
 
 class Lifecycle(Generic[T]):
@@ -89,6 +90,7 @@ class Lifecycle(Generic[T]):
         self.held: HoldQueue[T] = HoldQueue(waiting)
         self.retries = 0
         self.holds = 0  # requests held at least once
+        self.hold_refusals = 0  # deferrals refused because max_held requests already waited
         self.held_ms_total = 0.0
         self.hedges_sent = self.hedge_wins = self.hedge_cancels = 0
         self._requests = 0
@@ -154,6 +156,9 @@ class Lifecycle(Generic[T]):
         view = self.view()
         choice = a.policy.choose(self._route_request(a, now, remaining), view, Context(now, self.rng))
         if isinstance(choice, Defer):
+            if self.held.queued(choice.partition) >= self.settings.max_held:
+                self.hold_refusals += 1
+                return Answer(503, f"too many requests already wait for a slot in '{choice.partition}'")
             if a.held_since_ms is None:
                 a.held_since_ms = now
                 self.holds += 1

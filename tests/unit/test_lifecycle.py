@@ -166,6 +166,21 @@ def test_holds_wake_on_a_settle_in_their_partition() -> None:
     assert a.waited_ms == 30.0
 
 
+def test_holds_are_bounded_per_partition() -> None:
+    spec = {"preset": "edge_first", "params": {"delay_spill": {"initial_ms": 80, "tune": False}}}
+    busy = load("a1", partition="edge-a", queued=20, wait={"0": 900.0})
+    links = (LinkState("edge-a", "cloud", rtt_ms=300),)
+    lc, _ = make(busy, load("c1", partition="cloud"), links=links, max_held=3)
+    for i in range(3):
+        lc.hold("edge-a", f"r{i}")
+    a = lc.begin(RouteRequest("m", 0, 1000.0, "edge-a"), build_policy(spec), NOW, NOW + 1000)
+    step = lc.decide(a, NOW)
+    assert isinstance(step, Answer) and step.status == 503 and "wait for a slot" in step.reason
+    assert lc.hold_refusals == 1 and lc.holds == 0
+    assert lc.settled("a1", "edge-a") == "r0"  # one leaves: the next deferral may wait again
+    assert lc.decide(a, NOW) == Hold("edge-a", min(80.0, HOLD_POLL_MS))
+
+
 def test_hedge_timing_uses_the_recent_p95_per_model_and_priority() -> None:
     lc, _ = make(hedge_min_priority=10)
     low = lc.begin(RouteRequest("m", priority=0), build_policy("p2c"), NOW, NOW + 1000)

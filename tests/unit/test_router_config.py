@@ -53,3 +53,24 @@ def test_load_from_file(tmp_path: Path) -> None:
 def test_an_empty_token_table_is_an_error_not_auth_off() -> None:
     with pytest.raises(ConfigError, match="empty token table"):
         parse_config({"auth": {"tokens": {}}})
+
+
+def test_endpoint_allow_list() -> None:
+    from telemetry.store import ViewStore
+    from tests.helpers import load
+
+    cfg = parse_config({"node_endpoints": {"schemes": ["https"], "hosts": ["gpu-1.fleet"], "networks": ["10.0.0.0/8"]}})
+    assert cfg.node_endpoints is not None
+    allowed = cfg.node_endpoints.allows()
+    assert allowed("https://10.1.2.3:8001") and allowed("https://GPU-1.fleet:8001")
+    assert not allowed("http://10.1.2.3:8001"), "scheme"
+    assert not allowed("https://169.254.169.254/latest"), "outside the networks"
+    assert not allowed("https://127.0.0.1:8001") and not allowed("https://evil.fleet:8001")
+    with pytest.raises(ConfigError, match="not a network"):
+        parse_config({"node_endpoints": {"networks": ["10.0.0.0/33"]}})
+    store = ViewStore()
+    store.admit_endpoint = allowed
+    good = load("n1").model_copy(update={"endpoint": "https://10.0.0.5:8001"})
+    bad = load("n2").model_copy(update={"endpoint": "https://169.254.169.254"})
+    store.apply_many([good, bad], 1_000.0)
+    assert set(store.view.nodes) == {"n1"} and store.foreign_endpoint == 1

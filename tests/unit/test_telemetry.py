@@ -98,3 +98,36 @@ def test_ewma_lookup_scales_from_nearest_smaller_batch() -> None:
     assert m.ewma_ms(8) == pytest.approx(12.0)
     assert m.ewma_ms(2) == pytest.approx(4.0)
     assert ModelLoad().ewma_ms(1) is None
+
+
+def test_the_peer_publisher_keeps_at_most_one_message_waiting() -> None:
+    """A slow or absent broker must not grow a queue: while a send blocks, newer messages replace the
+    one waiting (each carries running sums), and the latest is sent once the worker is free."""
+    import threading
+
+    from telemetry.peers import PeerPublisher
+
+    release = threading.Event()
+    sent: list[int] = []
+
+    class SlowSender:
+        def send(self, key: bytes, value: bytes, timestamp_ms: int) -> bool:
+            release.wait(5)
+            sent.append(timestamp_ms)
+            return True
+
+        def close(self) -> None:
+            return None
+
+    pub = PeerPublisher("127.0.0.1:9", "r1")
+    pub.sender = SlowSender()  # type: ignore[assignment]
+    try:
+        for t in range(1, 1001):
+            msg = pub.snapshot({"n": t}, {}, float(t))
+            assert msg is not None
+            pub.submit(msg)
+        assert pub.superseded == 998  # the first is being sent, the last waits, the rest were replaced
+        release.set()
+    finally:
+        pub.close()
+    assert sent == [1, 1000]
