@@ -90,6 +90,12 @@ class NodeConfig(BaseModel):
     )
     memory_budget_bytes: int = Field(2 << 30, ge=0)
     max_body_bytes: int = Field(16 << 20, ge=1024)
+    max_connections: int | None = Field(
+        None, ge=1, le=1_000_000, description="open client connections; past it 503 (default: the file limit less 256)"
+    )
+    idle_timeout_s: float = Field(
+        15.0, gt=0, le=3600, description="a connection must send a complete request head within this long"
+    )
     kafka: str | None = Field(None, description="bootstrap HOST:PORT; None disables telemetry")
     tls: ServerTLS | None = Field(None, description="serve HTTPS (telemetry.tls.ServerTLS); mTLS with client_ca_file")
     kafka_security: KafkaSecurity | None = Field(None, description="Kafka SSL/SASL settings (telemetry.tls)")

@@ -31,6 +31,7 @@ from telemetry import wire
 from telemetry.bus import TelemetryPublisher
 from telemetry.quantiles import nearest_rank
 from telemetry.schema import DeviceInfo
+from telemetry.serving import start_site
 
 log = logging.getLogger("edgeroute.node")
 
@@ -407,12 +408,16 @@ def create_app(config: NodeConfig) -> web.Application:
 async def serve(config: NodeConfig, stop: asyncio.Event, on_bound: Any = None) -> None:
     """Run the node until `stop` is set; the bound port is reported through `on_bound(port)`."""
     app = create_app(config)
-    runner = web.AppRunner(app, handle_signals=False, access_log=None)
-    await runner.setup()
+    ssl_context = None if config.tls is None else config.tls.context()
+    runner, site, _ = await start_site(
+        app,
+        config.host,
+        config.port,
+        ssl_context=ssl_context,
+        max_connections=config.max_connections,
+        idle_timeout_s=config.idle_timeout_s,
+    )
     try:
-        ssl_context = None if config.tls is None else config.tls.context()
-        site = web.TCPSite(runner, config.host, config.port, ssl_context=ssl_context)
-        await site.start()
         port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         if not app[ENDPOINT]:
             scheme = "http" if ssl_context is None else "https"

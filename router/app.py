@@ -26,6 +26,7 @@ from router.state import CLIENT, ROUTER, Router
 from router.state import json_error as _error
 from telemetry.bus import KafkaTelemetrySource, TelemetrySource, TopicReader, ensure_topic, now_ms
 from telemetry.peers import PeerLoads, PeerPublisher
+from telemetry.serving import start_site
 
 log = logging.getLogger("edgeroute.router")
 
@@ -295,12 +296,17 @@ async def serve(
     reuse_port: bool = False,
 ) -> None:
     app = create_app(config, config_path=config_path)
-    runner = web.AppRunner(app, handle_signals=False, access_log=None)
-    await runner.setup()
+    runner, site, cap = await start_site(
+        app,
+        config.host,
+        config.port,
+        ssl_context=None if config.tls is None else config.tls.context(),
+        reuse_port=reuse_port,
+        max_connections=config.max_connections,
+        idle_timeout_s=config.idle_timeout_s,
+    )
+    app[ROUTER].metrics.watch_connections(cap)
     try:
-        ssl_context = None if config.tls is None else config.tls.context()
-        site = web.TCPSite(runner, config.host, config.port, reuse_port=reuse_port or None, ssl_context=ssl_context)
-        await site.start()
         port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         if on_bound is not None:
             on_bound(port)

@@ -172,6 +172,12 @@ class RouterConfig(BaseModel):
     default_deadline_ms: float = Field(2000.0, gt=0, description="budget of requests that give none")
     max_deadline_ms: float = Field(60000.0, gt=0)
     max_body_bytes: int = Field(8 << 20, ge=1024)
+    max_connections: int | None = Field(
+        None, ge=1, le=1_000_000, description="open client connections; past it 503 (default: the file limit less 256)"
+    )
+    idle_timeout_s: float = Field(
+        15.0, gt=0, le=3600, description="a connection must send a complete request head within this long"
+    )
     max_attempts: int = Field(3, ge=1, le=10, description="dispatches per request, first included")
     max_held: int = Field(
         1024, ge=0, le=1_000_000, description="requests held for a slot at once per partition; past it: 503"

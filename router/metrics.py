@@ -26,6 +26,7 @@ from telemetry.store import LAG_BUCKETS_S, ViewStore
 if TYPE_CHECKING:
     from router.lifecycle import Lifecycle
     from router.workflows import WorkflowRunner
+    from telemetry.serving import ConnectionCap
 
 # one series per counter and histogram, not a second `_created` one (the timestamp is of no use here)
 prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
@@ -91,6 +92,17 @@ class _ViewCollector(Collector):
         yield GaugeMetricFamily("edgeroute_known_nodes", "nodes in the view", value=len(view))
         yield GaugeMetricFamily(
             "edgeroute_view_max_age_seconds", "the oldest node's silence", value=ages[-1] if ages else 0.0
+        )
+
+
+class _ConnectionCollector(Collector):
+    def __init__(self, cap: ConnectionCap) -> None:
+        self.cap = cap
+
+    def collect(self) -> Iterator[Metric]:
+        yield GaugeMetricFamily("edgeroute_connections", "open client connections", value=len(self.cap.connections))
+        yield CounterMetricFamily(
+            "edgeroute_connections_refused", "connections answered 503 past max_connections", value=self.cap.refused
         )
 
 
@@ -240,6 +252,9 @@ class RouterMetrics:
         )
         self.registry.register(_ViewCollector(store, clock))
         self.recent = RecentRequests()
+
+    def watch_connections(self, cap: ConnectionCap) -> None:
+        self.registry.register(_ConnectionCollector(cap))
 
     def watch_verifier(self, verifier: Verifier | None) -> None:
         if verifier is not None:
