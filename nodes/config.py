@@ -94,7 +94,11 @@ class NodeConfig(BaseModel):
         None, ge=1, le=1_000_000, description="open client connections; past it 503 (default: the file limit less 256)"
     )
     idle_timeout_s: float = Field(
-        15.0, gt=0, le=3600, description="a connection must send a complete request head within this long"
+        30.0,
+        gt=0,
+        le=3600,
+        description="a connection must send a complete request head within this long (keep it above the "
+        "clients' keep-alive: the router's pool keeps idle connections 10 s)",
     )
     kafka: str | None = Field(None, description="bootstrap HOST:PORT; None disables telemetry")
     tls: ServerTLS | None = Field(None, description="serve HTTPS (telemetry.tls.ServerTLS); mTLS with client_ca_file")

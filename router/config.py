@@ -176,7 +176,11 @@ class RouterConfig(BaseModel):
         None, ge=1, le=1_000_000, description="open client connections; past it 503 (default: the file limit less 256)"
     )
     idle_timeout_s: float = Field(
-        15.0, gt=0, le=3600, description="a connection must send a complete request head within this long"
+        30.0,
+        gt=0,
+        le=3600,
+        description="a connection must send a complete request head within this long (keep it above the "
+        "clients' keep-alive: the router's pool keeps idle connections 10 s)",
     )
     max_attempts: int = Field(3, ge=1, le=10, description="dispatches per request, first included")
     max_held: int = Field(

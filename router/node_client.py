@@ -98,7 +98,7 @@ class HttpNodeClient:
     def session(self) -> aiohttp.ClientSession:
         if self._session is None:
             connector = aiohttp.TCPConnector(
-                limit=0, limit_per_host=self._pool, keepalive_timeout=30, enable_cleanup_closed=True, ssl=self._ssl
+                limit=0, limit_per_host=self._pool, keepalive_timeout=10, enable_cleanup_closed=True, ssl=self._ssl
             )
             self._session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
         return self._session

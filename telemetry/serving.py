@@ -65,7 +65,7 @@ async def start_site(
     ssl_context: ssl.SSLContext | None = None,
     reuse_port: bool = False,
     max_connections: int | None = None,
-    idle_timeout_s: float = 15.0,
+    idle_timeout_s: float = 30.0,
 ) -> tuple[web.AppRunner, web.TCPSite, ConnectionCap]:
     """Set up and start `app` on host:port with the limits above; the caller cleans the runner up."""
     runner = web.AppRunner(app, handle_signals=False, access_log=None, keepalive_timeout=idle_timeout_s)
