@@ -118,6 +118,25 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _kafka_security_from_env() -> None:
+    """`EDGEROUTE_KAFKA_SECURITY` (a YAML/JSON mapping, telemetry.tls.KafkaSecurity) secures this
+    process's Kafka clients (`up`, `replay`, `profile` with `--kafka`); the stacks they start pass the
+    same variable to their nodes and routers, whose configs read it as `kafka_security`."""
+    import yaml
+
+    from telemetry.configfile import validate
+    from telemetry.tls import KafkaSecurity, set_kafka_security
+
+    raw = os.environ.get("EDGEROUTE_KAFKA_SECURITY")
+    if not raw:
+        return
+    try:
+        doc = yaml.safe_load(raw)
+    except (yaml.YAMLError, RecursionError):
+        raise ConfigError("$EDGEROUTE_KAFKA_SECURITY: not a YAML mapping") from None
+    set_kafka_security(validate(KafkaSecurity, doc, None, "$EDGEROUTE_KAFKA_SECURITY", use_env=False))
+
+
 def _source_checkout() -> bool:
     """Whether the package runs from a source tree (an editable install), where the shipped profile lives."""
     return (PACKAGE_DIR.parent / "pyproject.toml").is_file()
@@ -322,6 +341,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("kafka").setLevel(logging.ERROR)
     try:
+        _kafka_security_from_env()
         code: int = args.func(args)
         return code
     except ConfigError as exc:

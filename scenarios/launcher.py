@@ -38,7 +38,7 @@ log = logging.getLogger("edgeroute.launcher")
 
 
 # EDGEROUTE_* variables a stack passes on to its nodes and routers (the rest would override their configs)
-PASS_ENV = frozenset({"EDGEROUTE_ZOO_DIR", "EDGEROUTE_TRACEBACK"})
+PASS_ENV = frozenset({"EDGEROUTE_ZOO_DIR", "EDGEROUTE_TRACEBACK", "EDGEROUTE_KAFKA_SECURITY"})
 
 
 def http_json(

@@ -246,3 +246,28 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
             main(["--version"])
         assert info.value.code == 0
         assert capsys.readouterr().out.strip() == f"edgeroute {__version__}"
+
+
+def test_kafka_security_for_stacks_and_replays(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from scenarios.launcher import PASS_ENV
+    from telemetry.tls import kafka_options, set_kafka_security
+
+    assert "EDGEROUTE_KAFKA_SECURITY" in PASS_ENV, "a stack's nodes and routers get the same settings"
+    sasl = (
+        "{security_protocol: SASL_PLAINTEXT, sasl_mechanism: SCRAM-SHA-256, sasl_plain_username: u, "
+        "sasl_plain_password: p}"
+    )
+    monkeypatch.setenv("EDGEROUTE_KAFKA_SECURITY", sasl)
+    try:
+        assert cli_main(["report", "/nonexistent"]) == 2  # any command: the settings apply first
+        capsys.readouterr()
+        assert kafka_options()["sasl_mechanism"] == "SCRAM-SHA-256"
+        # a node or router reads the same variable as its kafka_security setting
+        cfg = load_router(None, environ={"EDGEROUTE_KAFKA_SECURITY": sasl})
+        assert cfg.kafka_security is not None and cfg.kafka_security.sasl_plain_username == "u"
+        monkeypatch.setenv("EDGEROUTE_KAFKA_SECURITY", "{security_protocol: SASL_SSL}")
+        _one_line_exit(capsys, cli_main(["report", "/nonexistent"]), "needs sasl_mechanism")
+    finally:
+        set_kafka_security(None)
