@@ -187,6 +187,9 @@ class RouterConfig(BaseModel):
         1024, ge=0, le=1_000_000, description="requests held for a slot at once per partition; past it: 503"
     )
     connect_timeout_ms: float = Field(500.0, gt=0)
+    try_timeout_ms: float | None = Field(
+        None, gt=0, description="the longest one attempt is waited for before trying another node; default: the budget"
+    )
     pool_per_node: int = Field(64, ge=1, description="keep-alive connections per node")
     links: list[LinkConfig] = Field(default_factory=list, description="emulated partition-to-partition links")
     hedging: HedgingConfig | None = None
@@ -234,6 +237,7 @@ def lifecycle_settings(config: RouterConfig, seed: int | None = None, router_id:
     return LifecycleSettings(
         max_attempts=config.max_attempts,
         max_held=config.max_held,
+        try_timeout_ms=config.try_timeout_ms,
         connect_timeout_ms=config.connect_timeout_ms,
         hedge_min_priority=None if hedging is None else hedging.min_priority,
         hedge_after_ms=None if hedging is None else hedging.after_ms,

@@ -217,7 +217,8 @@ class Dispatcher:
             fwd = dict(headers)
             fwd[wire.DEADLINE_MS] = f"{remaining_ms:.3f}"
             fwd[wire.REQUEST_ID] = _request_id(a, send)
-            reply: NodeReply = await self.client.post(send.decision.endpoint + path, body, fwd, remaining_ms / 1000.0)
+            wait_ms = lc.try_wait_ms(a, self.clock())
+            reply: NodeReply = await self.client.post(send.decision.endpoint + path, body, fwd, wait_ms / 1000.0)
             if back_ms > 0:
                 late = self.clock() + back_ms > deadline_at_ms
                 await asyncio.sleep(min(back_ms, max(0.0, deadline_at_ms - self.clock())) / 1000.0)
@@ -232,6 +233,12 @@ class Dispatcher:
                 502, f"node {node_id} answered badly: {exc}", node_id, send.attempt, Failure.NODE_ERROR
             )
         except NodeTimeout:
+            per_try = lc.settings.try_timeout_ms is not None
+            if per_try and self.clock() < deadline_at_ms - 1.0:  # the per-try timeout, not the deadline
+                lc.answered(a, node_id, Failure.TRY_TIMEOUT, self.clock())
+                asyncio.create_task(self._cancel_at_node(send.decision.endpoint, _request_id(a, send)))
+                reason = f"node {node_id} did not answer within try_timeout_ms"
+                return Outcome.error(504, reason, node_id, send.attempt, Failure.TRY_TIMEOUT)
             lc.answered(a, node_id, Failure.TIMEOUT, self.clock())
             reason = f"deadline passed waiting for node {node_id}"
             return Outcome.error(504, reason, node_id, send.attempt, Failure.TIMEOUT)

@@ -33,6 +33,7 @@ class Failure(enum.Enum):
     SHED = "shed"
     DEADLINE = "deadline"  # the node answered 504
     TIMEOUT = "timeout"  # the router stopped waiting (its deadline): no answer from the node
+    TRY_TIMEOUT = "try_timeout"  # no answer within the per-try timeout, budget left: retried elsewhere
     CLIENT = "client"
 
     @property
@@ -42,12 +43,12 @@ class Failure(enum.Enum):
     @property
     def health(self) -> bool | None:
         """True: the node is alive (resets its failure count); False: a failure; None: no evidence."""
-        if self in (Failure.CONNECT, Failure.CUT, Failure.NODE_ERROR):
+        if self in (Failure.CONNECT, Failure.CUT, Failure.NODE_ERROR, Failure.TRY_TIMEOUT):
             return False
         return None if self is Failure.TIMEOUT else True
 
 
-_RETRYABLE = frozenset({Failure.CONNECT, Failure.CUT, Failure.NODE_ERROR, Failure.SHED})
+_RETRYABLE = frozenset({Failure.CONNECT, Failure.CUT, Failure.NODE_ERROR, Failure.SHED, Failure.TRY_TIMEOUT})
 
 
 def classify(status: int) -> Failure:
@@ -68,4 +69,4 @@ def status_of(kind: Failure, status: int | None = None) -> int:
     """The status the client gets for an attempt that ended in `kind` without a node's answer."""
     if status is not None:
         return status
-    return 504 if kind is Failure.TIMEOUT else 503
+    return 504 if kind in (Failure.TIMEOUT, Failure.TRY_TIMEOUT) else 503

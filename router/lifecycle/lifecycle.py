@@ -67,6 +67,7 @@ class LifecycleSettings:
     seed: int = 0
     router_id: str = "router"  # prefixes this router's request ids (unique per router of a group)
     max_held: int = 1024  # requests held at once per partition; a deferral past it is a 503
+    try_timeout_ms: float | None = None  # the longest one attempt is waited for; None: the whole budget
 
 
 class Lifecycle(Generic[T]):
@@ -207,6 +208,13 @@ class Lifecycle(Generic[T]):
     def cross(self, site: str | None, partition: str) -> tuple[float, float] | None:
         """(out ms, back ms) of emulated link delay for one attempt, or None: the link is cut."""
         return self.links.crossing(site, partition, self.net_rng)
+
+    def try_wait_ms(self, a: Attempts, now: float) -> float:
+        """How long this attempt is waited for: the remaining budget, or less with a per-try timeout
+        (a hung node then costs one try, and the rest of the budget goes to another node)."""
+        remaining = max(0.0, a.deadline_at_ms - now)
+        limit = self.settings.try_timeout_ms
+        return remaining if limit is None else min(remaining, limit)
 
     def connect_wait_ms(self, a: Attempts, now: float) -> float:
         """How long a connect is given (and a cut link takes to fail): half the remaining budget at most."""

@@ -15,6 +15,7 @@ from scenarios.sim.state import (
     REPLY,
     RESUME,
     ROUTER_TIMEOUT,
+    TRY_TIMEOUT,
     Job,
     SimRequest,
     SimState,
@@ -94,6 +95,9 @@ class RouterDriver(SimState):
         # time, in `_start` if it will finish too late; a queued request's expiry covers the rest.
         if arrive >= req.deadline_at:
             self.push(req.deadline_at, ROUTER_TIMEOUT, job)
+        wait = self.lc.try_wait_ms(req.life, now)
+        if now + wait < req.deadline_at:  # a per-try timeout ends this attempt before the deadline
+            self.push(now + wait, TRY_TIMEOUT, job)
 
     def _hedge(self, payload: tuple[SimRequest, int]) -> None:
         """The router's hedge: a duplicate to another node if the attempt has not answered yet."""
@@ -139,6 +143,29 @@ class RouterDriver(SimState):
             return
         self._drop_others(req, job)
         self._answer(req, status, reason, self.now + req.overhead_out)
+
+    def _try_timeout(self, job: Job) -> None:
+        """No answer within the per-try timeout: the router stops waiting for this attempt, takes it out
+        of the node's queue if it has not started (the live router's cancel), and tries another node."""
+        req = job.req
+        if req.done or job.settled or job.attempt != req.life.attempt:
+            return
+        job.settled = True
+        if job.dispatched:
+            self._settle(job)
+        if job.work is not None and not job.started and job.node.sched.remove(job.work):
+            job.dropped = True
+            self._unpin(job.node, job)
+            self._changed(job.node)
+        reason = f"node {job.node.spec.id} did not answer within try_timeout_ms"
+        self.lc.answered(req.life, job.node.spec.id, Failure.TRY_TIMEOUT, self.now)
+        if any(not j.settled for j in req.jobs):
+            req.life.last_error = (504, reason)
+            return  # the hedge twin may still answer
+        if self.lc.retry(req.life, Failure.TRY_TIMEOUT, 504, reason):
+            self._decide(req)
+            return
+        self._answer(req, 504, reason, self.now + req.overhead_out)
 
     def _router_timeout(self, job: Job) -> None:
         req = job.req

@@ -24,8 +24,6 @@ from nodes.scheduler import Scheduler, Work
 from policies.engine import Pipeline
 from router.config import WorkflowSpec
 from router.lifecycle import Attempts, Failure, Lifecycle, LifecycleSettings
-from router.lifecycle.copies import CopyConfig
-from router.lifecycle.health import HealthConfig
 from scenarios.schema import Fault, NodeSpec, Scenario
 from scenarios.sim.profile import Distribution, Profile
 from scenarios.workload import Arrival, Result
@@ -50,7 +48,8 @@ from telemetry.store import ViewStore
     HEDGE,
     RESUME,
     COPIES,
-) = range(15)
+    TRY_TIMEOUT,
+) = range(16)
 
 DEFAULT_LOAD_MS = 5.0  # a zoo model's session creation and warm-up on this machine, when none is declared
 
@@ -200,16 +199,12 @@ class SimConfig:
     @classmethod
     def from_router(cls, router: dict[str, Any]) -> SimConfig:
         """From a scenario's `router:` section (the keys the live router's config takes)."""
+        from router.config import lifecycle_settings, parse_config
+
         cfg = cls(**{k: v for k, v in router.items() if k == "stale_after_ms"})
-        hedging = router.get("hedging")
-        cfg.lifecycle = LifecycleSettings(
-            max_attempts=int(router.get("max_attempts", 3)),
-            connect_timeout_ms=float(router.get("connect_timeout_ms", 500.0)),
-            hedge_min_priority=int(hedging.get("min_priority", 10)) if hedging else None,
-            hedge_after_ms=hedging.get("after_ms") if hedging else None,
-            health=HealthConfig(**router["outlier"]) if router.get("outlier") else HealthConfig(),
-            copies=CopyConfig.model_validate(router["copies"]) if router.get("copies") else CopyConfig(),
-        )
+        # the live router's own translation of its config (max attempts, timeouts, hedging, health,
+        # copies, holds), so a setting cannot reach one and miss the other
+        cfg.lifecycle = lifecycle_settings(parse_config(router))
         return cfg
 
 

@@ -109,3 +109,42 @@ async def test_a_connect_timeout_is_unavailable_not_a_final_timeout(monkeypatch:
             await client.post("http://127.0.0.1:1/v2/models/m/infer", b"{}", {}, 1.0)
     finally:
         await client.close()
+
+
+async def test_a_hung_node_costs_one_try_with_a_per_try_timeout() -> None:
+    async def hung(request: web.Request) -> web.Response:
+        await asyncio.sleep(5)
+        return web.json_response({"late": True})
+
+    async def good(request: web.Request) -> web.Response:
+        return web.json_response({"ok": True})
+
+    runners, urls = [], {}
+    for name, handler in (("hung", hung), ("good", good)):
+        app = web.Application()
+        app.router.add_post("/v2/models/m/infer", handler)
+        runner, urls[name] = await _serve(app)
+        runners.append(runner)
+    import time
+
+    now = time.time() * 1000
+    store = ViewStore()
+    store.apply(load("hung", sent_at_ms=now).model_copy(update={"endpoint": urls["hung"]}), now)
+    store.apply(load("good", queued=5, sent_at_ms=now).model_copy(update={"endpoint": urls["good"]}), now)
+    client = HttpNodeClient()
+    d = Dispatcher(
+        LifecycleSettings(try_timeout_ms=200.0),
+        store,
+        PolicyHolder(build_policy("least_outstanding"), "least_outstanding"),
+        client,
+    )
+    try:
+        t0 = time.perf_counter()
+        out = await d.dispatch(RouteRequest("m", request_id="r"), "/v2/models/m/infer", b"{}", {}, now + 3000)
+        elapsed = time.perf_counter() - t0
+    finally:
+        await client.close()
+        for runner in runners:
+            await runner.cleanup()
+    assert out.status == 200 and out.node == "good" and out.attempts == 2, (out.status, out.reason)
+    assert 0.2 <= elapsed < 1.0, elapsed

@@ -290,3 +290,15 @@ def test_the_tracker_forgets_nodes_that_left_the_view() -> None:
     assert busy is not None
     lc.dispatched(busy)
     assert lc.tracker.forget_missing(ClusterView()) >= 0 and lc.tracker.pending("n4999") == 1, "in flight is kept"
+
+
+def test_per_try_timeout_bounds_each_attempt_and_is_retried() -> None:
+    lc, _ = make(try_timeout_ms=50.0)
+    a = lc.begin(RouteRequest("m"), build_policy("p2c"), NOW, NOW + 1000)
+    assert lc.try_wait_ms(a, NOW) == 50.0 and lc.try_wait_ms(a, NOW + 980) == 20.0
+    unlimited, _ = make()
+    b = unlimited.begin(RouteRequest("m"), build_policy("p2c"), NOW, NOW + 1000)
+    assert unlimited.try_wait_ms(b, NOW) == 1000.0
+    assert Failure.TRY_TIMEOUT.retryable and Failure.TRY_TIMEOUT.health is False
+    assert isinstance(lc.decide(a, NOW), Send)
+    assert lc.retry(a, Failure.TRY_TIMEOUT, 504, "no answer in time"), "another node gets the rest of the budget"

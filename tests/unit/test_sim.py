@@ -241,3 +241,32 @@ def test_re_profiling_keeps_the_reference_execution_times_that_set_the_emulated_
     later: dict[str, Any] = {"models": {"m": {"exec_ms": {"1": [2.0] * 101}}}}
     keep_reference(later, {**new, "at": "2026-06-01T00:00:00+00:00"})
     assert later["reference_exec_at"] == old["at"], "the reference's own date travels on"
+
+
+def test_simulated_per_try_timeout_moves_requests_off_a_slow_node() -> None:
+    """With `try_timeout_ms`, an attempt stuck behind a slow node is abandoned (taken out of its queue if
+    it has not started) and retried on another node, as the router does; every request is answered once."""
+    topology = {
+        "partitions": ["edge"],
+        "nodes": [
+            {"id": "slow", "partition": "edge", "slots": 2, "models": ["sensor_mlp", "resnet_s"]},
+            {"id": "fast", "partition": "edge", "slots": 2, "models": ["sensor_mlp", "resnet_s"]},
+        ],
+    }
+    # the node slows 30x without knowing it yet (its predictions lag): it accepts work it runs late
+    slowdown = [{"at_s": 2, "kind": "slow_node", "node": "slow", "factor": 30, "duration_s": 8}]
+    from scenarios.profile import load_profile
+
+    profile = Profile.from_json(load_profile())
+    within, on_fast = {}, {}
+    for name, router in (("without", {}), ("with", {"try_timeout_ms": 60})):
+        s = scenario(topology=topology, router=router, policies=["round_robin"], faults=slowdown)
+        schedule = build_schedule(s.workload, s.seed, 11)
+        sim = Simulation(s, s.policies[0], schedule, profile)
+        results = sim.run()
+        assert len(results) == len(schedule) and all(r is not None for r in results)
+        assert sim.tracker.pending("slow") == 0 and sim.tracker.pending("fast") == 0
+        within[name] = sum(1 for r in results if r.status == 200 and r.latency_ms <= r.arrival.deadline_ms)
+        on_fast[name] = sum(1 for r in results if r.node == "fast")
+    assert on_fast["with"] > on_fast["without"] + 50, on_fast  # abandoned tries retried on the other node
+    assert within["with"] > within["without"], within
