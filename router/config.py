@@ -140,9 +140,19 @@ class RouterConfig(BaseModel):
             raise ValueError("an empty key list would turn verification off; leave telemetry_keys out instead")
         return v
 
+    telemetry_key_nodes: dict[str, list[str]] = Field(
+        default_factory=dict,
+        description="key id -> node ids (fnmatch patterns) that key may sign telemetry for; keys not "
+        "listed sign for any node (per-node keys bound to their nodes)",
+    )
+
     def verifier(self) -> Verifier | None:
-        """What telemetry and peer messages are checked with: the configured keys, else the environment's."""
-        return Verifier.parse(self.telemetry_keys) if self.telemetry_keys else Verifier.from_env()
+        """What telemetry and peer messages are checked with: the configured keys, else the environment's,
+        with each key bound to the node ids `telemetry_key_nodes` gives it."""
+        verifier = Verifier.parse(self.telemetry_keys) if self.telemetry_keys else Verifier.from_env()
+        if verifier is not None:
+            verifier.bindings = {kid: tuple(p) for kid, p in self.telemetry_key_nodes.items()}
+        return verifier
 
     def signer(self) -> Signer | None:
         return signer_for(self.telemetry_key)

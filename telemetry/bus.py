@@ -202,9 +202,12 @@ class TopicReader:
             self._thread.join(timeout=10)
             self._thread = None
 
-    def _handle(self, values: list[bytes], received_ms: float, history: bool | None = None) -> None:
+    def _handle(
+        self, values: list[bytes], received_ms: float, history: bool | None = None, kids: list[str | None] | None = None
+    ) -> None:
         """Fold a batch in; `history` is True while the reader catches up on what was published
-        before it started (the lookback), False once it reads the live stream."""
+        before it started (the lookback), False once it reads the live stream; `kids` are the key
+        ids that signed each value (when verified)."""
         raise NotImplementedError
 
     def _tick(self, now_ms: float) -> None:
@@ -233,11 +236,11 @@ class TopicReader:
                     for (topic, history), values in by_topic.items():
                         reader = readers[topic]
                         verifier = reader.verifier
+                        kids: list[str | None] | None = None
                         if verifier is not None:
-                            opened = [verifier.open(topic, v, received) for v in values]
-                            values = [v for v in opened if v is not None]
+                            values, kids = verifier.open_many(topic, values, received)
                         if values:
-                            reader._handle(values, received, history)
+                            reader._handle(values, received, history, kids)
                     for reader in readers.values():
                         reader._tick(received)
             except Exception as exc:  # noqa: BLE001 - broker outages are survived, not raised
@@ -314,10 +317,18 @@ class KafkaTelemetrySource(TopicReader):
         self._store = store
         self._start()
 
-    def _handle(self, values: list[bytes], received_ms: float, history: bool | None = None) -> None:
+    def _handle(
+        self, values: list[bytes], received_ms: float, history: bool | None = None, kids: list[str | None] | None = None
+    ) -> None:
         store = self._store
         assert store is not None
         parsed = [store.parse(v) for v in values]
+        verifier = self.verifier
+        if kids is not None and verifier is not None and verifier.bindings:
+            parsed = [
+                m if m is None or verifier.may_sign_for(k, m.node_id) else None
+                for m, k in zip(parsed, kids, strict=True)
+            ]
         msgs = [m for m in parsed if m is not None]
         if msgs:
             store.apply_many(msgs, received_ms, history)

@@ -99,7 +99,9 @@ class PeerLoads(TopicReader):
                 self._latest[m.router_id] = (received_ms, m)
         self._tick(received_ms)
 
-    def _handle(self, values: list[bytes], received_ms: float, history: bool | None = None) -> None:
+    def _handle(
+        self, values: list[bytes], received_ms: float, history: bool | None = None, kids: list[str | None] | None = None
+    ) -> None:
         msgs: list[RouterLoad] = []
         for raw in values:
             try:

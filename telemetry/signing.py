@@ -20,6 +20,7 @@ per rotation step). Nodes and routers take them from config or from the environm
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import hmac
 import os
@@ -100,6 +101,9 @@ class Verifier:
     unknown_key: int = 0
     forged: int = 0
     expired: int = 0
+    unbound: int = 0  # validly signed, but for a node id its key may not speak for
+    # key id -> the node ids (fnmatch patterns) that key may sign for; keys not listed sign for any
+    bindings: dict[str, tuple[str, ...]] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @classmethod
@@ -121,30 +125,54 @@ class Verifier:
 
     def open(self, topic: str, raw: bytes, received_ms: float) -> bytes | None:
         """The message inside `raw` if it may be believed, else None (counted)."""
+        return self.open_keyed(topic, raw, received_ms)[1]
+
+    def open_keyed(self, topic: str, raw: bytes, received_ms: float) -> tuple[str | None, bytes | None]:
+        """(the key id that signed it, or None when unverified; the message, or None: not believed)."""
         if not raw.startswith(PREFIX):
             if self.enforcing:
                 self._count("unsigned")
-                return None
-            return raw
+                return None, None
+            return None, raw
         parts = raw[len(PREFIX) :].split(b" ", 3)
         if len(parts) != 4:
             self._count("forged")
-            return None
+            return None, None
         kid, ts, mac, body = parts
         if not self.enforcing:
-            return body
-        secret = self.keys.get(kid.decode(errors="replace"))
+            return None, body
+        key_id = kid.decode(errors="replace")
+        secret = self.keys.get(key_id)
         if secret is None:
             self._count("unknown_key")
-            return None
+            return None, None
         if not ts.isdigit() or len(ts) > 16 or abs(received_ms - int(ts)) > self.window_ms:
             self._count("expired")
-            return None
+            return None, None
         if not hmac.compare_digest(mac, _mac(secret, topic, kid, ts, body)):
             self._count("forged")
-            return None
+            return None, None
         self._count("accepted")
-        return body
+        return key_id, body
+
+    def open_many(self, topic: str, raws: list[bytes], received_ms: float) -> tuple[list[bytes], list[str | None]]:
+        """The believable messages of a batch and, for each, the key id that signed it."""
+        bodies: list[bytes] = []
+        kids: list[str | None] = []
+        for raw in raws:
+            kid, body = self.open_keyed(topic, raw, received_ms)
+            if body is not None:
+                bodies.append(body)
+                kids.append(kid)
+        return bodies, kids
+
+    def may_sign_for(self, kid: str | None, node_id: str) -> bool:
+        """Whether a message signed with `kid` may speak for `node_id` (counted when not)."""
+        patterns = self.bindings.get(kid) if kid is not None else None
+        if patterns is None or any(fnmatch.fnmatchcase(node_id, p) for p in patterns):
+            return True
+        self._count("unbound")
+        return False
 
     def _count(self, what: str) -> None:
         with self._lock:
@@ -157,4 +185,5 @@ class Verifier:
             "unknown_key": self.unknown_key,
             "forged": self.forged,
             "expired": self.expired,
+            "unbound": self.unbound,
         }

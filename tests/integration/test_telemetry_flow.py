@@ -212,3 +212,40 @@ def test_a_node_whose_clock_runs_behind_stays_fresh(own_stack: Any) -> None:
         raw.close()
     nodes = {n["node_id"]: n for n in call(f"{url}/admin/view")[1]["nodes"]}
     assert nodes["behind"]["fresh"] and nodes["behind"]["age_ms"] < 1000, nodes["behind"]
+
+
+def test_a_key_bound_to_its_nodes_cannot_speak_for_another(broker: EmbeddedBroker) -> None:
+    """Per-node keys bound with `telemetry_key_nodes`: a message validly signed with node a's key but
+    naming node b is dropped and counted; the key still speaks for its own node."""
+    from router.config import parse_config
+
+    topic = "edgeroute.telemetry.bound"
+    ensure_topic(broker.bootstrap, topic)
+    key_a, key_b = "node-a:" + "a" * 32, "node-b:" + "b" * 32
+    cfg = parse_config(
+        {"telemetry_keys": [key_a, key_b], "telemetry_key_nodes": {"node-a": ["a", "a-*"], "node-b": ["b"]}}
+    )
+    verifier = cfg.verifier()
+    assert verifier is not None
+    store = ViewStore(stale_after_ms=1000)
+    source = KafkaTelemetrySource(broker.bootstrap, topic, lookback_ms=0)
+    source.verifier = verifier
+    source.start(store)
+    try:
+        assert source.assigned.wait(10)
+        now = time.time() * 1000
+        pub_a = TelemetryPublisher(broker.bootstrap, topic, signer=Signer.parse(key_a))
+        try:
+            assert pub_a.publish(load("a", sent_at_ms=now))
+            assert pub_a.publish(load("a-2", sent_at_ms=now))
+            assert pub_a.publish(load("b", queued=0, sent_at_ms=now))  # node a's key, node b's id
+        finally:
+            pub_a.close()
+        deadline = time.monotonic() + 10
+        while verifier.accepted < 3:
+            assert time.monotonic() < deadline, verifier.summary()
+            time.sleep(0.05)
+        time.sleep(0.2)
+    finally:
+        source.stop()
+    assert set(store.view.nodes) == {"a", "a-2"} and verifier.unbound == 1, verifier.summary()

@@ -56,3 +56,15 @@ def test_keys_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None
     signer, verifier = Signer.from_env(), Verifier.from_env()
     assert signer is not None and verifier is not None and set(verifier.keys) == {"fleet", "old"}
     assert verifier.open("t", signer.seal("t", BODY, NOW), NOW) == BODY
+
+
+def test_keys_bound_to_node_ids() -> None:
+    from telemetry.signing import Signer, Verifier
+
+    key = "edge-1:" + "k" * 32
+    verifier = Verifier.parse([key, "shared:" + "s" * 32])
+    verifier.bindings = {"edge-1": ("edge-1", "edge-1-*")}
+    sealed = Signer.parse(key).seal("t", b"{}", 1_000.0)
+    assert verifier.open_keyed("t", sealed, 1_000.0) == ("edge-1", b"{}")
+    assert verifier.may_sign_for("edge-1", "edge-1-gpu") and verifier.may_sign_for("shared", "anything")
+    assert not verifier.may_sign_for("edge-1", "cloud-1") and verifier.summary()["unbound"] == 1
