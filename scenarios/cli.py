@@ -114,7 +114,9 @@ def _bench(args: argparse.Namespace) -> int:
     else:
         from scenarios.bench import bench_router
 
-        bench_router(out, requests=args.requests, kafka=args.kafka)
+        if args.rounds < 1:
+            return _usage("--rounds must be at least 1")
+        bench_router(out, requests=args.requests, kafka=args.kafka, rounds=args.rounds)
     return 0
 
 
@@ -277,8 +279,12 @@ def main(argv: list[str] | None = None) -> int:
 
     bench = sub.add_parser("bench", help="benchmarks (print and save figures); see `edgeroute bench WHAT --help`")
     bsub = bench.add_subparsers(dest="what", required=True, metavar="WHAT")
-    b = bsub.add_parser("router", help="router overhead: direct to a node, through the router, concurrency 1 and 32")
+    b = bsub.add_parser(
+        "router",
+        help="the router against the floor: bare aiohttp echo, the node, a bare proxy and the router, c=1 and 32",
+    )
     b.add_argument("--requests", type=int, default=2000, help="requests per run (2000)")
+    b.add_argument("--rounds", type=int, default=3, help="interleaved rounds; medians reported (3)")
     b.add_argument("--kafka", help="external Kafka bootstrap HOST:PORT")
     b = bsub.add_parser("routers", help="active-active routers, with and without shared load, at one offered rate")
     b.add_argument("--nodes", type=int, default=4, help="nodes (4)")
