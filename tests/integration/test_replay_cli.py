@@ -146,3 +146,14 @@ def test_up_prints_addresses_and_stops_everything_on_sigterm(tmp_path: Path) -> 
         for pipe in (proc.stdout, proc.stderr):
             if pipe is not None:
                 pipe.close()
+
+
+def test_bench_router_measures_the_floor_and_writes_its_figures(tmp_path: Path) -> None:
+    from scenarios.bench import bench_router
+
+    result = bench_router(tmp_path, requests=60, concurrencies=(1,), rounds=1)
+    assert {r["target"] for r in result["runs"]} == {"bare_echo", "node", "bare_proxy", "router"}
+    assert all(r["failures"] == 0 and r["rps"] > 0 for r in result["runs"])
+    summary = result["summary"][0]
+    assert {"router_vs_proxy_rps", "router_vs_proxy_added_p50", "node_vs_bare_echo_rps"} <= set(summary)
+    assert (tmp_path / "router.json").is_file()
