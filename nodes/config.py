@@ -7,8 +7,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from telemetry.settings import ServerSettings
 from telemetry.signing import Signer, TelemetryKey, signer_for
-from telemetry.tls import KafkaSecurity, ServerTLS
+from telemetry.tls import KafkaSecurity
 
 
 def _loopback(host: str) -> bool:
@@ -58,7 +59,7 @@ class ModelSpec(BaseModel):
         return f"{field} '{self.architecture}' is not a zoo model ({known}); {hint}"
 
 
-class NodeConfig(BaseModel):
+class NodeConfig(ServerSettings):
     model_config = ConfigDict(extra="forbid")
 
     node_id: str = Field(min_length=1, max_length=128)
@@ -90,18 +91,7 @@ class NodeConfig(BaseModel):
     )
     memory_budget_bytes: int = Field(2 << 30, ge=0)
     max_body_bytes: int = Field(16 << 20, ge=1024)
-    max_connections: int | None = Field(
-        None, ge=1, le=1_000_000, description="open client connections; past it 503 (default: the file limit less 256)"
-    )
-    idle_timeout_s: float = Field(
-        30.0,
-        gt=0,
-        le=3600,
-        description="a connection must send a complete request head within this long (keep it above the "
-        "clients' keep-alive: the router's pool keeps idle connections 10 s)",
-    )
     kafka: str | None = Field(None, description="bootstrap HOST:PORT; None disables telemetry")
-    tls: ServerTLS | None = Field(None, description="serve HTTPS (telemetry.tls.ServerTLS); mTLS with client_ca_file")
     kafka_security: KafkaSecurity | None = Field(None, description="Kafka SSL/SASL settings (telemetry.tls)")
     admin_token: str | None = Field(
         None,

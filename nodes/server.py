@@ -248,10 +248,7 @@ async def infer(request: web.Request) -> web.Response:
         response = await _infer(request, rt, model, arrived)
         if cold_ms is not None:
             response.headers[wire.COLD_MS] = f"{cold_ms:.3f}"
-        queue_ms = response.headers.get(wire.QUEUE_MS)
-        rt.metrics.answered(
-            model.name, response.status, None if queue_ms is None else float(queue_ms), time.perf_counter() - arrived
-        )
+        rt.metrics.answered(model.name, response.status, response.get(QUEUE_MS_KEY), time.perf_counter() - arrived)
         return response
     finally:
         rt.residency.unpin(model.name)
@@ -284,9 +281,12 @@ async def _infer(request: web.Request, rt: NodeRuntime, model: LoadedModel, arri
         wire.BATCH_ROWS: str(outcome.batch_rows),
     }
     if header_len is None:
-        return web.Response(body=payload, content_type="application/json", headers=headers)
-    headers[wire.HEADER_LENGTH] = str(header_len)
-    return web.Response(body=payload, content_type="application/octet-stream", headers=headers)
+        response = web.Response(body=payload, content_type="application/json", headers=headers)
+    else:
+        headers[wire.HEADER_LENGTH] = str(header_len)
+        response = web.Response(body=payload, content_type="application/octet-stream", headers=headers)
+    response[QUEUE_MS_KEY] = outcome.queue_ms  # for the metrics, without reading the header back
+    return response
 
 
 def _quantiles(values: Iterable[float], qs: tuple[float, ...]) -> list[float]:
@@ -357,6 +357,7 @@ async def put_speed(request: web.Request) -> web.Response:
 
 
 ADMIN_PREFIXES = ("/admin/", "/v2/repository/")
+QUEUE_MS_KEY = web.ResponseKey("queue_ms", float)  # a successful answer's queue wait, kept on the response
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 

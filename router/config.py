@@ -18,8 +18,9 @@ from router.lifecycle.health import HealthConfig
 from router.lifecycle.links import LinkState
 from router.lifecycle.stages import CropSpec, StageSpec, WorkflowSpec
 from telemetry.configfile import ConfigError, load_model, validate
+from telemetry.settings import ServerSettings
 from telemetry.signing import Signer, TelemetryKey, Verifier, signer_for
-from telemetry.tls import ClientTLS, KafkaSecurity, ServerTLS
+from telemetry.tls import ClientTLS, KafkaSecurity
 
 __all__ = ["ConfigError", "CropSpec", "RouterConfig", "StageSpec", "WorkflowSpec", "lifecycle_settings", "load_config"]
 
@@ -118,7 +119,7 @@ class EndpointAllowList(BaseModel):
         return allowed
 
 
-class RouterConfig(BaseModel):
+class RouterConfig(ServerSettings):
     model_config = ConfigDict(extra="forbid")
 
     host: str = "127.0.0.1"
@@ -157,7 +158,6 @@ class RouterConfig(BaseModel):
     def signer(self) -> Signer | None:
         return signer_for(self.telemetry_key)
 
-    tls: ServerTLS | None = Field(None, description="serve HTTPS (telemetry.tls.ServerTLS); mTLS with client_ca_file")
     node_tls: ClientTLS | None = Field(None, description="CA (and client certificate) for HTTPS nodes")
     kafka_security: KafkaSecurity | None = Field(None, description="Kafka SSL/SASL settings (telemetry.tls)")
     node_endpoints: EndpointAllowList | None = Field(
@@ -182,16 +182,6 @@ class RouterConfig(BaseModel):
     default_deadline_ms: float = Field(2000.0, gt=0, description="budget of requests that give none")
     max_deadline_ms: float = Field(60000.0, gt=0)
     max_body_bytes: int = Field(8 << 20, ge=1024)
-    max_connections: int | None = Field(
-        None, ge=1, le=1_000_000, description="open client connections; past it 503 (default: the file limit less 256)"
-    )
-    idle_timeout_s: float = Field(
-        30.0,
-        gt=0,
-        le=3600,
-        description="a connection must send a complete request head within this long (keep it above the "
-        "clients' keep-alive: the router's pool keeps idle connections 10 s)",
-    )
     max_attempts: int = Field(3, ge=1, le=10, description="dispatches per request, first included")
     max_held: int = Field(
         1024, ge=0, le=1_000_000, description="requests held for a slot at once per partition; past it: 503"

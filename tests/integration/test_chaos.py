@@ -5,7 +5,6 @@ Real broker, node and router processes or servers on loopback; each test stops w
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import subprocess
@@ -19,7 +18,6 @@ import aiohttp
 from aiohttp import web
 
 from nodes.config import NodeConfig
-from nodes.server import serve as serve_node
 from router.app import create_app
 from router.config import parse_config
 from scenarios.launcher import Stack
@@ -27,6 +25,7 @@ from telemetry.broker import EmbeddedBroker, free_port, terminate, wait_for_port
 from telemetry.bus import StaticTelemetrySource
 from tests.helpers import load
 from tests.integration.http import call, infer_body
+from tests.integration.inproc import running_node
 
 
 def _wait(predicate: Any, timeout_s: float, what: str) -> None:
@@ -128,37 +127,29 @@ def test_a_node_sigtermed_under_load_loses_no_request(own_stack: Any) -> None:
 
 async def test_a_node_that_accepts_no_connections_is_retried_around_and_ejected() -> None:
     cfg = NodeConfig.model_validate({"node_id": "live", "kafka": None, "models": [{"name": "sensor_mlp"}]})
-    stop = asyncio.Event()
-    bound: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-    task = asyncio.create_task(serve_node(cfg, stop, bound.set_result))
-    runner: web.AppRunner | None = None
-    try:
-        done, _ = await asyncio.wait({bound, task}, timeout=60, return_when=asyncio.FIRST_COMPLETED)
-        if task in done:
-            task.result()
+    async with running_node(cfg) as node_port:
         now = time.time() * 1000
         dead = load("dead", models={"sensor_mlp": 0.1}, sent_at_ms=now)  # looks idle and fast: chosen first
         live = load("live", models={"sensor_mlp": 5.0}, queued=2, sent_at_ms=now)
         msgs = [
             dead.model_copy(update={"endpoint": f"http://127.0.0.1:{free_port()}"}),  # nothing listens there
-            live.model_copy(update={"endpoint": f"http://127.0.0.1:{bound.result()}"}),
+            live.model_copy(update={"endpoint": f"http://127.0.0.1:{node_port}"}),
         ]
         router_cfg = parse_config({"kafka": None, "policy": {"preset": "least_latency"}, "outlier": {"consecutive": 3}})
         app = create_app(router_cfg, source=StaticTelemetrySource(msgs))
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        async with aiohttp.ClientSession() as session:
-            for _ in range(10):
-                async with session.post(f"http://127.0.0.1:{port}/v2/models/sensor_mlp/infer", data=infer_body()) as r:
-                    assert r.status == 200 and r.headers["x-edgeroute-node"] == "live", await r.text()
-            async with session.get(f"http://127.0.0.1:{port}/admin/view") as r:
-                health = (await r.json())["health"]
-        assert [e["node"] for e in health["ejected_now"]] == ["dead"], health
-    finally:
-        if runner is not None:
+        try:
+            site = web.TCPSite(runner, "127.0.0.1", 0)
+            await site.start()
+            port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+            url = f"http://127.0.0.1:{port}"
+            async with aiohttp.ClientSession() as session:
+                for _ in range(10):
+                    async with session.post(f"{url}/v2/models/sensor_mlp/infer", data=infer_body()) as r:
+                        assert r.status == 200 and r.headers["x-edgeroute-node"] == "live", await r.text()
+                async with session.get(f"{url}/admin/view") as r:
+                    health = (await r.json())["health"]
+        finally:
             await runner.cleanup()
-        stop.set()
-        await asyncio.wait_for(task, 30)
+        assert [e["node"] for e in health["ejected_now"]] == ["dead"], health

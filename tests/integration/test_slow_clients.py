@@ -14,28 +14,19 @@ from collections.abc import AsyncIterator
 import aiohttp
 
 from nodes.config import NodeConfig
-from nodes.server import serve as serve_node
 from router.app import create_app
 from router.config import parse_config
 from telemetry.bus import StaticTelemetrySource
 from telemetry.serving import start_site
 from tests.helpers import load
+from tests.integration.inproc import running_node
 
 
 @contextlib.asynccontextmanager
 async def node(**limits: object) -> AsyncIterator[int]:
     cfg = NodeConfig.model_validate({"node_id": "n", "kafka": None, "models": [{"name": "echo"}], **limits})
-    stop = asyncio.Event()
-    bound: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-    task = asyncio.create_task(serve_node(cfg, stop, bound.set_result))
-    try:
-        done, _ = await asyncio.wait({bound, task}, timeout=60, return_when=asyncio.FIRST_COMPLETED)
-        if task in done:
-            task.result()
-        yield bound.result()
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 30)
+    async with running_node(cfg) as port:
+        yield port
 
 
 async def _get(port: int, path: str = "/v2/health/live") -> int:

@@ -5,7 +5,6 @@ kafka-python's arguments. Real node and router servers on loopback."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import shutil
 import subprocess
@@ -18,7 +17,6 @@ import pytest
 from aiohttp import web
 
 from nodes.config import NodeConfig
-from nodes.server import serve as serve_node
 from router.app import create_app
 from router.config import parse_config
 from router.node_client import HttpNodeClient, NodeUnavailable
@@ -26,6 +24,7 @@ from telemetry.bus import StaticTelemetrySource
 from telemetry.tls import ClientTLS, KafkaSecurity, ServerTLS, kafka_options, set_kafka_security
 from tests.helpers import load
 from tests.integration.http import infer_body
+from tests.integration.inproc import running_node
 
 OPENSSL = shutil.which("openssl")
 pytestmark = pytest.mark.skipif(OPENSSL is None, reason="needs the openssl command to make certificates")
@@ -72,18 +71,8 @@ async def tls_node(pki: dict[str, str]) -> AsyncIterator[str]:
             "tls": {"cert_file": pki["server"], "key_file": pki["server_key"], "client_ca_file": pki["ca"]},
         }
     )
-    stop = asyncio.Event()
-    bound: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-    task = asyncio.create_task(serve_node(cfg, stop, bound.set_result))
-    try:
-        done, _ = await asyncio.wait({bound, task}, timeout=60, return_when=asyncio.FIRST_COMPLETED)
-        if task in done:
-            task.result()  # the node failed to start: raise its error
-        port = bound.result()
+    async with running_node(cfg) as port:
         yield f"https://127.0.0.1:{port}"
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 30)
 
 
 @contextlib.asynccontextmanager
