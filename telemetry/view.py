@@ -238,6 +238,25 @@ class ClusterView:
                 parts = None  # ... or its partition
             nodes[state.node_id] = state
             newest = max(newest, state.heard_at_ms)
+        return self._rebuilt(nodes, built_at_ms, newest, index, parts)
+
+    def without(self, node_ids: Iterable[str], built_at_ms: float) -> ClusterView:
+        """This view without `node_ids` (nodes silent past the store's eviction age)."""
+        nodes = dict(self.nodes)
+        for node_id in node_ids:
+            nodes.pop(node_id, None)
+        newest = max((n.heard_at_ms for n in nodes.values()), default=float("-inf"))
+        return self._rebuilt(nodes, built_at_ms, newest, None, None)
+
+    def _rebuilt(
+        self,
+        nodes: dict[str, NodeState],
+        built_at_ms: float,
+        newest: float,
+        index: dict[str, tuple[str, ...]] | None,
+        parts: frozenset[str] | None,
+    ) -> ClusterView:
+        """A new view of `nodes`, without this one's overlay; the caches kept where still valid."""
         return replace(
             self,
             nodes=MappingProxyType(nodes),
@@ -246,22 +265,6 @@ class ClusterView:
             overlay=None,
             _by_model=index,
             _partitions=parts,
-        )
-
-    def without(self, node_ids: Iterable[str], built_at_ms: float) -> ClusterView:
-        """This view without `node_ids` (nodes silent past the store's eviction age)."""
-        nodes = dict(self.nodes)
-        for node_id in node_ids:
-            nodes.pop(node_id, None)
-        newest = max((n.heard_at_ms for n in nodes.values()), default=float("-inf"))
-        return replace(
-            self,
-            nodes=MappingProxyType(nodes),
-            built_at_ms=built_at_ms,
-            newest_heard_ms=newest,
-            overlay=None,
-            _by_model=None,
-            _partitions=None,
         )
 
     def with_outstanding(
