@@ -229,10 +229,15 @@ class TopicReader:
                     by_topic: dict[tuple[str, bool], list[bytes]] = {}
                     for tp, records in batches.items():
                         end = ends.get(tp, 0)
-                        for r in records:
-                            by_topic.setdefault((tp.topic, r.offset < end), []).append(r.value or b"")
-                        if end and records and records[-1].offset >= end - 1:
-                            del ends[tp]  # caught up on this partition
+                        split = 0  # records before it were published before the reader started
+                        if end:
+                            split = next((i for i, r in enumerate(records) if r.offset >= end), len(records))
+                            if records and records[-1].offset >= end - 1:
+                                del ends[tp]  # caught up on this partition
+                        if split:
+                            by_topic.setdefault((tp.topic, True), []).extend(r.value or b"" for r in records[:split])
+                        if split < len(records):
+                            by_topic.setdefault((tp.topic, False), []).extend(r.value or b"" for r in records[split:])
                     for (topic, history), values in by_topic.items():
                         reader = readers[topic]
                         verifier = reader.verifier
