@@ -28,6 +28,8 @@ from nodes.scheduler import BatchPolicy, NextBatch, Scheduler, Work
 
 log = logging.getLogger("edgeroute.node")
 
+EXECUTED_KEPT = 65_536
+
 
 @dataclass
 class InferResult:
@@ -70,6 +72,9 @@ class Executor:
     starts: int = 0
     busy_ms: float = 0.0
     served: int = 0
+    # the router's ids of the requests executed since the last stats reset (the newest EXECUTED_KEPT,
+    # each cut to 128 characters): a replay checks from them that no request ran twice
+    executed: deque[str] = field(default_factory=lambda: deque(maxlen=EXECUTED_KEPT))
     handoffs: int = 0  # a worker went straight from one execution to the next (work was queued)
     handoff_ms_total: float = 0.0  # the slot's idle time in those handoffs (lock, GIL, batch building)
     wakeups: int = 0  # a batch started from the event loop (the slot was idle)
@@ -157,7 +162,9 @@ class Executor:
                 self.by_id.pop(request_id, None)
 
     def cancel(self, request_id: str) -> bool:
-        """Take a queued request out (a hedged duplicate that lost); False if unknown or running."""
+        """Take a queued request out (a hedged duplicate that lost, a try that timed out, a move to
+        another node); False if unknown, running or done. Under the queue lock: a request is either
+        taken out here or started by a worker, never both."""
         work = self.by_id.get(request_id)
         with self.lock:
             removed = work is not None and self.scheduler.remove(work)
@@ -308,6 +315,8 @@ class Executor:
                 outputs = results if len(batch) == 1 else {k: v[offset : offset + n] for k, v in results.items()}
                 offset += n
                 self.served += 1
+                if pending.request_id:
+                    self.executed.append(pending.request_id[:128])
                 self._resolve(
                     w,
                     InferResult(

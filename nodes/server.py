@@ -303,7 +303,9 @@ async def metrics(request: web.Request) -> web.Response:
 async def stats(request: web.Request) -> web.Response:
     """Counters for operators and tests: served, cancelled, queued, executing, and the peak of queued +
     executing since start or the last `?reset=1` (which starts a new peak). `?samples=1` adds the
-    latest wake-up times themselves (up to 4096, oldest first), for the profiler."""
+    latest wake-up times themselves (up to 4096, oldest first), for the profiler; `?executed=1` the
+    router ids of the requests executed since the last reset (the newest 65,536), for replays to check
+    that no request ran twice."""
     rt = request.app[RUNTIME]
     engine = rt.engine
     body = {
@@ -328,13 +330,17 @@ async def stats(request: web.Request) -> web.Response:
     }
     if request.query.get("samples") == "1":
         body["wakeup_samples_ms"] = [round(v, 4) for v in engine.wakeup_recent]
+    if request.query.get("executed") == "1":
+        body["executed_ids"] = list(engine.executed)
     if request.query.get("reset") == "1":
         engine.peak_outstanding = engine.scheduler.queued + engine.in_flight
+        engine.executed.clear()
     return web.json_response(body)
 
 
 async def cancel(request: web.Request) -> web.Response:
-    """`DELETE /admin/requests/{id}`: drop a queued request (the router's hedge lost)."""
+    """`DELETE /admin/requests/{id}`: take a queued request out (a hedge lost, a try timed out, the
+    router moves it elsewhere); it answers 499. 404 once it has started: then it runs here."""
     rt = request.app[RUNTIME]
     rid = request.match_info["id"]
     if rt.engine.cancel(rid):

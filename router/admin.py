@@ -1,7 +1,8 @@
 """The admin sub-application (`/admin/...`, admin tokens only) and the status page.
 
 Routes: `GET/PUT /admin/policy` (validated, then swapped whole), `GET /admin/view` (nodes, overlay,
-health, holds, hedges, copies, workflows), `GET/PUT /admin/links` (cut or restore an emulated link).
+health, holds, hedges, moves, copies, workflows), `GET/PUT /admin/links` (cut or restore an emulated
+link), `GET/PUT /admin/reroute` (the re-routing settings, validated, then swapped whole).
 The sub-application has its own authentication middleware: every route needs an admin token when
 auth is configured. The status page (`/`) is rendered from `templates/status.html`.
 """
@@ -18,6 +19,7 @@ from typing import Any
 from aiohttp import web
 
 from policies import PolicyConfigError, PolicySpec
+from router.lifecycle.reroute import RerouteConfig
 from router.state import ROUTER, Router
 from router.state import json_error as _error
 from telemetry import wire
@@ -69,6 +71,22 @@ async def put_link(request: web.Request) -> web.Response:
     return web.json_response(router.lifecycle.links.as_json())
 
 
+async def get_reroute(request: web.Request) -> web.Response:
+    return web.json_response(request.app[ROUTER].lifecycle.reroute.as_json())
+
+
+async def put_reroute(request: web.Request) -> web.Response:
+    """The whole `reroute` section (router.lifecycle.reroute.RerouteConfig); unknown keys are a 400."""
+    router = request.app[ROUTER]
+    try:
+        cfg = RerouteConfig.model_validate(wire.loads(await request.read()))
+    except (ValueError, UnicodeDecodeError) as exc:
+        return _error(400, f"reroute settings rejected: {str(exc).splitlines()[0]}")
+    router.lifecycle.set_reroute(cfg)
+    log.info("reroute settings applied: %s", cfg.model_dump())
+    return web.json_response(router.lifecycle.reroute.as_json())
+
+
 async def get_view(request: web.Request) -> web.Response:
     router = request.app[ROUTER]
     now = router.clock()
@@ -111,6 +129,7 @@ async def get_view(request: web.Request) -> web.Response:
                 "won": router.lifecycle.hedge_wins,
                 "cancelled": router.lifecycle.hedge_cancels,
             },
+            "reroute": router.lifecycle.reroute.as_json(),
             "health": router.lifecycle.health.state(now),
             "router_id": router.router_id,
             "peers": None
@@ -176,4 +195,6 @@ def create_admin_app(router: Router) -> web.Application:
     r.add_get("/view", get_view)
     r.add_get("/links", get_links)
     r.add_put("/links", put_link)
+    r.add_get("/reroute", get_reroute)
+    r.add_put("/reroute", put_reroute)
     return sub

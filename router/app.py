@@ -95,7 +95,8 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     router.dispatcher.attach_to_loop(asyncio.get_running_loop())
     router.source.start(router.store)
     try:
-        yield
+        async with _running(router.dispatcher.reroute_loop(), "reroute"):
+            yield
     finally:
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, router.source.stop)

@@ -16,6 +16,7 @@ from router.lifecycle import LifecycleSettings
 from router.lifecycle.copies import CopyConfig
 from router.lifecycle.health import HealthConfig
 from router.lifecycle.links import LinkState
+from router.lifecycle.reroute import RerouteConfig
 from router.lifecycle.stages import CropSpec, StageSpec, WorkflowSpec
 from telemetry.configfile import ConfigError, load_model, validate
 from telemetry.settings import ServerSettings
@@ -199,6 +200,9 @@ class RouterConfig(ServerSettings):
     rate_limit: RateLimitConfig | None = None
     workflows: list[WorkflowSpec] = Field(default_factory=list, description="DAG pipelines served as virtual models")
     copies: CopyConfig = Field(default_factory=CopyConfig, description="load warm copies ahead of demand")
+    reroute: RerouteConfig = Field(
+        default_factory=RerouteConfig, description="take queued requests back from a slow node and send them elsewhere"
+    )
 
     @model_validator(mode="after")
     def _unique_workflows(self) -> RouterConfig:
@@ -243,6 +247,7 @@ def lifecycle_settings(config: RouterConfig, seed: int | None = None, router_id:
         hedge_after_ms=None if hedging is None else hedging.after_ms,
         health=HealthConfig(**config.outlier.model_dump()),
         copies=config.copies,
+        reroute=config.reroute,
         links=tuple(LinkState(**k.model_dump()) for k in config.links),
         seed=config.seed if seed is None else seed,
         router_id=router_id,

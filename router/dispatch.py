@@ -20,12 +20,16 @@ from dataclasses import dataclass, field
 from policies.api import RouteRequest
 from policies.engine import Pipeline
 from router.lifecycle import Answer, Attempts, Failure, Hold, Lifecycle, LifecycleSettings, Send, classify
+from router.lifecycle.reroute import Move
 from router.node_client import NodeBadAnswer, NodeClient, NodeError, NodeReply, NodeTimeout, NodeUnavailable
 from telemetry import wire
 from telemetry.store import ViewStore
 from telemetry.view import NodeState
 
 log = logging.getLogger("edgeroute.router")
+
+CANCELLED = 499  # a node's answer to an attempt taken out of its queue (DELETE /admin/requests/{id})
+MOVE_TIMEOUT_S = 1.0  # a cancel the node has not answered by then: the attempt stays where it is
 
 
 @dataclass
@@ -87,6 +91,7 @@ class Dispatcher:
         self.clock = clock
         self.lifecycle: Lifecycle[asyncio.Future[None]] = Lifecycle(settings, store, _still_waiting)
         self.decision_seconds: list[float] = []  # drained by the metrics layer
+        self._moving: set[asyncio.Task[None]] = set()  # moves under way (router.lifecycle.reroute)
 
     def attach_to_loop(self, loop: asyncio.AbstractEventLoop) -> None:
         """Telemetry is applied in the consumer thread; the lifecycle's per-report state changes on
@@ -137,12 +142,76 @@ class Dispatcher:
                     pass
                 lc.resumed(a, self.clock())
                 continue
-            first = asyncio.create_task(self._forward(a, step, path, body, headers))
             delay = lc.hedge_delay_ms(a, self.clock())
-            outcome = await (first if delay is None else self._hedged(a, first, step, delay, path, body, headers))
+            if delay is None:
+                moved: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+                first = asyncio.create_task(self._forward(a, step, path, body, headers, moved))
+                outcome_or_moved = await self._unless_moved(first, moved)
+                if outcome_or_moved is None:
+                    continue  # taken back from the node's queue: decide again, that node excluded
+                outcome = outcome_or_moved
+            else:
+                first = asyncio.create_task(self._forward(a, step, path, body, headers))
+                outcome = await self._hedged(a, first, step, delay, path, body, headers)
             if outcome.status == 200 or not lc.retry(a, outcome.kind, outcome.status, outcome.reason):
                 return outcome
             log.info("retrying %s after %s from %s", a.request.request_id, outcome.status, outcome.node)
+
+    @staticmethod
+    async def _unless_moved(first: asyncio.Task[Outcome], moved: asyncio.Future[None]) -> Outcome | None:
+        """The attempt's outcome, or None once it was taken back from its node (its cancelled answer is
+        left to arrive and be dropped)."""
+        try:
+            await asyncio.wait((first, moved), return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            first.cancel()  # the client went away: close the attempt, as awaiting it would
+            raise
+        if moved.done() and not moved.cancelled():
+            first.add_done_callback(_drop_result)
+            return None
+        moved.cancel()  # a move whose cancel is still on its way finds the attempt settled
+        outcome = first.result()
+        # the node's "cancelled" may overtake the answer to the move's DELETE: the attempt was taken
+        # out of the queue without running either way (only a move cancels a watched attempt)
+        return None if outcome.status == CANCELLED else outcome
+
+    async def reroute_loop(self) -> None:
+        """Every `reroute.check_ms` (read each round: settings swap live), the moves the lifecycle asks for."""
+        lc = self.lifecycle
+        while True:
+            await asyncio.sleep(lc.reroute.cfg.check_ms / 1000.0)
+            for move in lc.moves(self.clock()):
+                self._start_move(move)
+
+    def _start_move(self, move: Move) -> None:
+        task = asyncio.create_task(self._move(move), name="reroute")
+        self._moving.add(task)
+        task.add_done_callback(self._moving.discard)
+
+    async def _move(self, move: Move) -> None:
+        """Take a queued attempt back (`DELETE /admin/requests/{id}` at its node) and, if the node still
+        had it queued, wake its request to be decided again; the node's lock decides a race with the
+        attempt's start, so it runs at exactly one node."""
+        w = move.watched
+        handle = w.handle
+        assert isinstance(handle, asyncio.Future)
+        if handle.done():  # answered (or given up on) since the move was planned
+            self.lifecycle.taken(move, False, self.clock())
+            return
+        ok = False
+        try:
+            reply = await self.client.delete(
+                f"{w.send.decision.endpoint}/admin/requests/{_request_id(w.a, w.send)}", MOVE_TIMEOUT_S
+            )
+            ok = reply.status == 200
+        except NodeError as exc:
+            log.debug("move of %s from %s failed: %s", w.a.uid, move.node_id, exc)
+        self.lifecycle.taken(move, ok, self.clock())
+        if ok:
+            log.info("moved %s from %s (%s, here %.0f ms, %s %.0f ms)", w.a.uid, move.node_id, move.reason,
+                     move.here_ms, move.target, move.there_ms)  # fmt: skip
+            if not handle.done():
+                handle.set_result(None)
 
     async def _hedged(
         self,
@@ -195,7 +264,15 @@ class Dispatcher:
         except NodeError as exc:
             log.debug("cancel of %s at %s failed: %s", rid, endpoint, exc)
 
-    async def _forward(self, a: Attempts, send: Send, path: str, body: bytes, headers: Mapping[str, str]) -> Outcome:
+    async def _forward(
+        self,
+        a: Attempts,
+        send: Send,
+        path: str,
+        body: bytes,
+        headers: Mapping[str, str],
+        moved: asyncio.Future[None] | None = None,
+    ) -> Outcome:
         lc = self.lifecycle
         node_id, state = send.decision.node_id, send.state
         crossing = lc.cross(a.request.site, state.partition)
@@ -207,6 +284,11 @@ class Dispatcher:
         out_ms, back_ms = crossing
         deadline_at_ms = a.deadline_at_ms
         lc.dispatched(state)
+        if moved is not None:
+            lc.watch(a, send, self.clock(), moved)
+            displaced = lc.displace(a, send, self.clock())
+            if displaced is not None:
+                self._start_move(displaced)
         woken = None
         try:
             if out_ms > 0:
@@ -243,6 +325,8 @@ class Dispatcher:
             reason = f"deadline passed waiting for node {node_id}"
             return Outcome.error(504, reason, node_id, send.attempt, Failure.TIMEOUT)
         finally:
+            if moved is not None:
+                lc.unwatch(a, node_id, moved)
             woken = lc.settled(node_id, state.partition)
             if woken is not None:
                 woken.set_result(None)
@@ -255,6 +339,12 @@ class Dispatcher:
             except (ValueError, AttributeError):
                 reason = reply.body[:200].decode(errors="replace")
         return Outcome(reply.status, reply.body, dict(reply.headers), node_id, send.attempt, reason, kind)
+
+
+def _drop_result(task: asyncio.Task[Outcome]) -> None:
+    """Collect the answer of an attempt that was moved (the node's "cancelled"), so nothing is left unread."""
+    if not task.cancelled():
+        task.exception()
 
 
 def _request_id(a: Attempts, send: Send) -> str:

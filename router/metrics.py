@@ -122,7 +122,7 @@ class _VerifierCollector(Collector):
 
 
 class _LifecycleCollector(Collector):
-    """Ejections, hedges and holds, counted by the request lifecycle (scrape time)."""
+    """Ejections, hedges, moves and holds, counted by the request lifecycle (scrape time)."""
 
     def __init__(self, lifecycle: Lifecycle[Any], clock: Callable[[], float]) -> None:
         self.lifecycle = lifecycle
@@ -144,6 +144,19 @@ class _LifecycleCollector(Collector):
         hedges.add_metric(["won"], lc.hedge_wins)
         hedges.add_metric(["cancelled"], lc.hedge_cancels)
         yield hedges
+        rr = lc.reroute
+        moves = CounterMetricFamily(
+            "edgeroute_moves", "queued requests taken back from a node, by result", labels=["result"]
+        )
+        moves.add_metric(["moved"], rr.moves - rr.displaced)
+        moves.add_metric(["displaced"], rr.displaced)
+        moves.add_metric(["missed"], rr.misses)
+        yield moves
+        yield CounterMetricFamily(
+            "edgeroute_moved_wait_seconds",
+            "time moved requests had queued at the node they left",
+            value=rr.moved_wait_ms / 1000.0,
+        )
         yield CounterMetricFamily("edgeroute_holds", "requests held for a local slot at least once", value=lc.holds)
         yield CounterMetricFamily(
             "edgeroute_hold_refusals",

@@ -92,6 +92,7 @@ class Router:
         try:
             cfg = load_config(self.config_path)
             self.reload_policy(cfg.policy, str(self.config_path))
+            self.lifecycle.set_reroute(cfg.reroute)
         except (ConfigError, PolicyConfigError) as exc:
             log.warning("config reload rejected, keeping the running policy: %s", exc)
 

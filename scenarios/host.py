@@ -69,8 +69,10 @@ def measure_host(
     if not mix or rate_rps <= 0:
         return None
     arch = {m: scenario.architecture(m) for m in mix}
-    site = scenario.workload.sites[0].site  # a site the router knows (the load's origin barely matters here)
     speeds = {n.id: n.speed for n in specs if n.id in stack.nodes}
+    # from a node's own partition: the router emulates a link's delay for requests that cross one, and
+    # that delay is the scenario's (the simulator adds it itself), not the host's per-request overhead
+    site = next((n.partition for n in specs if n.id in speeds), scenario.workload.sites[0].site)
     for node_id in speeds:
         stack.set_speed(node_id, 1.0)
     try:  # the host's own execution: the nodes at full speed, under the same offered load

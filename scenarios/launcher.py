@@ -313,6 +313,18 @@ class Stack:
         if status != 200:
             raise RuntimeError(f"router rejected policy {spec}: {body}")
 
+    def set_reroute(self, cfg: dict[str, Any]) -> None:
+        """The router's re-routing settings (`PUT /admin/reroute`; `{}`: the defaults, off)."""
+        if self.routers > 1:
+            raise RuntimeError("with several routers, set reroute in the router config file")
+        status, body = http_json(f"{self.router_url}/admin/reroute", "PUT", cfg, headers=self.admin_headers)
+        if status != 200:
+            raise RuntimeError(f"router rejected reroute settings {cfg}: {body}")
+
+    def reroute_stats(self) -> dict[str, Any]:
+        status, body = http_json(f"{self.router_url}/admin/reroute", headers=self.admin_headers)
+        return body if status == 200 and isinstance(body, dict) else {}
+
     # --- faults (live) -------------------------------------------------------------------------
 
     def kill_node(self, node_id: str) -> None:

@@ -153,6 +153,22 @@ def _table(report: dict[str, Any]) -> list[str]:
             bp = p["by_priority"].get(k)
             cells.append("-" if bp is None else f"{bp['latency_ms']['p99']:.1f} / {bp['slo_attainment'] * 100:.1f}%")
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    if any("reroute" in p or "executions" in p for p in report["policies"].values()):
+        lines += [
+            "",
+            "Work: moves (re-routing), cancels that came too late, queueing the moves threw away, executions at "
+            "the nodes, requests executed twice, executions whose answer no client got:",
+            "",
+            "| policy | moves | displaced | too late | moved wait s | executions | duplicates | wasted |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for name, p in report["policies"].items():
+            rr, ex = p.get("reroute") or {}, p.get("executions") or {}
+            lines.append(
+                f"| {name} | {rr.get('moves', '-')} | {rr.get('displaced', '-')} | {rr.get('misses', '-')} | "
+                f"{_seconds(rr.get('moved_wait_ms'))} | {ex.get('executions', '-')} | "
+                f"{ex.get('duplicate_executions', '-')} | {ex.get('wasted_executions', '-')} |"
+            )
     return lines
 
 
@@ -222,3 +238,7 @@ def render(report: dict[str, Any], out_dir: Path) -> Path:
             if (out_dir / file).exists():
                 images.append(file)
     return write_markdown(report, out_dir, images)
+
+
+def _seconds(ms: float | None) -> str:
+    return "-" if ms is None else f"{ms / 1000.0:.2f}"

@@ -11,6 +11,7 @@ import asyncio
 import logging
 import sys
 import time
+from collections import Counter
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -87,6 +88,7 @@ def replay_live(
     duration, warmup, schedule = _plan(scenario, duration_s)
     models = {a.model for a in schedule} or {m for s in scenario.workload.sites for m in s.models}
     report = _header(scenario, "live", duration, warmup)
+    rerouting = any("reroute" in run_router(scenario, run) for run in runs)
     stack = Stack(scenario, kafka=kafka)
     if log_dir is not None:
         stack.log_dir = log_dir
@@ -100,7 +102,12 @@ def replay_live(
             # with a model catalogue what is resident matters: every run starts from the start-up set
             stack.use_nodes(run.node_specs(scenario.topology.nodes), fresh=bool(scenario.models))
             stack.set_policy(run.policy.model_dump(exclude_none=True))
+            if rerouting:
+                stack.set_reroute(run_router(scenario, run).get("reroute") or {})
             _wait_idle(stack.router_url, stack.admin_headers)
+            moves_before = stack.reroute_stats() if rerouting else {}
+            for p in stack.nodes.values():  # executions are counted from here (duplicates checked)
+                http_json(f"{p.url}/admin/stats?reset=1", headers=stack.node_headers)
             injector = FaultInjector(stack, list(scenario.faults))
             started = time.monotonic()
             t0_ms = time.time() * 1000.0  # the router's clock
@@ -125,9 +132,13 @@ def replay_live(
             summary["wall_s"] = round(wall, 2)
             summary["faults"] = injector.events
             summary["node_stats"] = {
-                n: http_json(f"{p.url}/admin/stats", headers=stack.node_headers)[1]
+                n: http_json(f"{p.url}/admin/stats?executed=1", headers=stack.node_headers)[1]
                 for n, p in sorted(stack.nodes.items())
             }
+            executed = [i for st in summary["node_stats"].values() for i in st.pop("executed_ids", [])]
+            summary["executions"] = execution_check(executed, sum(r.stages for r in results if r.status == 200))
+            if rerouting:
+                summary["reroute"] = _moves_during(moves_before, stack.reroute_stats())
             stats = summary["node_stats"].values()
             summary["residency"].update(
                 node_warm_rates(*(sum(int(st.get(k, 0)) for st in stats) for k in NODE_RESIDENCY_COUNTERS))
@@ -142,6 +153,31 @@ def replay_live(
         status, view = http_json(f"{stack.router_url}/admin/view", headers=stack.admin_headers)
         report["telemetry"] = view["telemetry"] if status == 200 else {}
     return report
+
+
+def run_router(scenario: Scenario, run: PolicyRun) -> dict[str, Any]:
+    """The router settings a run replays with: the scenario's `router:` section, the run's over it."""
+    return {**scenario.router, **run.router}
+
+
+def execution_check(executed_ids: list[str], answered_ok: int) -> dict[str, int]:
+    """From the nodes' ids of what they executed: how many executions, how many requests ran more than
+    once (an attempt id is the router's request id, '-', the attempt), and the executions whose answer
+    no client got (`answered_ok`: executions behind the 200 answers; the rest are a hedge's loser, or
+    one that finished after the router gave up)."""
+    runs = Counter(i.rsplit("-", 1)[0] for i in executed_ids)
+    return {
+        "executions": len(executed_ids),
+        "duplicate_executions": sum(n - 1 for n in runs.values() if n > 1),
+        "wasted_executions": max(0, len(executed_ids) - answered_ok),
+    }
+
+
+def _moves_during(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {"enabled": after.get("enabled", False)}
+    for key in ("moves", "displaced", "misses", "moved_wait_ms"):
+        out[key] = round(after.get(key, 0) - before.get(key, 0), 1)
+    return out
 
 
 def _calibrate(stack: Stack, scenario: Scenario, first: PolicyRun, payloads: dict[str, Any]) -> dict[str, Any] | None:
@@ -344,6 +380,11 @@ def replay_sim(
             node_warm_rates(*(sum(getattr(n, k) for n in sim.nodes.values()) for k in NODE_RESIDENCY_COUNTERS))
         )
         summary["faults"] = sim.fault_log
+        served = sum(n.served for n in sim.nodes.values())
+        ok = sum(r.stages for r in results if r.status == 200)
+        summary["executions"] = {"executions": served, "wasted_executions": max(0, served - ok)}
+        if "reroute" in run_router(scenario, run):
+            summary["reroute"] = _moves_during({}, sim.lc.reroute.as_json())
         summary.update(series(results, warmup, duration + warmup))
         report["policies"][run.name] = summary
         messages += sim.store.messages

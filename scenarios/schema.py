@@ -22,6 +22,7 @@ from pydantic import (
 
 from policies import PolicyConfigError, PolicySpec, build_policy
 from router.config import WorkflowSpec
+from router.lifecycle.reroute import RerouteConfig
 from telemetry.configfile import ConfigError, error_line
 
 
@@ -212,13 +213,28 @@ class Fault(_Strict):
         return self
 
 
+RUN_ROUTER_KEYS = frozenset({"reroute"})  # router settings swapped live between runs (PUT /admin/reroute)
+
+
 class PolicyRun(_Strict):
-    """One policy to compare: a run name, the policy spec (a preset when only the name is given), and
-    optional node settings for this run (`nodes: {scheduler: priority, ...}`, applied to every node)."""
+    """One policy to compare: a run name, the policy spec (a preset when only the name is given),
+    optional node settings for this run (`nodes: {scheduler: priority, ...}`, applied to every node) and
+    router settings for this run (`router: {reroute: {enabled: true}}`, over the scenario's `router:`)."""
 
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
     policy: PolicySpec
     nodes: dict[str, Any] = Field(default_factory=dict)
+    router: dict[str, Any] = Field(default_factory=dict, description="router settings for this run (reroute)")
+
+    @field_validator("router")
+    @classmethod
+    def _router_overrides(cls, v: dict[str, Any]) -> dict[str, Any]:
+        unknown = sorted(set(v) - RUN_ROUTER_KEYS)
+        if unknown:
+            raise ValueError(f"router settings a run may change are {sorted(RUN_ROUTER_KEYS)}; not {unknown}")
+        if "reroute" in v:
+            RerouteConfig.model_validate(v["reroute"])
+        return v
 
     @field_validator("nodes")
     @classmethod
@@ -273,10 +289,11 @@ class Scenario(_Strict):
             if isinstance(item, str):
                 out.append({"name": item, "policy": {"preset": item}})
             elif isinstance(item, dict) and "policy" not in item:
-                rest = {k: val for k, val in item.items() if k not in ("name", "nodes")}
+                rest = {k: val for k, val in item.items() if k not in ("name", "nodes", "router")}
                 entry = {"name": item.get("name"), "policy": rest or {"preset": item.get("name")}}
-                if "nodes" in item:
-                    entry["nodes"] = item["nodes"]
+                for key in ("nodes", "router"):
+                    if key in item:
+                        entry[key] = item[key]
                 out.append(entry)
             else:
                 out.append(item)

@@ -14,6 +14,7 @@ imports `policies`, and never the router's aiohttp code.
 - `health`: outlier ejection and slow start per (site, node)
 - `links`: partition links (RTT, jitter, loss, cuts) as emulated
 - `copies`: copy scaling (demand meter and planner)
+- `reroute`: taking queued attempts back from a node and sending them elsewhere
 """
 
 from router.lifecycle.attempts import Answer, Attempts, Hold, Send

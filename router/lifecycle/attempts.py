@@ -27,6 +27,7 @@ class Attempts:
     last_error: tuple[int, str] | None = None
     held_since_ms: float | None = None
     waited_ms: float = 0.0  # held so far (delay scheduling)
+    moves: int = 0  # moves tried for it: taken back from a queue to go elsewhere (router.lifecycle.reroute)
     uid: str = ""  # this router's own id for the request (attempt ids at the nodes; never the client's id)
 
 

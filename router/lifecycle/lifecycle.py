@@ -22,7 +22,10 @@ For one request (`begin` -> `Attempts`):
 5. **Retry** (`retry`): a retryable failure with attempts left goes back to 1; anything else ends.
 6. **Hedge** (`hedge_delay_ms`, `hedge`): at high enough priority, an attempt not answered within the
    hedge delay gets one duplicate at another node; the first useful answer wins.
-7. **Finish** (`finish`): a success's latency feeds the hedge timer; the outcome feeds a learning
+7. **Move** (`watch`, `moves`, `displace`, `taken`): with `reroute` on, an attempt queued at a node
+   whose predicted completion puts its deadline at risk is taken back and decided again when another
+   node would finish it sooner by a margin (router.lifecycle.reroute); at most once per request.
+8. **Finish** (`finish`): a success's latency feeds the hedge timer; the outcome feeds a learning
    policy (`observe`: delay scheduling tunes its timers).
 
 Telemetry applied to the store reaches `applied` (the store's `on_applied` hook): the overlay's
@@ -46,6 +49,7 @@ from router.lifecycle.hedges import HedgeTimer
 from router.lifecycle.holds import HoldQueue
 from router.lifecycle.links import LinkState, LinkTable
 from router.lifecycle.overlay import OutstandingTracker
+from router.lifecycle.reroute import Move, RerouteConfig, Rerouter
 from telemetry.store import ViewStore
 from telemetry.view import ClusterView, NodeState
 
@@ -68,6 +72,7 @@ class LifecycleSettings:
     router_id: str = "router"  # prefixes this router's request ids (unique per router of a group)
     max_held: int = 1024  # requests held at once per partition; a deferral past it is a 503
     try_timeout_ms: float | None = None  # the longest one attempt is waited for; None: the whole budget
+    reroute: RerouteConfig = field(default_factory=RerouteConfig)
 
 
 class Lifecycle(Generic[T]):
@@ -89,6 +94,7 @@ class Lifecycle(Generic[T]):
         self.hedges = HedgeTimer(settings.hedge_min_priority, settings.hedge_after_ms)
         self.copies = CopyState(settings.copies)
         self.held: HoldQueue[T] = HoldQueue(waiting)
+        self.reroute = Rerouter(settings.reroute)
         self.retries = 0
         self.holds = 0  # requests held at least once
         self.hold_refusals = 0  # deferrals refused because max_held requests already waited
@@ -113,6 +119,11 @@ class Lifecycle(Generic[T]):
         """Cut or restore a link (KeyError for an unknown one); the table is swapped whole."""
         self.links = self.links.with_cut(a, b, cut)
         self.tracker.links = self.links
+
+    def set_reroute(self, cfg: RerouteConfig) -> None:
+        """Swap the re-routing settings (attempts already watched stay watched; with `enabled` off no
+        move is made and no new attempt is watched)."""
+        self.reroute.cfg = cfg
 
     def view(self) -> ClusterView:
         """The current view with this router's overlay, health and links attached (cached per view)."""
@@ -223,6 +234,41 @@ class Lifecycle(Generic[T]):
     def dispatched(self, state: NodeState) -> None:
         """An attempt is on its way to `state` (counted in the overlay until it settles)."""
         self.tracker.dispatch(state)
+
+    # --- re-routing queued work (router.lifecycle.reroute) -------------------------------------------
+
+    def watch(self, a: Attempts, send: Send, now: float, handle: object) -> None:
+        """The driver waits on `send` (dispatched): remember it as a candidate to move, with `handle`
+        for the driver to find it again. Hedged attempts and requests that moved once are not watched."""
+        if self.reroute.cfg.enabled:
+            view = self.view()
+            state = view.get(send.decision.node_id) or send.state
+            self.reroute.watch(a, send, now, max(0, view.outstanding(state) - 1), handle)
+
+    def unwatch(self, a: Attempts, node_id: str, handle: object) -> None:
+        """The attempt watched with `handle` at `node_id` settled (answer, failure, cancel): no longer a
+        candidate."""
+        if self.reroute.watched:
+            self.reroute.unwatch(a, node_id, handle)
+
+    def moves(self, now: float) -> list[Move]:
+        """The watched attempts to take back now (the drivers ask every `reroute.check_ms`)."""
+        rr = self.reroute
+        if not rr.cfg.enabled or not rr.watched:
+            return []
+        return rr.moves_at(self.view(), sorted(rr.watched), Context(now, self.rng))
+
+    def displace(self, a: Attempts, send: Send, now: float) -> Move | None:
+        """After `send` of a high-priority request: a queued sheddable attempt to move out of its way."""
+        rr = self.reroute
+        if not rr.cfg.enabled or not rr.watched:
+            return None
+        return rr.displace(self.view(), send, a.request.priority, Context(now, self.rng))
+
+    def taken(self, move: Move, ok: bool, now: float) -> None:
+        """The node answered a move's cancel: `ok` if it took the attempt out of its queue (the request
+        is then decided again, that node excluded), else it keeps waiting where it is."""
+        self.reroute.taken(move, ok, now)
 
     def hold(self, partition: str, entry: T) -> None:
         """A request deferred for a slot in `partition` waits as `entry` (the driver times it out)."""

@@ -65,6 +65,7 @@ from scenarios.sim.state import (
     POLL,
     PUBLISH,
     REPLY,
+    REROUTE,
     RESUME,
     ROUTER_TIMEOUT,
     TRY_TIMEOUT,
@@ -95,7 +96,7 @@ class Simulation(RouterDriver, WorkflowDriver, NodeModel, TelemetryModel, FaultM
         self.scenario = scenario
         self.schedule = schedule
         self.profile = profile
-        self.cfg = config or SimConfig.from_router(scenario.router)
+        self.cfg = config or SimConfig.from_router({**scenario.router, **run.router})
         seed = scenario.seed
         self.policy = policy or build_policy(run.policy)
         self.svc_rng = random.Random(seed + 2)
@@ -164,6 +165,7 @@ class Simulation(RouterDriver, WorkflowDriver, NodeModel, TelemetryModel, FaultM
             RESUME: self._resume,
             LOADED: self._loaded,
             COPIES: self._copies,
+            REROUTE: self._reroute,
         }
         last = self.schedule[-1].at_s * 1000.0 if self.schedule else 0.0
         end = horizon_ms if horizon_ms is not None else last + 60_000.0
@@ -172,6 +174,8 @@ class Simulation(RouterDriver, WorkflowDriver, NodeModel, TelemetryModel, FaultM
         self.push(self.cfg.poll_ms, POLL, None)
         if self.lc.copies.cfg.enabled:
             self.push(self.lc.copies.cfg.interval_ms, COPIES, None)
+        if self.lc.reroute.cfg.enabled:
+            self.push(self.lc.reroute.cfg.check_ms, REROUTE, None)
         for fault in self.scenario.faults:
             self._schedule_fault(fault)
         arrivals = iter(enumerate(self.schedule))

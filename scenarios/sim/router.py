@@ -8,11 +8,13 @@ from typing import Any
 
 from policies.api import RouteRequest
 from router.lifecycle import Failure, Hold, Send
+from router.lifecycle.reroute import Move
 from scenarios.sim.state import (
     COPIES,
     HEDGE,
     NODE_ARRIVE,
     REPLY,
+    REROUTE,
     RESUME,
     ROUTER_TIMEOUT,
     TRY_TIMEOUT,
@@ -69,6 +71,7 @@ class RouterDriver(SimState):
 
     def _settle(self, job: Job) -> None:
         """The router stops waiting for `job`: its slot frees, waking the oldest request held there."""
+        self.lc.unwatch(job.req.life, job.node.spec.id, job)
         woken = self.lc.settled(job.node.spec.id, job.node.spec.partition)
         if woken is not None:
             self.push(self.now, RESUME, woken)
@@ -88,6 +91,11 @@ class RouterDriver(SimState):
         out_ms, back_ms = crossing
         job = Job(req, send.attempt, node, back_ms)
         req.jobs.append(job)
+        if not send.hedge and self.lc.reroute.cfg.enabled:
+            self.lc.watch(req.life, send, now, job)
+            displaced = self.lc.displace(req.life, send, now)
+            if displaced is not None:
+                self._move(displaced)
         arrive = now + req.overhead_in + out_ms
         self.push(arrive, NODE_ARRIVE, (job, node.epoch))
         # The router stops waiting at the deadline (its client timeout is the remaining budget). That
@@ -98,6 +106,41 @@ class RouterDriver(SimState):
         wait = self.lc.try_wait_ms(req.life, now)
         if now + wait < req.deadline_at:  # a per-try timeout ends this attempt before the deadline
             self.push(now + wait, TRY_TIMEOUT, job)
+
+    def _reroute(self, _: Any) -> None:
+        """Every `reroute.check_ms`, as the live router's loop: the moves the lifecycle asks for."""
+        for move in self.lc.moves(self.now):
+            self._move(move)
+        if self._open > 0:
+            self.push(self.now + self.lc.reroute.cfg.check_ms, REROUTE, None)
+
+    def _move(self, move: Move) -> None:
+        """The router's move (router.lifecycle.reroute): the attempt leaves the node's queue only if it
+        has not started there (as the live node's DELETE /admin/requests/{id} answers), and the request
+        is decided again with that node excluded."""
+        job = move.watched.handle
+        assert isinstance(job, Job)
+        req = job.req
+        node = job.node
+        ok = (
+            not req.done
+            and not job.settled
+            and job.work is not None
+            and not job.started
+            and not job.dropped
+            and node.sched.remove(job.work)
+        )
+        self.lc.taken(move, ok, self.now)
+        if not ok:
+            return
+        job.dropped = True
+        self._unpin(node, job)
+        self._changed(node)
+        job.settled = True
+        if job.dispatched:
+            self._settle(job)
+        self.lc.answered(req.life, node.spec.id, Failure.CLIENT, self.now)  # the node answered (cancelled)
+        self._decide(req)
 
     def _hedge(self, payload: tuple[SimRequest, int]) -> None:
         """The router's hedge: a duplicate to another node if the attempt has not answered yet."""
