@@ -175,6 +175,33 @@ def _sweep(args: argparse.Namespace) -> int:
     return 0
 
 
+def _search(args: argparse.Namespace) -> int:
+    import os
+
+    from scenarios.search import DURATION_S, run_search
+
+    scenario = load_scenario(args.scenario)
+    if not 0 < args.target <= 1 or args.jobs < 0 or (args.rate is not None and args.rate <= 0):
+        return _usage("search: --target in (0, 1], --rate > 0, --jobs >= 0 (0: one per core)")
+    out = Path(args.out) if args.out else Path("reports") / scenario.name / f"search-{args.workflow}"
+    try:
+        run_search(
+            scenario,
+            args.workflow,
+            out,
+            target=args.target,
+            rate_rps=args.rate,
+            policy=args.policy,
+            duration_s=args.duration or DURATION_S,
+            with_grid=not args.no_grid,
+            confirm=args.confirm,
+            jobs=args.jobs or (os.cpu_count() or 1),
+        )
+    except ValueError as exc:
+        return _usage(f"search: {exc}")
+    return 0
+
+
 def _profile(args: argparse.Namespace) -> int:
     from nodes.zoo import ZOO
     from scenarios.profile import profile, profile_node_scaling
@@ -315,6 +342,19 @@ def main(argv: list[str] | None = None) -> int:
     sw.add_argument("--duration", type=float, help="override the workload duration (seconds)")
     sw.add_argument("--profile", help="simulator profile JSON (default: scenarios/profiles/cpu.json)")
     sw.set_defaults(func=_sweep)
+
+    se = sub.add_parser("search", help="ESG's per-stage configuration search for a workflow (A*, sim; --confirm live)")
+    se.add_argument("scenario", help="scenario YAML, or a bundled one by name")
+    se.add_argument("--workflow", required=True, help="the workflow (router.workflows) whose stages to configure")
+    se.add_argument("--target", type=float, default=0.99, help="share of jobs within their deadline (0.99)")
+    se.add_argument("--rate", type=float, help="jobs per second to carry (default: the workflow's busiest rate)")
+    se.add_argument("--policy", default="esg", help="routing policy preset for the stages (esg)")
+    se.add_argument("--duration", type=float, help="simulated seconds per evaluation (20)")
+    se.add_argument("--no-grid", action="store_true", help="skip the exhaustive grid the search is compared with")
+    se.add_argument("--confirm", action="store_true", help="replay the chosen configuration on the live stack")
+    se.add_argument("--jobs", type=int, default=0, help="grid simulations in parallel (0: one per core)")
+    se.add_argument("--out", help="output folder (default: reports/<scenario>/search-<workflow>/)")
+    se.set_defaults(func=_search)
 
     prof = sub.add_parser("profile", help="measure execution and overhead profiles for the simulator")
     prof.add_argument("models", nargs="*", metavar="MODEL", help="zoo models to profile (default: all)")
