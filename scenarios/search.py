@@ -394,8 +394,7 @@ def run_search(
         lp = next(iter(live["policies"].values()))
         doc["live"] = {
             "slo_attainment": lp["slo_attainment"],
-            "cost": res.cost,
-            "busy_cost": lp.get("cost", {}).get("busy"),
+            "cost": res.cost,  # provisioned: the configuration that ran
             "p99_ms": lp["latency_ms"]["p99"],
             "sent": lp["sent"],
             "completed": lp["completed"],
