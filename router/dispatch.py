@@ -30,6 +30,7 @@ log = logging.getLogger("edgeroute.router")
 
 CANCELLED = 499  # a node's answer to an attempt taken out of its queue (DELETE /admin/requests/{id})
 MOVE_TIMEOUT_S = 1.0  # a cancel the node has not answered by then: the attempt stays where it is
+IDLE_CHECK_MS = 200.0  # with re-routing off, how soon a live switch-on takes effect
 
 
 @dataclass
@@ -179,7 +180,8 @@ class Dispatcher:
         """Every `reroute.check_ms` (read each round: settings swap live), the moves the lifecycle asks for."""
         lc = self.lifecycle
         while True:
-            await asyncio.sleep(lc.reroute.cfg.check_ms / 1000.0)
+            cfg = lc.reroute.cfg
+            await asyncio.sleep((cfg.check_ms if cfg.enabled else IDLE_CHECK_MS) / 1000.0)
             for move in lc.moves(self.clock()):
                 self._start_move(move)
 
