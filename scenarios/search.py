@@ -36,7 +36,7 @@ import json
 import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -444,4 +444,4 @@ def _pct(x: float | None) -> str:
     return "-" if x is None else f"{x * 100:.1f}%"
 
 
-__all__ = ["Problem", "StageConfig", "astar", "asdict", "grid", "problem", "run_search"]
+__all__ = ["Problem", "StageConfig", "astar", "grid", "problem", "run_search"]

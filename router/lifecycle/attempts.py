@@ -14,6 +14,8 @@ from policies.api import Decision, RouteRequest
 from policies.engine import Pipeline
 from telemetry.view import NodeState
 
+_NONE_TRIED: frozenset[str] = frozenset()
+
 
 @dataclass(slots=True)
 class Attempts:
@@ -29,6 +31,27 @@ class Attempts:
     waited_ms: float = 0.0  # held so far (delay scheduling)
     moves: int = 0  # moves tried for it: taken back from a queue to go elsewhere (router.lifecycle.reroute)
     uid: str = ""  # this router's own id for the request (attempt ids at the nodes; never the client's id)
+
+    def route_request(self, now: float) -> RouteRequest:
+        """What the policy sees at `now`: the remaining budget, the nodes tried, what is left of a
+        stage's share (built field by field: this runs on every decision)."""
+        req = self.request
+        stage_at = self.stage_deadline_at_ms
+        return RouteRequest(
+            req.model,
+            req.priority,
+            self.deadline_at_ms - now,
+            req.site,
+            req.batch,
+            req.request_id,
+            frozenset(self.tried) if self.tried else _NONE_TRIED,
+            self.waited_ms,
+            None if stage_at is None else stage_at - now,
+            req.input_node,
+            req.input_bytes,
+            req.next_models,
+            req.next_bytes,
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -54,7 +54,6 @@ from telemetry.store import ViewStore
 from telemetry.view import ClusterView, NodeState
 
 T = TypeVar("T")
-_NONE_TRIED: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -140,33 +139,13 @@ class Lifecycle(Generic[T]):
         self._requests += 1
         return Attempts(req, policy, now, deadline_at_ms, stage_at, uid=f"{self.settings.router_id}.{self._requests}")
 
-    def _route_request(self, a: Attempts, now: float, remaining: float) -> RouteRequest:
-        """What the policy sees at `now` (built field by field: this runs on every decision)."""
-        req = a.request
-        stage_at = a.stage_deadline_at_ms
-        return RouteRequest(
-            req.model,
-            req.priority,
-            remaining,
-            req.site,
-            req.batch,
-            req.request_id,
-            frozenset(a.tried) if a.tried else _NONE_TRIED,
-            a.waited_ms,
-            None if stage_at is None else stage_at - now,
-            req.input_node,
-            req.input_bytes,
-            req.next_models,
-            req.next_bytes,
-        )
-
     def decide(self, a: Attempts, now: float) -> Send | Hold | Answer:
         remaining = a.deadline_at_ms - now
         if remaining <= 0:
             last = f"; last: {a.last_error[1]}" if a.last_error else ""
             return Answer(504, f"deadline passed after {a.attempt} attempt(s){last}")
         view = self.view()
-        choice = a.policy.choose(self._route_request(a, now, remaining), view, Context(now, self.rng))
+        choice = a.policy.choose(a.route_request(now), view, Context(now, self.rng))
         if isinstance(choice, Defer):
             if self.held.queued(choice.partition) >= self.settings.max_held:
                 self.hold_refusals += 1
@@ -206,7 +185,7 @@ class Lifecycle(Generic[T]):
         if remaining <= 0:
             return None
         view = self.view()
-        choice = a.policy.choose(self._route_request(a, now, remaining), view, Context(now, self.rng))
+        choice = a.policy.choose(a.route_request(now), view, Context(now, self.rng))
         if isinstance(choice, (Rejection, Defer)):
             return None
         state = view.get(choice.node_id)

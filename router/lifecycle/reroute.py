@@ -139,26 +139,6 @@ class Rerouter:
 
     # --- predictions ------------------------------------------------------------------------------
 
-    def _request(self, w: Watched, now: float) -> RouteRequest:
-        a = w.a
-        req = a.request
-        stage_at = a.stage_deadline_at_ms
-        return RouteRequest(
-            req.model,
-            req.priority,
-            a.deadline_at_ms - now,
-            req.site,
-            req.batch,
-            req.request_id,
-            frozenset(a.tried),
-            a.waited_ms,
-            None if stage_at is None else stage_at - now,
-            req.input_node,
-            req.input_bytes,
-            req.next_models,
-            req.next_bytes,
-        )
-
     def here_ms(self, view: ClusterView, node: NodeState, w: Watched, req: RouteRequest, now: float) -> float:
         """Predicted time from `now` until the queued attempt's answer is back (module docstring)."""
         exec_ms = exec_estimate_ms(node, req, self.cfg.default_exec_ms)
@@ -205,7 +185,7 @@ class Rerouter:
                 remaining = w.a.deadline_at_ms - now
                 if remaining <= 0 or w.a.moves:
                     continue
-                req = self._request(w, now)
+                req = w.a.route_request(now)
                 here = self.here_ms(view, node, w, req, now)
                 if here == 0.0 or here + cfg.margin_ms <= remaining:
                     continue  # started, or not at risk
@@ -237,7 +217,7 @@ class Rerouter:
         for w in sorted(at.values(), key=lambda w: w.sent_ms):
             if w.a.request.priority >= 0 or w.a.moves or now - w.sent_ms < cfg.min_queued_ms:
                 continue
-            req = self._request(w, now)
+            req = w.a.route_request(now)
             if req.deadline_ms is None or req.deadline_ms <= 0:
                 continue
             found = self._target(w, req, view, ctx)

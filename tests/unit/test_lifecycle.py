@@ -254,7 +254,7 @@ def test_the_policy_sees_every_field_of_the_request() -> None:
     req = RouteRequest("m", 7, 100.0, "edge-a", 3, "r1", frozenset(), 0.0, 40.0, "a", 9, ("n",), 11)
     a = lc.begin(req, build_policy("p2c"), NOW, NOW + 100)
     a.tried.add("b")
-    seen = lc._route_request(a, NOW + 10, 90.0)
+    seen = a.route_request(NOW + 10)  # the remaining budget: 90 ms
     adjusted = {"deadline_ms": 90.0, "exclude": frozenset({"b"}), "stage_deadline_ms": 30.0}
     for f in dataclasses.fields(RouteRequest):
         want = adjusted.get(f.name, getattr(req, f.name))
