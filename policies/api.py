@@ -16,7 +16,8 @@ from typing import Any, ClassVar, Protocol, TypeVar, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict
 
-from telemetry.view import ClusterView, NodeState
+from policies.columns import Columns
+from telemetry.view import BoolArray, ClusterView, FloatArray, ModelTable, NodeState
 
 __all__ = [
     "ClusterView",
@@ -25,6 +26,12 @@ __all__ = [
     "Defer",
     "Admitter",
     "CandidateSource",
+    "Columns",
+    "RowAdmitter",
+    "RowFilter",
+    "RowGate",
+    "RowPicker",
+    "RowScorer",
     "Filter",
     "Gate",
     "HOLD_POLL_MS",
@@ -213,7 +220,64 @@ class RejectStatus(Protocol):
     def reject_status(self, req: RouteRequest) -> int: ...
 
 
-HOOKS: tuple[type, ...] = (Admitter, CandidateSource, Sampler, Gate, Learner, Stateful, RejectStatus)
+# --- the columnar path (policies.columns) ------------------------------------------------------------
+# On a model served by many nodes, the engine judges every candidate at once on the view's column
+# table, if every plugin of the pipeline implements its columnar hook; each must choose exactly what
+# its per-node method chooses (tests/unit/test_columns.py checks every preset both ways).
+
+
+@runtime_checkable
+class RowAdmitter(Protocol):
+    """A leading filter on the table's rows: `mask` (None: all rows) narrowed to the rows it admits,
+    judged in row order (a filter that draws random numbers draws them as its admitter would)."""
+
+    def admit_rows(
+        self, req: RouteRequest, view: ClusterView, table: ModelTable, ctx: Context, mask: BoolArray | None
+    ) -> BoolArray | None: ...
+
+
+@runtime_checkable
+class RowFilter(Protocol):
+    """`filter` on columns: the candidates it keeps."""
+
+    def filter_rows(self, req: RouteRequest, cols: Columns, ctx: Context) -> Columns: ...
+
+
+@runtime_checkable
+class RowGate(Protocol):
+    """`gate` on columns."""
+
+    def gate_rows(self, req: RouteRequest, cols: Columns, ctx: Context) -> Columns | Defer: ...
+
+
+@runtime_checkable
+class RowScorer(Protocol):
+    """`score` on columns: one score per candidate row, in row order."""
+
+    def score_rows(self, req: RouteRequest, cols: Columns, ctx: Context) -> FloatArray: ...
+
+
+@runtime_checkable
+class RowPicker(Protocol):
+    """`pick` on columns: the index (into `cols`) of the chosen candidate."""
+
+    def pick_row(self, req: RouteRequest, cols: Columns, scores: FloatArray, ctx: Context) -> int: ...
+
+
+HOOKS: tuple[type, ...] = (
+    Admitter,
+    CandidateSource,
+    Sampler,
+    Gate,
+    Learner,
+    Stateful,
+    RejectStatus,
+    RowAdmitter,
+    RowFilter,
+    RowGate,
+    RowScorer,
+    RowPicker,
+)
 
 P_co = TypeVar("P_co", covariant=True)
 

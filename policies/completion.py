@@ -20,9 +20,11 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+import numpy as np
 from pydantic import Field
 
-from policies.api import ClusterView, Context, NodeState, Params, RouteRequest
+from policies.api import ClusterView, Columns, Context, NodeState, Params, RouteRequest
+from telemetry.view import FloatArray
 
 
 class CompletionParams(Params):
@@ -67,6 +69,16 @@ def meets_deadline(
     return predicted_completion_ms(view, node, req, default_exec_ms, now_ms) <= budget * (1.0 - margin)
 
 
+def best_over(preds: FloatArray) -> FloatArray:
+    """min / p for each prediction p (1 where p <= 0): the best scores 1."""
+    best = preds.min()
+    if best > 0:
+        out: FloatArray = best / preds
+        return out
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(preds > 0, best / preds, 1.0)
+
+
 class Completion:
     name: ClassVar[str] = "completion"
     reads: ClassVar[frozenset[str]] = frozenset(
@@ -76,6 +88,9 @@ class Completion:
 
     def __init__(self, params: CompletionParams | None = None) -> None:
         self.params = params or CompletionParams()
+
+    def score_rows(self, req: RouteRequest, cols: Columns, ctx: Context) -> FloatArray:
+        return best_over(cols.of(cols.frame.completion_ms(self.params.default_exec_ms)))
 
     def score(self, req: RouteRequest, view: ClusterView, nodes: list[NodeState], ctx: Context) -> list[float]:
         preds = [predicted_completion_ms(view, n, req, self.params.default_exec_ms, ctx.now_ms) for n in nodes]

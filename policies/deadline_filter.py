@@ -14,7 +14,7 @@ from typing import ClassVar
 
 from pydantic import Field
 
-from policies.api import ClusterView, Context, NodeState, Params, RouteRequest
+from policies.api import ClusterView, Columns, Context, NodeState, Params, RouteRequest
 from policies.completion import meets_deadline
 
 
@@ -36,6 +36,16 @@ class DeadlineFilter:
 
     def reject_status(self, req: RouteRequest) -> int:
         return 429
+
+    def filter_rows(self, req: RouteRequest, cols: Columns, ctx: Context) -> Columns:
+        budget = req.budget_ms
+        if budget is None:
+            return cols
+        p = self.params
+        fits = cols.of(cols.frame.completion_ms(p.default_exec_ms)) <= budget * (1.0 - p.margin)
+        if req.priority < p.always_try_min or fits.any():
+            return cols.keep(fits)
+        return cols
 
     def filter(self, req: RouteRequest, view: ClusterView, nodes: list[NodeState], ctx: Context) -> list[NodeState]:
         if req.budget_ms is None:

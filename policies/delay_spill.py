@@ -31,14 +31,15 @@ of `max_ms`), `min_ms` (default 0.5), `max_ms`, `tune` (default true), `tune_eve
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from pydantic import Field
 
-from policies.api import ClusterView, Context, Defer, NodeState, Params, RouteRequest
+from policies.api import ClusterView, Columns, Context, Defer, NodeState, Params, RouteRequest
 from policies.completion import predicted_completion_ms
-from policies.locality import has_room
+from policies.locality import has_room, room_rows
 
 
 class DelaySpillParams(Params):
@@ -108,7 +109,9 @@ class DelaySpill:
                 self._found_slot(site, req.waited_ms, ctx.now_ms)
             return nodes
         p = self.params
-        timer = self._timer(site, view, nodes, ctx.now_ms)
+        timer = self._timer(
+            site, lambda: [view.rtt_ms(site, n.partition) for n in nodes if n.partition != site], ctx.now_ms
+        )
         if not local:  # no local node up (or none serves the model): spill at once
             timer.spilled_at_once += 1
             return nodes
@@ -118,12 +121,48 @@ class DelaySpill:
             if req.waited_ms > 0:
                 self._found_slot(site, req.waited_ms, now)
             return roomy
-        hold = timer.delay_ms - req.waited_ms
+        best_remote = None
         if req.deadline_ms is not None:
-            # hold only while spilling afterwards can still make the deadline
             best_remote = min(
                 predicted_completion_ms(view, n, req, p.default_exec_ms, now) for n in nodes if n.partition != site
             )
+        held = self._hold(site, timer, req, best_remote)
+        return nodes if held is None else held
+
+    def gate_rows(self, req: RouteRequest, cols: Columns, ctx: Context) -> Columns | Defer:
+        """`gate` on columns (the same steps)."""
+        site = req.site
+        if site is None:
+            return cols
+        frame = cols.frame
+        local = cols.of(frame.in_partition(site))
+        if local.all():
+            if req.waited_ms > 0:
+                self._found_slot(site, req.waited_ms, ctx.now_ms)
+            return cols
+        p = self.params
+        timer = self._timer(site, lambda: cols.of(frame.rtt_ms())[~local].tolist(), ctx.now_ms)
+        if not local.any():
+            timer.spilled_at_once += 1
+            return cols
+        now = ctx.now_ms
+        roomy = local & cols.of(room_rows(frame, req, p.max_load, p.margin, p.default_exec_ms))
+        if roomy.any():
+            if req.waited_ms > 0:
+                self._found_slot(site, req.waited_ms, now)
+            return cols.keep(roomy)
+        best_remote = None
+        if req.deadline_ms is not None:
+            best_remote = float(cols.of(frame.completion_ms(p.default_exec_ms))[~local].min())
+        held = self._hold(site, timer, req, best_remote)
+        return cols if held is None else held
+
+    def _hold(self, site: str, timer: SiteTimer, req: RouteRequest, best_remote: float | None) -> Defer | None:
+        """No local room: hold the request (Defer), or spill it (None)."""
+        p = self.params
+        hold = timer.delay_ms - req.waited_ms
+        if req.deadline_ms is not None and best_remote is not None:
+            # hold only while spilling afterwards can still make the deadline
             hold = min(hold, req.deadline_ms * (1.0 - p.margin) - best_remote)
         if hold >= 0.5:
             if req.waited_ms == 0:
@@ -134,7 +173,7 @@ class DelaySpill:
             timer.spilled += 1
         else:
             timer.spilled_at_once += 1
-        return nodes
+        return None
 
     # --- learning ----------------------------------------------------------------------------------
 
@@ -156,16 +195,17 @@ class DelaySpill:
         timer.local_after_wait += 1
         self._maybe_tune(site, timer, now_ms)
 
-    def _cap_ms(self, site: str, view: ClusterView, nodes: list[NodeState]) -> float:
+    def _cap_ms(self, remote_rtts: Callable[[], list[float]]) -> float:
         if self.params.max_ms is not None:
             return self.params.max_ms
-        rtts = [view.rtt_ms(site, n.partition) for n in nodes if n.partition != site]
+        rtts = remote_rtts()
         return max(self.params.min_ms, min(rtts)) if rtts else 10.0
 
-    def _timer(self, site: str, view: ClusterView, nodes: list[NodeState], now_ms: float) -> SiteTimer:
+    def _timer(self, site: str, remote_rtts: Callable[[], list[float]], now_ms: float) -> SiteTimer:
+        """The site's timer (made on first use, its cap from the RTTs to the other partitions' nodes)."""
         timer = self.sites.get(site)
         if timer is None:
-            cap = self._cap_ms(site, view, nodes)
+            cap = self._cap_ms(remote_rtts)
             start = self.params.initial_ms if self.params.initial_ms is not None else cap / 2.0
             timer = SiteTimer(max(self.params.min_ms, min(start, cap)), cap, now_ms)
             self.sites[site] = timer

@@ -12,6 +12,13 @@ filter is a `Sampler`, it samples by rejection instead of
 filtering every node first: a `p2c` decision then costs O(1) in the cluster size, not O(nodes). The
 result has the same distribution as filter-then-sample (uniform over the admitted nodes); the slow
 path runs only to name the filter that rejected everything.
+
+Columnar path. A pipeline whose candidates come from `has_model` and whose every plugin implements
+its columnar hook (`RowAdmitter`, `RowFilter`/`RowGate`, `RowScorer`, `RowPicker`) judges a model
+served by `COLUMNS_MIN` or more nodes on the view's column table (policies.columns): each filter and
+scorer is a few array operations whatever the number of candidates, so a decision over 1,000 nodes
+costs tens of microseconds instead of milliseconds. It chooses exactly what the per-node path chooses
+(same numbers, same random draws); smaller sets take the per-node path, which is cheaper there.
 """
 
 from __future__ import annotations
@@ -19,6 +26,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from policies.api import (
     Admitter,
@@ -35,10 +44,24 @@ from policies.api import (
     Rejection,
     RejectStatus,
     RouteRequest,
+    RowAdmitter,
+    RowFilter,
+    RowGate,
+    RowPicker,
+    RowScorer,
     Sampler,
     Scorer,
     Stateful,
 )
+from policies.columns import Columns, Frame
+from telemetry.view import BoolArray, FloatArray
+
+COLUMNS_MIN = 24  # a model served by this many nodes or more is judged on its column table
+
+
+def clamp01_rows(x: FloatArray) -> FloatArray:
+    """`clamp01` of every element."""
+    return np.clip(np.nan_to_num(x, nan=0.0), 0.0, 1.0)
 
 
 def clamp01(x: float) -> float:
@@ -100,6 +123,26 @@ class Pipeline:
             p for p in [*self.filters, *(s for s, _ in self.scorers), self.picker] if isinstance(p, Learner)
         ]
         self._stateful: list[tuple[str, Stateful]] = [(f.name, f) for f in self.filters if isinstance(f, Stateful)]
+        # the columnar path: every plugin has its columnar hook, and the candidates come from the index
+        # (the candidate source's table is its model's: its rows are the nodes serving the model)
+        self._row_admitters = [a for a in lead if isinstance(a, RowAdmitter)]
+        self._row_filters: list[tuple[RowFilter | None, RowGate | None]] = []
+        for f in rest:
+            if isinstance(f, Gate):
+                if isinstance(f, RowGate):
+                    self._row_filters.append((None, f))
+            elif isinstance(f, RowFilter):
+                self._row_filters.append((f, None))
+        self._row_scorers = [(s, w) for s, w in self.scorers if isinstance(s, RowScorer)]
+        self._row_picker = self.picker if isinstance(self.picker, RowPicker) else None
+        self.columnar = (
+            self._source is not None
+            and self._sampler is None
+            and len(self._row_admitters) == len(lead)
+            and len(self._row_filters) == len(rest)
+            and len(self._row_scorers) == len(self.scorers)
+            and self._row_picker is not None
+        )
 
     def _rejection(self, req: RouteRequest, view: ClusterView, ctx: Context) -> Rejection:
         nodes = list(view)
@@ -154,6 +197,55 @@ class Pipeline:
             nodes = held
         return nodes or None
 
+    def _rows(self, req: RouteRequest, view: ClusterView, ctx: Context) -> Columns | Defer | None:
+        """`_candidates` on the model's column table (the columnar path; see the module docstring)."""
+        table = view.table(req.model)
+        mask: BoolArray | None = None
+        for adm in self._row_admitters:
+            mask = adm.admit_rows(req, view, table, ctx, mask)
+        rows = np.arange(len(table)) if mask is None else np.flatnonzero(mask)
+        if not len(rows):
+            return None
+        cols = Columns(Frame(view, table, req, ctx), rows)
+        for f, gate in self._row_filters:  # (isinstance on a Protocol is slow: resolved when built)
+            if not len(cols):
+                break
+            if gate is not None:
+                held = gate.gate_rows(req, cols, ctx)
+                if isinstance(held, Defer):
+                    return held
+                cols = held
+            elif f is not None:
+                cols = f.filter_rows(req, cols, ctx)
+        return cols if len(cols) else None
+
+    def _choose_rows(self, req: RouteRequest, view: ClusterView, ctx: Context) -> Decision | Rejection | Defer:
+        cols = self._rows(req, view, ctx)
+        if cols is None and view.health is not None:
+            view = view.with_outstanding(view.overlay, None)
+            cols = self._rows(req, view, ctx)
+        if cols is None:
+            return self._rejection(req, view, ctx)
+        if isinstance(cols, Defer):
+            return cols
+        n = len(cols)
+        if self.scorers and n > 1:
+            total_weight = sum(w for _, w in self.scorers)
+            if total_weight > 0:
+                combined = np.zeros(n)
+                for scorer, weight in self._row_scorers:
+                    if weight == 0:
+                        continue
+                    combined += weight * clamp01_rows(scorer.score_rows(req, cols, ctx))
+                scores = combined / total_weight
+            else:
+                scores = np.ones(n)
+        else:
+            scores = np.ones(n)
+        assert self._row_picker is not None
+        chosen = cols.node(self._row_picker.pick_row(req, cols, scores, ctx))
+        return Decision(chosen.node_id, chosen.endpoint, self.name)
+
     @property
     def learns(self) -> bool:
         """True if some plugin learns from outcomes (then the router feeds every answer back)."""
@@ -169,6 +261,8 @@ class Pipeline:
         return {name: f.state() for name, f in self._stateful}
 
     def choose(self, req: RouteRequest, view: ClusterView, ctx: Context) -> Decision | Rejection | Defer:
+        if self.columnar and len(view.serving(req.model)) >= COLUMNS_MIN:
+            return self._choose_rows(req, view, ctx)
         nodes = self._candidates(req, view, ctx)
         if nodes is None and view.health is not None:
             # ejection and slow start never refuse service outright: without them, if they left nothing

@@ -6,6 +6,7 @@ from collections.abc import Callable, Sequence
 from typing import ClassVar
 
 from policies.api import ClusterView, Context, NodeState, Params, RouteRequest
+from telemetry.view import BoolArray, ModelTable
 
 
 class HasModelParams(Params):
@@ -23,6 +24,12 @@ class HasModel:
     def candidates(self, req: RouteRequest, view: ClusterView) -> Sequence[NodeState]:
         """The view's per-model index: O(1) instead of a scan."""
         return view.serving(req.model)
+
+    def admit_rows(
+        self, req: RouteRequest, view: ClusterView, table: ModelTable, ctx: Context, mask: BoolArray | None
+    ) -> BoolArray | None:
+        """Every row of the model's table serves the model."""
+        return mask
 
     def admitter(self, req: RouteRequest, view: ClusterView, ctx: Context) -> Callable[[NodeState], bool]:
         model = req.model

@@ -20,6 +20,7 @@ from typing import ClassVar
 from pydantic import Field
 
 from policies.api import ClusterView, Context, NodeState, Params, RouteRequest
+from telemetry.view import BoolArray, ModelTable
 
 
 class HealthyParams(Params):
@@ -34,11 +35,32 @@ class Healthy:
     def __init__(self, params: HealthyParams | None = None) -> None:
         self.params = params or HealthyParams()
 
+    def _horizon(self, view: ClusterView, now_ms: float) -> float:
+        """Nodes heard since this count as fresh (further back in panic mode)."""
+        if view.any_fresh(now_ms) or self.params.panic_max_age_ms <= 0:
+            return now_ms - view.stale_after_ms
+        return now_ms - self.params.panic_max_age_ms  # panic: nothing in the whole view is fresh
+
+    def admit_rows(
+        self, req: RouteRequest, view: ClusterView, table: ModelTable, ctx: Context, mask: BoolArray | None
+    ) -> BoolArray | None:
+        admitted = table.ready & (table.heard >= self._horizon(view, ctx.now_ms))
+        if mask is not None:
+            admitted &= mask
+        health = view.health
+        affected = None if health is None else health.exceptions(req.site, ctx.now_ms)
+        if health is not None and affected is not None:
+            sound = health.admitter(req.site, ctx.now_ms, ctx.rng)
+            if sound is not None:  # the few ejected or ramping nodes, in row order (its random draws)
+                pos = table.pos
+                nodes = table.nodes
+                for i in sorted({pos[k] for k in affected if k in pos}):
+                    if admitted[i] and not sound(nodes[i]):
+                        admitted[i] = False
+        return admitted
+
     def admitter(self, req: RouteRequest, view: ClusterView, ctx: Context) -> Callable[[NodeState], bool]:
-        if view.any_fresh(ctx.now_ms) or self.params.panic_max_age_ms <= 0:
-            horizon = ctx.now_ms - view.stale_after_ms
-        else:  # panic: nothing in the whole view is fresh
-            horizon = ctx.now_ms - self.params.panic_max_age_ms
+        horizon = self._horizon(view, ctx.now_ms)
         sound = None if view.health is None else view.health.admitter(req.site, ctx.now_ms, ctx.rng)
         if sound is None:
             return lambda n: n.ready and n.heard_at_ms >= horizon

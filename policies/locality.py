@@ -18,8 +18,10 @@ from typing import ClassVar
 
 from pydantic import Field
 
-from policies.api import ClusterView, Context, NodeState, Params, RouteRequest
+from policies.api import ClusterView, Columns, Context, NodeState, Params, RouteRequest
+from policies.columns import Frame
 from policies.completion import meets_deadline
+from telemetry.view import BoolArray
 
 
 class LocalityParams(Params):
@@ -43,6 +45,15 @@ def has_room(
     return meets_deadline(view, node, req, margin, default_exec_ms, now_ms)
 
 
+def room_rows(frame: Frame, req: RouteRequest, max_load: float, margin: float, default_exec_ms: float) -> BoolArray:
+    """`has_room` of every row of the frame's table."""
+    if req.deadline_ms is None:
+        return frame.load_per_slot() < max_load
+    budget = req.budget_ms
+    assert budget is not None
+    return frame.completion_ms(default_exec_ms) <= budget * (1.0 - margin)
+
+
 class Locality:
     name: ClassVar[str] = "locality"
     reads: ClassVar[frozenset[str]] = frozenset(
@@ -64,3 +75,11 @@ class Locality:
             if n.partition == site and has_room(view, n, req, now, p.max_load, p.margin, p.default_exec_ms)
         ]
         return local or nodes
+
+    def filter_rows(self, req: RouteRequest, cols: Columns, ctx: Context) -> Columns:
+        if req.site is None:
+            return cols
+        p = self.params
+        frame = cols.frame
+        local = cols.of(frame.in_partition(req.site) & room_rows(frame, req, p.max_load, p.margin, p.default_exec_ms))
+        return cols.keep(local) if local.any() else cols

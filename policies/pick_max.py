@@ -9,9 +9,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import ClassVar
 
+import numpy as np
 from pydantic import Field
 
-from policies.api import Context, NodeState, Params, RouteRequest
+from policies.api import Columns, Context, NodeState, Params, RouteRequest
+from telemetry.view import FloatArray
 
 
 class MaxParams(Params):
@@ -25,6 +27,10 @@ class PickMax:
 
     def __init__(self, params: MaxParams | None = None) -> None:
         self.params = params or MaxParams()
+
+    def pick_row(self, req: RouteRequest, cols: Columns, scores: FloatArray, ctx: Context) -> int:
+        ties = np.flatnonzero(scores >= scores.max() - self.params.tolerance).tolist()
+        return int(ties[0] if len(ties) == 1 else ctx.rng.choice(ties))
 
     def pick(self, req: RouteRequest, nodes: list[NodeState], scores: Sequence[float], ctx: Context) -> NodeState:
         best = max(scores)

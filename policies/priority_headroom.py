@@ -13,7 +13,7 @@ from typing import ClassVar
 
 from pydantic import Field
 
-from policies.api import ClusterView, Context, NodeState, Params, RouteRequest
+from policies.api import ClusterView, Columns, Context, NodeState, Params, RouteRequest
 
 
 class PriorityHeadroomParams(Params):
@@ -31,6 +31,11 @@ class PriorityHeadroom:
 
     def reject_status(self, req: RouteRequest) -> int:
         return 429
+
+    def filter_rows(self, req: RouteRequest, cols: Columns, ctx: Context) -> Columns:
+        if req.priority >= self.params.high_priority_min:
+            return cols
+        return cols.keep(cols.of(cols.frame.load_per_slot()) < self.params.max_load)
 
     def filter(self, req: RouteRequest, view: ClusterView, nodes: list[NodeState], ctx: Context) -> list[NodeState]:
         if req.priority >= self.params.high_priority_min:

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from policies.api import ClusterView, Context, NodeState, Params, RouteRequest
+from policies.api import ClusterView, Columns, Context, NodeState, Params, RouteRequest
+from telemetry.view import FloatArray
 
 
 class QueueParams(Params):
@@ -24,6 +25,10 @@ class Queue:
 
     def __init__(self, params: QueueParams | None = None) -> None:
         self.params = params or QueueParams()
+
+    def score_rows(self, req: RouteRequest, cols: Columns, ctx: Context) -> FloatArray:
+        scores: FloatArray = 1.0 / (1.0 + cols.of(cols.frame.load_per_slot()))
+        return scores
 
     def score(self, req: RouteRequest, view: ClusterView, nodes: list[NodeState], ctx: Context) -> list[float]:
         return [1.0 / (1.0 + view.outstanding(n) / n.capacity) for n in nodes]

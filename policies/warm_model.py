@@ -26,10 +26,13 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+import numpy as np
 from pydantic import Field
 
-from policies.api import ClusterView, Context, NodeState, Params, RouteRequest
-from policies.completion import exec_estimate_ms, predicted_wait_ms
+from policies.api import ClusterView, Columns, Context, NodeState, Params, RouteRequest
+from policies.columns import Frame
+from policies.completion import best_over, exec_estimate_ms, predicted_wait_ms
+from telemetry.view import FloatArray
 
 
 class WarmModelParams(Params):
@@ -52,6 +55,45 @@ def load_penalty_ms(
     if ready_at is not None:
         return max(0.0, ready_at - now_ms)
     return view.loader_busy_ms(node, now_ms) + load  # behind the loads already queued there
+
+
+def load_penalty_rows(frame: Frame, model: str, default_load_ms: float, now_ms: float) -> FloatArray:
+    """`load_penalty_ms` of every row of the frame's table (the few nodes where this router set off
+    loads asked one by one)."""
+    t = frame.table
+    out = np.where(t.resident, 0.0, np.where(np.isnan(t.load_ms), default_load_ms, t.load_ms))
+    view = frame.view
+    if view.overlay is not None:
+        pos, resident, nodes = t.pos, t.resident, t.nodes
+        for node_id in view.overlay.load_exceptions():
+            i = pos.get(node_id)
+            if i is not None and not resident[i]:
+                out[i] = load_penalty_ms(nodes[i], model, default_load_ms, view, now_ms)
+    return out
+
+
+def input_arrival_rows(frame: Frame, req: RouteRequest, bandwidth_mbps: float) -> FloatArray | float:
+    """`input_arrival_ms` of every row of the frame's table."""
+    if req.input_node is None:
+        return 0.0
+    source = frame.view.get(req.input_node)
+    n = len(frame.table)
+    rtt = np.zeros(n) if source is None else frame.rtt_ms(source.partition, own=False)
+    out = rtt + req.input_bytes * 8.0 / (bandwidth_mbps * 1000.0)
+    i = frame.table.pos.get(req.input_node)
+    if i is not None:
+        out[i] = 0.0
+    return out
+
+
+def next_move_rows(frame: Frame, req: RouteRequest, bandwidth_mbps: float) -> FloatArray | float:
+    """`next_move_ms` of every row of the frame's table."""
+    if not req.next_models:
+        return 0.0
+    warm = frame.table.resident_of(req.next_models[0])
+    for m in req.next_models[1:]:
+        warm = warm & frame.table.resident_of(m)
+    return np.where(warm, 0.0, req.next_bytes * 8.0 / (bandwidth_mbps * 1000.0))
 
 
 def input_arrival_ms(view: ClusterView, node: NodeState, req: RouteRequest, bandwidth_mbps: float) -> float:
@@ -111,3 +153,16 @@ class WarmModel:
         ]
         best = min(finish)
         return [best / f if f > 0 else 1.0 for f in finish]
+
+    def score_rows(self, req: RouteRequest, cols: Columns, ctx: Context) -> FloatArray:
+        p = self.params
+        frame = cols.frame
+        exec_ms = frame.exec_ms(p.default_exec_ms)
+        start = np.maximum(
+            np.maximum(
+                frame.wait_ms(p.default_exec_ms), load_penalty_rows(frame, req.model, p.default_load_ms, ctx.now_ms)
+            ),
+            input_arrival_rows(frame, req, p.bandwidth_mbps),
+        )
+        finish = frame.rtt_ms() + start + exec_ms + next_move_rows(frame, req, p.bandwidth_mbps)
+        return best_over(cols.of(finish))

@@ -19,7 +19,22 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Protocol, overload
 
+import numpy as np
+
 from telemetry.schema import ModelLoad, NodeLoad
+from telemetry.table import BoolArray, FloatArray, IntArray, ModelTable
+
+__all__ = [
+    "BoolArray",
+    "ClusterView",
+    "FloatArray",
+    "Health",
+    "IntArray",
+    "Links",
+    "ModelTable",
+    "NodeState",
+    "Overlay",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +112,14 @@ class Overlay(Protocol):
 
     def estimate(self, node: NodeState) -> int: ...
 
+    def estimate_many(self, table: ModelTable) -> IntArray:
+        """`estimate` of every node of `table`, in its row order."""
+        ...
+
+    def load_exceptions(self) -> Iterable[str]:
+        """The nodes for which `loader_busy_ms` or `load_ready_at` may answer other than 0 and None."""
+        ...
+
     def loader_busy_ms(self, node: NodeState, now_ms: float) -> float: ...
 
     def load_ready_at(self, node: NodeState, model: str) -> float | None: ...
@@ -106,6 +129,10 @@ class Health(Protocol):
     """The router's view of node health from its own answers (see router.lifecycle.health); a read."""
 
     def admitter(self, site: str | None, now_ms: float, rng: random.Random) -> Callable[[NodeState], bool] | None: ...
+
+    def exceptions(self, site: str | None, now_ms: float) -> Iterable[str] | None:
+        """The nodes `admitter` may refuse for `site` (ejected or ramping); None when it would be None."""
+        ...
 
 
 class Links(Protocol):
@@ -122,6 +149,12 @@ class FixedOverlay:
 
     def estimate(self, node: NodeState) -> int:
         return self.values.get(node.node_id, node.reported_outstanding)
+
+    def estimate_many(self, table: ModelTable) -> IntArray:
+        return np.array([self.estimate(n) for n in table.nodes], dtype=np.int64)
+
+    def load_exceptions(self) -> Iterable[str]:
+        return ()
 
     def loader_busy_ms(self, node: NodeState, now_ms: float) -> float:
         return 0.0
@@ -143,6 +176,12 @@ class ClusterView:
     health: Health | None = None  # the router's outlier ejection and slow start (router.lifecycle.health)
     _by_model: dict[str, tuple[str, ...]] | None = field(default=None, compare=False, repr=False)
     _partitions: frozenset[str] | None = field(default=None, compare=False, repr=False)
+    # per-model column tables (telemetry.table), built or patched on first use in this view; and where
+    # to patch them from: an earlier view's tables and the reports that changed since
+    _tables: dict[str, ModelTable] = field(default_factory=dict, compare=False, repr=False)
+    _table_src: tuple[dict[str, ModelTable], dict[str, NodeState]] | None = field(
+        default=None, compare=False, repr=False
+    )
 
     def __iter__(self) -> Iterator[NodeState]:
         return iter(self.nodes.values())
@@ -222,10 +261,33 @@ class ClusterView:
                     out.setdefault(name, []).append(node)
         return out
 
+    def table(self, model: str) -> ModelTable:
+        """The nodes of `serving(model)`, in that order, as column arrays (telemetry.table): patched from
+        an earlier view's table where the nodes serving the model are the same, else built."""
+        table = self._tables.get(model)
+        if table is None:
+            src = self._table_src
+            old = None if src is None else src[0].get(model)
+            if old is not None and src is not None:
+                pos = old.pos
+                table = old.patched([s for k, s in src[1].items() if k in pos])
+            else:
+                table = ModelTable(model, self.serving(model))
+            self._tables[model] = table
+        return table
+
+    def outstanding_all(self, table: ModelTable) -> IntArray:
+        """`outstanding` of every node of `table`, as an array in its row order."""
+        overlay = self.overlay
+        if overlay is None:
+            return table.reported
+        return overlay.estimate_many(table)
+
     def with_node(self, state: NodeState, built_at_ms: float) -> ClusterView:
         return self.with_nodes([state], built_at_ms)
 
     def with_nodes(self, states: Iterable[NodeState], built_at_ms: float) -> ClusterView:
+        states = list(states)
         nodes = dict(self.nodes)
         newest = self.newest_heard_ms
         index = self._by_model
@@ -238,7 +300,18 @@ class ClusterView:
                 parts = None  # ... or its partition
             nodes[state.node_id] = state
             newest = max(newest, state.heard_at_ms)
-        return self._rebuilt(nodes, built_at_ms, newest, index, parts)
+        src: tuple[dict[str, ModelTable], dict[str, NodeState]] | None = None
+        if index is not None:  # the same nodes serve each model: patch the tables of the changed rows
+            if self._tables:
+                src = (self._tables, {})
+            elif self._table_src is not None:
+                src = (self._table_src[0], dict(self._table_src[1]))
+            if src is not None:
+                for state in states:
+                    src[1][state.node_id] = state
+                if len(src[1]) > len(nodes) // 2:  # most rows changed: a rebuild costs no more
+                    src = None
+        return self._rebuilt(nodes, built_at_ms, newest, index, parts, src)
 
     def without(self, node_ids: Iterable[str], built_at_ms: float) -> ClusterView:
         """This view without `node_ids` (nodes silent past the store's eviction age)."""
@@ -246,7 +319,7 @@ class ClusterView:
         for node_id in node_ids:
             nodes.pop(node_id, None)
         newest = max((n.heard_at_ms for n in nodes.values()), default=float("-inf"))
-        return self._rebuilt(nodes, built_at_ms, newest, None, None)
+        return self._rebuilt(nodes, built_at_ms, newest, None, None, None)
 
     def _rebuilt(
         self,
@@ -255,6 +328,7 @@ class ClusterView:
         newest: float,
         index: dict[str, tuple[str, ...]] | None,
         parts: frozenset[str] | None,
+        tables: tuple[dict[str, ModelTable], dict[str, NodeState]] | None,
     ) -> ClusterView:
         """A new view of `nodes`, without this one's overlay; the caches kept where still valid."""
         return replace(
@@ -265,6 +339,8 @@ class ClusterView:
             overlay=None,
             _by_model=index,
             _partitions=parts,
+            _tables={},
+            _table_src=tables,
         )
 
     def with_outstanding(

@@ -116,6 +116,15 @@ class OutlierDetector:
 
         return admit
 
+    def exceptions(self, site: str | None, now_ms: float) -> list[str] | None:
+        """The nodes `admitter` may refuse for `site` (ejected or ramping); None when it would be None."""
+        if now_ms >= self._active_until:
+            return None
+        key = site or ""
+        out = [n for (s, n) in self._paths if s == key]
+        out.extend(self._restarted)
+        return out
+
     def state(self, now_ms: float) -> dict[str, Any]:
         return {
             "ejected_total": self.ejected_total,

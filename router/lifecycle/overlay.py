@@ -34,11 +34,16 @@ instead of queueing up on the one that looks idlest.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from router.lifecycle.health import OutlierDetector
+from telemetry.table import IntArray, ModelTable
 from telemetry.view import ClusterView, Links, NodeState
+
+NAN = float("nan")
 
 
 @dataclass(slots=True)
@@ -70,6 +75,63 @@ class OutstandingTracker:
         self._base: tuple[ClusterView, Links | None] | None = None
         self._overlaid: ClusterView | None = None
         self.on_change: Callable[[], None] | None = None  # called after every dispatch and settle
+        # The same counters as arrays, for `estimate_many` (a policy judging every node of a model at
+        # once): a row per node id, given when a model table first asks for it; `_gen` changes when
+        # the rows are renumbered (then the tables ask again).
+        self._row: dict[str, int] = {}
+        self._gen = 0
+        self._pend: IntArray = np.zeros(0, dtype=np.int64)
+        self._delta: IntArray = np.zeros(0, dtype=np.int64)  # dispatched - settled since the report
+        self._rseq: IntArray = np.zeros(0, dtype=np.int64)  # the report counted from (-1, NaN: none)
+        self._rsent = np.zeros(0, dtype=np.float64)
+
+    def _mirror(self, node_id: str, n: _Node | None) -> None:
+        """Copy one node's counters into its array row (if it has one)."""
+        i = self._row.get(node_id)
+        if i is None:
+            return
+        if n is None:
+            self._pend[i] = self._delta[i] = 0
+            self._rseq[i], self._rsent[i] = -1, NAN
+            return
+        self._pend[i] = n.pending
+        self._delta[i] = n.dispatched - n.settled
+        self._rseq[i], self._rsent[i] = n.report if n.report[0] >= 0 else (-1, NAN)
+
+    def _rows(self, nodes: Sequence[NodeState]) -> list[int]:
+        """Array rows for `nodes`, giving new ones (and growing the arrays) where needed."""
+        rows = self._row
+        out: list[int] = []
+        new: list[str] = []
+        for state in nodes:
+            i = rows.get(state.node_id)
+            if i is None:
+                i = rows[state.node_id] = len(rows)
+                new.append(state.node_id)
+            out.append(i)
+        if len(rows) > len(self._pend):
+            size = max(64, 2 * len(rows))
+            grow = size - len(self._pend)
+            self._pend = np.concatenate((self._pend, np.zeros(grow, dtype=np.int64)))
+            self._delta = np.concatenate((self._delta, np.zeros(grow, dtype=np.int64)))
+            self._rseq = np.concatenate((self._rseq, np.full(grow, -1, dtype=np.int64)))
+            self._rsent = np.concatenate((self._rsent, np.full(grow, NAN)))
+        for node_id in new:
+            self._mirror(node_id, self._nodes.get(node_id))
+        return out
+
+    def estimate_many(self, table: ModelTable) -> IntArray:
+        """`estimate` for every node of `table` at once (the same formula, on arrays)."""
+        if self.remote is not None:  # the other routers' counts are per node: ask per node
+            return np.array([self.estimate(n) for n in table.nodes], dtype=np.int64)
+        rows = table.slots(id(self), self._gen, self._rows)
+        reported = table.reported
+        synced = (self._rseq[rows] == table.seq) & (self._rsent[rows] == table.sent)
+        return np.maximum(self._pend[rows], np.where(synced, reported + self._delta[rows], reported))
+
+    def load_exceptions(self) -> set[str]:
+        """Nodes where this router set off loads (`loader_busy_ms`, `load_ready_at` may be nonzero)."""
+        return self._loads.keys() | self._loader_free_at.keys()
 
     def _sync(self, state: NodeState) -> _Node:
         n = self._nodes.get(state.node_id)
@@ -85,6 +147,7 @@ class OutstandingTracker:
                 if n.started is not None and self.health is not None:  # a new process: slow start
                     self.health.restarted(state.node_id, state.heard_at_ms - (state.load.sent_at_ms - started))
                 n.started = started
+            self._mirror(state.node_id, n)
         return n
 
     def applied(self, states: list[NodeState]) -> None:
@@ -103,6 +166,12 @@ class OutstandingTracker:
             del self._nodes[k]
             self._loads.pop(k, None)
             self._loader_free_at.pop(k, None)
+            self._mirror(k, None)
+        if len(self._row) > 2 * len(self._nodes) + 1024:  # rows of long-gone nodes: renumber
+            self._row = {}
+            self._gen += 1
+            self._pend = self._delta = self._rseq = np.zeros(0, dtype=np.int64)
+            self._rsent = np.zeros(0, dtype=np.float64)
         return len(gone)
 
     def estimate(self, state: NodeState) -> int:
@@ -183,6 +252,7 @@ class OutstandingTracker:
         n.pending += 1
         n.dispatched += 1
         n.total_dispatched += 1
+        self._mirror(state.node_id, n)
         if self.on_change is not None:
             self.on_change()
 
@@ -193,6 +263,7 @@ class OutstandingTracker:
         n.pending = max(0, n.pending - 1)
         n.settled += 1
         n.total_settled += 1
+        self._mirror(node_id, n)
         if self.on_change is not None:
             self.on_change()
 

@@ -200,7 +200,8 @@ def _imports(path: Path) -> set[str]:
 def test_api_imports_neither_engine_nor_plugins() -> None:
     root = Path(__file__).resolve().parents[2] / "policies"
     imported = _imports(root / "api.py")
-    assert not {m for m in imported if m.startswith("policies")}, imported
+    # the one module of its own it may import: the candidate columns its columnar hooks take
+    assert not {m for m in imported if m.startswith("policies") and m != "policies.columns"}, imported
 
 
 def test_policies_depend_only_on_telemetry_view_types() -> None:

@@ -1,0 +1,128 @@
+"""Candidates as columns: the per-decision arrays the columnar path of the engine works on.
+
+On a model served by many nodes the engine (`Pipeline.choose`) judges every candidate at once: the
+view's `ModelTable` for the model (telemetry.table) holds each node's report as arrays, `Frame` adds
+what one decision derives from them (the outstanding estimate with the router's overlay, execution
+and wait estimates, the link RTT from the request's site, the predicted completion), computed once
+per decision over the whole table and shared by every plugin, and `Columns` is the set of rows still
+in the running as filters drop candidates. Every formula is the one of the per-node functions in
+`policies.completion` and `policies.warm_model`, in the same order of operations, so both paths give
+the same numbers and the same choice (tests/unit/test_columns.py runs every preset both ways).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from telemetry.view import BoolArray, FloatArray, IntArray, ModelTable
+
+if TYPE_CHECKING:
+    from policies.api import Context, RouteRequest
+    from telemetry.view import ClusterView, NodeState
+
+
+class Frame:
+    """One decision's view of one model table, with the derived columns it has computed (over all rows)."""
+
+    __slots__ = ("view", "table", "req", "ctx", "_cache")
+
+    def __init__(self, view: ClusterView, table: ModelTable, req: RouteRequest, ctx: Context) -> None:
+        self.view = view
+        self.table = table
+        self.req = req
+        self.ctx = ctx
+        self._cache: dict[Any, Any] = {}
+
+    def outstanding(self) -> IntArray:
+        """`ClusterView.outstanding` of every row (the overlay's estimate)."""
+        o = self._cache.get("o")
+        if o is None:
+            o = self._cache["o"] = self.view.outstanding_all(self.table)
+        return o
+
+    def load_per_slot(self) -> FloatArray:
+        """outstanding / capacity."""
+        x = self._cache.get("ops")
+        if x is None:
+            x = self._cache["ops"] = self.outstanding() / self.table.capacity
+        return x
+
+    def exec_ms(self, default_exec_ms: float) -> FloatArray:
+        """`completion.exec_estimate_ms`: the EWMA at the request's batch size, else the default."""
+        key = ("exec", default_exec_ms)
+        x = self._cache.get(key)
+        if x is None:
+            x = self._cache[key] = self.table.exec_or(self.req.batch, default_exec_ms)
+        return x
+
+    def rtt_ms(self, site: str | None = None, own: bool = True) -> FloatArray:
+        """`ClusterView.rtt_ms(site, partition)` of every row (`site`: the request's when `own`)."""
+        if own:
+            site = self.req.site
+        return self.table.rtt(self.view.links, site)
+
+    def wait_ms(self, default_exec_ms: float) -> FloatArray:
+        """`completion.predicted_wait_ms` at the request's priority (now = the context's clock)."""
+        key = ("wait", default_exec_ms)
+        x = self._cache.get(key)
+        if x is None:
+            t = self.table
+            exec_ms = self.exec_ms(default_exec_ms)
+            o = self.outstanding()
+            priority = self.req.priority
+            reported_wait = t.wait(priority)
+            age = np.maximum(0.0, self.ctx.now_ms - t.heard)
+            extra = np.maximum(0, o - t.reported)
+            with np.errstate(invalid="ignore"):
+                known = np.maximum(0.0, reported_wait - age) + extra * exec_ms / t.capacity
+            if t.wait_known(priority):  # every node reports its wait (the usual case)
+                x = self._cache[key] = known
+            else:
+                x = self._cache[key] = np.where(np.isnan(reported_wait), o / t.capacity * exec_ms, known)
+        return x
+
+    def completion_ms(self, default_exec_ms: float) -> FloatArray:
+        """`completion.predicted_completion_ms`: rtt + wait + exec."""
+        key = ("completion", default_exec_ms)
+        x = self._cache.get(key)
+        if x is None:
+            x = self._cache[key] = self.rtt_ms() + self.wait_ms(default_exec_ms) + self.exec_ms(default_exec_ms)
+        return x
+
+    def in_partition(self, partition: str) -> BoolArray:
+        i = self.table.part_of.get(partition)
+        if i is None:
+            return np.zeros(len(self.table), dtype=np.bool_)
+        same: BoolArray = self.table.part == i
+        return same
+
+
+class Columns:
+    """The rows of a `Frame` still in the running (ascending, so in the per-node path's order)."""
+
+    __slots__ = ("frame", "rows")
+
+    def __init__(self, frame: Frame, rows: IntArray) -> None:
+        self.frame = frame
+        self.rows = rows
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def of(self, column: np.ndarray[Any, Any]) -> Any:
+        """A whole-table column restricted to these rows."""
+        return column[self.rows]
+
+    def keep(self, mask: BoolArray) -> Columns:
+        """These rows where `mask` (aligned with them) holds."""
+        return Columns(self.frame, self.rows[mask])
+
+    def node(self, i: int) -> NodeState:
+        """The node of the i-th row in the running."""
+        return self.frame.table.nodes[int(self.rows[i])]
+
+    def nodes(self) -> list[NodeState]:
+        nodes = self.frame.table.nodes
+        return [nodes[i] for i in self.rows.tolist()]
