@@ -105,6 +105,12 @@ def _bench(args: argparse.Namespace) -> int:
         from scenarios.bench import bench_sim
 
         bench_sim(out, nodes=args.nodes, requests=args.requests, policy=args.policy)
+    elif args.what == "ingest":
+        from scenarios.bench_ingest import bench_ingest
+
+        if args.interval_ms <= 0 or args.seconds <= 0 or args.publishers < 1:
+            return _usage("--interval-ms and --seconds must be positive, --publishers at least 1")
+        bench_ingest(out, args.nodes, args.interval_ms, args.seconds, args.publishers, args.kafka)
     elif args.what == "routers":
         from scenarios.bench import bench_routers
 
@@ -320,6 +326,12 @@ def main(argv: list[str] | None = None) -> int:
     b = bsub.add_parser("decide", help="one policy decision, every preset, on views of 10 to 10,000 nodes")
     b.add_argument("--nodes", type=int, help="one view size (default: 10, 100, 1000, 10000)")
     b.add_argument("--requests", type=int, default=2000, help="decisions per preset and size (2000)")
+    b = bsub.add_parser("ingest", help="NodeLoad messages/s one router folds into its view, through a real broker")
+    b.add_argument("--nodes", type=int, default=5000, help="nodes publishing (5000)")
+    b.add_argument("--interval-ms", type=float, default=100.0, help="each node's publish interval (100)")
+    b.add_argument("--seconds", type=float, default=10.0, help="how long the publishers run (10)")
+    b.add_argument("--publishers", type=int, default=2, help="publisher processes (2)")
+    b.add_argument("--kafka", help="external Kafka bootstrap HOST:PORT (default: an embedded broker)")
     b = bsub.add_parser("sim", help="simulator events per second with a real policy in the loop")
     b.add_argument("--nodes", type=int, default=1000, help="cluster size (1000)")
     b.add_argument("--requests", type=int, default=1_000_000, help="requests simulated (1,000,000)")

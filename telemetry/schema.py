@@ -40,7 +40,20 @@ Count = Annotated[int, Field(ge=0, le=MAX_COUNT)]
 Name = Annotated[str, Field(min_length=1, max_length=128, pattern=NAME_PATTERN)]
 
 
+# Key sets and endpoints already found valid: a fleet repeats the same few in every report, and checking
+# them again costs more than the rest of the parse (a router reads tens of thousands of reports a second).
+# Bounded: cleared when full, so a flood of distinct values costs time, never memory.
+_VALID_CACHE_MAX = 65_536
+_valid_keys: set[tuple[int, int, tuple[str, ...]]] = set()
+_valid_endpoints: set[str] = set()
+
+
 def _int_keys(values: dict[str, object], lo: int, hi: int, what: str) -> dict[str, object]:
+    if not values:
+        return values
+    seen = (lo, hi, tuple(values))
+    if seen in _valid_keys:
+        return values
     for key in values:
         try:
             k = int(key)
@@ -48,6 +61,9 @@ def _int_keys(values: dict[str, object], lo: int, hi: int, what: str) -> dict[st
             raise ValueError(f"{what} key {key[:20]!r} is not an integer") from None
         if not lo <= k <= hi or key != str(k):
             raise ValueError(f"{what} key {key[:20]!r} is out of range [{lo}, {hi}]")
+    if len(_valid_keys) >= _VALID_CACHE_MAX:
+        _valid_keys.clear()
+    _valid_keys.add(seen)
     return values
 
 
@@ -133,6 +149,8 @@ class NodeLoad(_Strict):
     @field_validator("endpoint")
     @classmethod
     def _base_url(cls, v: str) -> str:
+        if v in _valid_endpoints:
+            return v
         parts = urlsplit(v)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError("endpoint must be an http(s) URL with a host")
@@ -142,6 +160,9 @@ class NodeLoad(_Strict):
             parts.port  # noqa: B018 - raises on an invalid port
         except ValueError:
             raise ValueError("endpoint has an invalid port") from None
+        if len(_valid_endpoints) >= _VALID_CACHE_MAX:
+            _valid_endpoints.clear()
+        _valid_endpoints.add(v)
         return v
 
     model_config = ConfigDict(frozen=True, extra="ignore", populate_by_name=True)

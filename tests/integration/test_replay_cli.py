@@ -157,3 +157,15 @@ def test_bench_router_measures_the_floor_and_writes_its_figures(tmp_path: Path) 
     summary = result["summary"][0]
     assert {"router_vs_proxy_rps", "router_vs_proxy_added_p50", "node_vs_bare_echo_rps"} <= set(summary)
     assert (tmp_path / "router.json").is_file()
+
+
+def test_bench_ingest_reads_every_published_report_through_the_broker(tmp_path: Path, broker) -> None:  # type: ignore[no-untyped-def]
+    from scenarios.bench_ingest import bench_ingest
+
+    result = bench_ingest(tmp_path, nodes=40, interval_ms=100.0, seconds=1.0, publishers=2, kafka=broker.bootstrap)
+    assert result["published"] >= 40 * 5, "two publishers, 40 nodes, about ten rounds"
+    assert result["received"] == result["published"] and result["lost"] == 0
+    assert result["malformed"] == 0
+    assert 0 <= result["lag_ms"]["p50"] <= result["lag_ms"]["p99"] <= result["lag_ms"]["max"]
+    assert result["applied_reports"] > 0 and result["router_cpu_us_per_msg"] > 0
+    assert json.loads((tmp_path / "ingest.json").read_text())["published"] == result["published"]

@@ -1,0 +1,196 @@
+"""`edgeroute bench ingest`: how many NodeLoad messages a second one router process folds into its view.
+
+Publisher processes (`python -m scenarios.bench_ingest publish ...`, each a slice of the fleet) send
+every node's report every `interval_ms` through a real broker (the embedded one, or `--kafka`); this
+process reads them exactly as a router does (`KafkaTelemetrySource` into a `ViewStore`, the request
+lifecycle's `applied` hook counting from each report) and records, per applied report, the time from
+its send to the moment the view that holds it was swapped in (the view's staleness beyond the publish
+interval). It reports the offered and applied rates, that lag at p50/p99/max, and this process's CPU
+per message. The publishers, the broker and this process share the machine: on a small one the
+publishers may not reach the offered rate, and the JSON says what they did send.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import resource
+import subprocess
+import sys
+import threading
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from router.lifecycle import Lifecycle, LifecycleSettings
+from scenarios.bench_decide import node_load
+from telemetry.broker import EmbeddedBroker, terminate
+from telemetry.bus import KafkaTelemetrySource, ensure_topic, now_ms
+from telemetry.quantiles import nearest_rank
+from telemetry.store import ViewStore
+from telemetry.view import NodeState
+
+TOPIC = "edgeroute.bench.ingest"
+
+
+def publish(bootstrap: str, first: int, count: int, interval_ms: float, seconds: float, topic: str) -> dict[str, Any]:
+    """Send node `first`..`first+count-1`'s reports every `interval_ms` for `seconds` (a publisher process)."""
+    from kafka import KafkaProducer
+
+    rng = random.Random(first)
+    bodies = [node_load(first + i, rng).model_dump(by_alias=True, mode="json") for i in range(count)]
+    keys = [b["node_id"].encode() for b in bodies]
+    producer = KafkaProducer(
+        bootstrap_servers=bootstrap, linger_ms=5, batch_size=1 << 18, acks=1, client_id="bench-ingest"
+    )
+    sent = 0
+    seq = 1
+    start = time.monotonic()
+    tick = interval_ms / 1000.0
+    next_round = start
+    behind = 0  # rounds that started late (the publisher could not keep its rate)
+    while time.monotonic() - start < seconds:
+        for i, body in enumerate(bodies):
+            body["seq"] = seq
+            body["sent_at_ms"] = now_ms()
+            producer.send(topic, key=keys[i], value=json.dumps(body, separators=(",", ":")).encode())
+            sent += 1
+        seq += 1
+        next_round += tick
+        pause = next_round - time.monotonic()
+        if pause > 0:
+            time.sleep(pause)
+        else:
+            behind += 1
+    producer.flush(timeout=30)
+    producer.close(timeout=10)
+    return {"sent": sent, "seconds": round(time.monotonic() - start, 3), "late_rounds": behind}
+
+
+def bench_ingest(
+    out_dir: Path,
+    nodes: int = 5000,
+    interval_ms: float = 100.0,
+    seconds: float = 10.0,
+    publishers: int = 2,
+    kafka: str | None = None,
+) -> dict[str, Any]:
+    broker = None if kafka else EmbeddedBroker().start()
+    bootstrap = kafka or (broker.bootstrap if broker else "")
+    source: KafkaTelemetrySource | None = None
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        ensure_topic(bootstrap, TOPIC)
+        store = ViewStore(stale_after_ms=10 * interval_ms)
+        lc: Lifecycle[object] = Lifecycle(LifecycleSettings(), store, lambda _: False)
+        lags: list[float] = []
+        applied = [0]
+        lock = threading.Lock()
+
+        def on_applied(states: list[NodeState]) -> None:  # in the consumer thread, after the swap
+            lc.applied(states)
+            at = now_ms()
+            with lock:
+                applied[0] += len(states)
+                lags.extend(at - s.load.sent_at_ms for s in states)
+
+        store.on_applied = on_applied
+        source = KafkaTelemetrySource(bootstrap, topic=TOPIC, lookback_ms=0.0, fetch_max_wait_ms=5)
+        source.start(store)
+        if not source.assigned.wait(20):
+            raise RuntimeError("the consumer was not assigned the topic")
+        time.sleep(0.5)
+        received0 = store.messages
+        share = -(-nodes // publishers)
+        cpu0 = resource.getrusage(resource.RUSAGE_SELF)
+        t0 = time.monotonic()
+        for k in range(publishers):
+            first, count = k * share, min(share, nodes - k * share)
+            if count <= 0:
+                break
+            cmd = [sys.executable, "-m", "scenarios.bench_ingest", "publish", "--bootstrap", bootstrap,
+                   "--first", str(first), "--count", str(count), "--interval-ms", str(interval_ms),
+                   "--seconds", str(seconds), "--topic", TOPIC]  # fmt: skip
+            procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL))
+        reports = []
+        for p in procs:
+            out, _ = p.communicate(timeout=seconds + 120)
+            reports.append(json.loads(out.decode().strip().splitlines()[-1]))
+        sent = sum(r["sent"] for r in reports)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and store.messages - received0 < sent:
+            time.sleep(0.05)
+        elapsed = time.monotonic() - t0
+        cpu1 = resource.getrusage(resource.RUSAGE_SELF)
+        cpu_s = (cpu1.ru_utime - cpu0.ru_utime) + (cpu1.ru_stime - cpu0.ru_stime)
+        got = store.messages - received0  # read and parsed (a batch applies only a node's newest report)
+        with lock:
+            lag = sorted(lags)
+        pub_seconds = max(r["seconds"] for r in reports)
+        result = {
+            "benchmark": "ingest",
+            "nodes": nodes,
+            "interval_ms": interval_ms,
+            "offered_msgs_per_s": round(nodes * 1000.0 / interval_ms),
+            "published": sent,
+            "published_msgs_per_s": round(sent / pub_seconds),
+            "publisher_late_rounds": sum(r["late_rounds"] for r in reports),
+            "received": got,
+            "received_msgs_per_s": round(got / pub_seconds),
+            "applied_reports": applied[0],
+            "lost": sent - got,
+            "lag_ms": {
+                "p50": round(nearest_rank(lag, 0.5), 2),
+                "p99": round(nearest_rank(lag, 0.99), 2),
+                "max": round(lag[-1], 2) if lag else 0.0,
+            },
+            "staleness_p99_ms": round(interval_ms + nearest_rank(lag, 0.99), 2),
+            "router_cpu_us_per_msg": round(cpu_s * 1e6 / max(1, got), 1),
+            "router_cpu_share": round(cpu_s / elapsed, 3),  # of one core
+            "malformed": store.malformed,
+            "host": {"machine": platform.machine(), "python": platform.python_version(), "cpus": os.cpu_count()},
+            "broker": "external" if kafka else "embedded (Tansu)",
+            "at": datetime.now(UTC).isoformat(timespec="seconds"),
+        }
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                terminate(p)
+        if source is not None:
+            source.stop()
+        if broker is not None:
+            broker.stop()
+    print(
+        f"offered {result['offered_msgs_per_s']} msg/s ({nodes} nodes every {interval_ms:g} ms); published "
+        f"{result['published_msgs_per_s']} msg/s; read {result['received_msgs_per_s']} msg/s, lost {result['lost']}; "
+        f"send-to-view lag p50 {result['lag_ms']['p50']} ms p99 {result['lag_ms']['p99']} ms; "
+        f"router CPU {result['router_cpu_us_per_msg']} us/msg ({result['router_cpu_share'] * 100:.0f}% of a core)"
+    )
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "ingest.json").write_text(json.dumps(result, indent=2) + "\n")
+    print(f"written: {out_dir / 'ingest.json'}")
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m scenarios.bench_ingest")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("publish", help="one publisher process of the benchmark")
+    p.add_argument("--bootstrap", required=True)
+    p.add_argument("--first", type=int, required=True)
+    p.add_argument("--count", type=int, required=True)
+    p.add_argument("--interval-ms", type=float, required=True)
+    p.add_argument("--seconds", type=float, required=True)
+    p.add_argument("--topic", default=TOPIC)
+    args = parser.parse_args(argv)
+    out = publish(args.bootstrap, args.first, args.count, args.interval_ms, args.seconds, args.topic)
+    print(json.dumps(out), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
