@@ -172,3 +172,27 @@ def test_the_views_partitions_follow_its_nodes() -> None:
     assert store.view.has_partition("cloud") and not store.view.has_partition("edge-a")
     store.apply(load("b", partition="edge-b", sent_at_ms=NOW + 2), NOW + 2)  # joined
     assert store.view.has_partition("edge-b") and store.view.has_partition("cloud")
+
+
+def test_remembered_valid_values_stay_bounded_and_never_admit_invalid_ones(monkeypatch: pytest.MonkeyPatch) -> None:
+    import telemetry.schema as schema
+
+    monkeypatch.setattr(schema, "_VALID_CACHE_MAX", 50)
+    for i in range(500):  # a flood of distinct, valid endpoints and key sets
+        msg = valid()
+        msg["endpoint"] = f"http://10.1.{i // 250}.{i % 250}:8000"
+        msg["queued_by_priority"] = {str(i): 1}
+        NodeLoad.parse(json.dumps(msg))
+        assert len(schema._valid_endpoints) <= 50 and len(schema._valid_keys) <= 50
+    # a key set valid as priorities is not thereby valid as batch sizes (0 is no batch size)
+    msg = valid()
+    msg["queued_by_priority"] = {"0": 1}
+    NodeLoad.parse(json.dumps(msg))
+    msg["models"]["m"]["ewma_ms_by_batch"] = {"0": 1.0}
+    with pytest.raises(MalformedTelemetry):
+        NodeLoad.parse(json.dumps(msg))
+    # an endpoint refused once is refused every time
+    for _ in range(2):
+        with pytest.raises(MalformedTelemetry):
+            NodeLoad.parse(with_("endpoint", "http://user:pw@10.0.0.1:8000"))
+    assert not any("@" in e for e in schema._valid_endpoints)
