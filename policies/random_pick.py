@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import ClassVar
 
-from policies.api import Context, NodeState, Params, RouteRequest
+from policies.api import Columns, Context, NodeState, Params, RouteRequest
+from telemetry.view import FloatArray
 
 
 class RandomParams(Params):
@@ -22,3 +23,6 @@ class RandomPick:
 
     def pick(self, req: RouteRequest, nodes: list[NodeState], scores: Sequence[float], ctx: Context) -> NodeState:
         return ctx.rng.choice(nodes)
+
+    def pick_row(self, req: RouteRequest, cols: Columns, scores: FloatArray, ctx: Context) -> int:
+        return ctx.rng.choice(range(len(cols)))  # the same draw as `choice` over the candidates

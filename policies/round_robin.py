@@ -10,7 +10,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import ClassVar
 
-from policies.api import Context, NodeState, Params, RouteRequest
+import numpy as np
+
+from policies.api import Columns, Context, NodeState, Params, RouteRequest
+from telemetry.view import FloatArray
 
 
 class RoundRobinParams(Params):
@@ -31,3 +34,9 @@ class RoundRobin:
         i = self._next.get(req.model, 0)
         self._next[req.model] = i + 1
         return ordered[i % len(ordered)]
+
+    def pick_row(self, req: RouteRequest, cols: Columns, scores: FloatArray, ctx: Context) -> int:
+        by_id = np.argsort(cols.of(cols.frame.table.id_rank()), kind="stable")
+        i = self._next.get(req.model, 0)
+        self._next[req.model] = i + 1
+        return int(by_id[i % len(by_id)])

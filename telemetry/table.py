@@ -75,6 +75,7 @@ class ModelTable:
         "_wait_known",
         "_filled",
         "_rtts",
+        "_id_rank",
     )
 
     def __init__(self, model: str, nodes: Sequence[NodeState]) -> None:
@@ -104,6 +105,7 @@ class ModelTable:
         self._wait_known: dict[int, bool] = {}  # derived from the columns above: rebuilt, not patched
         self._filled: dict[tuple[int, float], FloatArray] = {}
         self._rtts: dict[tuple[object, str | None], FloatArray] = {}
+        self._id_rank: IntArray | None = None
 
     def _row(self, n: NodeState) -> tuple[Any, ...]:
         load = n.load
@@ -174,6 +176,16 @@ class ModelTable:
             col = self._residents[model] = np.array([_resident(n, model) for n in self.nodes], dtype=np.bool_)
         return col
 
+    def id_rank(self) -> IntArray:
+        """Each row's place in node-id order."""
+        rank = self._id_rank
+        if rank is None:
+            order = sorted(range(len(self.nodes)), key=lambda i: self.nodes[i].node_id)
+            rank = np.empty(len(order), dtype=np.int64)
+            rank[order] = np.arange(len(order))
+            self._id_rank = rank
+        return rank
+
     def rtt(self, links: Links | None, site: str | None) -> FloatArray:
         """`links.rtt_ms(site, partition)` of every row (0 without links); link tables are immutable
         (swapped whole), so this is cached per table and site."""
@@ -218,6 +230,7 @@ class ModelTable:
         t._wait_known = {}
         t._filled = {}
         t._rtts = {}
+        t._id_rank = self._id_rank  # the same node ids in the same rows
         model = t.model
         for n in changed:
             i = t.pos[n.node_id]

@@ -28,7 +28,7 @@ from telemetry.table import ModelTable
 from telemetry.view import ClusterView
 
 NOW = 1_000_000.0
-COLUMNAR = ("least_outstanding", "slo_priority", "edge_first", "compass")
+COLUMNAR = ("least_outstanding", "slo_priority", "edge_first", "compass", "random", "round_robin")
 
 
 def odd_load(i: int, rng: random.Random) -> NodeLoad:
