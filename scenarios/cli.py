@@ -331,7 +331,7 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--interval-ms", type=float, default=100.0, help="each node's publish interval (100)")
     b.add_argument("--seconds", type=float, default=10.0, help="how long the publishers run (10)")
     b.add_argument("--publishers", type=int, default=2, help="publisher processes (2)")
-    b.add_argument("--kafka", help="external Kafka bootstrap HOST:PORT (default: an embedded broker)")
+    b.add_argument("--kafka", help="external plaintext Kafka bootstrap HOST:PORT (default: an embedded broker)")
     b = bsub.add_parser("sim", help="simulator events per second with a real policy in the loop")
     b.add_argument("--nodes", type=int, default=1000, help="cluster size (1000)")
     b.add_argument("--requests", type=int, default=1_000_000, help="requests simulated (1,000,000)")
