@@ -57,10 +57,12 @@ class Frame:
             x = self._cache[key] = self.table.exec_or(self.req.batch, default_exec_ms)
         return x
 
-    def rtt_ms(self, site: str | None = None, own: bool = True) -> FloatArray:
-        """`ClusterView.rtt_ms(site, partition)` of every row (`site`: the request's when `own`)."""
-        if own:
-            site = self.req.site
+    def rtt_ms(self) -> FloatArray:
+        """`ClusterView.rtt_ms(site, partition)` of every row, from the request's site."""
+        return self.table.rtt(self.view.links, self.req.site)
+
+    def rtt_from(self, site: str | None) -> FloatArray:
+        """`ClusterView.rtt_ms(site, partition)` of every row, from another partition."""
         return self.table.rtt(self.view.links, site)
 
     def wait_ms(self, default_exec_ms: float) -> FloatArray:
@@ -75,8 +77,7 @@ class Frame:
             reported_wait = t.wait(priority)
             age = np.maximum(0.0, self.ctx.now_ms - t.heard)
             extra = np.maximum(0, o - t.reported)
-            with np.errstate(invalid="ignore"):
-                known = np.maximum(0.0, reported_wait - age) + extra * exec_ms / t.capacity
+            known = np.maximum(0.0, reported_wait - age) + extra * exec_ms / t.capacity
             if t.wait_known(priority):  # every node reports its wait (the usual case)
                 x = self._cache[key] = known
             else:

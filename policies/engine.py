@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -56,6 +56,7 @@ from policies.api import (
 from policies.columns import Columns, Frame
 from telemetry.view import BoolArray, FloatArray
 
+F = TypeVar("F")
 COLUMNS_MIN = 24  # a model served by this many nodes or more is judged on its column table
 
 
@@ -219,11 +220,20 @@ class Pipeline:
                 cols = f.filter_rows(req, cols, ctx)
         return cols if len(cols) else None
 
-    def _choose_rows(self, req: RouteRequest, view: ClusterView, ctx: Context) -> Decision | Rejection | Defer:
-        cols = self._rows(req, view, ctx)
-        if cols is None and view.health is not None:
+    @staticmethod
+    def _found(
+        find: Callable[[RouteRequest, ClusterView, Context], F], req: RouteRequest, view: ClusterView, ctx: Context
+    ) -> tuple[F, ClusterView]:
+        """The candidates `find` gives, and the view they came from: ejection and slow start never refuse
+        service outright, so if they left nothing, the candidates without them."""
+        found = find(req, view, ctx)
+        if found is None and view.health is not None:
             view = view.with_outstanding(view.overlay, None)
-            cols = self._rows(req, view, ctx)
+            found = find(req, view, ctx)
+        return found, view
+
+    def _choose_rows(self, req: RouteRequest, view: ClusterView, ctx: Context) -> Decision | Rejection | Defer:
+        cols, view = self._found(self._rows, req, view, ctx)
         if cols is None:
             return self._rejection(req, view, ctx)
         if isinstance(cols, Defer):
@@ -263,11 +273,7 @@ class Pipeline:
     def choose(self, req: RouteRequest, view: ClusterView, ctx: Context) -> Decision | Rejection | Defer:
         if self.columnar and len(view.serving(req.model)) >= COLUMNS_MIN:
             return self._choose_rows(req, view, ctx)
-        nodes = self._candidates(req, view, ctx)
-        if nodes is None and view.health is not None:
-            # ejection and slow start never refuse service outright: without them, if they left nothing
-            view = view.with_outstanding(view.overlay, None)
-            nodes = self._candidates(req, view, ctx)
+        nodes, view = self._found(self._candidates, req, view, ctx)
         if nodes is None:
             return self._rejection(req, view, ctx)
         if isinstance(nodes, Defer):

@@ -78,7 +78,7 @@ def input_arrival_rows(frame: Frame, req: RouteRequest, bandwidth_mbps: float) -
         return 0.0
     source = frame.view.get(req.input_node)
     n = len(frame.table)
-    rtt = np.zeros(n) if source is None else frame.rtt_ms(source.partition, own=False)
+    rtt = np.zeros(n) if source is None else frame.rtt_from(source.partition)
     out = rtt + req.input_bytes * 8.0 / (bandwidth_mbps * 1000.0)
     i = frame.table.pos.get(req.input_node)
     if i is not None:

@@ -117,9 +117,12 @@ def bench_ingest(
                    "--seconds", str(seconds), "--topic", TOPIC]  # fmt: skip
             procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL))
         reports = []
-        for p in procs:
+        for k, p in enumerate(procs):
             out, _ = p.communicate(timeout=seconds + 120)
-            reports.append(json.loads(out.decode().strip().splitlines()[-1]))
+            lines = out.decode().strip().splitlines()
+            if p.returncode != 0 or not lines:
+                raise RuntimeError(f"publisher {k + 1} failed (exit {p.returncode}): is {bootstrap} a reachable Kafka?")
+            reports.append(json.loads(lines[-1]))
         sent = sum(r["sent"] for r in reports)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline and store.messages - received0 < sent:

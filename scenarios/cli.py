@@ -110,7 +110,13 @@ def _bench(args: argparse.Namespace) -> int:
 
         if args.interval_ms <= 0 or args.seconds <= 0 or args.publishers < 1:
             return _usage("--interval-ms and --seconds must be positive, --publishers at least 1")
-        bench_ingest(out, args.nodes, args.interval_ms, args.seconds, args.publishers, args.kafka)
+        from kafka.errors import KafkaError
+
+        try:
+            bench_ingest(out, args.nodes, args.interval_ms, args.seconds, args.publishers, args.kafka)
+        except (KafkaError, RuntimeError) as exc:
+            print(f"edgeroute: bench ingest: {exc}", file=sys.stderr)
+            return 1
     elif args.what == "routers":
         from scenarios.bench import bench_routers
 

@@ -101,7 +101,7 @@ class ModelTable:
         self._waits: dict[int, FloatArray] = {}
         self._execs: dict[int, FloatArray] = {}
         self._residents: dict[str, BoolArray] = {}
-        self._slots: dict[int, tuple[int, IntArray]] = {}  # per overlay: (its generation, its row numbers)
+        self._slots: dict[object, tuple[int, IntArray]] = {}  # per overlay: (its generation, its row numbers)
         self._wait_known: dict[int, bool] = {}  # derived from the columns above: rebuilt, not patched
         self._filled: dict[tuple[int, float], FloatArray] = {}
         self._rtts: dict[tuple[object, str | None], FloatArray] = {}
@@ -202,7 +202,7 @@ class ModelTable:
             self._rtts[key] = col
         return col
 
-    def slots(self, owner: int, generation: int, build: Any) -> IntArray:
+    def slots(self, owner: object, generation: int, build: Any) -> IntArray:
         """Row numbers of these nodes in an overlay's own arrays (cached per overlay and generation)."""
         cached = self._slots.get(owner)
         if cached is None or cached[0] != generation:

@@ -124,7 +124,7 @@ class OutstandingTracker:
         """`estimate` for every node of `table` at once (the same formula, on arrays)."""
         if self.remote is not None:  # the other routers' counts are per node: ask per node
             return np.array([self.estimate(n) for n in table.nodes], dtype=np.int64)
-        rows = table.slots(id(self), self._gen, self._rows)
+        rows = table.slots(self, self._gen, self._rows)
         reported = table.reported
         synced = (self._rseq[rows] == table.seq) & (self._rsent[rows] == table.sent)
         return np.maximum(self._pend[rows], np.where(synced, reported + self._delta[rows], reported))

@@ -169,3 +169,31 @@ def test_bench_ingest_reads_every_published_report_through_the_broker(tmp_path: 
     assert 0 <= result["lag_ms"]["p50"] <= result["lag_ms"]["p99"] <= result["lag_ms"]["max"]
     assert result["applied_reports"] > 0 and result["router_cpu_us_per_msg"] > 0
     assert json.loads((tmp_path / "ingest.json").read_text())["published"] == result["published"]
+
+
+def test_bench_ingest_with_bad_settings_is_one_line_and_starts_nothing(tmp_path: Path) -> None:
+    for args, message in (
+        (["--seconds", "0"], "edgeroute: --interval-ms and --seconds must be positive, --publishers at least 1"),
+        (["--publishers", "0"], "edgeroute: --interval-ms and --seconds must be positive, --publishers at least 1"),
+        (["--nodes", "0"], "edgeroute: --nodes must be at least 1"),
+    ):
+        proc = subprocess.run(
+            [*CLI, "bench", "ingest", *args, "--out", str(tmp_path)], capture_output=True, text=True, timeout=60
+        )
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr
+        assert proc.stderr.strip() == message
+    assert not list(tmp_path.iterdir()), "nothing measured, nothing written"
+
+
+def test_bench_ingest_against_an_unreachable_kafka_is_one_clear_line(tmp_path: Path) -> None:
+    from telemetry.broker import free_port
+
+    proc = subprocess.run(
+        [*CLI, "bench", "ingest", "--kafka", f"127.0.0.1:{free_port()}", "--seconds", "1", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith("edgeroute: bench ingest:")
+    assert not list(tmp_path.iterdir())
