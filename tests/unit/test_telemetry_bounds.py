@@ -133,7 +133,9 @@ def _mutate(msg: Any, rng: random.Random, depth: int = 0) -> Any:
     return rng.choice(hostile)
 
 
-def test_generated_hostile_telemetry_never_crashes_and_never_passes_out_of_bounds() -> None:
+def test_generated_hostile_telemetry_never_crashes_and_never_passes_out_of_bounds(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     rng = random.Random(2026)
     store = ViewStore()
     base = valid()
@@ -162,6 +164,18 @@ def test_generated_hostile_telemetry_never_crashes_and_never_passes_out_of_bound
         for k in range(50):
             req = RouteRequest("m", rng.choice((0, 10, -1)), rng.choice((None, 50.0, 500.0)), "edge-a", 1, f"q{k}")
             policy.choose(req, store.view, Context(NOW + 3000, random.Random(k)))
+    # ... and on the columnar path (forced for these few nodes), choosing as the per-node path does
+    from policies import engine
+
+    monkeypatch.setattr(engine, "COLUMNS_MIN", 1)
+    for preset in sorted(PRESETS):
+        columnar, per_node = build_policy(preset), build_policy(preset)
+        per_node.columnar = False
+        for k in range(50):
+            req = RouteRequest("m", rng.choice((0, 10, -1)), rng.choice((None, 50.0, 500.0)), "edge-a", 1, f"q{k}")
+            a = columnar.choose(req, store.view, Context(NOW + 3000, random.Random(k)))
+            b = per_node.choose(req, store.view, Context(NOW + 3000, random.Random(k)))
+            assert a == b, (preset, req)
 
 
 def test_the_views_partitions_follow_its_nodes() -> None:
