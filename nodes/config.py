@@ -89,6 +89,13 @@ class NodeConfig(ServerSettings):
         description="emulated device speed relative to this host; < 1 stretches "
         "each execution by holding its slot (documented emulation)",
     )
+    inline_max_ms: float = Field(
+        0.2,
+        ge=0,
+        le=5,
+        description="run a batch on the event loop itself, with no thread hand-off, when its measured slot time "
+        "is at most this (a slot is free, the device is not emulated); 0 always uses the slot threads",
+    )
     memory_budget_bytes: int = Field(2 << 30, ge=0)
     max_body_bytes: int = Field(16 << 20, ge=1024)
     kafka: str | None = Field(None, description="bootstrap HOST:PORT; None disables telemetry")

@@ -29,6 +29,7 @@ from nodes.scheduler import BatchPolicy, NextBatch, Scheduler, Work
 log = logging.getLogger("edgeroute.node")
 
 EXECUTED_KEPT = 65_536
+INLINE_PER_KICK = 4  # batches one `kick` may run on the event loop before handing the rest to threads
 
 
 @dataclass
@@ -44,7 +45,7 @@ class InferResult:
 @dataclass
 class _Pending:
     request: InferRequest
-    future: asyncio.Future[InferResult]
+    future: asyncio.Future[InferResult] | None  # None: run at once on arrival, answered directly
     queued_at: float  # perf_counter seconds
     timer: asyncio.TimerHandle | None = None
     request_id: str | None = None
@@ -77,6 +78,7 @@ class Executor:
     executed: deque[str] = field(default_factory=lambda: deque(maxlen=EXECUTED_KEPT))
     handoffs: int = 0  # a worker went straight from one execution to the next (work was queued)
     handoff_ms_total: float = 0.0  # the slot's idle time in those handoffs (lock, GIL, batch building)
+    inline_runs: int = 0  # batches run on the event loop itself (short, measured, not emulated)
     wakeups: int = 0  # a batch started from the event loop (the slot was idle)
     wakeup_ms_total: float = 0.0  # from handing it to a worker thread to the run starting
     wakeup_recent: deque[float] = field(default_factory=lambda: deque(maxlen=4096))  # for quantiles
@@ -130,17 +132,31 @@ class Executor:
     async def submit(
         self, model: str, req: InferRequest, priority: int, budget_ms: float | None, request_id: str | None = None
     ) -> InferResult:
+        now = self.now_ms()
+        deadline = None if budget_ms is None else now + budget_ms
+        at_once: NextBatch | None = None
         with self.lock:
             refusal = self.scheduler.refuse(priority)
             if refusal is None and self.scheduler.admit_by_deadline:
-                now = self.now_ms()
                 left = [max(0.0, r.ends_at_ms - now) for r in self.running]
                 refusal = self.scheduler.refuse_late(model, req.batch, priority, budget_ms, left, self.config.slots)
+            if refusal is None and len(self.running) < self.config.slots and self._inline_ok(model, req.batch):
+                # a short run on an idle node: decided, run and answered here, with no queue, future or timer
+                handle = _Pending(req, None, time.perf_counter(), request_id=request_id)
+                work = Work(handle, model, priority, deadline, req.batch, now)
+                at_once = self.scheduler.run_now(work, now)
+                if at_once is not None and at_once.batch:
+                    slot = self._claim(at_once.batch, now)
+                    self.peak_outstanding = max(self.peak_outstanding, self.in_flight)
         if refusal is not None:
             return InferResult(refusal[0], reason=refusal[1])
+        if at_once is not None:
+            if at_once.expired:
+                return InferResult(504, reason="deadline cannot be met: it would finish too late")
+            outcome = self._run_inline(at_once.batch, slot)[0]
+            self._changed()
+            return outcome
         loop = asyncio.get_running_loop()
-        now = self.now_ms()
-        deadline = None if budget_ms is None else now + budget_ms
         pending = _Pending(req, loop.create_future(), time.perf_counter(), request_id=request_id)
         work = Work(pending, model, priority, deadline, req.batch, now)
         with self.lock:
@@ -149,10 +165,11 @@ class Executor:
         self.peak_outstanding = max(self.peak_outstanding, outstanding)
         if request_id:
             self.by_id[request_id] = work
-        if deadline is not None:
-            pending.timer = loop.call_at(loop.time() + budget_ms / 1000.0, self._expire, work)  # type: ignore[operator]
         self._changed()
         self.kick()
+        assert pending.future is not None
+        if deadline is not None and not pending.future.done():  # a short batch may have run inline already
+            pending.timer = loop.call_at(loop.time() + budget_ms / 1000.0, self._expire, work)  # type: ignore[operator]
         try:
             return await pending.future
         finally:
@@ -185,7 +202,7 @@ class Executor:
     @staticmethod
     def _resolve(work: Work, outcome: InferResult) -> None:
         pending: _Pending = work.handle
-        if not pending.future.done():
+        if pending.future is not None and not pending.future.done():
             pending.future.set_result(outcome)
 
     def _changed(self) -> None:
@@ -200,27 +217,76 @@ class Executor:
     # requests) would stretch every execution by that wait and push a busy node into saturation.
 
     def kick(self) -> None:
-        """Start batches while slots are free and the scheduler has something to run (event loop)."""
+        """Start batches while slots are free and the scheduler has something to run (event loop).
+
+        A batch whose measured slot time at its size is within `inline_max_ms` (and whose device is not
+        emulated, so the run never sleeps) runs right here on the loop: for a model that takes tens of
+        microseconds, handing it to a thread and its answer back costs more than the run. At most
+        `INLINE_PER_KICK` run inline per call, so a long queue of them cannot hold the loop; the rest
+        go to the slot threads as before.
+        """
         if self._wake is not None:
             self._wake.cancel()
             self._wake = None
         loop = asyncio.get_running_loop()
-        starts: list[tuple[list[Work], Running]] = []
-        with self.lock:
-            while len(self.running) < self.config.slots:
+        inline_left = INLINE_PER_KICK
+        while True:
+            with self.lock:
+                if len(self.running) >= self.config.slots:
+                    break
                 now = self.now_ms()
                 decision = self.scheduler.next(now)
                 for work in decision.expired:
                     self._resolve(work, InferResult(504, reason="deadline cannot be met: it would finish too late"))
-                if decision.batch:
-                    starts.append((decision.batch, self._claim(decision.batch, now)))
-                    continue
-                if decision.wake_at_ms is not None:
-                    self._wake = loop.call_at(loop.time() + (decision.wake_at_ms - now) / 1000.0, self.kick)
-                break
-        for batch, slot in starts:
-            self.executor.submit(self._worker, loop, batch, slot, time.perf_counter())
+                if not decision.batch:
+                    if decision.wake_at_ms is not None:
+                        self._wake = loop.call_at(loop.time() + (decision.wake_at_ms - now) / 1000.0, self.kick)
+                    break
+                batch = decision.batch
+                slot = self._claim(batch, now)
+            if inline_left and self._inline_ok(slot.model, slot.rows):
+                inline_left -= 1
+                for work, outcome in zip(batch, self._run_inline(batch, slot), strict=True):
+                    self._resolve(work, outcome)
+            else:
+                self.executor.submit(self._worker, loop, batch, slot, time.perf_counter())
         self._changed()
+
+    def _inline_ok(self, model: str, rows: int) -> bool:
+        """A batch known to be short (a measured slot time at this size) on a device not emulated."""
+        if self.speed < 1.0:
+            return False
+        loaded = self.models.get(model)
+        measured = None if loaded is None else loaded.ewma_ms.get(rows)
+        return measured is not None and measured <= self.config.inline_max_ms
+
+    def _run_inline(self, batch: list[Work], slot: Running) -> list[InferResult]:
+        """Run `batch` on the event loop; its answers, in batch order (see `kick`)."""
+        model = self.models[slot.model]
+        started = time.perf_counter()
+        error: Exception | None = None
+        results: dict[str, np.ndarray] = {}
+        exec_ms = 0.0
+        try:
+            results, exec_ms = model.run(self._feeds(model, batch), 1.0, slot.rows)
+        except Exception as exc:  # noqa: BLE001 - a failing model answers 500, the node lives on
+            error = exc
+        self.inline_runs += 1
+        with self.lock:
+            self.running.remove(slot)
+            if error is None:
+                model.observe(slot.rows, exec_ms, self.config.ewma_alpha)
+                self.busy_ms += exec_ms
+        return self._answers(batch, model, results, exec_ms, started, slot.rows, error)
+
+    @staticmethod
+    def _feeds(model: LoadedModel, batch: list[Work]) -> dict[str, np.ndarray]:
+        """The batch's inputs: one request's own, or all of them concatenated along the batch axis."""
+        if len(batch) == 1:
+            alone: dict[str, np.ndarray] = batch[0].handle.request.inputs
+            return alone
+        requests = [w.handle.request for w in batch]
+        return {name: np.concatenate([r.inputs[name] for r in requests], axis=0) for name in model.inputs}
 
     def _claim(self, batch: list[Work], now: float) -> Running:
         """Book a slot for `batch` (lock held)."""
@@ -237,11 +303,7 @@ class Executor:
         while current is not None:
             work, running = current
             model = self.models[running.model]
-            requests = [w.handle.request for w in work]
-            if len(requests) == 1:
-                feeds = requests[0].inputs
-            else:
-                feeds = {name: np.concatenate([r.inputs[name] for r in requests], axis=0) for name in model.inputs}
+            feeds = self._feeds(model, work)
             started = time.perf_counter()
             if ended is not None:
                 self.handoffs += 1
@@ -286,6 +348,38 @@ class Executor:
             except RuntimeError:  # the loop is closed: the node is shutting down
                 return
 
+    def _answers(
+        self,
+        batch: list[Work],
+        model: LoadedModel,
+        results: dict[str, np.ndarray],
+        exec_ms: float,
+        started: float,
+        rows: int,
+        error: Exception | None,
+    ) -> list[InferResult]:
+        """Event loop, after a batch ran: its accounting and each request's answer (its slice of the outputs)."""
+        if error is not None:
+            log.error("model %s failed: %s", model.name, error)
+            return [InferResult(500, reason=f"model '{model.name}' failed: {error}") for _ in batch]
+        with self.lock:
+            self.scheduler.ran(batch[0].priority, exec_ms, self.now_ms(), self.config.slots)
+        if self.on_executed is not None:
+            self.on_executed(model.name, rows, exec_ms)
+        answers = []
+        offset = 0
+        for w in batch:
+            pending: _Pending = w.handle
+            n = w.rows
+            outputs = results if len(batch) == 1 else {k: v[offset : offset + n] for k, v in results.items()}
+            offset += n
+            self.served += 1
+            if pending.request_id:
+                self.executed.append(pending.request_id[:128])
+            queue_ms = (started - pending.queued_at) * 1000.0
+            answers.append(InferResult(200, outputs, exec_ms=exec_ms, queue_ms=queue_ms, batch_rows=rows))
+        return answers
+
     def _deliver(
         self,
         batch: list[Work],
@@ -299,30 +393,10 @@ class Executor:
         idle: bool,
     ) -> None:
         """Event loop: answer the batch's requests (and any the scheduler expired), then refill slots."""
-        if error is not None:
-            log.error("model %s failed: %s", model.name, error)
-            for w in batch:
-                self._resolve(w, InferResult(500, reason=f"model '{model.name}' failed: {error}"))
-        else:
-            with self.lock:
-                self.scheduler.ran(batch[0].priority, exec_ms, self.now_ms(), self.config.slots)
-            if self.on_executed is not None:
-                self.on_executed(model.name, rows, exec_ms)
-            offset = 0
-            for w in batch:
-                pending: _Pending = w.handle
-                n = w.rows
-                outputs = results if len(batch) == 1 else {k: v[offset : offset + n] for k, v in results.items()}
-                offset += n
-                self.served += 1
-                if pending.request_id:
-                    self.executed.append(pending.request_id[:128])
-                self._resolve(
-                    w,
-                    InferResult(
-                        200, outputs, exec_ms=exec_ms, queue_ms=(started - pending.queued_at) * 1000.0, batch_rows=rows
-                    ),
-                )
+        for work, outcome in zip(
+            batch, self._answers(batch, model, results, exec_ms, started, rows, error), strict=True
+        ):
+            self._resolve(work, outcome)
         if decision is not None:
             for work in decision.expired:
                 self._resolve(work, InferResult(504, reason="deadline cannot be met: it would finish too late"))

@@ -76,6 +76,7 @@ class NextBatch:
 
 
 _NOTHING = NextBatch()  # shared, never mutated: the answer when nothing is queued
+_NO_BATCHING = BatchPolicy()
 
 ExecModel = Callable[[str, int], float]  # (model, rows) -> predicted execution ms
 
@@ -182,6 +183,23 @@ class Scheduler:
         self.queued_by_model[work.model] += 1
         self._queued += 1
 
+    def run_now(self, work: Work, now_ms: float) -> NextBatch | None:
+        """An arrival while nothing is queued and a slot is free: what `push` then `next` would decide,
+        without the queue: `work` runs alone at once, or leaves (it cannot finish by its deadline),
+        or None when it would wait for a batch to fill (then `push` it). The same rules as `next`."""
+        if self._queued:
+            return None
+        rows = work.rows
+        if work.deadline_at_ms is not None and now_ms + self.exec_ms(work.model, rows) > work.deadline_at_ms:
+            work.seq, work.done = next(self._seq), True
+            return NextBatch(expired=[work])
+        policy = self.batching.get(work.model, _NO_BATCHING)
+        high = self.mode == "priority" and work.priority >= self.high_priority_min
+        if self._batch_delay([work], rows, policy, high) is not None:
+            return None
+        work.seq, work.done = next(self._seq), True
+        return NextBatch(batch=[work])
+
     def remove(self, work: Work) -> bool:
         """Take a queued request out (expired, cancelled); False if it already left the queue."""
         if work.done:
@@ -240,7 +258,7 @@ class Scheduler:
             if head is None:
                 return decision
             high = self.mode == "priority" and head.priority >= self.high_priority_min
-            policy = self.batching.get(head.model, BatchPolicy())
+            policy = self.batching.get(head.model, _NO_BATCHING)
             batch = self._take(head.model, policy.max_batch, high, now_ms)
             rows = sum(w.rows for w in batch)
             # requests that cannot finish in time even if they start now leave before running

@@ -2,7 +2,8 @@
 
 Request path: validate against the model's metadata -> wait for one of `slots` execution slots (at
 most `max_queue` waiting, else 503; the remaining deadline bounds the wait, else 504) -> run the
-ONNX Runtime session in the node's executor -> answer. Per-model EWMA latency by batch size, queue
+ONNX Runtime session on a slot thread, or on the event loop itself when the model's measured run at
+that batch size is within `inline_max_ms` (nodes.executor) -> answer. Per-model EWMA latency by batch size, queue
 depth by priority and in-flight counts are published to Kafka every `interval_ms`, and at once when
 outstanding work moves by `change_threshold`.
 """
@@ -19,7 +20,6 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from aiohttp import web
-from aiohttp.typedefs import Middleware
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from nodes.config import NodeConfig
@@ -323,6 +323,7 @@ async def stats(request: web.Request) -> web.Response:
         "cold_requests": rt.cold_requests,
         "handoffs": engine.handoffs,
         "handoff_ms_mean": round(engine.handoff_ms_total / engine.handoffs, 4) if engine.handoffs else 0.0,
+        "inline_runs": engine.inline_runs,
         "wakeups": engine.wakeups,
         "wakeup_ms_mean": round(engine.wakeup_ms_total / engine.wakeups, 4) if engine.wakeups else 0.0,
         "wakeup_ms_p50_p99": _quantiles(engine.wakeup_recent, (0.5, 0.99)),
@@ -362,19 +363,20 @@ async def put_speed(request: web.Request) -> web.Response:
     return web.json_response({"speed": speed})
 
 
-ADMIN_PREFIXES = ("/admin/", "/v2/repository/")
 QUEUE_MS_KEY = web.ResponseKey("queue_ms", float)  # a successful answer's queue wait, kept on the response
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def admin_guard(token: str | None) -> Middleware:
-    """With a token, `/admin/*` and the repository API need `Authorization: Bearer <token>` (401
-    without one, 403 for a wrong one, compared in constant time); inference, metadata, health and
-    `/metrics` stay open."""
+def admin_guard(token: str | None) -> Callable[[Handler], Handler]:
+    """Wraps an `/admin/*` or repository handler: with a token it needs `Authorization: Bearer <token>`
+    (401 without one, 403 for a wrong one, compared in constant time). Inference, metadata, health and
+    `/metrics` are not wrapped and stay open; being per route, the guard costs inference nothing."""
 
-    @web.middleware
-    async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if token is not None and request.path.startswith(ADMIN_PREFIXES):
+    def wrap(handler: Handler) -> Handler:
+        if token is None:
+            return handler
+
+        async def guarded(request: web.Request) -> web.StreamResponse:
             scheme, _, given = request.headers.get("Authorization", "").partition(" ")
             if scheme.lower() != "bearer" or not given:
                 return _error(
@@ -382,17 +384,23 @@ def admin_guard(token: str | None) -> Middleware:
                 )
             if not hmac.compare_digest(given.strip().encode(), token.encode()):
                 return _error(403, "wrong admin token")
-        return await handler(request)
+            return await handler(request)
 
-    return guard
+        return guarded
+
+    return wrap
 
 
 def create_app(config: NodeConfig) -> web.Application:
-    app = web.Application(client_max_size=config.max_body_bytes, middlewares=[admin_guard(config.admin_token)])
+    app = web.Application(client_max_size=config.max_body_bytes)
     app[CONFIG] = config
     app[ENDPOINT] = [config.endpoint] if config.endpoint else []
     app.cleanup_ctx.append(_runtime_ctx)
     app.cleanup_ctx.append(_telemetry_ctx)
+    guard = admin_guard(config.admin_token)
+    # inference first: aiohttp tries the routes in the order they were added
+    app.router.add_post("/v2/models/{model}/infer", infer)
+    app.router.add_post("/v2/models/{model}/versions/{version}/infer", infer)
     app.router.add_get("/v2/health/live", live)
     app.router.add_get("/v2/health/ready", ready)
     app.router.add_get("/v2", server_metadata)
@@ -400,14 +408,12 @@ def create_app(config: NodeConfig) -> web.Application:
     app.router.add_get("/v2/models/{model}/versions/{version}", model_metadata)
     app.router.add_get("/v2/models/{model}/ready", model_ready)
     app.router.add_get("/v2/models/{model}/versions/{version}/ready", model_ready)
-    app.router.add_post("/v2/models/{model}/infer", infer)
-    app.router.add_post("/v2/models/{model}/versions/{version}/infer", infer)
-    app.router.add_post("/v2/repository/index", repository_index)
-    app.router.add_post("/v2/repository/models/{model}/load", repository_load)
-    app.router.add_post("/v2/repository/models/{model}/unload", repository_unload)
-    app.router.add_put("/admin/speed", put_speed)
-    app.router.add_delete("/admin/requests/{id}", cancel)
-    app.router.add_get("/admin/stats", stats)
+    app.router.add_post("/v2/repository/index", guard(repository_index))
+    app.router.add_post("/v2/repository/models/{model}/load", guard(repository_load))
+    app.router.add_post("/v2/repository/models/{model}/unload", guard(repository_unload))
+    app.router.add_put("/admin/speed", guard(put_speed))
+    app.router.add_delete("/admin/requests/{id}", guard(cancel))
+    app.router.add_get("/admin/stats", guard(stats))
     app.router.add_get("/metrics", metrics)
     return app
 

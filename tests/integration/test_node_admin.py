@@ -49,6 +49,22 @@ async def test_admin_routes_need_the_token(node: TestClient, method: str, path: 
     assert ok.status not in (401, 403), await ok.text()
 
 
+async def test_every_admin_route_of_the_app_is_guarded(node: TestClient) -> None:
+    """The guard is applied per route: a route added under /admin or the repository API without it
+    would be open, so every such route the app has is asked without a token."""
+    app = node.server.app
+    paths = []
+    for route in app.router.routes():
+        info = route.resource.get_info() if route.resource is not None else {}
+        path = info.get("path") or info.get("formatter", "")
+        if path.startswith(("/admin/", "/v2/repository/")) and route.method != "HEAD":
+            concrete = path.replace("{model}", "sensor_mlp").replace("{id}", "x")
+            paths.append((route.method, concrete))
+            resp = await node.request(route.method, concrete, data=b"{}")
+            assert resp.status == 401, (route.method, concrete)
+    assert len(paths) >= 6, paths
+
+
 async def test_serving_routes_stay_open(node: TestClient) -> None:
     assert (await node.post("/v2/models/sensor_mlp/infer", data=infer_body())).status == 200
     for path in ("/v2/health/live", "/v2/health/ready", "/v2", "/v2/models/sensor_mlp", "/metrics"):

@@ -97,3 +97,57 @@ async def test_engine_expires_refuses_and_cancels() -> None:
     assert (await waiting).status == 499
     assert engine.scheduler.queued == 0
     rt.executor.shutdown()
+
+
+async def test_short_measured_runs_execute_on_the_loop_and_answer_as_the_threads_do() -> None:
+    """A batch whose measured slot time is within inline_max_ms runs on the event loop (no thread
+    hand-off), with the same answers; a batch size never measured, an emulated (slowed) device, or
+    a threshold of 0 goes to the slot threads; a deadline it cannot meet is still a 504."""
+    rt = runtime(inline_max_ms=3.0)  # the fake model's EWMA: 2.5 ms at one row, 6.0 at four
+    engine = rt.engine
+
+    def req(v: float, rows: int = 1) -> InferRequest:
+        return InferRequest(None, {}, {"x": np.full((rows, 2), v, np.float32)}, {"y": False}, rows)
+
+    out = await engine.submit("m", req(3.0), 0, 1000.0, "r1")
+    assert out.status == 200 and float(out.outputs["y"][0, 0]) == 6.0  # type: ignore[index]
+    assert engine.inline_runs == 1 and engine.wakeups == 0 and list(engine.executed) == ["r1"]
+    assert engine.scheduler.queued == 0 and engine.in_flight == 0 and engine.served == 1
+    assert "r1" not in engine.by_id
+    late = await engine.submit("m", req(1.0), 0, 0.5)  # 2.5 ms of work, 0.5 ms left
+    assert late.status == 504 and engine.inline_runs == 1
+    four = await engine.submit("m", req(1.0, rows=4), 0, 1000.0)  # measured 6.0 ms: over the threshold
+    three = await engine.submit("m", req(1.0, rows=3), 0, 1000.0)  # never measured at three rows
+    assert four.status == three.status == 200 and engine.inline_runs == 1 and engine.wakeups == 2
+    engine.speed = 0.5  # an emulated device sleeps in its runs: never on the loop
+    assert (await engine.submit("m", req(1.0), 0, 1000.0)).status == 200 and engine.inline_runs == 1
+    rt.executor.shutdown()
+    off = runtime(inline_max_ms=0.0)
+    assert (await off.engine.submit("m", req(1.0), 0, 1000.0)).status == 200
+    assert off.engine.inline_runs == 0 and off.engine.wakeups == 1
+    off.executor.shutdown()
+
+
+async def test_a_queue_of_short_runs_is_drained_inline_a_few_at_a_time() -> None:
+    """Requests that queued behind a busy slot run inline when the loop gets to them, at most
+    INLINE_PER_KICK per kick; the rest go to a slot thread, and every request is answered once."""
+    from nodes.executor import INLINE_PER_KICK, Running
+
+    rt = runtime(inline_max_ms=3.0, max_queue=64, models=[{"name": "m", "max_batch": 1}])
+    engine = rt.engine
+    hold = asyncio.Event()
+    original = engine.kick
+    engine.kick = lambda: original() if hold.is_set() else None  # type: ignore[method-assign]
+    reqs = [InferRequest(None, {}, {"x": np.full((1, 2), float(i), np.float32)}, {"y": False}, 1) for i in range(12)]
+    engine.running.append(Running("m", 0, 1, 1, 0.0))  # the slot is taken: arrivals queue
+    tasks = [asyncio.create_task(engine.submit("m", r, 0, 1000.0)) for r in reqs]
+    await asyncio.sleep(0)
+    assert engine.scheduler.queued == 12
+    engine.running.clear()
+    hold.set()
+    engine.kick()
+    assert engine.inline_runs == INLINE_PER_KICK
+    outs = await asyncio.gather(*tasks)
+    assert [float(o.outputs["y"][0, 0]) for o in outs] == [2.0 * i for i in range(12)]  # type: ignore[index]
+    assert engine.served == 12 and engine.scheduler.queued == 0
+    rt.executor.shutdown()

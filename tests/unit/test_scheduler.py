@@ -205,3 +205,36 @@ def test_batch_curve_interpolates_between_measured_sizes() -> None:
     curve = {1: 2.0, 2: 3.0, 4: 5.0, 8: 9.0}
     assert [batch_curve_ms(curve, r) for r in (1, 3, 6, 16)] == [2.0, 4.0, 7.0, 18.0]
     assert batch_curve_ms({2: 4.0}, 1) == 2.0
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_run_now_decides_an_arrival_on_an_empty_queue_as_push_then_next_would(seed: int) -> None:
+    """The node's fast path for an arrival to an idle node must not be a second set of rules: over
+    generated arrivals (modes, priorities, deadlines, batch policies, rows), `run_now` runs, expires
+    or declines exactly where `push` then `next` on a twin scheduler runs, expires or waits."""
+    rng = random.Random(seed)
+    for _ in range(400):
+        mode = rng.choice(["fifo", "priority"])
+        policy = BatchPolicy(
+            max_batch=rng.choice([1, 4, 8]),
+            max_queue_delay_ms=rng.choice([0.0, 0.0, 5.0]),
+            preferred=rng.choice([(), (4,), (2, 8)]),
+        )
+        now = rng.uniform(0, 100)
+        deadline = rng.choice([None, now + rng.uniform(0.0, 10.0)])
+        arrival = dict(priority=rng.choice([0, 1, 5]), deadline=deadline, rows=rng.choice([1, 2, 4, 8]), at=now)
+        fast, slow = (Scheduler(mode, ms, batching={"m": policy}) for _ in range(2))
+        fast_work, slow_work = work("a", **arrival), work("a", **arrival)  # type: ignore[arg-type]
+        decided = fast.run_now(fast_work, now)
+        slow.push(slow_work)
+        queued = slow.next(now)
+        if decided is None:
+            assert not queued.batch and not queued.expired and queued.wake_at_ms is not None
+            assert fast.queued == 0 and not fast_work.done, "declined: the caller pushes it"
+        else:
+            assert [w.handle for w in decided.batch] == [w.handle for w in queued.batch]
+            assert [w.handle for w in decided.expired] == [w.handle for w in queued.expired]
+            assert fast.queued == 0 and fast_work.done
+    busy = Scheduler("fifo", ms)
+    busy.push(work("queued"))
+    assert busy.run_now(work("b"), 0.0) is None, "with work queued, an arrival goes behind it"
