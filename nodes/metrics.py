@@ -9,8 +9,9 @@ durations are histograms in seconds rather than Triton's microsecond sums. Label
 come from the node's config, priorities are two classes (`high` at or above `high_priority_min`,
 else `low`), batch sizes are at most `max_batch`, failure reasons are HTTP statuses.
 
-Counters per request are plain integers bumped on the event loop; the histograms are observed once
-per request (queue, total) and once per execution (compute, batch size); the rest is read at scrape.
+Counters per request are plain integers bumped on the event loop; the histograms (telemetry.metering,
+lock-free, event loop only) are observed once per request (queue, total) and once per execution
+(compute, batch size); the rest is read at scrape.
 """
 
 from __future__ import annotations
@@ -21,9 +22,11 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import prometheus_client
-from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
+
+from telemetry.metering import Histogram, Meters
 
 if TYPE_CHECKING:
     from nodes.state import NodeRuntime
@@ -47,29 +50,27 @@ class NodeMetrics:
             "one execution of a batch on a slot, by model and batch rows (Triton: compute_infer_duration)",
             ["model", "batch"],
             buckets=DURATION_BUCKETS,
-            registry=self.registry,
         )
         self.batch = Histogram(
             "edgeroute_node_batch_size",
             "rows per execution, by model",
             ["model"],
             buckets=BATCH_BUCKETS,
-            registry=self.registry,
         )
         self.queue = Histogram(
             "edgeroute_node_queue_duration_seconds",
             "time a request waited for a slot, by model (Triton: queue_duration)",
             ["model"],
             buckets=DURATION_BUCKETS,
-            registry=self.registry,
         )
         self.request = Histogram(
             "edgeroute_node_request_duration_seconds",
             "arrival to answer of successful requests, by model (Triton: request_duration)",
             ["model"],
             buckets=DURATION_BUCKETS,
-            registry=self.registry,
         )
+
+        self.registry.register(Meters(self.compute, self.batch, self.queue, self.request))
 
     def executed(self, model: str, rows: int, exec_ms: float) -> None:
         self.executions[model] += 1

@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import prometheus_client
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeHistogramMetricFamily,
@@ -19,6 +19,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from telemetry.metering import Counter, Histogram, Meters
 from telemetry.quantiles import nearest_rank
 from telemetry.signing import Verifier
 from telemetry.store import LAG_BUCKETS_S, ViewStore
@@ -235,33 +236,36 @@ class RouterMetrics:
             "edgeroute_requests",
             "inference requests answered",
             ["model", "priority", "node", "outcome"],
-            registry=self.registry,
         )
         self.latency = Histogram(
             "edgeroute_request_latency_seconds",
             "router arrival to answer",
             ["model", "priority"],
             buckets=LATENCY_BUCKETS,
-            registry=self.registry,
         )
         self.decision = Histogram(
             "edgeroute_decision_seconds",
             "time spent in policy.choose",
             buckets=DECISION_BUCKETS,
-            registry=self.registry,
         )
-        self.retries = Counter("edgeroute_retries", "dispatches after the first", ["model"], registry=self.registry)
-        self.copies = Counter(
-            "edgeroute_copy_loads", "warm copies loaded ahead of demand", ["model", "result"], registry=self.registry
-        )
+        self.retries = Counter("edgeroute_retries", "dispatches after the first", ["model"])
+        self.copies = Counter("edgeroute_copy_loads", "warm copies loaded ahead of demand", ["model", "result"])
         self.early_rejections = Counter(
             "edgeroute_early_rejections",
             "requests the router answered 429 itself, before any node (no node could serve them in time)",
             ["model"],
-            registry=self.registry,
         )
-        self.policy_swaps = Counter(
-            "edgeroute_policy_reloads", "policy reload attempts", ["result"], registry=self.registry
+        self.policy_swaps = Counter("edgeroute_policy_reloads", "policy reload attempts", ["result"])
+        self.registry.register(
+            Meters(
+                self.requests,
+                self.latency,
+                self.decision,
+                self.retries,
+                self.copies,
+                self.early_rejections,
+                self.policy_swaps,
+            )
         )
         self.registry.register(_ViewCollector(store, clock))
         self.recent = RecentRequests()
