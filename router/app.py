@@ -37,35 +37,31 @@ REPOSITORY_CONTROL = "/v2/repository/models/"
 
 
 @web.middleware
-async def admission(
+async def front_door(
     request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
 ) -> web.StreamResponse:
-    """Authenticate every route but the open ones; rate-limit inference per client."""
-    if request.path in OPEN_PATHS or request.path.startswith(ADMIN_PREFIX):
-        return await handler(request)  # open, or the admin sub-application's own authentication
-    router = request.app[ROUTER]
-    verdict = router.auth.check(
-        request.headers.get("Authorization"), request.path.startswith(REPOSITORY_CONTROL), request.remote or "unknown"
-    )
-    if verdict.status:
-        headers = {"WWW-Authenticate": "Bearer"} if verdict.status == 401 else None
-        return _error(verdict.status, verdict.reason, headers)
-    request[CLIENT] = verdict.client
-    if request.method == "POST" and request.path.endswith("/infer"):
-        limited = router.limiter.admit(verdict.client, router.clock())
-        if limited.status:
-            model = request.match_info.get("model", "unknown")
-            oip.count(router, model, 0, "none", 429, router.clock())
-            return _error(429, limited.reason, {"Retry-After": str(limited.retry_after_s)})
-    return await handler(request)
-
-
-@web.middleware
-async def json_errors(
-    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-) -> web.StreamResponse:
-    """Every error leaves as JSON; an unexpected exception is a 500, never a dead process."""
+    """Authenticate every route but the open ones, rate-limit inference per client, and answer every
+    error as JSON (an unexpected exception is a 500, never a dead process). One middleware, as it runs
+    on every request."""
     try:
+        if request.path in OPEN_PATHS or request.path.startswith(ADMIN_PREFIX):
+            return await handler(request)  # open, or the admin sub-application's own authentication
+        router = request.app[ROUTER]
+        verdict = router.auth.check(
+            request.headers.get("Authorization"),
+            request.path.startswith(REPOSITORY_CONTROL),
+            request.remote or "unknown",
+        )
+        if verdict.status:
+            headers = {"WWW-Authenticate": "Bearer"} if verdict.status == 401 else None
+            return _error(verdict.status, verdict.reason, headers)
+        request[CLIENT] = verdict.client
+        if request.method == "POST" and request.path.endswith("/infer"):
+            limited = router.limiter.admit(verdict.client, router.clock())
+            if limited.status:
+                model = request.match_info.get("model", "unknown")
+                oip.count(router, model, 0, "none", 429, router.clock())
+                return _error(429, limited.reason, {"Retry-After": str(limited.retry_after_s)})
         return await handler(request)
     except web.HTTPException as exc:
         if exc.status < 400:
@@ -262,7 +258,7 @@ def create_app(
             admin_token=config.node_admin_token,
             ssl_context=None if config.node_tls is None else config.node_tls.context(),
         )
-    app = web.Application(client_max_size=config.max_body_bytes, middlewares=[json_errors, admission])
+    app = web.Application(client_max_size=config.max_body_bytes, middlewares=[front_door])
     app[ROUTER] = Router(config, source, client, clock, config_path)
     if isinstance(source, TopicReader):
         source.verifier = app[ROUTER].verifier

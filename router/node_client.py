@@ -122,15 +122,19 @@ class HttpNodeClient:
                     raise NodeBadAnswer(f"{url}: answered a redirect ({resp.status}), not followed")
                 if (resp.content_length or 0) > self._max_answer:
                     raise NodeBadAnswer(f"{url}: answer of {resp.content_length} bytes is over the limit")
-                chunks: list[bytes] = []
-                size = 0
-                async for chunk in resp.content.iter_chunked(1 << 16):
-                    size += len(chunk)
-                    if size > self._max_answer:
-                        raise NodeBadAnswer(f"{url}: answer over {self._max_answer} bytes")
-                    chunks.append(chunk)
+                if resp.content_length is not None:  # within the limit (checked above): read exactly that
+                    answer = await resp.read()
+                else:  # chunked: counted as it comes
+                    chunks: list[bytes] = []
+                    size = 0
+                    async for chunk in resp.content.iter_chunked(1 << 16):
+                        size += len(chunk)
+                        if size > self._max_answer:
+                            raise NodeBadAnswer(f"{url}: answer over {self._max_answer} bytes")
+                        chunks.append(chunk)
+                    answer = b"".join(chunks)
                 kept = {h: resp.headers[h] for h in PASS_HEADERS if h in resp.headers}
-                return NodeReply(resp.status, b"".join(chunks), kept)
+                return NodeReply(resp.status, answer, kept)
         except aiohttp.ConnectionTimeoutError:  # before ServerTimeoutError, its base: nothing was sent
             raise NodeUnavailable(f"{url}: connect timed out") from None
         except TimeoutError:

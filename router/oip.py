@@ -9,9 +9,10 @@ forwarded as the bytes that came in.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import re
-import uuid
+import secrets
 from typing import Any
 
 from aiohttp import web
@@ -325,7 +326,7 @@ async def infer(request: web.Request) -> web.Response:
         count(router, model, int(priority or 0), "none", 404, arrived)
         return _error(404, f"unknown model '{model}'")
     budget = min(deadline if deadline is not None else cfg.default_deadline_ms, cfg.max_deadline_ms)
-    req_id = str(doc.get("id") or uuid.uuid4().hex[:16])
+    req_id = str(doc.get("id") or _new_id())
     prio = int(priority or 0)
     headers = {
         "Content-Type": request.headers.get("Content-Type", "application/json"),
@@ -381,7 +382,7 @@ async def _run_workflow(
         count(router, name, priority, "none", 400, arrived)
         return _error(400, str(exc))
     budget = min(deadline if deadline is not None else runner.spec.slo_ms, router.config.max_deadline_ms)
-    job_id = str(doc.get("id") or uuid.uuid4().hex[:16])
+    job_id = str(doc.get("id") or _new_id())
     outcome = await runner.run(inputs, priority, budget, site, job_id, arrived, {wire.PRIORITY: str(priority)})
     count(router, name, priority, "workflow", outcome.status, arrived)
     headers = {k: v for k, v in outcome.headers.items() if k.startswith("x-edgeroute-")}
@@ -389,6 +390,14 @@ async def _run_workflow(
     if outcome.status == 429:
         headers["Retry-After"] = "1"
     return web.Response(status=outcome.status, body=outcome.body, headers=headers, content_type="application/json")
+
+
+_ID_PREFIX = secrets.token_hex(4) + "-"  # ids for requests that bring none: unique per process, and cheap
+_ids = itertools.count(1)
+
+
+def _new_id() -> str:
+    return f"{_ID_PREFIX}{next(_ids):x}"
 
 
 PRIORITY_LABELS = range(-100, 101)  # priorities outside are labelled "<-100" / ">100"

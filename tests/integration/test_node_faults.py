@@ -45,8 +45,17 @@ async def nodes() -> AsyncIterator[dict[str, object]]:
     async def huge(request: web.Request) -> web.Response:
         return web.Response(body=b"x" * 200_000)
 
+    async def huge_chunked(request: web.Request) -> web.StreamResponse:  # no Content-Length to check up front
+        resp = web.StreamResponse()
+        resp.enable_chunked_encoding()
+        await resp.prepare(request)
+        for _ in range(20):
+            await resp.write(b"x" * 10_000)
+        await resp.write_eof()
+        return resp
+
     apps = {}
-    for name, handler in (("good", good), ("redirect", redirect), ("huge", huge)):
+    for name, handler in (("good", good), ("redirect", redirect), ("huge", huge), ("huge_chunked", huge_chunked)):
         app = web.Application()
         app.router.add_post("/v2/models/m/infer", handler)
         app.router.add_route("*", "/secret", secret)
@@ -73,7 +82,7 @@ async def nodes() -> AsyncIterator[dict[str, object]]:
             await runner.cleanup()
 
 
-@pytest.mark.parametrize("bad", ["redirect", "garbage", "huge"])
+@pytest.mark.parametrize("bad", ["redirect", "garbage", "huge", "huge_chunked"])
 async def test_a_bad_answer_is_retried_on_another_node_and_counted(nodes: dict[str, object], bad: str) -> None:
     urls: dict[str, str] = nodes["urls"]  # type: ignore[assignment]
     store = ViewStore()
