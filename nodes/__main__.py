@@ -11,6 +11,7 @@ from collections.abc import Mapping
 
 from nodes.config import NodeConfig
 from nodes.server import serve
+from telemetry import serving
 from telemetry.cli import add_common_flags
 from telemetry.configfile import ConfigError, line_of, read_document, validate
 from telemetry.tls import set_kafka_security
@@ -57,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
             loop.add_signal_handler(sig, stop.set)
         await serve(cfg, stop, lambda port: print(f"node {cfg.node_id}: http://{cfg.host}:{port}", flush=True))
 
-    asyncio.run(run())
+    serving.run(run())
     return 0
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from router.app import serve
 from router.config import ConfigError, load_config
+from telemetry import serving
 from telemetry.cli import add_common_flags
 from telemetry.tls import set_kafka_security
 
@@ -72,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
             args.reuse_port,
         )
 
-    asyncio.run(run())
+    serving.run(run())
     return 0
 
 

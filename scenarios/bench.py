@@ -72,6 +72,7 @@ async def closed_loop(url: str, concurrency: int, requests: int, warmup: int) ->
 # The floor the router is measured against: a bare aiohttp echo server and a bare aiohttp pass-through
 # proxy, each its own process, a few dozen lines that are part of the benchmark, not of the product.
 FLOOR = """
+import os
 import sys
 from aiohttp import ClientSession, TCPConnector, web
 
@@ -91,11 +92,12 @@ async def session_ctx(app):
     yield
     await app["session"].close()
 
-try:
-    import uvloop
-    uvloop.install()
-except ImportError:
-    pass
+if os.environ.get("EDGEROUTE_UVLOOP", "1") != "0":  # the same event loop as the node and the router
+    try:
+        import uvloop
+        uvloop.install()
+    except ImportError:
+        pass
 app = web.Application(client_max_size=16 << 20)
 app.router.add_post("/v2/models/{m}/infer", echo if mode == "echo" else proxy)
 if mode == "proxy":

@@ -107,6 +107,7 @@ def node_config(
         "slots": spec.slots,
         "max_queue": spec.max_queue,
         "speed": spec.speed,
+        "inline_max_ms": spec.inline_max_ms,
         "memory_budget_bytes": spec.memory_budget_mb << 20,
         "kafka": kafka,
         "scheduler": spec.scheduler,

@@ -18,6 +18,10 @@ then per model, closed loop at concurrency 1 so nothing queues:
   thread waking), which it adds to each execution that starts on an idle slot. Both are measured on
   the slow node and again at each load level (the level nearest the scenario's rate is used).
 
+The profiler's nodes run every batch on a slot thread (`inline_max_ms: 0`): the emulated devices of
+the scenarios always do (a run that holds its slot never runs on the event loop), and their
+overhead, hand-off and wake-up are what the simulator models.
+
 Each is stored as 101 quantiles (0, 1, ..., 100th percentile); the simulator samples them by inverse
 CDF. Speed factors scale `exec_ms` for other device classes (a node with `speed: 0.1` takes 10x).
 """
@@ -103,6 +107,7 @@ def profile(
                         "partition": "lab",
                         "slots": 2,
                         "max_queue": 256,
+                        "inline_max_ms": 0,
                         "models": models,
                     }
                     for x in "abcd"
@@ -214,7 +219,14 @@ def profile_node_scaling(
                 "topology": {
                     "partitions": ["lab"],
                     "nodes": [
-                        {"id": f"profiler-{i}", "partition": "lab", "slots": 2, "max_queue": 256, "models": models}
+                        {
+                            "id": f"profiler-{i}",
+                            "partition": "lab",
+                            "slots": 2,
+                            "max_queue": 256,
+                            "inline_max_ms": 0,
+                            "models": models,
+                        }  # fmt: skip
                         for i in range(n)
                     ],
                 },

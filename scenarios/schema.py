@@ -49,6 +49,9 @@ class NodeSpec(_Strict):
     max_queue: int = Field(64, ge=0)
     memory_budget_mb: int = Field(2048, ge=1)
     speed: float = Field(1.0, gt=0, le=1000)
+    inline_max_ms: float = Field(
+        0.2, ge=0, le=5, description="runs measured this short execute on the node's event loop (NodeConfig)"
+    )
     cost_per_s: float = Field(0.0, ge=0, description="cost of one node-second")
     models: list[str] = Field(min_length=1)
     scheduler: Literal["fifo", "priority"] = "fifo"

@@ -11,8 +11,10 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import resource
 import ssl
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from aiohttp import web
@@ -80,3 +82,22 @@ async def start_site(
         await runner.cleanup()
         raise
     return runner, site, cap
+
+
+def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """uvloop's event loop where it is installed (a dependency on Linux and macOS), unless
+    `EDGEROUTE_UVLOOP=0`; else None, asyncio's own."""
+    if os.environ.get("EDGEROUTE_UVLOOP", "1") == "0":
+        return None
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
+    return factory
+
+
+def run(main: Coroutine[Any, Any, None]) -> None:
+    """`asyncio.run(main)` on the loop `loop_factory` chooses (a node's or a router's process)."""
+    with asyncio.Runner(loop_factory=loop_factory()) as runner:
+        runner.run(main)

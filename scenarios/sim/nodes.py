@@ -191,7 +191,10 @@ class NodeModel(SimState):
             service += max(0.0, self.profile.emulation_jitter_ms.sample(self.svc_rng))
         else:
             service = real
-        if node.handoff:  # straight from the previous execution: the worker's handoff idles the slot
+        if node.speed >= 1.0 and self._curve(model, rows) <= node.spec.inline_max_ms:
+            node.handoff = False  # short and not emulated: run on the node's event loop, no thread (nodes.executor)
+            begin = self.now
+        elif node.handoff:  # straight from the previous execution: the worker's handoff idles the slot
             node.handoff = False
             begin = self.now + self.profile.handoff_ms
         else:  # an idle slot: a worker thread has to wake up

@@ -12,7 +12,8 @@ from scenarios.profile import measure_level
 
 
 def test_a_level_measures_overhead_per_model_and_the_wake_up_distribution(own_stack: Any) -> None:
-    stack = own_stack([{"id": "n1", "partition": "edge-a", "models": ["echo", "sensor_mlp"]}])
+    # as the profiler's nodes: every run on a slot thread, whose wake-ups the level measures
+    stack = own_stack([{"id": "n1", "partition": "edge-a", "inline_max_ms": 0, "models": ["echo", "sensor_mlp"]}])
     payloads = asyncio.run(fetch_payloads(stack.router_url, {"echo", "sensor_mlp"}, 1))
     level = measure_level(stack, 60.0, {"echo": 0.5, "sensor_mlp": 0.5}, payloads, site="edge-a", seconds=2.0)
     assert level["completed"] == level["sent"] > 60
