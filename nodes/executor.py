@@ -253,11 +253,14 @@ class Executor:
         self._changed()
 
     def _inline_ok(self, model: str, rows: int) -> bool:
-        """A batch known to be short (a measured slot time at this size) on a device not emulated."""
-        if self.speed < 1.0:
+        """A batch known to be short (a measured slot time at this size, for a model whose rows set its
+        work) on a device not emulated."""
+        if self.speed < 1.0 or self.config.inline_max_ms <= 0:
             return False
         loaded = self.models.get(model)
-        measured = None if loaded is None else loaded.ewma_ms.get(rows)
+        if loaded is None or not loaded.rows_set_work():
+            return False
+        measured = loaded.ewma_ms.get(rows)
         return measured is not None and measured <= self.config.inline_max_ms
 
     def _run_inline(self, batch: list[Work], slot: Running) -> list[InferResult]:

@@ -54,6 +54,12 @@ class LoadedModel:
     baseline_ms: float = 0.0  # uncontended execution time at batch 1 (fastest warm-up run)
     baseline_by_batch: dict[int, float] = field(default_factory=dict)
 
+    def rows_set_work(self) -> bool:
+        """Every input's dimensions past the batch axis are fixed, so the rows alone set a run's work
+        and a time measured at some rows holds for any request of those rows (a dynamic image size,
+        say, would let one request be far larger than what was measured)."""
+        return all(d >= 0 for spec in self.inputs.values() for d in spec.shape[1:])
+
     def observe(self, batch: int, exec_ms: float, alpha: float) -> None:
         prev = self.ewma_ms.get(batch)
         self.ewma_ms[batch] = exec_ms if prev is None else (1 - alpha) * prev + alpha * exec_ms

@@ -6,12 +6,15 @@ import asyncio
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+import pytest
+from pydantic import ValidationError
 
 from nodes.config import NodeConfig
-from nodes.protocol import InferRequest
+from nodes.protocol import InferRequest, TensorSpec
 from nodes.runtime import LoadedModel
 from nodes.scheduler import Work
 from nodes.state import NodeRuntime
+from scenarios.schema import NodeSpec
 from telemetry.schema import DeviceInfo, NodeLoad
 
 
@@ -27,7 +30,7 @@ def runtime(threshold: int = 3, **cfg: object) -> NodeRuntime:
         {"node_id": "n1", "models": [{"name": "m", "max_batch": 4}], "change_threshold": threshold, "slots": 1, **cfg}
     )
     model = LoadedModel("m", "1", Doubler(), {}, {"y": None}, 1000, 1.0, ewma_ms={1: 2.5, 4: 6.0})  # type: ignore[dict-item]
-    model.inputs = {"x": None}  # type: ignore[dict-item]
+    model.inputs = {"x": TensorSpec("x", "FP32", (-1, 2))}
     return NodeRuntime(config, {"m": model}, ThreadPoolExecutor(1), DeviceInfo(kind="cpu"))
 
 
@@ -151,3 +154,24 @@ async def test_a_queue_of_short_runs_is_drained_inline_a_few_at_a_time() -> None
     assert [float(o.outputs["y"][0, 0]) for o in outs] == [2.0 * i for i in range(12)]  # type: ignore[index]
     assert engine.served == 12 and engine.scheduler.queued == 0
     rt.executor.shutdown()
+
+
+async def test_a_model_whose_inputs_have_dynamic_sizes_never_runs_on_the_loop() -> None:
+    """With a dynamic dimension past the batch axis, one request can be far larger than any measured
+    run of its rows: it would hold the event loop, and every other client, for its whole run. Such a
+    model always runs on the slot threads."""
+    rt = runtime(inline_max_ms=3.0)
+    rt.engine.models["m"].inputs = {"x": TensorSpec("x", "FP32", (-1, -1))}
+    big = InferRequest(None, {}, {"x": np.ones((1, 50_000), np.float32)}, {"y": False}, 1)
+    out = await rt.engine.submit("m", big, 0, 1000.0)
+    assert out.status == 200 and out.outputs["y"].shape == (1, 50_000)  # type: ignore[index]
+    assert rt.engine.inline_runs == 0 and rt.engine.wakeups == 1
+    rt.executor.shutdown()
+
+
+def test_inline_max_ms_out_of_range_is_refused_naming_the_setting() -> None:
+    for bad in (-1, 10, "fast"):
+        with pytest.raises(ValidationError, match="inline_max_ms"):
+            NodeConfig.model_validate({"node_id": "n1", "models": [{"name": "m"}], "inline_max_ms": bad})
+        with pytest.raises(ValidationError, match="inline_max_ms"):
+            NodeSpec.model_validate({"id": "n1", "partition": "p", "models": ["m"], "inline_max_ms": bad})
