@@ -60,6 +60,17 @@ class Running:
     ends_at_ms: float  # predicted
 
 
+@dataclass(slots=True)
+class _Ran:
+    """One batch's run: its outputs (or the error it raised), slot time, start and rows."""
+
+    results: dict[str, np.ndarray]
+    exec_ms: float
+    started: float  # perf_counter seconds
+    rows: int
+    error: Exception | None
+
+
 @dataclass
 class Executor:
     config: NodeConfig
@@ -266,21 +277,28 @@ class Executor:
     def _run_inline(self, batch: list[Work], slot: Running) -> list[InferResult]:
         """Run `batch` on the event loop; its answers, in batch order (see `kick`)."""
         model = self.models[slot.model]
-        started = time.perf_counter()
-        error: Exception | None = None
-        results: dict[str, np.ndarray] = {}
-        exec_ms = 0.0
-        try:
-            results, exec_ms = model.run(self._feeds(model, batch), 1.0, slot.rows)
-        except Exception as exc:  # noqa: BLE001 - a failing model answers 500, the node lives on
-            error = exc
+        ran = self._execute(model, batch, slot, 1.0)
         self.inline_runs += 1
         with self.lock:
-            self.running.remove(slot)
-            if error is None:
-                model.observe(slot.rows, exec_ms, self.config.ewma_alpha)
-                self.busy_ms += exec_ms
-        return self._answers(batch, model, results, exec_ms, started, slot.rows, error)
+            self._settle(model, slot, ran)
+        return self._answers(batch, model, ran)
+
+    def _execute(self, model: LoadedModel, batch: list[Work], slot: Running, stretch: float) -> _Ran:
+        """Run `batch` (a slot thread, or the loop for a short one); a failure is kept, not raised."""
+        feeds = self._feeds(model, batch)
+        started = time.perf_counter()
+        try:
+            results, exec_ms = model.run(feeds, stretch, slot.rows)
+        except Exception as exc:  # noqa: BLE001 - a failing model answers 500, the node lives on
+            return _Ran({}, 0.0, started, slot.rows, exc)
+        return _Ran(results, exec_ms, started, slot.rows, None)
+
+    def _settle(self, model: LoadedModel, slot: Running, ran: _Ran) -> None:
+        """Free the slot and learn the run's time (lock held)."""
+        self.running.remove(slot)
+        if ran.error is None:
+            model.observe(slot.rows, ran.exec_ms, self.config.ewma_alpha)
+            self.busy_ms += ran.exec_ms
 
     @staticmethod
     def _feeds(model: LoadedModel, batch: list[Work]) -> dict[str, np.ndarray]:
@@ -306,65 +324,35 @@ class Executor:
         while current is not None:
             work, running = current
             model = self.models[running.model]
-            feeds = self._feeds(model, work)
-            started = time.perf_counter()
+            ran = self._execute(model, work, running, 1.0 / self.speed)
             if ended is not None:
                 self.handoffs += 1
-                self.handoff_ms_total += (started - ended) * 1000.0
+                self.handoff_ms_total += (ran.started - ended) * 1000.0
             else:
                 self.wakeups += 1
-                self.wakeup_ms_total += (started - submitted) * 1000.0
-                self.wakeup_recent.append((started - submitted) * 1000.0)
-            error: Exception | None = None
-            results: dict[str, np.ndarray] = {}
-            exec_ms = 0.0
-            try:
-                results, exec_ms = model.run(feeds, 1.0 / self.speed, running.rows)
-            except Exception as exc:  # noqa: BLE001 - a failing model answers 500, the node lives on
-                error = exc
+                self.wakeup_ms_total += (ran.started - submitted) * 1000.0
+                self.wakeup_recent.append((ran.started - submitted) * 1000.0)
             ended = time.perf_counter()
             decision = None
             current = None
             with self.lock:
-                self.running.remove(running)
-                if error is None:
-                    model.observe(running.rows, exec_ms, self.config.ewma_alpha)
-                    self.busy_ms += exec_ms
+                self._settle(model, running, ran)
                 if len(self.running) < self.config.slots and self.scheduler.queued:
                     now = self.now_ms()
                     decision = self.scheduler.next(now)
                     if decision.batch:
                         current = (decision.batch, self._claim(decision.batch, now))
             try:
-                loop.call_soon_threadsafe(
-                    self._deliver,
-                    work,
-                    model,
-                    results,
-                    exec_ms,
-                    started,
-                    running.rows,
-                    error,
-                    decision,
-                    current is None,
-                )
+                loop.call_soon_threadsafe(self._deliver, work, model, ran, decision, current is None)
             except RuntimeError:  # the loop is closed: the node is shutting down
                 return
 
-    def _answers(
-        self,
-        batch: list[Work],
-        model: LoadedModel,
-        results: dict[str, np.ndarray],
-        exec_ms: float,
-        started: float,
-        rows: int,
-        error: Exception | None,
-    ) -> list[InferResult]:
+    def _answers(self, batch: list[Work], model: LoadedModel, ran: _Ran) -> list[InferResult]:
         """Event loop, after a batch ran: its accounting and each request's answer (its slice of the outputs)."""
-        if error is not None:
-            log.error("model %s failed: %s", model.name, error)
-            return [InferResult(500, reason=f"model '{model.name}' failed: {error}") for _ in batch]
+        if ran.error is not None:
+            log.error("model %s failed: %s", model.name, ran.error)
+            return [InferResult(500, reason=f"model '{model.name}' failed: {ran.error}") for _ in batch]
+        exec_ms, rows = ran.exec_ms, ran.rows
         with self.lock:
             self.scheduler.ran(batch[0].priority, exec_ms, self.now_ms(), self.config.slots)
         if self.on_executed is not None:
@@ -374,31 +362,20 @@ class Executor:
         for w in batch:
             pending: _Pending = w.handle
             n = w.rows
-            outputs = results if len(batch) == 1 else {k: v[offset : offset + n] for k, v in results.items()}
+            outputs = ran.results if len(batch) == 1 else {k: v[offset : offset + n] for k, v in ran.results.items()}
             offset += n
             self.served += 1
             if pending.request_id:
                 self.executed.append(pending.request_id[:128])
-            queue_ms = (started - pending.queued_at) * 1000.0
+            queue_ms = (ran.started - pending.queued_at) * 1000.0
             answers.append(InferResult(200, outputs, exec_ms=exec_ms, queue_ms=queue_ms, batch_rows=rows))
         return answers
 
     def _deliver(
-        self,
-        batch: list[Work],
-        model: LoadedModel,
-        results: dict[str, np.ndarray],
-        exec_ms: float,
-        started: float,
-        rows: int,
-        error: Exception | None,
-        decision: NextBatch | None,
-        idle: bool,
+        self, batch: list[Work], model: LoadedModel, ran: _Ran, decision: NextBatch | None, idle: bool
     ) -> None:
         """Event loop: answer the batch's requests (and any the scheduler expired), then refill slots."""
-        for work, outcome in zip(
-            batch, self._answers(batch, model, results, exec_ms, started, rows, error), strict=True
-        ):
+        for work, outcome in zip(batch, self._answers(batch, model, ran), strict=True):
             self._resolve(work, outcome)
         if decision is not None:
             for work in decision.expired:

@@ -10,7 +10,8 @@ They are for one event loop: observe them from the loop's thread only.
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Generic, TypeVar
 
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -42,27 +43,39 @@ class CounterSeries:
         self.value += amount
 
 
-class Histogram:
-    def __init__(self, name: str, documentation: str, labelnames: Sequence[str] = (), *, buckets: Sequence[float]):
+S = TypeVar("S", HistogramSeries, CounterSeries)
+
+
+class _Labelled(Generic[S]):
+    """A metric's series by label tuple (label values as strings, as prometheus_client keeps them)."""
+
+    def __init__(self, name: str, documentation: str, labelnames: Sequence[str], new: Callable[[], S]) -> None:
         self.name = name
         self.documentation = documentation
         self.labelnames = tuple(labelnames)
-        self.bounds = tuple(float(b) for b in buckets)
-        if list(self.bounds) != sorted(set(self.bounds)):
-            raise ValueError(f"{name}: buckets must increase")
-        self._les = [floatToGoString(b) for b in self.bounds] + ["+Inf"]  # type: ignore[no-untyped-call]
-        self._series: dict[tuple[str, ...], HistogramSeries] = {}
+        self._new: Callable[[], S] = new
+        self._series: dict[tuple[str, ...], S] = {}
         if not self.labelnames:
-            self._series[()] = HistogramSeries(self.bounds)
+            self._series[()] = new()
 
-    def labels(self, *values: object) -> HistogramSeries:
+    def labels(self, *values: object) -> S:
         key = tuple(map(str, values))
         series = self._series.get(key)
         if series is None:
             if len(key) != len(self.labelnames):
                 raise ValueError(f"{self.name}: expected labels {self.labelnames}, got {key}")
-            series = self._series[key] = HistogramSeries(self.bounds)
+            series = self._series[key] = self._new()
         return series
+
+
+class Histogram(_Labelled[HistogramSeries]):
+    def __init__(self, name: str, documentation: str, labelnames: Sequence[str] = (), *, buckets: Sequence[float]):
+        bounds = tuple(float(b) for b in buckets)
+        if list(bounds) != sorted(set(bounds)):
+            raise ValueError(f"{name}: buckets must increase")
+        self.bounds = bounds
+        self._les = [floatToGoString(b) for b in bounds] + ["+Inf"]  # type: ignore[no-untyped-call]
+        super().__init__(name, documentation, labelnames, lambda: HistogramSeries(bounds))
 
     def observe(self, value: float) -> None:
         self._series[()].observe(value)
@@ -78,23 +91,9 @@ class Histogram:
         return family
 
 
-class Counter:
+class Counter(_Labelled[CounterSeries]):
     def __init__(self, name: str, documentation: str, labelnames: Sequence[str] = ()):
-        self.name = name
-        self.documentation = documentation
-        self.labelnames = tuple(labelnames)
-        self._series: dict[tuple[str, ...], CounterSeries] = {}
-        if not self.labelnames:
-            self._series[()] = CounterSeries()
-
-    def labels(self, *values: object) -> CounterSeries:
-        key = tuple(map(str, values))
-        series = self._series.get(key)
-        if series is None:
-            if len(key) != len(self.labelnames):
-                raise ValueError(f"{self.name}: expected labels {self.labelnames}, got {key}")
-            series = self._series[key] = CounterSeries()
-        return series
+        super().__init__(name, documentation, labelnames, CounterSeries)
 
     def inc(self, amount: float = 1.0) -> None:
         self._series[()].inc(amount)
