@@ -23,6 +23,19 @@ if TYPE_CHECKING:
     from telemetry.view import ClusterView, NodeState
 
 
+_count = np.count_nonzero  # (a C call: far cheaper than the any()/all() reductions on short arrays)
+
+
+def any_row(mask: BoolArray) -> bool:
+    """`mask.any()`."""
+    return bool(_count(mask))
+
+
+def all_rows(mask: BoolArray) -> bool:
+    """`mask.all()`."""
+    return bool(_count(mask) == len(mask))
+
+
 class Frame:
     """One decision's view of one model table, with the derived columns it has computed (over all rows)."""
 
@@ -93,11 +106,7 @@ class Frame:
         return x
 
     def in_partition(self, partition: str) -> BoolArray:
-        i = self.table.part_of.get(partition)
-        if i is None:
-            return np.zeros(len(self.table), dtype=np.bool_)
-        same: BoolArray = self.table.part == i
-        return same
+        return self.table.in_partition(partition)
 
 
 class Columns:

@@ -15,6 +15,7 @@ from typing import ClassVar
 from pydantic import Field
 
 from policies.api import ClusterView, Columns, Context, NodeState, Params, RouteRequest
+from policies.columns import any_row
 from policies.completion import meets_deadline
 
 
@@ -43,7 +44,7 @@ class DeadlineFilter:
             return cols
         p = self.params
         fits = cols.of(cols.frame.completion_ms(p.default_exec_ms)) <= budget * (1.0 - p.margin)
-        if req.priority < p.always_try_min or fits.any():
+        if req.priority < p.always_try_min or any_row(fits):
             return cols.keep(fits)
         return cols
 

@@ -38,6 +38,7 @@ from typing import Any, ClassVar
 from pydantic import Field
 
 from policies.api import ClusterView, Columns, Context, Defer, NodeState, Params, RouteRequest
+from policies.columns import all_rows, any_row
 from policies.completion import predicted_completion_ms
 from policies.locality import has_room, room_rows
 
@@ -136,18 +137,18 @@ class DelaySpill:
             return cols
         frame = cols.frame
         local = cols.of(frame.in_partition(site))
-        if local.all():
+        if all_rows(local):
             if req.waited_ms > 0:
                 self._found_slot(site, req.waited_ms, ctx.now_ms)
             return cols
         p = self.params
         timer = self._timer(site, lambda: cols.of(frame.rtt_ms())[~local].tolist(), ctx.now_ms)
-        if not local.any():
+        if not any_row(local):
             timer.spilled_at_once += 1
             return cols
         now = ctx.now_ms
         roomy = local & cols.of(room_rows(frame, req, p.max_load, p.margin, p.default_exec_ms))
-        if roomy.any():
+        if any_row(roomy):
             if req.waited_ms > 0:
                 self._found_slot(site, req.waited_ms, now)
             return cols.keep(roomy)

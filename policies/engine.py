@@ -57,12 +57,27 @@ from policies.columns import Columns, Frame
 from telemetry.view import BoolArray, FloatArray
 
 F = TypeVar("F")
-COLUMNS_MIN = 24  # a model served by this many nodes or more is judged on its column table
+_fmax, _fmin = np.fmax, np.fmin
+COLUMNS_MIN = 8  # a model served by this many nodes or more is judged on its column table (bench decide)
+
+
+_ONES: dict[int, FloatArray] = {}
+
+
+def _ones(n: int) -> FloatArray:
+    """n scores of 1 (read-only, shared: every candidate scores the same)."""
+    x = _ONES.get(n)
+    if x is None:
+        if len(_ONES) >= 256:
+            _ONES.clear()
+        x = _ONES[n] = np.ones(n)
+        x.flags.writeable = False
+    return x
 
 
 def clamp01_rows(x: FloatArray) -> FloatArray:
-    """`clamp01` of every element."""
-    return np.clip(np.nan_to_num(x, nan=0.0), 0.0, 1.0)
+    """`clamp01` of every element (fmax and fmin drop NaN for the bound: NaN counts as worst, 0)."""
+    return _fmin(_fmax(x, 0.0), 1.0)
 
 
 def clamp01(x: float) -> float:
@@ -136,6 +151,11 @@ class Pipeline:
                 self._row_filters.append((f, None))
         self._row_scorers = [(s, w) for s, w in self.scorers if isinstance(s, RowScorer)]
         self._row_picker = self.picker if isinstance(self.picker, RowPicker) else None
+        # the scorers that count (a weight of 0 adds nothing; with no positive total, none counts)
+        self._total_weight = sum(w for _, w in self.scorers)
+        live = self._total_weight > 0
+        self._weighted_nodes = [(s, w) for s, w in self.scorers if w != 0] if live else []
+        self._weighted = [(s, w) for s, w in self._row_scorers if w != 0] if live else []
         self.columnar = (
             self._source is not None
             and self._sampler is None
@@ -204,7 +224,7 @@ class Pipeline:
         mask: BoolArray | None = None
         for adm in self._row_admitters:
             mask = adm.admit_rows(req, view, table, ctx, mask)
-        rows = np.arange(len(table)) if mask is None else np.flatnonzero(mask)
+        rows = table.all_rows() if mask is None else mask.nonzero()[0]
         if not len(rows):
             return None
         cols = Columns(Frame(view, table, req, ctx), rows)
@@ -232,6 +252,20 @@ class Pipeline:
             found = find(req, view, ctx)
         return found, view
 
+    def _combined_rows(self, req: RouteRequest, cols: Columns, ctx: Context) -> FloatArray | None:
+        """The weighted mean of the clamped scores of `cols`, or None: every candidate scores the same.
+        One weighted scorer is its own mean (the per-node path takes the same shortcut: same numbers)."""
+        weighted = self._weighted
+        if not weighted:
+            return None
+        if len(weighted) == 1:
+            return clamp01_rows(weighted[0][0].score_rows(req, cols, ctx))
+        combined = np.zeros(len(cols))
+        for scorer, weight in weighted:
+            combined += weight * clamp01_rows(scorer.score_rows(req, cols, ctx))
+        total: FloatArray = combined / self._total_weight
+        return total
+
     def _choose_rows(self, req: RouteRequest, view: ClusterView, ctx: Context) -> Decision | Rejection | Defer:
         cols, view = self._found(self._rows, req, view, ctx)
         if cols is None:
@@ -239,19 +273,9 @@ class Pipeline:
         if isinstance(cols, Defer):
             return cols
         n = len(cols)
-        if self.scorers and n > 1:
-            total_weight = sum(w for _, w in self.scorers)
-            if total_weight > 0:
-                combined = np.zeros(n)
-                for scorer, weight in self._row_scorers:
-                    if weight == 0:
-                        continue
-                    combined += weight * clamp01_rows(scorer.score_rows(req, cols, ctx))
-                scores = combined / total_weight
-            else:
-                scores = np.ones(n)
-        else:
-            scores = np.ones(n)
+        scores = self._combined_rows(req, cols, ctx) if n > 1 else None
+        if scores is None:
+            scores = _ones(n)
         assert self._row_picker is not None
         chosen = cols.node(self._row_picker.pick_row(req, cols, scores, ctx))
         return Decision(chosen.node_id, chosen.endpoint, self.name)
@@ -278,19 +302,16 @@ class Pipeline:
             return self._rejection(req, view, ctx)
         if isinstance(nodes, Defer):
             return nodes
-        if self.scorers and len(nodes) > 1:
-            total_weight = sum(w for _, w in self.scorers)
-            combined = [0.0] * len(nodes)
-            if total_weight > 0:
-                for scorer, weight in self.scorers:
-                    if weight == 0:
-                        continue
-                    for i, s in enumerate(scorer.score(req, view, nodes, ctx)):
-                        combined[i] += weight * clamp01(s)
-                scores: list[float] = [c / total_weight for c in combined]
-            else:
-                scores = [1.0] * len(nodes)
+        weighted = self._weighted_nodes
+        if not weighted or len(nodes) == 1:
+            scores: list[float] = [1.0] * len(nodes)
+        elif len(weighted) == 1:  # one weighted scorer is its own mean
+            scores = [clamp01(s) for s in weighted[0][0].score(req, view, nodes, ctx)]
         else:
-            scores = [1.0] * len(nodes)
+            combined = [0.0] * len(nodes)
+            for scorer, weight in weighted:
+                for i, s in enumerate(scorer.score(req, view, nodes, ctx)):
+                    combined[i] += weight * clamp01(s)
+            scores = [c / self._total_weight for c in combined]
         chosen = self.picker.pick(req, nodes, scores, ctx)
         return Decision(chosen.node_id, chosen.endpoint, self.name)

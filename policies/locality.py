@@ -19,7 +19,7 @@ from typing import ClassVar
 from pydantic import Field
 
 from policies.api import ClusterView, Columns, Context, NodeState, Params, RouteRequest
-from policies.columns import Frame
+from policies.columns import Frame, any_row
 from policies.completion import meets_deadline
 from telemetry.view import BoolArray
 
@@ -82,4 +82,4 @@ class Locality:
         p = self.params
         frame = cols.frame
         local = cols.of(frame.in_partition(req.site) & room_rows(frame, req, p.max_load, p.margin, p.default_exec_ms))
-        return cols.keep(local) if local.any() else cols
+        return cols.keep(local) if any_row(local) else cols

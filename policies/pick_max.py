@@ -9,7 +9,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import ClassVar
 
-import numpy as np
 from pydantic import Field
 
 from policies.api import Columns, Context, NodeState, Params, RouteRequest
@@ -29,8 +28,9 @@ class PickMax:
         self.params = params or MaxParams()
 
     def pick_row(self, req: RouteRequest, cols: Columns, scores: FloatArray, ctx: Context) -> int:
-        ties = np.flatnonzero(scores >= scores.max() - self.params.tolerance).tolist()
-        return int(ties[0] if len(ties) == 1 else ctx.rng.choice(ties))
+        best = scores[scores.argmax()]  # (argmax and a compare cost less than max(), a reduction)
+        ties = (scores >= best - self.params.tolerance).nonzero()[0]
+        return int(ties[0]) if len(ties) == 1 else int(ctx.rng.choice(ties.tolist()))
 
     def pick(self, req: RouteRequest, nodes: list[NodeState], scores: Sequence[float], ctx: Context) -> NodeState:
         best = max(scores)

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from policies import RouteRequest, build_policy
+from policies.engine import Pipeline
 from policies.presets import PRESETS
 from router.lifecycle import Lifecycle, LifecycleSettings, Send
 from router.lifecycle.links import LinkState
@@ -79,13 +80,14 @@ def node_load(i: int, rng: random.Random) -> NodeLoad:
     )
 
 
-def build_lifecycle(nodes: int, seed: int) -> Lifecycle[object]:
-    """A router lifecycle over a view of `nodes` nodes, with links, some outstanding requests and health."""
+def build_lifecycle(nodes: int, seed: int, loads: list[NodeLoad] | None = None) -> Lifecycle[object]:
+    """A router lifecycle over a view of `nodes` nodes, with links, some outstanding requests and health
+    (the reports `loads` where given: then `nodes` is their number)."""
     rng = random.Random(seed)
     store = ViewStore(stale_after_ms=1000.0)
     links = tuple(LinkState(s, "cloud", rtt_ms=40.0 + 2 * k, jitter_ms=4.0) for k, s in enumerate(SITES))
     lc: Lifecycle[object] = Lifecycle(LifecycleSettings(links=links, seed=seed), store, lambda _: False)
-    store.apply_many([node_load(i, rng) for i in range(nodes)], NOW_MS)
+    store.apply_many(loads if loads is not None else [node_load(i, rng) for i in range(nodes)], NOW_MS)
     view = store.view
     for state in rng.sample(list(view), min(len(view), max(1, nodes // 4))):  # this router's in-flight work
         for _ in range(rng.randrange(1, 3)):
@@ -111,8 +113,7 @@ def requests(count: int, seed: int) -> list[RouteRequest]:
     return out
 
 
-def _decisions(lc: Lifecycle[object], preset: str, reqs: list[RouteRequest]) -> list[float]:
-    policy = build_policy(preset)
+def _decisions(lc: Lifecycle[object], policy: Pipeline, reqs: list[RouteRequest]) -> list[float]:
     out: list[float] = []
     clock = time.perf_counter_ns
     for req in reqs:
@@ -138,32 +139,53 @@ def _floor(lc: Lifecycle[object], reqs: list[RouteRequest]) -> list[float]:
 
 
 def bench_decide(
-    out_dir: Path, sizes: tuple[int, ...] = SIZES, decisions: int = 2000, presets: list[str] | None = None
+    out_dir: Path,
+    sizes: tuple[int, ...] = SIZES,
+    decisions: int = 2000,
+    presets: list[str] | None = None,
+    rounds: int = 5,
 ) -> dict[str, Any]:
+    """Per size: `rounds` rounds, each running every preset (and the floor) on its share of the
+    requests, the order turning from round to round, so a noisy stretch of the host falls on all of
+    them alike; the quantiles are of the pooled decisions."""
     names = presets or sorted(PRESETS)
     rows: list[dict[str, Any]] = []
     print(f"{'nodes':>6}  {'preset':<18} {'p50 us':>8} {'p99 us':>8} {'x floor p50':>12}")
     for n in sizes:
-        lc = build_lifecycle(n, seed=n)
+        # every preset decides on its own copy of the same view: what one preset's decisions leave
+        # behind (loads set off on cold nodes, which never finish on a frozen clock) is not another's
+        rng = random.Random(n)
+        fleet = [node_load(i, rng) for i in range(n)]
+        lcs = {name: build_lifecycle(n, seed=n, loads=fleet) for name in names}
+        lc = lcs[names[0]]
         # O(n) presets cost milliseconds per decision on large views: fewer decisions there
         count = decisions if n <= 100 else max(50, decisions // (4 if n <= 1_000 else 20))
         reqs = requests(count, seed=7)
-        floor = _floor(lc, reqs)
-        floor_p50 = nearest_rank(floor, 0.5)
-        rows.append({"nodes": n, "preset": "floor", "p50_us": round(floor_p50, 2),
-                     "p99_us": round(nearest_rank(floor, 0.99), 2), "decisions": count})  # fmt: skip
-        print(f"{n:>6}  {'floor (random pick)':<18} {floor_p50:8.2f} {nearest_rank(floor, 0.99):8.2f} {1.0:12.1f}")
-        for preset in names:
-            _decisions(lc, preset, reqs[: min(200, count)])  # warm up (indexes, caches)
-            times = _decisions(lc, preset, reqs)
-            p50, p99 = nearest_rank(times, 0.5), nearest_rank(times, 0.99)
-            ratio = round(p50 / floor_p50, 1) if floor_p50 else None
-            rows.append({"nodes": n, "preset": preset, "p50_us": round(p50, 2), "p99_us": round(p99, 2),
-                         "x_floor_p50": ratio, "decisions": count})  # fmt: skip
-            print(f"{n:>6}  {preset:<18} {p50:8.2f} {p99:8.2f} {p50 / floor_p50 if floor_p50 else 0:12.1f}", flush=True)
+        k = max(1, min(rounds, count))
+        shares = [reqs[i::k] for i in range(k)]
+        policies = {name: build_policy(name) for name in names}
+        for name in names:
+            _decisions(lcs[name], policies[name], reqs[: min(200, count)])  # warm up (indexes, caches)
+        times: dict[str, list[float]] = {name: [] for name in ["floor", *names]}
+        for r, share in enumerate(shares):
+            times["floor"] += _floor(lc, share)
+            for name in names[r % len(names) :] + names[: r % len(names)]:
+                times[name] += _decisions(lcs[name], policies[name], share)
+        floor_p50 = nearest_rank(times["floor"], 0.5)
+        for name in ["floor", *names]:
+            t = times[name]
+            p50, p99 = nearest_rank(t, 0.5), nearest_rank(t, 0.99)
+            row: dict[str, Any] = {"nodes": n, "preset": name, "p50_us": round(p50, 2), "p99_us": round(p99, 2)}
+            if name != "floor":
+                row["x_floor_p50"] = round(p50 / floor_p50, 1) if floor_p50 else None
+            row["decisions"] = len(t)
+            rows.append(row)
+            label = "floor (random pick)" if name == "floor" else name
+            print(f"{n:>6}  {label:<18} {p50:8.2f} {p99:8.2f} {p50 / floor_p50 if floor_p50 else 0:12.1f}", flush=True)
     result = {
         "benchmark": "decide",
         "rows": rows,
+        "rounds": rounds,
         "host": {"machine": platform.machine(), "python": platform.python_version()},
         "at": datetime.now(UTC).isoformat(timespec="seconds"),
     }

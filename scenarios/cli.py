@@ -100,7 +100,9 @@ def _bench(args: argparse.Namespace) -> int:
     if args.what == "decide":
         from scenarios.bench_decide import SIZES, bench_decide
 
-        bench_decide(out, (args.nodes,) if args.nodes else SIZES, decisions=args.requests)
+        if args.rounds < 1:
+            return _usage("--rounds must be at least 1")
+        bench_decide(out, (args.nodes,) if args.nodes else SIZES, decisions=args.requests, rounds=args.rounds)
     elif args.what == "sim":
         from scenarios.bench import bench_sim
 
@@ -332,6 +334,7 @@ def main(argv: list[str] | None = None) -> int:
     b = bsub.add_parser("decide", help="one policy decision, every preset, on views of 10 to 10,000 nodes")
     b.add_argument("--nodes", type=int, help="one view size (default: 10, 100, 1000, 10000)")
     b.add_argument("--requests", type=int, default=2000, help="decisions per preset and size (2000)")
+    b.add_argument("--rounds", type=int, default=5, help="interleaved rounds of every preset, pooled (5)")
     b = bsub.add_parser("ingest", help="NodeLoad messages/s one router folds into its view, through a real broker")
     b.add_argument("--nodes", type=int, default=5000, help="nodes publishing (5000)")
     b.add_argument("--interval-ms", type=float, default=100.0, help="each node's publish interval (100)")

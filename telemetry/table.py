@@ -72,10 +72,14 @@ class ModelTable:
         "_execs",
         "_residents",
         "_slots",
+        "_synced",
         "_wait_known",
         "_filled",
         "_rtts",
         "_id_rank",
+        "_oldest",
+        "_all_rows",
+        "_in_part",
     )
 
     def __init__(self, model: str, nodes: Sequence[NodeState]) -> None:
@@ -102,10 +106,14 @@ class ModelTable:
         self._execs: dict[int, FloatArray] = {}
         self._residents: dict[str, BoolArray] = {}
         self._slots: dict[object, tuple[int, IntArray]] = {}  # per overlay: (its generation, its row numbers)
+        self._synced: dict[object, tuple[int, BoolArray | None]] = {}  # per overlay: (its key version, rows)
         self._wait_known: dict[int, bool] = {}  # derived from the columns above: rebuilt, not patched
         self._filled: dict[tuple[int, float], FloatArray] = {}
         self._rtts: dict[tuple[object, str | None], FloatArray] = {}
         self._id_rank: IntArray | None = None
+        self._oldest: float | None = None
+        self._all_rows: IntArray | None = None
+        self._in_part: dict[str, BoolArray] = {}
 
     def _row(self, n: NodeState) -> tuple[Any, ...]:
         load = n.load
@@ -176,6 +184,34 @@ class ModelTable:
             col = self._residents[model] = np.array([_resident(n, model) for n in self.nodes], dtype=np.bool_)
         return col
 
+    def in_partition(self, partition: str) -> BoolArray:
+        """Whether each row is in `partition` (read-only, kept per partition)."""
+        col = self._in_part.get(partition)
+        if col is None:
+            i = self.part_of.get(partition)
+            col = np.zeros(len(self.nodes), dtype=np.bool_) if i is None else self.part == i
+            col.flags.writeable = False
+            if len(self._in_part) >= 64:
+                self._in_part.clear()
+            self._in_part[partition] = col
+        return col
+
+    def all_rows(self) -> IntArray:
+        """0 .. len - 1 (read-only, kept)."""
+        rows = self._all_rows
+        if rows is None:
+            rows = self._all_rows = np.arange(len(self.nodes))
+            rows.flags.writeable = False
+        return rows
+
+    def all_ready_since(self, horizon_ms: float) -> bool:
+        """Whether every row is ready and was heard at `horizon_ms` or later (one comparison per
+        decision: the oldest report of a table whose nodes are all ready is kept)."""
+        oldest = self._oldest
+        if oldest is None:
+            oldest = self._oldest = float(self.heard.min()) if len(self) and self.ready.all() else NAN
+        return oldest >= horizon_ms  # (False for NaN: a row not ready)
+
     def id_rank(self) -> IntArray:
         """Each row's place in node-id order."""
         rank = self._id_rank
@@ -210,6 +246,14 @@ class ModelTable:
             self._slots[owner] = cached
         return cached[1]
 
+    def synced(self, owner: object, version: int, build: Any) -> BoolArray | None:
+        """An overlay's rows synced with these reports (`build(self)`), cached per overlay and version."""
+        cached = self._synced.get(owner)
+        if cached is None or cached[0] != version:
+            cached = (version, build(self))
+            self._synced[owner] = cached
+        return cached[1]
+
     # --- the next view's table -----------------------------------------------------------------------
 
     def patched(self, changed: Iterable[NodeState]) -> ModelTable:
@@ -227,10 +271,14 @@ class ModelTable:
         t._execs = {k: v.copy() for k, v in execs.items()}
         t._residents = {k: v.copy() for k, v in residents.items()}
         t._slots = dict(self._slots)  # same nodes in the same rows
+        t._synced = {}  # new report keys
         t._wait_known = {}
         t._filled = {}
         t._rtts = {}
         t._id_rank = self._id_rank  # the same node ids in the same rows
+        t._oldest = None
+        t._all_rows = self._all_rows  # as many rows
+        t._in_part = {}  # a node may have moved
         model = t.model
         for n in changed:
             i = t.pos[n.node_id]

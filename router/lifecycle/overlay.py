@@ -40,7 +40,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from router.lifecycle.health import OutlierDetector
-from telemetry.table import IntArray, ModelTable
+from telemetry.table import BoolArray, IntArray, ModelTable
 from telemetry.view import ClusterView, Links, NodeState
 
 NAN = float("nan")
@@ -80,6 +80,7 @@ class OutstandingTracker:
         # the rows are renumbered (then the tables ask again).
         self._row: dict[str, int] = {}
         self._gen = 0
+        self._keys = 0  # changes whenever a row's report key (_rseq, _rsent) may have changed
         self._pend: IntArray = np.zeros(0, dtype=np.int64)
         self._delta: IntArray = np.zeros(0, dtype=np.int64)  # dispatched - settled since the report
         self._rseq: IntArray = np.zeros(0, dtype=np.int64)  # the report counted from (-1, NaN: none)
@@ -118,6 +119,7 @@ class OutstandingTracker:
             self._rsent = np.concatenate((self._rsent, np.full(grow, NAN)))
         for node_id in new:
             self._mirror(node_id, self._nodes.get(node_id))
+        self._keys += 1
         return out
 
     def estimate_many(self, table: ModelTable) -> IntArray:
@@ -125,9 +127,18 @@ class OutstandingTracker:
         if self.remote is not None:  # the other routers' counts are per node: ask per node
             return np.array([self.estimate(n) for n in table.nodes], dtype=np.int64)
         rows = table.slots(self, self._gen, self._rows)
+        synced = table.synced(self, self._keys, self._synced_rows)
         reported = table.reported
-        synced = (self._rseq[rows] == table.seq) & (self._rsent[rows] == table.sent)
-        return np.maximum(self._pend[rows], np.where(synced, reported + self._delta[rows], reported))
+        counted = reported + self._delta[rows]
+        return np.maximum(self._pend[rows], counted if synced is None else np.where(synced, counted, reported))
+
+    def _synced_rows(self, table: ModelTable) -> BoolArray | None:
+        """Which rows of `table` this tracker counts from the report the table holds (None: all of
+        them, the usual case). Report keys change only when telemetry is applied, so `ModelTable.synced`
+        keeps this from one decision to the next."""
+        rows = table.slots(self, self._gen, self._rows)
+        synced: BoolArray = (self._rseq[rows] == table.seq) & (self._rsent[rows] == table.sent)
+        return None if np.count_nonzero(synced) == len(synced) else synced
 
     def load_exceptions(self) -> set[str]:
         """Nodes where this router set off loads (`loader_busy_ms`, `load_ready_at` may be nonzero)."""
@@ -140,6 +151,7 @@ class OutstandingTracker:
         key = (state.load.seq, state.load.sent_at_ms)
         if key != n.report:
             n.report = key
+            self._keys += 1
             n.dispatched = n.settled = 0
             n.remote_settled = 0 if self.remote_settled is None else self.remote_settled(state.node_id)
             started = state.load.started_at_ms
@@ -167,6 +179,7 @@ class OutstandingTracker:
             self._loads.pop(k, None)
             self._loader_free_at.pop(k, None)
             self._mirror(k, None)
+        self._keys += 1
         if len(self._row) > 2 * len(self._nodes) + 1024:  # rows of long-gone nodes: renumber
             self._row = {}
             self._gen += 1

@@ -20,6 +20,8 @@ def test_every_preset_decides_on_a_realistic_view(tmp_path: Path) -> None:
         assert names == {"floor", *PRESETS}
     for row in result["rows"]:
         assert 0 < row["p50_us"] <= row["p99_us"]
+        assert row["decisions"] == 20, "the rounds' shares add up to the decisions asked for"
+    assert written["rounds"] == 5
 
 
 def test_the_benchmark_view_routes_requests_to_nodes_that_serve_them() -> None:
