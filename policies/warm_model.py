@@ -61,13 +61,16 @@ def load_penalty_rows(frame: Frame, model: str, default_load_ms: float, now_ms: 
     """`load_penalty_ms` of every row of the frame's table (the few nodes where this router set off
     loads asked one by one)."""
     t = frame.table
-    out = np.where(t.resident, 0.0, np.where(np.isnan(t.load_ms), default_load_ms, t.load_ms))
+    out = t.load_penalty(default_load_ms)
     view = frame.view
     if view.overlay is not None:
         pos, resident, nodes = t.pos, t.resident, t.nodes
+        copied = False
         for node_id in view.overlay.load_exceptions():
             i = pos.get(node_id)
             if i is not None and not resident[i]:
+                if not copied:
+                    out, copied = out.copy(), True
                 out[i] = load_penalty_ms(nodes[i], model, default_load_ms, view, now_ms)
     return out
 

@@ -80,6 +80,7 @@ class ModelTable:
         "_oldest",
         "_all_rows",
         "_in_part",
+        "_penalty",
     )
 
     def __init__(self, model: str, nodes: Sequence[NodeState]) -> None:
@@ -114,6 +115,7 @@ class ModelTable:
         self._oldest: float | None = None
         self._all_rows: IntArray | None = None
         self._in_part: dict[str, BoolArray] = {}
+        self._penalty: dict[float, FloatArray] = {}
 
     def _row(self, n: NodeState) -> tuple[Any, ...]:
         load = n.load
@@ -194,6 +196,18 @@ class ModelTable:
             if len(self._in_part) >= 64:
                 self._in_part.clear()
             self._in_part[partition] = col
+        return col
+
+    def load_penalty(self, default_ms: float) -> FloatArray:
+        """0 where the model is resident, else its last load time (`default_ms` where none is known):
+        `warm_model.load_penalty_ms` without this router's own loads (read-only, kept per default)."""
+        col = self._penalty.get(default_ms)
+        if col is None:
+            col = np.where(self.resident, 0.0, np.where(np.isnan(self.load_ms), default_ms, self.load_ms))
+            col.flags.writeable = False
+            if len(self._penalty) >= 16:
+                self._penalty.clear()
+            self._penalty[default_ms] = col
         return col
 
     def all_rows(self) -> IntArray:
@@ -279,6 +293,7 @@ class ModelTable:
         t._oldest = None
         t._all_rows = self._all_rows  # as many rows
         t._in_part = {}  # a node may have moved
+        t._penalty = {}
         model = t.model
         for n in changed:
             i = t.pos[n.node_id]

@@ -231,10 +231,11 @@ class OutstandingTracker:
             if self._done(state, model, ready, load_ms):
                 del loads[model]
         if not loads:
+            # none left: the loader is free from this report on (or earlier), which is now or before,
+            # so nothing is kept (a node once loaded would otherwise stay an exception for
+            # `load_exceptions` for good, and every columnar decision would ask it one by one)
             del self._loads[state.node_id]
-            free = self._loader_free_at.get(state.node_id)
-            if free is not None and free > state.heard_at_ms:
-                self._loader_free_at[state.node_id] = state.heard_at_ms
+            self._loader_free_at.pop(state.node_id, None)
             return {}
         return loads
 

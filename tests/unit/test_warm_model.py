@@ -148,3 +148,23 @@ def test_a_load_reported_done_early_frees_the_nodes_loader_at_once() -> None:
     fresh = tracker.overlay(base.with_node(type(view.nodes["n"])(done, NOW + 160), NOW + 160))
     assert fresh.loader_busy_ms(fresh.nodes["n"], NOW + 170) == 0.0, "another model's load need not wait"
     assert fresh.load_ready_at(fresh.nodes["n"], "m") is None
+
+
+def test_a_node_whose_loads_are_done_is_no_longer_an_exception_to_the_columns() -> None:
+    """Once its report shows every load done, a node is judged from its table row again: nothing of
+    it is kept (a node loaded once would otherwise be asked one by one on every decision for good)."""
+    from router.lifecycle.overlay import OutstandingTracker
+
+    tracker = OutstandingTracker()
+    base = ClusterView.of([node("n", resident=False, load_ms=400), node("o", resident=False, load_ms=400)], NOW)
+    view = tracker.overlay(base)
+    tracker.sent_model(view.nodes["n"], "m", NOW)
+    assert tracker.load_exceptions() == {"n"}
+    done = node("n", resident=True).model_copy(update={"sent_at_ms": NOW + 450, "seq": 2})
+    state = type(view.nodes["n"])(done, NOW + 460)
+    tracker.applied([state])
+    assert tracker.load_exceptions() == set()
+    fresh = tracker.overlay(base.with_node(state, NOW + 460))
+    assert fresh.loader_busy_ms(fresh.nodes["n"], NOW + 470) == 0.0
+    tracker.loading(fresh.nodes["n"], "m2", NOW + 470, 100.0)  # a later load starts when it is asked for
+    assert fresh.load_ready_at(fresh.nodes["n"], "m2") == NOW + 570
