@@ -58,7 +58,7 @@ from telemetry.view import BoolArray, FloatArray
 
 F = TypeVar("F")
 _fmax, _fmin = np.fmax, np.fmin
-COLUMNS_MIN = 8  # a model served by this many nodes or more is judged on its column table (bench decide)
+COLUMNS_MIN = 3  # a model served by this many nodes or more is judged on its column table (bench decide)
 
 
 _ONES: dict[int, FloatArray] = {}
