@@ -48,6 +48,15 @@ class Frame:
         self.ctx = ctx
         self._cache: dict[Any, Any] = {}
 
+    def cached(self, key: Any) -> Any:
+        """A column a plugin derived for this decision under `key` (None: not yet)."""
+        return self._cache.get(key)
+
+    def keep_cached(self, key: Any, column: Any) -> Any:
+        """Keep a column a plugin derived, for the other plugins of this decision; returns it."""
+        self._cache[key] = column
+        return column
+
     def outstanding(self) -> IntArray:
         """`ClusterView.outstanding` of every row (the overlay's estimate)."""
         o = self._cache.get("o")

@@ -15,7 +15,9 @@ from typing import ClassVar
 
 from pydantic import Field
 
-from policies.api import ClusterView, Context, NodeState, Params, RouteRequest
+from policies.api import ClusterView, Columns, Context, NodeState, Params, RouteRequest
+from policies.completion import best_over
+from telemetry.view import FloatArray
 
 
 class LatencyParams(Params):
@@ -44,3 +46,9 @@ class Latency:
         preds = [predicted_ms(view, n, req.model, req.batch, self.params.default_exec_ms) for n in nodes]
         best = min(preds)
         return [best / p for p in preds]
+
+    def score_rows(self, req: RouteRequest, cols: Columns, ctx: Context) -> FloatArray:
+        """`score` on columns: (outstanding / capacity + 1) x exec_ms, then min / predicted."""
+        frame = cols.frame
+        preds = (frame.load_per_slot() + 1.0) * frame.exec_ms(self.params.default_exec_ms)
+        return best_over(cols.of(preds))

@@ -16,8 +16,9 @@ from typing import ClassVar
 
 from pydantic import Field
 
-from policies.api import ClusterView, Context, NodeState, RouteRequest
-from policies.warm_model import READS, WarmModelParams, finish_estimate_ms
+from policies.api import ClusterView, Columns, Context, NodeState, RouteRequest
+from policies.columns import any_row
+from policies.warm_model import READS, WarmModelParams, finish_estimate_ms, finish_estimate_rows
 
 
 class StageBudgetParams(WarmModelParams):
@@ -39,3 +40,12 @@ class StageBudget:
         limit = budget * (1.0 - self.params.margin)
         fits = [n for n in nodes if finish_estimate_ms(view, n, req, self.params, ctx.now_ms) <= limit]
         return fits or nodes
+
+    def filter_rows(self, req: RouteRequest, cols: Columns, ctx: Context) -> Columns:
+        """`filter` on columns (the same estimate, the same fallback)."""
+        budget = req.budget_ms
+        if budget is None:
+            return cols
+        limit = budget * (1.0 - self.params.margin)
+        fits = cols.of(finish_estimate_rows(cols.frame, req, self.params, ctx.now_ms)) <= limit
+        return cols.keep(fits) if any_row(fits) else cols

@@ -127,6 +127,23 @@ def finish_estimate_ms(
     return view.rtt_ms(req.site, node.partition) + start + exec_ms
 
 
+def finish_estimate_rows(frame: Frame, req: RouteRequest, p: WarmModelParams, now_ms: float) -> FloatArray:
+    """`finish_estimate_ms` of every row of the frame's table (computed once per decision and settings:
+    `stage_budget` and `warm_model` in one pipeline share it)."""
+    key = ("finish", p.default_exec_ms, p.default_load_ms, p.bandwidth_mbps)
+    cached: FloatArray | None = frame.cached(key)
+    if cached is not None:
+        return cached
+    exec_ms = frame.exec_ms(p.default_exec_ms)
+    start = np.maximum(
+        np.maximum(frame.wait_ms(p.default_exec_ms), load_penalty_rows(frame, req.model, p.default_load_ms, now_ms)),
+        input_arrival_rows(frame, req, p.bandwidth_mbps),
+    )
+    finish: FloatArray = frame.rtt_ms() + start + exec_ms
+    frame.keep_cached(key, finish)
+    return finish
+
+
 READS = frozenset(
     {
         "models.resident",
@@ -159,13 +176,7 @@ class WarmModel:
 
     def score_rows(self, req: RouteRequest, cols: Columns, ctx: Context) -> FloatArray:
         p = self.params
-        frame = cols.frame
-        exec_ms = frame.exec_ms(p.default_exec_ms)
-        start = np.maximum(
-            np.maximum(
-                frame.wait_ms(p.default_exec_ms), load_penalty_rows(frame, req.model, p.default_load_ms, ctx.now_ms)
-            ),
-            input_arrival_rows(frame, req, p.bandwidth_mbps),
+        finish = finish_estimate_rows(cols.frame, req, p, ctx.now_ms) + next_move_rows(
+            cols.frame, req, p.bandwidth_mbps
         )
-        finish = frame.rtt_ms() + start + exec_ms + next_move_rows(frame, req, p.bandwidth_mbps)
         return best_over(cols.of(finish))

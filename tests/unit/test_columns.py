@@ -28,7 +28,7 @@ from telemetry.table import ModelTable
 from telemetry.view import ClusterView
 
 NOW = 1_000_000.0
-COLUMNAR = ("least_outstanding", "slo_priority", "edge_first", "compass", "random", "round_robin")
+COLUMNAR = tuple(p for p in PRESETS if p != "p2c")  # p2c samples two nodes instead
 
 
 def odd_load(i: int, rng: random.Random) -> NodeLoad:
