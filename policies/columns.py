@@ -52,10 +52,9 @@ class Frame:
         """A column a plugin derived for this decision under `key` (None: not yet)."""
         return self._cache.get(key)
 
-    def keep_cached(self, key: Any, column: Any) -> Any:
-        """Keep a column a plugin derived, for the other plugins of this decision; returns it."""
+    def keep_cached(self, key: Any, column: Any) -> None:
+        """Keep a column a plugin derived, for the other plugins of this decision."""
         self._cache[key] = column
-        return column
 
     def outstanding(self) -> IntArray:
         """`ClusterView.outstanding` of every row (the overlay's estimate)."""

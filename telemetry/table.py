@@ -50,6 +50,16 @@ def _resident(node: NodeState, model: str) -> bool:
     return m is not None and m.resident
 
 
+def _kept(cache: dict[Any, Any], key: Any, col: Any, limit: int) -> Any:
+    """`col` made read-only (tables share it with every decision) and kept under `key` in a cache of at
+    most `limit` entries (cleared whole when full: the keys come from requests)."""
+    col.flags.writeable = False
+    if len(cache) >= limit:
+        cache.clear()
+    cache[key] = col
+    return col
+
+
 class ModelTable:
     """The nodes serving `model`, as columns (see the module docstring). Row i is `nodes[i]`."""
 
@@ -191,11 +201,8 @@ class ModelTable:
         col = self._in_part.get(partition)
         if col is None:
             i = self.part_of.get(partition)
-            col = np.zeros(len(self.nodes), dtype=np.bool_) if i is None else self.part == i
-            col.flags.writeable = False
-            if len(self._in_part) >= 64:
-                self._in_part.clear()
-            self._in_part[partition] = col
+            same = np.zeros(len(self.nodes), dtype=np.bool_) if i is None else self.part == i
+            col = _kept(self._in_part, partition, same, 64)
         return col
 
     def load_penalty(self, default_ms: float) -> FloatArray:
@@ -203,11 +210,8 @@ class ModelTable:
         `warm_model.load_penalty_ms` without this router's own loads (read-only, kept per default)."""
         col = self._penalty.get(default_ms)
         if col is None:
-            col = np.where(self.resident, 0.0, np.where(np.isnan(self.load_ms), default_ms, self.load_ms))
-            col.flags.writeable = False
-            if len(self._penalty) >= 16:
-                self._penalty.clear()
-            self._penalty[default_ms] = col
+            cold = np.where(self.resident, 0.0, np.where(np.isnan(self.load_ms), default_ms, self.load_ms))
+            col = _kept(self._penalty, default_ms, cold, 16)
         return col
 
     def all_rows(self) -> IntArray:
@@ -243,13 +247,11 @@ class ModelTable:
         col = self._rtts.get(key)
         if col is None:
             if links is None:
-                col = np.zeros(len(self.nodes))
+                rtts = np.zeros(len(self.nodes))
             else:
                 per_part = np.array([links.rtt_ms(site, p) for p in self.parts], dtype=np.float64)
-                col = per_part[self.part]
-            if len(self._rtts) >= 64:
-                self._rtts.clear()
-            self._rtts[key] = col
+                rtts = per_part[self.part]
+            col = _kept(self._rtts, key, rtts, 64)
         return col
 
     def slots(self, owner: object, generation: int, build: Any) -> IntArray:

@@ -34,7 +34,7 @@ instead of queueing up on the one that looks idlest.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, KeysView, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -140,9 +140,11 @@ class OutstandingTracker:
         synced: BoolArray = (self._rseq[rows] == table.seq) & (self._rsent[rows] == table.sent)
         return None if np.count_nonzero(synced) == len(synced) else synced
 
-    def load_exceptions(self) -> set[str]:
-        """Nodes where this router set off loads (`loader_busy_ms`, `load_ready_at` may be nonzero)."""
-        return self._loads.keys() | self._loader_free_at.keys()
+    def load_exceptions(self) -> KeysView[str]:
+        """Nodes where this router set off loads (`loader_busy_ms`, `load_ready_at` may be nonzero): a
+        view, not a copy (this runs on every columnar decision of `warm_model`). A node's loader entry
+        lives exactly as long as its loads (`loading` sets both, `_expire` and `forget_missing` drop both)."""
+        return self._loads.keys()
 
     def _sync(self, state: NodeState) -> _Node:
         n = self._nodes.get(state.node_id)
