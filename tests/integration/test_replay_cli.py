@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.integration.conftest import alive, children_of
 
 SCENARIO = """\
@@ -105,9 +107,10 @@ def test_bad_scenario_is_one_line_not_a_traceback(tmp_path: Path) -> None:
     assert len(lines) == 1 and "workload.sites.0.rate_rps" in lines[0]
 
 
-def test_bench_routers_with_no_rounds_is_one_line_and_starts_nothing(tmp_path: Path) -> None:
+@pytest.mark.parametrize("bench", ["routers", "decide"])
+def test_bench_with_no_rounds_is_one_line_and_starts_nothing(bench: str, tmp_path: Path) -> None:
     proc = subprocess.run(
-        [*CLI, "bench", "routers", "--rounds", "0", "--out", str(tmp_path)], capture_output=True, text=True, timeout=60
+        [*CLI, "bench", bench, "--rounds", "0", "--out", str(tmp_path)], capture_output=True, text=True, timeout=60
     )
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.strip() == "edgeroute: --rounds must be at least 1"
