@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from telemetry.kafkafetch import LeanConsumer, TopicPartition, Unsupported, reader_kind
 from telemetry.schema import TOPIC, NodeLoad
 from telemetry.signing import Signer, Verifier
 from telemetry.store import ViewStore
@@ -181,6 +182,9 @@ class TopicReader:
         self._thread: threading.Thread | None = None
         self._riders: list[TopicReader] = []
         self._carried = False
+        # "lean" (telemetry.kafkafetch) or "kafka-python", chosen at the first connection by the
+        # process's Kafka settings (plaintext brokers get the lean reader)
+        self.reader: str | None = None
 
     def carry(self, reader: TopicReader) -> None:
         """Read `reader`'s topic on this reader's consumer too (before `start`); `reader`'s own start and
@@ -224,7 +228,7 @@ class TopicReader:
                 # so a node whose clock runs behind the router's is still fresh)
                 ends = {tp: end for tp, end in consumer.end_offsets(list(consumer.assignment())).items() if end}
                 while not self._stop.is_set():
-                    batches = consumer.poll(timeout_ms=100, max_records=1000)
+                    batches = consumer.poll(timeout_ms=100)
                     received = self.clock()
                     by_topic: dict[tuple[str, bool], list[bytes]] = {}
                     for tp, records in batches.items():
@@ -248,6 +252,9 @@ class TopicReader:
                             reader._handle(values, received, history, kids)
                     for reader in readers.values():
                         reader._tick(received)
+            except Unsupported as exc:
+                log.warning("%s: %s; reading with kafka-python from now on", self.thread_name, exc)
+                self.reader = "kafka-python"
             except Exception as exc:  # noqa: BLE001 - broker outages are survived, not raised
                 self.errors += 1
                 log.warning("%s error, reconnecting: %s", self.thread_name, exc)
@@ -260,46 +267,89 @@ class TopicReader:
                         pass
 
     def _open(self) -> Any:
-        from kafka import KafkaConsumer, TopicPartition
-
+        """A consumer of every partition of the readers' topics, each from `lookback_ms` back (or its end
+        when nothing is that recent): the lean reader (telemetry.kafkafetch) where it can, else kafka-python."""
         readers = [self, *self._riders]
         for reader in readers:
             ensure_topic(self.bootstrap, reader.topic)
-        consumer = KafkaConsumer(
-            bootstrap_servers=self.bootstrap,
+        wait_ms = min(r.fetch_max_wait_ms for r in readers)
+        if self.reader is None:
+            self.reader = reader_kind(kafka_options().get("security_protocol", "PLAINTEXT"))
+        if self.reader == "lean":
+            consumer: Any = LeanConsumer(self.bootstrap, wait_ms, request_timeout_ms=5000)
+        else:
+            consumer = _KafkaPythonConsumer(self.bootstrap, wait_ms)
+        try:
+            starts: dict[Any, int] = {}
+            deadline = time.monotonic() + 10
+            for reader in readers:
+                partitions = None
+                while not partitions:
+                    partitions = consumer.partitions(reader.topic)
+                    if not partitions:
+                        if time.monotonic() > deadline:
+                            raise RuntimeError(f"topic {reader.topic} has no partitions")
+                        time.sleep(0.1)
+                start_ms = int(self.clock() - reader.lookback_ms)
+                starts.update({TopicPartition(reader.topic, p): start_ms for p in partitions})
+            consumer.seek_times(starts)
+        except BaseException:
+            consumer.close()
+            raise
+        for reader in readers:
+            reader.assigned.set()
+        return consumer
+
+
+class _KafkaPythonConsumer:
+    """kafka-python's consumer behind the lean reader's interface (TLS, SASL, or by choice)."""
+
+    def __init__(self, bootstrap: str, fetch_max_wait_ms: int) -> None:
+        from kafka import KafkaConsumer
+
+        self._consumer = KafkaConsumer(
+            bootstrap_servers=bootstrap,
             enable_auto_commit=False,
             group_id=None,
-            fetch_max_wait_ms=min(r.fetch_max_wait_ms for r in readers),
+            fetch_max_wait_ms=fetch_max_wait_ms,
             client_id="edgeroute-router",
             request_timeout_ms=5000,
             reconnect_backoff_max_ms=1000,
             metrics_enabled=False,
             **kafka_options(),
         )
-        starts: dict[Any, int] = {}
-        deadline = time.monotonic() + 10
-        for reader in readers:
-            partitions = None
-            while not partitions:
-                partitions = consumer.partitions_for_topic(reader.topic)
-                if not partitions:
-                    if time.monotonic() > deadline:
-                        raise RuntimeError(f"topic {reader.topic} has no partitions")
-                    time.sleep(0.1)
-            start_ms = int(self.clock() - reader.lookback_ms)
-            starts.update({TopicPartition(reader.topic, p): start_ms for p in sorted(partitions)})
-        consumer.assign(list(starts))
-        offsets = consumer.offsets_for_times(starts)
-        for tp, start_ms in starts.items():
+
+    def partitions(self, topic: str) -> list[int]:
+        return sorted(self._consumer.partitions_for_topic(topic) or ())
+
+    def seek_times(self, starts: dict[TopicPartition, int]) -> None:
+        from kafka import TopicPartition as KafkaTopicPartition
+
+        own = {KafkaTopicPartition(*tp): at for tp, at in starts.items()}
+        self._consumer.assign(list(own))
+        offsets = self._consumer.offsets_for_times(own)
+        for tp, start_ms in own.items():
             found = offsets.get(tp)
             # "no such message" is None on Apache Kafka and (offset 0, timestamp -1) on some brokers
             if found is None or found.timestamp is None or found.timestamp < start_ms:
-                consumer.seek_to_end(tp)
+                self._consumer.seek_to_end(tp)
+                # resolved now: kafka-python would look the end up at the first fetch, and skip what
+                # was published between `assigned` and then
+                self._consumer.position(tp)
             else:
-                consumer.seek(tp, found.offset)
-        for reader in readers:
-            reader.assigned.set()
-        return consumer
+                self._consumer.seek(tp, found.offset)
+
+    def assignment(self) -> list[Any]:
+        return list(self._consumer.assignment())
+
+    def end_offsets(self, partitions: list[Any]) -> dict[Any, int]:
+        return dict(self._consumer.end_offsets(partitions))
+
+    def poll(self, timeout_ms: int = 100) -> dict[Any, list[Any]]:
+        return dict(self._consumer.poll(timeout_ms=timeout_ms, max_records=1000))
+
+    def close(self) -> None:
+        self._consumer.close()
 
 
 class KafkaTelemetrySource(TopicReader):

@@ -1,0 +1,110 @@
+"""The lean Kafka reader's decoding: batches made by another implementation (kafka-python's builder),
+cut-off and compressed batches, and generated mutations, which must end in KafkaWireError, never
+another exception. Peers and the real broker: tests/integration/test_kafka_reader.py."""
+
+from __future__ import annotations
+
+import random
+import struct
+
+import pytest
+from kafka.record.default_records import DefaultRecordBatchBuilder
+
+from telemetry.kafkafetch import KafkaWireError, Record, Unsupported, decode_batches, reader_kind
+
+
+def batch(base: int, values: list[bytes | None], codec: int = 0, control: bool = False) -> bytes:
+    builder = DefaultRecordBatchBuilder(2, codec, False, -1, -1, -1, 1 << 20)
+    for i, value in enumerate(values):
+        builder.append(i, timestamp=1_700_000_000_000 + i, key=b"k%d" % i, value=value, headers=[("h", b"x")])
+    raw = bytearray(builder.build())
+    raw[0:8] = struct.pack(">q", base)
+    if control:  # a transaction marker: attributes bit 5; the CRC covers the attributes, so redo it
+        import crc32c
+
+        attrs = struct.unpack_from(">h", raw, 21)[0] | 0x20
+        struct.pack_into(">h", raw, 21, attrs)
+        struct.pack_into(">I", raw, 17, crc32c.crc32c(bytes(raw[21:])))
+    return bytes(raw)
+
+
+def decode(data: bytes, offset: int = 0) -> tuple[list[Record], int]:
+    out: list[Record] = []
+    after = decode_batches(memoryview(data), offset, out)
+    return out, after
+
+
+def test_batches_from_another_implementation_decode_to_their_offsets_and_values() -> None:
+    data = batch(0, [b"a", None, b"c" * 300]) + batch(3, [b"d"])
+    records, after = decode(data)
+    assert records == [Record(0, b"a"), Record(1, None), Record(2, b"c" * 300), Record(3, b"d")]
+    assert after == 4
+
+
+def test_records_before_the_fetch_offset_are_skipped_and_a_cut_off_batch_waits() -> None:
+    data = batch(10, [b"x", b"y", b"z"]) + batch(13, [b"w"])
+    records, after = decode(data, 12)
+    assert records == [Record(12, b"z"), Record(13, b"w")] and after == 14
+    cut = data[: len(data) - 3]  # the last batch cut off by the broker's byte limit
+    records, after = decode(cut, 10)
+    assert [r.offset for r in records] == [10, 11, 12] and after == 13
+    assert decode(cut[:40], 10) == ([], 10)  # less than one batch header: nothing yet
+
+
+@pytest.mark.parametrize("codec", [1, 2, 3, 4])
+def test_compressed_batches_decode_where_their_library_is_installed(codec: int) -> None:
+    from kafka import codec as kc
+
+    if not {1: kc.has_gzip, 2: kc.has_snappy, 3: kc.has_lz4, 4: kc.has_zstd}[codec]():
+        pytest.skip("codec library not installed")
+    values = [b"telemetry %d " % i * 20 for i in range(50)]
+    records, after = decode(batch(5, values, codec))
+    assert [r.value for r in records] == values and after == 55
+
+
+def test_control_batches_are_skipped_but_moved_past() -> None:
+    records, after = decode(batch(0, [b"a"]) + batch(1, [b"marker"], control=True) + batch(2, [b"b"]))
+    assert records == [Record(0, b"a"), Record(2, b"b")] and after == 3
+
+
+def test_a_corrupted_batch_and_an_old_format_are_refused() -> None:
+    data = bytearray(batch(0, [b"abc"]))
+    data[-2] ^= 0xFF
+    with pytest.raises(KafkaWireError, match="CRC"):
+        decode(bytes(data))
+    old = bytearray(batch(0, [b"abc"]))
+    old[16] = 1  # magic v1 (Kafka before 0.11)
+    with pytest.raises(Unsupported):
+        decode(bytes(old))
+
+
+def test_generated_mutations_raise_only_wire_errors() -> None:
+    """Flipped, cut and spliced bytes, with the CRC recomputed so the record parser is reached too."""
+    import crc32c
+
+    rng = random.Random(7)
+    good = batch(0, [b"v" * rng.randrange(0, 40) for _ in range(12)])
+    for _ in range(3000):
+        data = bytearray(good)
+        for _ in range(rng.randrange(1, 6)):
+            data[rng.randrange(len(data))] = rng.randrange(256)
+        if rng.random() < 0.3:
+            data = data[: rng.randrange(len(data))]
+        if rng.random() < 0.7 and len(data) > 21:
+            struct.pack_into(">I", data, 17, crc32c.crc32c(bytes(data[21:])))
+        try:
+            records, after = decode(bytes(data))
+        except KafkaWireError:
+            continue
+        assert after >= 0 and all(isinstance(r.offset, int) for r in records)
+
+
+def test_which_reader_a_process_uses(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("EDGEROUTE_KAFKA_READER", raising=False)
+    assert reader_kind("PLAINTEXT") == "lean"
+    assert reader_kind("SSL") == reader_kind("SASL_SSL") == "kafka-python"
+    monkeypatch.setenv("EDGEROUTE_KAFKA_READER", "kafka-python")
+    assert reader_kind("PLAINTEXT") == "kafka-python"
+    monkeypatch.setenv("EDGEROUTE_KAFKA_READER", "fast")
+    with pytest.raises(ValueError, match="lean or kafka-python"):
+        reader_kind("PLAINTEXT")
