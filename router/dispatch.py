@@ -144,8 +144,8 @@ class Dispatcher:
                 lc.resumed(a, self.clock())
                 continue
             delay = lc.hedge_delay_ms(a, self.clock())
-            if delay is None and not lc.reroute.cfg.enabled:  # the common path: one task, awaited
-                outcome = await asyncio.create_task(self._forward(a, step, path, body, headers))
+            if delay is None and not lc.reroute.cfg.enabled:  # the common path: awaited in place
+                outcome = await self._forward(a, step, path, body, headers)
             elif delay is None:  # watched: a move may take it back from the node's queue
                 moved: asyncio.Future[None] = asyncio.get_running_loop().create_future()
                 first = asyncio.create_task(self._forward(a, step, path, body, headers, moved))

@@ -384,7 +384,15 @@ class LeanConsumer:
 
     def _metadata(self, topics: list[str]) -> set[TopicPartition]:
         body = _I32.pack(len(topics)) + b"".join(_string(t) for t in topics)
-        answer = self._bootstrap().ask(METADATA, 1, body)
+        try:
+            answer = self._bootstrap().ask(METADATA, 1, body)
+        except Unsupported:
+            raise
+        except KafkaWireError:  # the bootstrap connection may have been closed as idle: once more, afresh
+            if self._boot is not None:
+                self._boot.close()
+                self._boot = None
+            answer = self._bootstrap().ask(METADATA, 1, body)
         for _ in range(answer.count(10)):
             node, host, port = answer.i32(), answer.string(), answer.i32()
             answer.string()  # rack
@@ -488,6 +496,8 @@ class LeanConsumer:
             except KafkaWireError:
                 self._drop(leader)
                 self._stale = True
+        if not sent:
+            raise KafkaWireError("no partition leader could be reached")
         out: dict[TopicPartition, list[Record]] = {}
         for leader, conn, correlation in sent:
             try:

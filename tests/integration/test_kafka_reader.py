@@ -228,3 +228,26 @@ def test_no_broker_listening_is_a_wire_error() -> None:
         port = sock.getsockname()[1]
     with pytest.raises(KafkaWireError, match="cannot reach"):
         LeanConsumer(f"127.0.0.1:{port},nohostport", request_timeout_ms=500).partitions("t")
+
+
+def test_an_unreachable_leader_is_an_error_then_looked_up_again(broker: EmbeddedBroker) -> None:
+    topic = "edgeroute.test.lean-leader"
+    ensure_topic(broker.bootstrap, topic, partitions=2)
+    lean = LeanConsumer(broker.bootstrap, fetch_max_wait_ms=5)
+    try:
+        parts = lean.partitions(topic)
+        lean.seek_times({TopicPartition(topic, p): 0 for p in parts})
+        (node,) = set(lean._leaders.values())
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            dead = sock.getsockname()[1]
+        lean._drop(node)
+        lean._brokers[node] = ("127.0.0.1", dead)  # as if the leader had moved away
+        with pytest.raises(KafkaWireError, match="no partition leader"):
+            lean.poll()
+        produce(broker.bootstrap, topic, [b"x"], int(time.time() * 1000))
+        deadline = time.monotonic() + 10
+        while not lean.poll():  # the next poll looks the leaders up again and reads on
+            assert time.monotonic() < deadline
+    finally:
+        lean.close()
