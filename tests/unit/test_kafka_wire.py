@@ -10,7 +10,16 @@ import struct
 import pytest
 from kafka.record.default_records import DefaultRecordBatchBuilder
 
-from telemetry.kafkafetch import KafkaWireError, Record, Unsupported, decode_batches, reader_kind
+from telemetry.kafkafetch import (
+    KafkaWireError,
+    LeanConsumer,
+    Record,
+    TopicPartition,
+    Unsupported,
+    _Reader,
+    decode_batches,
+    reader_kind,
+)
 
 
 def batch(base: int, values: list[bytes | None], codec: int = 0, control: bool = False) -> bytes:
@@ -108,3 +117,42 @@ def test_which_reader_a_process_uses(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("EDGEROUTE_KAFKA_READER", "fast")
     with pytest.raises(ValueError, match="lean or kafka-python"):
         reader_kind("PLAINTEXT")
+
+
+def fetch_answer(topic: str, parts: dict[int, bytes], high: int = 100) -> bytes:
+    """A Fetch v4 answer (after the correlation id) carrying `parts`' record bytes."""
+    name = topic.encode()
+    out = struct.pack(">ii", 0, 1) + struct.pack(">h", len(name)) + name + struct.pack(">i", len(parts))
+    for partition, data in parts.items():
+        out += struct.pack(">ihqqi", partition, 0, high, high, 0) + struct.pack(">i", len(data)) + data
+    return out
+
+
+def test_a_fetch_answer_is_read_into_records_and_next_offsets() -> None:
+    consumer = LeanConsumer("127.0.0.1:9")  # never connects: answers are handed to it
+    t0, t1 = TopicPartition("t", 0), TopicPartition("t", 1)
+    consumer.offsets = {t0: 0, t1: 5}
+    out: dict[TopicPartition, list[Record]] = {}
+    consumer._fetched(_Reader(fetch_answer("t", {0: batch(0, [b"a", b"b"]), 1: batch(5, [b"c"]), 7: b""})), out)
+    assert out == {t0: [Record(0, b"a"), Record(1, b"b")], t1: [Record(5, b"c")]}
+    assert consumer.offsets == {t0: 2, t1: 6}  # partition 7 is not this reader's: ignored
+
+
+def test_generated_fetch_answers_raise_only_wire_errors() -> None:
+    rng = random.Random(11)
+    good = fetch_answer("telemetry", {0: batch(0, [b"x" * 30] * 5), 1: batch(3, [b"y"] * 3)})
+    for _ in range(3000):
+        data = bytearray(good)
+        for _ in range(rng.randrange(1, 5)):
+            data[rng.randrange(len(data))] = rng.randrange(256)
+        if rng.random() < 0.3:
+            data = data[: rng.randrange(len(data))]
+        consumer = LeanConsumer("127.0.0.1:9")
+        consumer.offsets = {TopicPartition("telemetry", 0): 0, TopicPartition("telemetry", 1): 3}
+        consumer.end_offsets = lambda parts: dict.fromkeys(parts, 0)  # type: ignore[method-assign]
+        out: dict[TopicPartition, list[Record]] = {}
+        try:
+            consumer._fetched(_Reader(bytes(data)), out)
+        except KafkaWireError:
+            continue
+        assert all(offset >= 0 for offset in consumer.offsets.values())
