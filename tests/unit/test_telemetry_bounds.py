@@ -13,7 +13,7 @@ import pytest
 
 from policies import Context, RouteRequest, build_policy
 from policies.presets import PRESETS
-from telemetry.schema import MalformedTelemetry, NodeLoad
+from telemetry.schema import MAX_PRIORITY, MalformedTelemetry, NodeLoad
 from telemetry.store import MAX_CLOCK_AHEAD_MS, ViewStore
 from tests.helpers import load
 
@@ -188,6 +188,33 @@ def test_the_views_partitions_follow_its_nodes() -> None:
     assert store.view.has_partition("edge-b") and store.view.has_partition("cloud")
 
 
+@pytest.mark.parametrize("where", ["priority", "batch"])
+def test_integer_keys_are_exactly_the_canonical_integers_in_range(where: str) -> None:
+    """The key patterns against int(): generated keys in and around the range, written every way."""
+    lo, hi = (-MAX_PRIORITY, MAX_PRIORITY) if where == "priority" else (1, 1 << 16)
+    rng = random.Random(5)
+    numbers = [lo - 1, lo, hi, hi + 1, 0, 1, -1, 9, 10, 99, 100, 65535, 65536, 65537, 999_999, 1_000_001]
+    numbers += [rng.randint(lo - 10 * hi, hi * 10) for _ in range(3000)] + [rng.randint(lo, hi) for _ in range(3000)]
+    keys = {str(n) for n in numbers} | {f"+{n}" for n in numbers[:40]} | {f"0{n}" for n in numbers[:40]}
+    keys |= {" 1", "1 ", "1.0", "1e3", "-0", "", "٣", "0x10", "1_000", "--1"}
+    for key in keys:
+        msg = valid()
+        if where == "priority":
+            msg["queued_by_priority"] = {key: 1}
+        else:
+            msg["models"]["m"]["ewma_ms_by_batch"] = {key: 1.0}
+        try:
+            canonical = str(int(key)) == key and lo <= int(key) <= hi
+        except ValueError:
+            canonical = False
+        try:
+            NodeLoad.parse(json.dumps(msg))
+            accepted = True
+        except MalformedTelemetry:
+            accepted = False
+        assert accepted == canonical, key
+
+
 def test_remembered_valid_values_stay_bounded_and_never_admit_invalid_ones(monkeypatch: pytest.MonkeyPatch) -> None:
     import telemetry.schema as schema
 
@@ -197,7 +224,7 @@ def test_remembered_valid_values_stay_bounded_and_never_admit_invalid_ones(monke
         msg["endpoint"] = f"http://10.1.{i // 250}.{i % 250}:8000"
         msg["queued_by_priority"] = {str(i): 1}
         NodeLoad.parse(json.dumps(msg))
-        assert len(schema._valid_endpoints) <= 50 and len(schema._valid_keys) <= 50
+        assert len(schema._valid_endpoints) <= 50
     # a key set valid as priorities is not thereby valid as batch sizes (0 is no batch size)
     msg = valid()
     msg["queued_by_priority"] = {"0": 1}
