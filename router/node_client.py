@@ -63,7 +63,8 @@ ADMIN_PATHS = ("/admin/", "/v2/repository/")
 
 
 def _is_admin(url: str) -> bool:
-    return urlsplit(url).path.startswith(ADMIN_PATHS)
+    # most calls are inference: only a URL that holds an admin prefix somewhere needs splitting
+    return any(p in url for p in ADMIN_PATHS) and urlsplit(url).path.startswith(ADMIN_PATHS)
 
 
 class HttpNodeClient:

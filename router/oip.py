@@ -346,7 +346,7 @@ async def infer(request: web.Request) -> web.Response:
     router.dispatcher.decision_seconds.clear()
     if outcome.attempts > 1:
         router.metrics.retries.labels(model).inc(outcome.attempts - 1)
-    count(router, model, prio, outcome.node, outcome.status, arrived)
+    count(router, model, prio, outcome.node, outcome.status, arrived, served=True)
     out_headers = dict(outcome.headers)
     if outcome.status == 429 and outcome.node == "none":
         router.metrics.early_rejections.labels(model).inc()
@@ -419,11 +419,14 @@ def _infer_path(model: str, version: str | None) -> str:
     return f"/v2/models/{model}/infer" if version is None else f"/v2/models/{model}/versions/{version}/infer"
 
 
-def count(router: Router, model: str, priority: int, node: str, status: int, arrived: float) -> None:
+def count(
+    router: Router, model: str, priority: int, node: str, status: int, arrived: float, served: bool = False
+) -> None:
     """Count one answer. Label values come from clients, so they are bounded: a model no node or
-    workflow serves is "unknown", a priority outside [-100, 100] is "<-100" or ">100"."""
+    workflow serves is "unknown" (`served`: the caller found nodes serving it), a priority outside
+    [-100, 100] is "<-100" or ">100"."""
     outcome = "ok" if status < 400 else str(status)
-    if model not in router.workflows and not router.store.view.serving(model):
+    if not served and model not in router.workflows and not router.store.view.serving(model):
         model = "unknown"
     prio = str(priority) if priority in PRIORITY_LABELS else (">100" if priority > 0 else "<-100")
     now = router.clock()
