@@ -9,8 +9,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 from urllib.parse import urlsplit
 
-import aiohttp
-
+from router.http1 import Http1Client
 from telemetry import wire
 
 PASS_HEADERS = (
@@ -20,6 +19,7 @@ PASS_HEADERS = (
     wire.EXEC_MS,
     wire.QUEUE_MS,
 )
+_PASS = tuple((name, name.lower()) for name in PASS_HEADERS)
 
 
 class NodeError(Exception):
@@ -68,13 +68,15 @@ def _is_admin(url: str) -> bool:
 
 
 class HttpNodeClient:
-    """aiohttp client over a keep-alive pool (`pool_per_node` connections per node).
+    """The router's HTTP/1.1 client (router.http1) over keep-alive pools (`pool_per_node` connections
+    per node).
 
     A node's answer is hostile input too: redirects are never followed (a forged or broken node could
-    otherwise point the router at any address) and are a `NodeBadAnswer`, as is an answer over
-    `max_answer_bytes`; a connect that times out, a refused or reset connection, malformed HTTP and an
-    unusable endpoint are `NodeUnavailable` (retried elsewhere, counted against the node); only a
-    node that accepted the request and did not answer in time is a `NodeTimeout`.
+    otherwise point the router at any address) and are a `NodeBadAnswer`, as are an answer over
+    `max_answer_bytes` and one that is not HTTP/1.x; a connect that times out, a refused or reset
+    connection, one lost before a whole answer and an unusable endpoint are `NodeUnavailable` (retried
+    elsewhere, counted against the node); only a node that accepted the request and did not answer in
+    time is a `NodeTimeout`.
 
     With `admin_token`, calls to a node's `/admin/` and `/v2/repository/` routes carry it as a bearer
     token (cancels, model loads and unloads); inference never does.
@@ -88,62 +90,29 @@ class HttpNodeClient:
         admin_token: str | None = None,
         ssl_context: ssl.SSLContext | None = None,
     ) -> None:
-        self._ssl: ssl.SSLContext | bool = True if ssl_context is None else ssl_context
-        self._session: aiohttp.ClientSession | None = None
-        self._pool = pool_per_node
-        self._connect_timeout_s = connect_timeout_s
-        self._max_answer = max_answer_bytes
+        # a connect that takes half a call's budget will not finish in time: the client gives up on it
+        # and leaves the rest for a retry on another node
+        self._http = Http1Client(
+            pool_per_host=pool_per_node,
+            connect_timeout_s=connect_timeout_s,
+            max_answer_bytes=max_answer_bytes,
+            ssl_context=ssl_context,
+            unavailable=NodeUnavailable,
+            timeout=NodeTimeout,
+            bad_answer=NodeBadAnswer,
+        )
         self._admin = {"Authorization": f"Bearer {admin_token}"} if admin_token else None
-
-    @property
-    def session(self) -> aiohttp.ClientSession:
-        if self._session is None:
-            connector = aiohttp.TCPConnector(
-                limit=0, limit_per_host=self._pool, keepalive_timeout=10, enable_cleanup_closed=True, ssl=self._ssl
-            )
-            self._session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
-        return self._session
 
     async def _request(
         self, method: str, url: str, body: bytes | None, headers: Mapping[str, str] | None, timeout_s: float
     ) -> NodeReply:
         if self._admin is not None and _is_admin(url):
             headers = {**(headers or {}), **self._admin}
-        timeout = aiohttp.ClientTimeout(
-            # a connect that takes half the budget will not finish in time: give up and leave the rest for
-            # a retry on another node
-            total=max(0.001, timeout_s),
-            sock_connect=min(self._connect_timeout_s, max(0.001, timeout_s / 2)),
-        )
-        try:
-            async with self.session.request(
-                method, url, data=body, headers=headers, timeout=timeout, allow_redirects=False
-            ) as resp:
-                if 300 <= resp.status < 400:
-                    raise NodeBadAnswer(f"{url}: answered a redirect ({resp.status}), not followed")
-                if (resp.content_length or 0) > self._max_answer:
-                    raise NodeBadAnswer(f"{url}: answer of {resp.content_length} bytes is over the limit")
-                if resp.content_length is not None:  # within the limit (checked above): read exactly that
-                    answer = await resp.read()
-                else:  # chunked: counted as it comes
-                    chunks: list[bytes] = []
-                    size = 0
-                    async for chunk in resp.content.iter_chunked(1 << 16):
-                        size += len(chunk)
-                        if size > self._max_answer:
-                            raise NodeBadAnswer(f"{url}: answer over {self._max_answer} bytes")
-                        chunks.append(chunk)
-                    answer = b"".join(chunks)
-                kept = {h: resp.headers[h] for h in PASS_HEADERS if h in resp.headers}
-                return NodeReply(resp.status, answer, kept)
-        except aiohttp.ConnectionTimeoutError:  # before ServerTimeoutError, its base: nothing was sent
-            raise NodeUnavailable(f"{url}: connect timed out") from None
-        except TimeoutError:
-            raise NodeTimeout(url) from None
-        except aiohttp.ServerTimeoutError:
-            raise NodeTimeout(url) from None
-        except (aiohttp.ClientError, OSError, ValueError) as exc:  # refused, reset, malformed HTTP, bad URL
-            raise NodeUnavailable(f"{url}: {type(exc).__name__}: {exc}"[:300]) from None
+        answer = await self._http.request(method, url, body or b"", headers, timeout_s)
+        if 300 <= answer.status < 400:
+            raise NodeBadAnswer(f"{url}: answered a redirect ({answer.status}), not followed")
+        got = answer.headers
+        return NodeReply(answer.status, answer.body, {name: got[lower] for name, lower in _PASS if lower in got})
 
     async def post(self, url: str, body: bytes, headers: Mapping[str, str], timeout_s: float) -> NodeReply:
         return await self._request("POST", url, body, headers, timeout_s)
@@ -155,9 +124,7 @@ class HttpNodeClient:
         return await self._request("DELETE", url, None, None, timeout_s)
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        await self._http.close()
 
 
 Handler = Callable[[str, str, bytes, Mapping[str, str]], Awaitable[NodeReply]]

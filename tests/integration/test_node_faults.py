@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator
 
-import aiohttp
 import pytest
 from aiohttp import web
 
@@ -107,15 +107,21 @@ async def test_a_bad_answer_is_retried_on_another_node_and_counted(nodes: dict[s
 
 
 async def test_a_connect_timeout_is_unavailable_not_a_final_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
-    client = HttpNodeClient()
+    """A connect that never completes (the event loop's connect held, as a black-holed address would)
+    gives up within the connect budget as NodeUnavailable, leaving the rest of the call's time."""
+    client = HttpNodeClient(connect_timeout_s=0.2)
+    loop = asyncio.get_running_loop()
 
-    def times_out(*args: object, **kwargs: object) -> object:
-        raise aiohttp.ConnectionTimeoutError("connect timed out")
+    async def hangs(*args: object, **kwargs: object) -> object:
+        await asyncio.sleep(30)
+        raise AssertionError("not reached")
 
-    monkeypatch.setattr(client.session, "request", times_out)
+    monkeypatch.setattr(loop, "create_connection", hangs)
     try:
+        started = time.perf_counter()
         with pytest.raises(NodeUnavailable, match="connect timed out"):
-            await client.post("http://127.0.0.1:1/v2/models/m/infer", b"{}", {}, 1.0)
+            await client.post("http://127.0.0.1:1/v2/models/m/infer", b"{}", {}, 2.0)
+        assert time.perf_counter() - started < 1.0
     finally:
         await client.close()
 
