@@ -37,6 +37,16 @@ def batch(base: int, values: list[bytes | None], codec: int = 0, control: bool =
     return bytes(raw)
 
 
+def mutate(good: bytes, rng: random.Random, most_flips: int) -> bytearray:
+    """`good` with up to `most_flips - 1` bytes changed, cut short three times in ten."""
+    data = bytearray(good)
+    for _ in range(rng.randrange(1, most_flips)):
+        data[rng.randrange(len(data))] = rng.randrange(256)
+    if rng.random() < 0.3:
+        data = data[: rng.randrange(len(data))]
+    return data
+
+
 def decode(data: bytes, offset: int = 0) -> tuple[list[Record], int]:
     out: list[Record] = []
     after = decode_batches(memoryview(data), offset, out)
@@ -94,11 +104,7 @@ def test_generated_mutations_raise_only_wire_errors() -> None:
     rng = random.Random(7)
     good = batch(0, [b"v" * rng.randrange(0, 40) for _ in range(12)])
     for _ in range(3000):
-        data = bytearray(good)
-        for _ in range(rng.randrange(1, 6)):
-            data[rng.randrange(len(data))] = rng.randrange(256)
-        if rng.random() < 0.3:
-            data = data[: rng.randrange(len(data))]
+        data = mutate(good, rng, 6)
         if rng.random() < 0.7 and len(data) > 21:
             struct.pack_into(">I", data, 17, crc32c.crc32c(bytes(data[21:])))
         try:
@@ -142,11 +148,7 @@ def test_generated_fetch_answers_raise_only_wire_errors() -> None:
     rng = random.Random(11)
     good = fetch_answer("telemetry", {0: batch(0, [b"x" * 30] * 5), 1: batch(3, [b"y"] * 3)})
     for _ in range(3000):
-        data = bytearray(good)
-        for _ in range(rng.randrange(1, 5)):
-            data[rng.randrange(len(data))] = rng.randrange(256)
-        if rng.random() < 0.3:
-            data = data[: rng.randrange(len(data))]
+        data = mutate(good, rng, 5)
         consumer = LeanConsumer("127.0.0.1:9")
         consumer.offsets = {TopicPartition("telemetry", 0): 0, TopicPartition("telemetry", 1): 3}
         consumer.end_offsets = lambda parts: dict.fromkeys(parts, 0)  # type: ignore[method-assign]
