@@ -21,14 +21,14 @@ import ssl
 from collections.abc import Mapping
 from urllib.parse import urlsplit
 
-__all__ = ["Answer", "Http1Client", "MAX_HEAD"]
+__all__ = ["HttpReply", "Http1Client", "MAX_HEAD"]
 
 MAX_HEAD = 64 << 10  # an answer's status line and headers together
 _SPLIT_CACHE_MAX = 4096
 _HOSTS_MAX = 4096  # pools kept; past it, the pools of nodes with nothing open or in use are dropped
 
 
-class Answer:
+class HttpReply:
     """What a node answered: status, the headers (names in lower case; the last of repeats), the body."""
 
     __slots__ = ("body", "headers", "status")
@@ -53,7 +53,7 @@ class _Connection(asyncio.Protocol):
         self.idle_since = 0.0
         self._max_body = max_body
         self._bad, self._lost = errors
-        self._waiter: asyncio.Future[Answer] | None = None
+        self._waiter: asyncio.Future[HttpReply] | None = None
         self._buf = bytearray()
         self._reset()
 
@@ -98,14 +98,14 @@ class _Connection(asyncio.Protocol):
             return
         if self._headers is not None and self._length == -1:  # an answer read to the close: complete now
             self._waiter = None
-            waiter.set_result(Answer(self._status, self._headers, bytes(self._body)))
+            waiter.set_result(HttpReply(self._status, self._headers, bytes(self._body)))
             return
         reason = f"connection lost before a whole answer ({type(exc).__name__})" if exc else "connection closed"
         self._fail(self._lost(reason))
 
     # -- use -----------------------------------------------------------------------------------
 
-    def exchange(self, request: bytes, body: bytes, waiter: asyncio.Future[Answer]) -> None:
+    def exchange(self, request: bytes, body: bytes, waiter: asyncio.Future[HttpReply]) -> None:
         assert self.transport is not None
         self._waiter = waiter
         self._buf.clear()
@@ -135,7 +135,7 @@ class _Connection(asyncio.Protocol):
 
     # -- parsing -------------------------------------------------------------------------------
 
-    def _parse(self) -> Answer | None:
+    def _parse(self) -> HttpReply | None:
         while self._headers is None:
             if not self._head():
                 return None
@@ -144,7 +144,7 @@ class _Connection(asyncio.Protocol):
                 return None
             body = bytes(self._buf[: self._length])
             del self._buf[: self._length]
-            return Answer(self._status, self._headers, body)
+            return HttpReply(self._status, self._headers, body)
         if self._length == -1:  # read to the close
             self._body += self._buf
             self._buf.clear()
@@ -209,7 +209,7 @@ class _Connection(asyncio.Protocol):
             self.reusable = False
         return True
 
-    def _chunks(self) -> Answer | None:
+    def _chunks(self) -> HttpReply | None:
         buf = self._buf
         while True:
             if self._chunk == -1:  # a size line
@@ -236,7 +236,7 @@ class _Connection(asyncio.Protocol):
                 del buf[: end + 2]
                 if not line:
                     assert self._headers is not None
-                    return Answer(self._status, self._headers, bytes(self._body))
+                    return HttpReply(self._status, self._headers, bytes(self._body))
             else:  # chunk data and its CRLF
                 if len(buf) < self._chunk + 2:
                     return None
@@ -304,7 +304,7 @@ class Http1Client:
 
     async def request(
         self, method: str, url: str, body: bytes, headers: Mapping[str, str] | None, timeout_s: float
-    ) -> Answer:
+    ) -> HttpReply:
         if self._closed:
             raise self._unavailable("client closed")
         key, netloc, target = self._split(url)
@@ -338,7 +338,7 @@ class Http1Client:
             if conn is None:
                 budget = min(self._connect_timeout_s, max(0.001, timeout_s / 2), deadline - loop.time())
                 conn = await self._connect(key, budget, url)
-            waiter: asyncio.Future[Answer] = loop.create_future()
+            waiter: asyncio.Future[HttpReply] = loop.create_future()
             timer = loop.call_at(deadline, _expire, waiter)
             try:
                 conn.exchange(request, body, waiter)
@@ -415,6 +415,6 @@ class _Expired(Exception):
     """The call's time ran out while waiting for the answer."""
 
 
-def _expire(waiter: asyncio.Future[Answer]) -> None:
+def _expire(waiter: asyncio.Future[HttpReply]) -> None:
     if not waiter.done():
         waiter.set_exception(_Expired())

@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from router.http1 import MAX_HEAD, Answer, _Connection
+from router.http1 import MAX_HEAD, HttpReply, _Connection
 from router.node_client import NodeBadAnswer, NodeUnavailable
 
 
@@ -32,12 +32,12 @@ class Wire:
         return self.closed
 
 
-def feed(pieces: list[bytes], max_body: int = 1 << 20, lose: bool = False) -> tuple[Answer | Exception, _Connection]:
+def feed(pieces: list[bytes], max_body: int = 1 << 20, lose: bool = False) -> tuple[HttpReply | Exception, _Connection]:
     loop = asyncio.new_event_loop()
     try:
         conn = _Connection(max_body, (NodeBadAnswer, NodeUnavailable))
         conn.connection_made(Wire())  # type: ignore[arg-type]
-        waiter: asyncio.Future[Answer] = loop.create_future()
+        waiter: asyncio.Future[HttpReply] = loop.create_future()
         conn.exchange(b"POST / HTTP/1.1\r\n\r\n", b"", waiter)
         for piece in pieces:
             if waiter.done():
@@ -66,23 +66,23 @@ CHUNKED = (
 @pytest.mark.parametrize("raw", [OK, CHUNKED], ids=["length", "chunked"])
 def test_an_answer_reads_whole_and_split_at_every_byte(raw: bytes) -> None:
     whole, conn = feed([raw])
-    assert isinstance(whole, Answer) and whole.status == 200 and whole.body == b'{"ok":true}'
+    assert isinstance(whole, HttpReply) and whole.status == 200 and whole.body == b'{"ok":true}'
     assert whole.headers["content-type"] == "application/json" and conn.reusable
     for cut in range(1, len(raw)):
         split, _ = feed([raw[:cut], raw[cut:]])
-        assert isinstance(split, Answer) and split.body == whole.body, cut
+        assert isinstance(split, HttpReply) and split.body == whole.body, cut
     bytewise, _ = feed([raw[i : i + 1] for i in range(len(raw))])
-    assert isinstance(bytewise, Answer) and bytewise.body == whole.body
+    assert isinstance(bytewise, HttpReply) and bytewise.body == whole.body
 
 
 def test_informational_answers_are_skipped_and_close_is_honoured() -> None:
     got, conn = feed([b"HTTP/1.1 100 Continue\r\n\r\n" + OK.replace(b"\r\n\r\n", b"\r\nConnection: close\r\n\r\n", 1)])
-    assert isinstance(got, Answer) and got.status == 200 and not conn.reusable
+    assert isinstance(got, HttpReply) and got.status == 200 and not conn.reusable
 
 
 def test_an_answer_without_a_length_is_read_to_the_close() -> None:
     got, conn = feed([b"HTTP/1.0 503 Busy\r\n\r\n", b"try later"], lose=True)
-    assert isinstance(got, Answer) and got.status == 503 and got.body == b"try later" and not conn.reusable
+    assert isinstance(got, HttpReply) and got.status == 503 and got.body == b"try later" and not conn.reusable
 
 
 BAD = {
@@ -132,6 +132,6 @@ def test_generated_answers_end_in_an_answer_or_a_node_error() -> None:
         cut = sorted(rng.sample(range(1, len(data)), min(3, len(data) - 1)))
         pieces = [bytes(data[a:b]) for a, b in zip([0, *cut], [*cut, len(data)], strict=True)]
         got, _ = feed(pieces, max_body=4096, lose=rng.random() < 0.5)
-        assert isinstance(got, Answer | NodeBadAnswer | NodeUnavailable), type(got)
-        if isinstance(got, Answer):
+        assert isinstance(got, HttpReply | NodeBadAnswer | NodeUnavailable), type(got)
+        if isinstance(got, HttpReply):
             assert 100 <= got.status <= 999 and len(got.body) <= 4096
