@@ -274,7 +274,7 @@ class Http1Client:
         self._limit = pool_per_host
         self._connect_timeout_s = connect_timeout_s
         self._max = max_answer_bytes
-        self._ssl = ssl_context
+        self._ssl = ssl_context  # None: the system's trust store, made at the first https connection
         self._unavailable, self._timeout, self._bad = unavailable, timeout, bad_answer
         self._keepalive_s = keepalive_s
         self._hosts: dict[tuple[str, str, int], _Host] = {}
@@ -387,7 +387,9 @@ class Http1Client:
         loop = asyncio.get_running_loop()
         context: ssl.SSLContext | None = None
         if scheme == "https":
-            context = self._ssl if self._ssl is not None else ssl.create_default_context()
+            if self._ssl is None:
+                self._ssl = ssl.create_default_context()
+            context = self._ssl
         conn = _Connection(self._max, (self._bad, self._unavailable))
         try:
             async with asyncio.timeout(max(0.001, budget_s)):

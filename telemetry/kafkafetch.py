@@ -22,6 +22,7 @@ import os
 import socket
 import struct
 import zlib
+from collections.abc import Iterable
 from typing import NamedTuple
 
 __all__ = [
@@ -37,7 +38,8 @@ __all__ = [
 FETCH, LIST_OFFSETS, METADATA, API_VERSIONS = 1, 2, 3, 18
 NEEDED = {FETCH: 4, LIST_OFFSETS: 1, METADATA: 1}  # the versions spoken here
 LATEST = -1
-MAX_ANSWER = 64 << 20  # an answer larger than this is refused (partition_max_bytes bounds a real one)
+MAX_ANSWER = 64 << 20  # an answer larger than this is refused
+FETCH_MAX_BYTES = 32 << 20  # what a fetch asks for at most: a soft limit, well under MAX_ANSWER
 RETRIABLE = {3, 5, 6, 7, 13, 14, 15, 56, 74, 75}  # topic/leader moved, broker busy: look again, go on
 OFFSET_OUT_OF_RANGE = 1
 
@@ -105,6 +107,9 @@ class _Reader:
 
     def i64(self) -> int:
         return int(_I64.unpack_from(self.buf, self._take(8))[0])
+
+    def fields(self, layout: struct.Struct) -> tuple[int, ...]:
+        return layout.unpack_from(self.buf, self._take(layout.size))
 
     def count(self, least_size: int) -> int:
         """An array's length (-1, null, is 0), no more than the bytes left can hold."""
@@ -299,9 +304,9 @@ def _bootstrap_hosts(bootstrap: str) -> list[tuple[str, int]]:
 
 
 class LeanConsumer:
-    """Reads every partition of `topics` from the offsets given; `poll` is one fetch per leader.
+    """Reads partitions from the offsets set by `seek_times`; `poll` is one fetch per leader.
 
-    `open` looks up the partitions and their leaders; `starts` in `seek_times` maps each partition to a
+    `partitions` looks a topic's partitions and their leaders up; `seek_times` maps each partition to a
     timestamp (ms): reading begins at the first record at or after it, or at the end when there is none.
     """
 
@@ -421,18 +426,15 @@ class LeanConsumer:
     def list_offsets(self, times: dict[TopicPartition, int]) -> dict[TopicPartition, tuple[int, int]]:
         """(offset, timestamp) per partition: the first record at or after each time, or LATEST's end
         offset (timestamp -1); (-1, -1) where the partition holds none."""
-        by_leader: dict[int, dict[str, list[tuple[int, int]]]] = {}
-        for tp, at in times.items():
-            leader = self._leaders.get(tp)
-            if leader is None:
-                raise KafkaWireError(f"{tp.topic}[{tp.partition}]: no leader known")
-            by_leader.setdefault(leader, {}).setdefault(tp.topic, []).append((tp.partition, at))
+        unknown = [tp for tp in times if tp not in self._leaders]
+        if unknown:
+            raise KafkaWireError(f"{unknown[0].topic}[{unknown[0].partition}]: no leader known")
         out: dict[TopicPartition, tuple[int, int]] = {}
-        for leader, topics in by_leader.items():
+        for leader, topics in self._by_leader(times).items():
             body = [_I32.pack(-1), _I32.pack(len(topics))]
             for topic, parts in topics.items():
                 body += [_string(topic), _I32.pack(len(parts))]
-                body += [struct.pack(">iq", p, at) for p, at in parts]
+                body += [struct.pack(">iq", p, times[TopicPartition(topic, p)]) for p in parts]
             try:
                 answer = self._leader(leader).ask(LIST_OFFSETS, 1, b"".join(body))
             except KafkaWireError:
@@ -445,6 +447,15 @@ class LeanConsumer:
                     if error:
                         raise KafkaWireError(f"ListOffsets {topic}[{partition}]: error {error}")
                     out[TopicPartition(topic, partition)] = (offset, stamp)
+        return out
+
+    def _by_leader(self, partitions: Iterable[TopicPartition]) -> dict[int, dict[str, list[int]]]:
+        """Leader -> topic -> partition numbers, for the partitions whose leader is known."""
+        out: dict[int, dict[str, list[int]]] = {}
+        for tp in partitions:
+            leader = self._leaders.get(tp)
+            if leader is not None:
+                out.setdefault(leader, {}).setdefault(tp.topic, []).append(tp.partition)
         return out
 
     # -- the interface a TopicReader uses --------------------------------------------------------
@@ -473,16 +484,12 @@ class LeanConsumer:
         if self._stale:
             self._stale = False
             self._metadata(sorted({tp.topic for tp in self.offsets}))
-        by_leader: dict[int, dict[str, list[int]]] = {}
-        for tp in self.offsets:
-            leader = self._leaders.get(tp)
-            if leader is not None:
-                by_leader.setdefault(leader, {}).setdefault(tp.topic, []).append(tp.partition)
+        by_leader = self._by_leader(self.offsets)
         if not by_leader:
             self._stale = True
             raise KafkaWireError("no partition has a leader")
         sent = []
-        head = _FETCH_HEAD.pack(-1, self.fetch_max_wait_ms, 1, 64 << 20, 0)
+        head = _FETCH_HEAD.pack(-1, self.fetch_max_wait_ms, 1, FETCH_MAX_BYTES, 0)
         for leader, topics in by_leader.items():
             body = [head, _I32.pack(len(topics))]
             for topic, parts in topics.items():
@@ -517,7 +524,7 @@ class LeanConsumer:
         for _ in range(answer.count(6)):
             topic = answer.string()
             for _ in range(answer.count(30)):
-                partition, error, high, _stable = _PART_HEAD.unpack_from(answer.buf, answer._take(_PART_HEAD.size))
+                partition, error, high, _stable = answer.fields(_PART_HEAD)
                 for _ in range(answer.count(16)):
                     answer.i64(), answer.i64()  # aborted transactions (read uncommitted: kept)
                 data = answer.blob()

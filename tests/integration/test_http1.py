@@ -66,12 +66,20 @@ def answer(body: bytes = b'{"ok":true}', extra: bytes = b"") -> bytes:
     )
 
 
-async def keep_alive(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    while True:
-        await read_request(reader)
-        await asyncio.sleep(0.01)
-        writer.write(answer())
-        await writer.drain()
+def answering(delay_s: float) -> Script:
+    """A keep-alive node that answers every request after `delay_s`."""
+
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            await read_request(reader)
+            await asyncio.sleep(delay_s)
+            writer.write(answer())
+            await writer.drain()
+
+    return script
+
+
+keep_alive = answering(0.01)
 
 
 @pytest.fixture
@@ -140,14 +148,7 @@ async def test_a_hung_node_times_out_and_its_connection_is_not_reused(client: Ht
 
 
 async def test_a_cancelled_call_does_not_leave_its_connection_in_the_pool(client: HttpNodeClient) -> None:
-    async def slow(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        while True:
-            await read_request(reader)
-            await asyncio.sleep(0.3)
-            writer.write(answer())
-            await writer.drain()
-
-    async with Server(slow) as server:
+    async with Server(answering(0.3)) as server:
         task = asyncio.create_task(client.post(server.url + "/x", b"{}", {}, 2.0))
         await asyncio.sleep(0.1)
         task.cancel()
