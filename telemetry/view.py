@@ -39,41 +39,38 @@ __all__ = [
 
 @dataclass(frozen=True, slots=True)
 class NodeState:
-    """One node as last reported, plus when the router heard it."""
+    """One node as last reported, plus when the router heard it.
+
+    What policies read on every decision (id, endpoint, partition, readiness, capacity, the reported
+    outstanding count) is taken from the report once, when the state is made, instead of through
+    properties that reach into the report (and sum its queues) at every read.
+    """
 
     load: NodeLoad
     heard_at_ms: float
+    node_id: str = field(init=False, compare=False, repr=False)
+    endpoint: str = field(init=False, compare=False, repr=False)
+    partition: str = field(init=False, compare=False, repr=False)
+    ready: bool = field(init=False, compare=False, repr=False)
+    capacity: int = field(init=False, compare=False, repr=False)
+    # Requests queued or executing at the node when it sent its last message.
+    reported_outstanding: int = field(init=False, compare=False, repr=False)
 
-    @property
-    def node_id(self) -> str:
-        return self.load.node_id
-
-    @property
-    def endpoint(self) -> str:
-        return self.load.endpoint
-
-    @property
-    def partition(self) -> str:
-        return self.load.partition
-
-    @property
-    def ready(self) -> bool:
-        return self.load.status == "ready"
-
-    @property
-    def capacity(self) -> int:
-        return self.load.capacity
+    def __post_init__(self) -> None:
+        load = self.load
+        put = object.__setattr__
+        put(self, "node_id", load.node_id)
+        put(self, "endpoint", load.endpoint)
+        put(self, "partition", load.partition)
+        put(self, "ready", load.status == "ready")
+        put(self, "capacity", load.capacity)
+        put(self, "reported_outstanding", load.queued + load.in_flight)
 
     def model(self, name: str) -> ModelLoad | None:
         return self.load.models.get(name)
 
     def serves(self, model: str) -> bool:
         return model in self.load.models
-
-    @property
-    def reported_outstanding(self) -> int:
-        """Requests queued or executing at the node when it sent its last message."""
-        return self.load.queued + self.load.in_flight
 
 
 class _NodesById(Sequence[NodeState]):

@@ -35,10 +35,12 @@ same report.
 
 from __future__ import annotations
 
+import gc
 import heapq
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
@@ -81,6 +83,39 @@ from scenarios.sim.workflows import WorkflowDriver
 from scenarios.workload import Arrival, Result
 from telemetry.schema import DeviceInfo, NodeLoad
 from telemetry.store import ViewStore
+
+COLLECT_EVERY = 100_000  # events between the simulation's own garbage collections
+
+
+@contextmanager
+def few_collections() -> Iterator[Callable[[], None]]:
+    """Run a simulation with Python's cyclic garbage collector replaced by checkpoints; yields the
+    checkpoint, which the event loop calls every `COLLECT_EVERY` events.
+
+    A simulation allocates a handful of objects per request (the request, its attempts, jobs and node
+    work, which refer to each other) and keeps every result to the end. With the collector's default
+    generations, objects that outlive a young collection (every request still in flight, every result)
+    are scanned again and again as they age, which took a fifth to a quarter of the run. Instead: the
+    automatic collector is off; at each checkpoint one collection frees the cycles of the requests
+    answered since the last one and the survivors are frozen (`gc.freeze`: never scanned again), so
+    every object is scanned about once. Memory stays bounded: between checkpoints at most the garbage
+    of `COLLECT_EVERY` events waits. On exit the frozen objects are handed back to the collector and
+    its previous state is restored.
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    gc.freeze()  # what existed before the run (the schedule, the nodes, the views): not scanned
+
+    def checkpoint() -> None:
+        gc.collect()
+        gc.freeze()
+
+    try:
+        yield checkpoint
+    finally:
+        gc.unfreeze()
+        if enabled:
+            gc.enable()
 
 
 class Simulation(RouterDriver, WorkflowDriver, NodeModel, TelemetryModel, FaultModel):
@@ -148,6 +183,10 @@ class Simulation(RouterDriver, WorkflowDriver, NodeModel, TelemetryModel, FaultM
         return self.lc.copies.made
 
     def run(self, horizon_ms: float | None = None) -> list[Result]:
+        with few_collections() as checkpoint:
+            return self._run(horizon_ms, checkpoint)
+
+    def _run(self, horizon_ms: float | None, checkpoint: Callable[[], None]) -> list[Result]:
         handlers: dict[int, Callable[[Any], None]] = {
             DELIVER: self._deliver,
             FINISH: self._finish,
@@ -192,6 +231,8 @@ class Simulation(RouterDriver, WorkflowDriver, NodeModel, TelemetryModel, FaultM
                 break
             self.now = at
             self.events += 1
+            if not self.events % COLLECT_EVERY:
+                checkpoint()
             if kind == ARRIVAL:
                 self._arrival(payload)
                 nxt = next(arrivals, None)
