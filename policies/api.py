@@ -50,9 +50,15 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True, slots=True)
+# The values made on every decision (RouteRequest, Decision) are plain slotted dataclasses, not frozen
+# ones: a frozen dataclass sets each field through `object.__setattr__` and costs about eight times as
+# much to build (2.0 against 0.24 us for a RouteRequest on the development machine). They are values
+# all the same: policies read them and never change them.
+
+
+@dataclass(slots=True)
 class RouteRequest:
-    """What a policy knows of one request."""
+    """What a policy knows of one request (a value: read, never changed)."""
 
     model: str
     priority: int = 0
@@ -77,8 +83,10 @@ class RouteRequest:
         return self.stage_deadline_ms if self.stage_deadline_ms is not None else self.deadline_ms
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Decision:
+    """The node a policy chose (a value)."""
+
     node_id: str
     endpoint: str
     policy: str

@@ -54,7 +54,11 @@ class Attempts:
         )
 
 
-@dataclass(frozen=True, slots=True)
+# The steps below are values made on every decision: plain slotted dataclasses (see policies.api on
+# why not frozen ones); the drivers read them and never change them.
+
+
+@dataclass(slots=True)
 class Send:
     """Forward attempt `attempt` to `decision.node_id` (`state` is that node as the policy saw it)."""
 
@@ -64,7 +68,7 @@ class Send:
     hedge: bool = False
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Hold:
     """Wait for a slot in `partition` for at most `wait_ms`, then decide again."""
 
@@ -72,7 +76,7 @@ class Hold:
     wait_ms: float
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Answer:
     """The request ends with this error, without (another) node's answer."""
 

@@ -26,9 +26,11 @@ class TelemetryModel(SimState):
         cache = node.model_cache
         sched = node.sched
         resident = node.residency
+        running = node.running
         for m in spec.models:
             ewma = round(node.ewma.get((m, 1), self._baseline[m] / node.speed), 2)
-            key = (m, sched.queued_by_model[m], node.in_flight_of(m), ewma, m in resident, node.load_ms.get(m))
+            in_flight = node.in_flight_of(m) if running else 0
+            key = (m, sched.queued_by_model[m], in_flight, ewma, m in resident, node.load_ms.get(m))
             state = cache.get(key)
             if state is None:
                 if len(cache) > 4096:
