@@ -234,6 +234,7 @@ class NodeModel(SimState):
             node.served += 1
             self._unpin(node, job)
             self._send_reply(job, 200, "")
+            job.work = None  # it ran: nothing asks for its queue entry again (breaks the job <-> work cycle)
         self._kick(node)
         node.handoff = False
         self._changed(node)

@@ -224,6 +224,10 @@ class RouterDriver(SimState):
         if req.done:
             return
         req.done = True
+        # Nothing reads a finished request's attempts (every handler checks `done` first): dropping
+        # them breaks the request <-> job cycle, so the request is freed by its last event, not left to
+        # the simulator's garbage collection (engine.few_collections).
+        req.jobs = []
         if req.stage is None:
             self._open -= 1
         a = req.arrival
