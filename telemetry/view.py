@@ -55,6 +55,8 @@ class NodeState:
     capacity: int = field(init=False, compare=False, repr=False)
     # Requests queued or executing at the node when it sent its last message.
     reported_outstanding: int = field(init=False, compare=False, repr=False)
+    # Which report this is: (seq, sent_at_ms), the key the in-flight overlay counts from.
+    report: tuple[int, float] = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         load = self.load
@@ -65,6 +67,7 @@ class NodeState:
         put(self, "ready", load.status == "ready")
         put(self, "capacity", load.capacity)
         put(self, "reported_outstanding", load.queued + load.in_flight)
+        put(self, "report", (load.seq, load.sent_at_ms))
 
     def model(self, name: str) -> ModelLoad | None:
         return self.load.models.get(name)

@@ -150,7 +150,7 @@ class OutstandingTracker:
         n = self._nodes.get(state.node_id)
         if n is None:
             n = self._nodes[state.node_id] = _Node()
-        key = (state.load.seq, state.load.sent_at_ms)
+        key = state.report
         if key != n.report:
             n.report = key
             self._keys += 1
@@ -191,7 +191,7 @@ class OutstandingTracker:
 
     def estimate(self, state: NodeState) -> int:
         n = self._nodes.get(state.node_id)
-        if n is None or n.report != (state.load.seq, state.load.sent_at_ms):
+        if n is None or n.report != state.report:
             # nothing counted since this report yet (not applied, or never dispatched to)
             pending = 0 if n is None else n.pending
             if self.remote is not None:

@@ -105,10 +105,18 @@ class NodeModel(SimState):
         job.work = work
         job.pinned = True
         node.residency.pin(req.model)
-        node.sched.push(work)
-        self._kick(node)
-        if not job.started and not job.dropped:  # still queued: it leaves at its deadline
-            self.push(req.deadline_at, EXPIRE, (job, node.epoch))
+        # nothing queued and a slot free: what queueing it and starting the next batch would decide,
+        # without the queue (Scheduler.run_now); None when it would wait for a batch to fill
+        at_once = node.sched.run_now(work, self.now) if len(node.running) < node.spec.slots else None
+        if at_once is None:
+            node.sched.push(work)
+            self._kick(node)
+            if not job.started and not job.dropped:  # still queued: it leaves at its deadline
+                self.push(req.deadline_at, EXPIRE, (job, node.epoch))
+        elif at_once.batch:
+            self._start(node, at_once.batch)
+        else:
+            self._expired(node, job)
         self._changed(node)
 
     def _unpin(self, node: SimNode, job: Job) -> None:
@@ -158,10 +166,7 @@ class NodeModel(SimState):
         while len(node.running) < node.spec.slots and sched.queued:
             decision = sched.next(self.now)
             for work in decision.expired:
-                job = work.handle
-                job.dropped = True
-                self._unpin(node, job)
-                self._send_reply(job, 504, "deadline cannot be met: it would finish too late")
+                self._expired(node, work.handle)
             if decision.batch:
                 self._start(node, decision.batch)
                 continue
@@ -169,6 +174,12 @@ class NodeModel(SimState):
                 node.wake_at = decision.wake_at_ms
                 self.push(decision.wake_at_ms, WAKE, (node, node.epoch))
             break
+
+    def _expired(self, node: SimNode, job: Job) -> None:
+        """The node's scheduler let `job` go before running: it cannot finish by its deadline."""
+        job.dropped = True
+        self._unpin(node, job)
+        self._send_reply(job, 504, "deadline cannot be met: it would finish too late")
 
     def _wake(self, payload: tuple[SimNode, int]) -> None:
         node, epoch = payload
