@@ -41,9 +41,10 @@ __all__ = [
 class NodeState:
     """One node as last reported, plus when the router heard it.
 
-    What policies read on every decision (id, endpoint, partition, readiness, capacity, the reported
-    outstanding count) is taken from the report once, when the state is made, instead of through
-    properties that reach into the report (and sum its queues) at every read.
+    What policies and the in-flight overlay read on every decision (id, endpoint, partition,
+    readiness, capacity, the reported outstanding count, the report's key) is taken from the report
+    once, when the state is made, instead of through properties that reach into the report (and sum
+    its queues) at every read.
     """
 
     load: NodeLoad
