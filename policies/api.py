@@ -266,6 +266,14 @@ class RowScorer(Protocol):
 
 
 @runtime_checkable
+class UnitRowScorer(Protocol):
+    """A `RowScorer` whose columnar scores are always within [0, 1] and never NaN (min / predicted):
+    the engine takes them as they are, where it would clamp `score_rows` (which changes nothing then)."""
+
+    def unit_score_rows(self, req: RouteRequest, cols: Columns, ctx: Context) -> FloatArray: ...
+
+
+@runtime_checkable
 class RowPicker(Protocol):
     """`pick` on columns: the index (into `cols`) of the chosen candidate."""
 
@@ -284,6 +292,7 @@ HOOKS: tuple[type, ...] = (
     RowFilter,
     RowGate,
     RowScorer,
+    UnitRowScorer,
     RowPicker,
 )
 

@@ -24,6 +24,12 @@ if TYPE_CHECKING:
 
 
 _count = np.count_nonzero  # (a C call: far cheaper than the any()/all() reductions on short arrays)
+_fmax, _fmin = np.fmax, np.fmin
+
+
+def clamp01_rows(x: FloatArray) -> FloatArray:
+    """`engine.clamp01` of every element (fmax and fmin drop NaN for the bound: NaN counts as worst, 0)."""
+    return _fmin(_fmax(x, 0.0), 1.0)
 
 
 def any_row(mask: BoolArray) -> bool:
@@ -37,45 +43,57 @@ def all_rows(mask: BoolArray) -> bool:
 
 
 class Frame:
-    """One decision's view of one model table, with the derived columns it has computed (over all rows)."""
+    """One decision's view of one model table, with the derived columns it has computed (over all rows).
 
-    __slots__ = ("view", "table", "req", "ctx", "_cache")
+    The columns every completion-based plugin reads (outstanding, load per slot, execution, wait,
+    completion) are kept in slots, each with the default execution time it was computed for (a
+    decision's plugins almost always share one); anything else a plugin derives is kept by key."""
+
+    __slots__ = ("view", "table", "req", "ctx", "_cache", "_o", "_ops", "_exec", "_wait", "_done")
 
     def __init__(self, view: ClusterView, table: ModelTable, req: RouteRequest, ctx: Context) -> None:
         self.view = view
         self.table = table
         self.req = req
         self.ctx = ctx
-        self._cache: dict[Any, Any] = {}
+        self._cache: dict[Any, Any] | None = None
+        self._o: IntArray | None = None
+        self._ops: FloatArray | None = None
+        self._exec: tuple[float, FloatArray] | None = None
+        self._wait: tuple[float, FloatArray] | None = None
+        self._done: tuple[float, FloatArray] | None = None
 
     def cached(self, key: Any) -> Any:
         """A column a plugin derived for this decision under `key` (None: not yet)."""
-        return self._cache.get(key)
+        return None if self._cache is None else self._cache.get(key)
 
     def keep_cached(self, key: Any, column: Any) -> None:
         """Keep a column a plugin derived, for the other plugins of this decision."""
+        if self._cache is None:
+            self._cache = {}
         self._cache[key] = column
 
     def outstanding(self) -> IntArray:
         """`ClusterView.outstanding` of every row (the overlay's estimate)."""
-        o = self._cache.get("o")
+        o = self._o
         if o is None:
-            o = self._cache["o"] = self.view.outstanding_all(self.table)
+            o = self._o = self.view.outstanding_all(self.table)
         return o
 
     def load_per_slot(self) -> FloatArray:
         """outstanding / capacity."""
-        x = self._cache.get("ops")
+        x = self._ops
         if x is None:
-            x = self._cache["ops"] = self.outstanding() / self.table.capacity
+            x = self._ops = self.outstanding() / self.table.capacity
         return x
 
     def exec_ms(self, default_exec_ms: float) -> FloatArray:
         """`completion.exec_estimate_ms`: the EWMA at the request's batch size, else the default."""
-        key = ("exec", default_exec_ms)
-        x = self._cache.get(key)
-        if x is None:
-            x = self._cache[key] = self.table.exec_or(self.req.batch, default_exec_ms)
+        kept = self._exec
+        if kept is not None and kept[0] == default_exec_ms:
+            return kept[1]
+        x = self.table.exec_or(self.req.batch, default_exec_ms)
+        self._exec = (default_exec_ms, x)
         return x
 
     def rtt_ms(self) -> FloatArray:
@@ -88,29 +106,33 @@ class Frame:
 
     def wait_ms(self, default_exec_ms: float) -> FloatArray:
         """`completion.predicted_wait_ms` at the request's priority (now = the context's clock)."""
-        key = ("wait", default_exec_ms)
-        x = self._cache.get(key)
-        if x is None:
-            t = self.table
-            exec_ms = self.exec_ms(default_exec_ms)
-            o = self.outstanding()
-            priority = self.req.priority
-            reported_wait = t.wait(priority)
-            age = np.maximum(0.0, self.ctx.now_ms - t.heard)
-            extra = np.maximum(0, o - t.reported)
-            known = np.maximum(0.0, reported_wait - age) + extra * exec_ms / t.capacity
-            if t.wait_known(priority):  # every node reports its wait (the usual case)
-                x = self._cache[key] = known
-            else:
-                x = self._cache[key] = np.where(np.isnan(reported_wait), o / t.capacity * exec_ms, known)
+        kept = self._wait
+        if kept is not None and kept[0] == default_exec_ms:
+            return kept[1]
+        t = self.table
+        exec_ms = self.exec_ms(default_exec_ms)
+        o = self.outstanding()
+        priority = self.req.priority
+        reported_wait = t.wait(priority)
+        now = self.ctx.now_ms
+        age = now - t.heard if t.heard_by(now) else np.maximum(0.0, now - t.heard)
+        extra = np.maximum(0, o - t.reported)
+        known = np.maximum(0.0, reported_wait - age) + extra * exec_ms / t.capacity
+        x: FloatArray
+        if t.wait_known(priority):  # every node reports its wait (the usual case)
+            x = known
+        else:
+            x = np.where(np.isnan(reported_wait), o / t.capacity * exec_ms, known)
+        self._wait = (default_exec_ms, x)
         return x
 
     def completion_ms(self, default_exec_ms: float) -> FloatArray:
         """`completion.predicted_completion_ms`: rtt + wait + exec."""
-        key = ("completion", default_exec_ms)
-        x = self._cache.get(key)
-        if x is None:
-            x = self._cache[key] = self.rtt_ms() + self.wait_ms(default_exec_ms) + self.exec_ms(default_exec_ms)
+        kept = self._done
+        if kept is not None and kept[0] == default_exec_ms:
+            return kept[1]
+        x: FloatArray = self.rtt_ms() + self.wait_ms(default_exec_ms) + self.exec_ms(default_exec_ms)
+        self._done = (default_exec_ms, x)
         return x
 
     def in_partition(self, partition: str) -> BoolArray:

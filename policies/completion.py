@@ -24,7 +24,10 @@ import numpy as np
 from pydantic import Field
 
 from policies.api import ClusterView, Columns, Context, NodeState, Params, RouteRequest
+from policies.columns import clamp01_rows
 from telemetry.view import FloatArray
+
+INF = float("inf")
 
 
 class CompletionParams(Params):
@@ -70,13 +73,14 @@ def meets_deadline(
 
 
 def best_over(preds: FloatArray) -> FloatArray:
-    """min / p for each prediction p (1 where p <= 0): the best scores 1."""
+    """min / p for each prediction p (1 where p <= 0), within [0, 1] and never NaN (clamped as
+    `engine.clamp01` would, so a `UnitRowScorer` may return it): the best scores 1."""
     best = preds[preds.argmin()]  # (min() with NaN's meaning, without the cost of a reduction)
-    if best > 0:
+    if 0.0 < best < INF:  # then min / p is in [0, 1] for every p >= min (no NaN: argmin finds NaN first)
         out: FloatArray = best / preds
         return out
     with np.errstate(divide="ignore", invalid="ignore"):
-        return np.where(preds > 0, best / preds, 1.0)
+        return clamp01_rows(np.where(preds > 0, best / preds, 1.0))
 
 
 class Completion:
@@ -89,8 +93,10 @@ class Completion:
     def __init__(self, params: CompletionParams | None = None) -> None:
         self.params = params or CompletionParams()
 
-    def score_rows(self, req: RouteRequest, cols: Columns, ctx: Context) -> FloatArray:
+    def unit_score_rows(self, req: RouteRequest, cols: Columns, ctx: Context) -> FloatArray:
         return best_over(cols.of(cols.frame.completion_ms(self.params.default_exec_ms)))
+
+    score_rows = unit_score_rows
 
     def score(self, req: RouteRequest, view: ClusterView, nodes: list[NodeState], ctx: Context) -> list[float]:
         preds = [predicted_completion_ms(view, n, req, self.params.default_exec_ms, ctx.now_ms) for n in nodes]

@@ -52,12 +52,12 @@ from policies.api import (
     Sampler,
     Scorer,
     Stateful,
+    UnitRowScorer,
 )
-from policies.columns import Columns, Frame
+from policies.columns import Columns, Frame, clamp01_rows
 from telemetry.view import BoolArray, FloatArray
 
 F = TypeVar("F")
-_fmax, _fmin = np.fmax, np.fmin
 COLUMNS_MIN = 3  # a model served by this many nodes or more is judged on its column table (bench decide)
 
 
@@ -73,11 +73,6 @@ def _ones(n: int) -> FloatArray:
         x = _ONES[n] = np.ones(n)
         x.flags.writeable = False
     return x
-
-
-def clamp01_rows(x: FloatArray) -> FloatArray:
-    """`clamp01` of every element (fmax and fmin drop NaN for the bound: NaN counts as worst, 0)."""
-    return _fmin(_fmax(x, 0.0), 1.0)
 
 
 def clamp01(x: float) -> float:
@@ -141,26 +136,31 @@ class Pipeline:
         self._stateful: list[tuple[str, Stateful]] = [(f.name, f) for f in self.filters if isinstance(f, Stateful)]
         # the columnar path: every plugin has its columnar hook, and the candidates come from the index
         # (the candidate source's table is its model's: its rows are the nodes serving the model)
-        self._row_admitters = [a for a in lead if isinstance(a, RowAdmitter)]
-        self._row_filters: list[tuple[RowFilter | None, RowGate | None]] = []
+        # (isinstance on a Protocol is slow: each plugin's columnar step is resolved here, once)
+        row_admitters = [a for a in lead if isinstance(a, RowAdmitter)]
+        self._row_admits = [a.admit_rows for a in row_admitters]
+        self._row_steps: list[tuple[Callable[[RouteRequest, Columns, Context], Columns | Defer], bool]] = []
         for f in rest:
             if isinstance(f, Gate):
                 if isinstance(f, RowGate):
-                    self._row_filters.append((None, f))
+                    self._row_steps.append((f.gate_rows, True))
             elif isinstance(f, RowFilter):
-                self._row_filters.append((f, None))
+                self._row_steps.append((f.filter_rows, False))
         self._row_scorers = [(s, w) for s, w in self.scorers if isinstance(s, RowScorer)]
         self._row_picker = self.picker if isinstance(self.picker, RowPicker) else None
         # the scorers that count (a weight of 0 adds nothing; with no positive total, none counts)
         self._total_weight = sum(w for _, w in self.scorers)
         live = self._total_weight > 0
         self._weighted_nodes = [(s, w) for s, w in self.scorers if w != 0] if live else []
-        self._weighted = [(s, w) for s, w in self._row_scorers if w != 0] if live else []
+        # each counting columnar scorer's scores, clamped to [0, 1] unless they always are (UnitRowScorer)
+        self._weighted: list[tuple[Callable[[RouteRequest, Columns, Context], FloatArray], float]] = (
+            [(self._clamped_rows(s), w) for s, w in self._row_scorers if w != 0] if live else []
+        )
         self.columnar = (
             self._source is not None
             and self._sampler is None
-            and len(self._row_admitters) == len(lead)
-            and len(self._row_filters) == len(rest)
+            and len(row_admitters) == len(lead)
+            and len(self._row_steps) == len(rest)
             and len(self._row_scorers) == len(self.scorers)
             and self._row_picker is not None
         )
@@ -222,23 +222,20 @@ class Pipeline:
         """`_candidates` on the model's column table (the columnar path; see the module docstring)."""
         table = view.table(req.model)
         mask: BoolArray | None = None
-        for adm in self._row_admitters:
-            mask = adm.admit_rows(req, view, table, ctx, mask)
+        for admit_rows in self._row_admits:
+            mask = admit_rows(req, view, table, ctx, mask)
         rows = table.all_rows() if mask is None else mask.nonzero()[0]
         if not len(rows):
             return None
         cols = Columns(Frame(view, table, req, ctx), rows)
-        for f, gate in self._row_filters:  # (isinstance on a Protocol is slow: resolved when built)
-            if not len(cols):
-                break
-            if gate is not None:
-                held = gate.gate_rows(req, cols, ctx)
-                if isinstance(held, Defer):
-                    return held
-                cols = held
-            elif f is not None:
-                cols = f.filter_rows(req, cols, ctx)
-        return cols if len(cols) else None
+        for step, gate in self._row_steps:
+            found = step(req, cols, ctx)
+            if gate and isinstance(found, Defer):
+                return found
+            cols = found  # type: ignore[assignment]  # (a filter's step gives Columns)
+            if not len(cols.rows):
+                return None
+        return cols
 
     @staticmethod
     def _found(
@@ -252,6 +249,14 @@ class Pipeline:
             found = find(req, view, ctx)
         return found, view
 
+    @staticmethod
+    def _clamped_rows(scorer: RowScorer) -> Callable[[RouteRequest, Columns, Context], FloatArray]:
+        """The scorer's columnar scores clamped to [0, 1] (as the per-node path clamps each score)."""
+        if isinstance(scorer, UnitRowScorer):
+            return scorer.unit_score_rows  # within [0, 1] already: clamping would change nothing
+        score_rows = scorer.score_rows
+        return lambda req, cols, ctx: clamp01_rows(score_rows(req, cols, ctx))
+
     def _combined_rows(self, req: RouteRequest, cols: Columns, ctx: Context) -> FloatArray | None:
         """The weighted mean of the clamped scores of `cols`, or None: every candidate scores the same.
         One weighted scorer is its own mean (the per-node path takes the same shortcut: same numbers)."""
@@ -259,20 +264,24 @@ class Pipeline:
         if not weighted:
             return None
         if len(weighted) == 1:
-            return clamp01_rows(weighted[0][0].score_rows(req, cols, ctx))
+            return weighted[0][0](req, cols, ctx)
         combined = np.zeros(len(cols))
-        for scorer, weight in weighted:
-            combined += weight * clamp01_rows(scorer.score_rows(req, cols, ctx))
+        for clamped, weight in weighted:
+            combined += weight * clamped(req, cols, ctx)
         total: FloatArray = combined / self._total_weight
         return total
 
     def _choose_rows(self, req: RouteRequest, view: ClusterView, ctx: Context) -> Decision | Rejection | Defer:
-        cols, view = self._found(self._rows, req, view, ctx)
+        # (`_found` written out: this path runs on every decision over a large set)
+        cols = self._rows(req, view, ctx)
+        if cols is None and view.health is not None:
+            view = view.with_outstanding(view.overlay, None)
+            cols = self._rows(req, view, ctx)
         if cols is None:
             return self._rejection(req, view, ctx)
         if isinstance(cols, Defer):
             return cols
-        n = len(cols)
+        n = len(cols.rows)
         scores = self._combined_rows(req, cols, ctx) if n > 1 else None
         if scores is None:
             scores = _ones(n)
@@ -295,7 +304,7 @@ class Pipeline:
         return {name: f.state() for name, f in self._stateful}
 
     def choose(self, req: RouteRequest, view: ClusterView, ctx: Context) -> Decision | Rejection | Defer:
-        if self.columnar and len(view.serving(req.model)) >= COLUMNS_MIN:
+        if self.columnar and view.serving_count(req.model) >= COLUMNS_MIN:
             return self._choose_rows(req, view, ctx)
         nodes, view = self._found(self._candidates, req, view, ctx)
         if nodes is None:

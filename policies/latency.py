@@ -47,8 +47,10 @@ class Latency:
         best = min(preds)
         return [best / p for p in preds]
 
-    def score_rows(self, req: RouteRequest, cols: Columns, ctx: Context) -> FloatArray:
+    def unit_score_rows(self, req: RouteRequest, cols: Columns, ctx: Context) -> FloatArray:
         """`score` on columns: (outstanding / capacity + 1) x exec_ms, then min / predicted."""
         frame = cols.frame
         preds = (frame.load_per_slot() + 1.0) * frame.exec_ms(self.params.default_exec_ms)
         return best_over(cols.of(preds))
+
+    score_rows = unit_score_rows

@@ -135,10 +135,11 @@ def finish_estimate_rows(frame: Frame, req: RouteRequest, p: WarmModelParams, no
     if cached is not None:
         return cached
     exec_ms = frame.exec_ms(p.default_exec_ms)
-    start = np.maximum(
-        np.maximum(frame.wait_ms(p.default_exec_ms), load_penalty_rows(frame, req.model, p.default_load_ms, now_ms)),
-        input_arrival_rows(frame, req, p.bandwidth_mbps),
-    )
+    # wait and load are never negative (nor NaN): with no input to move, start is their maximum
+    start = np.maximum(frame.wait_ms(p.default_exec_ms), load_penalty_rows(frame, req.model, p.default_load_ms, now_ms))
+    arrival = input_arrival_rows(frame, req, p.bandwidth_mbps)
+    if not isinstance(arrival, float):
+        start = np.maximum(start, arrival)
     finish: FloatArray = frame.rtt_ms() + start + exec_ms
     frame.keep_cached(key, finish)
     return finish
@@ -174,9 +175,11 @@ class WarmModel:
         best = min(finish)
         return [best / f if f > 0 else 1.0 for f in finish]
 
-    def score_rows(self, req: RouteRequest, cols: Columns, ctx: Context) -> FloatArray:
+    def unit_score_rows(self, req: RouteRequest, cols: Columns, ctx: Context) -> FloatArray:
         p = self.params
-        finish = finish_estimate_rows(cols.frame, req, p, ctx.now_ms) + next_move_rows(
-            cols.frame, req, p.bandwidth_mbps
-        )
+        finish = finish_estimate_rows(cols.frame, req, p, ctx.now_ms)
+        if req.next_models:
+            finish = finish + next_move_rows(cols.frame, req, p.bandwidth_mbps)
         return best_over(cols.of(finish))
+
+    score_rows = unit_score_rows

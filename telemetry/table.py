@@ -88,6 +88,7 @@ class ModelTable:
         "_rtts",
         "_id_rank",
         "_oldest",
+        "_newest",
         "_all_rows",
         "_in_part",
         "_penalty",
@@ -123,6 +124,7 @@ class ModelTable:
         self._rtts: dict[tuple[object, str | None], FloatArray] = {}
         self._id_rank: IntArray | None = None
         self._oldest: float | None = None
+        self._newest: float | None = None
         self._all_rows: IntArray | None = None
         self._in_part: dict[str, BoolArray] = {}
         self._penalty: dict[float, FloatArray] = {}
@@ -230,6 +232,14 @@ class ModelTable:
             oldest = self._oldest = float(self.heard.min()) if len(self) and self.ready.all() else NAN
         return oldest >= horizon_ms  # (False for NaN: a row not ready)
 
+    def heard_by(self, now_ms: float) -> bool:
+        """Whether every row was heard at `now_ms` or before (no report from the future: then every
+        report's age is `now_ms - heard` without a clamp at 0)."""
+        newest = self._newest
+        if newest is None:
+            newest = self._newest = float(self.heard.max()) if len(self) else NAN
+        return newest <= now_ms  # (False for NaN)
+
     def id_rank(self) -> IntArray:
         """Each row's place in node-id order."""
         rank = self._id_rank
@@ -293,6 +303,7 @@ class ModelTable:
         t._rtts = {}
         t._id_rank = self._id_rank  # the same node ids in the same rows
         t._oldest = None
+        t._newest = None
         t._all_rows = self._all_rows  # as many rows
         t._in_part = {}  # a node may have moved
         t._penalty = {}

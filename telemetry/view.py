@@ -261,6 +261,10 @@ class ClusterView:
         index = self._index()
         return _NodesById(index.get(model, ()), self.nodes)
 
+    def serving_count(self, model: str) -> int:
+        """`len(serving(model))`."""
+        return len(self._index().get(model, ()))
+
     def models(self, now_ms: float) -> dict[str, list[NodeState]]:
         """Model name -> fresh, ready nodes that serve it."""
         out: dict[str, list[NodeState]] = {}

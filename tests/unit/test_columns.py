@@ -18,6 +18,8 @@ import pytest
 
 from policies import RouteRequest, build_policy, engine
 from policies.api import Context, Decision, Defer, Rejection
+from policies.columns import Frame
+from policies.completion import best_over, predicted_wait_ms
 from policies.presets import PRESETS
 from router.lifecycle import Lifecycle, LifecycleSettings
 from router.lifecycle.links import LinkState
@@ -219,3 +221,45 @@ def test_a_deep_copy_of_a_table_is_independent_of_patches() -> None:
     )
     assert _columns(t) == before, "patching makes a new table; the old one is unchanged"
     assert np.array_equal(t.reported, np.array(before["reported"]))
+
+
+def test_waits_are_alike_whether_or_not_a_report_comes_from_after_the_decision() -> None:
+    """The frame drops the clamp of a report's age at 0 when every row was heard by the decision's
+    clock; with a report heard later (another host's clock ahead) it keeps it: same waits both ways."""
+    lc = lifecycle(60, seed=4)
+    view = lc.view()
+    for model in MODELS:
+        table = view.table(model)
+        newest = float(table.heard.max())
+        for now in (NOW + 10.0, newest, newest - 20.0):  # after every report, at the newest, before some
+            for priority in (0, 5, 10):
+                req = RouteRequest(model, priority, 100.0, SITES[0], 2, "r")
+                frame = Frame(view, table, req, Context(now, random.Random(0)))
+                exec_ms = frame.exec_ms(5.0).tolist()
+                per_node = [predicted_wait_ms(view, n, req, e, now) for n, e in zip(table.nodes, exec_ms, strict=True)]
+                assert frame.wait_ms(5.0).tolist() == per_node, (model, now, priority)
+                assert table.heard_by(now) == (now >= newest)
+
+
+def test_best_over_scores_within_0_and_1_and_never_nan() -> None:
+    """`best_over` backs the scorers the engine does not clamp (UnitRowScorer): whatever the
+    predictions (zero, negative, NaN, infinite), its scores are the per-node path's clamped scores."""
+    rng = random.Random(5)
+    odd = (0.0, -3.0, float("nan"), float("inf"), 1e-300, 1e300)
+    for _ in range(500):
+        preds = [rng.choice(odd) if rng.random() < 0.2 else rng.uniform(0.1, 300.0) for _ in range(rng.randrange(1, 9))]
+        out = best_over(np.array(preds)).tolist()
+        best = min(preds) if not any(p != p for p in preds) else float("nan")
+        with np.errstate(all="ignore"):
+            expected = [engine.clamp01(float(np.float64(best) / p) if p > 0 else 1.0) for p in preds]
+        assert out == expected, preds
+        assert all(0.0 <= s <= 1.0 for s in out), preds
+
+
+def test_the_engine_clamps_only_scorers_that_may_leave_0_to_1() -> None:
+    for preset, unclamped in (("slo_priority", True), ("compass", True), ("least_latency", True)):
+        policy = build_policy(preset)
+        ((clamped, _),) = policy._weighted
+        assert (getattr(clamped, "__name__", "") == "unit_score_rows") is unclamped, preset
+    ((queue, _),) = build_policy("least_outstanding")._weighted
+    assert queue.__name__ == "<lambda>", "queue's scores are clamped"
