@@ -12,6 +12,11 @@ The floor, measured in the same process and run: the cheapest possible decision 
 a uniform pick among the nodes serving the model (`random.choice` over the view's per-model index).
 Figures are p50/p99 per decision in microseconds and as multiples of the floor's p50; they are of
 this machine and this Python, so compare ratios across machines.
+
+The host's own spread, also measured in the same rounds: a fixed piece of work about as long as a
+columnar decision (the same numpy calls on the same arrays every time), timed the same way. Its p99
+against its p50 is what the host adds to any p99 at this scale (preemption, interrupts, a busy
+neighbour); on a shared machine it is well above 1, so read a preset's p99 beside it.
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from policies import RouteRequest, build_policy
 from policies.engine import Pipeline
@@ -138,6 +145,25 @@ def _floor(lc: Lifecycle[object], reqs: list[RouteRequest]) -> list[float]:
     return out
 
 
+FIXED_CALLS = 40  # numpy calls in the fixed work: about a columnar decision's length
+
+
+def _fixed_work(count: int) -> list[float]:
+    """`count` timings of the same fixed work (see the module docstring)."""
+    a = np.linspace(0.0, 1.0, 64)
+    b = a[::-1].copy()
+    maximum = np.maximum
+    out: list[float] = []
+    clock = time.perf_counter_ns
+    for _ in range(count):
+        t0 = clock()
+        x = a
+        for _ in range(FIXED_CALLS):
+            x = maximum(x, b)
+        out.append((clock() - t0) / 1000.0)
+    return out
+
+
 def bench_decide(
     out_dir: Path,
     sizes: tuple[int, ...] = SIZES,
@@ -166,21 +192,24 @@ def bench_decide(
         policies = {name: build_policy(name) for name in names}
         for name in names:
             _decisions(lcs[name], policies[name], reqs[: min(200, count)])  # warm up (indexes, caches)
-        times: dict[str, list[float]] = {name: [] for name in ["floor", *names]}
+        times: dict[str, list[float]] = {name: [] for name in ["floor", "fixed work", *names]}
         for r, share in enumerate(shares):
             times["floor"] += _floor(lc, share)
+            times["fixed work"] += _fixed_work(len(share))
             for name in names[r % len(names) :] + names[: r % len(names)]:
                 times[name] += _decisions(lcs[name], policies[name], share)
         floor_p50 = nearest_rank(times["floor"], 0.5)
-        for name in ["floor", *names]:
+        for name in ["floor", "fixed work", *names]:
             t = times[name]
             p50, p99 = nearest_rank(t, 0.5), nearest_rank(t, 0.99)
             row: dict[str, Any] = {"nodes": n, "preset": name, "p50_us": round(p50, 2), "p99_us": round(p99, 2)}
-            if name != "floor":
+            if name == "fixed work":
+                row["p99_over_p50"] = round(p99 / p50, 2) if p50 else None
+            elif name != "floor":
                 row["x_floor_p50"] = round(p50 / floor_p50, 1) if floor_p50 else None
             row["decisions"] = len(t)
             rows.append(row)
-            label = "floor (random pick)" if name == "floor" else name
+            label = {"floor": "floor (random pick)", "fixed work": "(host: fixed work)"}.get(name, name)
             print(f"{n:>6}  {label:<18} {p50:8.2f} {p99:8.2f} {p50 / floor_p50 if floor_p50 else 0:12.1f}", flush=True)
     result = {
         "benchmark": "decide",

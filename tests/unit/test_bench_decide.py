@@ -17,9 +17,11 @@ def test_every_preset_decides_on_a_realistic_view(tmp_path: Path) -> None:
     assert written["rows"] == result["rows"]
     for n in (10, 100):
         names = {r["preset"] for r in result["rows"] if r["nodes"] == n}
-        assert names == {"floor", *PRESETS}
+        assert names == {"floor", "fixed work", *PRESETS}
     for row in result["rows"]:
         assert 0 < row["p50_us"] <= row["p99_us"]
+        if row["preset"] == "fixed work":  # the host's own spread at a decision's scale
+            assert row["p99_over_p50"] == round(row["p99_us"] / row["p50_us"], 2)
         assert row["decisions"] == 20, "the rounds' shares add up to the decisions asked for"
     assert written["rounds"] == 5
 
