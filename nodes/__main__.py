@@ -10,6 +10,7 @@ import sys
 from collections.abc import Mapping
 
 from nodes.config import NodeConfig
+from nodes.repository import resolve
 from nodes.server import serve
 from telemetry import serving
 from telemetry.cli import add_common_flags
@@ -20,7 +21,7 @@ from telemetry.tls import set_kafka_security
 def load_config(source: str, environ: Mapping[str, str] | None = None) -> NodeConfig:
     """A config from a YAML/JSON file path or inline JSON, with `EDGEROUTE_*` environment settings over it."""
     raw, text, origin = read_document(source, inline_json=True)
-    cfg = validate(NodeConfig, raw, text, origin, environ=environ)
+    cfg = resolve(validate(NodeConfig, raw, text, origin, environ=environ))  # a repository: read now, once
     for i, spec in enumerate(cfg.models):  # names checked at load, not when the first request needs them
         if (why := spec.unknown_architecture()) is not None:
             line = line_of(text, ("models", i))

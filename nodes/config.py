@@ -7,6 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from telemetry.schema import NAME_PATTERN
 from telemetry.settings import ServerSettings
 from telemetry.signing import Signer, TelemetryKey, signer_for
 from telemetry.tls import KafkaSecurity
@@ -24,7 +25,20 @@ def _loopback(host: str) -> bool:
 class ModelSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    name: str = Field(min_length=1, description="name the model is served under")
+    name: str = Field(min_length=1, max_length=128, pattern=NAME_PATTERN, description="name the model is served under")
+    path: str | None = Field(
+        None, min_length=1, description="the user's ONNX file to serve (else the zoo architecture `zoo`)"
+    )
+    version: str = Field(
+        "1", pattern=r"^[0-9]{1,9}$", description="the version this entry serves (a repository's version directory)"
+    )
+    model: str | None = Field(
+        None,
+        max_length=128,
+        pattern=NAME_PATTERN,
+        description="set by the repository for a version served beside the model's default one: the model's "
+        "own name (this entry is then served as NAME = MODEL:VERSION, and at /v2/models/MODEL/versions/VERSION)",
+    )
     zoo: str | None = Field(None, description="zoo architecture; defaults to `name`")
     seed: int = 0
     baseline_ms: float | None = Field(
@@ -43,15 +57,27 @@ class ModelSpec(BaseModel):
         None, ge=0, description="least time a load takes; the loader holds until then (emulates copying weights in)"
     )
 
+    @model_validator(mode="after")
+    def _one_source(self) -> ModelSpec:
+        if self.path is not None and self.zoo is not None:
+            raise ValueError("a model is either a file (`path`) or a zoo architecture (`zoo`), not both")
+        return self
+
     @property
     def architecture(self) -> str:
         return self.zoo or self.name
 
+    @property
+    def served_name(self) -> str:
+        """The model's name as clients know it (`model` for a version served beside the default)."""
+        return self.model or self.name
+
     def unknown_architecture(self) -> str | None:
-        """Why the model cannot be served (its architecture is not in the zoo), or None."""
+        """Why the model cannot be served (not a file, and its architecture is not in the zoo), or None.
+        A file is checked when it is loaded: a broken or missing one fails that model alone."""
         from nodes.zoo import ZOO
 
-        if self.architecture in ZOO:
+        if self.path is not None or self.architecture in ZOO:
             return None
         field = "zoo" if self.zoo else "name"
         known = ", ".join(sorted(ZOO))
@@ -68,7 +94,16 @@ class NodeConfig(ServerSettings):
     host: str = "127.0.0.1"
     port: int = Field(0, ge=0, le=65535)
     endpoint: str | None = Field(None, description="advertised base URL; default http://host:port")
-    models: list[ModelSpec] = Field(min_length=1)
+    models: list[ModelSpec] = Field(
+        default_factory=list,
+        description="models to serve: zoo architectures, ONNX files (`path`), or names in `model_repository`",
+    )
+    model_repository: str | None = Field(
+        None,
+        min_length=1,
+        description="a Triton-style model repository, DIR/<model>/<version>/model.onnx (nodes.repository); "
+        "with no `models` list the node serves every model in it",
+    )
     device: Literal["auto", "cpu", "cuda"] = "auto"
     slots: int = Field(1, ge=1, le=64, description="concurrent executions")
     threads_per_slot: int = Field(1, ge=1, le=64, description="ONNX Runtime intra-op threads")
@@ -113,6 +148,15 @@ class NodeConfig(ServerSettings):
 
     def signer(self) -> Signer | None:
         return signer_for(self.telemetry_key)
+
+    @model_validator(mode="after")
+    def _something_to_serve(self) -> NodeConfig:
+        if not self.models and self.model_repository is None:
+            raise ValueError("a node needs `models`, a `model_repository`, or both")
+        names = [m.name for m in self.models]
+        if len(set(names)) != len(names):
+            raise ValueError(f"model names must be unique: {sorted({n for n in names if names.count(n) > 1})}")
+        return self
 
     @model_validator(mode="after")
     def _admin_locked(self) -> NodeConfig:

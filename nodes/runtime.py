@@ -53,6 +53,11 @@ class LoadedModel:
     ewma_ms: dict[int, float] = field(default_factory=dict)
     baseline_ms: float = 0.0  # uncontended execution time at batch 1 (fastest warm-up run)
     baseline_by_batch: dict[int, float] = field(default_factory=dict)
+    served_name: str = ""  # the model's name to clients (`name` but for a version beside the default)
+
+    def __post_init__(self) -> None:
+        if not self.served_name:
+            self.served_name = self.name
 
     def rows_set_work(self) -> bool:
         """Every input's dimensions past the batch axis are fixed, so the rows alone set a run's work
@@ -100,7 +105,7 @@ class LoadedModel:
 
     def metadata(self) -> dict[str, Any]:
         return {
-            "name": self.name,
+            "name": self.served_name,
             "versions": [self.version],
             "platform": "onnxruntime_onnx",
             "inputs": [s.as_json() for s in self.inputs.values()],
@@ -116,11 +121,22 @@ def _specs(args: list[Any]) -> dict[str, TensorSpec]:
     return out
 
 
+def model_path(spec: ModelSpec, zoo_dir: str | None) -> Path:
+    """The ONNX file of a model entry: the user's own (`path`), else the zoo's (built into the zoo cache
+    if missing). FileNotFoundError for a file that is not there."""
+    if spec.path is not None:
+        path = Path(spec.path)
+        if not path.is_file():
+            raise FileNotFoundError(f"no ONNX file at '{path}'")
+        return path
+    return zoo.ensure(spec.architecture, spec.seed, Path(zoo_dir) if zoo_dir else None)
+
+
 def file_metadata(spec: ModelSpec, zoo_dir: str | None) -> dict[str, Any]:
     """A model's OIP metadata read from its ONNX graph, without loading it (for a model not resident)."""
     import onnx
 
-    path = zoo.ensure(spec.architecture, spec.seed, Path(zoo_dir) if zoo_dir else None)
+    path = model_path(spec, zoo_dir)
     graph = onnx.load(str(path), load_external_data=False).graph
     initializers = {i.name for i in graph.initializer}
 
@@ -136,8 +152,8 @@ def file_metadata(spec: ModelSpec, zoo_dir: str | None) -> dict[str, Any]:
         return out
 
     return {
-        "name": spec.name,
-        "versions": ["1"],
+        "name": spec.served_name,
+        "versions": [spec.version],
         "platform": "onnxruntime_onnx",
         "inputs": specs(graph.input),
         "outputs": specs(graph.output),
@@ -149,14 +165,14 @@ def model_file_size(spec: ModelSpec, zoo_dir: str | None) -> int:
     cache if missing)."""
     if spec.size_mb is not None:
         return int(spec.size_mb * (1 << 20))
-    return os.path.getsize(zoo.ensure(spec.architecture, spec.seed, Path(zoo_dir) if zoo_dir else None))
+    return os.path.getsize(model_path(spec, zoo_dir))
 
 
 def load_model(spec: ModelSpec, providers: list[str], threads: int, zoo_dir: str | None) -> LoadedModel:
     import onnxruntime as ort
 
     start = time.perf_counter()
-    path = zoo.ensure(spec.architecture, spec.seed, Path(zoo_dir) if zoo_dir else None)
+    path = model_path(spec, zoo_dir)
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = threads
     opts.inter_op_num_threads = 1
@@ -165,12 +181,13 @@ def load_model(spec: ModelSpec, providers: list[str], threads: int, zoo_dir: str
     load_ms = (time.perf_counter() - start) * 1000.0
     model = LoadedModel(
         spec.name,
-        "1",
+        spec.version,
         session,
         _specs(session.get_inputs()),
         _specs(session.get_outputs()),
         model_file_size(spec, zoo_dir),
         load_ms,
+        served_name=spec.served_name,
     )
     # Warm-up runs, so the first request does not pay for lazy initialisation, and the baseline the
     # speed emulation stretches by: the fastest run, since nodes often start together and contend

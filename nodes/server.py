@@ -24,6 +24,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from nodes.config import NodeConfig
 from nodes.protocol import BadRequest, decode_request, encode_response, split_body
+from nodes.repository import resolve as resolve_repository
 from nodes.residency import NoRoom, Residency
 from nodes.runtime import LoadedModel, choose_providers, file_metadata, load_model, model_file_size
 from nodes.state import CONFIG, ENDPOINT, RUNTIME, VERSION, NodeRuntime
@@ -60,13 +61,19 @@ async def _runtime_ctx(app: web.Application) -> AsyncIterator[None]:
     rt: NodeRuntime | None = None
     try:
         for spec in cfg.models:  # in config order, while they fit; the rest load on first use
-            size = await loop.run_in_executor(executor, model_file_size, spec, cfg.zoo_dir)
-            if residency.used_bytes + size > cfg.memory_budget_bytes:
-                log.info("node %s: %s does not fit the memory budget now; loads on demand", cfg.node_id, spec.name)
+            try:
+                size = await loop.run_in_executor(executor, model_file_size, spec, cfg.zoo_dir)
+                if residency.used_bytes + size > cfg.memory_budget_bytes:
+                    log.info("node %s: %s does not fit the memory budget now; loads on demand", cfg.node_id, spec.name)
+                    continue
+                models[spec.name] = await loop.run_in_executor(
+                    executor, load_model, spec, providers, cfg.threads_per_slot, cfg.zoo_dir
+                )
+            except Exception as exc:  # noqa: BLE001 - a broken or missing file fails that model alone
+                log.error(
+                    "node %s: model %s cannot be loaded (requests for it answer 500): %s", cfg.node_id, spec.name, exc
+                )
                 continue
-            models[spec.name] = await loop.run_in_executor(
-                executor, load_model, spec, providers, cfg.threads_per_slot, cfg.zoo_dir
-            )
             residency.add(spec.name, models[spec.name].size_bytes)
             log.info("node %s loaded %s in %.0f ms", cfg.node_id, spec.name, models[spec.name].load_ms)
         rt = NodeRuntime(cfg, models, executor, DeviceInfo(kind=kind, name=name), providers, residency)
@@ -119,26 +126,27 @@ async def _telemetry_ctx(app: web.Application) -> AsyncIterator[None]:
         pub_executor.shutdown(wait=True)
 
 
-def _unserved(request: web.Request) -> web.Response | None:
-    """404 if the node does not serve the requested model (or that version of it), else None."""
+def _served(request: web.Request) -> str | web.Response:
+    """The node's own name for the requested model and version (the model's default version under
+    its own name, another served version as `<model>:<v>`), or 404."""
     rt = request.app[RUNTIME]
     name = request.match_info["model"]
-    if name not in rt.specs:
-        return _error(404, f"unknown model '{name}'")
     version = request.match_info.get("version")
-    if version is not None and version != "1":
-        return _error(404, f"model '{name}' has no version '{version}'")
-    return None
+    spec = rt.specs.get(name)
+    if version is None or (spec is not None and spec.version == version):
+        return name if spec is not None else _error(404, f"unknown model '{name}'")
+    other = rt.specs.get(f"{name}:{version}")
+    if other is not None and other.model == name:
+        return other.name
+    if spec is None:
+        return _error(404, f"unknown model '{name}'")
+    return _error(404, f"model '{name}' has no version '{version}' on this node")
 
 
-async def _model_or_error(request: web.Request) -> LoadedModel | web.Response:
-    """The requested model, loaded on demand; 404 if the node does not serve it, 503 if it cannot be
-    loaded now (memory held by models in use, or larger than the budget), 500 if loading failed."""
+async def _model_or_error(request: web.Request, name: str) -> LoadedModel | web.Response:
+    """The model the node serves as `name`, loaded on demand; 503 if it cannot be loaded now (memory
+    held by models in use, or larger than the budget), 500 if loading failed."""
     rt = request.app[RUNTIME]
-    name = request.match_info["model"]
-    unserved = _unserved(request)
-    if unserved is not None:
-        return unserved
     try:
         return await rt.ensure(name)
     except NoRoom as exc:
@@ -168,56 +176,64 @@ async def server_metadata(request: web.Request) -> web.Response:
     )
 
 
+def _versions(rt: NodeRuntime, served_name: str) -> list[str]:
+    """The versions of a model this node serves, ascending."""
+    return sorted((m.version for m in rt.specs.values() if m.served_name == served_name), key=int)
+
+
 async def model_metadata(request: web.Request) -> web.Response:
     """A resident model's metadata from its session; a model not resident is described from its file
     (asking about a model must not load it and evict another)."""
     rt = request.app[RUNTIME]
-    name = request.match_info["model"]
-    unserved = _unserved(request)
-    if unserved is not None:
-        return unserved
+    name = _served(request)
+    if isinstance(name, web.Response):
+        return name
     model = rt.models.get(name)
     if model is not None:
-        return web.json_response(model.metadata())
-    loop = asyncio.get_running_loop()
-    try:
-        doc = await loop.run_in_executor(rt.loader, file_metadata, rt.specs[name], rt.config.zoo_dir)
-    except Exception as exc:  # noqa: BLE001 - a model whose file cannot be read fails alone
-        return _error(500, f"model '{name}' cannot be read: {exc}")
+        doc = model.metadata()
+    else:
+        loop = asyncio.get_running_loop()
+        try:
+            doc = await loop.run_in_executor(rt.loader, file_metadata, rt.specs[name], rt.config.zoo_dir)
+        except Exception as exc:  # noqa: BLE001 - a model whose file cannot be read fails alone
+            return _error(500, f"model '{name}' cannot be read: {exc}")
+    if request.match_info.get("version") is None:  # the model: every version served here
+        doc["versions"] = _versions(rt, doc["name"])
     return web.json_response(doc)
 
 
 async def model_ready(request: web.Request) -> web.Response:
     """Ready means resident (a model that would load first answers 400, as Triton does)."""
     rt = request.app[RUNTIME]
-    name = request.match_info["model"]
-    if name not in rt.specs:
-        return _error(404, f"unknown model '{name}'")
+    name = _served(request)
+    if isinstance(name, web.Response):
+        return name
     resident = name in rt.models
-    return web.json_response({"name": name, "ready": resident}, status=200 if resident else 400)
+    return web.json_response({"name": rt.specs[name].served_name, "ready": resident}, status=200 if resident else 400)
 
 
 async def repository_index(request: web.Request) -> web.Response:
     rt = request.app[RUNTIME]
-    return web.json_response(
-        [{"name": name, "version": "1", "state": "READY" if name in rt.models else "UNAVAILABLE"} for name in rt.specs]
-    )
+    return web.json_response(rt.repository_index())
 
 
 async def repository_load(request: web.Request) -> web.Response:
     """Triton's `POST /v2/repository/models/{m}/load`: make the model resident (evicting idle ones)."""
-    model = await _model_or_error(request)
+    name = _served(request)
+    if isinstance(name, web.Response):
+        return name
+    model = await _model_or_error(request, name)
     if isinstance(model, web.Response):
         return model
-    return web.json_response({"name": model.name, "state": "READY", "load_ms": round(model.load_ms, 1)})
+    return web.json_response({"name": model.served_name, "state": "READY", "load_ms": round(model.load_ms, 1)})
 
 
 async def repository_unload(request: web.Request) -> web.Response:
     """`POST /v2/repository/models/{m}/unload`: free its memory; 409 while requests use it."""
     rt = request.app[RUNTIME]
-    name = request.match_info["model"]
-    if name not in rt.specs:
-        return _error(404, f"unknown model '{name}'")
+    name = _served(request)
+    if isinstance(name, web.Response):
+        return name
     async with rt.load_lock:
         if name in rt.models:
             if rt.residency.pinned(name):
@@ -225,7 +241,7 @@ async def repository_unload(request: web.Request) -> web.Response:
             rt.residency.remove(name)
             rt.models.pop(name, None)
             rt.publish_now.set()
-    return web.json_response({"name": name, "state": "UNAVAILABLE"})
+    return web.json_response({"name": rt.specs[name].served_name, "state": "UNAVAILABLE"})
 
 
 async def infer(request: web.Request) -> web.Response:
@@ -233,14 +249,15 @@ async def infer(request: web.Request) -> web.Response:
     arrived = time.perf_counter()
     if rt.draining:
         return _error(503, "node is draining")
-    warm = request.match_info["model"] in rt.models
-    if request.match_info["model"] in rt.specs:
-        rt.model_requests += 1
-        rt.cold_requests += not warm
-    model = await _model_or_error(request)
-    if isinstance(model, web.Response):
-        if request.match_info["model"] in rt.specs:  # a model it serves failed to load (unknown ones: 404)
-            rt.metrics.answered(request.match_info["model"], model.status, None, 0.0)
+    name = _served(request)
+    if isinstance(name, web.Response):  # not a model (or version) it serves: 404
+        return name
+    warm = name in rt.models
+    rt.model_requests += 1
+    rt.cold_requests += not warm
+    model = await _model_or_error(request, name)
+    if isinstance(model, web.Response):  # a model it serves failed to load
+        rt.metrics.answered(name, model.status, None, 0.0)
         return model
     cold_ms = None if warm else (time.perf_counter() - arrived) * 1000.0
     rt.residency.pin(model.name)  # not evicted while this request needs it
@@ -273,7 +290,7 @@ async def _infer(request: web.Request, rt: NodeRuntime, model: LoadedModel, arri
     outcome = await rt.engine.submit(model.name, req, priority, budget_ms, request_id)
     if outcome.status != 200 or outcome.outputs is None:
         return _error(outcome.status, outcome.reason)
-    payload, header_len = encode_response(model.name, model.version, req, model.outputs, outcome.outputs)
+    payload, header_len = encode_response(model.served_name, model.version, req, model.outputs, outcome.outputs)
     headers = {
         wire.NODE: rt.config.node_id,
         wire.EXEC_MS: f"{outcome.exec_ms:.3f}",
@@ -392,6 +409,9 @@ def admin_guard(token: str | None) -> Callable[[Handler], Handler]:
 
 
 def create_app(config: NodeConfig) -> web.Application:
+    """The node's app; a config naming a model repository is resolved here (nodes.repository), so a
+    repository that cannot be read stops the node before it serves (ConfigError)."""
+    config = resolve_repository(config)
     app = web.Application(client_max_size=config.max_body_bytes)
     app[CONFIG] = config
     app[ENDPOINT] = [config.endpoint] if config.endpoint else []

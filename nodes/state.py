@@ -8,12 +8,14 @@ import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 from aiohttp import web
 
 from nodes.config import NodeConfig
 from nodes.executor import Executor
 from nodes.metrics import NodeMetrics
+from nodes.repository import repository_index
 from nodes.residency import Residency
 from nodes.runtime import LoadedModel, load_model, model_file_size
 from telemetry.schema import DeviceInfo, ModelLoad, NodeLoad
@@ -111,6 +113,10 @@ class NodeRuntime:
     @property
     def outstanding(self) -> int:
         return self.engine.scheduler.queued + self.engine.in_flight
+
+    def repository_index(self) -> list[dict[str, Any]]:
+        """Triton's repository index: every model and version the node knows, READY when resident."""
+        return repository_index(self.config, set(self.models))
 
     def changed(self) -> None:
         """Publish at once on a large change; with change_threshold 1, on every execution start too

@@ -159,10 +159,13 @@ async def model_metadata(request: web.Request) -> web.Response:
     runner = router.workflows.get(model)
     if runner is not None:
         return await _workflow_metadata(router, runner)
+    version = request.match_info.get("version")
+    if version is not None and not VERSION_NAME.match(version):
+        return _error(404, f"model '{model}' has no version '{version}'")
     nodes, known = _model_nodes(router, model)
     if not nodes:
         return _unknown_or_unavailable(model, known, bool(len(router.store.view)))
-    suffix = request.path.split(f"/v2/models/{model}", 1)[1]
+    suffix = "" if version is None else f"/versions/{version}"
     got = await _node_metadata(router, model, suffix)
     if got is None:
         return _error(503, f"no node answered metadata for model '{model}'")
@@ -173,9 +176,9 @@ async def model_ready(request: web.Request) -> web.Response:
     router = request.app[ROUTER]
     model = request.match_info["model"]
     version = request.match_info.get("version")
-    if version is not None and version != "1":
-        return _error(404, f"model '{model}' has no version '{version}'")
     runner = router.workflows.get(model)
+    if version is not None and (not VERSION_NAME.match(version) or (runner is not None and version != "1")):
+        return _error(404, f"model '{model}' has no version '{version}'")
     if runner is not None:
         absent = [m for m in runner.models() if not _model_nodes(router, m)[0]]
         if absent:
@@ -184,6 +187,11 @@ async def model_ready(request: web.Request) -> web.Response:
     nodes, known = _model_nodes(router, model)
     if not nodes:
         return _unknown_or_unavailable(model, known, bool(len(router.store.view)))
+    if version is not None:  # which versions a node holds is the node's to say (a user's model repository)
+        got = await _node_metadata(router, model, f"/versions/{version}/ready")
+        if got is None:
+            return _error(503, f"no node answered readiness for model '{model}' version '{version}'")
+        return web.Response(status=got[0], body=got[1], content_type="application/json")
     return web.json_response({"name": model, "ready": True, "nodes": len(nodes)})
 
 
@@ -404,6 +412,7 @@ PRIORITY_LABELS = range(-100, 101)  # priorities outside are labelled "<-100" / 
 
 
 NAME = re.compile(NAME_PATTERN)
+VERSION_NAME = re.compile(r"^[0-9]{1,9}$")  # model versions are numbers (Triton's repository layout)
 
 
 def _known_site(router: Router, site: str) -> bool:

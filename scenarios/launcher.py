@@ -118,6 +118,8 @@ def node_config(
         "admit_by_deadline": spec.admit_by_deadline,
         "models": [_model_config(spec, m, seed, baselines, (catalogue or {}).get(m)) for m in spec.models],
     }
+    if spec.model_repository is not None:  # the node serves the names it holds from there (nodes.repository)
+        cfg["model_repository"] = spec.model_repository
     cfg.update(extra or {})
     return cfg
 

@@ -61,6 +61,12 @@ class NodeSpec(_Strict):
     queue_limits: dict[int, int] = Field(default_factory=dict)
     admit_by_deadline: bool = False
     batching: dict[str, BatchSpec] = Field(default_factory=dict, description="model -> dynamic batching")
+    model_repository: str | None = Field(
+        None,
+        min_length=1,
+        description="a Triton-style repository of the user's ONNX models (nodes.repository); `models` may name "
+        "the models in it (relative to the scenario's folder)",
+    )
 
     @model_validator(mode="after")
     def _batching_models(self) -> NodeSpec:
@@ -77,9 +83,21 @@ class ModelEntry(_Strict):
     models are emulated by declaring these (the node accounts the size and holds the load that long)."""
 
     zoo: str | None = None
+    path: str | None = Field(
+        None,
+        min_length=1,
+        description="the user's own ONNX file instead of a zoo architecture (live runs; the simulator needs "
+        "a profile that measured it: `edgeroute profile`)",
+    )
     seed: int | None = None
     size_mb: float | None = Field(None, gt=0)
     load_ms: float | None = Field(None, ge=0)
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ModelEntry:
+        if self.zoo is not None and self.path is not None:
+            raise ValueError("a model is either a zoo architecture (`zoo`) or a file (`path`), not both")
+        return self
 
     @field_validator("zoo")
     @classmethod
@@ -308,10 +326,15 @@ class Scenario(_Strict):
         served = {m for n in self.topology.nodes for m in n.models}
         from nodes.zoo import ZOO
 
+        in_repository = {m for n in self.topology.nodes if n.model_repository is not None for m in n.models}
         for name in sorted(served):
+            entry = self.models.get(name)
+            if (entry is not None and entry.path is not None) or name in in_repository:
+                continue  # the user's own file (read by the node when it loads it; parse_scenario checks it is there)
             if self.architecture(name) not in ZOO:
                 raise ValueError(
-                    f"model '{name}' is neither a zoo model ({', '.join(sorted(ZOO))}) nor in `models` with a `zoo`"
+                    f"model '{name}' is neither a zoo model ({', '.join(sorted(ZOO))}) nor in `models` with a "
+                    "`zoo` or a `path`"
                 )
         workflows = self.workflow_specs()
         for w in workflows:
@@ -398,6 +421,27 @@ def parse_scenario(text: str, origin: str = "<scenario>", base_dir: Path | None 
     except ValidationError as exc:
         raise ScenarioError(error_line(exc, text, origin, model=Scenario)) from None
     scenario._base_dir = base_dir or Path.cwd()
+    for name, entry in scenario.models.items():  # a model file named relative to the scenario's folder
+        if entry.path is not None:
+            path = Path(entry.path) if Path(entry.path).is_absolute() else scenario.base_dir / entry.path
+            if not path.is_file():
+                raise ScenarioError(f"{origin}: models.{name}.path: no such file {path}")
+            scenario.models[name] = entry.model_copy(update={"path": str(path.resolve())})
+    for k, node in enumerate(scenario.topology.nodes):  # a repository's models, as its node will find them
+        if node.model_repository is not None:
+            from nodes.repository import scan
+            from telemetry.configfile import ConfigError
+
+            root = Path(node.model_repository)
+            root = (root if root.is_absolute() else scenario.base_dir / root).resolve()
+            try:
+                held = scan(root)
+            except ConfigError as exc:
+                raise ScenarioError(f"{origin}: topology.nodes.{k}.model_repository: {exc}") from None
+            absent = [m for m in node.models if m not in held and m not in scenario.models]
+            if absent:
+                raise ScenarioError(f"{origin}: topology.nodes.{k}: {absent} not in the repository {root}")
+            scenario.topology.nodes[k] = node.model_copy(update={"model_repository": str(root)})
     for i, site in enumerate(scenario.workload.sites):
         if site.trace is not None:
             trace = Path(site.trace) if Path(site.trace).is_absolute() else scenario.base_dir / site.trace

@@ -15,6 +15,7 @@ import os
 import random
 from collections import deque
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel
@@ -290,6 +291,16 @@ def model_bytes(scenario: Scenario, model: str) -> int:
     declared = scenario.model_size_mb(model)
     if declared is not None:
         return int(declared * (1 << 20))
+    entry = scenario.models.get(model)
+    if entry is not None and entry.path is not None:  # the user's file, as the node accounts it
+        return os.path.getsize(entry.path)
+    for node in scenario.topology.nodes:  # ... or its default version in a node's repository
+        if node.model_repository is not None and model in node.models:
+            from nodes.repository import scan
+
+            held = scan(Path(node.model_repository)).get(model)
+            if held is not None:
+                return os.path.getsize(held.path(Path(node.model_repository), held.default))
     return _zoo_file_bytes(scenario.architecture(model))
 
 

@@ -1,0 +1,182 @@
+"""Users' own models: a Triton-style repository (two versions, FP32/INT64/BOOL/FP16 tensors, a broken
+file) and a model file named in a scenario, served by a node process and through the router to an
+unchanged Triton client, equal to ONNX Runtime run on the same files."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from telemetry.broker import free_port, terminate, wait_for_port
+from tests.user_models import repository, scorer_inputs
+
+httpclient = pytest.importorskip("tritonclient.http")
+from tritonclient.utils import InferenceServerException  # noqa: E402
+
+
+@contextlib.contextmanager
+def node_process(cfg: dict[str, Any], tmp: Path) -> Iterator[str]:
+    """A node process (`python -m nodes`) with `cfg`, no telemetry; yields HOST:PORT."""
+    port = free_port()
+    log = (tmp / "node.log").open("wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "nodes", "--config", json.dumps({"node_id": "user-node", "port": port, **cfg})],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+    )
+    try:
+        wait_for_port("127.0.0.1", port, 60, proc)
+        yield f"127.0.0.1:{port}"
+    finally:
+        terminate(proc)
+        log.close()
+
+
+@contextlib.contextmanager
+def client(url: str) -> Iterator[Any]:
+    c = httpclient.InferenceServerClient(url=url)
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+def reference(path: Path, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds), strict=True))
+
+
+def infer(
+    c: Any, model: str, feeds: dict[str, np.ndarray], binary: bool = True, version: str = ""
+) -> dict[str, np.ndarray]:
+    meta = c.get_model_metadata(model, model_version=version)
+    inputs = []
+    for spec in meta["inputs"]:
+        arr = feeds[spec["name"]]
+        inp = httpclient.InferInput(spec["name"], list(arr.shape), spec["datatype"])
+        inp.set_data_from_numpy(arr, binary_data=binary)
+        inputs.append(inp)
+    outputs = [httpclient.InferRequestedOutput(o["name"], binary_data=binary) for o in meta["outputs"]]
+    result = c.infer(model, inputs, outputs=outputs, model_version=version)
+    return {o["name"]: result.as_numpy(o["name"]) for o in meta["outputs"]}
+
+
+def assert_equal_outputs(got: dict[str, np.ndarray], want: dict[str, np.ndarray]) -> None:
+    assert set(got) == set(want)
+    for name, expected in want.items():
+        assert got[name].dtype == expected.dtype, name
+        assert got[name].shape == expected.shape, name
+        np.testing.assert_array_equal(got[name], expected)
+
+
+def test_a_node_serves_a_users_repository_at_its_highest_version(tmp_path: Path) -> None:
+    root = repository(tmp_path / "repo")
+    with node_process({"model_repository": str(root)}, tmp_path) as url, client(url) as c:
+        index = {(m["name"], m["version"]): m for m in c.get_model_repository_index()}
+        assert set(index) == {("scorer", "1"), ("scorer", "2"), ("flags", "1"), ("broken", "1")}
+        assert index[("scorer", "2")]["state"] == "READY" and index[("flags", "1")]["state"] == "READY"
+        assert index[("scorer", "1")]["state"] == "UNAVAILABLE" and "not served" in index[("scorer", "1")]["reason"]
+        assert index[("broken", "1")]["state"] == "UNAVAILABLE", "a broken file is listed, not loaded"
+
+        meta = c.get_model_metadata("scorer")
+        assert meta["name"] == "scorer" and meta["versions"] == ["2"]
+        assert [(t["name"], t["datatype"], t["shape"]) for t in meta["inputs"]] == [
+            ("features", "FP32", [-1, 3]),
+            ("offset", "INT64", [-1, 1]),
+        ]
+        assert [(t["name"], t["datatype"]) for t in meta["outputs"]] == [("score", "FP32"), ("next", "INT64")]
+
+        feeds = scorer_inputs(4)
+        want = reference(root / "scorer" / "2" / "model.onnx", feeds)
+        for binary in (True, False):
+            assert_equal_outputs(infer(c, "scorer", feeds, binary), want)
+        assert_equal_outputs(infer(c, "scorer", feeds, version="2"), want)
+        with pytest.raises(InferenceServerException) as info:
+            infer(c, "scorer", feeds, version="1")
+        assert info.value.status() == "404"
+
+        rng = np.random.default_rng(3)
+        flag_feeds = {"flags": rng.random((3, 2)) > 0.5, "x": rng.random((3, 2)).astype(np.float16)}
+        flag_want = reference(root / "flags" / "1" / "model.onnx", flag_feeds)
+        for binary in (True, False):
+            assert_equal_outputs(infer(c, "flags", flag_feeds, binary), flag_want)
+
+        # the broken file fails its model alone, with the reason; the others keep serving
+        with pytest.raises(InferenceServerException) as info:
+            c.infer("broken", [httpclient.InferInput("x", [1], "FP32")])
+        assert info.value.status() == "500" and "failed to load" in str(info.value)
+        assert_equal_outputs(infer(c, "scorer", feeds), want)
+
+
+def test_a_repository_model_serves_every_version_its_config_asks_for(tmp_path: Path) -> None:
+    root = repository(tmp_path / "repo", config="versions: all\nmax_batch: 8\n", broken=False)
+    with (
+        node_process({"model_repository": str(root), "models": [{"name": "scorer"}]}, tmp_path) as url,
+        client(url) as c,
+    ):
+        assert c.get_model_metadata("scorer")["versions"] == ["1", "2"]
+        assert c.get_model_metadata("scorer", model_version="1")["versions"] == ["1"]
+        assert {(m["name"], m["version"], m["state"]) for m in c.get_model_repository_index()} >= {
+            ("scorer", "1", "READY"),
+            ("scorer", "2", "READY"),
+            ("flags", "1", "UNAVAILABLE"),  # in the repository, not in this node's `models`
+        }
+        feeds = scorer_inputs(5, seed=1)
+        v1 = reference(root / "scorer" / "1" / "model.onnx", feeds)
+        v2 = reference(root / "scorer" / "2" / "model.onnx", feeds)
+        assert not np.array_equal(v1["score"], v2["score"])
+        assert_equal_outputs(infer(c, "scorer", feeds, version="1"), v1)
+        assert_equal_outputs(infer(c, "scorer", feeds, version="2"), v2)
+        assert_equal_outputs(infer(c, "scorer", feeds), v2)
+        assert_equal_outputs(infer(c, "scorer:1", feeds), v1)  # the version beside the default, by its own name
+        with pytest.raises(InferenceServerException) as info:
+            infer(c, "flags", feeds)
+        assert info.value.status() == "404"
+
+
+def test_users_models_through_the_router_to_an_unchanged_triton_client(
+    own_stack: Callable[..., Any], tmp_path: Path
+) -> None:
+    root = repository(tmp_path / "repo", config="versions: all\n", broken=False)
+    stack = own_stack(
+        [
+            {"id": "n1", "partition": "edge-a", "models": ["scorer", "flags"], "model_repository": str(root)},
+            {"id": "n2", "partition": "edge-a", "models": ["their_scorer"]},
+        ],
+        models={"their_scorer": {"path": str(root / "scorer" / "2" / "model.onnx")}},
+    )
+    feeds = scorer_inputs(3, seed=2)
+    v1 = reference(root / "scorer" / "1" / "model.onnx", feeds)
+    v2 = reference(root / "scorer" / "2" / "model.onnx", feeds)
+    with client(stack.router_url.removeprefix("http://")) as c:
+        names = {m["name"] for m in c.get_model_repository_index()}
+        assert {"scorer", "flags", "their_scorer"} <= names
+        meta = c.get_model_metadata("scorer")
+        assert meta["name"] == "scorer" and [t["datatype"] for t in meta["inputs"]] == ["FP32", "INT64"]
+        for binary in (True, False):
+            assert_equal_outputs(infer(c, "scorer", feeds, binary), v2)
+            assert_equal_outputs(infer(c, "their_scorer", feeds, binary), v2)
+        assert_equal_outputs(infer(c, "scorer", feeds, version="1"), v1)
+        assert_equal_outputs(infer(c, "scorer", feeds, version="2"), v2)
+        assert c.is_model_ready("scorer", "1") and c.is_model_ready("scorer", "2")
+        assert not c.is_model_ready("scorer", "7")
+        assert c.get_model_metadata("scorer", model_version="1")["versions"] == ["1"]
+        with pytest.raises(InferenceServerException) as info:
+            c.get_model_metadata("scorer", model_version="7")
+        assert info.value.status() == "404"
+        inputs = [httpclient.InferInput("features", [1, 3], "FP32"), httpclient.InferInput("offset", [1, 1], "INT64")]
+        inputs[0].set_data_from_numpy(feeds["features"][:1])
+        inputs[1].set_data_from_numpy(feeds["offset"][:1])
+        with pytest.raises(InferenceServerException) as info:
+            c.infer("scorer", inputs, model_version="7")
+        assert info.value.status() == "404" and "no version" in str(info.value)
