@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import platform
 import time
@@ -18,6 +19,9 @@ from nodes.scheduler import batch_curve_ms
 from telemetry.wire import ORT_TO_OIP
 
 WARMUP_RUNS = 30
+CUDA = "CUDAExecutionProvider"
+
+log = logging.getLogger("edgeroute.node")
 
 
 def gpu_visible() -> bool:
@@ -37,6 +41,21 @@ def choose_providers(device: str) -> tuple[list[str], str, str]:
     return ["CPUExecutionProvider"], "cpu", platform.processor() or platform.machine()
 
 
+def session_device(name: str, requested: list[str], actual: list[str], device: str) -> str:
+    """The device a model's session really runs on ("cuda" or "cpu"), from the providers ONNX Runtime
+    gave it (`actual`): it falls back to the CPU silently when the CUDA provider cannot load (missing
+    CUDA or cuDNN libraries). RuntimeError when `device: cuda` was asked for and did not happen; with
+    `auto` the fallback is logged."""
+    if CUDA in actual:
+        return "cuda"
+    if CUDA in requested:
+        why = f"model '{name}': ONNX Runtime gave the session {actual}, not CUDA (check the CUDA and cuDNN libraries)"
+        if device == "cuda":
+            raise RuntimeError(f"device 'cuda' requested, but {why}")
+        log.warning("%s; it runs on the CPU", why)
+    return "cpu"
+
+
 @dataclass
 class LoadedModel:
     """One served model: its session, tensor specs, and the counters telemetry reports."""
@@ -54,6 +73,7 @@ class LoadedModel:
     baseline_ms: float = 0.0  # uncontended execution time at batch 1 (fastest warm-up run)
     baseline_by_batch: dict[int, float] = field(default_factory=dict)
     served_name: str = ""  # the model's name to clients (`name` but for a version beside the default)
+    device: str = "cpu"  # where its session really runs (session_device)
 
     def __post_init__(self) -> None:
         if not self.served_name:
@@ -168,7 +188,9 @@ def model_file_size(spec: ModelSpec, zoo_dir: str | None) -> int:
     return os.path.getsize(model_path(spec, zoo_dir))
 
 
-def load_model(spec: ModelSpec, providers: list[str], threads: int, zoo_dir: str | None) -> LoadedModel:
+def load_model(
+    spec: ModelSpec, providers: list[str], threads: int, zoo_dir: str | None, device: str = "auto"
+) -> LoadedModel:
     import onnxruntime as ort
 
     start = time.perf_counter()
@@ -178,6 +200,7 @@ def load_model(spec: ModelSpec, providers: list[str], threads: int, zoo_dir: str
     opts.inter_op_num_threads = 1
     opts.log_severity_level = 3
     session = ort.InferenceSession(str(path), sess_options=opts, providers=providers)
+    runs_on = session_device(spec.name, providers, session.get_providers(), device)
     load_ms = (time.perf_counter() - start) * 1000.0
     model = LoadedModel(
         spec.name,
@@ -188,6 +211,7 @@ def load_model(spec: ModelSpec, providers: list[str], threads: int, zoo_dir: str
         model_file_size(spec, zoo_dir),
         load_ms,
         served_name=spec.served_name,
+        device=runs_on,
     )
     # Warm-up runs, so the first request does not pay for lazy initialisation, and the baseline the
     # speed emulation stretches by: the fastest run, since nodes often start together and contend

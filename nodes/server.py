@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import hmac
 import logging
+import platform
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -67,7 +68,7 @@ async def _runtime_ctx(app: web.Application) -> AsyncIterator[None]:
                     log.info("node %s: %s does not fit the memory budget now; loads on demand", cfg.node_id, spec.name)
                     continue
                 models[spec.name] = await loop.run_in_executor(
-                    executor, load_model, spec, providers, cfg.threads_per_slot, cfg.zoo_dir
+                    executor, load_model, spec, providers, cfg.threads_per_slot, cfg.zoo_dir, cfg.device
                 )
             except Exception as exc:  # noqa: BLE001 - a broken or missing file fails that model alone
                 log.error(
@@ -76,6 +77,9 @@ async def _runtime_ctx(app: web.Application) -> AsyncIterator[None]:
                 continue
             residency.add(spec.name, models[spec.name].size_bytes)
             log.info("node %s loaded %s in %.0f ms", cfg.node_id, spec.name, models[spec.name].load_ms)
+        if kind == "cuda" and models and all(m.device == "cpu" for m in models.values()):
+            log.warning("node %s: CUDA is visible but no model's session got it; reporting the CPU", cfg.node_id)
+            kind, name = "cpu", platform.processor() or platform.machine()
         rt = NodeRuntime(cfg, models, executor, DeviceInfo(kind=kind, name=name), providers, residency)
         app[RUNTIME] = rt
         yield
@@ -214,7 +218,8 @@ async def model_ready(request: web.Request) -> web.Response:
 
 async def repository_index(request: web.Request) -> web.Response:
     rt = request.app[RUNTIME]
-    return web.json_response(rt.repository_index())
+    # (reads the repository's folders: off the event loop, and not behind a model load on the loader)
+    return web.json_response(await asyncio.get_running_loop().run_in_executor(None, rt.repository_index))
 
 
 async def repository_load(request: web.Request) -> web.Response:
@@ -345,6 +350,8 @@ async def stats(request: web.Request) -> web.Response:
         "wakeup_ms_mean": round(engine.wakeup_ms_total / engine.wakeups, 4) if engine.wakeups else 0.0,
         "wakeup_ms_p50_p99": _quantiles(engine.wakeup_recent, (0.5, 0.99)),
         "scheduler": engine.scheduler.mode,
+        "device": {"kind": rt.device.kind, "name": rt.device.name},
+        "model_devices": {name: m.device for name, m in rt.models.items()},  # where each session really runs
     }
     if request.query.get("samples") == "1":
         body["wakeup_samples_ms"] = [round(v, 4) for v in engine.wakeup_recent]

@@ -95,7 +95,7 @@ class NodeRuntime:
                 self.evictions += 1
                 log.info("node %s evicted %s to make room for %s", cfg.node_id, victim, name)
             model = await loop.run_in_executor(
-                self.loader, load_model, spec, self.providers, cfg.threads_per_slot, cfg.zoo_dir
+                self.loader, load_model, spec, self.providers, cfg.threads_per_slot, cfg.zoo_dir, cfg.device
             )
             self.residency.add(name, model.size_bytes)
             self.models[name] = model

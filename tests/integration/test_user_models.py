@@ -8,6 +8,7 @@ import contextlib
 import json
 import subprocess
 import sys
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -110,6 +111,11 @@ def test_a_node_serves_a_users_repository_at_its_highest_version(tmp_path: Path)
         flag_want = reference(root / "flags" / "1" / "model.onnx", flag_feeds)
         for binary in (True, False):
             assert_equal_outputs(infer(c, "flags", flag_feeds, binary), flag_want)
+
+        with urllib.request.urlopen(f"http://{url}/admin/stats") as resp:  # loopback node: no token
+            stats = json.loads(resp.read())
+        assert set(stats["model_devices"]) == {"scorer", "flags"}, "the broken one is not resident"
+        assert set(stats["model_devices"].values()) == {stats["device"]["kind"]}, "where the sessions really run"
 
         # the broken file fails its model alone, with the reason; the others keep serving
         with pytest.raises(InferenceServerException) as info:

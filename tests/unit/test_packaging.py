@@ -63,3 +63,23 @@ print("router ok")
 def test_router_runs_without_node_or_stack_extras() -> None:
     out = subprocess.run([sys.executable, "-c", BLOCKED], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert out.returncode == 0 and "router ok" in out.stdout, out.stderr[-2000:]
+
+
+def test_a_node_gets_exactly_one_onnx_runtime_build_on_every_platform() -> None:
+    """The CUDA build where PyPI has wheels of it (x86_64 Linux and Windows), the CPU build elsewhere
+    (aarch64 edge boxes, macOS), so `make demo` and `make test` install on all of them."""
+    from packaging.requirements import Requirement
+
+    node = [Requirement(d) for d in PYPROJECT["project"]["optional-dependencies"]["node"]]
+    platforms = {
+        ("linux", "x86_64"): "onnxruntime-gpu",
+        ("win32", "AMD64"): "onnxruntime-gpu",
+        ("linux", "aarch64"): "onnxruntime",
+        ("darwin", "arm64"): "onnxruntime",
+        ("darwin", "x86_64"): "onnxruntime",
+        ("win32", "ARM64"): "onnxruntime",
+    }
+    for (system, machine), build in platforms.items():
+        env = {"sys_platform": system, "platform_machine": machine}
+        chosen = [r.name for r in node if r.marker is None or r.marker.evaluate(env)]
+        assert [n for n in chosen if n.startswith("onnxruntime")] == [build], (system, machine, chosen)

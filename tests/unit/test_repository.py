@@ -133,3 +133,29 @@ def test_the_index_lists_every_version_with_its_state(tmp_path: Path) -> None:
     assert index[("scorer", "1")]["state"] == "UNAVAILABLE" and "not served" in index[("scorer", "1")]["reason"]
     assert index[("flags", "1")]["state"] == "UNAVAILABLE"
     assert index[("echo", "1")]["state"] == "UNAVAILABLE", "a zoo model not resident"
+
+
+def test_the_device_is_the_one_the_session_really_got(caplog: pytest.LogCaptureFixture) -> None:
+    """ONNX Runtime falls back to the CPU silently when its CUDA provider cannot load; the node reads the
+    session's providers: `cuda` then refuses to serve the model, `auto` says so in its log."""
+    from nodes.runtime import session_device
+
+    cuda, cpu = ["CUDAExecutionProvider", "CPUExecutionProvider"], ["CPUExecutionProvider"]
+    assert session_device("m", cuda, cuda, "cuda") == "cuda"
+    assert session_device("m", cpu, cpu, "cpu") == "cpu"
+    assert session_device("m", cpu, cpu, "auto") == "cpu" and not caplog.records
+    with pytest.raises(RuntimeError, match="device 'cuda' requested"):
+        session_device("m", cuda, cpu, "cuda")
+    assert session_device("m", cuda, cpu, "auto") == "cpu"
+    assert "runs on the CPU" in caplog.text
+
+
+def test_a_loaded_users_model_says_where_it_runs(tmp_path: Path) -> None:
+    from nodes.runtime import load_model
+
+    root = repository(tmp_path, broken=False)
+    cfg = resolve(node(model_repository=str(root)))
+    spec = next(m for m in cfg.models if m.name == "scorer")
+    model = load_model(spec, ["CPUExecutionProvider"], 1, None, "cpu")
+    assert model.device == "cpu" and model.version == "2" and model.served_name == "scorer"
+    assert model.metadata()["inputs"][1] == {"name": "offset", "datatype": "INT64", "shape": [-1, 1]}
