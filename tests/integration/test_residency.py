@@ -4,9 +4,6 @@ repository load/unload, and a model that cannot load failing alone."""
 from __future__ import annotations
 
 import contextlib
-import json
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -14,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from telemetry.broker import free_port, terminate, wait_for_port
 from tests.integration.http import call, infer_body
+from tests.integration.nodeproc import node_process
 
 BUDGET = 100_000  # bytes: sensor_mlp (~14 kB) and detector_head (~27 kB) fit at start, mobilenet_s (~77 kB) not
 MODELS = ["sensor_mlp", "detector_head", "mobilenet_s", "resnet_s"]  # resnet_s (~1.5 MB) never fits
@@ -29,28 +26,16 @@ def node(tmp_path: Path) -> Iterator[str]:
 
 @contextlib.contextmanager
 def _node(tmp_path: Path, **extra: object) -> Iterator[str]:
-    port = free_port()
     cfg = {
         "node_id": "r1",
         "partition": "edge-a",
-        "port": port,
         "kafka": None,
         "memory_budget_bytes": BUDGET,
         "models": [{"name": m} for m in MODELS],
         **extra,
     }
-    log = open(tmp_path / "node.log", "wb")  # noqa: SIM115 - closed below
-    popen = subprocess.Popen(
-        [sys.executable, "-m", "nodes", "--config", json.dumps(cfg), "--log-level", "WARNING"],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    try:
-        wait_for_port("127.0.0.1", port, 60, popen)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        terminate(popen)
-        log.close()
+    with node_process(cfg, tmp_path) as hostport:
+        yield f"http://{hostport}"
 
 
 def stats(url: str) -> dict:  # type: ignore[type-arg]

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import subprocess
-import sys
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -17,30 +15,16 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from telemetry.broker import free_port, terminate, wait_for_port
+from tests.integration.nodeproc import node_process
 from tests.user_models import repository, scorer_inputs
 
 httpclient = pytest.importorskip("tritonclient.http")
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
 
-@contextlib.contextmanager
-def node_process(cfg: dict[str, Any], tmp: Path) -> Iterator[str]:
-    """A node process (`python -m nodes`) with `cfg`, no telemetry; yields HOST:PORT."""
-    port = free_port()
-    log = (tmp / "node.log").open("wb")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "nodes", "--config", json.dumps({"node_id": "user-node", "port": port, **cfg})],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL,
-    )
-    try:
-        wait_for_port("127.0.0.1", port, 60, proc)
-        yield f"127.0.0.1:{port}"
-    finally:
-        terminate(proc)
-        log.close()
+def user_node(cfg: dict[str, Any], tmp: Path) -> contextlib.AbstractContextManager[str]:
+    """A node process serving `cfg`'s models, no telemetry; HOST:PORT."""
+    return node_process({"node_id": "user-node", **cfg}, tmp)
 
 
 @contextlib.contextmanager
@@ -82,7 +66,7 @@ def assert_equal_outputs(got: dict[str, np.ndarray], want: dict[str, np.ndarray]
 
 def test_a_node_serves_a_users_repository_at_its_highest_version(tmp_path: Path) -> None:
     root = repository(tmp_path / "repo")
-    with node_process({"model_repository": str(root)}, tmp_path) as url, client(url) as c:
+    with user_node({"model_repository": str(root)}, tmp_path) as url, client(url) as c:
         index = {(m["name"], m["version"]): m for m in c.get_model_repository_index()}
         assert set(index) == {("scorer", "1"), ("scorer", "2"), ("flags", "1"), ("broken", "1")}
         assert index[("scorer", "2")]["state"] == "READY" and index[("flags", "1")]["state"] == "READY"
@@ -127,7 +111,7 @@ def test_a_node_serves_a_users_repository_at_its_highest_version(tmp_path: Path)
 def test_a_repository_model_serves_every_version_its_config_asks_for(tmp_path: Path) -> None:
     root = repository(tmp_path / "repo", config="versions: all\nmax_batch: 8\n", broken=False)
     with (
-        node_process({"model_repository": str(root), "models": [{"name": "scorer"}]}, tmp_path) as url,
+        user_node({"model_repository": str(root), "models": [{"name": "scorer"}]}, tmp_path) as url,
         client(url) as c,
     ):
         assert c.get_model_metadata("scorer")["versions"] == ["1", "2"]
