@@ -28,7 +28,7 @@ from nodes.protocol import BadRequest, decode_request, encode_response, split_bo
 from nodes.repository import resolve as resolve_repository
 from nodes.residency import NoRoom, Residency
 from nodes.runtime import LoadedModel, choose_providers, file_metadata, load_model, model_file_size
-from nodes.state import CONFIG, ENDPOINT, RUNTIME, VERSION, NodeRuntime
+from nodes.state import CONFIG, ENDPOINT, RUNTIME, VERSION, LoadFailed, NodeRuntime
 from telemetry import wire
 from telemetry.bus import TelemetryPublisher
 from telemetry.quantiles import nearest_rank
@@ -58,6 +58,7 @@ async def _runtime_ctx(app: web.Application) -> AsyncIterator[None]:
     executor = ThreadPoolExecutor(max_workers=cfg.slots, thread_name_prefix=f"ort-{cfg.node_id}")
     loop = asyncio.get_running_loop()
     models: dict[str, LoadedModel] = {}
+    failed: dict[str, tuple[float, str]] = {}
     residency = Residency(cfg.memory_budget_bytes)
     rt: NodeRuntime | None = None
     try:
@@ -71,6 +72,7 @@ async def _runtime_ctx(app: web.Application) -> AsyncIterator[None]:
                     executor, load_model, spec, providers, cfg.threads_per_slot, cfg.zoo_dir, cfg.device
                 )
             except Exception as exc:  # noqa: BLE001 - a broken or missing file fails that model alone
+                failed[spec.name] = (time.monotonic(), str(exc)[:500])
                 log.error(
                     "node %s: model %s cannot be loaded (requests for it answer 500): %s", cfg.node_id, spec.name, exc
                 )
@@ -81,6 +83,7 @@ async def _runtime_ctx(app: web.Application) -> AsyncIterator[None]:
             log.warning("node %s: CUDA is visible but no model's session got it; reporting the CPU", cfg.node_id)
             kind, name = "cpu", platform.processor() or platform.machine()
         rt = NodeRuntime(cfg, models, executor, DeviceInfo(kind=kind, name=name), providers, residency)
+        rt.failed.update(failed)
         app[RUNTIME] = rt
         yield
     finally:
@@ -147,12 +150,14 @@ def _served(request: web.Request) -> str | web.Response:
     return _error(404, f"model '{name}' has no version '{version}' on this node")
 
 
-async def _model_or_error(request: web.Request, name: str) -> LoadedModel | web.Response:
+async def _model_or_error(request: web.Request, name: str, retry: bool = False) -> LoadedModel | web.Response:
     """The model the node serves as `name`, loaded on demand; 503 if it cannot be loaded now (memory
-    held by models in use, or larger than the budget), 500 if loading failed."""
+    held by models in use, or larger than the budget), 500 if loading failed (now or recently)."""
     rt = request.app[RUNTIME]
     try:
-        return await rt.ensure(name)
+        return await rt.ensure(name, retry)
+    except LoadFailed as exc:
+        return _error(500, f"model '{name}' failed to load: {exc}")
     except NoRoom as exc:
         return _error(503, f"cannot load model '{name}': {exc.reason}")
     except Exception as exc:  # noqa: BLE001 - a model that fails to load fails alone
@@ -227,7 +232,7 @@ async def repository_load(request: web.Request) -> web.Response:
     name = _served(request)
     if isinstance(name, web.Response):
         return name
-    model = await _model_or_error(request, name)
+    model = await _model_or_error(request, name, retry=True)  # an operator's load tries again at once
     if isinstance(model, web.Response):
         return model
     return web.json_response({"name": model.served_name, "state": "READY", "load_ms": round(model.load_ms, 1)})

@@ -16,7 +16,7 @@ from nodes.config import NodeConfig
 from nodes.executor import Executor
 from nodes.metrics import NodeMetrics
 from nodes.repository import repository_index
-from nodes.residency import Residency
+from nodes.residency import NoRoom, Residency
 from nodes.runtime import LoadedModel, load_model, model_file_size
 from telemetry.schema import DeviceInfo, ModelLoad, NodeLoad
 from telemetry.version import __version__
@@ -24,6 +24,11 @@ from telemetry.version import __version__
 log = logging.getLogger("edgeroute.node")
 
 VERSION = __version__
+LOAD_RETRY_S = 30.0  # a model whose load failed is not tried again on requests for this long
+
+
+class LoadFailed(Exception):
+    """A model's load failed recently and is not tried again yet (the reason is the message)."""
 
 
 @dataclass
@@ -52,6 +57,9 @@ class NodeRuntime:
     publish_now: asyncio.Event = field(default_factory=asyncio.Event)
     started_at_ms: float = field(default_factory=lambda: time.time() * 1000.0)  # models loaded, serving
     metrics: NodeMetrics = field(default_factory=NodeMetrics)
+    failed: dict[str, tuple[float, str]] = field(
+        default_factory=dict
+    )  # model -> (monotonic s, why) of its last failed load
 
     def __post_init__(self) -> None:
         self.engine = Executor(
@@ -71,32 +79,44 @@ class NodeRuntime:
             self.load_ms.setdefault(m.name, m.load_ms)
         self.metrics.watch(self)
 
-    async def ensure(self, name: str) -> LoadedModel:
+    async def ensure(self, name: str, retry: bool = False) -> LoadedModel:
         """The model, loaded first if it is not resident (evicting least recently used idle models).
 
         Raises NoRoom (it cannot fit, now or ever) or the load's own error; either concerns this model
-        only. Loads run one at a time on their own thread, never on an execution slot.
+        only. Loads run one at a time on their own thread, never on an execution slot. A model whose
+        load failed (a broken or missing file) is not tried again for `LOAD_RETRY_S` unless `retry`
+        (the repository API's load): its requests answer at once, and do not hold the loader or evict
+        other models for a load that will fail again.
         """
         model = self.models.get(name)
         if model is not None:
             self.residency.touch(name)
             return model
+        self._recently_failed(name, retry)
         async with self.load_lock:
             model = self.models.get(name)
             if model is not None:
                 return model
+            self._recently_failed(name, retry)
             spec = self.specs[name]
             cfg = self.config
             loop = asyncio.get_running_loop()
-            size = await loop.run_in_executor(self.loader, model_file_size, spec, cfg.zoo_dir)
-            for victim in self.residency.plan(name, size):
-                self.residency.remove(victim)
-                self.models.pop(victim, None)
-                self.evictions += 1
-                log.info("node %s evicted %s to make room for %s", cfg.node_id, victim, name)
-            model = await loop.run_in_executor(
-                self.loader, load_model, spec, self.providers, cfg.threads_per_slot, cfg.zoo_dir, cfg.device
-            )
+            try:
+                size = await loop.run_in_executor(self.loader, model_file_size, spec, cfg.zoo_dir)
+                for victim in self.residency.plan(name, size):
+                    self.residency.remove(victim)
+                    self.models.pop(victim, None)
+                    self.evictions += 1
+                    log.info("node %s evicted %s to make room for %s", cfg.node_id, victim, name)
+                model = await loop.run_in_executor(
+                    self.loader, load_model, spec, self.providers, cfg.threads_per_slot, cfg.zoo_dir, cfg.device
+                )
+            except NoRoom:
+                raise
+            except Exception as exc:
+                self.failed[name] = (time.monotonic(), str(exc)[:500])
+                raise
+            self.failed.pop(name, None)
             self.residency.add(name, model.size_bytes)
             self.models[name] = model
             self.load_ms[name] = model.load_ms
@@ -114,9 +134,25 @@ class NodeRuntime:
     def outstanding(self) -> int:
         return self.engine.scheduler.queued + self.engine.in_flight
 
+    def _recently_failed(self, name: str, retry: bool) -> None:
+        failed = self.failed.get(name)
+        if failed is not None and not retry and time.monotonic() - failed[0] < LOAD_RETRY_S:
+            raise LoadFailed(
+                f"{failed[1]} (a failed load is tried again after {LOAD_RETRY_S:.0f} s, or at once by "
+                f"POST /v2/repository/models/{self.specs[name].served_name}/load)"
+            )
+
     def repository_index(self) -> list[dict[str, Any]]:
-        """Triton's repository index: every model and version the node knows, READY when resident."""
-        return repository_index(self.config, set(self.models))
+        """Triton's repository index: every model and version the node knows, READY when resident, a
+        model whose load failed with the reason."""
+        index = repository_index(self.config, set(self.models))
+        if self.failed:
+            why = {(self.specs[k].served_name, self.specs[k].version): v[1] for k, v in self.failed.items()}
+            for entry in index:
+                reason = why.get((entry["name"], entry["version"]))
+                if reason is not None and entry["state"] != "READY":
+                    entry["reason"] = f"load failed: {reason}"
+        return index
 
     def changed(self) -> None:
         """Publish at once on a large change; with change_threshold 1, on every execution start too

@@ -105,6 +105,16 @@ def test_a_node_serves_a_users_repository_at_its_highest_version(tmp_path: Path)
         with pytest.raises(InferenceServerException) as info:
             c.infer("broken", [httpclient.InferInput("x", [1], "FP32")])
         assert info.value.status() == "500" and "failed to load" in str(info.value)
+        # ... and is not loaded again on every request (no loader held, nothing evicted for it) until
+        # the retry time or an operator's load
+        with pytest.raises(InferenceServerException) as info:
+            c.infer("broken", [httpclient.InferInput("x", [1], "FP32")])
+        assert info.value.status() == "500" and "tried again after" in str(info.value)
+        index = {(m["name"], m["version"]): m for m in c.get_model_repository_index()}
+        assert index[("broken", "1")]["reason"].startswith("load failed:")
+        with pytest.raises(InferenceServerException) as info:
+            c.load_model("broken")
+        assert "tried again after" not in str(info.value), "an operator's load tries at once"
         assert_equal_outputs(infer(c, "scorer", feeds), want)
 
 
