@@ -127,28 +127,13 @@ def specs_of(root: Path, model: RepositoryModel, overrides: dict[str, Any] | Non
     """The model entries serving `model`: its default version under its own name, and every other
     served version as `<model>:<v>`."""
     settings = {**model.settings, **(overrides or {})}
-    out = [
-        ModelSpec.model_validate(
-            {
-                **settings,
-                "name": model.name,
-                "path": str(model.path(root, model.default)),
-                "version": str(model.default),
-            }
-        )
-    ]
-    for v in model.served[:-1]:
-        out.append(
-            ModelSpec.model_validate(
-                {
-                    **settings,
-                    "name": f"{model.name}:{v}",
-                    "model": model.name,
-                    "path": str(model.path(root, v)),
-                    "version": str(v),
-                }
-            )
-        )
+
+    def entry(name: str, version: int, **more: str) -> ModelSpec:
+        path = str(model.path(root, version))
+        return ModelSpec.model_validate({**settings, "name": name, "path": path, "version": str(version), **more})
+
+    out = [entry(model.name, model.default)]
+    out += [entry(f"{model.name}:{v}", v, model=model.name) for v in model.served[:-1]]
     return out
 
 

@@ -28,7 +28,7 @@ from nodes.protocol import BadRequest, decode_request, encode_response, split_bo
 from nodes.repository import resolve as resolve_repository
 from nodes.residency import NoRoom, Residency
 from nodes.runtime import LoadedModel, choose_providers, file_metadata, load_model, model_file_size
-from nodes.state import CONFIG, ENDPOINT, RUNTIME, VERSION, LoadFailed, NodeRuntime
+from nodes.state import CONFIG, ENDPOINT, RUNTIME, VERSION, LoadFailed, NodeRuntime, load_failure
 from telemetry import wire
 from telemetry.bus import TelemetryPublisher
 from telemetry.quantiles import nearest_rank
@@ -72,7 +72,7 @@ async def _runtime_ctx(app: web.Application) -> AsyncIterator[None]:
                     executor, load_model, spec, providers, cfg.threads_per_slot, cfg.zoo_dir, cfg.device
                 )
             except Exception as exc:  # noqa: BLE001 - a broken or missing file fails that model alone
-                failed[spec.name] = (time.monotonic(), str(exc)[:500])
+                failed[spec.name] = load_failure(exc)
                 log.error(
                     "node %s: model %s cannot be loaded (requests for it answer 500): %s", cfg.node_id, spec.name, exc
                 )

@@ -31,6 +31,11 @@ class LoadFailed(Exception):
     """A model's load failed recently and is not tried again yet (the reason is the message)."""
 
 
+def load_failure(exc: BaseException) -> tuple[float, str]:
+    """What `NodeRuntime.failed` keeps of a failed load: when (monotonic s) and why."""
+    return time.monotonic(), str(exc)[:500]
+
+
 @dataclass
 class NodeRuntime:
     """Everything a running node owns; created at startup, torn down in reverse."""
@@ -114,7 +119,7 @@ class NodeRuntime:
             except NoRoom:
                 raise
             except Exception as exc:
-                self.failed[name] = (time.monotonic(), str(exc)[:500])
+                self.failed[name] = load_failure(exc)
                 raise
             self.failed.pop(name, None)
             self.residency.add(name, model.size_bytes)

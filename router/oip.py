@@ -101,8 +101,9 @@ def _unknown_or_unavailable(model: str, known: bool, any_node: bool = True) -> w
     return _error(404, f"unknown model '{model}'")
 
 
-async def _node_metadata(router: Router, model: str, suffix: str = "") -> tuple[int, bytes] | None:
-    """A serving node's answer to `GET /v2/models/{model}{suffix}`, least busy node first."""
+async def _node_get(router: Router, model: str, suffix: str = "") -> tuple[int, bytes] | None:
+    """A serving node's answer to `GET /v2/models/{model}{suffix}` (metadata, a version's readiness),
+    least busy node first."""
     nodes, _ = _model_nodes(router, model)
     view = router.store.view
     for node in sorted(nodes, key=lambda n: (not ((m := n.model(model)) and m.resident), view.outstanding(n))):
@@ -120,7 +121,7 @@ async def _workflow_metadata(router: Router, runner: WorkflowRunner) -> web.Resp
     spec = runner.spec
     meta: dict[str, dict[str, Any]] = {}
     for stage in spec.stages:
-        got = await _node_metadata(router, stage.model)
+        got = await _node_get(router, stage.model)
         if got is None or got[0] != 200:
             return _error(503, f"workflow '{spec.name}': no node answered metadata for model '{stage.model}'")
         try:
@@ -166,7 +167,7 @@ async def model_metadata(request: web.Request) -> web.Response:
     if not nodes:
         return _unknown_or_unavailable(model, known, bool(len(router.store.view)))
     suffix = "" if version is None else f"/versions/{version}"
-    got = await _node_metadata(router, model, suffix)
+    got = await _node_get(router, model, suffix)
     if got is None:
         return _error(503, f"no node answered metadata for model '{model}'")
     return web.Response(status=got[0], body=got[1], content_type="application/json")
@@ -188,7 +189,7 @@ async def model_ready(request: web.Request) -> web.Response:
     if not nodes:
         return _unknown_or_unavailable(model, known, bool(len(router.store.view)))
     if version is not None:  # which versions a node holds is the node's to say (a user's model repository)
-        got = await _node_metadata(router, model, f"/versions/{version}/ready")
+        got = await _node_get(router, model, f"/versions/{version}/ready")
         if got is None:
             return _error(503, f"no node answered readiness for model '{model}' version '{version}'")
         return web.Response(status=got[0], body=got[1], content_type="application/json")
