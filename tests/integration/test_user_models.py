@@ -15,6 +15,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
+from tests.integration.http import call
 from tests.integration.nodeproc import node_process
 from tests.user_models import repository, scorer_inputs
 
@@ -180,3 +181,15 @@ def test_users_models_through_the_router_to_an_unchanged_triton_client(
         with pytest.raises(InferenceServerException) as info:
             c.infer("scorer", inputs, model_version="7")
         assert info.value.status() == "404" and "no version" in str(info.value)
+    # odd version strings, at the router and at the node: a clear 404 (or 400), never a 5xx, and
+    # the model keeps serving
+    node = stack.nodes["n1"].url
+    for base in (stack.router_url, node):
+        for version in ("v1", "1.0", "-1", "0x1", "1%20", "%2e%2e", "9" * 40, "1:2", "%00"):
+            for suffix in ("", "/ready"):
+                status, _, _ = call(f"{base}/v2/models/scorer/versions/{version}{suffix}")
+                assert status in (400, 404), (base, version, suffix, status)
+            status, _, _ = call(f"{base}/v2/models/scorer/versions/{version}/infer", b'{"inputs": []}', "POST")
+            assert status in (400, 404), (base, version, status)
+    with client(stack.router_url.removeprefix("http://")) as c:
+        assert_equal_outputs(infer(c, "scorer", feeds), v2)
