@@ -98,6 +98,7 @@ class Executor:
     on_executed: Callable[[str, int, float], None] | None = None  # (model, rows, exec ms) after each batch
     lock: threading.Lock = field(default_factory=threading.Lock)  # the scheduler and `running`
     _wake: asyncio.TimerHandle | None = None
+    _in_flight: int = 0  # requests in `running` (kept with it, under `lock`)
 
     def __post_init__(self) -> None:
         batching = {
@@ -127,7 +128,7 @@ class Executor:
 
     @property
     def in_flight(self) -> int:
-        return sum(r.count for r in self.running)
+        return self._in_flight
 
     def in_flight_of(self, model: str) -> int:
         return sum(r.count for r in self.running if r.model == model)
@@ -143,36 +144,58 @@ class Executor:
     async def submit(
         self, model: str, req: InferRequest, priority: int, budget_ms: float | None, request_id: str | None = None
     ) -> InferResult:
-        now = self.now_ms()
-        deadline = None if budget_ms is None else now + budget_ms
-        at_once: NextBatch | None = None
+        """The request's outcome: decided on arrival where it can be (`decide_now`), else queued."""
+        outcome = self.decide_now(model, req, priority, budget_ms, request_id)
+        if outcome is not None:
+            return outcome
+        return await self.wait_queued(model, req, priority, budget_ms, request_id)
+
+    def decide_now(
+        self, model: str, req: InferRequest, priority: int, budget_ms: float | None, request_id: str | None = None
+    ) -> InferResult | None:
+        """The outcome of a request that is decided on arrival, without a queue, future or timer: refused
+        (its queue is full, or with `admit_by_deadline` it would finish late), or a short run on an idle
+        node (`_inline_ok`) run and answered here, or 504 when that run could not meet the deadline.
+        None when it must queue (`wait_queued`)."""
+        now = time.perf_counter() * 1000.0
+        scheduler = self.scheduler
         with self.lock:
-            refusal = self.scheduler.refuse(priority)
-            if refusal is None and self.scheduler.admit_by_deadline:
+            refusal = scheduler.refuse(priority)
+            if refusal is None and scheduler.admit_by_deadline:
                 left = [max(0.0, r.ends_at_ms - now) for r in self.running]
-                refusal = self.scheduler.refuse_late(model, req.batch, priority, budget_ms, left, self.config.slots)
-            if refusal is None and len(self.running) < self.config.slots and self._inline_ok(model, req.batch):
-                # a short run on an idle node: decided, run and answered here, with no queue, future or timer
-                handle = _Pending(req, None, time.perf_counter(), request_id=request_id)
-                work = Work(handle, model, priority, deadline, req.batch, now)
-                at_once = self.scheduler.run_now(work, now)
-                if at_once is not None and at_once.batch:
-                    slot = self._claim(at_once.batch, now)
-                    self.peak_outstanding = max(self.peak_outstanding, self.in_flight)
-        if refusal is not None:
-            return InferResult(refusal[0], reason=refusal[1])
-        if at_once is not None:
+                refusal = scheduler.refuse_late(model, req.batch, priority, budget_ms, left, self.config.slots)
+            if refusal is not None:
+                return InferResult(refusal[0], reason=refusal[1])
+            if scheduler.queued or len(self.running) >= self.config.slots or not self._inline_ok(model, req.batch):
+                return None
+            deadline = None if budget_ms is None else now + budget_ms
+            handle = _Pending(req, None, now / 1000.0, request_id=request_id)
+            work = Work(handle, model, priority, deadline, req.batch, now)
+            at_once = scheduler.run_now(work, now)
+            if at_once is None:  # it waits for a batch to fill
+                return None
             if at_once.expired:
                 return InferResult(504, reason="deadline cannot be met: it would finish too late")
-            outcome = self._run_inline(at_once.batch, slot)[0]
-            self._changed()
-            return outcome
+            slot = self._claim(at_once.batch, now)
+            if self._in_flight > self.peak_outstanding:
+                self.peak_outstanding = self._in_flight
+        outcome = self._run_inline(at_once.batch, slot)[0]
+        self._changed()
+        return outcome
+
+    async def wait_queued(
+        self, model: str, req: InferRequest, priority: int, budget_ms: float | None, request_id: str | None = None
+    ) -> InferResult:
+        """Queue the request (admitted by `decide_now`) and wait for its outcome: run in a batch, or 504
+        when its deadline passes while queued, or 499 when the router cancels it."""
+        now = self.now_ms()
+        deadline = None if budget_ms is None else now + budget_ms
         loop = asyncio.get_running_loop()
         pending = _Pending(req, loop.create_future(), time.perf_counter(), request_id=request_id)
         work = Work(pending, model, priority, deadline, req.batch, now)
         with self.lock:
             self.scheduler.push(work)
-            outstanding = self.scheduler.queued + self.in_flight
+            outstanding = self.scheduler.queued + self._in_flight
         self.peak_outstanding = max(self.peak_outstanding, outstanding)
         if request_id:
             self.by_id[request_id] = work
@@ -280,7 +303,7 @@ class Executor:
         ran = self._execute(model, batch, slot, 1.0)
         self.inline_runs += 1
         with self.lock:
-            self._settle(model, slot, ran)
+            self._settle(model, slot, ran, batch[0].priority)
         return self._answers(batch, model, ran)
 
     def _execute(self, model: LoadedModel, batch: list[Work], slot: Running, stretch: float) -> _Ran:
@@ -293,12 +316,14 @@ class Executor:
             return _Ran({}, 0.0, started, slot.rows, exc)
         return _Ran(results, exec_ms, started, slot.rows, None)
 
-    def _settle(self, model: LoadedModel, slot: Running, ran: _Ran) -> None:
+    def _settle(self, model: LoadedModel, slot: Running, ran: _Ran, priority: int) -> None:
         """Free the slot and learn the run's time (lock held)."""
         self.running.remove(slot)
+        self._in_flight -= slot.count
         if ran.error is None:
             model.observe(slot.rows, ran.exec_ms, self.config.ewma_alpha)
             self.busy_ms += ran.exec_ms
+            self.scheduler.ran(priority, ran.exec_ms, time.perf_counter() * 1000.0, self.config.slots)
 
     @staticmethod
     def _feeds(model: LoadedModel, batch: list[Work]) -> dict[str, np.ndarray]:
@@ -311,9 +336,11 @@ class Executor:
 
     def _claim(self, batch: list[Work], now: float) -> Running:
         """Book a slot for `batch` (lock held)."""
-        rows = sum(w.rows for w in batch)
-        slot = Running(batch[0].model, batch[0].priority, rows, len(batch), now + self.predict_ms(batch[0].model, rows))
+        first = batch[0]
+        rows = first.rows if len(batch) == 1 else sum(w.rows for w in batch)
+        slot = Running(first.model, first.priority, rows, len(batch), now + self.predict_ms(first.model, rows))
         self.running.append(slot)
+        self._in_flight += len(batch)
         self.starts += 1
         return slot
 
@@ -336,7 +363,7 @@ class Executor:
             decision = None
             current = None
             with self.lock:
-                self._settle(model, running, ran)
+                self._settle(model, running, ran, work[0].priority)
                 if len(self.running) < self.config.slots and self.scheduler.queued:
                     now = self.now_ms()
                     decision = self.scheduler.next(now)
@@ -353,8 +380,6 @@ class Executor:
             log.error("model %s failed: %s", model.name, ran.error)
             return [InferResult(500, reason=f"model '{model.name}' failed: {ran.error}") for _ in batch]
         exec_ms, rows = ran.exec_ms, ran.rows
-        with self.lock:
-            self.scheduler.ran(batch[0].priority, exec_ms, self.now_ms(), self.config.slots)
         if self.on_executed is not None:
             self.on_executed(model.name, rows, exec_ms)
         answers = []

@@ -7,7 +7,8 @@ Names follow Triton's where they mean the same (`nv_inference_request_success` i
 `nv_gpu_memory_used_bytes`/`_total_bytes` are `edgeroute_node_memory_used_bytes`/`_budget_bytes`);
 durations are histograms in seconds rather than Triton's microsecond sums. Labels are bounded: models
 come from the node's config, priorities are two classes (`high` at or above `high_priority_min`,
-else `low`), batch sizes are at most `max_batch`, failure reasons are HTTP statuses.
+else `low`), batch sizes are exact up to `EXACT_ROWS` and ranges of powers of two above (`65-128`: one
+request may carry any number of rows), failure reasons are HTTP statuses.
 
 Counters per request are plain integers bumped on the event loop; the histograms (telemetry.metering,
 lock-free, event loop only) are observed once per request (queue, total) and once per execution
@@ -26,7 +27,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from telemetry.metering import Histogram, Meters
+from telemetry.metering import Histogram, HistogramSeries, Meters
 
 if TYPE_CHECKING:
     from nodes.state import NodeRuntime
@@ -34,6 +35,15 @@ if TYPE_CHECKING:
 prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
 DURATION_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+EXACT_ROWS = 64  # batch labels name the rows up to here, a range of powers of two above
+
+
+def rows_label(rows: int) -> str:
+    """The `batch` label of an execution of `rows` rows (bounded: 64 exact values, then one per power of two)."""
+    if rows <= EXACT_ROWS:
+        return str(rows)
+    high = 1 << (rows - 1).bit_length()
+    return f"{high // 2 + 1}-{high}"
 
 
 class NodeMetrics:
@@ -71,19 +81,30 @@ class NodeMetrics:
         )
 
         self.registry.register(Meters(self.compute, self.batch, self.queue, self.request))
+        # (model, rows) -> its compute and batch series, for the exact row counts (bounded like the labels)
+        self._executed: dict[tuple[str, int], tuple[HistogramSeries, HistogramSeries]] = {}
+        self._answered: dict[str, tuple[HistogramSeries, HistogramSeries]] = {}  # model -> request, queue series
 
     def executed(self, model: str, rows: int, exec_ms: float) -> None:
         self.executions[model] += 1
         self.rows[model] += rows
-        self.compute.labels(model, str(rows)).observe(exec_ms / 1000.0)
-        self.batch.labels(model).observe(rows)
+        series = self._executed.get((model, rows))
+        if series is None:
+            series = (self.compute.labels(model, rows_label(rows)), self.batch.labels(model))
+            if rows <= EXACT_ROWS:
+                self._executed[(model, rows)] = series
+        series[0].observe(exec_ms / 1000.0)
+        series[1].observe(rows)
 
     def answered(self, model: str, status: int, queue_ms: float | None, total_s: float) -> None:
         if status == 200:
             self.success[model] += 1
-            self.request.labels(model).observe(total_s)
+            series = self._answered.get(model)
+            if series is None:  # (models come from the node's config: bounded)
+                series = self._answered[model] = (self.request.labels(model), self.queue.labels(model))
+            series[0].observe(total_s)
             if queue_ms is not None:
-                self.queue.labels(model).observe(queue_ms / 1000.0)
+                series[1].observe(queue_ms / 1000.0)
         else:
             self.failure[(model, str(status))] += 1
 

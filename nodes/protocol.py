@@ -11,12 +11,13 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 
 from telemetry import wire
 
+_ENCODER = json.JSONEncoder(separators=(",", ":"))  # (json.dumps with separators builds one per call)
 MAX_ELEMENTS = 1 << 28  # per input tensor; a larger one is refused before anything is allocated
 
 
@@ -52,6 +53,22 @@ def split_body(body: bytes, header_length: str | None) -> tuple[dict[str, Any], 
         raise BadRequest(str(exc)) from None
 
 
+def _shape_fits(shape: object, want: tuple[int, ...]) -> TypeGuard[list[int]]:
+    """`shape` (from JSON) is a list of non-negative integers that matches `want` (-1: any size)."""
+    if type(shape) is not list or len(shape) != len(want):
+        return False
+    for got, w in zip(shape, want, strict=True):  # (JSON integers are ints; true and false are bools)
+        if type(got) is not int or got < 0 or (w != got and w != -1):
+            return False
+    return True
+
+
+def _shape_error(name: str, shape: Any, want: tuple[int, ...]) -> BadRequest:
+    if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+        return BadRequest(f"input '{name}' shape must be a list of non-negative integers")
+    return BadRequest(f"input '{name}' has shape {shape}, expected {list(want)}")
+
+
 def decode_request(
     doc: dict[str, Any], tail: bytes, specs: dict[str, TensorSpec], output_names: list[str]
 ) -> InferRequest:
@@ -81,14 +98,8 @@ def decode_request(
         if datatype != spec.datatype:
             raise BadRequest(f"input '{name}' has datatype {datatype!r}, expected {spec.datatype}")
         shape = item.get("shape")
-        if not isinstance(shape, list) or not all(
-            isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
-        ):
-            raise BadRequest(f"input '{name}' shape must be a list of non-negative integers")
-        if len(shape) != len(spec.shape) or any(
-            want not in (-1, got) for want, got in zip(spec.shape, shape, strict=True)
-        ):
-            raise BadRequest(f"input '{name}' has shape {shape}, expected {list(spec.shape)}")
+        if not _shape_fits(shape, spec.shape):
+            raise _shape_error(name, shape, spec.shape)
         dtype = wire.DATATYPES[spec.datatype]
         if shape and shape[0] == 0:  # batched with another request, a zero-row input would take its rows
             raise BadRequest(f"input '{name}' has no rows (shape {shape})")
@@ -118,16 +129,15 @@ def decode_request(
                 raise BadRequest(f"input '{name}' data is not a list of {spec.datatype} values") from None
             if arr.size != count:
                 raise BadRequest(f"input '{name}' has {arr.size} values, shape {shape} needs {count}")
-            if dtype.kind == "f" and not np.all(np.isfinite(arr)):
+            if dtype.kind == "f" and not np.isfinite(arr).all():
                 raise BadRequest(f"input '{name}' has non-finite values")
         feeds[name] = arr.reshape(shape)
         if shape:
             if batch is not None and shape[0] != batch:
                 raise BadRequest("inputs disagree on the batch dimension")
             batch = shape[0]
-    missing = sorted(set(specs) - set(feeds))
-    if missing:
-        raise BadRequest(f"missing input(s) {missing}")
+    if len(feeds) != len(specs):  # (every name in feeds is one of specs, once)
+        raise BadRequest(f"missing input(s) {sorted(set(specs) - set(feeds))}")
     if offset != len(tail):
         raise BadRequest(f"{len(tail) - offset} bytes of binary data are not claimed by any input")
     outputs: dict[str, bool] = {}
@@ -175,12 +185,12 @@ def encode_response(
             entry["parameters"] = {"binary_data_size": len(blob)}
             blobs.append(blob)
         else:
-            entry["data"] = arr.reshape(-1).tolist()
+            entry["data"] = arr.ravel().tolist()
         outputs.append(entry)
     doc: dict[str, Any] = {"model_name": model, "model_version": version, "outputs": outputs}
     if request.id is not None:
         doc["id"] = request.id
-    head = json.dumps(doc, separators=(",", ":")).encode()
+    head = _ENCODER.encode(doc).encode()
     if not blobs:
         return head, None
     return head + b"".join(blobs), len(head)

@@ -74,16 +74,24 @@ class LoadedModel:
     baseline_by_batch: dict[int, float] = field(default_factory=dict)
     served_name: str = ""  # the model's name to clients (`name` but for a version beside the default)
     device: str = "cpu"  # where its session really runs (session_device)
+    output_names: list[str] = field(init=False, repr=False)  # in the session's order (what `run` asks for)
+    _rows_set_work: tuple[object, bool] = field(init=False, repr=False)  # (the inputs it was worked out for, answer)
 
     def __post_init__(self) -> None:
         if not self.served_name:
             self.served_name = self.name
+        self.output_names = list(self.outputs)
+        self._rows_set_work = (None, False)
 
     def rows_set_work(self) -> bool:
         """Every input's dimensions past the batch axis are fixed, so the rows alone set a run's work
         and a time measured at some rows holds for any request of those rows (a dynamic image size,
         say, would let one request be far larger than what was measured)."""
-        return all(d >= 0 for spec in self.inputs.values() for d in spec.shape[1:])
+        known, answer = self._rows_set_work
+        if known is not self.inputs:
+            answer = all(d >= 0 for spec in self.inputs.values() for d in spec.shape[1:])
+            self._rows_set_work = (self.inputs, answer)
+        return answer
 
     def observe(self, batch: int, exec_ms: float, alpha: float) -> None:
         prev = self.ewma_ms.get(batch)
@@ -101,13 +109,13 @@ class LoadedModel:
         under load (`emulation_jitter_ms` in the simulator's profile).
         """
         start = time.perf_counter()
-        values = self.session.run(list(self.outputs), feeds)
+        values = self.session.run(self.output_names, feeds)
         if stretch > 1.0:
             left = self.baseline_for(batch) * stretch / 1000.0 - (time.perf_counter() - start)
             if left > 0:
                 time.sleep(left)
         elapsed_ms = (time.perf_counter() - start) * 1000.0
-        return dict(zip(self.outputs, values, strict=True)), elapsed_ms
+        return dict(zip(self.output_names, values, strict=True)), elapsed_ms
 
     def baseline_for(self, rows: int) -> float:
         """Reference execution ms for `rows` rows: the configured batch curve, interpolated linearly

@@ -262,15 +262,18 @@ async def infer(request: web.Request) -> web.Response:
     name = _served(request)
     if isinstance(name, web.Response):  # not a model (or version) it serves: 404
         return name
-    warm = name in rt.models
     rt.model_requests += 1
-    rt.cold_requests += not warm
-    model = await _model_or_error(request, name)
-    if isinstance(model, web.Response):  # a model it serves failed to load
-        rt.metrics.answered(name, model.status, None, 0.0)
-        return model
-    cold_ms = None if warm else (time.perf_counter() - arrived) * 1000.0
-    rt.residency.pin(model.name)  # not evicted while this request needs it
+    model = rt.models.get(name)
+    cold_ms = None
+    if model is None:  # not resident: load it first (evicting idle models), or answer why it cannot be
+        rt.cold_requests += 1
+        loaded = await _model_or_error(request, name)
+        if isinstance(loaded, web.Response):  # a model it serves failed to load
+            rt.metrics.answered(name, loaded.status, None, 0.0)
+            return loaded
+        model = loaded
+        cold_ms = (time.perf_counter() - arrived) * 1000.0
+    rt.residency.pin(model.name)  # not evicted while this request needs it (and now the most recently used)
     try:
         response = await _infer(request, rt, model, arrived)
         if cold_ms is not None:
@@ -297,7 +300,9 @@ async def _infer(request: web.Request, rt: NodeRuntime, model: LoadedModel, arri
         budget_ms -= (time.perf_counter() - arrived) * 1000.0
         if budget_ms <= 0:
             return _error(504, "deadline passed while the node read the request")
-    outcome = await rt.engine.submit(model.name, req, priority, budget_ms, request_id)
+    outcome = rt.engine.decide_now(model.name, req, priority, budget_ms, request_id)
+    if outcome is None:
+        outcome = await rt.engine.wait_queued(model.name, req, priority, budget_ms, request_id)
     if outcome.status != 200 or outcome.outputs is None:
         return _error(outcome.status, outcome.reason)
     payload, header_len = encode_response(model.served_name, model.version, req, model.outputs, outcome.outputs)

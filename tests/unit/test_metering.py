@@ -69,3 +69,33 @@ def test_wrong_label_count_is_refused() -> None:
         metering.Counter("w", "doc", ["a", "b"]).labels("x")
     with pytest.raises(ValueError):
         metering.Histogram("z", "doc", buckets=(1.0, 0.5))
+
+
+def test_a_node_keeps_a_bounded_number_of_batch_series_whatever_rows_requests_carry() -> None:
+    """One request may carry any number of rows: the `batch` label names them exactly up to 64 and by
+    a range of powers of two above, so a client sending every row count cannot grow the node's series
+    (or its /metrics page) without bound."""
+    from prometheus_client import generate_latest
+
+    from nodes.metrics import NodeMetrics, rows_label
+
+    assert [rows_label(r) for r in (1, 64, 65, 128, 129, 1000, 1024, 1025)] == [
+        "1",
+        "64",
+        "65-128",
+        "65-128",
+        "129-256",
+        "513-1024",
+        "513-1024",
+        "1025-2048",
+    ]
+    metrics = NodeMetrics()
+    for rows in range(1, 20_001):
+        metrics.executed("m", rows, 1.0)
+    batches = {
+        line.split('batch="')[1].split('"')[0]
+        for line in generate_latest(metrics.registry).decode().splitlines()
+        if 'batch="' in line
+    }
+    assert len(batches) == 64 + 9  # 65-128 ... 16385-32768
+    assert metrics.executions["m"] == 20_000 and metrics.rows["m"] == sum(range(1, 20_001))
