@@ -14,10 +14,11 @@ from dataclasses import dataclass
 from typing import Any, TypeGuard
 
 import numpy as np
+import orjson
 
 from telemetry import wire
 
-_ENCODER = json.JSONEncoder(separators=(",", ":"))  # (json.dumps with separators builds one per call)
+_ENCODER = json.JSONEncoder(separators=(",", ":"))  # NaN and Infinity as JavaScript writes them
 MAX_ELEMENTS = 1 << 28  # per input tensor; a larger one is refused before anything is allocated
 
 
@@ -124,7 +125,7 @@ def decode_request(
             if "data" not in item:
                 raise BadRequest(f"input '{name}' has no 'data'")
             try:
-                arr = np.asarray(item["data"], dtype=dtype)
+                arr = wire.json_array(item["data"], dtype)
             except (TypeError, ValueError, OverflowError):
                 raise BadRequest(f"input '{name}' data is not a list of {spec.datatype} values") from None
             if arr.size != count:
@@ -190,7 +191,9 @@ def encode_response(
     doc: dict[str, Any] = {"model_name": model, "model_version": version, "outputs": outputs}
     if request.id is not None:
         doc["id"] = request.id
-    head = _ENCODER.encode(doc).encode()
+    head = orjson.dumps(doc)
+    if b"null" in head:  # orjson writes a NaN or an infinity as null: written as the json module writes them
+        head = _ENCODER.encode(doc).encode()
     if not blobs:
         return head, None
     return head + b"".join(blobs), len(head)

@@ -15,7 +15,7 @@ import numpy as np
 from nodes import zoo
 from nodes.config import ModelSpec
 from nodes.protocol import TensorSpec
-from nodes.scheduler import batch_curve_ms
+from nodes.scheduler import batch_curve_ms, batch_key
 from telemetry.wire import ORT_TO_OIP
 
 WARMUP_RUNS = 30
@@ -94,8 +94,12 @@ class LoadedModel:
         return answer
 
     def observe(self, batch: int, exec_ms: float, alpha: float) -> None:
-        prev = self.ewma_ms.get(batch)
-        self.ewma_ms[batch] = exec_ms if prev is None else (1 - alpha) * prev + alpha * exec_ms
+        """Learn a run of `batch` rows (under its `batch_key`: a bounded table whatever rows arrive)."""
+        key = batch_key(batch)
+        if key != batch:
+            exec_ms = exec_ms * key / batch
+        prev = self.ewma_ms.get(key)
+        self.ewma_ms[key] = exec_ms if prev is None else (1 - alpha) * prev + alpha * exec_ms
 
     def run(self, feeds: dict[str, np.ndarray], stretch: float, batch: int = 1) -> tuple[dict[str, np.ndarray], float]:
         """Execute (blocking; called in an executor thread). Returns outputs and slot time in ms.
@@ -126,9 +130,10 @@ class LoadedModel:
 
     def predicted_ms(self, rows: int, speed: float) -> float:
         """Slot time expected for `rows` rows: measured EWMA where known, else the emulated curve."""
-        measured = self.ewma_ms.get(rows)
+        key = batch_key(rows)
+        measured = self.ewma_ms.get(key)
         if measured is not None:
-            return measured
+            return measured if key == rows else measured * rows / key
         return self.baseline_for(rows) / speed
 
     def metadata(self) -> dict[str, Any]:

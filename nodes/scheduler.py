@@ -81,6 +81,20 @@ _NO_BATCHING = BatchPolicy()
 ExecModel = Callable[[str, int], float]  # (model, rows) -> predicted execution ms
 
 
+EXACT_BATCH_KEYS = 32  # run times are learnt per batch size exactly up to here, per power of two above
+MAX_BATCH_KEY = 1 << 16  # the largest batch size telemetry reports
+
+
+def batch_key(rows: int) -> int:
+    """The batch size under which a run of `rows` rows is learnt and looked up: `rows` itself up to
+    32, else the next power of two (at most 65,536), the time scaled in proportion to the rows. 43
+    sizes at most, whatever rows requests carry, so a node's table and its telemetry (64 sizes at
+    most) stay bounded."""
+    if rows <= EXACT_BATCH_KEYS:
+        return rows
+    return min(1 << (rows - 1).bit_length(), MAX_BATCH_KEY)
+
+
 def batch_curve_ms(curve: dict[int, float], rows: int) -> float:
     """Execution ms for `rows` rows from a curve of measured batch sizes: exact where measured, linear
     between measured sizes, proportional beyond them (shared by the node's speed emulation and the

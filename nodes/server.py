@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import hmac
 import logging
+import math
 import platform
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
@@ -40,16 +41,6 @@ log = logging.getLogger("edgeroute.node")
 
 def _error(status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
     return web.json_response({"error": message}, status=status, headers=headers)
-
-
-def _hint(request: web.Request, params: dict[str, Any], header: str, key: str) -> float | None:
-    raw = request.headers.get(header, params.get(key))
-    if raw is None:
-        return None
-    try:
-        return float(raw)
-    except (TypeError, ValueError):
-        raise BadRequest(f"'{key}' must be a number") from None
 
 
 async def _runtime_ctx(app: web.Application) -> AsyncIterator[None]:
@@ -105,6 +96,7 @@ async def _telemetry_ctx(app: web.Application) -> AsyncIterator[None]:
     async def publish_loop() -> None:
         last = time.perf_counter()
         last_busy = rt.engine.busy_ms
+        last_error = -math.inf
         while True:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(rt.publish_now.wait(), cfg.interval_ms / 1000.0)
@@ -113,9 +105,14 @@ async def _telemetry_ctx(app: web.Application) -> AsyncIterator[None]:
             if endpoint is None:
                 continue
             now = time.perf_counter()
-            msg = rt.snapshot(endpoint, rt.engine.busy_ms - last_busy, (now - last) * 1000.0)
-            last, last_busy = now, rt.engine.busy_ms
-            await loop.run_in_executor(pub_executor, publisher.publish, msg)
+            try:
+                msg = rt.snapshot(endpoint, rt.engine.busy_ms - last_busy, (now - last) * 1000.0)
+                last, last_busy = now, rt.engine.busy_ms
+                await loop.run_in_executor(pub_executor, publisher.publish, msg)
+            except Exception:  # noqa: BLE001 - one failed report must not end the node's telemetry
+                if now - last_error >= 60.0:  # logged once a minute at most
+                    log.exception("node %s: telemetry report failed", cfg.node_id)
+                    last_error = now
 
     task = asyncio.create_task(publish_loop(), name=f"telemetry-{cfg.node_id}")
     try:
@@ -289,9 +286,12 @@ async def _infer(request: web.Request, rt: NodeRuntime, model: LoadedModel, arri
         body = await request.read()
         doc, tail = split_body(body, request.headers.get(wire.HEADER_LENGTH))
         req = decode_request(doc, tail, model.inputs, list(model.outputs))
-        priority = int(_hint(request, req.parameters, wire.PRIORITY, "priority") or 0)
-        budget_ms = _hint(request, req.parameters, wire.DEADLINE_MS, "deadline_ms")
-    except BadRequest as exc:
+        # the same rules as the router's: a node reached directly must not queue (and report in its
+        # telemetry) a priority that no router would send, nor take a deadline that is not a number
+        params = req.parameters
+        priority = wire.priority_hint(request.headers.get(wire.PRIORITY, params.get("priority"))) or 0
+        budget_ms = wire.number_hint(request.headers.get(wire.DEADLINE_MS, params.get("deadline_ms")), "deadline_ms")
+    except (BadRequest, wire.BadHint) as exc:
         return _error(400, str(exc))
     if budget_ms is not None and budget_ms <= 0:
         return _error(504, "deadline passed before the node received the request")

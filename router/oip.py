@@ -26,28 +26,14 @@ from router.state import CLIENT, ROUTER, VERSION, Router
 from router.state import json_error as _error
 from router.workflows import WorkflowInputError, WorkflowRunner, decode_inputs
 from telemetry import wire
-from telemetry.schema import MAX_PRIORITY, NAME_PATTERN
+from telemetry.schema import NAME_PATTERN
 from telemetry.view import NodeState
 
 log = logging.getLogger("edgeroute.router")
 
 
-class BadHint(ValueError):
-    pass
-
-
-def _number(value: Any, key: str) -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, bool):
-        raise BadHint(f"'{key}' must be a number")
-    try:
-        out = float(value)
-    except (TypeError, ValueError, OverflowError):  # a 400-digit integer overflows a float
-        raise BadHint(f"'{key}' must be a number") from None
-    if out != out or out in (float("inf"), float("-inf")):
-        raise BadHint(f"'{key}' must be finite")
-    return out
+BadHint = wire.BadHint
+_number = wire.number_hint
 
 
 def panic_max_age_ms(pipeline: Pipeline) -> float:
@@ -301,11 +287,7 @@ async def infer(request: web.Request) -> web.Response:
         params = {} if params is None else params
         if not isinstance(params, dict):
             raise BadHint("'parameters' must be an object")
-        priority = _number(request.headers.get(wire.PRIORITY, params.get("priority")), "priority")
-        if priority is not None and priority != int(priority):
-            raise BadHint("'priority' must be an integer")
-        if priority is not None and abs(priority) > MAX_PRIORITY:
-            raise BadHint(f"'priority' must be within -{MAX_PRIORITY:,} and {MAX_PRIORITY:,}")
+        priority = wire.priority_hint(request.headers.get(wire.PRIORITY, params.get("priority")))
         deadline = _number(request.headers.get(wire.DEADLINE_MS, params.get("deadline_ms")), "deadline_ms")
         if deadline is None and params.get("timeout") is not None:
             # Triton clients send their request timeout as `parameters.timeout` in microseconds

@@ -91,7 +91,7 @@ def decode_tensors(items: Any, tail: bytes, kind: str) -> dict[str, np.ndarray]:
                 arr = np.frombuffer(tail[offset : offset + size], dtype=dtype)
                 offset += size
             else:
-                arr = np.asarray(item.get("data"), dtype=dtype)
+                arr = wire.json_array(item.get("data"), dtype)
             out[name] = arr.reshape(shape)
         except (ValueError, TypeError) as exc:
             raise WorkflowInputError(f"{kind} '{name}': data does not fit shape {shape}: {exc}") from None

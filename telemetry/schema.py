@@ -30,7 +30,6 @@ class MalformedTelemetry(ValueError):
 MAX_MS = 86_400_000.0  # a day: no wait, load or execution time a node reports is longer
 MAX_EPOCH_MS = 1e13  # year 2286: a send or start time beyond it is not a clock reading
 MAX_COUNT = 1_000_000
-MAX_PRIORITY = 1_000_000
 MAX_MAP = 64  # priorities or batch sizes one node reports
 MAX_MODELS = 1024
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]*$"
@@ -43,7 +42,7 @@ Name = Annotated[str, Field(min_length=1, max_length=128, pattern=NAME_PATTERN)]
 BatchKey = Annotated[
     str, Field(pattern=r"^(?:[1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-6])$")
 ]  # a batch size, 1..65536
-PriorityKey = Annotated[str, Field(pattern=r"^(?:0|-?[1-9][0-9]{0,5}|-?1000000)$")]  # -MAX_PRIORITY..MAX_PRIORITY
+PriorityKey = Annotated[str, Field(pattern=r"^(?:0|-?[1-9][0-9]{0,5}|-?1000000)$")]  # +-wire.MAX_PRIORITY
 
 
 # Endpoints already found valid: a fleet repeats the same few in every report, and checking them again

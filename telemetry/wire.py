@@ -7,10 +7,10 @@ package every other one may import; see the design card's dependency rules).
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import numpy as np
+import orjson
 
 # Triton's binary tensor data extension: the JSON header's length; raw tensors follow it
 HEADER_LENGTH = "Inference-Header-Content-Length"
@@ -70,16 +70,67 @@ BYTES_KEPT = "x-edgeroute-bytes-kept"
 BYTES_MOVED = "x-edgeroute-bytes-moved"
 
 
+MAX_PRIORITY = 1_000_000  # |priority| a request may carry (telemetry keys its queues by priority)
+
+
+class BadHint(ValueError):
+    """A routing hint (priority, deadline, timeout) that is not what it must be (a 400)."""
+
+
+def number_hint(value: Any, key: str) -> float | None:
+    """A hint's value from a header (text) or `parameters` (JSON): a finite number, or None if absent."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise BadHint(f"'{key}' must be a number")
+    try:
+        out = float(value)
+    except (TypeError, ValueError, OverflowError):  # a 400-digit integer overflows a float
+        raise BadHint(f"'{key}' must be a number") from None
+    if out != out or out in (float("inf"), float("-inf")):
+        raise BadHint(f"'{key}' must be finite")
+    return out
+
+
+def priority_hint(value: Any) -> int | None:
+    """A request's priority: an integer within +-MAX_PRIORITY, or None if absent."""
+    priority = number_hint(value, "priority")
+    if priority is None:
+        return None
+    if priority != int(priority):
+        raise BadHint("'priority' must be an integer")
+    if abs(priority) > MAX_PRIORITY:
+        raise BadHint(f"'priority' must be within -{MAX_PRIORITY:,} and {MAX_PRIORITY:,}")
+    return int(priority)
+
+
+def json_array(data: Any, dtype: np.dtype[Any]) -> np.ndarray:
+    """A tensor's JSON `data` (nested lists or one value) as `dtype`. An integer tensor takes integers
+    within its type's range only: a cast would truncate a float and wrap a number out of range (a
+    JSON integer past 64 bits even arrives as a float). ValueError or TypeError when it does not fit."""
+    if dtype.kind not in "iu":
+        return np.asarray(data, dtype=dtype)
+    raw = np.asarray(data)
+    if raw.size == 0:
+        return raw.astype(dtype)
+    if raw.dtype.kind not in "iub":  # (true and false are 1 and 0, exactly)
+        raise ValueError(f"not integers ({raw.dtype.kind!r} values)")
+    info = np.iinfo(dtype)
+    if raw.min() < info.min or raw.max() > info.max:
+        raise ValueError(f"a value is outside {dtype.name}'s range")
+    return raw.astype(dtype, copy=False)
+
+
 class MalformedBody(ValueError):
     """An OIP request body that cannot be split or whose JSON head is not an object (a 400)."""
 
 
 def loads(raw: bytes | str) -> Any:
-    """JSON from a peer, or MalformedBody: also for a 5,000-digit integer and nesting past the stack
-    (RecursionError), which `json.loads` would otherwise let escape as a 500."""
+    """JSON from a peer (orjson: strict RFC 8259, UTF-8 only, no NaN or Infinity, nesting to 1,024, an
+    integer past 64 bits read as a float), or MalformedBody."""
     try:
-        return json.loads(raw)
-    except (ValueError, RecursionError) as exc:
+        return orjson.loads(raw)
+    except ValueError as exc:
         raise MalformedBody(f"malformed JSON: {str(exc)[:200]}") from None
 
 

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from nodes.residency import NoRoom, Residency
-from nodes.scheduler import BatchPolicy, Scheduler, Work, batch_curve_ms
+from nodes.scheduler import EXACT_BATCH_KEYS, BatchPolicy, Scheduler, Work, batch_curve_ms, batch_key
 from router.lifecycle import Failure, classify
 from scenarios.schema import NodeSpec
 from scenarios.sim.state import (
@@ -27,8 +27,11 @@ class NodeModel(SimState):
 
         def predict(model: str, rows: int) -> float:
             # as the live node: its measured EWMA for this batch size, else the emulated curve
-            measured = node.ewma.get((model, rows))
-            return measured if measured is not None else self._curve(model, rows) / node.speed
+            key = rows if rows <= EXACT_BATCH_KEYS else batch_key(rows)
+            measured = node.ewma.get((model, key))
+            if measured is None:
+                return self._curve(model, rows) / node.speed
+            return measured if key == rows else measured * rows / key
 
         batching = {
             m: BatchPolicy(b.max_batch, b.max_queue_delay_ms, tuple(b.preferred)) for m, b in spec.batching.items()
@@ -238,9 +241,11 @@ class NodeModel(SimState):
         if running.jobs:
             node.sched.ran(running.jobs[0].req.arrival.priority, service, self.now, node.spec.slots)
         node.handoff = node.sched.queued > 0
-        key = (running.model, running.rows)
+        rows = batch_key(running.rows)
+        learnt = service if rows == running.rows else service * rows / running.rows
+        key = (running.model, rows)
         prev = node.ewma.get(key)
-        node.ewma[key] = service if prev is None else (1 - self.cfg.ewma_alpha) * prev + self.cfg.ewma_alpha * service
+        node.ewma[key] = learnt if prev is None else (1 - self.cfg.ewma_alpha) * prev + self.cfg.ewma_alpha * learnt
         for job in running.jobs:
             node.served += 1
             self._unpin(node, job)

@@ -70,7 +70,8 @@ def test_a_400_digit_integer_in_parameters_is_400_not_500(shared_stack: Stack) -
     doc = json.loads(infer_body())
     doc["parameters"] = {"priority": 10**400}
     got, out = infer(shared_stack, json.dumps(doc).encode())
-    assert got == 400 and "must be a number" in out["error"], out  # type: ignore[index]
+    # (the JSON parser reads an integer past 64 bits as a float, and this one overflows it)
+    assert got == 400 and "malformed JSON: number is infinity" in out["error"], out  # type: ignore[index]
 
 
 def test_encoded_slashes_cannot_reach_other_routes_at_the_node(shared_stack: Stack) -> None:
@@ -184,3 +185,32 @@ def test_json_that_breaks_parsers_is_a_400_on_every_json_route(shared_stack: Sta
         for body in (deep, bignum):
             status, doc, _ = call(url, body, method=method, headers=headers)
             assert status == 400, (url, status, doc)
+
+
+@pytest.mark.parametrize(
+    ("headers", "params", "needle"),
+    [
+        ({"x-edgeroute-priority": "nan"}, {}, "finite"),
+        ({"x-edgeroute-priority": "inf"}, {}, "finite"),
+        ({"x-edgeroute-priority": "1.5"}, {}, "integer"),
+        ({"x-edgeroute-priority": str(10**9)}, {}, "within"),
+        ({}, {"priority": -(10**9)}, "within"),
+        ({}, {"priority": True}, "must be a number"),
+        ({"x-edgeroute-deadline-ms": "nan"}, {}, "finite"),
+        ({"x-edgeroute-deadline-ms": "-inf"}, {}, "finite"),
+        ({}, {"deadline_ms": "soon"}, "must be a number"),
+    ],
+)
+def test_a_node_called_directly_takes_hints_by_the_routers_rules(
+    shared_stack: Stack, headers: dict[str, str], params: dict[str, object], needle: str
+) -> None:
+    """A node is reachable without the router: a priority no router would send (which the node would
+    queue and then report in its telemetry, where routers refuse it) or a deadline that is not a
+    number is 400 there too, never a 500, and the node serves on."""
+    node = shared_stack.nodes["n1"].url
+    doc = json.loads(infer_body())
+    if params:
+        doc["parameters"] = params
+    status, out, _ = call(f"{node}/v2/models/sensor_mlp/infer", json.dumps(doc).encode(), headers=headers)
+    assert status == 400 and needle in out["error"], out
+    assert call(f"{node}/v2/models/sensor_mlp/infer", infer_body())[0] == 200

@@ -101,3 +101,68 @@ def test_json_response_shape_and_id() -> None:
     doc = json.loads(body)
     assert doc["id"] == "abc" and doc["model_name"] == "m"
     assert doc["outputs"] == [{"name": "y", "datatype": "FP32", "shape": [2, 4], "data": [1.0] * 8}]
+
+
+INT_SPECS = {"i": TensorSpec("i", "INT32", (-1, 2)), "u": TensorSpec("u", "UINT64", (-1, 1))}
+
+
+def ints(i: object, u: object) -> dict[str, object]:
+    return {
+        "inputs": [
+            {"name": "i", "shape": [1, 2], "datatype": "INT32", "data": i},
+            {"name": "u", "shape": [1, 1], "datatype": "UINT64", "data": u},
+        ]
+    }
+
+
+def test_integer_tensors_take_integers_in_range_and_nothing_a_cast_would_change() -> None:
+    """A cast truncates 1.5 to 1 and wraps 2**31 to -2**31; a JSON integer past 64 bits is read as a
+    float. Each is the client's mistake, answered 400, never a silently different tensor."""
+    r = decode_request(ints([-(2**31), 2**31 - 1], [2**64 - 1]), b"", INT_SPECS, ["y"])
+    assert r.inputs["i"].tolist() == [[-(2**31), 2**31 - 1]] and r.inputs["i"].dtype == np.int32
+    assert r.inputs["u"].tolist() == [[2**64 - 1]] and r.inputs["u"].dtype == np.uint64
+    for i, u in [
+        ([1.5, 2], [1]),
+        ([2**31, 0], [1]),
+        ([0, -(2**31) - 1], [1]),
+        (["1", 2], [1]),
+        ([1, 2], [-1]),
+        ([1, 2], [2**64]),
+        ([1, 2], [1e30]),
+    ]:
+        with pytest.raises(BadRequest, match="not a list of"):
+            decode_request(ints(i, u), b"", INT_SPECS, ["y"])
+    # the same through the JSON parser, where 2**64 arrives as a float
+    doc, tail = split_body(json.dumps(ints([1, 2], [2**64])).encode(), None)
+    with pytest.raises(BadRequest, match="not a list of UINT64"):
+        decode_request(doc, tail, INT_SPECS, ["y"])
+
+
+@pytest.mark.parametrize(
+    "body",
+    [b"NaN", b'{"a": Infinity}', b'{"a": 1e400}', b"\xef\xbb\xbf{}", b'{"a": "\\ud800"}', b"\xff", b"[" * 2000],
+    ids=["nan", "infinity", "overflow", "bom", "lone-surrogate", "not-utf8", "deep"],
+)
+def test_json_that_is_not_strict_json_is_400(body: bytes) -> None:
+    with pytest.raises(BadRequest, match="malformed JSON"):
+        split_body(body, None)
+
+
+def test_answers_write_json_floats_as_the_json_module_does_nan_and_infinity_included() -> None:
+    """The answer is written fast (orjson) but reads the same as the json module's, including a
+    model's NaN or infinity (which orjson would write as null and a client would read as None)."""
+    rng = np.random.default_rng(3)
+    r = decode_request({**req(), "id": "null-id"}, b"", SPECS, ["y"])
+    for special in ([], [float("nan")], [float("inf"), float("-inf")]):
+        values = np.concatenate([rng.standard_normal(8 - len(special)) * 1e6, special]).astype(np.float32)
+        body, _ = encode_response("m", "1", r, OUT, {"y": values.reshape(2, 4)})
+        expected = json.dumps(
+            {
+                "model_name": "m",
+                "model_version": "1",
+                "outputs": [{"name": "y", "datatype": "FP32", "shape": [2, 4], "data": values.tolist()}],
+                "id": "null-id",
+            }
+        )
+        assert json.loads(body) == json.loads(expected) or special  # NaN != NaN: compare the text below
+        assert repr(json.loads(body)) == repr(json.loads(expected))

@@ -175,3 +175,20 @@ def test_inline_max_ms_out_of_range_is_refused_naming_the_setting() -> None:
             NodeConfig.model_validate({"node_id": "n1", "models": [{"name": "m"}], "inline_max_ms": bad})
         with pytest.raises(ValidationError, match="inline_max_ms"):
             NodeSpec.model_validate({"id": "n1", "partition": "p", "models": ["m"], "inline_max_ms": bad})
+
+
+async def test_requests_of_every_row_count_keep_the_nodes_table_and_report_bounded() -> None:
+    """One request may carry any number of rows: run times are learnt exactly up to 32 rows and per
+    power of two above (scaled to it), so a client sending every count cannot grow the node's table
+    without bound, nor push its report past what routers accept (64 batch sizes)."""
+    rt = runtime(inline_max_ms=3.0, max_queue=64)
+    for rows in range(1, 300):
+        out = await rt.engine.submit(
+            "m", InferRequest(None, {}, {"x": np.ones((rows, 2), np.float32)}, {"y": False}, rows), 0, None
+        )
+        assert out.status == 200
+    model = rt.engine.models["m"]
+    assert sorted(model.ewma_ms) == [*range(1, 33), 64, 128, 256, 512]
+    assert model.predicted_ms(100, 1.0) == pytest.approx(model.ewma_ms[128] * 100 / 128)
+    NodeLoad.parse(rt.snapshot("http://127.0.0.1:1", 1.0, 100.0).to_json())  # routers take it
+    rt.executor.shutdown()

@@ -13,8 +13,9 @@ import pytest
 
 from policies import Context, RouteRequest, build_policy
 from policies.presets import PRESETS
-from telemetry.schema import MAX_PRIORITY, MalformedTelemetry, NodeLoad
+from telemetry.schema import MalformedTelemetry, NodeLoad
 from telemetry.store import MAX_CLOCK_AHEAD_MS, ViewStore
+from telemetry.wire import MAX_PRIORITY
 from tests.helpers import load
 
 NOW = 1_700_000_000_000.0
