@@ -272,39 +272,42 @@ async def infer(request: web.Request) -> web.Response:
         cold_ms = (time.perf_counter() - arrived) * 1000.0
     rt.residency.pin(model.name)  # not evicted while this request needs it (and now the most recently used)
     try:
-        response = await _infer(request, rt, model, arrived)
+        response, queue_ms = await _infer(request, rt, model, arrived)
         if cold_ms is not None:
             response.headers[wire.COLD_MS] = f"{cold_ms:.3f}"
-        rt.metrics.answered(model.name, response.status, response.get(QUEUE_MS_KEY), time.perf_counter() - arrived)
+        rt.metrics.answered(model.name, response.status, queue_ms, time.perf_counter() - arrived)
         return response
     finally:
         rt.residency.unpin(model.name)
 
 
-async def _infer(request: web.Request, rt: NodeRuntime, model: LoadedModel, arrived: float) -> web.Response:
+async def _infer(
+    request: web.Request, rt: NodeRuntime, model: LoadedModel, arrived: float
+) -> tuple[web.Response, float | None]:
+    """The answer, and for a success its queue wait (ms) for the metrics."""
     try:
         body = await request.read()
         doc, tail = split_body(body, request.headers.get(wire.HEADER_LENGTH))
-        req = decode_request(doc, tail, model.inputs, list(model.outputs))
+        req = decode_request(doc, tail, model.inputs, model.output_names)
         # the same rules as the router's: a node reached directly must not queue (and report in its
         # telemetry) a priority that no router would send, nor take a deadline that is not a number
         params = req.parameters
         priority = wire.priority_hint(request.headers.get(wire.PRIORITY, params.get("priority"))) or 0
         budget_ms = wire.number_hint(request.headers.get(wire.DEADLINE_MS, params.get("deadline_ms")), "deadline_ms")
     except (BadRequest, wire.BadHint) as exc:
-        return _error(400, str(exc))
+        return _error(400, str(exc)), None
     if budget_ms is not None and budget_ms <= 0:
-        return _error(504, "deadline passed before the node received the request")
+        return _error(504, "deadline passed before the node received the request"), None
     request_id = request.headers.get(wire.REQUEST_ID)
     if budget_ms is not None:  # the budget counts from arrival: reading and validating took some of it
         budget_ms -= (time.perf_counter() - arrived) * 1000.0
         if budget_ms <= 0:
-            return _error(504, "deadline passed while the node read the request")
+            return _error(504, "deadline passed while the node read the request"), None
     outcome = rt.engine.decide_now(model.name, req, priority, budget_ms, request_id)
     if outcome is None:
         outcome = await rt.engine.wait_queued(model.name, req, priority, budget_ms, request_id)
     if outcome.status != 200 or outcome.outputs is None:
-        return _error(outcome.status, outcome.reason)
+        return _error(outcome.status, outcome.reason), None
     payload, header_len = encode_response(model.served_name, model.version, req, model.outputs, outcome.outputs)
     headers = {
         wire.NODE: rt.config.node_id,
@@ -317,8 +320,7 @@ async def _infer(request: web.Request, rt: NodeRuntime, model: LoadedModel, arri
     else:
         headers[wire.HEADER_LENGTH] = str(header_len)
         response = web.Response(body=payload, content_type="application/octet-stream", headers=headers)
-    response[QUEUE_MS_KEY] = outcome.queue_ms  # for the metrics, without reading the header back
-    return response
+    return response, outcome.queue_ms
 
 
 def _quantiles(values: Iterable[float], qs: tuple[float, ...]) -> list[float]:
@@ -397,7 +399,6 @@ async def put_speed(request: web.Request) -> web.Response:
     return web.json_response({"speed": speed})
 
 
-QUEUE_MS_KEY = web.ResponseKey("queue_ms", float)  # a successful answer's queue wait, kept on the response
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
