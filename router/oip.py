@@ -32,10 +32,6 @@ from telemetry.view import NodeState
 log = logging.getLogger("edgeroute.router")
 
 
-BadHint = wire.BadHint
-_number = wire.number_hint
-
-
 def panic_max_age_ms(pipeline: Pipeline) -> float:
     """How old a node's last report may be for the policy to route to it when no node is fresh (its
     `healthy` filter's panic age; 0 when the policy has no panic mode)."""
@@ -286,25 +282,25 @@ async def infer(request: web.Request) -> web.Response:
         params = doc.get("parameters")
         params = {} if params is None else params
         if not isinstance(params, dict):
-            raise BadHint("'parameters' must be an object")
+            raise wire.BadHint("'parameters' must be an object")
         priority = wire.priority_hint(request.headers.get(wire.PRIORITY, params.get("priority")))
-        deadline = _number(request.headers.get(wire.DEADLINE_MS, params.get("deadline_ms")), "deadline_ms")
+        deadline = wire.number_hint(request.headers.get(wire.DEADLINE_MS, params.get("deadline_ms")), "deadline_ms")
         if deadline is None and params.get("timeout") is not None:
             # Triton clients send their request timeout as `parameters.timeout` in microseconds
-            timeout_us = _number(params.get("timeout"), "timeout")
+            timeout_us = wire.number_hint(params.get("timeout"), "timeout")
             deadline = None if timeout_us is None else timeout_us / 1000.0
         if deadline is not None and deadline <= 0:
-            raise BadHint("'deadline_ms' must be positive")
+            raise wire.BadHint("'deadline_ms' must be positive")
         site = request.headers.get(wire.SITE, params.get("site"))
         if site is not None and not isinstance(site, str):
-            raise BadHint("'site' must be a string")
+            raise wire.BadHint("'site' must be a string")
         if site is None and cfg.auth is not None:  # the site of the client's key
             site = cfg.auth.sites.get(request.get(CLIENT, ""))
         if site is not None and not _known_site(router, site):
             # sites key per-site state (delay timers, ejection paths): only the fleet's own are taken
-            raise BadHint(f"unknown site '{site[:64]}': not a partition of any node, nor an end of a link")
+            raise wire.BadHint(f"unknown site '{site[:64]}': not a partition of any node, nor an end of a link")
         batch = _batch_of(doc)
-    except BadHint as exc:
+    except wire.BadHint as exc:
         count(router, model, 0, "none", 400, arrived)
         return _error(400, str(exc))
     runner = router.workflows.get(model)
@@ -432,10 +428,10 @@ def _parse_header(body: bytes, header_length: str | None) -> dict[str, Any]:
     try:
         doc, _ = wire.split_body(body, header_length)
     except wire.MalformedBody as exc:
-        raise BadHint(str(exc)) from None
+        raise wire.BadHint(str(exc)) from None
     inputs = doc.get("inputs")
     if not isinstance(inputs, list) or not inputs:
-        raise BadHint("'inputs' must be a non-empty list")
+        raise wire.BadHint("'inputs' must be a non-empty list")
     return doc
 
 
