@@ -126,12 +126,10 @@ def decode_request(
                 raise BadRequest(f"input '{name}' has no 'data'")
             try:
                 arr = wire.json_array(item["data"], dtype)
-            except (TypeError, ValueError, OverflowError):
-                raise BadRequest(f"input '{name}' data is not a list of {spec.datatype} values") from None
+            except (TypeError, ValueError, OverflowError) as exc:
+                raise BadRequest(f"input '{name}' data is not a list of {spec.datatype} values: {exc}") from None
             if arr.size != count:
                 raise BadRequest(f"input '{name}' has {arr.size} values, shape {shape} needs {count}")
-            if dtype.kind == "f" and not np.isfinite(arr).all():
-                raise BadRequest(f"input '{name}' has non-finite values")
         feeds[name] = arr.reshape(shape)
         if shape:
             if batch is not None and shape[0] != batch:

@@ -105,16 +105,34 @@ def priority_hint(value: Any) -> int | None:
 
 
 def json_array(data: Any, dtype: np.dtype[Any]) -> np.ndarray:
-    """A tensor's JSON `data` (nested lists or one value) as `dtype`. An integer tensor takes integers
-    within its type's range only: a cast would truncate a float and wrap a number out of range (a
-    JSON integer past 64 bits even arrives as a float). ValueError or TypeError when it does not fit."""
-    if dtype.kind not in "iu":
-        return np.asarray(data, dtype=dtype)
+    """A tensor's JSON `data` (nested lists or one value) as `dtype`, or ValueError / TypeError when a
+    value is not of the tensor's kind. A float tensor takes numbers, finite and within its type's range
+    (a string is not a number: numpy would parse "1.5", "nan" and "inf"; a cast would make a number
+    past FP16's range infinite). An integer tensor takes integers within its type's range (a cast would
+    truncate a float and wrap a number out of range; a JSON integer past 64 bits even arrives as a
+    float). A BOOL tensor takes true and false, or 0 and 1 (numpy would take any value as a bool, the
+    string "false" as True). The kind checked is the one numpy infers for the whole list, so true or
+    false among numbers count as 1 or 0."""
     raw = np.asarray(data)
     if raw.size == 0:
         return raw.astype(dtype)
-    if raw.dtype.kind not in "iub":  # (true and false are 1 and 0, exactly)
-        raise ValueError(f"not integers ({raw.dtype.kind!r} values)")
+    have, want = raw.dtype.kind, dtype.kind
+    if want == "f":
+        if have not in "fiu":
+            raise ValueError(f"not numbers ({have!r} values)")
+        with np.errstate(over="ignore"):
+            out = raw.astype(dtype, copy=False)
+        if not np.isfinite(out).all():  # (an overflow: strict JSON itself has no NaN or infinity)
+            raise ValueError(f"a value is non-finite or outside {dtype.name}'s range")
+        return out
+    if want == "b":
+        if have == "b":
+            return raw
+        if have not in "iu" or raw.min() < 0 or raw.max() > 1:
+            raise ValueError(f"not booleans ({have!r} values)")
+        return raw.astype(dtype)
+    if have not in "iub":  # (true and false are 1 and 0, exactly)
+        raise ValueError(f"not integers ({have!r} values)")
     info = np.iinfo(dtype)
     if raw.min() < info.min or raw.max() > info.max:
         raise ValueError(f"a value is outside {dtype.name}'s range")

@@ -138,6 +138,41 @@ def test_integer_tensors_take_integers_in_range_and_nothing_a_cast_would_change(
         decode_request(doc, tail, INT_SPECS, ["y"])
 
 
+MIXED_SPECS = {"f": TensorSpec("f", "FP16", (-1, 2)), "b": TensorSpec("b", "BOOL", (-1, 2))}
+
+
+def mixed(f: object, b: object) -> dict[str, object]:
+    return {
+        "inputs": [
+            {"name": "f", "shape": [1, 2], "datatype": "FP16", "data": f},
+            {"name": "b", "shape": [1, 2], "datatype": "BOOL", "data": b},
+        ]
+    }
+
+
+def test_float_and_bool_tensors_take_json_numbers_and_booleans_only() -> None:
+    """numpy parses the strings "1.5", "nan" and "inf" into floats and takes any value as a bool (the
+    string "false" as True): a value of the wrong JSON kind is 400, never a silently different tensor.
+    A number past FP16's range would become infinity: also 400."""
+    r = decode_request(mixed([1, 2.5], [True, False]), b"", MIXED_SPECS, ["y"])
+    assert r.inputs["f"].tolist() == [[1.0, 2.5]] and r.inputs["f"].dtype == np.float16
+    assert r.inputs["b"].tolist() == [[True, False]] and r.inputs["b"].dtype == np.bool_
+    assert decode_request(mixed([0, 0], [1, 0]), b"", MIXED_SPECS, ["y"]).inputs["b"].tolist() == [[True, False]]
+    for f, b, needle in [
+        (["1.5", 2], [True, True], "not a list of FP16"),
+        (["nan", 2], [True, True], "not a list of FP16"),
+        ([True, False], [True, True], "not a list of FP16"),
+        ([None, 2.0], [True, True], "not a list of FP16"),
+        ([1e6, 2.0], [True, True], "not a list of FP16"),
+        ([1, 2], ["false", True], "not a list of BOOL"),
+        ([1, 2], [2, 0], "not a list of BOOL"),
+        ([1, 2], [0.5, 1], "not a list of BOOL"),
+        ([1, 2], [-1, 1], "not a list of BOOL"),
+    ]:
+        with pytest.raises(BadRequest, match=needle):
+            decode_request(mixed(f, b), b"", MIXED_SPECS, ["y"])
+
+
 @pytest.mark.parametrize(
     "body",
     [b"NaN", b'{"a": Infinity}', b'{"a": 1e400}', b"\xef\xbb\xbf{}", b'{"a": "\\ud800"}', b"\xff", b"[" * 2000],
