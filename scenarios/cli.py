@@ -138,17 +138,15 @@ def _kafka_security_from_env() -> None:
     """`EDGEROUTE_KAFKA_SECURITY` (a YAML/JSON mapping, telemetry.tls.KafkaSecurity) secures this
     process's Kafka clients (`up`, `replay`, `profile` with `--kafka`); the stacks they start pass the
     same variable to their nodes and routers, whose configs read it as `kafka_security`."""
-    import yaml
-
-    from telemetry.configfile import validate
+    from telemetry.configfile import safe_yaml, validate
     from telemetry.tls import KafkaSecurity, set_kafka_security
 
     raw = os.environ.get("EDGEROUTE_KAFKA_SECURITY")
     if not raw:
         return
     try:
-        doc = yaml.safe_load(raw)
-    except (yaml.YAMLError, RecursionError):
+        doc = safe_yaml(raw, "$EDGEROUTE_KAFKA_SECURITY")
+    except ConfigError:
         raise ConfigError("$EDGEROUTE_KAFKA_SECURITY: not a YAML mapping") from None
     set_kafka_security(validate(KafkaSecurity, doc, None, "$EDGEROUTE_KAFKA_SECURITY", use_env=False))
 

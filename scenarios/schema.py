@@ -9,7 +9,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -23,7 +22,7 @@ from pydantic import (
 from policies import PolicyConfigError, PolicySpec, build_policy
 from router.config import WorkflowSpec
 from router.lifecycle.reroute import RerouteConfig
-from telemetry.configfile import ConfigError, error_line
+from telemetry.configfile import ConfigError, error_line, read_text, safe_yaml
 
 
 class ScenarioError(ConfigError):
@@ -409,11 +408,9 @@ class Scenario(_Strict):
 
 def parse_scenario(text: str, origin: str = "<scenario>", base_dir: Path | None = None) -> Scenario:
     try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" (line {mark.line + 1})" if mark is not None else ""
-        raise ScenarioError(f"{origin}{where}: not valid YAML: {getattr(exc, 'problem', exc)}") from None
+        raw = safe_yaml(text, origin)
+    except ConfigError as exc:
+        raise ScenarioError(str(exc)) from None
     if not isinstance(raw, dict):
         raise ScenarioError(f"{origin}: a scenario is a mapping with topology, workload and policies")
     try:
@@ -430,7 +427,6 @@ def parse_scenario(text: str, origin: str = "<scenario>", base_dir: Path | None 
     for k, node in enumerate(scenario.topology.nodes):  # a repository's models, as its node will find them
         if node.model_repository is not None:
             from nodes.repository import scan
-            from telemetry.configfile import ConfigError
 
             root = Path(node.model_repository)
             root = (root if root.is_absolute() else scenario.base_dir / root).resolve()
@@ -459,7 +455,7 @@ def load_scenario(path: str | Path) -> Scenario:
         else:
             raise ScenarioError(f"{path}: no such scenario file")
     try:
-        text = p.read_text()
-    except OSError as exc:
-        raise ScenarioError(f"{path}: {exc}") from None
+        text = read_text(p, str(path))
+    except ConfigError as exc:
+        raise ScenarioError(str(exc)) from None
     return parse_scenario(text, str(path), p.resolve().parent)

@@ -5,6 +5,7 @@ sends this schedule over HTTP; the simulator replays the same schedule on virtua
 from __future__ import annotations
 
 import csv
+import heapq
 import math
 import random
 from dataclasses import dataclass
@@ -78,27 +79,48 @@ def arrival_times(site: SiteLoad, horizon_s: float, rng: random.Random) -> list[
     raise ValueError(f"arrival {site.arrival!r} has no generated times")
 
 
-def read_trace(path: Path, site: SiteLoad, default_deadline_ms: float, horizon_s: float) -> list[Arrival]:
-    """Rows `at_s,model,priority,deadline_ms` (header optional; priority and deadline may be blank)."""
-    out: list[Arrival] = []
-    with path.open(newline="") as fh:
-        for lineno, row in enumerate(csv.reader(fh), 1):
-            if not row or row[0].strip().startswith("#") or (lineno == 1 and row[0].strip() == "at_s"):
-                continue
-            try:
-                at = float(row[0])
-                model = row[1].strip()
-                prio = int(row[2]) if len(row) > 2 and row[2].strip() else 0
-                deadline = (
-                    float(row[3])
-                    if len(row) > 3 and row[3].strip()
-                    else site.deadline_ms.get(prio, default_deadline_ms)
-                )
-            except (ValueError, IndexError):
-                raise ScenarioError(f"{path}:{lineno}: expected at_s,model,priority,deadline_ms") from None
-            if site.start_s <= at < min(horizon_s, site.stop_s or horizon_s):
-                out.append(Arrival(at, site.site, model, prio, deadline))
-    return out
+def read_trace(
+    path: Path, site: SiteLoad, default_deadline_ms: float, horizon_s: float, limit: int | None = None
+) -> list[Arrival]:
+    """Rows `at_s,model,priority,deadline_ms` (header optional; priority and deadline may be blank),
+    in file order. With `limit`, only the `limit` earliest (by time, then file order) are kept while
+    reading, so a trace longer than the run's `max_requests` costs no more memory than that."""
+    kept: list[tuple[float, int, Arrival]] = []  # a max-heap on (at, line) when limited: (-at, -line, arrival)
+    lineno = 0
+    try:
+        with path.open(newline="", encoding="utf-8") as fh:
+            for lineno, row in enumerate(csv.reader(fh), 1):
+                if not row or row[0].strip().startswith("#") or (lineno == 1 and row[0].strip() == "at_s"):
+                    continue
+                try:
+                    at = float(row[0])
+                    model = row[1].strip()
+                    prio = int(row[2]) if len(row) > 2 and row[2].strip() else 0
+                    deadline = (
+                        float(row[3])
+                        if len(row) > 3 and row[3].strip()
+                        else site.deadline_ms.get(prio, default_deadline_ms)
+                    )
+                except (ValueError, IndexError):
+                    raise ScenarioError(f"{path}:{lineno}: expected at_s,model,priority,deadline_ms") from None
+                if not site.start_s <= at < min(horizon_s, site.stop_s or horizon_s):
+                    continue
+                entry = (-at, -lineno, Arrival(at, site.site, model, prio, deadline))
+                if limit is None:
+                    kept.append(entry)
+                elif len(kept) < limit:
+                    heapq.heappush(kept, entry)
+                elif entry > kept[0]:  # earlier than the latest kept
+                    heapq.heapreplace(kept, entry)
+    except OSError as exc:
+        raise ScenarioError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    except csv.Error as exc:
+        raise ScenarioError(f"{path}:{lineno + 1}: not a CSV trace: {str(exc)[:120]}") from None
+    except UnicodeDecodeError:
+        raise ScenarioError(f"{path}: not a CSV trace: not UTF-8 text") from None
+    if limit is not None:
+        kept.sort(key=lambda e: (-e[0], -e[1]))
+    return [a for _, _, a in kept]
 
 
 def build_schedule(
@@ -117,6 +139,7 @@ def build_schedule(
                 site,
                 workload.default_deadline_ms,
                 horizon,
+                workload.max_requests,
             )
             continue
         models, model_w = list(site.models), list(site.models.values())

@@ -25,21 +25,85 @@ from pydantic import BaseModel, ValidationError
 
 __all__ = [
     "ENV_PREFIX",
+    "MAX_CONFIG_BYTES",
+    "MAX_CONFIG_VALUES",
     "ConfigError",
     "env_overlay",
     "error_line",
     "line_of",
     "load_model",
     "read_document",
+    "read_text",
+    "safe_yaml",
     "validate",
 ]
 
 ENV_PREFIX = "EDGEROUTE_"
 M = TypeVar("M", bound=BaseModel)
 
+# A config file is read whole, so its size is bounded (a path to /dev/zero ran the process out of
+# memory). So is what its YAML aliases expand to: each alias of a list repeats all of it, and nine
+# levels of ten make 10**9 values from 500 bytes for whatever walks the document (a free-form field,
+# a copy, a report); the schemas reject such shapes early today, the bound does not rely on them.
+# The largest shipped scenario has a few thousand values.
+MAX_CONFIG_BYTES = 4 << 20
+MAX_CONFIG_VALUES = 1_000_000
+
 
 class ConfigError(ValueError):
     """A configuration mistake, as one line: `source: field (line N): what is wrong`."""
+
+
+def read_text(path: str | Path, origin: str, limit: int = MAX_CONFIG_BYTES) -> str:
+    """A config file's text (UTF-8), at most `limit` bytes, or ConfigError naming `origin` (and the
+    path, where the origin is something else, such as an environment variable)."""
+    name = "" if origin == str(path) else f" {path}"
+    try:
+        with open(path, "rb") as f:
+            data = f.read(limit + 1)
+    except OSError as exc:
+        raise ConfigError(f"{origin}: cannot read{name}: {exc.strerror or exc}") from None
+    if len(data) > limit:
+        raise ConfigError(f"{origin}: cannot read{name}: larger than {limit:,} bytes, not a config file")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{origin}: cannot read{name}: not UTF-8 ({exc.reason} at byte {exc.start})") from None
+
+
+def _count_values(doc: Any, budget: int) -> int:
+    """How many values `doc` holds, counting a shared container each time it is reached (as
+    validation walks it); stops early once past `budget` (then the count returned is above it)."""
+    count = 0
+    stack = [doc]
+    while stack:
+        item = stack.pop()
+        count += 1
+        if count > budget:
+            return count
+        if isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return count
+
+
+def safe_yaml(text: str, origin: str, limit: int = MAX_CONFIG_VALUES) -> Any:
+    """`yaml.safe_load(text)` with its expanded size bounded, or ConfigError (one line with the YAML
+    line of a syntax error)."""
+    try:
+        doc = yaml.safe_load(text)
+    except RecursionError:
+        raise ConfigError(f"{origin}: not valid YAML: nested too deeply") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1})" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(f"{origin}{where}: not valid YAML: {problem}") from None
+    if _count_values(doc, limit) > limit:
+        raise ConfigError(f"{origin}: more than {limit:,} values once its aliases are expanded")
+    return doc
 
 
 def read_document(source: str | Path, *, inline_json: bool = False) -> tuple[Any, str, str]:
@@ -53,20 +117,8 @@ def read_document(source: str | Path, *, inline_json: bool = False) -> tuple[Any
         except (ValueError, RecursionError) as exc:
             raise ConfigError(f"{origin}: not valid JSON: {str(exc)[:200]}") from None
     origin = str(source)
-    try:
-        text = Path(source).read_text()
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        raise ConfigError(f"{origin}: cannot read: {reason}") from None
-    try:
-        return yaml.safe_load(text), text, origin
-    except RecursionError:
-        raise ConfigError(f"{origin}: not valid YAML: nested too deeply") from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" (line {mark.line + 1})" if mark is not None else ""
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise ConfigError(f"{origin}{where}: not valid YAML: {problem}") from None
+    text = read_text(source, origin)
+    return safe_yaml(text, origin), text, origin
 
 
 def line_of(text: str, loc: tuple[Any, ...]) -> int | None:
@@ -102,8 +154,8 @@ def _env_value(raw: str, listy: bool) -> Any:
     s = raw.strip()
     if s[:1] in "[{":
         try:
-            return yaml.safe_load(s)
-        except yaml.YAMLError:
+            return safe_yaml(s, "<environment>")
+        except ConfigError:
             return raw
     if listy:
         return [part.strip() for part in s.split(",") if part.strip()]
@@ -133,10 +185,7 @@ def env_overlay(
         path = (fields[parts[0]], *parts[1:])
         value = env[var]
         if from_file:
-            try:
-                value = Path(value).read_text()
-            except (OSError, UnicodeDecodeError) as exc:
-                raise ConfigError(f"${var}: cannot read {value}: {exc}") from None
+            value = read_text(value, f"${var}")
         listy = len(path) == 1 and _is_list(model.model_fields[path[0]].annotation)
         node = out
         for i, part in enumerate(path[:-1]):

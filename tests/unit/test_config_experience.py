@@ -18,7 +18,7 @@ from router.__main__ import main as router_main
 from router.config import load_config as load_router
 from scenarios.cli import main as cli_main
 from scenarios.schema import parse_scenario
-from telemetry.configfile import ConfigError, env_overlay
+from telemetry.configfile import ConfigError, env_overlay, safe_yaml
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
@@ -117,6 +117,59 @@ def test_hostile_documents_are_one_line_errors(tmp_path: Path) -> None:
     path.write_bytes(b"\xff\xfe\x00garbage")
     with pytest.raises(ConfigError, match="cannot read"):
         load_router(path, environ={})
+
+
+def alias_bomb(levels: int, under: str = "") -> str:
+    """YAML of a few hundred bytes whose aliases expand to 10**levels strings."""
+    lines = [f'{under}k0: &a0 ["x","x","x","x","x","x","x","x","x","x"]']
+    lines += [f"{under}k{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 10) + "]" for i in range(1, levels)]
+    return "\n".join(lines) + "\n"
+
+
+def test_documents_that_expand_past_any_config_are_refused_before_validation(tmp_path: Path) -> None:
+    """Aliases repeat what they name: nine levels of ten are 10**9 values from a 500-byte file for
+    whatever walks the document. Refused at once as one line, for routers, nodes, model repositories,
+    scenarios and settings from the environment alike; a config's ordinary aliases still work."""
+    import time
+
+    from nodes.repository import scan
+
+    path = tmp_path / "router.yaml"
+    path.write_text("telemetry_key_nodes:\n" + alias_bomb(9, under="  "))
+    began = time.perf_counter()
+    with pytest.raises(ConfigError, match="router.yaml: more than 1,000,000 values once its aliases are expanded"):
+        load_router(path, environ={})
+    assert time.perf_counter() - began < 5  # (not a timing target: walking the expansion would take hours)
+    with pytest.raises(ConfigError, match="more than 1,000,000 values"):
+        parse_scenario(alias_bomb(9), "s.yaml")
+    repo = tmp_path / "repo"
+    (repo / "m" / "1").mkdir(parents=True)
+    (repo / "m" / "1" / "model.onnx").write_bytes(b"not read here")
+    (repo / "m" / "config.yaml").write_text(alias_bomb(9))
+    with pytest.raises(ConfigError, match="config.yaml: more than 1,000,000 values"):
+        scan(repo)
+    flow = "[&a0 [x, x, x, x, x, x, x, x, x, x]" + "".join(
+        f", &a{i} [" + ", ".join([f"*a{i - 1}"] * 10) + "]" for i in range(1, 9)
+    )
+    with pytest.raises(ConfigError, match="EDGEROUTE_LINKS"):  # (kept as the string, which is not a list)
+        load_router(None, environ={"EDGEROUTE_LINKS": flow + "]"})
+    assert safe_yaml("a: &x [1, 2]\nb: *x\n", "ok.yaml") == {"a": [1, 2], "b": [1, 2]}  # ordinary aliases
+
+
+def test_config_files_are_read_within_a_bound(tmp_path: Path) -> None:
+    """A path to a device or a huge file is refused after 4 MiB, not read to the end of memory."""
+    path = tmp_path / "router.yaml"
+    path.write_text("port: 8000\n" + "#" * (4 << 20))
+    with pytest.raises(ConfigError, match="larger than 4,194,304 bytes"):
+        load_router(path, environ={})
+    with pytest.raises(ConfigError, match="larger than"):
+        load_router("/dev/zero", environ={})
+    secret = tmp_path / "token"
+    secret.write_bytes(b"t" * ((4 << 20) + 1))
+    with pytest.raises(ConfigError, match="EDGEROUTE_NODE_ADMIN_TOKEN_FILE.*larger than"):
+        load_router(None, environ={"EDGEROUTE_NODE_ADMIN_TOKEN_FILE": str(secret)})
+    with pytest.raises(ConfigError, match="not valid YAML: nested too deeply"):
+        parse_scenario("[" * 50_000 + "]" * 50_000, "deep.yaml")
 
 
 def test_yaml_syntax_error_names_its_line(tmp_path: Path) -> None:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import random
 import re
 from pathlib import Path
 
 import pytest
 
-from scenarios.schema import ScenarioError, load_scenario, parse_scenario
-from scenarios.workload import build_schedule
+from scenarios.schema import ScenarioError, SiteLoad, load_scenario, parse_scenario
+from scenarios.workload import build_schedule, read_trace
 
 ROOT = Path(__file__).resolve().parents[2] / "scenarios"
 QUICK = """\
@@ -142,9 +143,6 @@ def test_schedule_is_seeded_bounded_and_mixed() -> None:
 
 
 def test_arrival_processes(tmp_path: Path) -> None:
-    import random
-
-    from scenarios.schema import SiteLoad
     from scenarios.workload import arrival_times
 
     bursty = SiteLoad(site="s", arrival="bursty", rate_rps=100, on_s=2, off_s=3, off_rate_rps=10, models={"m": 1})
@@ -176,3 +174,27 @@ def test_trace_file_drives_the_schedule(tmp_path: Path) -> None:
     (tmp_path / "trace.csv").write_text("0.5,sensor_mlp,high,40\n")
     with pytest.raises(ValueError, match="trace.csv:1"):
         build_schedule(s.workload, 1, 10.0, s.base_dir)
+
+
+def test_a_trace_is_read_within_the_runs_bound_and_a_broken_one_is_one_line(tmp_path: Path) -> None:
+    """A trace longer than `max_requests` keeps only that many arrivals while it is read (the earliest,
+    ties in file order: the schedule the whole file would give, cut), so its length costs no memory;
+    a field past the CSV limit or bytes that are not UTF-8 are a ScenarioError naming the file, not a
+    traceback."""
+    site = SiteLoad(site="s", arrival="trace", trace="t.csv", models={"m": 1})
+    rng = random.Random(4)
+    rows = [(round(rng.uniform(0, 9), 1), f"m{i}") for i in range(3000)]  # out of order, many ties
+    path = tmp_path / "t.csv"
+    path.write_text("".join(f"{at},{model},0,100\n" for at, model in rows))
+    whole = read_trace(path, site, 500.0, 10.0)
+    key = [(a.at_s, a.model) for a in sorted(whole, key=lambda a: a.at_s)]
+    for limit in (1, 7, 250, 2999, 3000, 5000):
+        cut = read_trace(path, site, 500.0, 10.0, limit)
+        assert [(a.at_s, a.model) for a in sorted(cut, key=lambda a: a.at_s)] == key[:limit]
+    for data, needle in [
+        (b"0.5,m,0," + b"9" * 200_000 + b"\n", "t.csv:1: not a CSV trace: field larger"),
+        (b"0.5,m,0,10\n\xff\xfe,m\n", "t.csv: not a CSV trace: not UTF-8"),
+    ]:
+        path.write_bytes(data)
+        with pytest.raises(ScenarioError, match=needle):
+            read_trace(path, site, 500.0, 10.0, 10)
