@@ -72,8 +72,8 @@ def read_text(path: str | Path, origin: str, limit: int = MAX_CONFIG_BYTES) -> s
 
 
 def _count_values(doc: Any, budget: int) -> int:
-    """How many values `doc` holds, counting a shared container each time it is reached (as
-    validation walks it); stops early once past `budget` (then the count returned is above it)."""
+    """How many values `doc` holds, counting a shared container each time it is reached (as anything
+    walking the document would); stops early once past `budget` (then the count returned is above it)."""
     count = 0
     stack = [doc]
     while stack:
