@@ -21,6 +21,7 @@ from pydantic import (
 
 from policies import PolicyConfigError, PolicySpec, build_policy
 from router.config import WorkflowSpec
+from router.lifecycle.links import LinkState
 from router.lifecycle.reroute import RerouteConfig
 from telemetry.configfile import ConfigError, error_line, read_text, safe_yaml
 
@@ -146,6 +147,10 @@ class Topology(_Strict):
                 raise ValueError(f"links.{i}: {link.a}-{link.b} is given twice")
             pairs.add(pair)
         return self
+
+    def link_states(self) -> tuple[LinkState, ...]:
+        """The links as the router's and the simulator's link table takes them (none cut)."""
+        return tuple(LinkState(k.a, k.b, k.rtt_ms, k.jitter_ms, k.loss) for k in self.links)
 
 
 class SiteLoad(_Strict):

@@ -14,6 +14,9 @@ versions, or a batch in a format older than v2, raises `Unsupported`, and the ca
 Everything a broker sends is checked as it is read: sizes against the bytes there, counts against
 what those bytes can hold, each batch's CRC-32C; a bad answer raises `KafkaWireError`, never an
 index error or a huge allocation.
+
+(Over 500 lines on purpose: the encoder, the bounded decoder and the consumer of one wire protocol
+share its framing and checks, and read best in one place.)
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ Traffic inside one partition, or between partitions with no link listed, crosses
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
@@ -66,6 +67,15 @@ class LinkTable:
         if link.loss > 0 and rng.random() < link.loss:
             delay += max(MIN_RTO_MS, 2.0 * link.rtt_ms)
         return delay
+
+    def mean_crossing_ms(self, a: str | None, b: str | None) -> float:
+        """What `crossing` adds to a request from a to b and its answer on average (both ways: the RTT,
+        the mean of each way's half-normal jitter, the expected retransmission); 0 inside a partition."""
+        link = self.get(a, b)
+        if link is None:
+            return 0.0
+        jitter = link.jitter_ms / 2.0 * math.sqrt(2.0 / math.pi)  # E|N(0, s)| = s * sqrt(2 / pi)
+        return link.rtt_ms + 2.0 * (jitter + link.loss * max(MIN_RTO_MS, 2.0 * link.rtt_ms))
 
     def crossing(self, a: str | None, b: str | None, rng: random.Random) -> tuple[float, float] | None:
         """(outbound ms, return ms) for a request from partition a to a node in b; None if cut."""

@@ -47,7 +47,6 @@ from typing import Any
 from policies.engine import Pipeline
 from policies.registry import build_policy
 from router.lifecycle import Lifecycle
-from router.lifecycle.links import LinkState
 from router.lifecycle.overlay import OutstandingTracker
 from scenarios.schema import PolicyRun, Scenario
 from scenarios.sim.faults import FaultModel
@@ -137,7 +136,7 @@ class Simulation(RouterDriver, WorkflowDriver, NodeModel, TelemetryModel, FaultM
         self.svc_rng = random.Random(seed + 2)
         self.tel_rng = random.Random(seed + 3)
         self.store = ViewStore(stale_after_ms=self.cfg.stale_after_ms)
-        links = tuple(LinkState(k.a, k.b, k.rtt_ms, k.jitter_ms, k.loss) for k in scenario.topology.links)
+        links = scenario.topology.link_states()
         # the router's own lifecycle: policy rng from `seed`, link rng from `seed + 1`, as live
         self.lc: Lifecycle[tuple[SimRequest, int]] = Lifecycle(
             replace(self.cfg.lifecycle, links=links, seed=seed), self.store, _still_held

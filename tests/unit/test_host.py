@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 import time
 from pathlib import Path
 
@@ -10,10 +11,12 @@ import numpy as np
 import pytest
 
 from nodes.runtime import LoadedModel
-from scenarios.host import compare_with_profile, host_profile, model_mix
+from router.lifecycle.links import LinkState, LinkTable
+from scenarios.host import LOCAL_ENOUGH, _overhead_without_links, compare_with_profile, host_profile, model_mix
 from scenarios.schema import Scenario
 from scenarios.sim import Profile
 from scenarios.sim.profile import DEFAULT_PROFILE, _node_shift_ms
+from scenarios.workload import Arrival, Result
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -51,6 +54,59 @@ def test_the_mix_is_requests_per_second_per_model_without_workflows() -> None:
         }
     )
     assert model_mix(scenario) == {"sensor_mlp": pytest.approx(85.0), "mobilenet_s": pytest.approx(25.0)}
+
+
+def test_a_links_mean_crossing_is_what_the_emulation_adds_on_average() -> None:
+    rng = random.Random(5)
+    for link in (LinkState("a", "b", 40.0), LinkState("a", "b", 40.0, 4.0), LinkState("a", "b", 30.0, 6.0, 0.02)):
+        table = LinkTable([link])
+        draws = [sum(table.crossing("a", "b", rng) or (0.0, 0.0)) for _ in range(40_000)]
+        assert table.mean_crossing_ms("a", "b") == pytest.approx(sum(draws) / len(draws), rel=0.02)
+    assert LinkTable([LinkState("a", "b", 40.0)]).mean_crossing_ms("a", "a") == 0.0
+    assert LinkTable([LinkState("a", "b", 40.0)]).mean_crossing_ms("a", "c") == 0.0  # no link: free
+
+
+def two_site_scenario() -> Scenario:
+    return Scenario.model_validate(
+        {
+            "name": "links",
+            "topology": {
+                "partitions": ["edge", "cloud"],
+                "links": [{"a": "edge", "b": "cloud", "rtt_ms": 40, "jitter_ms": 4}],
+                "nodes": [
+                    {"id": "e", "partition": "edge", "models": ["sensor_mlp"]},
+                    {"id": "c", "partition": "cloud", "models": ["sensor_mlp"]},
+                ],
+            },
+            "workload": {"duration_s": 1, "sites": [{"site": "edge", "rate_rps": 10, "models": {"sensor_mlp": 1}}]},
+            "policies": ["p2c"],
+        }
+    )
+
+
+def answer(node: str, latency_ms: float) -> Result:
+    return Result(Arrival(0.0, "edge", "sensor_mlp", 0, 100.0), 200, latency_ms, node, exec_ms=1.0, queue_ms=0.5)
+
+
+def test_the_host_overhead_leaves_out_the_emulated_link_delay() -> None:
+    """A policy that sends the calibration's load across a 40 ms link measured the link as the
+    host's overhead (29 ms against 2.5 on flash-crowd). With enough answers from the site's own
+    partition they are the sample; else every answer counts with its link's mean delay taken off."""
+    scenario = two_site_scenario()
+    specs = scenario.topology.nodes
+    rng = random.Random(2)
+    cross = LinkTable(scenario.topology.link_states())
+    crossed = [answer("c", 1.5 + 2.0 + sum(cross.crossing("edge", "cloud", rng) or (0.0, 0.0))) for _ in range(400)]
+    local = [answer("e", 1.5 + 2.0) for _ in range(LOCAL_ENOUGH)]
+    arch = {"sensor_mlp": "sensor_mlp"}
+    enough = _overhead_without_links(crossed + local, scenario, specs, "edge", arch)
+    assert enough["overhead_from"] == "local" and enough["overhead_ms"][50] == pytest.approx(2.0)
+    assert enough["overhead_ms_by_model"]["sensor_mlp"][50] == pytest.approx(2.0)
+    few = _overhead_without_links(crossed + local[:5], scenario, specs, "edge", arch)
+    assert few["overhead_from"] != "local"
+    assert few["overhead_ms"][50] == pytest.approx(2.0, abs=1.0)  # the jitter's spread around its mean
+    counted = [r.latency_ms - 1.5 for r in crossed]  # what the link added, counted as overhead before
+    assert sorted(counted)[len(counted) // 2] > 40.0
 
 
 def test_the_host_profile_takes_the_measured_level_and_leaves_the_devices_alone() -> None:
