@@ -1,7 +1,7 @@
-"""Pure routing policies: contract (api), engine, one module per plugin, registry, presets."""
+"""Pure routing policies: contract (api), engine (pipeline), one module per plugin, registry, presets."""
 
 from policies.api import Context, Decision, Rejection, RouteRequest
-from policies.engine import Pipeline
+from policies.pipeline import Pipeline
 from policies.registry import build_policy
 from policies.spec import PolicyConfigError, PolicySpec
 

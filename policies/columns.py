@@ -28,7 +28,7 @@ _fmax, _fmin = np.fmax, np.fmin
 
 
 def clamp01_rows(x: FloatArray) -> FloatArray:
-    """`engine.clamp01` of every element (fmax and fmin drop NaN for the bound: NaN counts as worst, 0)."""
+    """`pipeline.clamp01` of every element (fmax and fmin drop NaN for the bound: NaN counts as worst, 0)."""
     return _fmin(_fmax(x, 0.0), 1.0)
 
 

@@ -74,7 +74,7 @@ def meets_deadline(
 
 def best_over(preds: FloatArray) -> FloatArray:
     """min / p for each prediction p (1 where p <= 0), within [0, 1] and never NaN (clamped as
-    `engine.clamp01` would, so a `UnitRowScorer` may return it): the best scores 1."""
+    `pipeline.clamp01` would, so a `UnitRowScorer` may return it): the best scores 1."""
     best = preds[preds.argmin()]  # (min() with NaN's meaning, without the cost of a reduction)
     if 0.0 < best < INF:  # then min / p is in [0, 1] for every p >= min (no NaN: argmin finds NaN first)
         out: FloatArray = best / preds

@@ -15,13 +15,13 @@ from policies.api import Filter, Picker, PluginClass, Scorer
 from policies.completion import Completion
 from policies.deadline_filter import DeadlineFilter
 from policies.delay_spill import DelaySpill
-from policies.engine import Pipeline
 from policies.has_model import HasModel
 from policies.healthy import Healthy
 from policies.latency import Latency
 from policies.locality import Locality
 from policies.not_tried import NotTried
 from policies.pick_max import PickMax
+from policies.pipeline import Pipeline
 from policies.presets import PRESETS
 from policies.priority_headroom import PriorityHeadroom
 from policies.queue import Queue

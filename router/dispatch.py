@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from policies.api import RouteRequest
-from policies.engine import Pipeline
+from policies.pipeline import Pipeline
 from router.lifecycle import Answer, Attempts, Failure, Hold, Lifecycle, LifecycleSettings, Send, classify
 from router.lifecycle.reroute import Move
 from router.node_client import NodeBadAnswer, NodeClient, NodeError, NodeReply, NodeTimeout, NodeUnavailable

@@ -18,8 +18,8 @@ from typing import Any
 from aiohttp import web
 
 from policies.api import RouteRequest
-from policies.engine import Pipeline
 from policies.healthy import Healthy
+from policies.pipeline import Pipeline
 from router.dispatch import Outcome
 from router.node_client import NodeError
 from router.state import CLIENT, ROUTER, VERSION, Router

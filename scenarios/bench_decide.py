@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from policies import RouteRequest, build_policy
-from policies.engine import Pipeline
+from policies.pipeline import Pipeline
 from policies.presets import PRESETS
 from router.lifecycle import Lifecycle, LifecycleSettings, Send
 from router.lifecycle.links import LinkState

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from policies.api import Decision, RouteRequest
-from policies.engine import Pipeline
+from policies.pipeline import Pipeline
 from telemetry.view import NodeState
 
 _NONE_TRIED: frozenset[str] = frozenset()

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field, replace
 from typing import Generic, TypeVar
 
 from policies.api import HOLD_POLL_MS, Context, Defer, Rejection, RouteRequest
-from policies.engine import Pipeline
+from policies.pipeline import Pipeline
 from router.lifecycle.attempts import Answer, Attempts, Hold, Send
 from router.lifecycle.copies import CopyConfig, CopyState
 from router.lifecycle.failures import Failure

@@ -44,7 +44,7 @@ from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
-from policies.engine import Pipeline
+from policies.pipeline import Pipeline
 from policies.registry import build_policy
 from router.lifecycle import Lifecycle
 from router.lifecycle.overlay import OutstandingTracker

@@ -22,7 +22,7 @@ from pydantic import BaseModel
 
 from nodes.residency import Residency
 from nodes.scheduler import Scheduler, Work
-from policies.engine import Pipeline
+from policies.pipeline import Pipeline
 from router.config import WorkflowSpec
 from router.lifecycle import Attempts, Failure, Lifecycle, LifecycleSettings
 from scenarios.schema import Fault, NodeSpec, Scenario

@@ -16,7 +16,7 @@ import random
 import numpy as np
 import pytest
 
-from policies import RouteRequest, build_policy, engine
+from policies import RouteRequest, build_policy, pipeline
 from policies.api import Context, Decision, Defer, Rejection
 from policies.columns import Frame
 from policies.completion import best_over, predicted_wait_ms
@@ -125,7 +125,7 @@ def outcome(choice: Decision | Rejection | Defer) -> tuple[object, ...]:
 @pytest.mark.parametrize("preset", COLUMNAR)
 @pytest.mark.parametrize("nodes", [40, 160])
 def test_columnar_and_per_node_paths_choose_alike(preset: str, nodes: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(engine, "COLUMNS_MIN", 1)  # every request both ways, small candidate sets too
+    monkeypatch.setattr(pipeline, "COLUMNS_MIN", 1)  # every request both ways, small candidate sets too
     lc = lifecycle(nodes, seed=nodes)
     view = lc.view()
     columnar, per_node = build_policy(preset), build_policy(preset)
@@ -251,7 +251,7 @@ def test_best_over_scores_within_0_and_1_and_never_nan() -> None:
         out = best_over(np.array(preds)).tolist()
         best = min(preds) if not any(p != p for p in preds) else float("nan")
         with np.errstate(all="ignore"):
-            expected = [engine.clamp01(float(np.float64(best) / p) if p > 0 else 1.0) for p in preds]
+            expected = [pipeline.clamp01(float(np.float64(best) / p) if p > 0 else 1.0) for p in preds]
         assert out == expected, preds
         assert all(0.0 <= s <= 1.0 for s in out), preds
 

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 import pytest
 
 from policies import RouteRequest, build_policy
-from policies.engine import Pipeline
+from policies.pipeline import Pipeline
 from router.dispatch import Dispatcher, PolicyHolder
 from router.lifecycle import LifecycleSettings
 from router.lifecycle.holds import HoldQueue

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from policies import Context, Decision, Rejection, RouteRequest, build_policy
-from policies.engine import Pipeline, clamp01
 from policies.latency import Latency
 from policies.pick_max import PickMax
+from policies.pipeline import Pipeline, clamp01
 from policies.queue import Queue
 from telemetry.view import ClusterView
 from tests.helpers import load, view

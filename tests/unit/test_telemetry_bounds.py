@@ -166,9 +166,9 @@ def test_generated_hostile_telemetry_never_crashes_and_never_passes_out_of_bound
             req = RouteRequest("m", rng.choice((0, 10, -1)), rng.choice((None, 50.0, 500.0)), "edge-a", 1, f"q{k}")
             policy.choose(req, store.view, Context(NOW + 3000, random.Random(k)))
     # ... and on the columnar path (forced for these few nodes), choosing as the per-node path does
-    from policies import engine
+    from policies import pipeline
 
-    monkeypatch.setattr(engine, "COLUMNS_MIN", 1)
+    monkeypatch.setattr(pipeline, "COLUMNS_MIN", 1)
     for preset in sorted(PRESETS):
         columnar, per_node = build_policy(preset), build_policy(preset)
         per_node.columnar = False
