@@ -167,8 +167,8 @@ class SiteLoad(_Strict):
     name: str = Field("", description="a label for this traffic class (a site may have several)")
     arrival: Literal["poisson", "bursty", "diurnal", "trace"] = "poisson"
     rate_rps: float = Field(1.0, gt=0, le=100_000)
-    on_s: float = Field(5.0, gt=0)
-    off_s: float = Field(5.0, gt=0)
+    on_s: float = Field(5.0, ge=0.001)  # (at least 1 ms: an hour of on-off phases is then 1.8M at most)
+    off_s: float = Field(5.0, ge=0.001)
     off_rate_rps: float = Field(0.0, ge=0)
     period_s: float = Field(60.0, gt=0)
     min_rate_rps: float = Field(0.0, ge=0)

@@ -39,9 +39,13 @@ class Result:
     bytes_moved: int = 0  # ... and those a stage on another node needed
 
 
-def _homogeneous(rng: random.Random, rate: float, start: float, stop: float) -> list[float]:
+DIURNAL_CHUNK = 1_000_000  # candidate arrivals a limited diurnal site draws at a time
+
+
+def _homogeneous(rng: random.Random, rate: float, start: float, stop: float, limit: int | None = None) -> list[float]:
+    """Poisson arrival instants at `rate` within [start, stop), the first `limit` of them at most."""
     out: list[float] = []
-    if rate <= 0:
+    if rate <= 0 or limit == 0:
         return out
     t = start
     while True:
@@ -49,33 +53,49 @@ def _homogeneous(rng: random.Random, rate: float, start: float, stop: float) -> 
         if t >= stop:
             return out
         out.append(t)
+        if limit is not None and len(out) >= limit:
+            return out
 
 
-def arrival_times(site: SiteLoad, horizon_s: float, rng: random.Random) -> list[float]:
-    """Arrival instants of one site's process within [start_s, min(stop_s, horizon))."""
+def arrival_times(site: SiteLoad, horizon_s: float, rng: random.Random, limit: int | None = None) -> list[float]:
+    """Arrival instants of one site's process within [start_s, min(stop_s, horizon)), the first `limit`
+    at most. A run keeps only its `max_requests` earliest arrivals, so no site needs more than that
+    many: with the limit, a scenario at 100,000 req/s for an hour draws its first arrivals, not 360
+    million (the arrivals are those drawn without it, cut at the limit; a diurnal site's differ only
+    past a million candidates, which it then draws a million at a time)."""
     start = site.start_s
     stop = min(horizon_s, site.stop_s if site.stop_s is not None else horizon_s)
     if stop <= start:
         return []
     if site.arrival == "poisson":
-        return _homogeneous(rng, site.rate_rps, start, stop)
+        return _homogeneous(rng, site.rate_rps, start, stop, limit)
     if site.arrival == "bursty":
         out: list[float] = []
         t, on = start, True
-        while t < stop:
+        while t < stop and (limit is None or len(out) < limit):
             length = site.on_s if on else site.off_s
-            out += _homogeneous(rng, site.rate_rps if on else site.off_rate_rps, t, min(stop, t + length))
+            rate = site.rate_rps if on else site.off_rate_rps
+            out += _homogeneous(rng, rate, t, min(stop, t + length), None if limit is None else limit - len(out))
             t, on = t + length, not on
         return out
     if site.arrival == "diurnal":
-        # thinning (Lewis-Shedler): candidates at the peak rate, kept with probability rate(t) / peak
+        # thinning (Lewis-Shedler): candidates at the peak rate, kept with probability rate(t) / peak;
+        # with a limit, candidates are drawn in chunks (the same draws as one pass while one chunk holds
+        # them all: its size is a million candidates, or the limit if larger)
         peak, low = site.rate_rps, site.min_rate_rps
+        size = None if limit is None else max(limit, DIURNAL_CHUNK)
         keep: list[float] = []
-        for t in _homogeneous(rng, peak, start, stop):
-            rate = low + (peak - low) * (1 - math.cos(2 * math.pi * (t - start) / site.period_s)) / 2
-            if rng.random() * peak < rate:
-                keep.append(t)
-        return keep
+        t0 = start
+        while t0 < stop and (limit is None or len(keep) < limit):
+            chunk = _homogeneous(rng, peak, t0, stop, size)
+            for t in chunk:
+                rate = low + (peak - low) * (1 - math.cos(2 * math.pi * (t - start) / site.period_s)) / 2
+                if rng.random() * peak < rate:
+                    keep.append(t)
+            if size is None or len(chunk) < size:
+                break
+            t0 = chunk[-1]
+        return keep[:limit]
     raise ValueError(f"arrival {site.arrival!r} has no generated times")
 
 
@@ -126,7 +146,11 @@ def read_trace(
 def build_schedule(
     workload: Workload, seed: int, duration_s: float | None = None, base_dir: Path | None = None
 ) -> list[Arrival]:
-    """Every arrival of the run, time-ordered; models and priorities drawn from each site's mix."""
+    """The run's `max_requests` earliest arrivals, time-ordered; models and priorities drawn from each
+    site's mix. Each site draws at most `max_requests` arrivals (a site's later ones could never be
+    among the earliest), and the kept set is cut as sites are added, so memory is bounded whatever the
+    rates and duration. (A site that reaches the limit leaves the seed's stream at another point for
+    the sites after it than a version that drew everything; scenarios below the limit are unchanged.)"""
     rng = random.Random(seed)
     horizon = duration_s if duration_s is not None else workload.duration_s
     out: list[Arrival] = []
@@ -144,9 +168,17 @@ def build_schedule(
             continue
         models, model_w = list(site.models), list(site.models.values())
         prios, prio_w = list(site.priorities), list(site.priorities.values())
-        for t in arrival_times(site, horizon, rng):
+        for t in arrival_times(site, horizon, rng, workload.max_requests):
             prio = rng.choices(prios, prio_w)[0]
             deadline = site.deadline_ms.get(prio, workload.default_deadline_ms)
             out.append(Arrival(t, site.site, rng.choices(models, model_w)[0], prio, deadline))
-    out.sort(key=lambda a: (a.at_s, a.site))
-    return out[: workload.max_requests]
+        if len(out) > 2 * workload.max_requests:  # many sites: keep the earliest so far (same result)
+            out = _earliest(out, workload.max_requests)
+    return _earliest(out, workload.max_requests)
+
+
+def _earliest(arrivals: list[Arrival], n: int) -> list[Arrival]:
+    """The first `n` of `arrivals` in time (then site) order; a stable sort, so cutting part of the
+    way and again at the end keeps what one cut at the end would."""
+    arrivals.sort(key=lambda a: (a.at_s, a.site))
+    return arrivals[:n]

@@ -160,6 +160,37 @@ def test_arrival_processes(tmp_path: Path) -> None:
     assert w and all(2 <= x < 4 for x in w)
 
 
+def test_a_site_draws_no_more_arrivals_than_the_run_keeps() -> None:
+    """A run keeps its `max_requests` earliest arrivals, so a site stops drawing there: the same first
+    arrivals as without the limit (every process), and a site at 100,000 req/s for an hour draws its
+    first thousand instead of 360 million (minutes of CPU and gigabytes before the cut)."""
+    import time
+
+    from scenarios.workload import arrival_times
+
+    sites = [
+        SiteLoad(site="s", rate_rps=300, models={"m": 1}),
+        SiteLoad(site="s", arrival="bursty", rate_rps=300, on_s=2, off_s=3, off_rate_rps=10, models={"m": 1}),
+        SiteLoad(site="s", arrival="diurnal", rate_rps=300, min_rate_rps=10, period_s=10, models={"m": 1}),
+    ]
+    for site in sites:
+        whole = arrival_times(site, 20.0, random.Random(3))
+        assert arrival_times(site, 20.0, random.Random(3), len(whole) + 5) == whole  # limit not reached: same draws
+        for limit in (1, 50, len(whole) // 2):
+            cut = arrival_times(site, 20.0, random.Random(3), limit)
+            assert cut == whole[:limit]
+    flood = parse_scenario(QUICK, "s.yaml").workload.model_copy(update={"duration_s": 3600.0, "max_requests": 1000})
+    flood.sites[0] = flood.sites[0].model_copy(update={"rate_rps": 100_000.0})
+    began = time.perf_counter()
+    assert len(build_schedule(flood, 1)) == 1000
+    assert time.perf_counter() - began < 10  # (not a timing target: without the limit, minutes)
+    with pytest.raises(ScenarioError, match="on_s"):  # an hour of microsecond phases would loop 10**9 times
+        parse_scenario(
+            QUICK.replace("      rate_rps: 60", "      arrival: bursty\n      on_s: 0.000001\n      rate_rps: 60"),
+            "s.yaml",
+        )
+
+
 def test_trace_file_drives_the_schedule(tmp_path: Path) -> None:
     (tmp_path / "trace.csv").write_text(
         "at_s,model,priority,deadline_ms\n0.5,sensor_mlp,10,40\n# a comment\n1.5,mobilenet_s,,\n99,sensor_mlp,0,10\n"
