@@ -30,7 +30,7 @@ from scenarios.schema import Fault, ModelEntry, NodeSpec, Scenario
 from scenarios.sim.profile import DEFAULT_PROFILE
 from telemetry.broker import EmbeddedBroker, free_port, terminate, wait_for_port
 from telemetry.bus import ensure_topic
-from telemetry.configfile import ENV_PREFIX
+from telemetry.configfile import ENV_PREFIX, ConfigError
 from telemetry.schema import TOPIC
 from telemetry.signing import SIGN_ENV, VERIFY_ENV, Verifier
 
@@ -39,6 +39,23 @@ log = logging.getLogger("edgeroute.launcher")
 
 # EDGEROUTE_* variables a stack passes on to its nodes and routers (the rest would override their configs)
 PASS_ENV = frozenset({"EDGEROUTE_ZOO_DIR", "EDGEROUTE_TRACEBACK", "EDGEROUTE_KAFKA_SECURITY"})
+
+NODE_PROCESS_MB = 150  # one live node process with a few zoo models (about 100 MB measured with one)
+
+
+def live_node_limit() -> tuple[int, str]:
+    """How many node processes a live stack may start here, and why: `EDGEROUTE_MAX_LIVE_NODES`, else
+    the memory available (Linux) over `NODE_PROCESS_MB`, at least 4 (64 where it cannot be read)."""
+    env = os.environ.get("EDGEROUTE_MAX_LIVE_NODES", "").strip()
+    if env.isdigit():
+        return int(env), "EDGEROUTE_MAX_LIVE_NODES"
+    try:
+        with open("/proc/meminfo") as f:
+            fields = dict(line.split(":", 1) for line in f if ":" in line)
+        available_mb = int(fields["MemAvailable"].split()[0]) // 1024
+    except (OSError, KeyError, ValueError):
+        return 64, "memory unknown"
+    return max(4, available_mb // NODE_PROCESS_MB), f"{available_mb:,} MB available, ~{NODE_PROCESS_MB} MB a node"
 
 
 def http_json(
@@ -205,6 +222,13 @@ class Stack:
         return self.router.url
 
     def start(self, timeout_s: float = 60.0) -> Stack:
+        limit, why = live_node_limit()
+        count = len(self.scenario.topology.nodes)
+        if count > limit:  # each node is a process: a simulator-sized topology would exhaust the machine
+            raise ConfigError(
+                f"scenario {self.scenario.name}: {count} live nodes is more than this machine holds ({why}: "
+                f"{limit} at most): simulate it (replay --mode sim), or replay it on fewer nodes (--nodes N)"
+            )
         self.log_dir.mkdir(parents=True, exist_ok=True)
         try:
             if self.kafka is None:

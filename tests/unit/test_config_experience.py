@@ -284,6 +284,24 @@ def test_node_cli_mistakes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     _one_line_exit(capsys, node_main(["--config", "{not json"]), "not valid JSON")
 
 
+def test_a_live_stack_starts_no_more_node_processes_than_the_machine_holds(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each live node is a process of about 100-150 MB: a simulator-sized topology (`bench sim` uses
+    1,000 nodes) replayed live by mistake would exhaust the machine. Refused before anything starts."""
+    from scenarios.launcher import NODE_PROCESS_MB, live_node_limit
+
+    limit, why = live_node_limit()
+    assert limit >= 4 and ("MB available" in why or why == "memory unknown")
+    if "MB available" in why:
+        assert limit == max(4, int(why.split(" MB")[0].replace(",", "")) // NODE_PROCESS_MB)
+    monkeypatch.setenv("EDGEROUTE_MAX_LIVE_NODES", "2")
+    assert live_node_limit() == (2, "EDGEROUTE_MAX_LIVE_NODES")
+    needle = "quickstart: 5 live nodes is more than this machine holds (EDGEROUTE_MAX_LIVE_NODES: 2 at most)"
+    _one_line_exit(capsys, cli_main(["replay", "quickstart"]), needle)
+    _one_line_exit(capsys, cli_main(["up"]), needle)
+
+
 def test_edgeroute_cli_mistakes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     _one_line_exit(capsys, cli_main(["zoo", "nosuch_model"]), "no model 'nosuch_model'")
     _one_line_exit(capsys, cli_main(["replay", str(tmp_path / "nosuch.yaml")]), "no such scenario file")
