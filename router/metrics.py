@@ -68,6 +68,11 @@ class _ViewCollector(Collector):
             "reports whose endpoint the node_endpoints allow-list refuses (dropped)",
             value=store.foreign_endpoint,
         )
+        yield CounterMetricFamily(
+            "edgeroute_telemetry_over_capacity",
+            "reports of new nodes past the view's max_nodes (dropped)",
+            value=store.over_capacity,
+        )
         counts, total = store.lag_counts, 0
         buckets = []
         for bound, n in zip((*LAG_BUCKETS_S, float("inf")), counts, strict=True):

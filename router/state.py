@@ -50,7 +50,9 @@ class Router:
         self.clock = clock
         self.config_path = config_path
         self.verifier = config.verifier()  # telemetry and peer messages (telemetry.signing), if keyed
-        self.store = ViewStore(stale_after_ms=config.stale_after_ms, evict_after_ms=config.evict_after_ms)
+        self.store = ViewStore(
+            stale_after_ms=config.stale_after_ms, evict_after_ms=config.evict_after_ms, max_nodes=config.max_nodes
+        )
         if config.node_endpoints is not None:
             self.store.admit_endpoint = config.node_endpoints.allows()
         self.policies = PolicyHolder(build_policy(config.policy), config.policy)

@@ -25,6 +25,11 @@ CATCH_UP_LAG_MS = 1000.0
 MAX_CLOCK_AHEAD_MS = 10_000.0
 
 
+# Nodes a view holds at most. Each report of a node id not yet in the view adds one, so without a bound
+# a publisher inventing ids (an unsigned topic) would grow every router's memory without end; at the
+# bound, reports of further new nodes are dropped and counted while known nodes keep reporting.
+MAX_NODES = 50_000
+
 # upper bounds of the lag histogram buckets, seconds (the last bucket, +Inf, is implicit)
 LAG_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
@@ -36,10 +41,16 @@ class ViewStore:
     """
 
     def __init__(
-        self, stale_after_ms: float = 1000.0, lag_samples: int = 4096, evict_after_ms: float = 300_000.0
+        self,
+        stale_after_ms: float = 1000.0,
+        lag_samples: int = 4096,
+        evict_after_ms: float = 300_000.0,
+        max_nodes: int = MAX_NODES,
     ) -> None:
         self.view = ClusterView(stale_after_ms=stale_after_ms)
         self.evict_after_ms = evict_after_ms  # a node silent this long leaves the view
+        self.max_nodes = max_nodes  # reports of further new nodes are dropped (counted in `over_capacity`)
+        self.over_capacity = 0
         self.messages = 0
         self.malformed = 0
         self.out_of_order = 0
@@ -71,6 +82,7 @@ class ViewStore:
             "from_future": self.from_future,
             "evicted": self.evicted,
             "foreign_endpoint": self.foreign_endpoint,
+            "over_capacity": self.over_capacity,
             "lag_ms": {"p50": round(self.lag_quantile(0.5), 3), "p99": round(self.lag_quantile(0.99), 3)},
         }
 
@@ -88,6 +100,7 @@ class ViewStore:
         with self._write:
             view = self.view
             fresh: dict[str, NodeState] = {}
+            added = 0  # nodes of this batch not in `view`
             for msg in msgs:
                 self.messages += 1
                 lag = received_at_ms - msg.sent_at_ms
@@ -102,7 +115,12 @@ class ViewStore:
                     self.foreign_endpoint += 1
                     continue
                 current = fresh.get(msg.node_id) or view.get(msg.node_id)
-                if current is not None and msg.sent_at_ms < current.load.sent_at_ms:
+                if current is None:
+                    if len(view) + added >= self.max_nodes:
+                        self.over_capacity += 1
+                        continue
+                    added += 1
+                elif msg.sent_at_ms < current.load.sent_at_ms:
                     self.out_of_order += 1
                     continue
                 old = history if history is not None else lag >= CATCH_UP_LAG_MS

@@ -113,6 +113,21 @@ def test_silent_nodes_leave_the_view() -> None:
     assert [n.node_id for n in store.view.serving("m")] == ["busy"], "the model index follows"
 
 
+def test_invented_node_ids_cannot_grow_the_view_past_its_bound() -> None:
+    """Reports of new node ids past `max_nodes` are dropped and counted, in one batch or many, while the
+    nodes already in the view keep reporting; room made by an eviction is taken again."""
+    store = ViewStore(max_nodes=5, evict_after_ms=60_000)
+    assert store.apply_many([load(f"n{i}", sent_at_ms=NOW) for i in range(8)], NOW) == 5
+    assert len(store.view) == 5 and store.over_capacity == 3
+    assert store.apply(load("intruder", sent_at_ms=NOW + 1), NOW + 1) is False and store.over_capacity == 4
+    assert store.apply(load("n0", seq=2, sent_at_ms=NOW + 2), NOW + 2), "a known node still reports"
+    assert store.summary()["over_capacity"] == 4
+    for k in range(1, 62):  # n1..n4 fall silent and are evicted; n0 keeps reporting
+        store.apply(load("n0", seq=k + 2, sent_at_ms=NOW + k * 1000), NOW + k * 1000)
+    assert len(store.view) == 1
+    assert store.apply(load("late", sent_at_ms=NOW + 62_000), NOW + 62_000), "room again after evictions"
+
+
 def _mutate(msg: Any, rng: random.Random, depth: int = 0) -> Any:
     hostile = [
         -1, -(2**63), 2**64, 1e300, -1e300, float("inf"), float("nan"), "", "x" * 300, "../..", None, True,
