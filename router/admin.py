@@ -138,6 +138,7 @@ async def get_view(request: web.Request) -> web.Response:
                 "routers": router.peers.peers,
                 "messages": router.peers.messages,
                 "malformed": router.peers.malformed,
+                "over_capacity": router.peers.over_capacity,
                 "remote_in_flight": sum(router.peers.remote(n.node_id) for n in view),
                 "lag_ms": {q: round(router.peers.lag_quantile(f), 2) for q, f in (("p50", 0.5), ("p99", 0.99))},
             },

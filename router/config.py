@@ -180,7 +180,7 @@ class RouterConfig(ServerSettings):
         300_000.0, gt=0, description="a node silent this long leaves the view (after stale, after panic mode)"
     )
     max_nodes: int = Field(
-        50_000, ge=1, description="nodes the view holds at most; reports of further new nodes are dropped"
+        50_000, ge=1, le=100_000, description="nodes the view holds at most; reports of further new nodes are dropped"
     )
     fetch_max_wait_ms: int = Field(10, ge=1)
     default_deadline_ms: float = Field(2000.0, gt=0, description="budget of requests that give none")

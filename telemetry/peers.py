@@ -19,8 +19,9 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from types import MappingProxyType
+from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
 from telemetry.bus import KafkaSender, TopicReader, now_ms
 from telemetry.quantiles import nearest_rank
@@ -28,6 +29,15 @@ from telemetry.signing import Signer
 
 PEERS_TOPIC = "edgeroute.routers"
 PEERS_SCHEMA = 1
+# A message's counts cover at most MAX_PEER_NODES nodes (a router's tracker holds the nodes of its
+# view, at most 100,000 by `max_nodes`, and those with requests still pending), and a router keeps at
+# most MAX_PEERS other routers: every message is summed into the totals on each batch, so a publisher
+# inventing router ids or padding a message with node ids could otherwise make each batch cost
+# without bound. Reports of further routers are dropped and counted (`over_capacity`).
+MAX_PEER_NODES = 200_000
+MAX_PEERS = 256
+NodeId = Annotated[str, StringConstraints(min_length=1, max_length=128)]
+Count = Annotated[int, Field(ge=0, le=2**53)]
 
 
 class RouterLoad(BaseModel):
@@ -39,8 +49,8 @@ class RouterLoad(BaseModel):
     router_id: str = Field(min_length=1, max_length=128)
     seq: int = Field(ge=0)
     sent_at_ms: float = Field(ge=0)
-    dispatched: dict[str, int] = Field(default_factory=dict)
-    settled: dict[str, int] = Field(default_factory=dict)
+    dispatched: dict[NodeId, Count] = Field(default_factory=dict, max_length=MAX_PEER_NODES)
+    settled: dict[NodeId, Count] = Field(default_factory=dict, max_length=MAX_PEER_NODES)
 
     def in_flight(self) -> dict[str, int]:
         return {n: d - self.settled.get(n, 0) for n, d in self.dispatched.items() if d > self.settled.get(n, 0)}
@@ -65,6 +75,7 @@ class PeerLoads(TopicReader):
         self.stale_after_ms = stale_after_ms
         self.messages = 0
         self.malformed = 0
+        self.over_capacity = 0  # messages of routers past MAX_PEERS (dropped)
         self.lag_ms: deque[float] = deque(maxlen=2048)  # send-to-receipt of the other routers' messages
         self._latest: dict[str, tuple[float, RouterLoad]] = {}  # router -> (received at, latest message)
         self._remote: Mapping[str, int] = MappingProxyType({})
@@ -90,11 +101,15 @@ class PeerLoads(TopicReader):
         return len(self._latest)
 
     def apply(self, msgs: list[RouterLoad], received_ms: float) -> None:
+        self._expire(received_ms)  # (a crashed router's place is free before new ones are counted)
         for m in msgs:
             if m.router_id == self.router_id:
                 continue
             self.lag_ms.append(received_ms - m.sent_at_ms)
             prev = self._latest.get(m.router_id)
+            if prev is None and len(self._latest) >= MAX_PEERS:
+                self.over_capacity += 1
+                continue
             if prev is None or m.seq > prev[1].seq or m.seq == 0:  # seq 0: a restarted router
                 self._latest[m.router_id] = (received_ms, m)
         self._tick(received_ms)
@@ -116,9 +131,12 @@ class PeerLoads(TopicReader):
         self.messages += len(msgs)
         self.apply(msgs, received_ms)
 
-    def _tick(self, now_ms: float) -> None:
+    def _expire(self, now_ms: float) -> None:
         for rid in [r for r, (at, _) in self._latest.items() if now_ms - at > self.stale_after_ms]:
             del self._latest[rid]
+
+    def _tick(self, now_ms: float) -> None:
+        self._expire(now_ms)
         total: dict[str, int] = {}
         settled: dict[str, int] = {}
         for _, msg in self._latest.values():

@@ -128,6 +128,26 @@ def test_invented_node_ids_cannot_grow_the_view_past_its_bound() -> None:
     assert store.apply(load("late", sent_at_ms=NOW + 62_000), NOW + 62_000), "room again after evictions"
 
 
+def test_peer_messages_are_bounded_in_routers_and_in_nodes_per_message() -> None:
+    """Every peer message is summed into the totals on each batch: a publisher inventing router ids,
+    padding a message with node ids or sending negative counts is dropped and counted, and a router
+    that falls silent frees its place for a new one."""
+    from telemetry.peers import MAX_PEER_NODES, MAX_PEERS, PeerLoads
+
+    def msg(router: str, seq: int = 1, **counts: object) -> bytes:
+        body = {"schema": 1, "router_id": router, "seq": seq, "sent_at_ms": NOW, "dispatched": {"n1": 2}}
+        return json.dumps({**body, **counts}).encode()
+
+    loads = PeerLoads("127.0.0.1:1", "me", stale_after_ms=1000)  # (not started: nothing connects)
+    loads._handle([msg(f"r{i}") for i in range(MAX_PEERS + 5)], NOW)
+    assert loads.peers == MAX_PEERS and loads.over_capacity == 5 and loads.remote("n1") == 2 * MAX_PEERS
+    padded = {f"n{i}": 1 for i in range(MAX_PEER_NODES + 1)}
+    loads._handle([msg("r0", 2, dispatched=padded), msg("r1", 2, settled={"n1": -5})], NOW + 1)
+    assert loads.malformed == 2 and loads.remote("n1") == 2 * MAX_PEERS, "neither counted"
+    loads._handle([msg("newcomer")], NOW + 2_000)  # every earlier router is silent past stale_after_ms
+    assert loads.peers == 1 and loads.remote("n1") == 2 and loads.over_capacity == 5
+
+
 def _mutate(msg: Any, rng: random.Random, depth: int = 0) -> Any:
     hostile = [
         -1, -(2**63), 2**64, 1e300, -1e300, float("inf"), float("nan"), "", "x" * 300, "../..", None, True,
