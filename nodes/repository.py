@@ -28,7 +28,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from nodes.config import ModelSpec, NodeConfig
-from telemetry.configfile import ConfigError, read_document, validate
+from telemetry.configfile import ConfigError, is_dir, is_file, read_document, validate
 from telemetry.schema import NAME_PATTERN
 
 MODEL_FILE = "model.onnx"
@@ -78,7 +78,7 @@ def scan(root: Path) -> dict[str, RepositoryModel]:
     """The models of the repository at `root` (ConfigError if it cannot be read or a config is wrong).
     Entries that are not models (files, hidden or oddly named directories, no numeric version with a
     model file) are passed over."""
-    if not root.is_dir():
+    if not is_dir(root):
         raise ConfigError(f"model_repository: '{root}' is not a directory")
     models: dict[str, RepositoryModel] = {}
     try:
@@ -117,7 +117,7 @@ def scan(root: Path) -> dict[str, RepositoryModel]:
 
 
 def _model_config(path: Path) -> RepositoryModelConfig:
-    if not path.is_file():
+    if not is_file(path):
         return RepositoryModelConfig()
     raw, text, origin = read_document(path)
     return validate(RepositoryModelConfig, raw, text, origin, use_env=False)

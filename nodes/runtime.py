@@ -16,6 +16,7 @@ from nodes import zoo
 from nodes.config import ModelSpec
 from nodes.protocol import TensorSpec
 from nodes.scheduler import batch_curve_ms, batch_key
+from telemetry.configfile import is_file
 from telemetry.wire import ORT_TO_OIP
 
 WARMUP_RUNS = 30
@@ -159,7 +160,7 @@ def model_path(spec: ModelSpec, zoo_dir: str | None) -> Path:
     if missing). FileNotFoundError for a file that is not there."""
     if spec.path is not None:
         path = Path(spec.path)
-        if not path.is_file():
+        if not is_file(path):
             raise FileNotFoundError(f"no ONNX file at '{path}'")
         return path
     return zoo.ensure(spec.architecture, spec.seed, Path(zoo_dir) if zoo_dir else None)

@@ -23,7 +23,7 @@ from policies import PolicyConfigError, PolicySpec, build_policy
 from router.config import WorkflowSpec
 from router.lifecycle.links import LinkState
 from router.lifecycle.reroute import RerouteConfig
-from telemetry.configfile import ConfigError, error_line, read_text, safe_yaml
+from telemetry.configfile import ConfigError, error_line, is_file, read_text, safe_yaml
 
 
 class ScenarioError(ConfigError):
@@ -426,7 +426,7 @@ def parse_scenario(text: str, origin: str = "<scenario>", base_dir: Path | None 
     for name, entry in scenario.models.items():  # a model file named relative to the scenario's folder
         if entry.path is not None:
             path = Path(entry.path) if Path(entry.path).is_absolute() else scenario.base_dir / entry.path
-            if not path.is_file():
+            if not is_file(path):
                 raise ScenarioError(f"{origin}: models.{name}.path: no such file {path}")
             scenario.models[name] = entry.model_copy(update={"path": str(path.resolve())})
     for k, node in enumerate(scenario.topology.nodes):  # a repository's models, as its node will find them
@@ -446,14 +446,14 @@ def parse_scenario(text: str, origin: str = "<scenario>", base_dir: Path | None 
     for i, site in enumerate(scenario.workload.sites):
         if site.trace is not None:
             trace = Path(site.trace) if Path(site.trace).is_absolute() else scenario.base_dir / site.trace
-            if not trace.is_file():
+            if not is_file(trace):
                 raise ScenarioError(f"{origin}: workload.sites.{i}.trace: no such file {trace}")
     return scenario
 
 
 def load_scenario(path: str | Path) -> Scenario:
     p = Path(path)
-    if not p.exists():
+    if not is_file(p):
         bundled = Path(__file__).parent / f"{p.name}" if p.suffix else Path(__file__).parent / f"{p}.yaml"
         if bundled.exists():
             p = bundled

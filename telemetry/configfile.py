@@ -30,6 +30,8 @@ __all__ = [
     "ConfigError",
     "env_overlay",
     "error_line",
+    "is_dir",
+    "is_file",
     "line_of",
     "load_model",
     "read_document",
@@ -52,6 +54,22 @@ MAX_CONFIG_VALUES = 1_000_000
 
 class ConfigError(ValueError):
     """A configuration mistake, as one line: `source: field (line N): what is wrong`."""
+
+
+def is_file(path: str | Path) -> bool:
+    """`Path.is_file()`, and False for a path the system refuses (too long, a NUL byte), which raises."""
+    try:
+        return Path(path).is_file()
+    except (OSError, ValueError):
+        return False
+
+
+def is_dir(path: str | Path) -> bool:
+    """`Path.is_dir()`, and False for a path the system refuses (too long, a NUL byte), which raises."""
+    try:
+        return Path(path).is_dir()
+    except (OSError, ValueError):
+        return False
 
 
 def read_text(path: str | Path, origin: str, limit: int = MAX_CONFIG_BYTES) -> str:

@@ -12,16 +12,17 @@
 from __future__ import annotations
 
 import ssl
-from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from telemetry.configfile import is_file
 
 __all__ = ["ClientTLS", "KafkaSecurity", "ServerTLS", "kafka_options", "set_kafka_security"]
 
 
 def _readable(path: str, what: str) -> None:
-    if not Path(path).is_file():
+    if not is_file(path):
         raise ValueError(f"{what} {path}: no such file")
 
 

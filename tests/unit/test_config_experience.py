@@ -5,6 +5,7 @@ inputs that get broken."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -154,6 +155,24 @@ def test_documents_that_expand_past_any_config_are_refused_before_validation(tmp
     with pytest.raises(ConfigError, match="EDGEROUTE_LINKS"):  # (kept as the string, which is not a list)
         load_router(None, environ={"EDGEROUTE_LINKS": flow + "]"})
     assert safe_yaml("a: &x [1, 2]\nb: *x\n", "ok.yaml") == {"a": [1, 2], "b": [1, 2]}  # ordinary aliases
+
+
+@pytest.mark.parametrize("bad_path", ["x" * 300, "a\x00b", "/" + "d/" * 3000 + "f"], ids=["long", "nul", "deep"])
+def test_a_path_the_system_refuses_is_a_config_mistake_not_a_traceback(tmp_path: Path, bad_path: str) -> None:
+    """`Path.is_file()` raises for a name past the system's limit (an OSError traceback from a router
+    whose config named such a CA file); every file a config names is checked without raising."""
+    router = tmp_path / "router.yaml"
+    router.write_text(yaml.safe_dump({"node_tls": {"ca_file": bad_path}}))
+    with pytest.raises(ConfigError, match="no such file"):
+        load_router(router, environ={})
+    node = tmp_path / "node.yaml"
+    node.write_text(yaml.safe_dump({"node_id": "n", "model_repository": bad_path}))
+    with pytest.raises(ConfigError, match="not a directory"):
+        load_node(str(node), environ={})
+    quick = (README.parent / "scenarios" / "quickstart.yaml").read_text()
+    scenario = quick.replace("\npolicies:", f"\nmodels:\n  mine: {{path: {json.dumps(bad_path)}}}\npolicies:")
+    with pytest.raises(ConfigError, match="no such file"):
+        parse_scenario(scenario, "s.yaml", tmp_path)
 
 
 def test_config_files_are_read_within_a_bound(tmp_path: Path) -> None:
