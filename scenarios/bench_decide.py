@@ -38,7 +38,7 @@ from router.lifecycle import Lifecycle, LifecycleSettings, Send
 from router.lifecycle.links import LinkState
 from telemetry.quantiles import nearest_rank
 from telemetry.schema import DeviceInfo, ModelLoad, NodeLoad
-from telemetry.store import ViewStore
+from telemetry.store import MAX_NODES, ViewStore
 
 SIZES = (10, 100, 1_000, 10_000)
 MODELS = ("sensor_mlp", "mobilenet_s", "resnet_s", "tiny_transformer", "detector_head", "cls-a")
@@ -91,7 +91,7 @@ def build_lifecycle(nodes: int, seed: int, loads: list[NodeLoad] | None = None) 
     """A router lifecycle over a view of `nodes` nodes, with links, some outstanding requests and health
     (the reports `loads` where given: then `nodes` is their number)."""
     rng = random.Random(seed)
-    store = ViewStore(stale_after_ms=1000.0)
+    store = ViewStore(stale_after_ms=1000.0, max_nodes=max(MAX_NODES, nodes))
     links = tuple(LinkState(s, "cloud", rtt_ms=40.0 + 2 * k, jitter_ms=4.0) for k, s in enumerate(SITES))
     lc: Lifecycle[object] = Lifecycle(LifecycleSettings(links=links, seed=seed), store, lambda _: False)
     store.apply_many(loads if loads is not None else [node_load(i, rng) for i in range(nodes)], NOW_MS)

@@ -31,7 +31,7 @@ from scenarios.bench_decide import node_load
 from telemetry.broker import EmbeddedBroker, terminate
 from telemetry.bus import KafkaTelemetrySource, ensure_topic, now_ms
 from telemetry.quantiles import nearest_rank
-from telemetry.store import ViewStore
+from telemetry.store import MAX_NODES, ViewStore
 from telemetry.view import NodeState
 
 TOPIC = "edgeroute.bench.ingest"
@@ -85,7 +85,7 @@ def bench_ingest(
     procs: list[subprocess.Popen[bytes]] = []
     try:
         ensure_topic(bootstrap, TOPIC)
-        store = ViewStore(stale_after_ms=10 * interval_ms)
+        store = ViewStore(stale_after_ms=10 * interval_ms, max_nodes=max(MAX_NODES, nodes))
         lc: Lifecycle[object] = Lifecycle(LifecycleSettings(), store, lambda _: False)
         lags: list[float] = []
         applied = [0]

@@ -120,7 +120,7 @@ def _overhead_without_links(
 
     The load is sent from `site`, and the policy under test may send much of it to other partitions,
     whose link delay the router emulates (and the simulator adds itself): counted as overhead, a
-    scenario with a 40 ms cloud link measured 29 ms instead of 2.5. The answers from nodes in the
+    scenario with a 40 ms cloud link measured 29 ms instead of 3. The answers from nodes in the
     site's own partition cross no link: with enough of them they are the sample; else every answer
     counts with its link's mean delay taken off (`LinkTable.mean_crossing_ms`)."""
     partition = {n.id: n.partition for n in specs}

@@ -81,7 +81,7 @@ from scenarios.sim.telemetry import TelemetryModel
 from scenarios.sim.workflows import WorkflowDriver
 from scenarios.workload import Arrival, Result
 from telemetry.schema import DeviceInfo, NodeLoad
-from telemetry.store import ViewStore
+from telemetry.store import MAX_NODES, ViewStore
 
 COLLECT_EVERY = 100_000  # events between the simulation's own garbage collections
 
@@ -135,7 +135,10 @@ class Simulation(RouterDriver, WorkflowDriver, NodeModel, TelemetryModel, FaultM
         self.policy = policy or build_policy(run.policy)
         self.svc_rng = random.Random(seed + 2)
         self.tel_rng = random.Random(seed + 3)
-        self.store = ViewStore(stale_after_ms=self.cfg.stale_after_ms)
+        # (the scenario's own nodes, however many: the bound is against ids invented on a live topic)
+        self.store = ViewStore(
+            stale_after_ms=self.cfg.stale_after_ms, max_nodes=max(MAX_NODES, len(scenario.topology.nodes))
+        )
         links = scenario.topology.link_states()
         # the router's own lifecycle: policy rng from `seed`, link rng from `seed + 1`, as live
         self.lc: Lifecycle[tuple[SimRequest, int]] = Lifecycle(

@@ -70,6 +70,17 @@ def test_every_request_is_accounted_for() -> None:
         assert set(p["errors"]) <= {"503", "504"}
 
 
+def test_the_simulator_holds_every_node_of_its_scenario_past_the_routers_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A router's view refuses new nodes past `max_nodes` (ids invented on a live topic); a simulated
+    topology larger than that bound is the scenario's own, and every node of it is simulated."""
+    import scenarios.sim.engine as engine
+
+    monkeypatch.setattr(engine, "MAX_NODES", 2)
+    s = scenario()
+    report = replay_sim(s, [s.policies[0]])
+    assert set(report["policies"]["round_robin"]["by_node"]) == {"e1", "e2", "c1"}
+
+
 def test_link_rtt_is_paid_by_crossing_traffic() -> None:
     # the cloud is 20 ms away: least_latency sends everything to the fast cloud node, so the median
     # latency is at least the RTT
