@@ -1,6 +1,11 @@
-"""Builders shared by the unit tests: telemetry messages and views without any I/O."""
+"""Builders shared by the unit tests: telemetry messages and views without any I/O, and hostile
+mutations of documents for generated-input tests."""
 
 from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from typing import Any
 
 from telemetry.schema import DeviceInfo, ModelLoad, NodeLoad
 from telemetry.view import ClusterView
@@ -41,3 +46,46 @@ def load(
 
 def view(*loads: NodeLoad, heard_at_ms: float = 1_000.0, stale_after_ms: float = 1000.0) -> ClusterView:
     return ClusterView.of(list(loads), heard_at_ms, stale_after_ms)
+
+
+def mutated(
+    doc: Any,
+    rng: random.Random,
+    hostile: Sequence[Any],
+    new_keys: Sequence[str],
+    *,
+    odds: tuple[float, float, float] = (0.5, 0.7, 0.85),
+    max_depth: int = 3,
+    lists: bool = False,
+    depth: int = 0,
+) -> Any:
+    """`doc` with one change somewhere: in a mapping, a value replaced by a hostile one, a value mutated
+    in turn (down to `max_depth`), a key of `new_keys` added with a hostile value, or a key dropped (by
+    the cumulative `odds` of the first three); with `lists`, one item of a list mutated in turn or
+    replaced by None; anything else replaced by a hostile value."""
+    if isinstance(doc, dict) and doc:
+        out = dict(doc)
+        key = rng.choice(list(out))
+        roll = rng.random()
+        if roll < odds[0]:
+            out[key] = rng.choice(hostile)
+        elif roll < odds[1] and depth < max_depth:
+            out[key] = mutated(
+                out[key], rng, hostile, new_keys, odds=odds, max_depth=max_depth, lists=lists, depth=depth + 1
+            )
+        elif roll < odds[2]:
+            out[rng.choice(new_keys)] = rng.choice(hostile)
+        else:
+            del out[key]
+        return out
+    if lists and isinstance(doc, list) and doc:
+        items = list(doc)
+        i = rng.randrange(len(items))
+        deeper = depth < max_depth and rng.random() < 0.6
+        items[i] = (
+            mutated(items[i], rng, hostile, new_keys, odds=odds, max_depth=max_depth, lists=lists, depth=depth + 1)
+            if deeper
+            else None
+        )
+        return items
+    return rng.choice(hostile)

@@ -22,6 +22,7 @@ from router.config import load_config as load_router
 from scenarios.cli import main as cli_main
 from scenarios.schema import parse_scenario
 from telemetry.configfile import ConfigError, env_overlay, safe_yaml
+from tests.helpers import mutated
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
@@ -108,27 +109,10 @@ HOSTILE_VALUES = [
 ]  # fmt: skip
 
 
-def _mutated(doc: object, rng: random.Random, depth: int = 0) -> object:
-    """`doc` with one value somewhere replaced by a hostile one, or a key added or dropped."""
-    if isinstance(doc, dict) and doc:
-        out = dict(doc)
-        key = rng.choice(list(out))
-        roll = rng.random()
-        if roll < 0.45:
-            out[key] = rng.choice(HOSTILE_VALUES)
-        elif roll < 0.75 and depth < 4:
-            out[key] = _mutated(out[key], rng, depth + 1)
-        elif roll < 0.9:
-            out[rng.choice(["abc", "port", "x" * 200, "models", "0"])] = rng.choice(HOSTILE_VALUES)
-        else:
-            del out[key]
-        return out
-    if isinstance(doc, list) and doc:
-        out_list = list(doc)
-        i = rng.randrange(len(out_list))
-        out_list[i] = _mutated(out_list[i], rng, depth + 1) if depth < 4 and rng.random() < 0.6 else None
-        return out_list
-    return rng.choice(HOSTILE_VALUES)
+def _mutated(doc: object, rng: random.Random) -> object:
+    """`doc` with a hostile value somewhere, or a key added or dropped (lists entered too)."""
+    keys = ["abc", "port", "x" * 200, "models", "0"]
+    return mutated(doc, rng, HOSTILE_VALUES, keys, odds=(0.45, 0.75, 0.9), max_depth=4, lists=True)
 
 
 def test_generated_hostile_configs_are_one_line_mistakes_or_valid(tmp_path: Path) -> None:

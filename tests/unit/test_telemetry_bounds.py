@@ -16,7 +16,7 @@ from policies.presets import PRESETS
 from telemetry.schema import MalformedTelemetry, NodeLoad
 from telemetry.store import MAX_CLOCK_AHEAD_MS, ViewStore
 from telemetry.wire import MAX_PRIORITY
-from tests.helpers import load
+from tests.helpers import load, mutated
 
 NOW = 1_700_000_000_000.0
 
@@ -148,25 +148,15 @@ def test_peer_messages_are_bounded_in_routers_and_in_nodes_per_message() -> None
     assert loads.peers == 1 and loads.remote("n1") == 2 and loads.over_capacity == 5
 
 
-def _mutate(msg: Any, rng: random.Random, depth: int = 0) -> Any:
-    hostile = [
-        -1, -(2**63), 2**64, 1e300, -1e300, float("inf"), float("nan"), "", "x" * 300, "../..", None, True,
-        [], {}, {"abc": 1}, {"-1": -1}, "http://a@b", 0, 1,
-    ]  # fmt: skip
-    if isinstance(msg, dict) and msg:
-        out = dict(msg)
-        key = rng.choice(list(out))
-        roll = rng.random()
-        if roll < 0.5:
-            out[key] = rng.choice(hostile)
-        elif roll < 0.7 and depth < 3:
-            out[key] = _mutate(out[key], rng, depth + 1)
-        elif roll < 0.85:
-            out[rng.choice(["abc", "-5", "0", "99999999999", "1e3"])] = rng.choice(hostile)
-        else:
-            del out[key]
-        return out
-    return rng.choice(hostile)
+HOSTILE = [
+    -1, -(2**63), 2**64, 1e300, -1e300, float("inf"), float("nan"), "", "x" * 300, "../..", None, True,
+    [], {}, {"abc": 1}, {"-1": -1}, "http://a@b", 0, 1,
+]  # fmt: skip
+NEW_KEYS = ["abc", "-5", "0", "99999999999", "1e3"]
+
+
+def _mutate(msg: Any, rng: random.Random) -> Any:
+    return mutated(msg, rng, HOSTILE, NEW_KEYS)
 
 
 def test_generated_hostile_telemetry_never_crashes_and_never_passes_out_of_bounds(
