@@ -184,7 +184,7 @@ def test_documents_that_expand_past_any_config_are_refused_before_validation(tmp
     began = time.perf_counter()
     with pytest.raises(ConfigError, match="router.yaml: more than 1,000,000 values once its aliases are expanded"):
         load_router(path, environ={})
-    assert time.perf_counter() - began < 5  # (not a timing target: walking the expansion would take hours)
+    assert time.perf_counter() - began < 60  # (a liveness bound, not a speed target: the expansion takes hours)
     with pytest.raises(ConfigError, match="more than 1,000,000 values"):
         parse_scenario(alias_bomb(9), "s.yaml")
     repo = tmp_path / "repo"

@@ -183,7 +183,7 @@ def test_a_site_draws_no_more_arrivals_than_the_run_keeps() -> None:
     flood.sites[0] = flood.sites[0].model_copy(update={"rate_rps": 100_000.0})
     began = time.perf_counter()
     assert len(build_schedule(flood, 1)) == 1000
-    assert time.perf_counter() - began < 10  # (not a timing target: without the limit, minutes)
+    assert time.perf_counter() - began < 60  # (a liveness bound, not a speed target: unbounded, many minutes)
     with pytest.raises(ScenarioError, match="on_s"):  # an hour of microsecond phases would loop 10**9 times
         parse_scenario(
             QUICK.replace("      rate_rps: 60", "      arrival: bursty\n      on_s: 0.000001\n      rate_rps: 60"),
