@@ -108,7 +108,7 @@ def read_trace(
     kept: list[tuple[float, int, Arrival]] = []  # a max-heap on (at, line) when limited: (-at, -line, arrival)
     lineno = 0
     try:
-        with path.open(newline="", encoding="utf-8") as fh:
+        with path.open(newline="", encoding="utf-8-sig") as fh:  # (a spreadsheet's byte-order mark is not data)
             for lineno, row in enumerate(csv.reader(fh), 1):
                 if not row or row[0].strip().startswith("#") or (lineno == 1 and row[0].strip() == "at_s"):
                     continue

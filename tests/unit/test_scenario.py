@@ -202,6 +202,9 @@ def test_trace_file_drives_the_schedule(tmp_path: Path) -> None:
         (0.5, "sensor_mlp", 10, 40.0),
         (1.5, "mobilenet_s", 0, 250.0),
     ]
+    bom = "\ufeffat_s,model,priority,deadline_ms\n0.5,sensor_mlp,10,40\n"  # as a spreadsheet saves it
+    (tmp_path / "trace.csv").write_text(bom, encoding="utf-8")
+    assert [a.at_s for a in build_schedule(s.workload, 1, 10.0, s.base_dir) if a.site == "edge-a"] == [0.5]
     (tmp_path / "trace.csv").write_text("0.5,sensor_mlp,high,40\n")
     with pytest.raises(ValueError, match="trace.csv:1"):
         build_schedule(s.workload, 1, 10.0, s.base_dir)
