@@ -30,7 +30,7 @@ from nodes.scheduler import batch_curve_ms
 from router.lifecycle.links import LinkTable
 from scenarios.launcher import Stack, profile_baselines
 from scenarios.loadgen import Payload
-from scenarios.profile import measure_level, quantiles
+from scenarios.profile import measure_level, quantiles, request_overhead_ms
 from scenarios.schema import NodeSpec, Scenario
 from scenarios.workload import Result
 from telemetry.quantiles import grid_101
@@ -129,8 +129,7 @@ def _overhead_without_links(
     links = LinkTable(scenario.topology.link_states())
 
     def overhead(r: Result) -> float:
-        cross = 0.0 if partition.get(r.node) == site else links.mean_crossing_ms(site, partition.get(r.node))
-        return max(0.0, r.latency_ms - r.exec_ms - r.queue_ms - cross)
+        return request_overhead_ms(r, links.mean_crossing_ms(site, partition.get(r.node)))
 
     sample = local if len(local) >= LOCAL_ENOUGH else ok
     by_model: dict[str, list[float]] = {}

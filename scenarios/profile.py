@@ -52,6 +52,12 @@ from telemetry.store import ViewStore
 BATCHES = (1, 2, 4, 8)
 
 
+def request_overhead_ms(r: Result, link_ms: float = 0.0) -> float:
+    """What an answer cost beyond the node's execution and queue wait (and `link_ms` of link delay):
+    HTTP on both hops, parsing, the router's decision."""
+    return max(0.0, r.latency_ms - r.exec_ms - r.queue_ms - link_ms)
+
+
 def quantiles(samples: list[float]) -> list[float]:
     """A measured distribution as the profile stores it (telemetry.quantiles.grid_101)."""
     return grid_101(samples)
@@ -310,7 +316,7 @@ def measure_level(
     wakeups, handoffs = after[1] - before[1], after[3] - before[3]
 
     def overhead(rs: list[Any]) -> list[float]:
-        return quantiles([max(0.0, r.latency_ms - r.exec_ms - r.queue_ms) for r in rs])
+        return quantiles([request_overhead_ms(r) for r in rs])
 
     name = key or (lambda m: m)
     execution = real_exec or (lambda r: r.exec_ms)

@@ -101,6 +101,8 @@ class PeerLoads(TopicReader):
         return len(self._latest)
 
     def apply(self, msgs: list[RouterLoad], received_ms: float) -> None:
+        """Keep each router's latest message; the totals are summed by `_tick`, which the reader runs
+        after every poll (so once per poll, not once per batch and again after it)."""
         self._expire(received_ms)  # (a crashed router's place is free before new ones are counted)
         for m in msgs:
             if m.router_id == self.router_id:
@@ -112,7 +114,6 @@ class PeerLoads(TopicReader):
                 continue
             if prev is None or m.seq > prev[1].seq or m.seq == 0:  # seq 0: a restarted router
                 self._latest[m.router_id] = (received_ms, m)
-        self._tick(received_ms)
 
     def _handle(
         self, values: list[bytes], received_ms: float, history: bool | None = None, kids: list[str | None] | None = None

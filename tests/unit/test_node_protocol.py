@@ -106,13 +106,18 @@ def test_json_response_shape_and_id() -> None:
 INT_SPECS = {"i": TensorSpec("i", "INT32", (-1, 2)), "u": TensorSpec("u", "UINT64", (-1, 1))}
 
 
-def ints(i: object, u: object) -> dict[str, object]:
+def one_row(specs: dict[str, TensorSpec], **data: object) -> dict[str, object]:
+    """A request of one row for each input of `specs`, with the JSON `data` given by name."""
     return {
         "inputs": [
-            {"name": "i", "shape": [1, 2], "datatype": "INT32", "data": i},
-            {"name": "u", "shape": [1, 1], "datatype": "UINT64", "data": u},
+            {"name": name, "shape": [1, specs[name].shape[1]], "datatype": specs[name].datatype, "data": d}
+            for name, d in data.items()
         ]
     }
+
+
+def ints(i: object, u: object) -> dict[str, object]:
+    return one_row(INT_SPECS, i=i, u=u)
 
 
 def test_integer_tensors_take_integers_in_range_and_nothing_a_cast_would_change() -> None:
@@ -142,12 +147,7 @@ MIXED_SPECS = {"f": TensorSpec("f", "FP16", (-1, 2)), "b": TensorSpec("b", "BOOL
 
 
 def mixed(f: object, b: object) -> dict[str, object]:
-    return {
-        "inputs": [
-            {"name": "f", "shape": [1, 2], "datatype": "FP16", "data": f},
-            {"name": "b", "shape": [1, 2], "datatype": "BOOL", "data": b},
-        ]
-    }
+    return one_row(MIXED_SPECS, f=f, b=b)
 
 
 def test_float_and_bool_tensors_take_json_numbers_and_booleans_only() -> None:

@@ -139,12 +139,17 @@ def test_peer_messages_are_bounded_in_routers_and_in_nodes_per_message() -> None
         return json.dumps({**body, **counts}).encode()
 
     loads = PeerLoads("127.0.0.1:1", "me", stale_after_ms=1000)  # (not started: nothing connects)
-    loads._handle([msg(f"r{i}") for i in range(MAX_PEERS + 5)], NOW)
+
+    def poll(values: list[bytes], at: float) -> None:  # what the reader thread does with one poll's records
+        loads._handle(values, at)
+        loads._tick(at)
+
+    poll([msg(f"r{i}") for i in range(MAX_PEERS + 5)], NOW)
     assert loads.peers == MAX_PEERS and loads.over_capacity == 5 and loads.remote("n1") == 2 * MAX_PEERS
     padded = {f"n{i}": 1 for i in range(MAX_PEER_NODES + 1)}
-    loads._handle([msg("r0", 2, dispatched=padded), msg("r1", 2, settled={"n1": -5})], NOW + 1)
+    poll([msg("r0", 2, dispatched=padded), msg("r1", 2, settled={"n1": -5})], NOW + 1)
     assert loads.malformed == 2 and loads.remote("n1") == 2 * MAX_PEERS, "neither counted"
-    loads._handle([msg("newcomer")], NOW + 2_000)  # every earlier router is silent past stale_after_ms
+    poll([msg("newcomer")], NOW + 2_000)  # every earlier router is silent past stale_after_ms
     assert loads.peers == 1 and loads.remote("n1") == 2 and loads.over_capacity == 5
 
 
