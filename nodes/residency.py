@@ -11,7 +11,7 @@ budget.
 
 from __future__ import annotations
 
-from collections import Counter, OrderedDict
+from collections import OrderedDict
 
 
 class NoRoom(Exception):
@@ -25,11 +25,12 @@ class Residency:
     def __init__(self, budget_bytes: int) -> None:
         self.budget_bytes = budget_bytes
         self._sizes: OrderedDict[str, int] = OrderedDict()  # least recently used first
-        self._pins: Counter[str] = Counter()
+        self._used = 0  # the sum of `_sizes` (read on every telemetry report)
+        self._pins: dict[str, int] = {}  # requests queued or running per model (none: no entry)
 
     @property
     def used_bytes(self) -> int:
-        return sum(self._sizes.values())
+        return self._used
 
     @property
     def resident(self) -> list[str]:
@@ -44,17 +45,21 @@ class Residency:
             self._sizes.move_to_end(name)
 
     def pin(self, name: str) -> None:
-        self._pins[name] += 1
-        self.touch(name)
+        pins = self._pins
+        pins[name] = pins.get(name, 0) + 1
+        if name in self._sizes:
+            self._sizes.move_to_end(name)
 
     def unpin(self, name: str) -> None:
-        if self._pins[name] <= 1:
-            del self._pins[name]
+        pins = self._pins
+        held = pins.get(name, 0)
+        if held <= 1:
+            pins.pop(name, None)
         else:
-            self._pins[name] -= 1
+            pins[name] = held - 1
 
     def pinned(self, name: str) -> int:
-        return self._pins[name]
+        return self._pins.get(name, 0)
 
     def plan(self, name: str, size_bytes: int) -> list[str]:
         """The models to evict (in order) so that `name` fits; raises NoRoom if it cannot."""
@@ -70,7 +75,7 @@ class Residency:
         for other, size in self._sizes.items():
             if free >= size_bytes:
                 break
-            if self._pins[other]:
+            if other in self._pins:
                 continue
             evict.append(other)
             free += size
@@ -89,12 +94,13 @@ class Residency:
         return evict
 
     def add(self, name: str, size_bytes: int) -> None:
-        if name not in self._sizes and self.used_bytes + size_bytes > self.budget_bytes:
+        if name not in self._sizes and self._used + size_bytes > self.budget_bytes:
             raise NoRoom(f"model '{name}' does not fit; evict first", permanent=False)
+        self._used += size_bytes - self._sizes.get(name, 0)
         self._sizes[name] = size_bytes
         self._sizes.move_to_end(name)
 
     def remove(self, name: str) -> None:
-        if self._pins[name]:
+        if name in self._pins:
             raise ValueError(f"model '{name}' has requests in progress")
-        self._sizes.pop(name, None)
+        self._used -= self._sizes.pop(name, 0)

@@ -36,19 +36,26 @@ class Failure(enum.Enum):
     TRY_TIMEOUT = "try_timeout"  # no answer within the per-try timeout, budget left: retried elsewhere
     CLIENT = "client"
 
+    # each kind's answers, set once below (read on every attempt: a property testing membership
+    # hashed the member through Enum's Python-level __hash__ each time)
+    _retryable: bool
+    _health: bool | None
+
     @property
     def retryable(self) -> bool:
-        return self in _RETRYABLE
+        return self._retryable
 
     @property
     def health(self) -> bool | None:
         """True: the node is alive (resets its failure count); False: a failure; None: no evidence."""
-        if self in (Failure.CONNECT, Failure.CUT, Failure.NODE_ERROR, Failure.TRY_TIMEOUT):
-            return False
-        return None if self is Failure.TIMEOUT else True
+        return self._health
 
 
 _RETRYABLE = frozenset({Failure.CONNECT, Failure.CUT, Failure.NODE_ERROR, Failure.SHED, Failure.TRY_TIMEOUT})
+_UNHEALTHY = frozenset({Failure.CONNECT, Failure.CUT, Failure.NODE_ERROR, Failure.TRY_TIMEOUT})
+for _kind in Failure:
+    _kind._retryable = _kind in _RETRYABLE
+    _kind._health = False if _kind in _UNHEALTHY else None if _kind is Failure.TIMEOUT else True
 
 
 def classify(status: int) -> Failure:

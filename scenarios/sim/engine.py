@@ -39,6 +39,7 @@ import gc
 import heapq
 import random
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
@@ -56,7 +57,6 @@ from scenarios.sim.router import RouterDriver
 from scenarios.sim.state import (
     ARRIVAL,
     COPIES,
-    DELIVER,
     EXPIRE,
     FAULT,
     FINISH,
@@ -149,10 +149,11 @@ class Simulation(RouterDriver, WorkflowDriver, NodeModel, TelemetryModel, FaultM
         self.nodes = {n.id: self._node(n) for n in run.node_specs(scenario.topology.nodes)}
         self.results: list[Result | None] = [None] * len(schedule)
         self.heap: list[tuple[float, int, int, Any]] = []
+        self.periodic: deque[tuple[float, int, int, Any]] = deque()
         self.seq = 0
         self.events = 0
         self.now = 0.0
-        self.pending_delivery: list[NodeLoad] = []
+        self.deliveries: list[tuple[float, int, NodeLoad]] = []
         self.broker_up = True
         self.fault_log: list[tuple[float, str]] = []
         arch = self._arch
@@ -190,7 +191,6 @@ class Simulation(RouterDriver, WorkflowDriver, NodeModel, TelemetryModel, FaultM
 
     def _run(self, horizon_ms: float | None, checkpoint: Callable[[], None]) -> list[Result]:
         handlers: dict[int, Callable[[Any], None]] = {
-            DELIVER: self._deliver,
             FINISH: self._finish,
             NODE_ARRIVE: self._node_arrive,
             ARRIVAL: self._arrival,
@@ -227,13 +227,21 @@ class Simulation(RouterDriver, WorkflowDriver, NodeModel, TelemetryModel, FaultM
         pop = heapq.heappop
         open_requests = len(self.schedule)
         self._open = open_requests
-        while heap:
-            at, kind, _, payload = pop(heap)
+        collect_at = COLLECT_EVERY
+        stopped_at = end  # the time up to which every event was taken (a delivery at it included)
+        periodic = self.periodic
+        take = periodic.popleft
+        while heap or periodic:
+            if periodic and (not heap or periodic[0] < heap[0]):
+                at, kind, _, payload = take()
+            else:
+                at, kind, _, payload = pop(heap)
             if at > end:
                 break
             self.now = at
             self.events += 1
-            if not self.events % COLLECT_EVERY:
+            if self.events >= collect_at:
+                collect_at = self.events + COLLECT_EVERY
                 checkpoint()
             if kind == ARRIVAL:
                 self._arrival(payload)
@@ -243,7 +251,11 @@ class Simulation(RouterDriver, WorkflowDriver, NodeModel, TelemetryModel, FaultM
             else:
                 handlers[kind](payload)
             if self._open == 0 and nxt is None:
+                stopped_at = at
                 break
+        # deliveries are events too, kept in their own queue (TelemetryModel._emit): count the ones the
+        # run reached and the last poll did not take
+        self.events += sum(1 for entry in self.deliveries if entry[0] <= stopped_at)
         for i, r in enumerate(self.results):  # anything still open at the horizon got no answer
             if r is None:
                 a = self.schedule[i]

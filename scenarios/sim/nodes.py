@@ -246,10 +246,13 @@ class NodeModel(SimState):
         key = (running.model, rows)
         prev = node.ewma.get(key)
         node.ewma[key] = learnt if prev is None else (1 - self.cfg.ewma_alpha) * prev + self.cfg.ewma_alpha * learnt
+        now = self.now
         for job in running.jobs:
             node.served += 1
-            self._unpin(node, job)
-            self._send_reply(job, 200, "")
+            if job.pinned:
+                job.pinned = False
+                node.residency.unpin(job.req.model)
+            self.push(now + job.back_ms, REPLY, (job, 200, "", Failure.OK))  # (`_send_reply`, written out)
             job.work = None  # it ran: nothing asks for its queue entry again (breaks the job <-> work cycle)
         self._kick(node)
         node.handoff = False

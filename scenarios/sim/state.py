@@ -31,10 +31,10 @@ from scenarios.workload import Arrival, Result
 from telemetry.schema import DeviceInfo, ModelLoad, NodeLoad
 from telemetry.store import ViewStore
 
-# Event kinds; the number also orders simultaneous events (a delivery before a decision at the same
-# instant, completions before new arrivals, so freed slots are visible).
+# Event kinds; the number also orders simultaneous events (completions before new arrivals, so freed
+# slots are visible). Telemetry deliveries are events too, ordered before all of these at the same
+# instant, but kept in a queue of their own (`SimState.deliveries`): only a poll reads them.
 (
-    DELIVER,
     FINISH,
     LOADED,
     NODE_ARRIVE,
@@ -51,7 +51,9 @@ from telemetry.store import ViewStore
     COPIES,
     TRY_TIMEOUT,
     REROUTE,
-) = range(17)
+) = range(16)
+
+_heappush = heapq.heappush
 
 DEFAULT_LOAD_MS = 5.0  # a zoo model's session creation and warm-up on this machine, when none is declared
 
@@ -59,16 +61,23 @@ DEFAULT_LOAD_MS = 5.0  # a zoo model's session creation and warm-up on this mach
 M = TypeVar("M", bound=BaseModel)
 
 
-def _construct(cls: type[M], **values: Any) -> M:
+def _construct(cls: type[M], values: dict[str, Any]) -> M:
     """A pydantic model instance from known-valid values, without validation (the simulator makes
     hundreds of thousands of telemetry messages; it builds them from its own state, so they are valid
-    by construction). Every field is given, so no defaults are needed."""
+    by construction). Every field is given, so no defaults are needed; `values` becomes the instance's
+    own dict. The fields-set is one set per class, shared: the telemetry models are frozen, so nothing
+    adds to it (a `model_copy` copies it first)."""
     obj = cls.__new__(cls)
     object.__setattr__(obj, "__dict__", values)
-    object.__setattr__(obj, "__pydantic_fields_set__", set(values))
+    object.__setattr__(obj, "__pydantic_fields_set__", _fields_set(cls))
     object.__setattr__(obj, "__pydantic_extra__", None)
     object.__setattr__(obj, "__pydantic_private__", None)
     return obj
+
+
+@functools.cache
+def _fields_set(cls: type[BaseModel]) -> set[str]:
+    return set(cls.model_fields)
 
 
 @dataclass(slots=True)
@@ -181,6 +190,10 @@ class SimNode:
     peak_memory: int = 0  # most bytes ever resident (tests check it against the budget)
     starts: int = 0  # executions started (with change_threshold 1, each one is published)
     last_published_starts: int = 0
+    # what every telemetry snapshot of this node shares (TelemetryModel._prepare_snapshots)
+    snapshot_template: dict[str, Any] | None = None
+    snapshot_keys: list[tuple[str, tuple[str, int], float]] = field(default_factory=list)
+    rounded: dict[float, float] = field(default_factory=dict)  # EWMA values as reported (2 decimals)
 
     @property
     def outstanding(self) -> int:
@@ -227,10 +240,11 @@ class SimState:
     nodes: dict[str, SimNode]
     results: list[Result | None]
     heap: list[tuple[float, int, int, Any]]
+    periodic: deque[tuple[float, int, int, Any]]  # events of one fixed period, in order (`push_periodic`)
     seq: int
     events: int
     now: float
-    pending_delivery: list[NodeLoad]
+    deliveries: list[tuple[float, int, NodeLoad]]  # telemetry on its way: (at, seq, message), a heap
     broker_up: bool
     fault_log: list[tuple[float, str]]
     _load_ms: dict[str, float]
@@ -245,7 +259,15 @@ class SimState:
 
     def push(self, at: float, kind: int, payload: Any) -> None:
         self.seq += 1
-        heapq.heappush(self.heap, (at, kind, self.seq, payload))
+        _heappush(self.heap, (at, kind, self.seq, payload))
+
+    def push_periodic(self, at: float, kind: int, payload: Any) -> None:
+        """`push` for an event `now + period` of one fixed period (the nodes' telemetry timers): these
+        arrive in order, so they wait in a FIFO instead of the heap, which then holds only the events
+        of requests in flight (a thousand timers made every heap operation three levels deeper). The
+        loop takes whichever of the two heads is first by (time, kind, seq): the order is unchanged."""
+        self.seq += 1
+        self.periodic.append((at, kind, self.seq, payload))
 
     if TYPE_CHECKING:  # handlers one part calls in another (defined there)
 
@@ -253,7 +275,6 @@ class SimState:
         def _changed(self, node: SimNode) -> None: ...
         def _copies(self, _: Any) -> None: ...
         def _decide(self, req: SimRequest) -> None: ...
-        def _deliver(self, msg: NodeLoad) -> None: ...
         def _emit(self, node: SimNode) -> None: ...
         def _expire(self, payload: tuple[Job, int]) -> None: ...
         def _fault(self, action: tuple[Any, ...]) -> None: ...

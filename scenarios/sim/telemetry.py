@@ -3,10 +3,10 @@ after the profile's lag, applied in batches every `poll_ms`."""
 
 from __future__ import annotations
 
+import heapq
 from typing import Any
 
 from scenarios.sim.state import (
-    DELIVER,
     POLL,
     PUBLISH,
     SimNode,
@@ -19,83 +19,135 @@ from telemetry.schema import ModelLoad, NodeLoad
 class TelemetryModel(SimState):
     def _snapshot(self, node: SimNode) -> NodeLoad:
         node.seq += 1
-        node.last_published = node.outstanding
+        sched = node.sched
+        queued = sched.queued
+        node.last_published = queued + node.busy
         node.last_published_starts = node.starts
         spec = node.spec
+        template = node.snapshot_template
+        if template is None:
+            template = self._prepare_snapshots(node)
         models = {}
         cache = node.model_cache
-        sched = node.sched
         resident = node.residency
+        ewma = node.ewma
+        load_ms = node.load_ms
+        queued_by_model = sched.queued_by_model
         running = node.running
-        for m in spec.models:
-            ewma = round(node.ewma.get((m, 1), self._baseline[m] / node.speed), 2)
-            in_flight = node.in_flight_of(m) if running else 0
-            key = (m, sched.queued_by_model[m], in_flight, ewma, m in resident, node.load_ms.get(m))
+        speed = node.speed
+        rounded = node.rounded
+        for m, one, baseline in node.snapshot_keys:
+            measured = ewma.get(one)
+            if measured is None:
+                e = round(baseline / speed, 2)
+            else:  # rounded once per value: most reports find a model's EWMA where the last one did
+                known = rounded.get(measured)
+                if known is None:
+                    if len(rounded) > 4096:
+                        rounded.clear()
+                    known = rounded[measured] = round(measured, 2)
+                e = known
+            key = (
+                m,
+                queued_by_model.get(m, 0) if queued else 0,
+                node.in_flight_of(m) if running else 0,
+                e,
+                m in resident,
+                load_ms.get(m),
+            )
             state = cache.get(key)
             if state is None:
                 if len(cache) > 4096:
                     cache.clear()
-                by_batch = {str(rows): round(v, 2) for (mm, rows), v in node.ewma.items() if mm == m}
-                by_batch["1"] = ewma
+                by_batch = {str(rows): round(v, 2) for (mm, rows), v in ewma.items() if mm == m}
+                by_batch["1"] = e
                 state = cache[key] = _construct(
                     ModelLoad,
-                    resident=key[4],
-                    queued=key[1],
-                    in_flight=key[2],
-                    ewma_ms_by_batch=by_batch,
-                    load_ms=key[5],
+                    {
+                        "resident": key[4],
+                        "queued": key[1],
+                        "in_flight": key[2],
+                        "ewma_ms_by_batch": by_batch,
+                        "load_ms": key[5],
+                    },
                 )
             models[m] = state
-        if sched.mode == "priority" or sched.queued:
-            left = [max(0.0, b.ends_at - self.now) for b in node.running]
+        if sched.mode == "priority" or queued:
+            left = [max(0.0, b.ends_at - self.now) for b in running]
             prios = {0, spec.high_priority_min, *(p for p, n in sched.queued_by_priority.items() if n)}
             waits = {str(p): round(sched.expected_wait_ms(p, left, spec.slots), 3) for p in sorted(prios)}
+            by_priority = {str(p): n for p, n in sched.queued_by_priority.items() if n}
         else:
             waits = {}
-        return _construct(
-            NodeLoad,
-            schema_=1,
-            node_id=spec.id,
-            endpoint=f"sim://{spec.id}",
-            partition=spec.partition,
-            tier=spec.tier,
-            device=self._device,
-            seq=node.seq,
-            sent_at_ms=self.now,
-            status="ready",
-            queued_by_priority={str(p): n for p, n in sched.queued_by_priority.items() if n},
-            expected_wait_ms=waits,
-            scheduler=sched.mode,
-            in_flight=node.busy,
-            capacity=spec.slots,
-            max_queue=spec.max_queue,
-            models=models,
-            memory_used_bytes=resident.used_bytes,
-            memory_budget_bytes=spec.memory_budget_mb << 20,
-            utilisation=0.0,
-            started_at_ms=node.started_ms,
-        )
+            by_priority = {}
+        values = template.copy()
+        values["seq"] = node.seq
+        values["sent_at_ms"] = self.now
+        values["queued_by_priority"] = by_priority
+        values["expected_wait_ms"] = waits
+        values["in_flight"] = node.busy
+        values["models"] = models
+        values["memory_used_bytes"] = resident.used_bytes
+        values["started_at_ms"] = node.started_ms
+        return _construct(NodeLoad, values)
+
+    def _prepare_snapshots(self, node: SimNode) -> dict[str, Any]:
+        """What every snapshot of `node` shares: the fields that never change (in `NodeLoad`'s order;
+        the others are placeholders, set per snapshot) and each model's EWMA key and baseline."""
+        spec = node.spec
+        node.snapshot_keys = [(m, (m, 1), self._baseline[m]) for m in spec.models]
+        template = node.snapshot_template = {
+            "schema_": 1,
+            "node_id": spec.id,
+            "endpoint": f"sim://{spec.id}",
+            "partition": spec.partition,
+            "tier": spec.tier,
+            "device": self._device,
+            "seq": 0,
+            "sent_at_ms": 0.0,
+            "status": "ready",
+            "queued_by_priority": {},
+            "expected_wait_ms": {},
+            "scheduler": node.sched.mode,
+            "in_flight": 0,
+            "capacity": spec.slots,
+            "max_queue": spec.max_queue,
+            "models": {},
+            "memory_used_bytes": 0,
+            "memory_budget_bytes": spec.memory_budget_mb << 20,
+            "utilisation": 0.0,
+            "started_at_ms": 0.0,
+        }
+        return template
 
     def _emit(self, node: SimNode) -> None:
         if not node.alive:
             return
         msg = self._snapshot(node)
         if self.broker_up:
-            self.push(self.now + self.profile.telemetry_lag_ms.sample(self.tel_rng), DELIVER, msg)
+            # a delivery is an event of its own, ordered as every event by (time, kind, seq), kept in a
+            # queue of its own: only the next poll reads what was delivered, so nothing else needs to
+            # see it on the event heap (DELIVER orders before POLL at the same instant: taken by it)
+            self.seq += 1
+            heapq.heappush(
+                self.deliveries, (self.now + self.profile.telemetry_lag_ms.sample(self.tel_rng), self.seq, msg)
+            )
 
     def _publish(self, payload: tuple[SimNode, int]) -> None:
         node, epoch = payload
         if epoch != node.epoch or not node.alive:
             return
         self._emit(node)
-        self.push(self.now + self.cfg.interval_ms, PUBLISH, (node, epoch))
-
-    def _deliver(self, msg: NodeLoad) -> None:
-        self.pending_delivery.append(msg)
+        self.push_periodic(self.now + self.cfg.interval_ms, PUBLISH, (node, epoch))
 
     def _poll(self, _: Any) -> None:
-        if self.pending_delivery:
-            self.store.apply_many(self.pending_delivery, self.now)
-            self.pending_delivery = []
+        deliveries = self.deliveries
+        if deliveries and deliveries[0][0] <= self.now:
+            now = self.now
+            arrived = []
+            while deliveries and deliveries[0][0] <= now:
+                arrived.append(heapq.heappop(deliveries)[2])
+            self.events += len(arrived)
+            self.store.apply_many(arrived, now)
         if self._open > 0:
             self.push(self.now + self.cfg.poll_ms, POLL, None)
