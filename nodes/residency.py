@@ -12,6 +12,7 @@ budget.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import KeysView
 
 
 class NoRoom(Exception):
@@ -39,6 +40,10 @@ class Residency:
 
     def __contains__(self, name: object) -> bool:
         return name in self._sizes
+
+    def names(self) -> KeysView[str]:
+        """The resident models as a live read-only view (membership tests at C speed)."""
+        return self._sizes.keys()
 
     def touch(self, name: str) -> None:
         if name in self._sizes:

@@ -244,6 +244,8 @@ class NodeModel(SimState):
         rows = batch_key(running.rows)
         learnt = service if rows == running.rows else service * rows / running.rows
         key = (running.model, rows)
+        if rows != 1:
+            node.batched.add(running.model)  # its reports carry every batch size's EWMA: rebuilt each time
         prev = node.ewma.get(key)
         node.ewma[key] = learnt if prev is None else (1 - self.cfg.ewma_alpha) * prev + self.cfg.ewma_alpha * learnt
         now = self.now

@@ -159,6 +159,18 @@ class SimBatch:
     ends_at: float
 
 
+@dataclass(slots=True)
+class ModelReports:
+    """What a node's telemetry last said of one model's EWMAs (`by_batch`, built from the batch-1 EWMA
+    `raw`), and the reports made with them, by (queued, in flight, resident, load ms): a report is
+    made once per distinct state and shared (reports are frozen). Cleared when the EWMAs as
+    reported change, so it holds the few states seen since."""
+
+    raw: float | None = None
+    by_batch: dict[str, float] = field(default_factory=dict)
+    states: dict[tuple[int, int, bool, float | None], ModelLoad] = field(default_factory=dict)
+
+
 @dataclass
 class SimNode:
     spec: NodeSpec
@@ -171,7 +183,6 @@ class SimNode:
     last_published: int = 0
     busy_ms: float = 0.0
     epoch: int = 0  # bumped on kill, so events of the old incarnation are ignored
-    model_cache: dict[tuple[str, int, int, float, bool, float | None], ModelLoad] = field(default_factory=dict)
     served: int = 0
     wake_at: float | None = None
     started_ms: float = 0.0  # serving since (restarts take 2 s to load models, as live)
@@ -192,8 +203,8 @@ class SimNode:
     last_published_starts: int = 0
     # what every telemetry snapshot of this node shares (TelemetryModel._prepare_snapshots)
     snapshot_template: dict[str, Any] | None = None
-    snapshot_keys: list[tuple[str, tuple[str, int], float]] = field(default_factory=list)
-    rounded: dict[float, float] = field(default_factory=dict)  # EWMA values as reported (2 decimals)
+    snapshot_keys: list[tuple[str, tuple[str, int], float, ModelReports]] = field(default_factory=list)
+    batched: set[str] = field(default_factory=set)  # models with an EWMA for batches of more than one row
 
     @property
     def outstanding(self) -> int:

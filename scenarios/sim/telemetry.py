@@ -9,6 +9,7 @@ from typing import Any
 from scenarios.sim.state import (
     POLL,
     PUBLISH,
+    ModelReports,
     SimNode,
     SimState,
     _construct,
@@ -28,47 +29,44 @@ class TelemetryModel(SimState):
         if template is None:
             template = self._prepare_snapshots(node)
         models = {}
-        cache = node.model_cache
         resident = node.residency
+        names = resident.names()
         ewma = node.ewma
         load_ms = node.load_ms
         queued_by_model = sched.queued_by_model
         running = node.running
-        speed = node.speed
-        rounded = node.rounded
-        for m, one, baseline in node.snapshot_keys:
+        batched = node.batched
+        for m, one, baseline, rep in node.snapshot_keys:
             measured = ewma.get(one)
-            if measured is None:
-                e = round(baseline / speed, 2)
-            else:  # rounded once per value: most reports find a model's EWMA where the last one did
-                known = rounded.get(measured)
-                if known is None:
-                    if len(rounded) > 4096:
-                        rounded.clear()
-                    known = rounded[measured] = round(measured, 2)
-                e = known
+            if measured is None or measured != rep.raw or m in batched:
+                # its EWMAs moved (or may have): what it reports for them, rounded as the live node does
+                e = round(baseline / node.speed if measured is None else measured, 2)
+                if m in batched:
+                    by_batch = {str(rows): round(v, 2) for (mm, rows), v in ewma.items() if mm == m}
+                    by_batch["1"] = e
+                    if by_batch != rep.by_batch:
+                        rep.by_batch = by_batch
+                        rep.states = {}
+                elif e != rep.by_batch.get("1") or len(rep.by_batch) != 1:
+                    rep.by_batch = {"1": e}
+                    rep.states = {}
+                rep.raw = measured
             key = (
-                m,
                 queued_by_model.get(m, 0) if queued else 0,
                 node.in_flight_of(m) if running else 0,
-                e,
-                m in resident,
+                m in names,
                 load_ms.get(m),
             )
-            state = cache.get(key)
+            state = rep.states.get(key)
             if state is None:
-                if len(cache) > 4096:
-                    cache.clear()
-                by_batch = {str(rows): round(v, 2) for (mm, rows), v in ewma.items() if mm == m}
-                by_batch["1"] = e
-                state = cache[key] = _construct(
+                state = rep.states[key] = _construct(
                     ModelLoad,
                     {
-                        "resident": key[4],
-                        "queued": key[1],
-                        "in_flight": key[2],
-                        "ewma_ms_by_batch": by_batch,
-                        "load_ms": key[5],
+                        "resident": key[2],
+                        "queued": key[0],
+                        "in_flight": key[1],
+                        "ewma_ms_by_batch": rep.by_batch,
+                        "load_ms": key[3],
                     },
                 )
             models[m] = state
@@ -95,7 +93,7 @@ class TelemetryModel(SimState):
         """What every snapshot of `node` shares: the fields that never change (in `NodeLoad`'s order;
         the others are placeholders, set per snapshot) and each model's EWMA key and baseline."""
         spec = node.spec
-        node.snapshot_keys = [(m, (m, 1), self._baseline[m]) for m in spec.models]
+        node.snapshot_keys = [(m, (m, 1), self._baseline[m], ModelReports()) for m in spec.models]
         template = node.snapshot_template = {
             "schema_": 1,
             "node_id": spec.id,

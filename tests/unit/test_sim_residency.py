@@ -201,3 +201,40 @@ def test_copy_scaling_loads_a_hot_model_ahead_of_need_on_the_planners_clock() ->
     late = [r for r in with_copies.results if r is not None and (r.status != 200 or r.latency_ms > 100)]
     late_without = [r for r in without.results if r is not None and (r.status != 200 or r.latency_ms > 100)]
     assert len(late) * 5 < len(late_without), "one copy cannot keep up with 450 req/s of 2.8 ms each"
+
+
+class CheckedReports(Simulation):
+    """Checks every telemetry report against the node's state when it is made (the simulator keeps a
+    model's report while nothing it is built from changed; a report that lags the node is a bug)."""
+
+    checked = 0
+    batched = 0
+
+    def _snapshot(self, node: Any) -> Any:
+        msg = super()._snapshot(node)
+        for m in node.spec.models:
+            report = msg.models[m]
+            ewma = {str(rows): round(v, 2) for (name, rows), v in node.ewma.items() if name == m}
+            ewma["1"] = round(node.ewma.get((m, 1), self._baseline[m] / node.speed), 2)
+            assert report.ewma_ms_by_batch == ewma, (node.spec.id, m)
+            assert report.queued == node.sched.queued_by_model[m]
+            assert report.in_flight == node.in_flight_of(m)
+            assert report.resident == (m in node.residency)
+            assert report.load_ms == node.load_ms.get(m)
+            self.checked += 1
+            self.batched += len(ewma) > 1
+        assert msg.memory_used_bytes == sum(self._size[m] for m in node.residency.resident)
+        return msg
+
+
+@pytest.mark.parametrize("policy", ["p2c", "compass"])
+def test_every_report_shows_the_node_as_it_is_each_batch_sizes_ewma_included(policy: str) -> None:
+    from scenarios.profile import load_profile
+    from scenarios.replay import _plan
+
+    s = camera(rate=40.0)
+    _, _, schedule = _plan(s, None)
+    sim = CheckedReports(s, s.policy(policy), schedule, Profile.from_json(load_profile(None)))
+    sim.run()
+    assert sim.checked > 1000
+    assert sim.batched > 100, "crops run as batches of several rows: their EWMAs are reported"
