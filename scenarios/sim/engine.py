@@ -1,7 +1,9 @@
 """The discrete-event simulator's engine: the scenario on virtual time, with the router's own policy objects.
 
-An event heap ordered by (time, kind, seq); each handler may push new events. What is modelled, and
-from what:
+Events ordered by (time, kind, seq): a heap for those of requests in flight, beside it a FIFO for the
+nodes' periodic telemetry timers and a queue of telemetry deliveries that the router's polls take
+(`state.SimState.push_periodic`, `telemetry.TelemetryModel._emit`); each handler may push new events.
+What is modelled, and from what:
 
 - **Arrivals**: the same seeded schedule the live replay sends (`loadgen.build_schedule`).
 - **Router**: the very same `Pipeline` (built by `build_policy`), `ViewStore`, `ClusterView` and
