@@ -52,8 +52,7 @@ class Residency:
     def pin(self, name: str) -> None:
         pins = self._pins
         pins[name] = pins.get(name, 0) + 1
-        if name in self._sizes:
-            self._sizes.move_to_end(name)
+        self.touch(name)
 
     def unpin(self, name: str) -> None:
         pins = self._pins

@@ -248,13 +248,10 @@ class NodeModel(SimState):
             node.batched.add(running.model)  # its reports carry every batch size's EWMA: rebuilt each time
         prev = node.ewma.get(key)
         node.ewma[key] = learnt if prev is None else (1 - self.cfg.ewma_alpha) * prev + self.cfg.ewma_alpha * learnt
-        now = self.now
         for job in running.jobs:
             node.served += 1
-            if job.pinned:
-                job.pinned = False
-                node.residency.unpin(job.req.model)
-            self.push(now + job.back_ms, REPLY, (job, 200, "", Failure.OK))  # (`_send_reply`, written out)
+            self._unpin(node, job)
+            self._send_reply(job, 200, "", kind=Failure.OK)
             job.work = None  # it ran: nothing asks for its queue entry again (breaks the job <-> work cycle)
         self._kick(node)
         node.handoff = False

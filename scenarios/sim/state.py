@@ -276,9 +276,17 @@ class SimState:
         """`push` for an event `now + period` of one fixed period (the nodes' telemetry timers): these
         arrive in order, so they wait in a FIFO instead of the heap, which then holds only the events
         of requests in flight (a thousand timers made every heap operation three levels deeper). The
-        loop takes whichever of the two heads is first by (time, kind, seq): the order is unchanged."""
+        loop takes whichever of the two heads is first by (time, kind, seq): the order is unchanged.
+        An event that would come before the FIFO's last one goes to the heap, so order holds whatever
+        the caller passes."""
+        periodic = self.periodic
+        if periodic:
+            last = periodic[-1]
+            if at < last[0] or (at == last[0] and kind < last[1]):
+                self.push(at, kind, payload)
+                return
         self.seq += 1
-        self.periodic.append((at, kind, self.seq, payload))
+        periodic.append((at, kind, self.seq, payload))
 
     if TYPE_CHECKING:  # handlers one part calls in another (defined there)
 

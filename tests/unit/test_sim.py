@@ -281,3 +281,27 @@ def test_simulated_per_try_timeout_moves_requests_off_a_slow_node() -> None:
         on_fast[name] = sum(1 for r in results if r.node == "fast")
     assert on_fast["with"] > on_fast["without"] + 50, on_fast  # abandoned tries retried on the other node
     assert within["with"] > within["without"], within
+
+
+def test_periodic_events_and_the_heap_are_taken_in_time_order_even_when_a_periodic_one_comes_early() -> None:
+    from scenarios.profile import load_profile
+    from scenarios.sim.state import PUBLISH
+    from scenarios.workload import Arrival
+
+    taken: list[tuple[float, str]] = []
+
+    class Recording(Simulation):
+        def _publish(self, payload: Any) -> None:
+            if isinstance(payload, str):
+                taken.append((self.now, payload))
+            else:
+                super()._publish(payload)
+
+    s = scenario()
+    sim = Recording(s, s.policies[0], [Arrival(1.0, "edge", "sensor_mlp", 0, 300)], Profile.from_json(load_profile()))
+    sim.push_periodic(30.0, PUBLISH, "c")
+    sim.push_periodic(10.0, PUBLISH, "a")  # before the FIFO's last: it must go where order holds
+    sim.push(20.0, PUBLISH, "b")
+    sim.push_periodic(30.0, PUBLISH, "d")  # same instant as "c", later: after it
+    sim.run()
+    assert taken == [(10.0, "a"), (20.0, "b"), (30.0, "c"), (30.0, "d")]
