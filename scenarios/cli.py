@@ -104,7 +104,7 @@ def _bench(args: argparse.Namespace) -> int:
             return _usage("--rounds must be at least 1")
         bench_decide(out, (args.nodes,) if args.nodes else SIZES, decisions=args.requests, rounds=args.rounds)
     elif args.what == "sim":
-        from scenarios.bench import bench_sim
+        from scenarios.bench_sim import bench_sim
 
         bench_sim(out, nodes=args.nodes, requests=args.requests, policy=args.policy)
     elif args.what == "ingest":
@@ -120,13 +120,13 @@ def _bench(args: argparse.Namespace) -> int:
             print(f"edgeroute: bench ingest: {exc}", file=sys.stderr)
             return 1
     elif args.what == "routers":
-        from scenarios.bench import bench_routers
+        from scenarios.bench_routers import bench_routers
 
         if args.rounds < 1:
             return _usage("--rounds must be at least 1")
         bench_routers(out, nodes=args.nodes, policy=args.policy, rounds=args.rounds)
     else:
-        from scenarios.bench import bench_router
+        from scenarios.bench_router import bench_router
 
         if args.rounds < 1:
             return _usage("--rounds must be at least 1")

@@ -16,7 +16,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from scenarios.launcher import FaultInjector, Stack, http_json
+from scenarios.fault_injector import FaultInjector
+from scenarios.launcher import Stack, http_json
 from scenarios.loadgen import Arrival, build_schedule, fetch_payloads, run_load
 from scenarios.report import format_table, node_warm_rates, series, summarize, write_report
 from scenarios.schema import PolicyRun, Scenario

@@ -5,7 +5,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from scenarios.launcher import FaultInjector, Stack
+from scenarios.fault_injector import FaultInjector
+from scenarios.launcher import Stack
 from scenarios.schema import Scenario
 from telemetry.broker import EmbeddedBroker
 from tests.integration.http import call, infer_body

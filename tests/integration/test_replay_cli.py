@@ -152,7 +152,7 @@ def test_up_prints_addresses_and_stops_everything_on_sigterm(tmp_path: Path) -> 
 
 
 def test_bench_router_measures_the_floor_and_writes_its_figures(tmp_path: Path) -> None:
-    from scenarios.bench import bench_router
+    from scenarios.bench_router import bench_router
 
     result = bench_router(tmp_path, requests=60, concurrencies=(1,), rounds=1)
     assert {r["target"] for r in result["runs"]} == {"bare_echo", "node", "bare_proxy", "router"}
