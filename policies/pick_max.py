@@ -33,6 +33,6 @@ class PickMax:
         return int(ties[0]) if len(ties) == 1 else int(ctx.rng.choice(ties.tolist()))
 
     def pick(self, req: RouteRequest, nodes: list[NodeState], scores: Sequence[float], ctx: Context) -> NodeState:
-        best = max(scores)
-        ties = [n for n, s in zip(nodes, scores, strict=True) if s >= best - self.params.tolerance]
+        floor = max(scores) - self.params.tolerance
+        ties = [n for n, s in zip(nodes, scores, strict=True) if s >= floor]
         return ties[0] if len(ties) == 1 else ctx.rng.choice(ties)

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 
@@ -57,7 +57,6 @@ from policies.api import (
 from policies.columns import Columns, Frame, clamp01_rows
 from telemetry.view import BoolArray, FloatArray
 
-F = TypeVar("F")
 COLUMNS_MIN = 3  # a model served by this many nodes or more is judged on its column table (bench decide)
 
 
@@ -124,11 +123,13 @@ class Pipeline:
                 break
             lead.append(f)
         self._lead = len(lead)
-        self._admitters = lead
         self._source: CandidateSource | None = next((f for f in lead if isinstance(f, CandidateSource)), None)
+        # the source's candidates are exactly the nodes its own admitter accepts: it is not asked again
+        self._admitters = [a for a in lead if a is not self._source]
         rest = list(self.filters[self._lead :])
         self._sampler: Sampler | None = rest[0] if rest and isinstance(rest[0], Sampler) else None
         self._rest: list[Filter] = rest
+        self._after_sampler = rest[1:]  # the filters after a sampler that has drawn its nodes
         self._gates: dict[int, Gate] = {id(f): f for f in rest if isinstance(f, Gate)}
         self._observers: list[Learner] = [
             p for p in [*self.filters, *(s for s, _ in self.scorers), self.picker] if isinstance(p, Learner)
@@ -186,14 +187,10 @@ class Pipeline:
         source = self._source
         base: Sequence[NodeState] = list(view) if source is None else source.candidates(req, view)
         admits: list[Callable[[NodeState], bool]] = []
-        skip: object = source  # its candidates are exactly the nodes its own admitter accepts
         for adm in self._admitters:
-            if adm is skip:
-                continue
             a = adm.admitter(req, view, ctx)
             if a is not None:
                 admits.append(a)
-
         admit = _all_of(admits)
 
         rest = self._rest
@@ -201,7 +198,7 @@ class Pipeline:
         if self._sampler is not None:
             nodes = self._sampler.sample_from(base, admit, ctx)
             if nodes is not None:
-                rest = rest[1:]
+                rest = self._after_sampler
         if nodes is None:
             nodes = [n for n in base if admit(n)]
         gates = self._gates
@@ -238,18 +235,6 @@ class Pipeline:
         return cols
 
     @staticmethod
-    def _found(
-        find: Callable[[RouteRequest, ClusterView, Context], F], req: RouteRequest, view: ClusterView, ctx: Context
-    ) -> tuple[F, ClusterView]:
-        """The candidates `find` gives, and the view they came from: ejection and slow start never refuse
-        service outright, so if they left nothing, the candidates without them."""
-        found = find(req, view, ctx)
-        if found is None and view.health is not None:
-            view = view.with_outstanding(view.overlay, None)
-            found = find(req, view, ctx)
-        return found, view
-
-    @staticmethod
     def _clamped_rows(scorer: RowScorer) -> Callable[[RouteRequest, Columns, Context], FloatArray]:
         """The scorer's columnar scores clamped to [0, 1] (as the per-node path clamps each score)."""
         if isinstance(scorer, UnitRowScorer):
@@ -272,7 +257,8 @@ class Pipeline:
         return total
 
     def _choose_rows(self, req: RouteRequest, view: ClusterView, ctx: Context) -> Decision | Rejection | Defer:
-        # (`_found` written out: this path runs on every decision over a large set)
+        # ejection and slow start never refuse service outright: if they left nothing, the candidates
+        # without them (as in `choose`)
         cols = self._rows(req, view, ctx)
         if cols is None and view.health is not None:
             view = view.with_outstanding(view.overlay, None)
@@ -306,7 +292,12 @@ class Pipeline:
     def choose(self, req: RouteRequest, view: ClusterView, ctx: Context) -> Decision | Rejection | Defer:
         if self.columnar and view.serving_count(req.model) >= COLUMNS_MIN:
             return self._choose_rows(req, view, ctx)
-        nodes, view = self._found(self._candidates, req, view, ctx)
+        nodes = self._candidates(req, view, ctx)
+        if nodes is None and view.health is not None:
+            # ejection and slow start never refuse service outright: if they left nothing, the
+            # candidates without them
+            view = view.with_outstanding(view.overlay, None)
+            nodes = self._candidates(req, view, ctx)
         if nodes is None:
             return self._rejection(req, view, ctx)
         if isinstance(nodes, Defer):

@@ -43,10 +43,11 @@ class Sample:
         chosen: list[NodeState] = []
         seen: set[int] = set()
         misses = 0
+        draw = ctx.rng.random
         while len(chosen) < k:
             if len(seen) == n:
                 return None
-            i = int(ctx.rng.random() * n)
+            i = int(draw() * n)
             if i in seen:
                 continue
             seen.add(i)

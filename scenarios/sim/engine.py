@@ -233,6 +233,7 @@ class Simulation(RouterDriver, WorkflowDriver, NodeModel, TelemetryModel, FaultM
         stopped_at = end  # the time up to which every event was taken (a delivery at it included)
         periodic = self.periodic
         take = periodic.popleft
+        taken = 0  # events taken from the heap and the FIFO (the polls count the deliveries they take)
         while heap or periodic:
             if periodic and (not heap or periodic[0] < heap[0]):
                 at, kind, _, payload = take()
@@ -241,9 +242,9 @@ class Simulation(RouterDriver, WorkflowDriver, NodeModel, TelemetryModel, FaultM
             if at > end:
                 break
             self.now = at
-            self.events += 1
-            if self.events >= collect_at:
-                collect_at = self.events + COLLECT_EVERY
+            taken += 1
+            if taken >= collect_at:
+                collect_at = taken + COLLECT_EVERY
                 checkpoint()
             if kind == ARRIVAL:
                 self._arrival(payload)
@@ -252,9 +253,10 @@ class Simulation(RouterDriver, WorkflowDriver, NodeModel, TelemetryModel, FaultM
                     self.push(nxt[1].at_s * 1000.0, ARRIVAL, nxt)
             else:
                 handlers[kind](payload)
-            if self._open == 0 and nxt is None:
+            if nxt is None and self._open == 0:
                 stopped_at = at
                 break
+        self.events += taken
         # deliveries are events too, kept in their own queue (TelemetryModel._emit): count the ones the
         # run reached and the last poll did not take
         self.events += sum(1 for entry in self.deliveries if entry[0] <= stopped_at)
