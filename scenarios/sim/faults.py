@@ -70,6 +70,7 @@ class FaultModel(SimState):
             node.epoch += 1
             node.seq = 0
             node.ewma.clear()
+            node.batched.clear()  # a new process has measured no batch yet
             node.started_ms = self.now + 2000.0
             # start-up (process, sessions) takes about two seconds before the first telemetry
             self.push(self.now + 2000.0, PUBLISH, (node, node.epoch))
