@@ -80,6 +80,12 @@ def clamp01(x: float) -> float:
     return 0.0 if x < 0.0 else 1.0 if x > 1.0 else x
 
 
+def _without_health(view: ClusterView) -> ClusterView | None:
+    """Ejection and slow start never refuse service outright: when they leave a request no candidate,
+    the engine asks again on this view, the same without the router's health (None: it has none)."""
+    return None if view.health is None else view.with_outstanding(view.overlay, None)
+
+
 def _accept(n: NodeState) -> bool:
     return True
 
@@ -257,11 +263,9 @@ class Pipeline:
         return total
 
     def _choose_rows(self, req: RouteRequest, view: ClusterView, ctx: Context) -> Decision | Rejection | Defer:
-        # ejection and slow start never refuse service outright: if they left nothing, the candidates
-        # without them (as in `choose`)
         cols = self._rows(req, view, ctx)
-        if cols is None and view.health is not None:
-            view = view.with_outstanding(view.overlay, None)
+        if cols is None and (unejected := _without_health(view)) is not None:
+            view = unejected
             cols = self._rows(req, view, ctx)
         if cols is None:
             return self._rejection(req, view, ctx)
@@ -293,10 +297,8 @@ class Pipeline:
         if self.columnar and view.serving_count(req.model) >= COLUMNS_MIN:
             return self._choose_rows(req, view, ctx)
         nodes = self._candidates(req, view, ctx)
-        if nodes is None and view.health is not None:
-            # ejection and slow start never refuse service outright: if they left nothing, the
-            # candidates without them
-            view = view.with_outstanding(view.overlay, None)
+        if nodes is None and (unejected := _without_health(view)) is not None:
+            view = unejected
             nodes = self._candidates(req, view, ctx)
         if nodes is None:
             return self._rejection(req, view, ctx)
