@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import shutil
 import signal
@@ -12,13 +13,47 @@ import time
 from pathlib import Path
 from types import FrameType
 
-from scenarios.schema import load_scenario
+from scenarios.schema import MAX_DURATION_S, load_scenario
 from telemetry.cli import add_version
 from telemetry.configfile import ConfigError
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 DEFAULT_SCENARIO = Path(__file__).parent / "quickstart.yaml"
 PROFILED_MODELS = ["echo", "sensor_mlp", "mobilenet_s", "resnet_s", "tiny_transformer", "detector_head"]
+
+
+def _finite(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"not a finite number: {text!r}")
+    return value
+
+
+def _positive(text: str) -> float:
+    """A number argument that must be finite and above 0 (rates, intervals, seconds)."""
+    value = _finite(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be above 0: {text!r}")
+    return value
+
+
+def _share(text: str) -> float:
+    """A share of requests: finite, above 0 and at most 1."""
+    value = _finite(text)
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"must be above 0 and at most 1: {text!r}")
+    return value
+
+
+def _duration(text: str) -> float:
+    """A workload duration override: as a scenario's own `duration_s`, above 0 and at most an hour."""
+    value = _positive(text)
+    if value > MAX_DURATION_S:
+        raise argparse.ArgumentTypeError(f"at most {MAX_DURATION_S:g} seconds, as a scenario's duration_s: {text!r}")
+    return value
 
 
 def _up(args: argparse.Namespace) -> int:
@@ -110,8 +145,8 @@ def _bench(args: argparse.Namespace) -> int:
     elif args.what == "ingest":
         from scenarios.bench_ingest import bench_ingest
 
-        if args.interval_ms <= 0 or args.seconds <= 0 or args.publishers < 1:
-            return _usage("--interval-ms and --seconds must be positive, --publishers at least 1")
+        if args.publishers < 1:
+            return _usage("--publishers must be at least 1")
         from kafka.errors import KafkaError
 
         try:
@@ -193,8 +228,8 @@ def _search(args: argparse.Namespace) -> int:
     from scenarios.search import DURATION_S, run_search
 
     scenario = load_scenario(args.scenario)
-    if not 0 < args.target <= 1 or args.jobs < 0 or (args.rate is not None and args.rate <= 0):
-        return _usage("search: --target in (0, 1], --rate > 0, --jobs >= 0 (0: one per core)")
+    if args.jobs < 0:
+        return _usage("search: --jobs must be at least 0 (0: one per core)")
     out = Path(args.out) if args.out else Path("reports") / scenario.name / f"search-{args.workflow}"
     try:
         run_search(
@@ -299,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     rp.add_argument("--token", help="bearer token for --router (default $EDGEROUTE_CLIENT_TOKEN)")
     rp.add_argument("--seed", type=int, help="override the scenario's seed")
-    rp.add_argument("--duration", type=float, help="override the workload duration (seconds)")
+    rp.add_argument("--duration", type=_duration, help="override the workload duration (seconds)")
     rp.add_argument("--nodes", type=int, help="run on this many nodes (the first ones, then copies of the last)")
     rp.add_argument(
         "--mode",
@@ -335,8 +370,8 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--rounds", type=int, default=5, help="interleaved rounds of every preset, pooled (5)")
     b = bsub.add_parser("ingest", help="NodeLoad messages/s one router folds into its view, through a real broker")
     b.add_argument("--nodes", type=int, default=5000, help="nodes publishing (5000)")
-    b.add_argument("--interval-ms", type=float, default=100.0, help="each node's publish interval (100)")
-    b.add_argument("--seconds", type=float, default=10.0, help="how long the publishers run (10)")
+    b.add_argument("--interval-ms", type=_positive, default=100.0, help="each node's publish interval (100)")
+    b.add_argument("--seconds", type=_positive, default=10.0, help="how long the publishers run (10)")
     b.add_argument("--publishers", type=int, default=2, help="publisher processes (2)")
     b.add_argument("--kafka", help="external plaintext Kafka bootstrap HOST:PORT (default: an embedded broker)")
     b = bsub.add_parser("sim", help="simulator events per second with a real policy in the loop")
@@ -350,7 +385,7 @@ def main(argv: list[str] | None = None) -> int:
     sw = sub.add_parser("sweep", help="fewest nodes per policy that keep the target share within deadline (sim)")
     sw.add_argument("scenario", help="scenario YAML, or a bundled one by name")
     sw.add_argument("--nodes", default="1-8", help="node counts: 1-8, 2,4,6 or a mix (default 1-8)")
-    sw.add_argument("--target", type=float, default=0.99, help="share of requests within deadline (0.99)")
+    sw.add_argument("--target", type=_share, default=0.99, help="share of requests within deadline (0.99)")
     sw.add_argument("--policy", action="append", help="run name or preset (repeatable; default: all)")
     sw.add_argument("--confirm", action="store_true", help="replay each policy live at its end point")
     sw.add_argument("--seeds", type=int, default=3, help="seeds per count; every one must reach the target (3)")
@@ -358,17 +393,17 @@ def main(argv: list[str] | None = None) -> int:
     sw.add_argument("--out", help="output folder (default: reports/<scenario>/)")
     sw.add_argument("--kafka", help="external Kafka bootstrap HOST:PORT (with --confirm)")
     sw.add_argument("--seed", type=int, help="override the scenario's seed")
-    sw.add_argument("--duration", type=float, help="override the workload duration (seconds)")
+    sw.add_argument("--duration", type=_duration, help="override the workload duration (seconds)")
     sw.add_argument("--profile", help="simulator profile JSON (default: scenarios/profiles/cpu.json)")
     sw.set_defaults(func=_sweep)
 
     se = sub.add_parser("search", help="ESG's per-stage configuration search for a workflow (A*, sim; --confirm live)")
     se.add_argument("scenario", help="scenario YAML, or a bundled one by name")
     se.add_argument("--workflow", required=True, help="the workflow (router.workflows) whose stages to configure")
-    se.add_argument("--target", type=float, default=0.99, help="share of jobs within their deadline (0.99)")
-    se.add_argument("--rate", type=float, help="jobs per second to carry (default: the workflow's busiest rate)")
+    se.add_argument("--target", type=_share, default=0.99, help="share of jobs within their deadline (0.99)")
+    se.add_argument("--rate", type=_positive, help="jobs per second to carry (default: the workflow's busiest rate)")
     se.add_argument("--policy", default="esg", help="routing policy preset for the stages (esg)")
-    se.add_argument("--duration", type=float, help="simulated seconds per evaluation (20)")
+    se.add_argument("--duration", type=_duration, help="simulated seconds per evaluation (20)")
     se.add_argument("--no-grid", action="store_true", help="skip the exhaustive grid the search is compared with")
     se.add_argument("--confirm", action="store_true", help="replay the chosen configuration on the live stack")
     se.add_argument("--jobs", type=int, default=0, help="grid simulations in parallel (0: one per core)")

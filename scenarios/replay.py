@@ -20,7 +20,7 @@ from scenarios.fault_injector import FaultInjector
 from scenarios.launcher import Stack, http_json
 from scenarios.loadgen import Arrival, build_schedule, fetch_payloads, run_load
 from scenarios.report import format_table, node_warm_rates, series, summarize, write_report
-from scenarios.schema import PolicyRun, Scenario
+from scenarios.schema import MAX_DURATION_S, PolicyRun, Scenario
 
 log = logging.getLogger("edgeroute.replay")
 
@@ -46,6 +46,8 @@ def _progress(label: str) -> Any:
 def _plan(scenario: Scenario, duration_s: float | None) -> tuple[float, float, list[Arrival]]:
     """(measured duration, warm-up, the arrival schedule): the same for live and simulated replays."""
     duration = duration_s if duration_s is not None else scenario.workload.duration_s
+    if not 0 < duration <= MAX_DURATION_S:  # as the scenario's own duration_s (reports keep series over it)
+        raise ValueError(f"a replay lasts above 0 and at most {MAX_DURATION_S:g} seconds, not {duration!r}")
     warmup = min(scenario.workload.warmup_s, duration / 4)
     return duration, warmup, build_schedule(scenario.workload, scenario.seed, duration + warmup, scenario.base_dir)
 

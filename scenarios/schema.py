@@ -202,8 +202,11 @@ class SiteLoad(_Strict):
         return self
 
 
+MAX_DURATION_S = 3600.0  # a workload's longest run (reports keep per-second series over it)
+
+
 class Workload(_Strict):
-    duration_s: float = Field(30.0, gt=0, le=3600)
+    duration_s: float = Field(30.0, gt=0, le=MAX_DURATION_S)
     warmup_s: float = Field(0.0, ge=0)
     max_requests: int = Field(100_000, ge=1)
     default_deadline_ms: float = Field(1000.0, gt=0)

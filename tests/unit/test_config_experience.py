@@ -372,6 +372,43 @@ def test_edgeroute_cli_mistakes(tmp_path: Path, capsys: pytest.CaptureFixture[st
     _one_line_exit(capsys, cli_main(["profile", "nosuch"]), "no zoo model 'nosuch'")
 
 
+@pytest.mark.parametrize(
+    ("args", "expect"),
+    [
+        (["replay", "quickstart", "--mode", "sim", "--duration", "-1"], "argument --duration: must be above 0"),
+        (["replay", "quickstart", "--mode", "sim", "--duration", "nan"], "argument --duration: not a finite number"),
+        (["replay", "quickstart", "--mode", "sim", "--duration", "1e12"], "argument --duration: at most 3600 seconds"),
+        (["sweep", "quickstart", "--duration", "abc"], "argument --duration: not a number"),
+        (["sweep", "quickstart", "--target", "0"], "argument --target: must be above 0 and at most 1"),
+        (["search", "camera-pipeline", "--workflow", "cam-a", "--rate", "inf"], "argument --rate: not a finite"),
+        (["search", "camera-pipeline", "--workflow", "cam-a", "--target", "nan"], "argument --target: not a finite"),
+        (["bench", "ingest", "--seconds", "-1"], "argument --seconds: must be above 0"),
+        (["bench", "ingest", "--interval-ms", "inf"], "argument --interval-ms: not a finite number"),
+    ],
+)
+def test_number_arguments_out_of_range_are_usage_errors(
+    args: list[str], expect: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A duration, share or rate that is not a finite number in its range is refused before anything
+    runs (a duration of 1e12 s made the report's per-second series exhaust memory; 0, negative or NaN
+    ran nothing and reported zeros)."""
+    with pytest.raises(SystemExit) as info:
+        cli_main(args)
+    err = capsys.readouterr().err.strip().splitlines()  # argparse: the usage, then one line
+    assert info.value.code == 2 and expect in err[-1] and not any("Traceback" in line for line in err), err
+
+
+def test_a_replay_is_planned_within_a_workloads_bounds() -> None:
+    from scenarios.replay import _plan
+    from scenarios.schema import load_scenario
+
+    scenario = load_scenario("quickstart")
+    for bad in (0.0, -1.0, float("nan"), 1e12):
+        with pytest.raises(ValueError, match="at most 3600 seconds"):
+            _plan(scenario, bad)
+    assert _plan(scenario, 2.0)[0] == 2.0
+
+
 def test_version(capsys: pytest.CaptureFixture[str]) -> None:
     from telemetry.version import __version__
 
