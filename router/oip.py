@@ -79,7 +79,7 @@ def _unknown_or_unavailable(model: str, known: bool, any_node: bool = True) -> w
     if known:
         return _error(503, f"no ready node serves model '{model}'")
     if not any_node:
-        return _error(503, "no nodes known yet (no telemetry received)", {"Retry-After": "1"})
+        return _error(503, wire.NO_TELEMETRY_YET, {"Retry-After": "1"})
     return _error(404, f"unknown model '{model}'")
 
 
@@ -309,7 +309,7 @@ async def infer(request: web.Request) -> web.Response:
     if not router.store.view.serving(model):
         if not len(router.store.view):  # nothing heard yet (broker down or just started): not the client's fault
             count(router, model, int(priority or 0), "none", 503, arrived)
-            return _error(503, "no nodes known yet (no telemetry received)", {"Retry-After": "1"})
+            return _error(503, wire.NO_TELEMETRY_YET, {"Retry-After": "1"})
         count(router, model, int(priority or 0), "none", 404, arrived)
         return _error(404, f"unknown model '{model}'")
     budget = min(deadline if deadline is not None else cfg.default_deadline_ms, cfg.max_deadline_ms)

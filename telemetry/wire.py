@@ -70,6 +70,8 @@ BYTES_KEPT = "x-edgeroute-bytes-kept"
 BYTES_MOVED = "x-edgeroute-bytes-moved"
 
 
+# a router's 503 before any node has reported (the simulator answers the same)
+NO_TELEMETRY_YET = "no nodes known yet (no telemetry received)"
 MAX_PRIORITY = 1_000_000  # |priority| a request may carry (telemetry keys its queues by priority)
 
 

@@ -166,7 +166,11 @@ class Simulation(RouterDriver, WorkflowDriver, NodeModel, TelemetryModel, FaultM
             for w in self.workflows.values()
         }
         self._exec = {m: profile.exec_for(a) for m, a in arch.items()}
-        self._overhead = {m: profile.overhead_for(a) for m, a in arch.items()}
+        # the router's overhead of every model asked for, served or not: a topology cut to fewer nodes
+        # (`replay --nodes`, `sweep`) can leave a requested model or a workflow stage's model unserved
+        asked = {m for site in scenario.workload.sites for m in site.models if m not in self.workflows}
+        asked |= {st.model for w in self.workflows.values() for st in w.stages}
+        self._overhead = {m: profile.overhead_for(scenario.architecture(m)) for m in asked | arch.keys()}
         self._baseline = {m: profile.baseline_ms(a) for m, a in arch.items()}
         self._curves = {m: profile.curve(a) for m, a in arch.items()}
         self._device = DeviceInfo(kind="cpu", name="sim")

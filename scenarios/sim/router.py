@@ -24,6 +24,7 @@ from scenarios.sim.state import (
     SimWorkflow,
 )
 from scenarios.workload import Arrival, Result
+from telemetry import wire
 
 
 class RouterDriver(SimState):
@@ -35,6 +36,12 @@ class RouterDriver(SimState):
             self._start_workflow(i, a, spec, t0)
             return
         o = self._overhead[a.model].sample(self.svc_rng)
+        if a.model not in self._arch:  # no node of the topology serves it: the live router's own answer
+            known = len(self.store.view) > 0
+            status, reason = (404, f"unknown model '{a.model}'") if known else (503, wire.NO_TELEMETRY_YET)
+            self._open -= 1
+            self.results[i] = Result(a, status, o / 2.0, "none", reason)
+            return
         route = RouteRequest(a.model, a.priority, a.deadline_ms, a.site, 1, str(i))
         life = self.lc.begin(route, self.policy, t0, t0 + a.deadline_ms)
         req = SimRequest(i, a, t0, t0 + a.deadline_ms, o / 2.0, o / 2.0, life, model=a.model)

@@ -305,3 +305,30 @@ def test_periodic_events_and_the_heap_are_taken_in_time_order_even_when_a_period
     sim.push_periodic(30.0, PUBLISH, "d")  # same instant as "c", later: after it
     sim.run()
     assert taken == [(10.0, "a"), (20.0, "b"), (30.0, "c"), (30.0, "d")]
+
+
+def test_a_topology_cut_to_fewer_nodes_answers_for_models_no_node_serves() -> None:
+    """`replay --nodes` and `sweep` cut a topology to its first nodes, which may leave a requested model
+    or a workflow stage's model on no node: the simulator answers as the live router does (404 for a
+    request's unknown model, the stage's 503 from the policy), where it raised KeyError before."""
+    from scenarios.schema import load_scenario
+    from scenarios.sweep import with_nodes
+
+    one = with_nodes(load_scenario("quickstart"), 1)
+    served = set(one.topology.nodes[0].models)
+    report = replay_sim(one, [one.policies[0]], duration_s=5.0)
+    by_model = report["policies"][one.policies[0].name]["by_model"]
+    assert set(by_model) - served == {"resnet_s"}
+    assert by_model["resnet_s"]["errors"] == {"404": by_model["resnet_s"]["sent"]} and by_model["resnet_s"]["sent"] > 0
+    assert all(by_model[m]["completed"] > 0 for m in served & set(by_model))
+
+    cams = load_scenario("camera-pipeline")
+    node = cams.topology.nodes[0]
+    cut = node.model_copy(update={"models": [m for m in node.models if m != "cls-a"]})  # cam-a's classifier
+    topology = cams.topology.model_copy(update={"nodes": [cut]})
+    alone = cams.model_copy(update={"topology": topology})
+    alone._base_dir = cams.base_dir
+    report = replay_sim(alone, [alone.policy("compass")], duration_s=5.0)
+    cam_a = report["policies"]["compass"]["by_model"]["cam-a"]
+    assert cam_a["sent"] > 0 and cam_a["completed"] == 0 and set(cam_a["errors"]) == {"503"}
+    assert report["policies"]["compass"]["by_model"]["cam-b"]["completed"] > 0
