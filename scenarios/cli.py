@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import math
 import os
 import shutil
 import signal
@@ -13,47 +12,15 @@ import time
 from pathlib import Path
 from types import FrameType
 
-from scenarios.schema import MAX_DURATION_S, load_scenario
+from scenarios import cli_args as arg
+from scenarios.schema import MAX_REQUESTS, MAX_TOPOLOGY_NODES, load_scenario
 from telemetry.cli import add_version
 from telemetry.configfile import ConfigError
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 DEFAULT_SCENARIO = Path(__file__).parent / "quickstart.yaml"
+MAX_SEEDS = 100  # seeds per node count in a sweep (each a simulation per policy)
 PROFILED_MODELS = ["echo", "sensor_mlp", "mobilenet_s", "resnet_s", "tiny_transformer", "detector_head"]
-
-
-def _finite(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"not a finite number: {text!r}")
-    return value
-
-
-def _positive(text: str) -> float:
-    """A number argument that must be finite and above 0 (rates, intervals, seconds)."""
-    value = _finite(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be above 0: {text!r}")
-    return value
-
-
-def _share(text: str) -> float:
-    """A share of requests: finite, above 0 and at most 1."""
-    value = _finite(text)
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"must be above 0 and at most 1: {text!r}")
-    return value
-
-
-def _duration(text: str) -> float:
-    """A workload duration override: as a scenario's own `duration_s`, above 0 and at most an hour."""
-    value = _positive(text)
-    if value > MAX_DURATION_S:
-        raise argparse.ArgumentTypeError(f"at most {MAX_DURATION_S:g} seconds, as a scenario's duration_s: {text!r}")
-    return value
 
 
 def _up(args: argparse.Namespace) -> int:
@@ -98,9 +65,6 @@ def _replay(args: argparse.Namespace) -> int:
     if args.nodes is not None:
         from scenarios.sweep import with_nodes
 
-        if args.nodes < 1:
-            print("edgeroute: --nodes must be at least 1", file=sys.stderr)
-            return 2
         scenario = with_nodes(scenario, args.nodes)
     runs = [scenario.policy(p) for p in args.policy] if args.policy else list(scenario.policies)
     out = Path(args.out) if args.out else Path("reports") / scenario.name
@@ -141,6 +105,9 @@ def _bench(args: argparse.Namespace) -> int:
     elif args.what == "sim":
         from scenarios.bench_sim import bench_sim
 
+        if args.nodes > MAX_TOPOLOGY_NODES or args.requests > MAX_REQUESTS:
+            bounds = f"at most {MAX_TOPOLOGY_NODES:,} nodes and {MAX_REQUESTS:,} requests"
+            return _usage(f"bench sim: {bounds} (a scenario's bounds)")
         bench_sim(out, nodes=args.nodes, requests=args.requests, policy=args.policy)
     elif args.what == "ingest":
         from scenarios.bench_ingest import bench_ingest
@@ -208,9 +175,8 @@ def _sweep(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"edgeroute: {exc}", file=sys.stderr)
         return 2
-    if args.seeds < 1 or args.jobs < 0:
-        print("edgeroute: --seeds must be at least 1 and --jobs at least 0 (0: one per core)", file=sys.stderr)
-        return 2
+    if not 1 <= args.seeds <= MAX_SEEDS or args.jobs < 0:
+        return _usage(f"--seeds must be 1 to {MAX_SEEDS} and --jobs at least 0 (0: one per core)")
     profile = Path(args.profile) if args.profile else None
     result = sweep(scenario, runs, counts, args.target, args.duration, profile, seeds=args.seeds, jobs=args.jobs)
     if args.confirm:
@@ -317,8 +283,8 @@ def main(argv: list[str] | None = None) -> int:
     up = sub.add_parser("up", help="start broker, nodes and router for a scenario; Ctrl-C stops all")
     up.add_argument("scenario", nargs="?", help="scenario file (default: the quickstart topology)")
     up.add_argument("--kafka", help="use this Kafka bootstrap HOST:PORT instead of the embedded broker")
-    up.add_argument("--port", type=int, default=0, help="router port (default: a free one)")
-    up.add_argument("--routers", type=int, default=1, help="router processes sharing the port (SO_REUSEPORT)")
+    up.add_argument("--port", type=arg.port, default=0, help="router port (default: a free one)")
+    up.add_argument("--routers", type=arg.count, default=1, help="router processes sharing the port (SO_REUSEPORT)")
     up.add_argument("--no-share", action="store_true", help="several routers, but without exchanging load")
     up.set_defaults(func=_up)
 
@@ -330,12 +296,15 @@ def main(argv: list[str] | None = None) -> int:
     rp.add_argument(
         "--router",
         metavar="URL",
+        type=arg.http_url,
         help="replay the workload against this running router (a deployment) instead of a local stack",
     )
     rp.add_argument("--token", help="bearer token for --router (default $EDGEROUTE_CLIENT_TOKEN)")
     rp.add_argument("--seed", type=int, help="override the scenario's seed")
-    rp.add_argument("--duration", type=_duration, help="override the workload duration (seconds)")
-    rp.add_argument("--nodes", type=int, help="run on this many nodes (the first ones, then copies of the last)")
+    rp.add_argument("--duration", type=arg.duration, help="override the workload duration (seconds)")
+    rp.add_argument(
+        "--nodes", type=arg.node_count, help="run on this many nodes (the first ones, then copies of the last one)"
+    )
     rp.add_argument(
         "--mode",
         choices=["live", "sim", "both"],
@@ -370,8 +339,8 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--rounds", type=int, default=5, help="interleaved rounds of every preset, pooled (5)")
     b = bsub.add_parser("ingest", help="NodeLoad messages/s one router folds into its view, through a real broker")
     b.add_argument("--nodes", type=int, default=5000, help="nodes publishing (5000)")
-    b.add_argument("--interval-ms", type=_positive, default=100.0, help="each node's publish interval (100)")
-    b.add_argument("--seconds", type=_positive, default=10.0, help="how long the publishers run (10)")
+    b.add_argument("--interval-ms", type=arg.positive, default=100.0, help="each node's publish interval (100)")
+    b.add_argument("--seconds", type=arg.positive, default=10.0, help="how long the publishers run (10)")
     b.add_argument("--publishers", type=int, default=2, help="publisher processes (2)")
     b.add_argument("--kafka", help="external plaintext Kafka bootstrap HOST:PORT (default: an embedded broker)")
     b = bsub.add_parser("sim", help="simulator events per second with a real policy in the loop")
@@ -385,7 +354,7 @@ def main(argv: list[str] | None = None) -> int:
     sw = sub.add_parser("sweep", help="fewest nodes per policy that keep the target share within deadline (sim)")
     sw.add_argument("scenario", help="scenario YAML, or a bundled one by name")
     sw.add_argument("--nodes", default="1-8", help="node counts: 1-8, 2,4,6 or a mix (default 1-8)")
-    sw.add_argument("--target", type=_share, default=0.99, help="share of requests within deadline (0.99)")
+    sw.add_argument("--target", type=arg.share, default=0.99, help="share of requests within deadline (0.99)")
     sw.add_argument("--policy", action="append", help="run name or preset (repeatable; default: all)")
     sw.add_argument("--confirm", action="store_true", help="replay each policy live at its end point")
     sw.add_argument("--seeds", type=int, default=3, help="seeds per count; every one must reach the target (3)")
@@ -393,17 +362,17 @@ def main(argv: list[str] | None = None) -> int:
     sw.add_argument("--out", help="output folder (default: reports/<scenario>/)")
     sw.add_argument("--kafka", help="external Kafka bootstrap HOST:PORT (with --confirm)")
     sw.add_argument("--seed", type=int, help="override the scenario's seed")
-    sw.add_argument("--duration", type=_duration, help="override the workload duration (seconds)")
+    sw.add_argument("--duration", type=arg.duration, help="override the workload duration (seconds)")
     sw.add_argument("--profile", help="simulator profile JSON (default: scenarios/profiles/cpu.json)")
     sw.set_defaults(func=_sweep)
 
     se = sub.add_parser("search", help="ESG's per-stage configuration search for a workflow (A*, sim; --confirm live)")
     se.add_argument("scenario", help="scenario YAML, or a bundled one by name")
     se.add_argument("--workflow", required=True, help="the workflow (router.workflows) whose stages to configure")
-    se.add_argument("--target", type=_share, default=0.99, help="share of jobs within their deadline (0.99)")
-    se.add_argument("--rate", type=_positive, help="jobs per second to carry (default: the workflow's busiest rate)")
+    se.add_argument("--target", type=arg.share, default=0.99, help="share of jobs within their deadline (0.99)")
+    se.add_argument("--rate", type=arg.positive, help="jobs per second to carry (default: the workflow's busiest rate)")
     se.add_argument("--policy", default="esg", help="routing policy preset for the stages (esg)")
-    se.add_argument("--duration", type=_duration, help="simulated seconds per evaluation (20)")
+    se.add_argument("--duration", type=arg.duration, help="simulated seconds per evaluation (20)")
     se.add_argument("--no-grid", action="store_true", help="skip the exhaustive grid the search is compared with")
     se.add_argument("--confirm", action="store_true", help="replay the chosen configuration on the live stack")
     se.add_argument("--jobs", type=int, default=0, help="grid simulations in parallel (0: one per core)")
@@ -412,7 +381,7 @@ def main(argv: list[str] | None = None) -> int:
 
     prof = sub.add_parser("profile", help="measure execution and overhead profiles for the simulator")
     prof.add_argument("models", nargs="*", metavar="MODEL", help="zoo models to profile (default: all)")
-    prof.add_argument("--requests", type=int, default=400, help="measured requests per model")
+    prof.add_argument("--requests", type=arg.count, default=400, help="measured requests per model")
     prof.add_argument(
         "--out",
         default="reports/profile/cpu.json",

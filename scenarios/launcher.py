@@ -228,6 +228,9 @@ class Stack:
                 f"scenario {self.scenario.name}: {count} live nodes is more than this machine holds ({why}: "
                 f"{limit} at most): simulate it (replay --mode sim), or replay it on fewer nodes (--nodes N)"
             )
+        most = max(1, min(limit, 4 * (os.cpu_count() or 1)))  # router processes past 4 a core add nothing
+        if not 1 <= self.routers <= most:
+            raise ConfigError(f"--routers {self.routers}: 1 to {most} router processes on this machine")
         self.log_dir.mkdir(parents=True, exist_ok=True)
         try:
             if self.kafka is None:

@@ -6,6 +6,7 @@ Errors come out as one line naming the field path and, where the YAML parser kno
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 from typing import Any, Literal
 
@@ -119,10 +120,13 @@ class Link(_Strict):
     loss: float = Field(0.0, ge=0, lt=1)
 
 
+MAX_TOPOLOGY_NODES = 10_000  # nodes a scenario may have (the simulator's largest views; live, far fewer)
+
+
 class Topology(_Strict):
     partitions: list[str] = Field(min_length=1)
     links: list[Link] = Field(default_factory=list)
-    nodes: list[NodeSpec] = Field(min_length=1)
+    nodes: list[NodeSpec] = Field(min_length=1, max_length=MAX_TOPOLOGY_NODES)
 
     @model_validator(mode="after")
     def _consistent(self) -> Topology:
@@ -131,7 +135,7 @@ class Topology(_Strict):
             raise ValueError("partition names must be unique")
         ids = [n.id for n in self.nodes]
         if len(set(ids)) != len(ids):
-            raise ValueError(f"node ids must be unique: {sorted({i for i in ids if ids.count(i) > 1})}")
+            raise ValueError(f"node ids must be unique: {sorted(i for i, n in Counter(ids).items() if n > 1)}")
         for n in self.nodes:
             if n.partition not in known:
                 raise ValueError(f"node {n.id}: partition '{n.partition}' is not in topology.partitions")
@@ -203,12 +207,13 @@ class SiteLoad(_Strict):
 
 
 MAX_DURATION_S = 3600.0  # a workload's longest run (reports keep per-second series over it)
+MAX_REQUESTS = 10_000_000  # a run's arrivals at most (its schedule and results, about 0.5 KB each)
 
 
 class Workload(_Strict):
     duration_s: float = Field(30.0, gt=0, le=MAX_DURATION_S)
     warmup_s: float = Field(0.0, ge=0)
-    max_requests: int = Field(100_000, ge=1)
+    max_requests: int = Field(100_000, ge=1, le=MAX_REQUESTS)
     default_deadline_ms: float = Field(1000.0, gt=0)
     sites: list[SiteLoad] = Field(min_length=1)
 

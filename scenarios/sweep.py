@@ -23,7 +23,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from scenarios.schema import NodeSpec, PolicyRun, Scenario
+from scenarios.schema import MAX_TOPOLOGY_NODES, NodeSpec, PolicyRun, Scenario
 
 
 def with_nodes(scenario: Scenario, count: int) -> Scenario:
@@ -44,18 +44,30 @@ def with_nodes(scenario: Scenario, count: int) -> Scenario:
     return out
 
 
+MAX_COUNTS = 256  # node counts one sweep simulates (each with every seed and policy)
+
+
 def parse_counts(text: str) -> list[int]:
-    """`1-8`, `2,4,6` or a mix (`1-4,6,8`), ascending and unique."""
+    """`1-8`, `2,4,6` or a mix (`1-4,6,8`), ascending and unique: counts from 1 to a scenario's most
+    nodes, `MAX_COUNTS` of them at most (a range is checked before it is expanded)."""
+    usage = f"--nodes {text[:64]!r}: give counts from 1 to {MAX_TOPOLOGY_NODES:,}, e.g. 1-8 or 2,4,6"
     counts: set[int] = set()
     for part in text.split(","):
         part = part.strip()
-        if "-" in part:
-            lo, hi = (int(x) for x in part.split("-", 1))
+        ends = part.split("-", 1)
+        if part and not all(e.strip().isdigit() for e in ends):
+            raise ValueError(usage)
+        if len(ends) == 2:
+            lo, hi = (int(e) for e in ends)
+            if lo < 1 or hi > MAX_TOPOLOGY_NODES or hi - lo >= MAX_COUNTS:
+                raise ValueError(usage if hi - lo < MAX_COUNTS else f"{usage}; {MAX_COUNTS} counts at most")
             counts.update(range(lo, hi + 1))
         elif part:
             counts.add(int(part))
-    if not counts or min(counts) < 1:
-        raise ValueError(f"--nodes {text!r}: give counts >= 1, e.g. 1-8 or 2,4,6")
+        if len(counts) > MAX_COUNTS:
+            raise ValueError(f"{usage}; {MAX_COUNTS} counts at most")
+    if not counts or min(counts) < 1 or max(counts) > MAX_TOPOLOGY_NODES:
+        raise ValueError(usage)
     return sorted(counts)
 
 

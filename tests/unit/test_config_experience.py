@@ -384,6 +384,12 @@ def test_edgeroute_cli_mistakes(tmp_path: Path, capsys: pytest.CaptureFixture[st
         (["search", "camera-pipeline", "--workflow", "cam-a", "--target", "nan"], "argument --target: not a finite"),
         (["bench", "ingest", "--seconds", "-1"], "argument --seconds: must be above 0"),
         (["bench", "ingest", "--interval-ms", "inf"], "argument --interval-ms: not a finite number"),
+        (["up", "--port", "70000"], "argument --port: a port is 0 (any free one) to 65535"),
+        (["up", "--routers", "0"], "argument --routers: must be at least 1"),
+        (["profile", "echo", "--requests", "-3"], "argument --requests: must be at least 1"),
+        (["replay", "quickstart", "--nodes", "100000000"], "argument --nodes: at most 10,000 nodes"),
+        (["replay", "quickstart", "--router", "notaurl"], "argument --router: not an http(s)://HOST[:PORT] URL"),
+        (["replay", "quickstart", "--router", "http://h:99999"], "argument --router: not an http(s)://HOST[:PORT]"),
     ],
 )
 def test_number_arguments_out_of_range_are_usage_errors(
@@ -396,6 +402,15 @@ def test_number_arguments_out_of_range_are_usage_errors(
         cli_main(args)
     err = capsys.readouterr().err.strip().splitlines()  # argparse: the usage, then one line
     assert info.value.code == 2 and expect in err[-1] and not any("Traceback" in line for line in err), err
+
+
+def test_sizes_past_what_the_machine_or_a_scenario_holds_are_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    """Each of these ran until the machine gave out (100 routers, 100,000,000 seeds or node counts)."""
+    _one_line_exit(capsys, cli_main(["up", "--routers", "100000"]), "--routers 100000: 1 to ")
+    _one_line_exit(capsys, cli_main(["sweep", "quickstart", "--nodes", "1-100000000"]), "256 counts at most")
+    _one_line_exit(capsys, cli_main(["sweep", "quickstart", "--seeds", "100000000"]), "--seeds must be 1 to 100")
+    _one_line_exit(capsys, cli_main(["bench", "sim", "--nodes", "20000"]), "at most 10,000 nodes")
+    _one_line_exit(capsys, cli_main(["bench", "sim", "--requests", "100000000"]), "10,000,000 requests")
 
 
 def test_a_replay_is_planned_within_a_workloads_bounds() -> None:

@@ -71,6 +71,7 @@ def test_load_by_bare_name() -> None:
             "no entry for priority",
         ),
         (QUICK.replace("duration_s: 30", "duration_s: 0"), "workload.duration_s"),
+        (QUICK.replace("duration_s: 30", "duration_s: 30\n  max_requests: 1000000000000"), "workload.max_requests"),
         (QUICK.replace("  nodes:", "  links: [{a: edge-a, b: mars, rtt_ms: 5}]\n  nodes:"), "partition 'mars'"),
         (
             QUICK.replace(
@@ -119,6 +120,13 @@ def test_bad_scenarios_give_one_line(text: str, needle: str) -> None:
         parse_scenario(text, "s.yaml")
     assert "\n" not in str(info.value)
     assert str(info.value).startswith("s.yaml")
+
+
+def test_a_topology_holds_at_most_the_simulators_largest_view() -> None:
+    nodes = "".join(f"    - {{id: n{i}, partition: edge-a, models: [sensor_mlp]}}\n" for i in range(10_001))
+    text = QUICK.split("  nodes:\n")[0] + "  nodes:\n" + nodes + "workload:" + QUICK.split("\nworkload:", 1)[1]
+    with pytest.raises(ScenarioError, match="topology.nodes"):
+        parse_scenario(text, "s.yaml")
 
 
 def test_missing_file() -> None:

@@ -145,8 +145,14 @@ def test_with_nodes_takes_the_first_nodes_then_copies_the_last() -> None:
 
 def test_parse_counts() -> None:
     assert parse_counts("1-3,6,2") == [1, 2, 3, 6]
-    with pytest.raises(ValueError, match="counts >= 1"):
-        parse_counts("0-2")
+    assert parse_counts(" 1 - 3 ") == [1, 2, 3] and len(parse_counts("1-256")) == 256
+    for bad in ("0-2", "abc", "-3", "3-", "1-2-3", "", "5-3", "10001"):
+        with pytest.raises(ValueError, match="give counts from 1 to 10,000"):
+            parse_counts(bad)
+    # a huge range is refused before it is expanded (it took the machine's memory)
+    for huge in ("1-100000000", "1-257", ",".join(str(i) for i in range(1, 300))):
+        with pytest.raises(ValueError, match="256 counts at most"):
+            parse_counts(huge)
 
 
 def test_a_sweep_finds_the_fewest_nodes_per_policy() -> None:
