@@ -15,6 +15,7 @@ from nodes.server import serve
 from telemetry import serving
 from telemetry.cli import add_common_flags
 from telemetry.configfile import ConfigError, line_of, read_document, validate
+from telemetry.settings import with_overrides
 from telemetry.tls import set_kafka_security
 
 
@@ -47,10 +48,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"edgeroute node: {exc}", file=sys.stderr)
         return 2
     set_kafka_security(cfg.kafka_security)
+    updates: dict[str, object] = {}
     if args.port is not None:
-        cfg = cfg.model_copy(update={"port": args.port})
+        updates["port"] = args.port
     if args.kafka:
-        cfg = cfg.model_copy(update={"kafka": args.kafka})
+        updates["kafka"] = args.kafka
+    try:
+        cfg = with_overrides(cfg, updates)
+    except ValueError as exc:
+        print(f"edgeroute node: {exc}", file=sys.stderr)
+        return 2
 
     async def run() -> None:
         stop = asyncio.Event()

@@ -8,7 +8,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from telemetry.schema import NAME_PATTERN
-from telemetry.settings import ServerSettings
+from telemetry.settings import Bootstrap, ServerSettings
 from telemetry.signing import Signer, TelemetryKey, signer_for
 from telemetry.tls import KafkaSecurity
 
@@ -133,7 +133,7 @@ class NodeConfig(ServerSettings):
     )
     memory_budget_bytes: int = Field(2 << 30, ge=0)
     max_body_bytes: int = Field(16 << 20, ge=1024)
-    kafka: str | None = Field(None, description="bootstrap HOST:PORT; None disables telemetry")
+    kafka: Bootstrap | None = Field(None, description="bootstrap HOST:PORT[,...]; None disables telemetry")
     kafka_security: KafkaSecurity | None = Field(None, description="Kafka SSL/SASL settings (telemetry.tls)")
     admin_token: str | None = Field(
         None,

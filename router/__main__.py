@@ -13,6 +13,7 @@ from router.app import serve
 from router.config import ConfigError, load_config
 from telemetry import serving
 from telemetry.cli import add_common_flags
+from telemetry.settings import with_overrides
 from telemetry.tls import set_kafka_security
 
 
@@ -49,9 +50,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"edgeroute router: --policy: {exc}", file=sys.stderr)
             return 2
         updates["policy"] = PolicySpec(preset=args.policy)
-    if args.router_id:
-        updates["peers"] = cfg.peers.model_copy(update={"router_id": args.router_id})
-    cfg = cfg.model_copy(update=updates)
+    try:
+        if args.router_id:
+            updates["peers"] = with_overrides(cfg.peers, {"router_id": args.router_id})
+        cfg = with_overrides(cfg, updates)
+    except ValueError as exc:
+        print(f"edgeroute router: {exc}", file=sys.stderr)
+        return 2
     set_kafka_security(cfg.kafka_security)
     if cfg.kafka is None:
         print(

@@ -19,7 +19,8 @@ from router.lifecycle.links import LinkState
 from router.lifecycle.reroute import RerouteConfig
 from router.lifecycle.stages import CropSpec, StageSpec, WorkflowSpec
 from telemetry.configfile import ConfigError, load_model, validate
-from telemetry.settings import ServerSettings
+from telemetry.schema import NAME_PATTERN
+from telemetry.settings import Bootstrap, ServerSettings
 from telemetry.signing import Signer, TelemetryKey, Verifier, signer_for
 from telemetry.tls import ClientTLS, KafkaSecurity
 
@@ -71,7 +72,9 @@ class PeersConfig(BaseModel):
     interval_ms: float = Field(5.0, gt=0, description="publish at most this often, only when changed")
     stale_after_ms: float = Field(1000.0, gt=0, description="a silent router's load is dropped after this")
     fetch_max_wait_ms: int = Field(5, ge=1, description="the peers consumer's fetch wait (see README)")
-    router_id: str | None = Field(None, description="default: host name and process id")
+    router_id: str | None = Field(
+        None, min_length=1, max_length=128, pattern=NAME_PATTERN, description="default: host name and process id"
+    )
 
 
 Scheme = Literal["http", "https"]
@@ -125,7 +128,7 @@ class RouterConfig(ServerSettings):
 
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
-    kafka: str | None = Field(None, description="telemetry bootstrap HOST:PORT")
+    kafka: Bootstrap | None = Field(None, description="telemetry bootstrap HOST:PORT[,HOST:PORT...]")
     telemetry_keys: list[TelemetryKey] | None = Field(
         None,
         description="ID:SECRET keys that telemetry and peer messages must be signed with (telemetry.signing); "

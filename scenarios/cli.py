@@ -282,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
 
     up = sub.add_parser("up", help="start broker, nodes and router for a scenario; Ctrl-C stops all")
     up.add_argument("scenario", nargs="?", help="scenario file (default: the quickstart topology)")
-    up.add_argument("--kafka", help="use this Kafka bootstrap HOST:PORT instead of the embedded broker")
+    up.add_argument("--kafka", type=arg.bootstrap, help="Kafka bootstrap HOST:PORT instead of the embedded broker")
     up.add_argument("--port", type=arg.port, default=0, help="router port (default: a free one)")
     up.add_argument("--routers", type=arg.count, default=1, help="router processes sharing the port (SO_REUSEPORT)")
     up.add_argument("--no-share", action="store_true", help="several routers, but without exchanging load")
@@ -292,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
     rp.add_argument("scenario", help="scenario YAML, or a bundled one by name (quickstart, mixed-priority, ...)")
     rp.add_argument("--policy", action="append", help="run name or preset (repeatable; default: all)")
     rp.add_argument("--out", help="report folder (default: reports/<scenario>/)")
-    rp.add_argument("--kafka", help="external Kafka bootstrap HOST:PORT")
+    rp.add_argument("--kafka", type=arg.bootstrap, help="external Kafka bootstrap HOST:PORT")
     rp.add_argument(
         "--router",
         metavar="URL",
@@ -328,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     b.add_argument("--requests", type=int, default=2000, help="requests per run (2000)")
     b.add_argument("--rounds", type=int, default=3, help="interleaved rounds; medians reported (3)")
-    b.add_argument("--kafka", help="external Kafka bootstrap HOST:PORT")
+    b.add_argument("--kafka", type=arg.bootstrap, help="external Kafka bootstrap HOST:PORT")
     b = bsub.add_parser("routers", help="active-active routers, with and without shared load, at one offered rate")
     b.add_argument("--nodes", type=int, default=4, help="nodes (4)")
     b.add_argument("--policy", default="least_outstanding", help="preset (least_outstanding)")
@@ -342,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--interval-ms", type=arg.positive, default=100.0, help="each node's publish interval (100)")
     b.add_argument("--seconds", type=arg.positive, default=10.0, help="how long the publishers run (10)")
     b.add_argument("--publishers", type=int, default=2, help="publisher processes (2)")
-    b.add_argument("--kafka", help="external plaintext Kafka bootstrap HOST:PORT (default: an embedded broker)")
+    b.add_argument("--kafka", type=arg.bootstrap, help="plaintext Kafka bootstrap HOST:PORT (default: an embedded one)")
     b = bsub.add_parser("sim", help="simulator events per second with a real policy in the loop")
     b.add_argument("--nodes", type=int, default=1000, help="cluster size (1000)")
     b.add_argument("--requests", type=int, default=1_000_000, help="requests simulated (1,000,000)")
@@ -360,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
     sw.add_argument("--seeds", type=int, default=3, help="seeds per count; every one must reach the target (3)")
     sw.add_argument("--jobs", type=int, default=0, help="simulations in parallel (0: one per core; 1: serial)")
     sw.add_argument("--out", help="output folder (default: reports/<scenario>/)")
-    sw.add_argument("--kafka", help="external Kafka bootstrap HOST:PORT (with --confirm)")
+    sw.add_argument("--kafka", type=arg.bootstrap, help="external Kafka bootstrap HOST:PORT (with --confirm)")
     sw.add_argument("--seed", type=int, help="override the scenario's seed")
     sw.add_argument("--duration", type=arg.duration, help="override the workload duration (seconds)")
     sw.add_argument("--profile", help="simulator profile JSON (default: scenarios/profiles/cpu.json)")
@@ -387,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
         default="reports/profile/cpu.json",
         help="profile JSON (reports/profile/cpu.json; `make profile` writes the shipped scenarios/profiles/cpu.json)",
     )
-    prof.add_argument("--kafka", help="external Kafka bootstrap HOST:PORT")
+    prof.add_argument("--kafka", type=arg.bootstrap, help="external Kafka bootstrap HOST:PORT")
     prof.add_argument(
         "--node-scaling", action="store_true", help="add the overhead by node count to an existing profile"
     )

@@ -10,6 +10,7 @@ import math
 from urllib.parse import urlsplit
 
 from scenarios.schema import MAX_DURATION_S, MAX_TOPOLOGY_NODES
+from telemetry.settings import check_bootstrap
 
 
 def finite(text: str) -> float:
@@ -85,3 +86,11 @@ def duration(text: str) -> float:
     if value > MAX_DURATION_S:
         raise argparse.ArgumentTypeError(f"at most {MAX_DURATION_S:g} seconds, as a scenario's duration_s: {text!r}")
     return value
+
+
+def bootstrap(text: str) -> str:
+    """A Kafka bootstrap list, as the router's and nodes' configs take it (`HOST:PORT[,...]`)."""
+    try:
+        return check_bootstrap(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None

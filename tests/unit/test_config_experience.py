@@ -19,6 +19,7 @@ from nodes.__main__ import main as node_main
 from nodes.config import NodeConfig
 from router.__main__ import main as router_main
 from router.config import load_config as load_router
+from router.config import parse_config
 from scenarios.cli import main as cli_main
 from scenarios.schema import parse_scenario
 from telemetry.configfile import ConfigError, env_overlay, safe_yaml
@@ -339,6 +340,51 @@ def test_router_cli_mistakes(tmp_path: Path, capsys: pytest.CaptureFixture[str])
         router_main(["--log-level", "verbose"])
     err = capsys.readouterr().err.strip().splitlines()  # argparse: the usage, then one line
     assert info.value.code == 2 and "'verbose' is not a log level" in err[-1] and "Traceback" not in err
+
+
+def test_command_line_overrides_are_checked_as_the_config_files_values(capsys: pytest.CaptureFixture[str]) -> None:
+    """`--port 70000` was bound as port 4464 (70000 mod 65536), `--port -1` was a traceback, and a router
+    id or bootstrap of any text was taken: overrides now get the checks the file's values get."""
+    node_cfg = '{"node_id": "n", "models": [{"name": "echo"}]}'
+    _one_line_exit(capsys, router_main(["--kafka", "h:1", "--port", "70000"]), "port: Input should be less than")
+    _one_line_exit(capsys, router_main(["--kafka", "h:1", "--port", "-1"]), "port: Input should be greater than")
+    _one_line_exit(capsys, router_main(["--kafka", "h:99999"]), "kafka: Value error, not HOST:PORT")
+    _one_line_exit(capsys, router_main(["--kafka", "h:1", "--router-id", "../etc"]), "router_id: String should match")
+    _one_line_exit(capsys, node_main(["--config", node_cfg, "--port", "70000"]), "port: Input should be less than")
+    _one_line_exit(capsys, node_main(["--config", node_cfg, "--kafka", "a b:1"]), "kafka: Value error, not HOST:PORT")
+
+
+@pytest.mark.parametrize(
+    ("text", "ok"),
+    [
+        ("kafka:9092", True),
+        ("a:9092, b:9093", True),
+        ("[::1]:9092", True),
+        ("10.0.0.1:1", True),
+        ("kafka", False),
+        ("kafka:0", False),
+        ("kafka:65536", False),
+        ("kafka:", False),
+        (":9092", False),
+        ("a b:1", False),
+        ("h/x:1", False),
+        ("::1:9092", False),
+        ("", False),
+        (",".join(["h:1"] * 65), False),
+        ("h:\u0663", False),  # a digit, but not an ASCII one
+    ],
+)
+def test_bootstrap_lists(text: str, ok: bool) -> None:
+    from telemetry.settings import check_bootstrap
+
+    if ok:
+        assert check_bootstrap(text) == text
+        assert parse_config({"kafka": text}).kafka == text
+    else:
+        with pytest.raises(ValueError):
+            check_bootstrap(text)
+        with pytest.raises(ConfigError, match="kafka"):
+            parse_config({"kafka": text})
 
 
 def test_node_cli_mistakes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
