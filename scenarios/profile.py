@@ -38,14 +38,16 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+from pydantic import ValidationError
 
 from scenarios.launcher import Stack, http_json
 from scenarios.loadgen import Payload, build_schedule, example_payload, run_load
 from scenarios.schema import NodeSpec, Scenario, Workload
-from scenarios.sim.profile import DEFAULT_PROFILE
+from scenarios.sim.profile import DEFAULT_PROFILE, ProfileDoc
 from scenarios.workload import Result
 from telemetry import wire
 from telemetry.bus import KafkaTelemetrySource
+from telemetry.configfile import ConfigError, read_text
 from telemetry.quantiles import grid_101
 from telemetry.store import ViewStore
 
@@ -377,5 +379,24 @@ async def _metadata(router_url: str, model: str) -> dict[str, Any]:
 
 
 def load_profile(path: Path | None = None) -> dict[str, Any]:
-    doc: dict[str, Any] = json.loads((path or DEFAULT_PROFILE).read_text())
+    """A profile JSON, read within the config files' size bound and checked against `ProfileDoc`
+    (ConfigError naming the file and the field otherwise)."""
+    where = path or DEFAULT_PROFILE
+    text = read_text(where, str(where))
+
+    def no_constant(name: str) -> Any:
+        raise ValueError(f"{name} is not a number a profile holds")
+
+    try:
+        doc = json.loads(text, parse_constant=no_constant)
+    except ValueError as exc:
+        raise ConfigError(f"{where}: not a profile (invalid JSON: {exc})") from None
+    if not isinstance(doc, dict):
+        raise ConfigError(f"{where}: not a profile (a JSON object is)")
+    try:
+        ProfileDoc.model_validate(doc)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        at = ".".join(str(x) for x in first.get("loc", ())) or "profile"
+        raise ConfigError(f"{where}: {at}: {first.get('msg', 'invalid')}") from None
     return doc

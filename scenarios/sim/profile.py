@@ -7,9 +7,74 @@ import math
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
 DEFAULT_PROFILE = Path(__file__).resolve().parents[1] / "profiles" / "cpu.json"
+MAX_MS = 3_600_000.0  # no profiled time is longer than an hour
+
+
+def _quantiles(q: list[float], signed: bool = False) -> list[float]:
+    if len(q) not in (0, 101):
+        raise ValueError(f"101 quantiles (p0..p100), not {len(q)}")
+    if any(b < a for a, b in zip(q, q[1:], strict=False)):
+        raise ValueError("quantiles must not decrease")
+    if q and not signed and q[0] < 0:
+        raise ValueError("times must not be negative")
+    return q
+
+
+Ms = Annotated[float, Field(ge=-MAX_MS, le=MAX_MS, allow_inf_nan=False)]
+Quantiles = Annotated[list[Ms], AfterValidator(_quantiles)]
+SignedQuantiles = Annotated[list[Ms], AfterValidator(lambda q: _quantiles(q, signed=True))]
+BatchSize = Annotated[str, Field(pattern=r"^[1-9][0-9]{0,4}$")]
+Time = Annotated[float, Field(ge=0, le=MAX_MS, allow_inf_nan=False)]
+
+
+class _Open(BaseModel):
+    model_config = ConfigDict(extra="allow")  # a profile also carries what it was measured on, and when
+
+
+class _ModelProfile(_Open):
+    exec_ms: dict[BatchSize, Quantiles] = Field(min_length=1, max_length=64)
+    overhead_ms: Quantiles
+
+    @field_validator("exec_ms")
+    @classmethod
+    def _batch_one(cls, v: dict[str, list[float]]) -> dict[str, list[float]]:
+        if len(v.get("1") or []) != 101:
+            raise ValueError("needs the 101 quantiles of batch size 1")
+        return v
+
+
+class _Level(_Open):
+    rate_rps: Time
+    overhead_ms: Quantiles
+    overhead_ms_by_model: dict[str, Quantiles] | None = None
+    exec_ms: dict[str, Quantiles] | None = None
+    handoff_ms: Time = 0.0
+    wakeup_ms: Time = 0.0
+    wakeup_ms_q: Quantiles | None = None
+
+
+class _NodeRow(_Open):
+    nodes: int = Field(ge=1, le=100_000)
+    overhead_ms: Quantiles
+
+
+class ProfileDoc(_Open):
+    """What the simulator reads of a profile JSON (`edgeroute profile` writes it); checked on load, so a
+    broken or hostile file is one clear error, not a KeyError or negative service times."""
+
+    models: dict[str, _ModelProfile] = Field(min_length=1, max_length=1024)
+    levels: list[_Level] = Field(default_factory=list, max_length=64)
+    overhead_by_nodes: list[_NodeRow] | None = Field(None, max_length=64)
+    profile_nodes: int = Field(4, ge=1, le=100_000)
+    emulation_jitter_ms: SignedQuantiles | None = None
+    telemetry_lag_ms: Quantiles | None = None
+    handoff_ms: Time = 0.0
+    wakeup_ms: Time = 0.0
 
 
 class Distribution:

@@ -332,3 +332,47 @@ def test_a_topology_cut_to_fewer_nodes_answers_for_models_no_node_serves() -> No
     cam_a = report["policies"]["compass"]["by_model"]["cam-a"]
     assert cam_a["sent"] > 0 and cam_a["completed"] == 0 and set(cam_a["errors"]) == {"503"}
     assert report["policies"]["compass"]["by_model"]["cam-b"]["completed"] > 0
+
+
+@pytest.mark.parametrize(
+    ("mutate", "needle"),
+    [
+        (lambda d: d["models"]["echo"]["exec_ms"].__setitem__("1", [1.0]), "models.echo.exec_ms.1: Value error, 101"),
+        (lambda d: d["models"]["echo"].__setitem__("overhead_ms", [-1.0] * 101), "times must not be negative"),
+        (lambda d: d["models"]["echo"].__setitem__("overhead_ms", list(range(101, 0, -1))), "must not decrease"),
+        (lambda d: d["models"]["echo"]["exec_ms"].pop("1"), "needs the 101 quantiles of batch size 1"),
+        (lambda d: d.pop("models"), "models: Field required"),
+        (lambda d: d["levels"][0].__setitem__("rate_rps", -5), "levels.0.rate_rps"),
+        (lambda d: d.__setitem__("wakeup_ms", 1e300), "wakeup_ms"),
+    ],
+)
+def test_a_broken_profile_is_one_clear_error(tmp_path: Any, mutate: Any, needle: str) -> None:
+    """A profile is a file a user passes (`--profile`): a wrong one was a KeyError, a JSONDecodeError, or
+    negative or NaN service times in the simulation, and /dev/zero hung the command."""
+    import json
+
+    from scenarios.profile import load_profile
+    from telemetry.configfile import ConfigError
+
+    doc = load_profile()  # the shipped profile passes the check
+    mutate(doc)
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(ConfigError, match=needle):
+        load_profile(path)
+
+
+def test_a_profile_that_is_not_json_or_not_bounded_is_refused(tmp_path: Any) -> None:
+    from scenarios.profile import load_profile
+    from telemetry.configfile import ConfigError
+
+    path = tmp_path / "p.json"
+    for text, needle in (
+        ('{"models": {"m": {"exec_ms": {"1": [NaN]}, "overhead_ms": []}}}', "NaN is not a number a profile holds"),
+        ("[1, 2]", "a JSON object is"),
+        ("root:x:0:0", "invalid JSON"),
+        (" " * (5 << 20), "larger than"),
+    ):
+        path.write_text(text)
+        with pytest.raises(ConfigError, match=needle):
+            load_profile(path)
