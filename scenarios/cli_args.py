@@ -39,12 +39,16 @@ def share(text: str) -> float:
     return value
 
 
+def _integer(text: str, what: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not {what}: {text!r}") from None
+
+
 def count(text: str) -> int:
     """A count argument: an integer of at least 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    value = _integer(text, "an integer")
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1: {text!r}")
     return value
@@ -59,10 +63,7 @@ def node_count(text: str) -> int:
 
 
 def port(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    value = _integer(text, "a port number")
     if not 0 <= value <= 65535:
         raise argparse.ArgumentTypeError(f"a port is 0 (any free one) to 65535: {text!r}")
     return value
