@@ -198,11 +198,12 @@ def bench_decide(
             times["fixed work"] += _fixed_work(len(share))
             for name in names[r % len(names) :] + names[: r % len(names)]:
                 times[name] += _decisions(lcs[name], policies[name], share)
-        floor_p50 = nearest_rank(times["floor"], 0.5)
+        # every figure of a row is computed from the rounded ones it reports, so the JSON checks itself
+        floor_p50 = round(nearest_rank(times["floor"], 0.5), 2)
         for name in ["floor", "fixed work", *names]:
             t = times[name]
-            p50, p99 = nearest_rank(t, 0.5), nearest_rank(t, 0.99)
-            row: dict[str, Any] = {"nodes": n, "preset": name, "p50_us": round(p50, 2), "p99_us": round(p99, 2)}
+            p50, p99 = round(nearest_rank(t, 0.5), 2), round(nearest_rank(t, 0.99), 2)
+            row: dict[str, Any] = {"nodes": n, "preset": name, "p50_us": p50, "p99_us": p99}
             if name == "fixed work":
                 row["p99_over_p50"] = round(p99 / p50, 2) if p50 else None
             elif name != "floor":

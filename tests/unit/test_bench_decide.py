@@ -18,10 +18,13 @@ def test_every_preset_decides_on_a_realistic_view(tmp_path: Path) -> None:
     for n in (10, 100):
         names = {r["preset"] for r in result["rows"] if r["nodes"] == n}
         assert names == {"floor", "fixed work", *PRESETS}
+    floor = {r["nodes"]: r["p50_us"] for r in result["rows"] if r["preset"] == "floor"}
     for row in result["rows"]:
         assert 0 < row["p50_us"] <= row["p99_us"]
-        if row["preset"] == "fixed work":  # the host's own spread at a decision's scale
+        if row["preset"] == "fixed work":  # the host's own spread at a decision's scale, from the row's figures
             assert row["p99_over_p50"] == round(row["p99_us"] / row["p50_us"], 2)
+        elif row["preset"] != "floor":
+            assert row["x_floor_p50"] == round(row["p50_us"] / floor[row["nodes"]], 1)
         assert row["decisions"] == 20, "the rounds' shares add up to the decisions asked for"
     assert written["rounds"] == 5
 
