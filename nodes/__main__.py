@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
-import signal
 import sys
 from collections.abc import Mapping
 
@@ -59,14 +57,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"edgeroute node: {exc}", file=sys.stderr)
         return 2
 
-    async def run() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        await serve(cfg, stop, lambda port: print(f"node {cfg.node_id}: http://{cfg.host}:{port}", flush=True))
-
-    serving.run(run())
+    serving.run_until_signalled(
+        lambda stop: serve(cfg, stop, lambda port: print(f"node {cfg.node_id}: http://{cfg.host}:{port}", flush=True))
+    )
     return 0
 
 

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
-import signal
 import sys
 from pathlib import Path
 
@@ -65,20 +63,15 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
 
-    async def run() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        await serve(
+    serving.run_until_signalled(
+        lambda stop: serve(
             cfg,
             stop,
             args.config,
             lambda port: print(f"router: http://{cfg.host}:{port}", flush=True),
             args.reuse_port,
         )
-
-    serving.run(run())
+    )
     return 0
 
 

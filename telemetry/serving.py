@@ -13,8 +13,9 @@ from __future__ import annotations
 import asyncio
 import os
 import resource
+import signal
 import ssl
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from aiohttp import web
@@ -101,3 +102,17 @@ def run(main: Coroutine[Any, Any, None]) -> None:
     """`asyncio.run(main)` on the loop `loop_factory` chooses (a node's or a router's process)."""
     with asyncio.Runner(loop_factory=loop_factory()) as runner:
         runner.run(main)
+
+
+def run_until_signalled(serve: Callable[[asyncio.Event], Awaitable[None]]) -> None:
+    """`serve(stop)` on the process's loop (`run`), `stop` set by SIGTERM or SIGINT (a node's or a
+    router's process: it then drains and exits)."""
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await serve(stop)
+
+    run(main())
