@@ -57,10 +57,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"edgeroute node: {exc}", file=sys.stderr)
         return 2
 
-    serving.run_until_signalled(
-        lambda stop: serve(cfg, stop, lambda port: print(f"node {cfg.node_id}: http://{cfg.host}:{port}", flush=True))
+    return serving.run_until_signalled(
+        "edgeroute node",
+        lambda stop: serve(cfg, stop, lambda port: print(f"node {cfg.node_id}: http://{cfg.host}:{port}", flush=True)),
     )
-    return 0
 
 
 if __name__ == "__main__":

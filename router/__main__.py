@@ -63,16 +63,16 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
 
-    serving.run_until_signalled(
+    return serving.run_until_signalled(
+        "edgeroute router",
         lambda stop: serve(
             cfg,
             stop,
             args.config,
             lambda port: print(f"router: http://{cfg.host}:{port}", flush=True),
             args.reuse_port,
-        )
+        ),
     )
-    return 0
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ publishers may not reach the offered rate, and the JSON says what they did send.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import platform
@@ -31,6 +32,7 @@ from scenarios.bench_decide import node_load
 from telemetry.broker import EmbeddedBroker, terminate
 from telemetry.bus import KafkaTelemetrySource, ensure_topic, now_ms
 from telemetry.quantiles import nearest_rank
+from telemetry.serving import tuned_gc
 from telemetry.store import MAX_NODES, ViewStore
 from telemetry.view import NodeState
 
@@ -71,6 +73,41 @@ def publish(bootstrap: str, first: int, count: int, interval_ms: float, seconds:
     return {"sent": sent, "seconds": round(time.monotonic() - start, 3), "late_rounds": behind}
 
 
+class GcPauses:
+    """The garbage collector's stops while started: how many of each generation, how long in all."""
+
+    def __init__(self) -> None:
+        self.counts = [0, 0, 0]
+        self.longest_ms = 0.0
+        self.total_ms = 0.0
+        self._began = 0.0
+
+    def _callback(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._began = time.perf_counter()
+            return
+        took = (time.perf_counter() - self._began) * 1000.0
+        self.counts[info["generation"]] += 1
+        self.total_ms += took
+        self.longest_ms = max(self.longest_ms, took)
+
+    def start(self) -> None:
+        if self._callback not in gc.callbacks:
+            gc.callbacks.append(self._callback)
+
+    def stop(self) -> None:
+        if self._callback in gc.callbacks:
+            gc.callbacks.remove(self._callback)
+
+    def summary(self, elapsed_s: float) -> dict[str, Any]:
+        return {
+            "young": self.counts[0] + self.counts[1],
+            "full": self.counts[2],
+            "longest_ms": round(self.longest_ms, 1),
+            "share": round(self.total_ms / 1000.0 / elapsed_s, 3) if elapsed_s > 0 else 0.0,
+        }
+
+
 def bench_ingest(
     out_dir: Path,
     nodes: int = 5000,
@@ -79,6 +116,20 @@ def bench_ingest(
     publishers: int = 2,
     kafka: str | None = None,
 ) -> dict[str, Any]:
+    with tuned_gc() as thresholds:  # as the router's process runs (telemetry.serving)
+        return _bench_ingest(out_dir, nodes, interval_ms, seconds, publishers, kafka, thresholds)
+
+
+def _bench_ingest(
+    out_dir: Path,
+    nodes: int,
+    interval_ms: float,
+    seconds: float,
+    publishers: int,
+    kafka: str | None,
+    thresholds: tuple[int, int, int] | None,
+) -> dict[str, Any]:
+    pauses = GcPauses()
     broker = None if kafka else EmbeddedBroker().start()
     bootstrap = kafka or (broker.bootstrap if broker else "")
     source: KafkaTelemetrySource | None = None
@@ -107,6 +158,7 @@ def bench_ingest(
         received0 = store.messages
         share = -(-nodes // publishers)
         cpu0 = resource.getrusage(resource.RUSAGE_SELF)
+        pauses.start()
         t0 = time.monotonic()
         for k in range(publishers):
             first, count = k * share, min(share, nodes - k * share)
@@ -128,6 +180,7 @@ def bench_ingest(
         while time.monotonic() < deadline and store.messages - received0 < sent:
             time.sleep(0.05)
         elapsed = time.monotonic() - t0
+        pauses.stop()
         cpu1 = resource.getrusage(resource.RUSAGE_SELF)
         cpu_s = (cpu1.ru_utime - cpu0.ru_utime) + (cpu1.ru_stime - cpu0.ru_stime)
         got = store.messages - received0  # read and parsed (a batch applies only a node's newest report)
@@ -155,6 +208,7 @@ def bench_ingest(
             "router_cpu_us_per_msg": round(cpu_s * 1e6 / max(1, got), 1),
             "router_cpu_share": round(cpu_s / elapsed, 3),  # of one core
             "malformed": store.malformed,
+            "gc": {"thresholds": list(thresholds) if thresholds else "python default", **pauses.summary(elapsed)},
             "host": {"machine": platform.machine(), "python": platform.python_version(), "cpus": os.cpu_count()},
             "broker": "external" if kafka else "embedded (Tansu)",
             "at": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -167,11 +221,14 @@ def bench_ingest(
             source.stop()
         if broker is not None:
             broker.stop()
+        pauses.stop()
+    gcs = result["gc"]
     print(
         f"offered {result['offered_msgs_per_s']} msg/s ({nodes} nodes every {interval_ms:g} ms); published "
         f"{result['published_msgs_per_s']} msg/s; read {result['received_msgs_per_s']} msg/s, lost {result['lost']}; "
         f"send-to-view lag p50 {result['lag_ms']['p50']} ms p99 {result['lag_ms']['p99']} ms; "
-        f"router CPU {result['router_cpu_us_per_msg']} us/msg ({result['router_cpu_share'] * 100:.0f}% of a core)"
+        f"router CPU {result['router_cpu_us_per_msg']} us/msg ({result['router_cpu_share'] * 100:.0f}% of a core); "
+        f"garbage collection {gcs['share'] * 100:.0f}% of the time, {gcs['full']} full, longest {gcs['longest_ms']} ms"
     )
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "ingest.json").write_text(json.dumps(result, indent=2) + "\n")

@@ -11,14 +11,19 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 import os
 import resource
 import signal
 import ssl
-from collections.abc import Awaitable, Callable, Coroutine
+import sys
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from typing import Any
 
 from aiohttp import web
+
+from telemetry.configfile import ConfigError
 
 RESERVED_FDS = 256
 BUSY = (
@@ -104,9 +109,68 @@ def run(main: Coroutine[Any, Any, None]) -> None:
         runner.run(main)
 
 
-def run_until_signalled(serve: Callable[[asyncio.Event], Awaitable[None]]) -> None:
+# Python's defaults (700, 10, 10) run a full collection whenever the young generations have been
+# collected 10 times and a quarter of the old generation is new since the last full one. A router
+# holds every node's latest report (about 40 tracked objects each: pydantic models, their dicts and
+# field sets) and replaces them as reports arrive, so the old generation churns all the time: at
+# 5,000 nodes a full collection scans over 200,000 objects, finds nothing (reports hold no cycles;
+# they die by reference count, and neither the router's nor the node's request path leaves cyclic
+# garbage) and stops every thread for 100-370 ms, several times a second at tens of thousands of
+# reports a second. Young collections stay as they are (pauses of a few ms); the old generation is
+# collected after 1,000 young-old collections instead of 10 (docs/measurements.md, "Garbage
+# collection in the router"). The objects that exist when a server starts (modules, schemas,
+# settings) are frozen first, so no collection scans them again.
+GC_THRESHOLDS = (700, 10, 1000)
+
+
+def gc_thresholds(spec: str | None) -> tuple[int, int, int] | None:
+    """`EDGEROUTE_GC`: unset or empty for `GC_THRESHOLDS`, `default` for Python's own, or three
+    thresholds `G0,G1,G2` (positive integers up to 10,000,000); ConfigError otherwise."""
+    if spec is None or not spec.strip():
+        return GC_THRESHOLDS
+    if spec.strip() == "default":
+        return None
+    parts = [p.strip() for p in spec.split(",")]
+    if len(parts) != 3 or not all(p.isascii() and p.isdigit() and 0 < int(p) <= 10_000_000 for p in parts):
+        raise ConfigError(f"$EDGEROUTE_GC: 'default' or three positive integers G0,G1,G2, not {spec[:40]!r}")
+    g0, g1, g2 = (int(p) for p in parts)
+    return g0, g1, g2
+
+
+def tune_gc(spec: str | None = None) -> tuple[int, int, int] | None:
+    """A server process's collector (`GC_THRESHOLDS`, or `EDGEROUTE_GC` unless `spec` is given): what
+    exists now is collected once and frozen (`gc.freeze`), and the thresholds set. Returns them
+    (None: Python's defaults kept, nothing frozen); ConfigError for a bad setting, before any change."""
+    thresholds = gc_thresholds(os.environ.get("EDGEROUTE_GC") if spec is None else spec)
+    if thresholds is not None:
+        gc.collect()
+        gc.freeze()
+        gc.set_threshold(*thresholds)
+    return thresholds
+
+
+@contextlib.contextmanager
+def tuned_gc(spec: str | None = None) -> Iterator[tuple[int, int, int] | None]:
+    """`tune_gc` for the block (a benchmark measuring what a server process does), undone after it."""
+    before = gc.get_threshold()
+    thresholds = tune_gc(spec)
+    try:
+        yield thresholds
+    finally:
+        if thresholds is not None:
+            gc.set_threshold(*before)
+            gc.unfreeze()
+
+
+def run_until_signalled(name: str, serve: Callable[[asyncio.Event], Awaitable[None]]) -> int:
     """`serve(stop)` on the process's loop (`run`), `stop` set by SIGTERM or SIGINT (a node's or a
-    router's process: it then drains and exits)."""
+    router's process, `name` in messages: it then drains and exits), with the collector tuned for a
+    server (`tune_gc`). Returns the exit status: 0, or 2 after one line for a bad `EDGEROUTE_GC`."""
+    try:
+        tune_gc()
+    except ConfigError as exc:
+        print(f"{name}: {exc}", file=sys.stderr)
+        return 2
 
     async def main() -> None:
         stop = asyncio.Event()
@@ -116,3 +180,4 @@ def run_until_signalled(serve: Callable[[asyncio.Event], Awaitable[None]]) -> No
         await serve(stop)
 
     run(main())
+    return 0

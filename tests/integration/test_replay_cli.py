@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import signal
@@ -164,8 +165,13 @@ def test_bench_router_measures_the_floor_and_writes_its_figures(tmp_path: Path) 
 
 def test_bench_ingest_reads_every_published_report_through_the_broker(tmp_path: Path, broker) -> None:  # type: ignore[no-untyped-def]
     from scenarios.bench_ingest import bench_ingest
+    from telemetry.serving import GC_THRESHOLDS
 
+    before = gc.get_threshold()
     result = bench_ingest(tmp_path, nodes=40, interval_ms=100.0, seconds=1.0, publishers=2, kafka=broker.bootstrap)
+    # the reader ran with the router process's collector, and this process has its own back
+    assert result["gc"]["thresholds"] == list(GC_THRESHOLDS) and result["gc"]["longest_ms"] >= 0
+    assert gc.get_threshold() == before and gc.get_freeze_count() == 0
     assert result["published"] >= 40 * 5, "two publishers, 40 nodes, about ten rounds"
     assert result["received"] == result["published"] and result["lost"] == 0
     assert result["malformed"] == 0
