@@ -21,6 +21,7 @@ from scenarios.workload import Arrival, Result, build_schedule
 
 __all__ = ["Arrival", "Payload", "Result", "build_schedule", "example_payload", "fetch_payloads", "run_load"]
 from telemetry import wire
+from telemetry.serving import tuned_gc
 
 
 @dataclass(frozen=True)
@@ -91,61 +92,78 @@ async def run_load(
     progress: Any = None,
     headers: dict[str, str] | None = None,
 ) -> list[Result]:
-    """Send `schedule` open-loop; one Result per arrival, in schedule order."""
+    """Send `schedule` open-loop; one Result per arrival, in schedule order.
+
+    The client runs with a server's garbage collector setting (telemetry.serving.tuned_gc): what it
+    keeps grows with every request sent (results, tasks), and with Python's default setting a full
+    collection of all of it in the middle of mixed-priority's 40 s stopped the client for about
+    60 ms, added to the latency of every request in flight then (none during the load since)."""
     results: list[Result | None] = [None] * len(schedule)
     connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30)
-    async with aiohttp.ClientSession(connector=connector, headers=headers) as session:
-
-        async def send(i: int, a: Arrival) -> None:
-            headers = {
-                "Content-Type": "application/json",
-                wire.PRIORITY: str(a.priority),
-                wire.DEADLINE_MS: f"{a.deadline_ms:g}",
-                wire.SITE: a.site,
-            }
-            payload = payloads[a.model]
-            if payload.header_length is not None:
-                headers[wire.HEADER_LENGTH] = str(payload.header_length)
-                headers["Content-Type"] = "application/octet-stream"
-            t0 = time.perf_counter()
-            try:
-                timeout = aiohttp.ClientTimeout(total=a.deadline_ms / 1000.0 + grace_s)
-                async with session.post(
-                    f"{router_url}/v2/models/{a.model}/infer",
-                    data=payload.body,
-                    headers=headers,
-                    timeout=timeout,
-                ) as resp:
-                    answer = await resp.read()
-                    err = "" if resp.status == 200 else _error_text(answer)
-                    results[i] = Result(
-                        a,
-                        resp.status,
-                        (time.perf_counter() - t0) * 1000.0,
-                        resp.headers.get(wire.NODE, "none"),
-                        err,
-                        float(resp.headers.get(wire.EXEC_MS, 0.0)),
-                        float(resp.headers.get(wire.QUEUE_MS, 0.0)),
-                        max(1, int(resp.headers.get(wire.BATCH_ROWS, 1))),
-                        int(resp.headers.get(wire.STAGES, 1)),
-                        int(resp.headers.get(wire.COLD_STAGES, wire.COLD_MS in resp.headers)),
-                        int(resp.headers.get(wire.BYTES_KEPT, 0)),
-                        int(resp.headers.get(wire.BYTES_MOVED, 0)),
-                    )
-            except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-                results[i] = Result(
-                    a, None, (time.perf_counter() - t0) * 1000.0, "none", f"{type(exc).__name__}: {exc}"
-                )
-
-        loop = asyncio.get_running_loop()
-        start = loop.time()
-        tasks: list[asyncio.Task[None]] = []
-        for i, a in enumerate(schedule):
-            delay = start + a.at_s - loop.time()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            tasks.append(asyncio.create_task(send(i, a)))
-            if progress is not None:
-                progress(i + 1, len(schedule))
-        await asyncio.gather(*tasks)
+    with tuned_gc():
+        async with aiohttp.ClientSession(connector=connector, headers=headers) as session:
+            await _send_all(session, router_url, schedule, payloads, results, grace_s, progress)
     return [r for r in results if r is not None]
+
+
+async def _send_all(
+    session: aiohttp.ClientSession,
+    router_url: str,
+    schedule: list[Arrival],
+    payloads: dict[str, Payload],
+    results: list[Result | None],
+    grace_s: float,
+    progress: Any,
+) -> None:
+    """Each arrival's request at its time (as a task), its answer into `results[i]`."""
+
+    async def send(i: int, a: Arrival) -> None:
+        headers = {
+            "Content-Type": "application/json",
+            wire.PRIORITY: str(a.priority),
+            wire.DEADLINE_MS: f"{a.deadline_ms:g}",
+            wire.SITE: a.site,
+        }
+        payload = payloads[a.model]
+        if payload.header_length is not None:
+            headers[wire.HEADER_LENGTH] = str(payload.header_length)
+            headers["Content-Type"] = "application/octet-stream"
+        t0 = time.perf_counter()
+        try:
+            timeout = aiohttp.ClientTimeout(total=a.deadline_ms / 1000.0 + grace_s)
+            async with session.post(
+                f"{router_url}/v2/models/{a.model}/infer",
+                data=payload.body,
+                headers=headers,
+                timeout=timeout,
+            ) as resp:
+                answer = await resp.read()
+                err = "" if resp.status == 200 else _error_text(answer)
+                results[i] = Result(
+                    a,
+                    resp.status,
+                    (time.perf_counter() - t0) * 1000.0,
+                    resp.headers.get(wire.NODE, "none"),
+                    err,
+                    float(resp.headers.get(wire.EXEC_MS, 0.0)),
+                    float(resp.headers.get(wire.QUEUE_MS, 0.0)),
+                    max(1, int(resp.headers.get(wire.BATCH_ROWS, 1))),
+                    int(resp.headers.get(wire.STAGES, 1)),
+                    int(resp.headers.get(wire.COLD_STAGES, wire.COLD_MS in resp.headers)),
+                    int(resp.headers.get(wire.BYTES_KEPT, 0)),
+                    int(resp.headers.get(wire.BYTES_MOVED, 0)),
+                )
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            results[i] = Result(a, None, (time.perf_counter() - t0) * 1000.0, "none", f"{type(exc).__name__}: {exc}")
+
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    tasks: list[asyncio.Task[None]] = []
+    for i, a in enumerate(schedule):
+        delay = start + a.at_s - loop.time()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.create_task(send(i, a)))
+        if progress is not None:
+            progress(i + 1, len(schedule))
+    await asyncio.gather(*tasks)
