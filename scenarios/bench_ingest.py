@@ -13,6 +13,7 @@ publishers may not reach the offered rate, and the JSON says what they did send.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import gc
 import json
 import os
@@ -29,6 +30,7 @@ from typing import Any
 
 from router.lifecycle import Lifecycle, LifecycleSettings
 from scenarios.bench_decide import node_load
+from telemetry import serving
 from telemetry.broker import EmbeddedBroker, terminate
 from telemetry.bus import KafkaTelemetrySource, ensure_topic, now_ms
 from telemetry.quantiles import nearest_rank
@@ -108,6 +110,50 @@ class GcPauses:
         }
 
 
+class LoopLag:
+    """An event loop in its own thread, as a router's beside its telemetry reader, waking every
+    millisecond: how late each wake-up comes (the reader's work and the collector's stops hold the
+    interpreter; a request the loop was serving would wait as long)."""
+
+    TICK_S = 0.001
+    MAX_SAMPLES = 1_000_000
+
+    def __init__(self) -> None:
+        self.late_ms: list[float] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _run(self) -> None:
+        async def probe() -> None:
+            clock = time.perf_counter
+            while not self._stop.is_set() and len(self.late_ms) < self.MAX_SAMPLES:
+                t0 = clock()
+                await asyncio.sleep(self.TICK_S)
+                self.late_ms.append(max(0.0, (clock() - t0 - self.TICK_S) * 1000.0))
+
+        serving.run(probe())
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="loop-lag-probe", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+            self._thread = None
+
+    def summary(self) -> dict[str, float]:
+        late = sorted(self.late_ms)
+        if not late:
+            return {"p50": 0.0, "p99": 0.0, "max": 0.0}
+        return {
+            "p50": round(nearest_rank(late, 0.5, presorted=True), 2),
+            "p99": round(nearest_rank(late, 0.99, presorted=True), 2),
+            "max": round(late[-1], 2),
+        }
+
+
 def bench_ingest(
     out_dir: Path,
     nodes: int = 5000,
@@ -130,6 +176,7 @@ def _bench_ingest(
     thresholds: tuple[int, int, int] | None,
 ) -> dict[str, Any]:
     pauses = GcPauses()
+    loop_lag = LoopLag()
     broker = None if kafka else EmbeddedBroker().start()
     bootstrap = kafka or (broker.bootstrap if broker else "")
     source: KafkaTelemetrySource | None = None
@@ -159,6 +206,7 @@ def _bench_ingest(
         share = -(-nodes // publishers)
         cpu0 = resource.getrusage(resource.RUSAGE_SELF)
         pauses.start()
+        loop_lag.start()
         t0 = time.monotonic()
         for k in range(publishers):
             first, count = k * share, min(share, nodes - k * share)
@@ -181,6 +229,7 @@ def _bench_ingest(
             time.sleep(0.05)
         elapsed = time.monotonic() - t0
         pauses.stop()
+        loop_lag.stop()
         cpu1 = resource.getrusage(resource.RUSAGE_SELF)
         cpu_s = (cpu1.ru_utime - cpu0.ru_utime) + (cpu1.ru_stime - cpu0.ru_stime)
         got = store.messages - received0  # read and parsed (a batch applies only a node's newest report)
@@ -208,6 +257,7 @@ def _bench_ingest(
             "router_cpu_us_per_msg": round(cpu_s * 1e6 / max(1, got), 1),
             "router_cpu_share": round(cpu_s / elapsed, 3),  # of one core
             "malformed": store.malformed,
+            "loop_lag_ms": loop_lag.summary(),
             "gc": {"thresholds": list(thresholds) if thresholds else "python default", **pauses.summary(elapsed)},
             "host": {"machine": platform.machine(), "python": platform.python_version(), "cpus": os.cpu_count()},
             "broker": "external" if kafka else "embedded (Tansu)",
@@ -222,13 +272,16 @@ def _bench_ingest(
         if broker is not None:
             broker.stop()
         pauses.stop()
+        loop_lag.stop()
     gcs = result["gc"]
     print(
         f"offered {result['offered_msgs_per_s']} msg/s ({nodes} nodes every {interval_ms:g} ms); published "
         f"{result['published_msgs_per_s']} msg/s; read {result['received_msgs_per_s']} msg/s, lost {result['lost']}; "
         f"send-to-view lag p50 {result['lag_ms']['p50']} ms p99 {result['lag_ms']['p99']} ms; "
         f"router CPU {result['router_cpu_us_per_msg']} us/msg ({result['router_cpu_share'] * 100:.0f}% of a core); "
-        f"garbage collection {gcs['share'] * 100:.0f}% of the time, {gcs['full']} full, longest {gcs['longest_ms']} ms"
+        f"collector {gcs['share'] * 100:.0f}% of the time, {gcs['full']} full, longest {gcs['longest_ms']} ms; "
+        f"an event loop beside the reader woke late by p50 {result['loop_lag_ms']['p50']} ms, "
+        f"p99 {result['loop_lag_ms']['p99']} ms, max {result['loop_lag_ms']['max']} ms"
     )
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "ingest.json").write_text(json.dumps(result, indent=2) + "\n")

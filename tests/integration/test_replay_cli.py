@@ -172,6 +172,8 @@ def test_bench_ingest_reads_every_published_report_through_the_broker(tmp_path: 
     # the reader ran with the router process's collector, and this process has its own back
     assert result["gc"]["thresholds"] == list(GC_THRESHOLDS) and result["gc"]["longest_ms"] >= 0
     assert gc.get_threshold() == before and gc.get_freeze_count() == 0
+    late = result["loop_lag_ms"]  # the event loop beside the reader woke, and was timed
+    assert 0 <= late["p50"] <= late["p99"] <= late["max"] and late["max"] > 0
     assert result["published"] >= 40 * 5, "two publishers, 40 nodes, about ten rounds"
     assert result["received"] == result["published"] and result["lost"] == 0
     assert result["malformed"] == 0
