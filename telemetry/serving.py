@@ -1,4 +1,5 @@
-"""Serving HTTP to clients that may be slow or many: the limits a router and a node share.
+"""What a router's and a node's processes share: serving HTTP to clients that may be slow or many (the
+limits below), the event loop, running until a signal, and the garbage collector's setting (`tune_gc`).
 
 - `max_connections`: past this many open connections a new one is answered 503 and closed at once,
   so slow or abandoned clients cannot take every file descriptor (default: the process's file limit
@@ -137,29 +138,34 @@ def gc_thresholds(spec: str | None) -> tuple[int, int, int] | None:
     return g0, g1, g2
 
 
-def tune_gc(spec: str | None = None) -> tuple[int, int, int] | None:
+def tune_gc(spec: str | None = None, freeze: bool = True) -> tuple[int, int, int] | None:
     """A server process's collector (`GC_THRESHOLDS`, or `EDGEROUTE_GC` unless `spec` is given): what
-    exists now is collected once and frozen (`gc.freeze`), and the thresholds set. Returns them
-    (None: Python's defaults kept, nothing frozen); ConfigError for a bad setting, before any change."""
+    exists now is collected once and frozen (`gc.freeze`, unless `freeze` is False), and the
+    thresholds set. Returns them (None: Python's defaults kept, nothing frozen); ConfigError for a
+    bad setting, before any change."""
     thresholds = gc_thresholds(os.environ.get("EDGEROUTE_GC") if spec is None else spec)
     if thresholds is not None:
-        gc.collect()
-        gc.freeze()
+        if freeze:
+            gc.collect()
+            gc.freeze()
         gc.set_threshold(*thresholds)
     return thresholds
 
 
 @contextlib.contextmanager
 def tuned_gc(spec: str | None = None) -> Iterator[tuple[int, int, int] | None]:
-    """`tune_gc` for the block (a benchmark measuring what a server process does), undone after it."""
+    """`tune_gc` for the block (a load generator or benchmark in a process that goes on), undone after
+    it. Objects someone else froze before stay frozen; then this block freezes nothing of its own."""
     before = gc.get_threshold()
-    thresholds = tune_gc(spec)
+    ours = gc.get_freeze_count() == 0
+    thresholds = tune_gc(spec, freeze=ours)
     try:
         yield thresholds
     finally:
         if thresholds is not None:
             gc.set_threshold(*before)
-            gc.unfreeze()
+            if ours:
+                gc.unfreeze()
 
 
 def run_until_signalled(name: str, serve: Callable[[asyncio.Event], Awaitable[None]]) -> int:

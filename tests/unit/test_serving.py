@@ -95,3 +95,14 @@ def test_a_bad_collector_setting_stops_a_server_before_it_starts(
     err = capsys.readouterr().err.strip()
     assert err.startswith("edgeroute node: $EDGEROUTE_GC") and len(err.splitlines()) == 1, err
     assert not started and gc.get_threshold() == before and gc.get_freeze_count() == 0
+
+
+def test_a_block_leaves_what_someone_else_froze_frozen() -> None:
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        with serving.tuned_gc("") as thresholds:
+            assert thresholds == gc.get_threshold() and gc.get_freeze_count() == frozen, "nothing more frozen"
+        assert gc.get_freeze_count() == frozen
+    finally:
+        gc.unfreeze()
