@@ -6,8 +6,11 @@ process reads them exactly as a router does (`KafkaTelemetrySource` into a `View
 lifecycle's `applied` hook counting from each report) and records, per applied report, the time from
 its send to the moment the view that holds it was swapped in (the view's staleness beyond the publish
 interval). It reports the offered and applied rates, that lag at p50/p99/max, and this process's CPU
-per message. The publishers, the broker and this process share the machine: on a small one the
-publishers may not reach the offered rate, and the JSON says what they did send.
+per message. This process runs with a router's garbage collector setting (telemetry.serving.tune_gc)
+and reports the collector's stops (`gc`), and how late an event loop in a thread beside the reader,
+as a router's, wakes from 1 ms sleeps (`loop_lag_ms`: what a request in flight would wait). The
+publishers, the broker and this process share the machine: on a small one the publishers may not
+reach the offered rate, and the JSON says what they did send.
 """
 
 from __future__ import annotations
