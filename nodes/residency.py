@@ -52,7 +52,8 @@ class Residency:
     def pin(self, name: str) -> None:
         pins = self._pins
         pins[name] = pins.get(name, 0) + 1
-        self.touch(name)
+        if name in self._sizes:  # (touch)
+            self._sizes.move_to_end(name)
 
     def unpin(self, name: str) -> None:
         pins = self._pins

@@ -141,7 +141,7 @@ class Scheduler:
         self._seq = itertools.count()
         self.queued_by_priority: Counter[int] = Counter()
         self.queued_by_model: Counter[str] = Counter()
-        self._queued = 0
+        self.queued = 0  # requests in the queues (kept as they come and go: read on every arrival)
 
     # --- admission and queueing -------------------------------------------------------------------
 
@@ -155,9 +155,9 @@ class Scheduler:
     def refuse(self, priority: int) -> tuple[int, str] | None:
         """(status, reason) if a request of `priority` must not be queued now."""
         if not self.queue_limits:
-            if self._queued < self.max_queue:
+            if self.queued < self.max_queue:
                 return None
-            limit, waiting = self.max_queue, self._queued
+            limit, waiting = self.max_queue, self.queued
         else:
             limit = self.limit_for(priority)
             waiting = sum(n for p, n in self.queued_by_priority.items() if self._same_class(p, priority))
@@ -195,22 +195,23 @@ class Scheduler:
         heapq.heappush(self._queues.setdefault(work.model, []), (work.sort_key(self.mode), work))
         self.queued_by_priority[work.priority] += 1
         self.queued_by_model[work.model] += 1
-        self._queued += 1
+        self.queued += 1
 
     def run_now(self, work: Work, now_ms: float) -> NextBatch | None:
         """An arrival while nothing is queued and a slot is free: what `push` then `next` would decide,
         without the queue: `work` runs alone at once, or leaves (it cannot finish by its deadline),
         or None when it would wait for a batch to fill (then `push` it). The same rules as `next`."""
-        if self._queued:
+        if self.queued:
             return None
         rows = work.rows
         if work.deadline_at_ms is not None and now_ms + self.exec_ms(work.model, rows) > work.deadline_at_ms:
             work.seq, work.done = next(self._seq), True
             return NextBatch(expired=[work])
-        policy = self.batching.get(work.model, _NO_BATCHING)
-        high = self.mode == "priority" and work.priority >= self.high_priority_min
-        if self._batch_delay([work], rows, policy, high) is not None:
-            return None
+        policy = self.batching.get(work.model)
+        if policy is not None:  # (a model without batching never waits for a batch to fill)
+            high = self.mode == "priority" and work.priority >= self.high_priority_min
+            if self._batch_delay([work], rows, policy, high) is not None:
+                return None
         work.seq, work.done = next(self._seq), True
         return NextBatch(batch=[work])
 
@@ -221,7 +222,7 @@ class Scheduler:
         work.done = True
         self.queued_by_priority[work.priority] -= 1
         self.queued_by_model[work.model] -= 1
-        self._queued -= 1
+        self.queued -= 1
         return True
 
     def pending(self) -> Iterator[Work]:
@@ -238,10 +239,6 @@ class Scheduler:
             self.remove(w)
         self._queues.clear()
         return out
-
-    @property
-    def queued(self) -> int:
-        return self._queued
 
     # --- choosing the next batch ------------------------------------------------------------------
 
@@ -262,11 +259,11 @@ class Scheduler:
 
     def next(self, now_ms: float) -> NextBatch:
         """The next batch to run on one free slot (see the module docstring)."""
-        if not self._queued:
+        if not self.queued:
             return _NOTHING
         decision = NextBatch()
         while True:
-            if not self._queued:
+            if not self.queued:
                 return decision
             head = self._most_urgent()
             if head is None:

@@ -81,6 +81,8 @@ class OutlierDetector:
         self._active_until = max(self._active_until, at_ms + self.config.slow_start_ms)
 
     def success(self, site: str | None, node_id: str) -> None:
+        if not self._paths:  # (no path has failed: nothing to reset)
+            return
         path = self._paths.get((site or "", node_id))
         if path is not None:
             path.failures = 0

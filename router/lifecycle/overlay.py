@@ -161,7 +161,8 @@ class OutstandingTracker:
                 if n.started is not None and self.health is not None:  # a new process: slow start
                     self.health.restarted(state.node_id, state.heard_at_ms - (state.load.sent_at_ms - started))
                 n.started = started
-            self._mirror(state.node_id, n)
+            if self._row:
+                self._mirror(state.node_id, n)
         return n
 
     def applied(self, states: list[NodeState]) -> None:
@@ -207,8 +208,9 @@ class OutstandingTracker:
 
     def sent_model(self, state: NodeState, model: str, now_ms: float, default_load_ms: float = 500.0) -> None:
         """A request for `model` went to `state`: if its report shows the model cold, a load starts."""
-        m = state.model(model)
-        self._expire(state)
+        m = state.load.models.get(model)
+        if state.node_id in self._loads:  # (loads set off here, seldom: most sends skip the check)
+            self._expire(state)
         if m is not None and not m.resident and self.load_ready_at(state, model) is None:
             self.loading(state, model, now_ms, m.load_ms if m.load_ms is not None else default_load_ms)
 
@@ -268,7 +270,8 @@ class OutstandingTracker:
         n.pending += 1
         n.dispatched += 1
         n.total_dispatched += 1
-        self._mirror(state.node_id, n)
+        if self._row:  # (rows exist once a model table asked for them: columnar policies)
+            self._mirror(state.node_id, n)
         if self.on_change is not None:
             self.on_change()
 
@@ -279,7 +282,8 @@ class OutstandingTracker:
         n.pending = max(0, n.pending - 1)
         n.settled += 1
         n.total_settled += 1
-        self._mirror(node_id, n)
+        if self._row:
+            self._mirror(node_id, n)
         if self.on_change is not None:
             self.on_change()
 

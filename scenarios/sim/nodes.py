@@ -192,7 +192,7 @@ class NodeModel(SimState):
 
     def _start(self, node: SimNode, batch: list[Work]) -> None:
         model = batch[0].model
-        rows = sum(w.rows for w in batch)
+        rows = batch[0].rows if len(batch) == 1 else sum(w.rows for w in batch)
         # the live node's speed emulation: the slot is held until reference / speed after the run
         # began, the real run absorbed in it (nodes.runtime.LoadedModel.run)
         real = (
@@ -200,12 +200,13 @@ class NodeModel(SimState):
             if rows > 1
             else self._exec[model].sample(self.svc_rng)
         )
+        curve = self._curve(model, rows)
         if node.speed < 1.0:  # held; the sleep wakes a little late under load (profiled)
-            service = max(real, self._curve(model, rows) / node.speed)
+            service = max(real, curve / node.speed)
             service += max(0.0, self.profile.emulation_jitter_ms.sample(self.svc_rng))
         else:
             service = real
-        if node.speed >= 1.0 and self._curve(model, rows) <= node.spec.inline_max_ms:
+        if node.speed >= 1.0 and curve <= node.spec.inline_max_ms:
             node.handoff = False  # short and not emulated: run on the node's event loop, no thread (nodes.executor)
             begin = self.now
         elif node.handoff:  # straight from the previous execution: the worker's handoff idles the slot
@@ -241,7 +242,9 @@ class NodeModel(SimState):
         if running.jobs:
             node.sched.ran(running.jobs[0].req.arrival.priority, service, self.now, node.spec.slots)
         node.handoff = node.sched.queued > 0
-        rows = batch_key(running.rows)
+        rows = running.rows
+        if rows > EXACT_BATCH_KEYS:  # (batch_key: learnt per power of two above)
+            rows = batch_key(rows)
         learnt = service if rows == running.rows else service * rows / running.rows
         key = (running.model, rows)
         if rows != 1:
@@ -278,7 +281,7 @@ class NodeModel(SimState):
 
     def _changed(self, node: SimNode) -> None:
         threshold = node.spec.change_threshold
-        if abs(node.outstanding - node.last_published) >= threshold or (
+        if abs(node.sched.queued + node.busy - node.last_published) >= threshold or (  # (node.outstanding)
             threshold == 1 and node.starts != node.last_published_starts
         ):
             self._emit(node)

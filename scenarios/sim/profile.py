@@ -93,11 +93,12 @@ class Distribution:
     def sample(self, rng: random.Random) -> float:
         u = rng.random() * 100.0
         i = int(u)
+        q = self.q
         if i >= 99:
             excess = -self.tail_scale * math.log(1.0 - (u - 99.0) * 0.99)
-            return min(self.q[99] + excess, self.q[100])
-        lo = self.q[i]
-        return lo + (self.q[i + 1] - lo) * (u - i)
+            return min(q[99] + excess, q[100])
+        lo = q[i]
+        return lo + (q[i + 1] - lo) * (u - i)
 
     def median(self) -> float:
         return self.q[50]

@@ -151,7 +151,7 @@ class Job:
     cold: bool = False  # waited for its model to load
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)  # compared by identity (`node.running.remove`)
 class SimBatch:
     model: str
     jobs: list[Job]

@@ -35,6 +35,9 @@ class TelemetryModel(SimState):
         load_ms = node.load_ms
         queued_by_model = sched.queued_by_model
         running = node.running
+        in_flight: dict[str, int] = {}  # (node.in_flight_of, for every model at once)
+        for b in running:
+            in_flight[b.model] = in_flight.get(b.model, 0) + len(b.jobs)
         batched = node.batched
         for m, one, baseline, rep in node.snapshot_keys:
             measured = ewma.get(one)
@@ -53,7 +56,7 @@ class TelemetryModel(SimState):
                 rep.raw = measured
             key = (
                 queued_by_model.get(m, 0) if queued else 0,
-                node.in_flight_of(m) if running else 0,
+                in_flight.get(m, 0) if running else 0,
                 m in names,
                 load_ms.get(m),
             )
