@@ -47,6 +47,8 @@ class LinkTable:
     def __init__(self, links: Iterable[LinkState] = ()) -> None:
         self.links = {frozenset((k.a, k.b)): k for k in links}
         self.sites = frozenset(s for k in self.links.values() for s in (k.a, k.b))  # every end of a link
+        # each link by its ends in either order (a lookup per request: no set built for it)
+        self._ends = {(e1, e2): k for k in self.links.values() for e1, e2 in ((k.a, k.b), (k.b, k.a))}
 
     def __bool__(self) -> bool:
         return bool(self.links)
@@ -54,7 +56,7 @@ class LinkTable:
     def get(self, a: str | None, b: str | None) -> LinkState | None:
         if a is None or b is None or a == b:
             return None
-        return self.links.get(frozenset((a, b)))
+        return self._ends.get((a, b))
 
     def rtt_ms(self, a: str | None, b: str | None) -> float:
         link = self.get(a, b)
@@ -90,9 +92,7 @@ class LinkTable:
         key = frozenset((a, b))
         if key not in self.links:
             raise KeyError(f"no link {a}-{b}")
-        table = LinkTable(self.links.values())
-        table.links[key] = replace(self.links[key], cut=cut)
-        return table
+        return LinkTable(replace(k, cut=cut) if frozenset((k.a, k.b)) == key else k for k in self.links.values())
 
     def as_json(self) -> list[dict[str, object]]:
         return [k.as_json() for k in self.links.values()]
