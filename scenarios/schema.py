@@ -6,6 +6,7 @@ Errors come out as one line naming the field path and, where the YAML parser kno
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from pathlib import Path
 from typing import Any, Literal
@@ -21,7 +22,7 @@ from pydantic import (
 )
 
 from policies import PolicyConfigError, PolicySpec, build_policy
-from router.config import WorkflowSpec
+from router.config import RouterConfig, WorkflowSpec
 from router.lifecycle.links import LinkState
 from router.lifecycle.reroute import RerouteConfig
 from telemetry.configfile import ConfigError, error_line, is_file, read_text, safe_yaml
@@ -32,7 +33,8 @@ class ScenarioError(ConfigError):
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # (no infinity or NaN in any number: `.inf` as a rate, a share or a deadline only ever broke a run)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class BatchSpec(_Strict):
@@ -186,8 +188,9 @@ class SiteLoad(_Strict):
     @field_validator("models", "priorities")
     @classmethod
     def _positive_shares(cls, v: dict[Any, float]) -> dict[Any, float]:
-        if any(s < 0 for s in v.values()) or sum(v.values()) <= 0:
-            raise ValueError("shares must be non-negative with a positive sum")
+        total = sum(v.values())
+        if any(s < 0 for s in v.values()) or not 0 < total < math.inf:  # (1e308 twice is infinite)
+            raise ValueError("shares must be non-negative with a positive, finite sum")
         return v
 
     @model_validator(mode="after")
@@ -266,7 +269,12 @@ class PolicyRun(_Strict):
         if unknown:
             raise ValueError(f"router settings a run may change are {sorted(RUN_ROUTER_KEYS)}; not {unknown}")
         if "reroute" in v:
-            RerouteConfig.model_validate(v["reroute"])
+            try:
+                RerouteConfig.model_validate(v["reroute"])
+            except ValidationError as exc:  # (named from `reroute` down: pydantic would drop that step)
+                first = exc.errors()[0]
+                where = ".".join(str(p) for p in ("reroute", *first["loc"]))
+                raise ValueError(f"{where}: {first['msg']}") from None
         return v
 
     @field_validator("nodes")
@@ -419,6 +427,22 @@ class Scenario(_Strict):
         return PolicyRun(name=name, policy=PolicySpec(preset=name))
 
 
+def _check_router_sections(scenario: Scenario, text: str, origin: str) -> None:
+    """The scenario's `router:` section as the router's own config file takes it: a mistake there is the
+    scenario's, named with its line when the file loads, not an error of a generated file once the
+    broker and nodes are up (live) or of the simulator's set-up. (A run's `router:` takes `reroute`
+    only, checked with the run.)"""
+    try:
+        cfg = RouterConfig.model_validate(scenario.router)
+    except ValidationError as exc:
+        raise ScenarioError(error_line(exc, text, origin, model=RouterConfig, at=("router",))) from None
+    if "policy" in scenario.router:
+        try:
+            build_policy(cfg.policy)
+        except PolicyConfigError as exc:
+            raise ScenarioError(f"{origin}: router.policy: {exc}") from None
+
+
 def parse_scenario(text: str, origin: str = "<scenario>", base_dir: Path | None = None) -> Scenario:
     try:
         raw = safe_yaml(text, origin)
@@ -430,6 +454,7 @@ def parse_scenario(text: str, origin: str = "<scenario>", base_dir: Path | None 
         scenario = Scenario.model_validate(raw)
     except ValidationError as exc:
         raise ScenarioError(error_line(exc, text, origin, model=Scenario)) from None
+    _check_router_sections(scenario, text, origin)
     scenario._base_dir = base_dir or Path.cwd()
     for name, entry in scenario.models.items():  # a model file named relative to the scenario's folder
         if entry.path is not None:

@@ -246,11 +246,14 @@ def error_line(
     origin: str,
     sources: Mapping[tuple[str, ...], str] | None = None,
     model: type[BaseModel] | None = None,
+    at: tuple[str | int, ...] = (),
 ) -> str:
+    """One line for a validation error: where (`at` + the field's location: a section of a larger
+    document, such as a scenario's `router:`), the YAML line where `text` is given, and what."""
     # the most specific error (for a value that may be one of several types, the one that got
     # furthest), and of equals a misspelt key before the required one it leaves missing
     first = max(exc.errors(), key=lambda e: (len(e["loc"]), e["type"] == "extra_forbidden"))
-    loc = tuple(first["loc"])
+    loc = (*at, *first["loc"])
     msg = str(first["msg"]).removeprefix("Value error, ")
     if not loc:
         return f"{origin}: {msg}"

@@ -113,6 +113,28 @@ def test_load_by_bare_name() -> None:
             "inputs: {x: y}}]}]}\n",
             "router.workflows.0: stage s: 'y' is neither",
         ),  # fmt: skip
+        (
+            QUICK.replace("rate_rps: 40", "rate_rps: .inf"),
+            "workload.sites.1.rate_rps (line 20): Input should be a finite number",
+        ),
+        (
+            QUICK.replace("priorities: {0: 0.8, 10: 0.2}", "priorities: {0: 1e308, 10: 1e308}", 1),
+            "workload.sites.0.priorities (line 17): shares must be non-negative with a positive, finite sum",
+        ),
+        (QUICK.replace("deadline_ms: {0: 250, 10: 100}", "deadline_ms: {0: .nan, 10: 100}", 1), "deadline_ms.0"),
+        # the router section is the router's own config: checked when the file loads, with its line
+        (QUICK + "router: {zz: 1}\n", "router.zz (line 27): unknown setting"),
+        (QUICK + "router: {hedging: {delay_ms: 5}}\n", "router.hedging.delay_ms (line 27): unknown setting"),
+        (QUICK + "router:\n  stale_after_ms: -3\n", "router.stale_after_ms (line 28): Input should be greater than 0"),
+        (QUICK + "router: {policy: {preset: p2x}}\n", "router.policy"),
+        (
+            QUICK.replace("  - p2c\n", "  - {name: p2c, router: {reroute: {enabled: maybe}}}\n"),
+            "policies.1.router (line 26): reroute.enabled: Input should be a valid boolean",
+        ),
+        (
+            QUICK.replace("  - p2c\n", "  - {name: p2c, router: {hedging: {}}}\n"),
+            "policies.1.router (line 26): router settings a run may change are ['reroute']; not ['hedging']",
+        ),
     ],
 )
 def test_bad_scenarios_give_one_line(text: str, needle: str) -> None:
