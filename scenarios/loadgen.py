@@ -71,13 +71,29 @@ def _error_text(body: bytes) -> str:
         return body[:200].decode(errors="replace")
 
 
+# What is sent for a model the router does not know (a trace may name one): a well-formed request with
+# one small tensor, so that the router answers what it answers for the model (404), as the simulator
+# answers such a request, and not the body's form.
+UNKNOWN_MODEL_PAYLOAD = Payload(b'{"inputs":[{"name":"x","shape":[1],"datatype":"FP32","data":[0.0]}]}')
+
+
 async def fetch_payloads(
-    router_url: str, models: set[str], seed: int, headers: dict[str, str] | None = None
+    router_url: str,
+    models: set[str],
+    seed: int,
+    headers: dict[str, str] | None = None,
+    unknown: Payload | None = None,
 ) -> dict[str, Payload]:
+    """A request body per model, built from the router's metadata of it. A model the router answers 404
+    for gets `unknown` where one is given (its requests are sent and answered 404, as the simulator
+    answers them); otherwise, and for any other failure, RuntimeError."""
     out: dict[str, Payload] = {}
     async with aiohttp.ClientSession(headers=headers) as session:
         for model in sorted(models):
             async with session.get(f"{router_url}/v2/models/{model}") as resp:
+                if resp.status == 404 and unknown is not None:
+                    out[model] = unknown
+                    continue
                 if resp.status != 200:
                     raise RuntimeError(f"metadata of {model}: {resp.status} {await resp.text()}")
                 out[model] = example_payload(await resp.json(), seed)

@@ -18,7 +18,7 @@ from typing import Any
 
 from scenarios.fault_injector import FaultInjector
 from scenarios.launcher import Stack, http_json
-from scenarios.loadgen import Arrival, build_schedule, fetch_payloads, run_load
+from scenarios.loadgen import UNKNOWN_MODEL_PAYLOAD, Arrival, build_schedule, fetch_payloads, run_load
 from scenarios.report import format_table, node_warm_rates, series, summarize, write_report
 from scenarios.schema import MAX_DURATION_S, PolicyRun, Scenario
 
@@ -98,7 +98,9 @@ def replay_live(
     with stack:
         if echo:
             print(f"router: {stack.router_url}\nkafka: {stack.bootstrap}", flush=True)
-        payloads = asyncio.run(fetch_payloads(stack.router_url, models, scenario.seed, stack.client_headers))
+        payloads = asyncio.run(
+            fetch_payloads(stack.router_url, models, scenario.seed, stack.client_headers, UNKNOWN_MODEL_PAYLOAD)
+        )
         if calibrate and runs:
             report["host"] = _calibrate(stack, scenario, runs[0], payloads)
         for run in runs:

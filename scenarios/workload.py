@@ -8,10 +8,13 @@ import csv
 import heapq
 import math
 import random
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from scenarios.schema import ScenarioError, SiteLoad, Workload
+from telemetry.schema import NAME_PATTERN
+from telemetry.wire import MAX_PRIORITY
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +102,30 @@ def arrival_times(site: SiteLoad, horizon_s: float, rng: random.Random, limit: i
     raise ValueError(f"arrival {site.arrival!r} has no generated times")
 
 
+MODEL_NAME = re.compile(NAME_PATTERN)
+
+
+def _trace_row(row: list[str], site: SiteLoad, default_deadline_ms: float, where: str) -> tuple[float, str, int, float]:
+    """One trace row's (at_s, model, priority, deadline_ms), or ScenarioError naming `where`: what the
+    router would refuse (400) or no schedule can place is the trace's mistake."""
+    try:
+        at = float(row[0])
+        model = row[1].strip()
+        prio = int(row[2]) if len(row) > 2 and row[2].strip() else 0
+        deadline = float(row[3]) if len(row) > 3 and row[3].strip() else site.deadline_ms.get(prio, default_deadline_ms)
+    except (ValueError, IndexError):
+        raise ScenarioError(f"{where}: expected at_s,model,priority,deadline_ms") from None
+    if not MODEL_NAME.fullmatch(model):
+        raise ScenarioError(f"{where}: {model[:64]!r} is not a model name ({NAME_PATTERN})")
+    if not math.isfinite(at):
+        raise ScenarioError(f"{where}: at_s must be a finite number, not {row[0].strip()[:32]!r}")
+    if abs(prio) > MAX_PRIORITY:
+        raise ScenarioError(f"{where}: priority must be within -{MAX_PRIORITY:,} and {MAX_PRIORITY:,}")
+    if not 0 < deadline < math.inf:
+        raise ScenarioError(f"{where}: deadline_ms must be a finite number above 0")
+    return at, model, prio, deadline
+
+
 def read_trace(
     path: Path, site: SiteLoad, default_deadline_ms: float, horizon_s: float, limit: int | None = None
 ) -> list[Arrival]:
@@ -112,17 +139,7 @@ def read_trace(
             for lineno, row in enumerate(csv.reader(fh), 1):
                 if not row or row[0].strip().startswith("#") or (lineno == 1 and row[0].strip() == "at_s"):
                     continue
-                try:
-                    at = float(row[0])
-                    model = row[1].strip()
-                    prio = int(row[2]) if len(row) > 2 and row[2].strip() else 0
-                    deadline = (
-                        float(row[3])
-                        if len(row) > 3 and row[3].strip()
-                        else site.deadline_ms.get(prio, default_deadline_ms)
-                    )
-                except (ValueError, IndexError):
-                    raise ScenarioError(f"{path}:{lineno}: expected at_s,model,priority,deadline_ms") from None
+                at, model, prio, deadline = _trace_row(row, site, default_deadline_ms, f"{path}:{lineno}")
                 if not site.start_s <= at < min(horizon_s, site.stop_s or horizon_s):
                     continue
                 entry = (-at, -lineno, Arrival(at, site.site, model, prio, deadline))

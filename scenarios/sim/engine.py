@@ -170,6 +170,7 @@ class Simulation(RouterDriver, WorkflowDriver, NodeModel, TelemetryModel, FaultM
         # (`replay --nodes`, `sweep`) can leave a requested model or a workflow stage's model unserved
         asked = {m for site in scenario.workload.sites for m in site.models if m not in self.workflows}
         asked |= {st.model for w in self.workflows.values() for st in w.stages}
+        asked |= {a.model for a in schedule if a.model not in self.workflows}  # (a trace names its own)
         self._overhead = {m: profile.overhead_for(scenario.architecture(m)) for m in asked | arch.keys()}
         self._baseline = {m: profile.baseline_ms(a) for m, a in arch.items()}
         self._curves = {m: profile.curve(a) for m, a in arch.items()}

@@ -210,3 +210,29 @@ def test_bench_ingest_against_an_unreachable_kafka_is_one_clear_line(tmp_path: P
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines()[-1].startswith("edgeroute: bench ingest:")
     assert not list(tmp_path.iterdir())
+
+
+def test_a_trace_naming_a_model_no_node_serves_replays_live_as_simulated(tmp_path: Path) -> None:
+    """A trace may name a model no node serves: live, the replay sends those requests and the router
+    answers 404, as the simulator answers them (it stopped with 'metadata of ghost: 404' once the
+    stack was up)."""
+    rows = "".join(f"{0.6 + i * 0.05:.2f},{'ghost' if i % 4 == 0 else 'sensor_mlp'},0,500\n" for i in range(40))
+    (tmp_path / "t.csv").write_text(rows)
+    scenario = tmp_path / "it-trace.yaml"
+    scenario.write_text(
+        SCENARIO.replace("      rate_rps: 40", "      arrival: trace\n      trace: t.csv\n      rate_rps: 40")
+    )
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        [*CLI, "replay", str(scenario), "--mode", "both", "--no-calibrate", "--policy", "p2c", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads((out / "report.json").read_text())
+    live, sim = report["policies"]["p2c"], report["sim"]["policies"]["p2c"]
+    for p in (live, sim):
+        assert p["sent"] == 40 and p["lost"] == 0, p
+        assert p["errors"] == {"404": 10}, p
+        assert p["completed"] == 30, p

@@ -240,6 +240,34 @@ def test_trace_file_drives_the_schedule(tmp_path: Path) -> None:
         build_schedule(s.workload, 1, 10.0, s.base_dir)
 
 
+@pytest.mark.parametrize(
+    ("row", "needle"),
+    [
+        ("0.5,sensor_mlp,0,nan", "t.csv:2: deadline_ms must be a finite number above 0"),
+        ("0.5,sensor_mlp,0,inf", "t.csv:2: deadline_ms must be a finite number above 0"),
+        ("0.5,sensor_mlp,0,-5", "t.csv:2: deadline_ms must be a finite number above 0"),
+        ("0.5,sensor_mlp,0,0", "t.csv:2: deadline_ms must be a finite number above 0"),
+        ("nan,sensor_mlp,0,50", "t.csv:2: at_s must be a finite number, not 'nan'"),
+        ("-inf,sensor_mlp,0,50", "t.csv:2: at_s must be a finite number, not '-inf'"),
+        ("0.5,sensor_mlp,1000001,50", "t.csv:2: priority must be within -1,000,000 and 1,000,000"),
+        ("0.5,sensor_mlp,-" + "9" * 40 + ",50", "t.csv:2: priority must be within"),
+        ("0.5,../admin,0,50", "t.csv:2: '../admin' is not a model name"),
+        ("0.5,,0,50", "t.csv:2: '' is not a model name"),
+        ("0.5,a b,0,50", "t.csv:2: 'a b' is not a model name"),
+    ],
+)
+def test_a_trace_row_the_router_would_refuse_is_the_traces_mistake(tmp_path: Path, row: str, needle: str) -> None:
+    """A row the router would answer 400 for (a deadline or a priority out of its rules, a name that
+    is not a model name) or that no schedule can place (a time that is not a finite number) names its
+    file and line; before, a NaN deadline simulated as a success that missed its SLO, and a NaN time
+    was dropped without a word."""
+    site = SiteLoad(site="s", arrival="trace", trace="t.csv", models={"m": 1})
+    path = tmp_path / "t.csv"
+    path.write_text(f"0.1,sensor_mlp,0,50\n{row}\n")
+    with pytest.raises(ScenarioError, match=re.escape(needle)):
+        read_trace(path, site, 500.0, 10.0)
+
+
 def test_a_trace_is_read_within_the_runs_bound_and_a_broken_one_is_one_line(tmp_path: Path) -> None:
     """A trace longer than `max_requests` keeps only that many arrivals while it is read (the earliest,
     ties in file order: the schedule the whole file would give, cut), so its length costs no memory;

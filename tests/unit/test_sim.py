@@ -433,3 +433,32 @@ def test_generated_scenarios_that_load_also_simulate(fixed_seed: int) -> None:
             raise AssertionError(f"seed {seed}: {type(exc).__name__}: {exc}\n{text[:2000]}") from None
         simulated += 1
     assert simulated >= 5, f"seed {seed}: only {simulated} mutations loaded: the test barely ran"
+
+
+def test_a_trace_naming_a_model_no_node_serves_is_answered_404_per_request(tmp_path: Any) -> None:
+    """A trace names its own models; one no node serves is answered as the live router answers it
+    (404, unknown model) and the others are served (it stopped the run with KeyError)."""
+    from scenarios.profile import load_profile
+    from scenarios.schema import parse_scenario
+
+    (tmp_path / "t.csv").write_text("0.1,sensor_mlp,0,500\n0.2,ghost,0,500\n0.3,sensor_mlp,0,500\n0.4,ghost,0,500\n")
+    text = """\
+name: t
+topology:
+  partitions: [edge-a]
+  nodes: [{id: n1, partition: edge-a, models: [sensor_mlp]}]
+workload:
+  duration_s: 2
+  sites: [{site: edge-a, arrival: trace, trace: t.csv, rate_rps: 1, models: {sensor_mlp: 1}}]
+policies: [p2c]
+"""
+    s = parse_scenario(text, "t.yaml", tmp_path)
+    schedule = build_schedule(s.workload, s.seed, 2.0, s.base_dir)
+    results = Simulation(s, s.policies[0], schedule, Profile.from_json(load_profile())).run()
+    assert [(r.arrival.model, r.status) for r in results] == [
+        ("sensor_mlp", 200),
+        ("ghost", 404),
+        ("sensor_mlp", 200),
+        ("ghost", 404),
+    ]
+    assert results[1].error == "unknown model 'ghost'"
