@@ -15,13 +15,18 @@ class PolicyConfigError(ValueError):
     pass
 
 
+MAX_WEIGHT = 1e6
+
+
 class PluginSpec(BaseModel):
     """`{type: NAME, weight: W, <param>: <value>, ...}`; the params are checked by the plugin."""
 
     model_config = ConfigDict(extra="allow", frozen=True)
 
     type: str
-    weight: float = Field(1.0, ge=0)
+    # a scorer's relative weight: finite and within a million (an infinite or overflowing weight made
+    # every combined score NaN, and the picker then had no best node to pick)
+    weight: float = Field(1.0, ge=0, le=MAX_WEIGHT, allow_inf_nan=False)
 
     @property
     def params(self) -> dict[str, Any]:
