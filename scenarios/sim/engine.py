@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import gc
 import heapq
+import math
 import random
 import time
 from collections import deque
@@ -200,7 +201,6 @@ class Simulation(RouterDriver, WorkflowDriver, NodeModel, TelemetryModel, FaultM
         handlers: dict[int, Callable[[Any], None]] = {
             FINISH: self._finish,
             NODE_ARRIVE: self._node_arrive,
-            ARRIVAL: self._arrival,
             EXPIRE: self._expire,
             REPLY: self._reply,
             ROUTER_TIMEOUT: self._router_timeout,
@@ -226,10 +226,12 @@ class Simulation(RouterDriver, WorkflowDriver, NodeModel, TelemetryModel, FaultM
             self.push(self.lc.reroute.cfg.check_ms, REROUTE, None)
         for fault in self.scenario.faults:
             self._schedule_fault(fault)
-        arrivals = iter(enumerate(self.schedule))
-        nxt = next(arrivals, None)
-        if nxt is not None:
-            self.push(nxt[1].at_s * 1000.0, ARRIVAL, nxt)
+        # the arrivals are read from the schedule in order, not pushed on the heap: the loop takes one
+        # when it comes first by (time, kind) (no other event is of its kind, so no tie needs a seq)
+        schedule = self.schedule
+        count = len(schedule)
+        ai = 0
+        arrive_at = schedule[0].at_s * 1000.0 if count else math.inf
         heap = self.heap
         pop = heapq.heappop
         open_requests = len(self.schedule)
@@ -239,26 +241,42 @@ class Simulation(RouterDriver, WorkflowDriver, NodeModel, TelemetryModel, FaultM
         periodic = self.periodic
         take = periodic.popleft
         taken = 0  # events taken from the heap and the FIFO (the polls count the deliveries they take)
-        while heap or periodic:
+        arrival = self._arrival
+        while True:
             if periodic and (not heap or periodic[0] < heap[0]):
-                at, kind, _, payload = take()
-            else:
-                at, kind, _, payload = pop(heap)
-            if at > end:
+                head = periodic[0]
+                fifo = True
+            elif heap:
+                head = heap[0]
+                fifo = False
+            elif ai == count:
                 break
-            self.now = at
-            taken += 1
-            if taken >= collect_at:
-                collect_at = taken + COLLECT_EVERY
-                checkpoint()
-            if kind == ARRIVAL:
-                self._arrival(payload)
-                nxt = next(arrivals, None)
-                if nxt is not None:
-                    self.push(nxt[1].at_s * 1000.0, ARRIVAL, nxt)
             else:
+                head = None
+            if head is None or arrive_at < head[0] or (arrive_at == head[0] and ARRIVAL < head[1]):
+                at = arrive_at
+                if at > end:
+                    break
+                self.now = at
+                taken += 1
+                if taken >= collect_at:
+                    collect_at = taken + COLLECT_EVERY
+                    checkpoint()
+                a = schedule[ai]
+                ai += 1
+                arrive_at = schedule[ai].at_s * 1000.0 if ai < count else math.inf
+                arrival((ai - 1, a))
+            else:
+                at, kind, _, payload = take() if fifo else pop(heap)
+                if at > end:
+                    break
+                self.now = at
+                taken += 1
+                if taken >= collect_at:
+                    collect_at = taken + COLLECT_EVERY
+                    checkpoint()
                 handlers[kind](payload)
-            if nxt is None and self._open == 0:
+            if ai == count and self._open == 0:
                 stopped_at = at
                 break
         self.events += taken
