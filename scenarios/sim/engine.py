@@ -1,8 +1,10 @@
 """The discrete-event simulator's engine: the scenario on virtual time, with the router's own policy objects.
 
 Events ordered by (time, kind, seq): a heap for those of requests in flight, beside it a FIFO for the
-nodes' periodic telemetry timers and a queue of telemetry deliveries that the router's polls take
-(`state.SimState.push_periodic`, `telemetry.TelemetryModel._emit`); each handler may push new events.
+nodes' periodic telemetry timers, a FIFO for node answers on their way back, the schedule's arrivals
+read in order, and a queue of telemetry deliveries that the router's polls take
+(`state.SimState.push_periodic`, `push_reply`, `telemetry.TelemetryModel._emit`); each handler may
+push new events.
 What is modelled, and from what:
 
 - **Arrivals**: the same seeded schedule the live replay sends (`loadgen.build_schedule`).
@@ -153,6 +155,7 @@ class Simulation(RouterDriver, WorkflowDriver, NodeModel, TelemetryModel, FaultM
         self.results: list[Result | None] = [None] * len(schedule)
         self.heap: list[tuple[float, int, int, Any]] = []
         self.periodic: deque[tuple[float, int, int, Any]] = deque()
+        self.replies: deque[tuple[float, int, int, Any]] = deque()
         self.seq = 0
         self.events = 0
         self.now = 0.0
@@ -240,19 +243,22 @@ class Simulation(RouterDriver, WorkflowDriver, NodeModel, TelemetryModel, FaultM
         stopped_at = end  # the time up to which every event was taken (a delivery at it included)
         periodic = self.periodic
         take = periodic.popleft
-        taken = 0  # events taken from the heap and the FIFO (the polls count the deliveries they take)
+        taken = 0  # events taken from the heap and the FIFOs (the polls count the deliveries they take)
         arrival = self._arrival
+        replies = self.replies
+        answer = replies.popleft
         while True:
-            if periodic and (not heap or periodic[0] < heap[0]):
+            # the first of the heap's head and the two FIFOs' (`push_periodic`, `push_reply`)
+            head = heap[0] if heap else None
+            source: Callable[[], tuple[float, int, int, Any]] | None = None  # (None: the heap)
+            if periodic and (head is None or periodic[0] < head):
                 head = periodic[0]
-                fifo = True
-            elif heap:
-                head = heap[0]
-                fifo = False
-            elif ai == count:
+                source = take
+            if replies and (head is None or replies[0] < head):
+                head = replies[0]
+                source = answer
+            if head is None and ai == count:
                 break
-            else:
-                head = None
             if head is None or arrive_at < head[0] or (arrive_at == head[0] and ARRIVAL < head[1]):
                 at = arrive_at
                 if at > end:
@@ -267,7 +273,7 @@ class Simulation(RouterDriver, WorkflowDriver, NodeModel, TelemetryModel, FaultM
                 arrive_at = schedule[ai].at_s * 1000.0 if ai < count else math.inf
                 arrival((ai - 1, a))
             else:
-                at, kind, _, payload = take() if fifo else pop(heap)
+                at, kind, _, payload = pop(heap) if source is None else source()
                 if at > end:
                     break
                 self.now = at

@@ -11,7 +11,6 @@ from scenarios.sim.state import (
     EXPIRE,
     FINISH,
     LOADED,
-    REPLY,
     ROUTER_TIMEOUT,
     WAKE,
     Job,
@@ -277,7 +276,7 @@ class NodeModel(SimState):
         self, job: Job, status: int, reason: str, back: float | None = None, kind: Failure | None = None
     ) -> None:
         delay = job.back_ms if back is None else back
-        self.push(self.now + delay, REPLY, (job, status, reason, classify(status) if kind is None else kind))
+        self.push_reply(self.now + delay, (job, status, reason, classify(status) if kind is None else kind))
 
     def _changed(self, node: SimNode) -> None:
         threshold = node.spec.change_threshold

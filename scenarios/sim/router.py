@@ -13,7 +13,6 @@ from scenarios.sim.state import (
     COPIES,
     HEDGE,
     NODE_ARRIVE,
-    REPLY,
     REROUTE,
     RESUME,
     ROUTER_TIMEOUT,
@@ -92,7 +91,7 @@ class RouterDriver(SimState):
             job = Job(req, send.attempt, node, 0.0, dispatched=False)
             req.jobs.append(job)
             reply = (job, 503, f"node {node.spec.id} unreachable: link cut", Failure.CUT)
-            self.push(now + self.lc.connect_wait_ms(req.life, now), REPLY, reply)
+            self.push_reply(now + self.lc.connect_wait_ms(req.life, now), reply)
             return
         self.lc.dispatched(send.state)
         out_ms, back_ms = crossing

@@ -252,6 +252,7 @@ class SimState:
     results: list[Result | None]
     heap: list[tuple[float, int, int, Any]]
     periodic: deque[tuple[float, int, int, Any]]  # events of one fixed period, in order (`push_periodic`)
+    replies: deque[tuple[float, int, int, Any]]  # node answers on their way back, in order (`push_reply`)
     seq: int
     events: int
     now: float
@@ -287,6 +288,18 @@ class SimState:
                 return
         self.seq += 1
         periodic.append((at, kind, self.seq, payload))
+
+    def push_reply(self, at: float, payload: Any) -> None:
+        """`push` for a REPLY event: almost all are due at once (no emulated link on the way back) or
+        in the order they were sent, so they wait in a FIFO of their own, which the loop reads beside
+        the heap by (time, kind, seq) as it reads `periodic`; one due before the FIFO's last goes to
+        the heap (all of the FIFO's are REPLYs, so time and seq order them)."""
+        replies = self.replies
+        if replies and at < replies[-1][0]:
+            self.push(at, REPLY, payload)
+            return
+        self.seq += 1
+        replies.append((at, REPLY, self.seq, payload))
 
     if TYPE_CHECKING:  # handlers one part calls in another (defined there)
 
