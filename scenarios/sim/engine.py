@@ -260,27 +260,22 @@ class Simulation(RouterDriver, WorkflowDriver, NodeModel, TelemetryModel, FaultM
             if head is None and ai == count:
                 break
             if head is None or arrive_at < head[0] or (arrive_at == head[0] and ARRIVAL < head[1]):
-                at = arrive_at
-                if at > end:
-                    break
-                self.now = at
-                taken += 1
-                if taken >= collect_at:
-                    collect_at = taken + COLLECT_EVERY
-                    checkpoint()
+                at, kind = arrive_at, ARRIVAL
+            else:
+                at, kind, _, payload = pop(heap) if source is None else source()
+            if at > end:
+                break
+            self.now = at
+            taken += 1
+            if taken >= collect_at:
+                collect_at = taken + COLLECT_EVERY
+                checkpoint()
+            if kind == ARRIVAL:
                 a = schedule[ai]
                 ai += 1
                 arrive_at = schedule[ai].at_s * 1000.0 if ai < count else math.inf
                 arrival((ai - 1, a))
             else:
-                at, kind, _, payload = pop(heap) if source is None else source()
-                if at > end:
-                    break
-                self.now = at
-                taken += 1
-                if taken >= collect_at:
-                    collect_at = taken + COLLECT_EVERY
-                    checkpoint()
                 handlers[kind](payload)
             if ai == count and self._open == 0:
                 stopped_at = at
