@@ -427,7 +427,7 @@ class Scenario(_Strict):
         return PolicyRun(name=name, policy=PolicySpec(preset=name))
 
 
-def _check_router_sections(scenario: Scenario, text: str, origin: str) -> None:
+def _check_router_section(scenario: Scenario, text: str, origin: str) -> None:
     """The scenario's `router:` section as the router's own config file takes it: a mistake there is the
     scenario's, named with its line when the file loads, not an error of a generated file once the
     broker and nodes are up (live) or of the simulator's set-up. (A run's `router:` takes `reroute`
@@ -454,7 +454,7 @@ def parse_scenario(text: str, origin: str = "<scenario>", base_dir: Path | None 
         scenario = Scenario.model_validate(raw)
     except ValidationError as exc:
         raise ScenarioError(error_line(exc, text, origin, model=Scenario)) from None
-    _check_router_sections(scenario, text, origin)
+    _check_router_section(scenario, text, origin)
     scenario._base_dir = base_dir or Path.cwd()
     for name, entry in scenario.models.items():  # a model file named relative to the scenario's folder
         if entry.path is not None:
