@@ -17,7 +17,7 @@ from nodes.config import ModelSpec
 from nodes.protocol import TensorSpec
 from nodes.scheduler import batch_curve_ms, batch_key
 from telemetry.configfile import is_file
-from telemetry.wire import ORT_TO_OIP
+from telemetry.wire import DATATYPES, ORT_TO_OIP
 
 WARMUP_RUNS = 30
 CUDA = "CUDAExecutionProvider"
@@ -227,6 +227,14 @@ def load_model(
         served_name=spec.served_name,
         device=runs_on,
     )
+    unserved = [
+        f"{kind} '{t.name}' is {t.datatype}"
+        for kind, specs in (("input", model.inputs), ("output", model.outputs))
+        for t in specs.values()
+        if t.datatype not in DATATYPES
+    ]
+    if unserved:  # (its warm-up would fail on a tensor it cannot build, with ONNX Runtime's own words)
+        raise ValueError(f"{'; '.join(unserved)}: this node serves tensors of {', '.join(sorted(DATATYPES))}")
     # Warm-up runs, so the first request does not pay for lazy initialisation, and the baseline the
     # speed emulation stretches by: the fastest run, since nodes often start together and contend
     # for the cores, and a contended baseline would be stretched (1/speed - 1) times.
@@ -245,6 +253,4 @@ def load_model(
 
 
 def _np_dtype(datatype: str) -> Any:
-    from telemetry.wire import DATATYPES
-
-    return DATATYPES.get(datatype, np.float32)
+    return DATATYPES[datatype]

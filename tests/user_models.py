@@ -71,6 +71,20 @@ def flags() -> bytes:
     return model.SerializeToString()
 
 
+def strings() -> bytes:
+    """`text_out = text` (a string tensor, BYTES in OIP, [N, 1]): a type the node does not serve."""
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["text"], ["text_out"])],
+        "strings",
+        [helper.make_tensor_value_info("text", TensorProto.STRING, ["batch", 1])],
+        [helper.make_tensor_value_info("text_out", TensorProto.STRING, ["batch", 1])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+    model.ir_version = IR_VERSION
+    onnx.checker.check_model(model)
+    return model.SerializeToString()
+
+
 def repository(root: Path, config: str | None = None, broken: bool = True) -> Path:
     """root/scorer/{1,2}/model.onnx (scale 1 and 2), root/flags/1/model.onnx, and (with `broken`)
     root/broken/1/model.onnx, which is not ONNX; `config` is scorer's config.yaml."""

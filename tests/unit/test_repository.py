@@ -159,3 +159,18 @@ def test_a_loaded_users_model_says_where_it_runs(tmp_path: Path) -> None:
     model = load_model(spec, ["CPUExecutionProvider"], 1, None, "cpu")
     assert model.device == "cpu" and model.version == "2" and model.served_name == "scorer"
     assert model.metadata()["inputs"][1] == {"name": "offset", "datatype": "INT64", "shape": [-1, 1]}
+
+
+def test_a_model_with_a_tensor_type_the_node_does_not_serve_fails_to_load_saying_so(tmp_path: Path) -> None:
+    """A string tensor (BYTES) cannot be served; the load said only ONNX Runtime's complaint about
+    the warm-up's float zeros ("Unexpected input data type. Actual: (tensor(float))")."""
+    from nodes.config import ModelSpec
+    from nodes.runtime import load_model
+    from tests.user_models import strings
+
+    path = tmp_path / "strings.onnx"
+    path.write_bytes(strings())
+    with pytest.raises(
+        ValueError, match=r"input 'text' is BYTES; output 'text_out' is BYTES: this node serves tensors of BOOL"
+    ):
+        load_model(ModelSpec(name="strings", path=str(path)), ["CPUExecutionProvider"], 1, None)
