@@ -37,7 +37,6 @@ from telemetry import serving
 from telemetry.broker import EmbeddedBroker, terminate
 from telemetry.bus import KafkaTelemetrySource, ensure_topic, now_ms
 from telemetry.quantiles import nearest_rank
-from telemetry.serving import tuned_gc
 from telemetry.store import MAX_NODES, ViewStore
 from telemetry.view import NodeState
 
@@ -170,7 +169,7 @@ def bench_ingest(
     publishers: int = 2,
     kafka: str | None = None,
 ) -> dict[str, Any]:
-    with tuned_gc() as thresholds:  # as the router's process runs (telemetry.serving)
+    with serving.tuned_gc() as thresholds:  # as the router's process runs
         return _bench_ingest(out_dir, nodes, interval_ms, seconds, publishers, kafka, thresholds)
 
 

@@ -105,24 +105,28 @@ def arrival_times(site: SiteLoad, horizon_s: float, rng: random.Random, limit: i
 MODEL_NAME = re.compile(NAME_PATTERN)
 
 
-def _trace_row(row: list[str], site: SiteLoad, default_deadline_ms: float, where: str) -> tuple[float, str, int, float]:
-    """One trace row's (at_s, model, priority, deadline_ms), or ScenarioError naming `where`: what the
-    router would refuse (400) or no schedule can place is the trace's mistake."""
+class _BadRow(ValueError):
+    """A trace row's mistake (read_trace names the file and line)."""
+
+
+def _trace_row(row: list[str], site: SiteLoad, default_deadline_ms: float) -> tuple[float, str, int, float]:
+    """One trace row's (at_s, model, priority, deadline_ms), or _BadRow: what the router would refuse
+    (400) or no schedule can place is the trace's mistake."""
     try:
         at = float(row[0])
         model = row[1].strip()
         prio = int(row[2]) if len(row) > 2 and row[2].strip() else 0
         deadline = float(row[3]) if len(row) > 3 and row[3].strip() else site.deadline_ms.get(prio, default_deadline_ms)
     except (ValueError, IndexError):
-        raise ScenarioError(f"{where}: expected at_s,model,priority,deadline_ms") from None
+        raise _BadRow("expected at_s,model,priority,deadline_ms") from None
     if not MODEL_NAME.fullmatch(model):
-        raise ScenarioError(f"{where}: {model[:64]!r} is not a model name ({NAME_PATTERN})")
+        raise _BadRow(f"{model[:64]!r} is not a model name ({NAME_PATTERN})")
     if not math.isfinite(at):
-        raise ScenarioError(f"{where}: at_s must be a finite number, not {row[0].strip()[:32]!r}")
+        raise _BadRow(f"at_s must be a finite number, not {row[0].strip()[:32]!r}")
     if abs(prio) > MAX_PRIORITY:
-        raise ScenarioError(f"{where}: priority must be within -{MAX_PRIORITY:,} and {MAX_PRIORITY:,}")
+        raise _BadRow(f"priority must be within -{MAX_PRIORITY:,} and {MAX_PRIORITY:,}")
     if not 0 < deadline < math.inf:
-        raise ScenarioError(f"{where}: deadline_ms must be a finite number above 0")
+        raise _BadRow("deadline_ms must be a finite number above 0")
     return at, model, prio, deadline
 
 
@@ -139,7 +143,10 @@ def read_trace(
             for lineno, row in enumerate(csv.reader(fh), 1):
                 if not row or row[0].strip().startswith("#") or (lineno == 1 and row[0].strip() == "at_s"):
                     continue
-                at, model, prio, deadline = _trace_row(row, site, default_deadline_ms, f"{path}:{lineno}")
+                try:
+                    at, model, prio, deadline = _trace_row(row, site, default_deadline_ms)
+                except _BadRow as exc:
+                    raise ScenarioError(f"{path}:{lineno}: {exc}") from None
                 if not site.start_s <= at < min(horizon_s, site.stop_s or horizon_s):
                     continue
                 entry = (-at, -lineno, Arrival(at, site.site, model, prio, deadline))
