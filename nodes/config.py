@@ -108,15 +108,26 @@ class NodeConfig(ServerSettings):
     slots: int = Field(1, ge=1, le=64, description="concurrent executions")
     threads_per_slot: int = Field(1, ge=1, le=64, description="ONNX Runtime intra-op threads")
     max_queue: int = Field(64, ge=0, description="requests waiting for a slot before 503/429")
-    scheduler: Literal["fifo", "priority"] = Field("fifo", description="see nodes.scheduler")
+    scheduler: Literal["fifo", "priority"] = Field(
+        "priority", description="see nodes.scheduler; priority (the default) runs critical work first"
+    )
     high_priority_min: int = Field(1, description="priorities at or above this are high priority")
     max_block_ms: float = Field(10.0, gt=0, description="bound on low-priority batches (priority mode)")
     queue_limits: dict[int, int] = Field(
         default_factory=dict, description="priority -> queue limit for that priority and above (until the next)"
     )
     admit_by_deadline: bool = Field(
-        False, description="503 on arrival when the predicted finish is past the budget (the router retries elsewhere)"
+        True, description="503 on arrival when the predicted finish is past the budget (the router retries elsewhere)"
     )
+    queue_target_ms: float = Field(
+        50.0,
+        ge=0,
+        le=60_000,
+        allow_inf_nan=False,
+        description="controlled delay: once sheddable work has queued longer than this for a whole interval, "
+        "sheddable arrivals predicted to wait longer are refused with 429; 0 turns it off",
+    )
+    queue_interval_ms: float = Field(100.0, gt=0, le=60_000, allow_inf_nan=False)
     speed: float = Field(
         1.0,
         gt=0,

@@ -24,7 +24,7 @@ import numpy as np
 from nodes.config import NodeConfig
 from nodes.protocol import InferRequest
 from nodes.runtime import LoadedModel
-from nodes.scheduler import BatchPolicy, NextBatch, Scheduler, Work
+from nodes.scheduler import REFUSED_LATE, BatchPolicy, NextBatch, Scheduler, Work
 
 log = logging.getLogger("edgeroute.node")
 
@@ -58,6 +58,7 @@ class Running:
     rows: int
     count: int  # requests in the batch
     ends_at_ms: float  # predicted
+    probe: bool = False  # judged by the best case (a stale estimate): its time replaces the estimate
 
 
 @dataclass(slots=True)
@@ -114,6 +115,9 @@ class Executor:
             max_queue=self.config.max_queue,
             queue_limits=self.config.queue_limits,
             admit_by_deadline=self.config.admit_by_deadline,
+            floor_ms=self.floor_ms,
+            queue_target_ms=self.config.queue_target_ms,
+            queue_interval_ms=self.config.queue_interval_ms,
         )
 
     # --- clocks and predictions -------------------------------------------------------------------
@@ -125,6 +129,12 @@ class Executor:
     def predict_ms(self, model: str, rows: int) -> float:
         loaded = self.models.get(model)
         return 0.0 if loaded is None else loaded.predicted_ms(rows, self.speed)
+
+    def floor_ms(self, model: str, rows: int) -> float:
+        """The best case for `rows` rows: the model's reference time through the speed emulation (the
+        scheduler's probe on an idle node, whatever a stall did to the learnt estimate)."""
+        loaded = self.models.get(model)
+        return 0.0 if loaded is None else loaded.baseline_for(rows) * max(1.0, 1.0 / self.speed)
 
     @property
     def in_flight(self) -> int:
@@ -161,9 +171,9 @@ class Executor:
         scheduler = self.scheduler
         with self.lock:
             refusal = scheduler.refuse(priority)
-            if refusal is None and scheduler.admit_by_deadline:
+            if refusal is None and (scheduler.admit_by_deadline or scheduler.standing):
                 left = [max(0.0, r.ends_at_ms - now) for r in self.running]
-                refusal = scheduler.refuse_late(model, req.batch, priority, budget_ms, left, self.config.slots)
+                refusal = scheduler.refuse_late(model, req.batch, priority, budget_ms, left, self.config.slots, now)
             if refusal is not None:
                 return InferResult(refusal[0], reason=refusal[1])
             if scheduler.queued or len(self.running) >= self.config.slots or not self._inline_ok(model, req.batch):
@@ -171,12 +181,12 @@ class Executor:
             deadline = None if budget_ms is None else now + budget_ms
             handle = _Pending(req, None, now / 1000.0, request_id=request_id)
             work = Work(handle, model, priority, deadline, req.batch, now)
-            at_once = scheduler.run_now(work, now)
+            at_once = scheduler.run_now(work, now, idle=not self.running)
             if at_once is None:  # it waits for a batch to fill
                 return None
-            if at_once.expired:
-                return InferResult(504, reason="deadline cannot be met: it would finish too late")
-            slot = self._claim(at_once.batch, now)
+            if at_once.expired:  # refused on arrival: another node may still make it
+                return InferResult(503, reason=REFUSED_LATE)
+            slot = self._claim(at_once.batch, now, at_once.probe)
             if self._in_flight > self.peak_outstanding:
                 self.peak_outstanding = self._in_flight
         outcome = self._run_inline(at_once.batch, slot)[0]
@@ -269,15 +279,15 @@ class Executor:
                 if len(self.running) >= self.config.slots:
                     break
                 now = self.now_ms()
-                decision = self.scheduler.next(now)
-                for work in decision.expired:
-                    self._resolve(work, InferResult(504, reason="deadline cannot be met: it would finish too late"))
+                decision = self.scheduler.next(now, idle=not self.running)
+                for work in decision.expired:  # (before its deadline: another node may still make it)
+                    self._resolve(work, InferResult(503, reason=REFUSED_LATE))
                 if not decision.batch:
                     if decision.wake_at_ms is not None:
                         self._wake = loop.call_at(loop.time() + (decision.wake_at_ms - now) / 1000.0, self.kick)
                     break
                 batch = decision.batch
-                slot = self._claim(batch, now)
+                slot = self._claim(batch, now, decision.probe)
             if inline_left and self._inline_ok(slot.model, slot.rows):
                 inline_left -= 1
                 for work, outcome in zip(batch, self._run_inline(batch, slot), strict=True):
@@ -320,8 +330,11 @@ class Executor:
         """Free the slot and learn the run's time (lock held)."""
         self.running.remove(slot)
         self._in_flight -= slot.count
-        if ran.error is None:
-            model.observe(slot.rows, ran.exec_ms, self.config.ewma_alpha)
+        if ran.error is None:  # a probe's time replaces the stale estimate (nodes.scheduler)
+            before = model.predicted_ms(slot.rows, self.speed)
+            model.observe(slot.rows, ran.exec_ms, self.config.ewma_alpha, slot.probe)
+            if slot.probe:
+                self.scheduler.probed(slot.model, before, ran.exec_ms)
             self.busy_ms += ran.exec_ms
             self.scheduler.ran(priority, ran.exec_ms, time.perf_counter() * 1000.0, self.config.slots)
 
@@ -334,11 +347,11 @@ class Executor:
         requests = [w.handle.request for w in batch]
         return {name: np.concatenate([r.inputs[name] for r in requests], axis=0) for name in model.inputs}
 
-    def _claim(self, batch: list[Work], now: float) -> Running:
+    def _claim(self, batch: list[Work], now: float, probe: bool = False) -> Running:
         """Book a slot for `batch` (lock held)."""
         first = batch[0]
         rows = first.rows if len(batch) == 1 else sum(w.rows for w in batch)
-        slot = Running(first.model, first.priority, rows, len(batch), now + self.predict_ms(first.model, rows))
+        slot = Running(first.model, first.priority, rows, len(batch), now + self.predict_ms(first.model, rows), probe)
         self.running.append(slot)
         self._in_flight += len(batch)
         self.starts += 1
@@ -366,9 +379,9 @@ class Executor:
                 self._settle(model, running, ran, work[0].priority)
                 if len(self.running) < self.config.slots and self.scheduler.queued:
                     now = self.now_ms()
-                    decision = self.scheduler.next(now)
+                    decision = self.scheduler.next(now, idle=not self.running)
                     if decision.batch:
-                        current = (decision.batch, self._claim(decision.batch, now))
+                        current = (decision.batch, self._claim(decision.batch, now, decision.probe))
             try:
                 loop.call_soon_threadsafe(self._deliver, work, model, ran, decision, current is None)
             except RuntimeError:  # the loop is closed: the node is shutting down
@@ -404,7 +417,7 @@ class Executor:
             self._resolve(work, outcome)
         if decision is not None:
             for work in decision.expired:
-                self._resolve(work, InferResult(504, reason="deadline cannot be met: it would finish too late"))
+                self._resolve(work, InferResult(503, reason=REFUSED_LATE))
         if idle:
             self.kick()
         else:

@@ -15,7 +15,7 @@ import numpy as np
 from nodes import zoo
 from nodes.config import ModelSpec
 from nodes.protocol import TensorSpec
-from nodes.scheduler import batch_curve_ms, batch_key
+from nodes.scheduler import batch_curve_ms, batch_key, learn_ms
 from telemetry.configfile import is_file
 from telemetry.wire import DATATYPES, ORT_TO_OIP
 
@@ -94,13 +94,13 @@ class LoadedModel:
             self._rows_set_work = (self.inputs, answer)
         return answer
 
-    def observe(self, batch: int, exec_ms: float, alpha: float) -> None:
-        """Learn a run of `batch` rows (under its `batch_key`: a bounded table whatever rows arrive)."""
+    def observe(self, batch: int, exec_ms: float, alpha: float, probe: bool = False) -> None:
+        """Learn a run of `batch` rows (under its `batch_key`: a bounded table whatever rows arrive),
+        by `nodes.scheduler.learn_ms` (a slowdown registers faster than a speed-up; a probe replaces)."""
         key = batch_key(batch)
         if key != batch:
             exec_ms = exec_ms * key / batch
-        prev = self.ewma_ms.get(key)
-        self.ewma_ms[key] = exec_ms if prev is None else (1 - alpha) * prev + alpha * exec_ms
+        self.ewma_ms[key] = learn_ms(self.ewma_ms.get(key), exec_ms, alpha, probe)
 
     def run(self, feeds: dict[str, np.ndarray], stretch: float, batch: int = 1) -> tuple[dict[str, np.ndarray], float]:
         """Execute (blocking; called in an executor thread). Returns outputs and slot time in ms.

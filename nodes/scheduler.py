@@ -20,7 +20,27 @@ Modes:
 Dynamic batching (both modes, after Triton): a batch smaller than `preferred` rows may wait up to
 `max_queue_delay_ms` from its oldest request's arrival for more requests; high-priority batches never
 wait. A request whose deadline cannot be met even if it starts now (`now + exec(batch) > deadline`) is
-taken out and answered 504 before it runs, never run late.
+taken out and answered 504 before it runs, never run late. One that arrives at a free slot with
+nothing queued and cannot make it there is refused on arrival (`run_now`: the caller answers 503, so
+the router may still try another node with the budget left).
+
+Estimates recover by themselves: a model that has not started a run for `STALE_AFTER_MS` has a
+stale estimate, and an idle node (no slot running) judges its arrivals by the model's best case
+(`floor_ms`, its uncontended reference time) instead. A stall that raised the estimate past every
+deadline would otherwise have the node refuse everything and never run the request that would lower
+it again. Such a run is a probe (`NextBatch.probe`): its measured time replaces the stale estimate
+rather than being blended into it, so one fast run after the stall ends restores the node.
+
+Controlled delay (after CoDel and Facebook's server queues), with `queue_target_ms` > 0: the node
+watches the queueing delay of sheddable work (below `high_priority_min`; all work in FIFO mode) as
+batches leave the queue. Once the smallest delay seen over a whole `queue_interval_ms` stays above the
+target (a standing queue, not a burst that drains), the queue is *standing*, and a sheddable arrival
+predicted to wait longer than the target is refused at once with 429 (cheap, and the router may try
+another node) instead of joining a queue that only adds delay. High-priority work is never refused
+for it. The standing state ends when the queue is found empty, or after a whole interval in which it
+refused nothing (the load no longer exceeds what the target admits), so the node recovers by itself
+when the load falls; while the overload lasts it holds the queue near the target instead of letting
+it refill between intervals.
 
 Admission: per-priority queue limits (`queue_limits`: the entry with the largest priority <= the
 request's applies; `max_queue` otherwise). Over the limit, a request of priority <= 0 gets 429 (it
@@ -73,8 +93,12 @@ class NextBatch:
     batch: list[Work] = field(default_factory=list)
     expired: list[Work] = field(default_factory=list)
     wake_at_ms: float | None = None
+    probe: bool = False  # the batch was judged by the best case (a stale estimate): its time replaces it
 
 
+STALE_AFTER_MS = 250.0  # a model that started nothing for this long has a stale estimate (a probe may run)
+MAX_STALE_AFTER_MS = 4000.0
+REFUSED_LATE = "deadline cannot be met here: it would finish too late"  # the 503 of a refused arrival
 _NOTHING = NextBatch()  # shared, never mutated: the answer when nothing is queued
 _NO_BATCHING = BatchPolicy()
 
@@ -93,6 +117,20 @@ def batch_key(rows: int) -> int:
     if rows <= EXACT_BATCH_KEYS:
         return rows
     return min(1 << (rows - 1).bit_length(), MAX_BATCH_KEY)
+
+
+RISE_ALPHA = 0.5  # the least weight a run slower than the estimate gets (a stall registers in a few runs)
+
+
+def learn_ms(prev: float | None, sample_ms: float, alpha: float, probe: bool = False) -> float:
+    """The execution estimate after one more run (the live node and the simulator learn the same way):
+    an EWMA with weight `alpha`, but at least `RISE_ALPHA` for a run slower than the estimate, so a
+    node that slows down stops admitting work it cannot finish in time after two or three runs, not
+    eight; it comes back down at `alpha`. A probe (`probe`: see `Scheduler.stale`) replaces it."""
+    if prev is None or probe:
+        return sample_ms
+    weight = max(alpha, RISE_ALPHA) if sample_ms > prev else alpha
+    return (1.0 - weight) * prev + weight * sample_ms
 
 
 def batch_curve_ms(curve: dict[int, float], rows: int) -> float:
@@ -124,9 +162,22 @@ class Scheduler:
         max_queue: int = 64,
         queue_limits: dict[int, int] | None = None,
         admit_by_deadline: bool = False,
+        floor_ms: ExecModel | None = None,
+        queue_target_ms: float = 0.0,
+        queue_interval_ms: float = 100.0,
     ) -> None:
         self.mode: Mode = mode
         self.admit_by_deadline = admit_by_deadline
+        self.queue_target_ms = queue_target_ms  # 0: controlled delay off
+        self.queue_interval_ms = queue_interval_ms
+        self.standing = False  # the sheddable queue's delay stayed above the target a whole interval
+        self.standing_refusals = 0
+        self._interval_start_ms: float | None = None
+        self._min_delay_ms = float("inf")
+        self._refusals_at_start = 0
+        self.floor_ms = floor_ms  # the best case (model, rows) -> ms, for an idle node's probe
+        self.last_start_ms: dict[str, float] = {}  # per model (served models only: bounded)
+        self._stale_after_ms: dict[str, float] = {}  # per model: doubles while probes find it still slow
         # share of slot time spent on high-priority work lately (a low-priority wait stretches by it)
         self.high_share = 0.0
         self._window_start_ms: float | None = None
@@ -174,17 +225,74 @@ class Scheduler:
         budget_ms: float | None,
         running_left_ms: list[float],
         slots: int,
+        now_ms: float | None = None,
     ) -> tuple[int, str] | None:
-        """With `admit_by_deadline`: (503, reason) if the request is predicted to finish after its budget
-        already on arrival, so the router can try another node while there is time (a 504 later, at
-        the head of the queue, leaves none). The prediction cannot see higher-priority work still to
-        arrive, so some requests admitted here still end in a 504 before running."""
-        if not self.admit_by_deadline or budget_ms is None:
+        """Refusal by prediction, on arrival. With `admit_by_deadline`: (503, reason) if the request is
+        predicted to finish after its budget, so the router can try another node while there is time
+        (a 504 later, at the head of the queue, leaves none). The prediction cannot see higher-priority
+        work still to arrive, so some requests admitted here still end in a 504 before running. With
+        the queue standing (controlled delay): (429, reason) for sheddable work predicted to wait
+        longer than `queue_target_ms`."""
+        shed = self.standing and (self.mode == "fifo" or priority < self.high_priority_min)
+        by_deadline = self.admit_by_deadline and budget_ms is not None
+        if not shed and not by_deadline:
             return None
-        predicted = self.expected_wait_ms(priority, running_left_ms, slots) + self.exec_ms(model, rows)
-        if predicted <= budget_ms:
-            return None
-        return 503, f"deadline cannot be met here: predicted {predicted:.0f} ms, {budget_ms:.0f} ms left"
+        if not running_left_ms and not self.queued:  # idle: a stale estimate gives way to the best case
+            wait, run = 0.0, self.idle_exec_ms(model, rows, now_ms)
+        else:
+            wait, run = self.expected_wait_ms(priority, running_left_ms, slots), self.exec_ms(model, rows)
+        if shed and wait > self.queue_target_ms:
+            self.standing_refusals += 1
+            return 429, (
+                f"node overloaded: predicted queueing {wait:.0f} ms over the {self.queue_target_ms:.0f} ms target "
+                "of a standing queue"
+            )
+        if by_deadline and wait + run > budget_ms:  # type: ignore[operator]
+            return 503, f"deadline cannot be met here: predicted {wait + run:.0f} ms, {budget_ms:.0f} ms left"
+        return None
+
+    def queue_delay(self, delay_ms: float, now_ms: float) -> None:
+        """A sheddable batch left the queue after `delay_ms` (0: it ran on arrival): controlled delay's
+        measurement. At the end of each interval the queue is standing if the smallest delay seen in
+        it was above the target."""
+        if self.queue_target_ms <= 0:
+            return
+        start = self._interval_start_ms
+        if start is None or now_ms - start >= self.queue_interval_ms:
+            if self.standing:  # it ends after an interval that needed no refusal
+                self.standing = self.standing_refusals > self._refusals_at_start
+            elif start is not None:
+                self.standing = self._min_delay_ms > self.queue_target_ms
+            self._interval_start_ms, self._min_delay_ms = now_ms, delay_ms
+            self._refusals_at_start = self.standing_refusals
+        elif delay_ms < self._min_delay_ms:
+            self._min_delay_ms = delay_ms
+
+    def stale(self, model: str, now_ms: float | None) -> bool:
+        """The model's estimate is stale: it started no run for `STALE_AFTER_MS` (one that never ran
+        here is judged by the estimate the node starts with, from its warm-up)."""
+        if self.floor_ms is None or now_ms is None:
+            return False
+        last = self.last_start_ms.get(model)
+        return last is not None and now_ms - last > self._stale_after_ms.get(model, STALE_AFTER_MS)
+
+    def probed(self, model: str, estimate_ms: float, measured_ms: float) -> None:
+        """A probe of `model` ran in `measured_ms` against the stale `estimate_ms`: still slow (at least
+        half the estimate), the next probe waits twice as long (up to `MAX_STALE_AFTER_MS`), so a
+        stall that lasts costs a few probes, not one every `STALE_AFTER_MS`; fast again, back to it."""
+        if measured_ms >= 0.5 * estimate_ms:
+            after = self._stale_after_ms.get(model, STALE_AFTER_MS)
+            self._stale_after_ms[model] = min(MAX_STALE_AFTER_MS, 2.0 * after)
+        else:
+            self._stale_after_ms.pop(model, None)
+
+    def idle_exec_ms(self, model: str, rows: int, now_ms: float | None = None) -> float:
+        """The execution time an idle node judges an arrival by: the learnt estimate, or where it is
+        stale the best case if that is lower (see the module docstring: a probe after a stall)."""
+        predicted = self.exec_ms(model, rows)
+        if not self.stale(model, now_ms):
+            return predicted
+        return min(predicted, self.floor_ms(model, rows))  # type: ignore[misc]
 
     def _same_class(self, p: int, priority: int) -> bool:
         """Requests counted against the same limit: those whose limit entry is the same one."""
@@ -197,14 +305,17 @@ class Scheduler:
         self.queued_by_model[work.model] += 1
         self.queued += 1
 
-    def run_now(self, work: Work, now_ms: float) -> NextBatch | None:
+    def run_now(self, work: Work, now_ms: float, idle: bool = False) -> NextBatch | None:
         """An arrival while nothing is queued and a slot is free: what `push` then `next` would decide,
-        without the queue: `work` runs alone at once, or leaves (it cannot finish by its deadline),
-        or None when it would wait for a batch to fill (then `push` it). The same rules as `next`."""
+        without the queue: `work` runs alone at once, or leaves (it cannot finish by its deadline; the
+        caller refuses it with 503), or None when it would wait for a batch to fill (then `push` it).
+        The same rules as `next`; with `idle` (no slot running) judged by `idle_exec_ms`."""
         if self.queued:
             return None
         rows = work.rows
-        if work.deadline_at_ms is not None and now_ms + self.exec_ms(work.model, rows) > work.deadline_at_ms:
+        probe = idle and self.stale(work.model, now_ms)
+        exec_ms = self.idle_exec_ms(work.model, rows, now_ms) if probe else self.exec_ms(work.model, rows)
+        if work.deadline_at_ms is not None and now_ms + exec_ms > work.deadline_at_ms:
             work.seq, work.done = next(self._seq), True
             return NextBatch(expired=[work])
         policy = self.batching.get(work.model)
@@ -213,7 +324,11 @@ class Scheduler:
             if self._batch_delay([work], rows, policy, high) is not None:
                 return None
         work.seq, work.done = next(self._seq), True
-        return NextBatch(batch=[work])
+        if self.queue_target_ms > 0:
+            self.standing = False  # the queue is empty: nothing stands
+            self.queue_delay(0.0, now_ms)
+        self.last_start_ms[work.model] = now_ms
+        return NextBatch(batch=[work], probe=probe)
 
     def remove(self, work: Work) -> bool:
         """Take a queued request out (expired, cancelled); False if it already left the queue."""
@@ -257,8 +372,9 @@ class Scheduler:
                 best = q[0]
         return None if best is None else best[1]
 
-    def next(self, now_ms: float) -> NextBatch:
-        """The next batch to run on one free slot (see the module docstring)."""
+    def next(self, now_ms: float, idle: bool = False) -> NextBatch:
+        """The next batch to run on one free slot (see the module docstring); `idle`: no slot is
+        running (a model with a stale estimate is then judged by its best case, a probe)."""
         if not self.queued:
             return _NOTHING
         decision = NextBatch()
@@ -273,7 +389,8 @@ class Scheduler:
             batch = self._take(head.model, policy.max_batch, high, now_ms)
             rows = sum(w.rows for w in batch)
             # requests that cannot finish in time even if they start now leave before running
-            finish = now_ms + self.exec_ms(head.model, rows)
+            probe = idle and self.stale(head.model, now_ms)
+            finish = now_ms + (self.idle_exec_ms(head.model, rows, now_ms) if probe else self.exec_ms(head.model, rows))
             late = [w for w in batch if w.deadline_at_ms is not None and finish > w.deadline_at_ms]
             if late:
                 for w in late:
@@ -286,7 +403,10 @@ class Scheduler:
                 return decision
             for w in batch:
                 self.remove(w)
-            decision.batch = batch
+            if self.queue_target_ms > 0 and (self.mode == "fifo" or not high):
+                self.queue_delay(now_ms - min(w.enqueued_at_ms for w in batch), now_ms)
+            self.last_start_ms[head.model] = now_ms
+            decision.batch, decision.probe = batch, probe
             return decision
 
     def _take(self, model: str, max_rows: int, high: bool, now_ms: float) -> list[Work]:

@@ -307,7 +307,9 @@ async def _infer(
     if outcome is None:
         outcome = await rt.engine.wait_queued(model.name, req, priority, budget_ms, request_id)
     if outcome.status != 200 or outcome.outputs is None:
-        return _error(outcome.status, outcome.reason), None
+        # a refusal (queue full, or too late here) is cheap and says when to come back
+        retry = {"Retry-After": "1"} if outcome.status in (429, 503) else None
+        return _error(outcome.status, outcome.reason, retry), None
     payload, header_len = encode_response(model.served_name, model.version, req, model.outputs, outcome.outputs)
     headers = {
         wire.NODE: rt.config.node_id,

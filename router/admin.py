@@ -130,6 +130,11 @@ async def get_view(request: web.Request) -> web.Response:
                 "cancelled": router.lifecycle.hedge_cancels,
             },
             "reroute": router.lifecycle.reroute.as_json(),
+            "overload": {
+                "answer_margin_ms": round(router.lifecycle.margin.margin_ms, 3),
+                "retries": router.lifecycle.retries,
+                "retry_budget": router.lifecycle.retry_budget.as_json(),
+            },
             "health": router.lifecycle.health.state(now),
             "router_id": router.router_id,
             "peers": None

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from policies import PolicyConfigError, PolicySpec, build_policy
 from router.admission import AuthConfig, RateLimitConfig
 from router.lifecycle import LifecycleSettings
+from router.lifecycle.budgets import RetryBudgetConfig
 from router.lifecycle.copies import CopyConfig
 from router.lifecycle.health import HealthConfig
 from router.lifecycle.links import LinkState
@@ -47,6 +48,16 @@ class HedgingConfig(BaseModel):
 
     min_priority: int = Field(10, description="requests at or above this priority are hedged")
     after_ms: float | None = Field(None, gt=0, description="hedge delay; default: recent p95 latency")
+
+
+class RetryBudgetSettings(BaseModel):
+    """Retries and hedges bounded against first tries (router.lifecycle.budgets; Envoy's default is 20%)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    ratio: float = Field(0.2, ge=0, le=10, allow_inf_nan=False, description="retries + hedges per first try")
+    window_s: int = Field(10, ge=1, le=600, description="the sliding window the ratio is counted over")
+    min_retries: int = Field(10, ge=0, le=1_000_000, description="allowed in any window whatever the ratio")
 
 
 class OutlierConfig(BaseModel):
@@ -209,6 +220,10 @@ class RouterConfig(ServerSettings):
     reroute: RerouteConfig = Field(
         default_factory=RerouteConfig, description="take queued requests back from a slow node and send them elsewhere"
     )
+    retry_budget: RetryBudgetSettings = Field(
+        default_factory=lambda: RetryBudgetSettings(),
+        description="retries plus hedges at most `ratio` of first tries over `window_s` (router.lifecycle.budgets)",
+    )
 
     @model_validator(mode="after")
     def _unique_workflows(self) -> RouterConfig:
@@ -254,6 +269,7 @@ def lifecycle_settings(config: RouterConfig, seed: int | None = None, router_id:
         health=HealthConfig(**config.outlier.model_dump()),
         copies=config.copies,
         reroute=config.reroute,
+        retry_budget=RetryBudgetConfig(**config.retry_budget.model_dump()),
         links=tuple(LinkState(**k.model_dump()) for k in config.links),
         seed=config.seed if seed is None else seed,
         router_id=router_id,

@@ -294,17 +294,23 @@ class Dispatcher:
             if displaced is not None:
                 self._start_move(displaced)
         woken = None
+        refused = False
         try:
             if out_ms > 0:
                 await asyncio.sleep(out_ms / 1000.0)
-            remaining_ms = deadline_at_ms - self.clock()
-            if remaining_ms <= 0:
+            sent_at = self.clock()
+            if deadline_at_ms - sent_at <= 0:
                 raise NodeTimeout(send.decision.endpoint)
             fwd = dict(headers)
-            fwd[wire.DEADLINE_MS] = f"{remaining_ms:.3f}"
+            # the node is told what is left less the way back (router.lifecycle.budgets)
+            fwd[wire.DEADLINE_MS] = f"{max(0.0, lc.node_budget_ms(a, sent_at, back_ms)):.3f}"
             fwd[wire.REQUEST_ID] = _request_id(a, send)
-            wait_ms = lc.try_wait_ms(a, self.clock())
+            wait_ms = lc.try_wait_ms(a, sent_at)
             reply: NodeReply = await self.client.post(send.decision.endpoint + path, body, fwd, wait_ms / 1000.0)
+            if reply.status == 200:
+                _learn_transit(lc, self.clock() - sent_at - reply.waited_ms, reply.headers)
+            else:
+                refused = reply.status in (429, 503)
             if back_ms > 0:
                 late = self.clock() + back_ms > deadline_at_ms
                 await asyncio.sleep(min(back_ms, max(0.0, deadline_at_ms - self.clock())) / 1000.0)
@@ -326,12 +332,14 @@ class Dispatcher:
                 reason = f"node {node_id} did not answer within try_timeout_ms"
                 return Outcome.error(504, reason, node_id, send.attempt, Failure.TRY_TIMEOUT)
             lc.answered(a, node_id, Failure.TIMEOUT, self.clock())
+            # given up on: out of the node's queue if it still waits there (no execution for nobody)
+            asyncio.create_task(self._cancel_at_node(send.decision.endpoint, _request_id(a, send)))
             reason = f"deadline passed waiting for node {node_id}"
             return Outcome.error(504, reason, node_id, send.attempt, Failure.TIMEOUT)
         finally:
             if moved is not None:
                 lc.unwatch(a, node_id, moved)
-            woken = lc.settled(node_id, state.partition)
+            woken = lc.settled(node_id, state.partition, refused)
             if woken is not None:
                 woken.set_result(None)
         kind = classify(reply.status)
@@ -343,6 +351,17 @@ class Dispatcher:
             except (ValueError, AttributeError):
                 reason = reply.body[:200].decode(errors="replace")
         return Outcome(reply.status, reply.body, dict(reply.headers), node_id, send.attempt, reason, kind)
+
+
+def _learn_transit(lc: Lifecycle[asyncio.Future[None]], round_trip_ms: float, headers: Mapping[str, str]) -> None:
+    """Feed the answer margin from a success: the round trip less the node's reported queue wait and
+    execution (absent or malformed figures: nothing learnt)."""
+    try:
+        node_ms = float(headers.get(wire.QUEUE_MS, "nan")) + float(headers.get(wire.EXEC_MS, "nan"))
+    except ValueError:
+        return
+    if node_ms == node_ms:  # (not NaN)
+        lc.transit(round_trip_ms, node_ms)
 
 
 def _drop_result(task: asyncio.Task[Outcome]) -> None:

@@ -31,12 +31,13 @@ _HOSTS_MAX = 4096  # pools kept; past it, the pools of nodes with nothing open o
 class HttpReply:
     """What a node answered: status, the headers (names in lower case; the last of repeats), the body."""
 
-    __slots__ = ("body", "headers", "status")
+    __slots__ = ("body", "headers", "status", "waited_ms")
 
     def __init__(self, status: int, headers: dict[str, str], body: bytes) -> None:
         self.status = status
         self.headers = headers
         self.body = body
+        self.waited_ms = 0.0  # how long the call waited for a free connection before it was sent
 
 
 class _Fault(Exception):
@@ -303,8 +304,17 @@ class Http1Client:
         return found
 
     async def request(
-        self, method: str, url: str, body: bytes, headers: Mapping[str, str] | None, timeout_s: float
+        self,
+        method: str,
+        url: str,
+        body: bytes,
+        headers: Mapping[str, str] | None,
+        timeout_s: float,
+        countdown: str | None = None,
     ) -> HttpReply:
+        """One call. `countdown` names a header whose value is a budget in milliseconds: a call that
+        had to wait for a free connection sends it lowered by that wait, so the far end is never told
+        it has time that was spent here."""
         if self._closed:
             raise self._unavailable("client closed")
         key, netloc, target = self._split(url)
@@ -323,12 +333,17 @@ class Http1Client:
             if len(self._hosts) >= _HOSTS_MAX:  # endpoints come from telemetry: never an unbounded table
                 self._prune()
             host = self._hosts[key] = _Host(self._limit)
+        waited_ms = 0.0
         if host.slots.locked():  # all of this node's connections busy: wait for one, within the time
+            began = loop.time()
             try:
                 async with asyncio.timeout_at(deadline):
                     await host.slots.acquire()
             except TimeoutError:
                 raise self._timeout(url) from None
+            waited_ms = (loop.time() - began) * 1000.0
+            if countdown is not None and headers and countdown in headers:
+                request = _counted_down(request, countdown, headers[countdown], waited_ms)
         else:
             await host.slots.acquire()  # free: returns at once
         host.busy += 1
@@ -361,6 +376,7 @@ class Http1Client:
             host.idle.append(conn)
         else:
             conn.close()
+        answer.waited_ms = waited_ms
         return answer
 
     def _prune(self) -> None:
@@ -411,6 +427,17 @@ class Http1Client:
                 conn.close()
             host.idle.clear()
         self._hosts.clear()
+
+
+def _counted_down(request: bytes, name: str, value: str, waited_ms: float) -> bytes:
+    """`request`'s head with the budget header `name` lowered by `waited_ms` (a value that is not a
+    number is left as it is: the far end refuses it as it would have)."""
+    try:
+        left = max(0.0, float(value) - waited_ms)
+    except ValueError:
+        return request
+    return request.replace(f"\r\n{name}: {value}\r\n".encode("latin-1", "replace"),
+                           f"\r\n{name}: {left:.3f}\r\n".encode(), 1)  # fmt: skip
 
 
 class _Expired(Exception):

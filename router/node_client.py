@@ -47,6 +47,7 @@ class NodeReply:
     status: int
     body: bytes
     headers: Mapping[str, str] = field(default_factory=dict)
+    waited_ms: float = 0.0  # spent waiting for a free connection to the node, before it was sent
 
 
 class NodeClient(Protocol):
@@ -108,11 +109,13 @@ class HttpNodeClient:
     ) -> NodeReply:
         if self._admin is not None and _is_admin(url):
             headers = {**(headers or {}), **self._admin}
-        answer = await self._http.request(method, url, body or b"", headers, timeout_s)
+        # the node's budget counts down while the call waits for a connection to it
+        answer = await self._http.request(method, url, body or b"", headers, timeout_s, wire.DEADLINE_MS)
         if 300 <= answer.status < 400:
             raise NodeBadAnswer(f"{url}: answered a redirect ({answer.status}), not followed")
         got = answer.headers
-        return NodeReply(answer.status, answer.body, {name: got[lower] for name, lower in _PASS if lower in got})
+        passed = {name: got[lower] for name, lower in _PASS if lower in got}
+        return NodeReply(answer.status, answer.body, passed, answer.waited_ms)
 
     async def post(self, url: str, body: bytes, headers: Mapping[str, str], timeout_s: float) -> NodeReply:
         return await self._request("POST", url, body, headers, timeout_s)

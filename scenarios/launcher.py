@@ -132,6 +132,8 @@ def node_config(
         "max_block_ms": spec.max_block_ms,
         "queue_limits": spec.queue_limits,
         "admit_by_deadline": spec.admit_by_deadline,
+        "queue_target_ms": spec.queue_target_ms,
+        "queue_interval_ms": spec.queue_interval_ms,
         "models": [_model_config(spec, m, seed, baselines, (catalogue or {}).get(m)) for m in spec.models],
     }
     if spec.model_repository is not None:  # the node serves the names it holds from there (nodes.repository)

@@ -151,6 +151,9 @@ def replay_live(
             status, pol = http_json(f"{stack.router_url}/admin/policy", headers=stack.admin_headers)
             if status == 200 and pol.get("state"):
                 summary["policy_state"] = _relative(pol["state"], t0_ms)
+            status, view = http_json(f"{stack.router_url}/admin/view", headers=stack.admin_headers)
+            if status == 200 and "overload" in view:  # the answer margin and retry budget as the run left them
+                summary["overload"] = view["overload"]
             if injector.errors:
                 summary["fault_errors"] = injector.errors
             summary.update(series(results, warmup, duration + warmup))

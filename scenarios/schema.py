@@ -57,12 +57,14 @@ class NodeSpec(_Strict):
     )
     cost_per_s: float = Field(0.0, ge=0, description="cost of one node-second")
     models: list[str] = Field(min_length=1)
-    scheduler: Literal["fifo", "priority"] = "fifo"
+    scheduler: Literal["fifo", "priority"] = "priority"
     change_threshold: int = Field(4, ge=1, description="publish telemetry at once when outstanding moves this much")
     high_priority_min: int = 1
     max_block_ms: float = Field(10.0, gt=0)
     queue_limits: dict[int, int] = Field(default_factory=dict)
-    admit_by_deadline: bool = False
+    admit_by_deadline: bool = True
+    queue_target_ms: float = Field(50.0, ge=0, le=60_000, description="controlled delay target (NodeConfig)")
+    queue_interval_ms: float = Field(100.0, gt=0, le=60_000)
     batching: dict[str, BatchSpec] = Field(default_factory=dict, description="model -> dynamic batching")
     model_repository: str | None = Field(
         None,
@@ -280,17 +282,8 @@ class PolicyRun(_Strict):
     @field_validator("nodes")
     @classmethod
     def _node_overrides(cls, v: dict[str, Any]) -> dict[str, Any]:
-        allowed = {
-            "scheduler",
-            "high_priority_min",
-            "max_block_ms",
-            "queue_limits",
-            "admit_by_deadline",
-            "batching",
-            "slots",
-            "max_queue",
-            "change_threshold",
-        }
+        allowed = {"scheduler", "high_priority_min", "max_block_ms", "queue_limits", "admit_by_deadline"}
+        allowed |= {"queue_target_ms", "queue_interval_ms", "batching", "slots", "max_queue", "change_threshold"}
         unknown = sorted(set(v) - allowed)
         if unknown:
             raise ValueError(f"node settings a run may change are {sorted(allowed)}; not {unknown}")

@@ -9,7 +9,7 @@ codes or error strings itself.
 | CONNECT     | connection refused, reset or timed out connecting | yes             | failure         |
 | CUT         | an emulated cut link (the connect times out)      | yes             | failure         |
 | NODE_ERROR  | the node answered 500 or 502                      | yes             | failure         |
-| SHED        | the node answered 503 (queue full, draining)      | yes             | success         |
+| SHED        | the node answered 429 or 503 (queue full, draining, too late here) | yes | success     |
 | DEADLINE    | 504 from the node, or no answer by the deadline   | no (final)      | success / none  |
 | CLIENT      | any other status >= 400, returned as it came      | no (final)      | success         |
 | OK          | 200                                               | -               | success         |
@@ -65,7 +65,7 @@ def classify(status: int) -> Failure:
         return Failure.OK
     if status in (500, 502):
         return Failure.NODE_ERROR
-    if status == 503:
+    if status in (429, 503):  # a node's refusal: another node may have room, or make the deadline
         return Failure.SHED
     if status == 504:
         return Failure.DEADLINE

@@ -16,12 +16,17 @@ For one request (`begin` -> `Attempts`):
    delay each way, or finds the link cut: then the attempt fails as a connect would, after
    `connect_wait_ms` = min(connect timeout, remaining / 2), leaving half the budget for a retry.
 3. **Count** (`dispatched`, `settled`): the overlay counts the attempt at the node until it settles;
-   a settle wakes the oldest request held for that partition (`holds`).
+   a settle wakes the oldest request held for that partition (`holds`). A refusal (the node answered
+   429/503) settles without lowering the node's estimate until its next report: a node that refuses
+   looks busy, not idle. The budget the node is told (`node_budget_ms`) keeps back the learnt answer
+   margin and the link's way back (router.lifecycle.budgets; `transit` feeds it).
 4. **Judge** (`answered`): each attempt's `Failure` kind (router.lifecycle.failures) updates the
    node's health for the request's site (ejection, slow start).
-5. **Retry** (`retry`): a retryable failure with attempts left goes back to 1; anything else ends.
+5. **Retry** (`retry`): a retryable failure with attempts left and room in the retry budget goes
+   back to 1; anything else ends (router.lifecycle.budgets: retries plus hedges at most 20% of first
+   tries over 10 s by default).
 6. **Hedge** (`hedge_delay_ms`, `hedge`): at high enough priority, an attempt not answered within the
-   hedge delay gets one duplicate at another node; the first useful answer wins.
+   hedge delay gets one duplicate at another node (budget permitting); the first useful answer wins.
 7. **Move** (`watch`, `moves`, `displace`, `taken`): with `reroute` on, an attempt queued at a node
    whose predicted completion puts its deadline at risk is taken back and decided again when another
    node would finish it sooner by a margin (router.lifecycle.reroute); at most once per request.
@@ -42,6 +47,7 @@ from typing import Generic, TypeVar
 from policies.api import HOLD_POLL_MS, Context, Defer, Rejection, RouteRequest
 from policies.pipeline import Pipeline
 from router.lifecycle.attempts import Answer, Attempts, Hold, Send
+from router.lifecycle.budgets import AnswerMargin, RetryBudget, RetryBudgetConfig
 from router.lifecycle.copies import CopyConfig, CopyState
 from router.lifecycle.failures import Failure
 from router.lifecycle.health import HealthConfig, OutlierDetector
@@ -72,6 +78,7 @@ class LifecycleSettings:
     max_held: int = 1024  # requests held at once per partition; a deferral past it is a 503
     try_timeout_ms: float | None = None  # the longest one attempt is waited for; None: the whole budget
     reroute: RerouteConfig = field(default_factory=RerouteConfig)
+    retry_budget: RetryBudgetConfig = field(default_factory=RetryBudgetConfig)
 
 
 class Lifecycle(Generic[T]):
@@ -94,6 +101,9 @@ class Lifecycle(Generic[T]):
         self.copies = CopyState(settings.copies)
         self.held: HoldQueue[T] = HoldQueue(waiting)
         self.reroute = Rerouter(settings.reroute)
+        self.margin = AnswerMargin()
+        self.retry_budget = RetryBudget(settings.retry_budget)
+        self._now = 0.0  # the latest clock a step was given (the retry budget's time)
         self.retries = 0
         self.holds = 0  # requests held at least once
         self.hold_refusals = 0  # deferrals refused because max_held requests already waited
@@ -140,6 +150,7 @@ class Lifecycle(Generic[T]):
         return Attempts(req, policy, now, deadline_at_ms, stage_at, uid=f"{self.settings.router_id}.{self._requests}")
 
     def decide(self, a: Attempts, now: float) -> Send | Hold | Answer:
+        self._now = now
         remaining = a.deadline_at_ms - now
         if remaining <= 0:
             last = f"; last: {a.last_error[1]}" if a.last_error else ""
@@ -163,6 +174,8 @@ class Lifecycle(Generic[T]):
         a.attempt += 1
         if a.attempt > 1:
             self.retries += 1
+        else:
+            self.retry_budget.first_try(now)
         a.tried.add(choice.node_id)
         self.tracker.sent_model(state, a.request.model, now)
         return Send(choice, state, a.attempt)
@@ -186,7 +199,7 @@ class Lifecycle(Generic[T]):
             return None
         view = self.view()
         choice = a.policy.choose(a.route_request(now), view, Context(now, self.rng))
-        if isinstance(choice, (Rejection, Defer)):
+        if isinstance(choice, (Rejection, Defer)) or not self.retry_budget.spend(now):
             return None
         state = view.get(choice.node_id)
         assert state is not None, "a policy chose a node that is not in its view"
@@ -209,6 +222,16 @@ class Lifecycle(Generic[T]):
     def connect_wait_ms(self, a: Attempts, now: float) -> float:
         """How long a connect is given (and a cut link takes to fail): half the remaining budget at most."""
         return min(self.settings.connect_timeout_ms, max(0.0, a.deadline_at_ms - now) / 2)
+
+    def node_budget_ms(self, a: Attempts, now: float, back_ms: float = 0.0) -> float:
+        """The budget an attempt sent now tells its node: what is left less the link's way back and the
+        learnt answer margin (router.lifecycle.budgets.AnswerMargin)."""
+        return self.margin.node_budget_ms(a.deadline_at_ms - now, back_ms)
+
+    def transit(self, round_trip_ms: float, node_ms: float) -> None:
+        """A successful attempt's round trip at the router (emulated link delay excluded) and the node's
+        own time (queue wait plus execution) for it: feeds the answer margin."""
+        self.margin.observe(round_trip_ms - node_ms)
 
     def dispatched(self, state: NodeState) -> None:
         """An attempt is on its way to `state` (counted in the overlay until it settles)."""
@@ -253,10 +276,12 @@ class Lifecycle(Generic[T]):
         """A request deferred for a slot in `partition` waits as `entry` (the driver times it out)."""
         self.held.hold(partition, entry)
 
-    def settled(self, node_id: str, partition: str) -> T | None:
+    def settled(self, node_id: str, partition: str, refused: bool = False) -> T | None:
         """This router stopped waiting for an attempt at `node_id` (answer, failure or cancel): the slot
-        it held frees, waking the oldest request held for its partition (returned, to resume)."""
-        self.tracker.settle(node_id)
+        it held frees, waking the oldest request held for its partition (returned, to resume). A
+        refusal (`refused`: the node answered 429/503) still counts at the node until its next report,
+        so a node that refuses everything cannot look idle and draw the traffic it refuses."""
+        self.tracker.settle(node_id, counted=not refused)
         return self.held.wake(partition)
 
     def answered(self, a: Attempts, node_id: str, kind: Failure, now: float) -> None:
@@ -272,7 +297,7 @@ class Lifecycle(Generic[T]):
         if not kind.retryable:
             return False
         a.last_error = (status, reason)
-        return a.attempt < self.settings.max_attempts
+        return a.attempt < self.settings.max_attempts and self.retry_budget.spend(self._now)
 
     def finish(self, a: Attempts, status: int, at_ms: float) -> None:
         """The request's answer left at `at_ms`: feed the hedge timer and a learning policy."""

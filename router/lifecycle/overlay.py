@@ -275,12 +275,16 @@ class OutstandingTracker:
         if self.on_change is not None:
             self.on_change()
 
-    def settle(self, node_id: str) -> None:
+    def settle(self, node_id: str, counted: bool = True) -> None:
+        """An attempt at `node_id` ended. `counted` False (a refusal): it leaves this router's pending
+        count but not the estimate since the node's report, which therefore stays up until the next
+        report says what the node really holds."""
         n = self._nodes.get(node_id)
         if n is None:
             n = self._nodes[node_id] = _Node()
         n.pending = max(0, n.pending - 1)
-        n.settled += 1
+        if counted:
+            n.settled += 1
         n.total_settled += 1
         if self._row:
             self._mirror(node_id, n)

@@ -4,7 +4,16 @@
 from __future__ import annotations
 
 from nodes.residency import NoRoom, Residency
-from nodes.scheduler import EXACT_BATCH_KEYS, BatchPolicy, Scheduler, Work, batch_curve_ms, batch_key
+from nodes.scheduler import (
+    EXACT_BATCH_KEYS,
+    REFUSED_LATE,
+    BatchPolicy,
+    Scheduler,
+    Work,
+    batch_curve_ms,
+    batch_key,
+    learn_ms,
+)
 from router.lifecycle import Failure, classify
 from scenarios.schema import NodeSpec
 from scenarios.sim.state import (
@@ -44,6 +53,9 @@ class NodeModel(SimState):
             max_queue=spec.max_queue,
             queue_limits=spec.queue_limits,
             admit_by_deadline=spec.admit_by_deadline,
+            floor_ms=lambda model, rows: self._curve(model, rows) * max(1.0, 1.0 / spec.speed),
+            queue_target_ms=spec.queue_target_ms,
+            queue_interval_ms=spec.queue_interval_ms,
         )
         node = SimNode(spec, spec.speed, sched)
         node.residency = self._initial_residency(spec)
@@ -69,7 +81,7 @@ class NodeModel(SimState):
             self._send_reply(job, 503, f"node {node.spec.id} unavailable: connection refused", 0.0, Failure.CONNECT)
             return
         req = job.req
-        if req.deadline_at - self.now <= 0:
+        if job.deadline_at - self.now <= 0:
             self._send_reply(job, 504, "deadline passed before the node received the request")
             return
         node.model_requests += 1
@@ -91,34 +103,37 @@ class NodeModel(SimState):
         """Into the node's scheduler (refused, 503/429, when full or, with admit_by_deadline, late)."""
         req = job.req
         a = req.arrival
-        if req.deadline_at - self.now <= 0:
+        deadline_at = job.deadline_at
+        if deadline_at - self.now <= 0:
             self._send_reply(job, 504, "deadline passed while the node loaded the model")
             return
         refusal = node.sched.refuse(a.priority)
-        if refusal is None and node.sched.admit_by_deadline:
+        if refusal is None and (node.sched.admit_by_deadline or node.sched.standing):
             left = [max(0.0, b.ends_at - self.now) for b in node.running]
-            refusal = node.sched.refuse_late(
-                req.model, req.batch, a.priority, req.deadline_at - self.now, left, node.spec.slots
-            )
+            budget = deadline_at - self.now
+            refusal = node.sched.refuse_late(req.model, req.batch, a.priority, budget, left, node.spec.slots, self.now)
         if refusal is not None:
             self._send_reply(job, refusal[0], refusal[1])
             return
-        work = Work(job, req.model, a.priority, req.deadline_at, req.batch, self.now)
+        work = Work(job, req.model, a.priority, deadline_at, req.batch, self.now)
         job.work = work
         job.pinned = True
         node.residency.pin(req.model)
         # nothing queued and a slot free: what queueing it and starting the next batch would decide,
         # without the queue (Scheduler.run_now); None when it would wait for a batch to fill
-        at_once = node.sched.run_now(work, self.now) if len(node.running) < node.spec.slots else None
+        free = len(node.running) < node.spec.slots
+        at_once = node.sched.run_now(work, self.now, idle=not node.running) if free else None
         if at_once is None:
             node.sched.push(work)
             self._kick(node)
             if not job.started and not job.dropped:  # still queued: it leaves at its deadline
-                self.push(req.deadline_at, EXPIRE, (job, node.epoch))
+                self.push(deadline_at, EXPIRE, (job, node.epoch))
         elif at_once.batch:
-            self._start(node, at_once.batch)
-        else:
-            self._expired(node, job)
+            self._start(node, at_once.batch, at_once.probe)
+        else:  # refused on arrival (nodes.executor.REFUSED_LATE): the router may try elsewhere
+            job.dropped = True
+            self._unpin(node, job)
+            self._send_reply(job, 503, REFUSED_LATE)
         self._changed(node)
 
     def _unpin(self, node: SimNode, job: Job) -> None:
@@ -166,11 +181,11 @@ class NodeModel(SimState):
         """Start batches while the node has free slots (the live engine's `kick`)."""
         sched = node.sched
         while len(node.running) < node.spec.slots and sched.queued:
-            decision = sched.next(self.now)
+            decision = sched.next(self.now, idle=not node.running)
             for work in decision.expired:
                 self._expired(node, work.handle)
             if decision.batch:
-                self._start(node, decision.batch)
+                self._start(node, decision.batch, decision.probe)
                 continue
             if decision.wake_at_ms is not None and decision.wake_at_ms != node.wake_at:
                 node.wake_at = decision.wake_at_ms
@@ -181,7 +196,7 @@ class NodeModel(SimState):
         """The node's scheduler let `job` go before running: it cannot finish by its deadline."""
         job.dropped = True
         self._unpin(node, job)
-        self._send_reply(job, 504, "deadline cannot be met: it would finish too late")
+        self._send_reply(job, 503, REFUSED_LATE)  # (before its deadline: another node may still make it)
 
     def _wake(self, payload: tuple[SimNode, int]) -> None:
         node, epoch = payload
@@ -189,7 +204,7 @@ class NodeModel(SimState):
             node.wake_at = None
             self._kick(node)
 
-    def _start(self, node: SimNode, batch: list[Work]) -> None:
+    def _start(self, node: SimNode, batch: list[Work], probe: bool = False) -> None:
         model = batch[0].model
         rows = batch[0].rows if len(batch) == 1 else sum(w.rows for w in batch)
         # the live node's speed emulation: the slot is held until reference / speed after the run
@@ -222,7 +237,7 @@ class NodeModel(SimState):
             job.queue_ms = begin - w.enqueued_at_ms
             job.rows = rows
         end = begin + service
-        running = SimBatch(model, jobs, rows, end)
+        running = SimBatch(model, jobs, rows, end, probe)
         node.running.append(running)
         node.busy += len(jobs)
         node.starts += 1
@@ -249,7 +264,9 @@ class NodeModel(SimState):
         if rows != 1:
             node.batched.add(running.model)  # its reports carry every batch size's EWMA: rebuilt each time
         prev = node.ewma.get(key)
-        node.ewma[key] = learnt if prev is None else (1 - self.cfg.ewma_alpha) * prev + self.cfg.ewma_alpha * learnt
+        if running.probe:  # (as the live node: its estimate before the probe, against the probe's time)
+            node.sched.probed(running.model, node.sched.exec_ms(running.model, running.rows), service)
+        node.ewma[key] = learn_ms(prev, learnt, self.cfg.ewma_alpha, running.probe)
         for job in running.jobs:
             node.served += 1
             self._unpin(node, job)
@@ -268,8 +285,8 @@ class NodeModel(SimState):
             return
         job.dropped = True
         self._unpin(node, job)
-        # the node answers 504 now; the router, whose timeout is the same deadline, answers the client
-        self._router_timeout(job)
+        # the node answers 504 at its deadline (before the router's, by the way back and the margin)
+        self._send_reply(job, 504, "deadline passed while queued at the node")
         self._changed(node)
 
     def _send_reply(

@@ -75,10 +75,10 @@ class RouterDriver(SimState):
         self.lc.resumed(req.life, self.now)
         self._decide(req)
 
-    def _settle(self, job: Job) -> None:
+    def _settle(self, job: Job, refused: bool = False) -> None:
         """The router stops waiting for `job`: its slot frees, waking the oldest request held there."""
         self.lc.unwatch(job.req.life, job.node.spec.id, job)
-        woken = self.lc.settled(job.node.spec.id, job.node.spec.partition)
+        woken = self.lc.settled(job.node.spec.id, job.node.spec.partition, refused)
         if woken is not None:
             self.push(self.now, RESUME, woken)
 
@@ -97,6 +97,11 @@ class RouterDriver(SimState):
         out_ms, back_ms = crossing
         job = Job(req, send.attempt, node, back_ms)
         req.jobs.append(job)
+        # as live: the node is told what is left when the request leaves (after the link's way out)
+        # less the way back and the answer margin, and counts it from its own arrival
+        job.sent_at = now + out_ms
+        budget = max(0.0, self.lc.node_budget_ms(req.life, job.sent_at, back_ms))
+        job.deadline_at = now + req.overhead_in + out_ms + budget
         if not send.hedge and self.lc.reroute.cfg.enabled:
             self.lc.watch(req.life, send, now, job)
             displaced = self.lc.displace(req.life, send, now)
@@ -178,9 +183,11 @@ class RouterDriver(SimState):
         if req.done or job.attempt != req.life.attempt or job.settled:
             return  # the router already gave up on this attempt
         if job.dispatched:
-            self._settle(job)
+            self._settle(job, refused=status in (429, 503))
         job.settled = True
         if status == 200:
+            # the live router's round trip (links excluded) less the node's own time: the answer margin
+            self.lc.transit(self.now - job.back_ms - job.sent_at, job.queue_ms + job.exec_ms)
             self._drop_others(req, job)
             self._answer(req, 200, "", self.now + req.overhead_out, job)
             return

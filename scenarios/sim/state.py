@@ -140,6 +140,8 @@ class Job:
     node: SimNode
     back_ms: float
     dispatched: bool = True  # counted in the router's overlay (not for a cut link)
+    deadline_at: float = 0.0  # the node's deadline: its arrival plus the budget the router told it
+    sent_at: float = 0.0  # when the live router would start its round trip (after the link's way out)
     started: bool = False
     dropped: bool = False  # node side: out of the queue without running (expired, reset, cancelled)
     settled: bool = False  # router side: its answer consumed or the router stopped waiting for it
@@ -157,6 +159,7 @@ class SimBatch:
     jobs: list[Job]
     rows: int
     ends_at: float
+    probe: bool = False  # judged by the best case (nodes.scheduler): its time replaces the estimate
 
 
 @dataclass(slots=True)

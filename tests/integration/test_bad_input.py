@@ -167,7 +167,7 @@ def test_bad_admin_calls_on_router_and_node_are_clear_4xx(shared_stack: Stack) -
     status, doc, _ = call(f"{node}/admin/requests/never-sent", method="DELETE", headers=shared_stack.node_headers)
     assert status == 404 and "no queued request" in doc["error"]
     stats = call(f"{node}/admin/stats", headers=shared_stack.node_headers)[1]
-    assert stats["cancelled"] == 0 and stats["scheduler"] == "fifo"
+    assert stats["cancelled"] == 0 and stats["scheduler"] == "priority"  # the default
 
 
 def test_json_that_breaks_parsers_is_a_400_on_every_json_route(shared_stack: Stack) -> None:

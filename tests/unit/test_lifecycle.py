@@ -55,7 +55,7 @@ def test_importing_the_lifecycle_loads_neither_asyncio_nor_aiohttp_nor_kafka() -
     [
         (200, Failure.OK, False, True),
         (400, Failure.CLIENT, False, True),
-        (429, Failure.CLIENT, False, True),
+        (429, Failure.SHED, True, True),
         (500, Failure.NODE_ERROR, True, False),
         (502, Failure.NODE_ERROR, True, False),
         (501, Failure.CLIENT, False, True),

@@ -105,7 +105,7 @@ async def test_engine_expires_refuses_and_cancels() -> None:
 async def test_short_measured_runs_execute_on_the_loop_and_answer_as_the_threads_do() -> None:
     """A batch whose measured slot time is within inline_max_ms runs on the event loop (no thread
     hand-off), with the same answers; a batch size never measured, an emulated (slowed) device, or
-    a threshold of 0 goes to the slot threads; a deadline it cannot meet is still a 504."""
+    a threshold of 0 goes to the slot threads; a deadline it cannot meet is refused (503) before it runs."""
     rt = runtime(inline_max_ms=3.0)  # the fake model's EWMA: 2.5 ms at one row, 6.0 at four
     engine = rt.engine
 
@@ -117,8 +117,8 @@ async def test_short_measured_runs_execute_on_the_loop_and_answer_as_the_threads
     assert engine.inline_runs == 1 and engine.wakeups == 0 and list(engine.executed) == ["r1"]
     assert engine.scheduler.queued == 0 and engine.in_flight == 0 and engine.served == 1
     assert "r1" not in engine.by_id
-    late = await engine.submit("m", req(1.0), 0, 0.5)  # 2.5 ms of work, 0.5 ms left
-    assert late.status == 504 and engine.inline_runs == 1
+    late = await engine.submit("m", req(1.0), 0, 0.5)  # 2.5 ms of work, 0.5 ms left: refused on arrival
+    assert late.status == 503 and late.reason.startswith("deadline cannot be met here") and engine.inline_runs == 1
     four = await engine.submit("m", req(1.0, rows=4), 0, 1000.0)  # measured 6.0 ms: over the threshold
     three = await engine.submit("m", req(1.0, rows=3), 0, 1000.0)  # never measured at three rows
     assert four.status == three.status == 200 and engine.inline_runs == 1 and engine.wakeups == 2

@@ -172,10 +172,12 @@ def test_the_camera_pipeline_scenario_parses_and_compares_the_three_policies() -
 
 
 def hot_model(copies: bool) -> Scenario:
+    # nodes that queue rather than refuse: what the copy planner is measured against here
+    queueing = {"speed": 0.05, "memory_budget_mb": 1024, "admit_by_deadline": False, "queue_target_ms": 0}
     nodes = [
-        {"id": "g1", "partition": "site", "speed": 0.05, "memory_budget_mb": 1024, "models": ["cls", "filler"]},
-        {"id": "g2", "partition": "site", "speed": 0.05, "memory_budget_mb": 1024, "models": ["filler", "cls"]},
-        {"id": "g3", "partition": "site", "speed": 0.05, "memory_budget_mb": 1024, "models": ["filler", "cls"]},
+        {"id": "g1", "partition": "site", **queueing, "models": ["cls", "filler"]},
+        {"id": "g2", "partition": "site", **queueing, "models": ["filler", "cls"]},
+        {"id": "g3", "partition": "site", **queueing, "models": ["filler", "cls"]},
     ]
     return Scenario.model_validate(
         {
@@ -186,7 +188,8 @@ def hot_model(copies: bool) -> Scenario:
                 "filler": {"zoo": "sensor_mlp", "size_mb": 700, "load_ms": 400},
             },
             "topology": {"partitions": ["site"], "nodes": nodes},
-            "router": {"copies": {"enabled": copies, "target_utilisation": 0.5}},
+            # one attempt each: a retry of a refusal would load the model elsewhere on demand by itself
+            "router": {"copies": {"enabled": copies, "target_utilisation": 0.5}, "max_attempts": 1},
             "workload": {
                 "duration_s": 10,
                 "warmup_s": 1,

@@ -1,0 +1,120 @@
+"""What a router keeps back so that overload cannot feed itself: the answer margin and the retry budget.
+
+**Answer margin.** A node is told how much of the deadline is left (`x-edgeroute-deadline-ms`) and
+never starts work that would finish after it. But the budget it is told is measured from the router's
+send, and the way there and back (the request on the wire and in two event loops, the answer the
+same way) is not the node's to see. Under overload the nodes' queues fill to the deadline and every
+execution finishes just inside the node's budget, so every answer reaches the router a few
+milliseconds after the router's own deadline: all work done, nothing answered in time (the collapse
+this module exists to prevent). So the router keeps a margin back: it learns, from each successful
+attempt, its own round trip less the node's reported queue wait and execution (what the node did not
+see), and tells the node the remaining budget less a high quantile of that and less the link's
+emulated way back. Failure mode: a margin too large makes a node refuse work near the deadline it
+could have done (bounded: never more than `MAX_SHARE` of what is left); too small and some answers
+still come late (the quantile is a p99 over the last `WINDOW` attempts, so about 1% of edge cases).
+
+**Retry budget.** Retries and hedges are extra load sent exactly when nodes are refusing or slow;
+unbounded, they multiply an overload (every refusal tried at every other node). Envoy's retry budget
+(20% of active requests) and Google's SRE client-side practice (retries at most 10% of requests) bound
+them. Here: retries plus hedges at most `ratio` of the first tries counted over a sliding window of
+`window_s` one-second buckets, and `min_retries` in a window whatever the ratio (as Envoy's
+`min_retry_concurrency`: a router with little traffic still retries a dead node); past it, the
+attempt's own answer goes to the client.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from telemetry.quantiles import nearest_rank
+
+WINDOW = 512  # attempts the margin is learnt from
+EVERY = 32  # the quantile is recomputed after this many new samples
+QUANTILE = 0.99
+MIN_MARGIN_MS = 0.5
+MAX_MARGIN_MS = 1000.0
+MAX_SHARE = 0.25  # of the remaining budget, at most, kept back
+
+
+class AnswerMargin:
+    """The high quantile of (round trip - node's own time) over the last `WINDOW` successful attempts."""
+
+    def __init__(self) -> None:
+        self._samples: deque[float] = deque(maxlen=WINDOW)
+        self._new = 0
+        self.margin_ms = MIN_MARGIN_MS
+
+    def observe(self, transit_ms: float) -> None:
+        """One attempt's round trip at the router less the node's reported queue wait and execution.
+        Values outside [0, MAX_MARGIN_MS] (clock steps, a lying node) are clamped."""
+        if transit_ms != transit_ms:  # NaN
+            return
+        self._samples.append(min(MAX_MARGIN_MS, max(0.0, transit_ms)))
+        self._new += 1
+        if self._new >= EVERY or len(self._samples) < EVERY:
+            self._new = 0
+            self.margin_ms = max(MIN_MARGIN_MS, nearest_rank(self._samples, QUANTILE))
+
+    def node_budget_ms(self, remaining_ms: float, back_ms: float = 0.0) -> float:
+        """What to tell the node is left: `remaining_ms` less the link's way back and the margin (the
+        margin at most `MAX_SHARE` of what is left)."""
+        left = remaining_ms - back_ms
+        return left - min(self.margin_ms, MAX_SHARE * max(0.0, left))
+
+
+@dataclass(frozen=True)
+class RetryBudgetConfig:
+    ratio: float = 0.2  # retries + hedges per first try, over the window
+    window_s: int = 10
+    min_retries: int = 10  # allowed in any window whatever the ratio (one a second over the default window)
+
+
+class RetryBudget:
+    """Retries and hedges against first tries, in one-second buckets over a sliding window."""
+
+    def __init__(self, cfg: RetryBudgetConfig) -> None:
+        self.cfg = cfg
+        self._buckets: deque[list[int]] = deque()  # [second, first tries, retries + hedges]
+        self._first = 0
+        self._extra = 0
+        self.refused = 0  # retries and hedges not sent for want of budget
+
+    def _bucket(self, now_ms: float) -> list[int]:
+        second = int(now_ms // 1000.0)
+        buckets = self._buckets
+        if buckets and buckets[-1][0] == second:
+            return buckets[-1]
+        oldest = second - self.cfg.window_s + 1
+        while buckets and buckets[0][0] < oldest:
+            _, first, extra = buckets.popleft()
+            self._first -= first
+            self._extra -= extra
+        bucket = [second, 0, 0]
+        buckets.append(bucket)
+        return bucket
+
+    def first_try(self, now_ms: float) -> None:
+        self._bucket(now_ms)[1] += 1
+        self._first += 1
+
+    def spend(self, now_ms: float) -> bool:
+        """One retry or hedge now, if the budget has room (then it is counted); else False."""
+        bucket = self._bucket(now_ms)
+        if self._extra + 1 > max(self.cfg.min_retries, self.cfg.ratio * self._first):
+            self.refused += 1
+            return False
+        bucket[2] += 1
+        self._extra += 1
+        return True
+
+    def as_json(self) -> dict[str, float | int]:
+        """The window's counts as they stand (for /admin/view)."""
+        return {
+            "ratio": self.cfg.ratio,
+            "window_s": self.cfg.window_s,
+            "min_retries": self.cfg.min_retries,
+            "first_tries": self._first,
+            "retries_and_hedges": self._extra,
+            "refused": self.refused,
+        }
