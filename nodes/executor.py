@@ -24,7 +24,7 @@ import numpy as np
 from nodes.config import NodeConfig
 from nodes.protocol import InferRequest
 from nodes.runtime import LoadedModel
-from nodes.scheduler import REFUSED_LATE, BatchPolicy, NextBatch, Scheduler, Work
+from nodes.scheduler import REFUSED_LATE, BatchPolicy, NextBatch, Scheduler, Work, time_left_ms
 
 log = logging.getLogger("edgeroute.node")
 
@@ -58,6 +58,7 @@ class Running:
     rows: int
     count: int  # requests in the batch
     ends_at_ms: float  # predicted
+    started_ms: float = 0.0  # claimed (the node's clock)
     probe: bool = False  # judged by the best case (a stale estimate): its time replaces the estimate
 
 
@@ -146,7 +147,7 @@ class Executor:
     def expected_wait_ms(self, priority: int) -> float:
         with self.lock:
             now = self.now_ms()
-            left = [max(0.0, r.ends_at_ms - now) for r in self.running]
+            left = [time_left_ms(now, r.started_ms, r.ends_at_ms) for r in self.running]
             return self.scheduler.expected_wait_ms(priority, left, self.config.slots)
 
     # --- submitting -------------------------------------------------------------------------------
@@ -172,7 +173,7 @@ class Executor:
         with self.lock:
             refusal = scheduler.refuse(priority)
             if refusal is None and (scheduler.admit_by_deadline or scheduler.standing):
-                left = [max(0.0, r.ends_at_ms - now) for r in self.running]
+                left = [time_left_ms(now, r.started_ms, r.ends_at_ms) for r in self.running]
                 refusal = scheduler.refuse_late(model, req.batch, priority, budget_ms, left, self.config.slots, now)
             if refusal is not None:
                 return InferResult(refusal[0], reason=refusal[1])
@@ -351,7 +352,8 @@ class Executor:
         """Book a slot for `batch` (lock held)."""
         first = batch[0]
         rows = first.rows if len(batch) == 1 else sum(w.rows for w in batch)
-        slot = Running(first.model, first.priority, rows, len(batch), now + self.predict_ms(first.model, rows), probe)
+        predicted_end = now + self.predict_ms(first.model, rows)
+        slot = Running(first.model, first.priority, rows, len(batch), predicted_end, now, probe)
         self.running.append(slot)
         self._in_flight += len(batch)
         self.starts += 1

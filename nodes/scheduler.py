@@ -33,14 +33,14 @@ rather than being blended into it, so one fast run after the stall ends restores
 
 Controlled delay (after CoDel and Facebook's server queues), with `queue_target_ms` > 0: the node
 watches the queueing delay of sheddable work (below `high_priority_min`; all work in FIFO mode) as
-batches leave the queue. Once the smallest delay seen over a whole `queue_interval_ms` stays above the
-target (a standing queue, not a burst that drains), the queue is *standing*, and a sheddable arrival
-predicted to wait longer than the target is refused at once with 429 (cheap, and the router may try
-another node) instead of joining a queue that only adds delay. High-priority work is never refused
-for it. The standing state ends when the queue is found empty, or after a whole interval in which it
-refused nothing (the load no longer exceeds what the target admits), so the node recovers by itself
-when the load falls; while the overload lasts it holds the queue near the target instead of letting
-it refill between intervals.
+batches leave the queue. Once every delay has stayed above the target for `queue_interval_ms` (CoDel's
+first-above time: a standing queue, not a burst that drains), the queue is *standing*, and a
+sheddable arrival predicted to wait longer than the target is refused at once with 429 (cheap, and
+the router may try another node) instead of joining a queue that only adds delay. High-priority work
+is never refused for it. The standing state ends when the queue is found empty, or after a whole
+interval in which it refused nothing (the load no longer exceeds what the target admits), so the
+node recovers by itself when the load falls; while the overload lasts it holds the queue near the
+target instead of letting it refill.
 
 Admission: per-priority queue limits (`queue_limits`: the entry with the largest priority <= the
 request's applies; `max_queue` otherwise). Over the limit, a request of priority <= 0 gets 429 (it
@@ -119,6 +119,15 @@ def batch_key(rows: int) -> int:
     return min(1 << (rows - 1).bit_length(), MAX_BATCH_KEY)
 
 
+def time_left_ms(now_ms: float, started_ms: float, predicted_end_ms: float) -> float:
+    """What is left of a running batch as its node can know it (the live node and the simulator alike):
+    until its predicted end, what remains of it; once it has run past that, as long again as it has
+    run so far (a stall shows itself in the run that overruns, and the queue behind it waits)."""
+    if now_ms < predicted_end_ms:
+        return predicted_end_ms - now_ms
+    return now_ms - started_ms
+
+
 RISE_ALPHA = 0.5  # the least weight a run slower than the estimate gets (a stall registers in a few runs)
 
 
@@ -172,9 +181,9 @@ class Scheduler:
         self.queue_interval_ms = queue_interval_ms
         self.standing = False  # the sheddable queue's delay stayed above the target a whole interval
         self.standing_refusals = 0
-        self._interval_start_ms: float | None = None
-        self._min_delay_ms = float("inf")
-        self._refusals_at_start = 0
+        self._first_above_ms: float | None = None  # since when every delay was above the target
+        self._checked_ms = 0.0  # the standing state's last interval check
+        self._refusals_at_check = 0
         self.floor_ms = floor_ms  # the best case (model, rows) -> ms, for an idle node's probe
         self.last_start_ms: dict[str, float] = {}  # per model (served models only: bounded)
         self._stale_after_ms: dict[str, float] = {}  # per model: doubles while probes find it still slow
@@ -253,20 +262,21 @@ class Scheduler:
 
     def queue_delay(self, delay_ms: float, now_ms: float) -> None:
         """A sheddable batch left the queue after `delay_ms` (0: it ran on arrival): controlled delay's
-        measurement. At the end of each interval the queue is standing if the smallest delay seen in
-        it was above the target."""
+        measurement (see the module docstring)."""
         if self.queue_target_ms <= 0:
             return
-        start = self._interval_start_ms
-        if start is None or now_ms - start >= self.queue_interval_ms:
-            if self.standing:  # it ends after an interval that needed no refusal
-                self.standing = self.standing_refusals > self._refusals_at_start
-            elif start is not None:
-                self.standing = self._min_delay_ms > self.queue_target_ms
-            self._interval_start_ms, self._min_delay_ms = now_ms, delay_ms
-            self._refusals_at_start = self.standing_refusals
-        elif delay_ms < self._min_delay_ms:
-            self._min_delay_ms = delay_ms
+        if delay_ms > self.queue_target_ms:
+            if self._first_above_ms is None:
+                self._first_above_ms = now_ms
+            elif not self.standing and now_ms - self._first_above_ms >= self.queue_interval_ms:
+                self.standing = True
+                self._checked_ms, self._refusals_at_check = now_ms, self.standing_refusals
+        else:
+            self._first_above_ms = None
+        if self.standing and now_ms - self._checked_ms >= self.queue_interval_ms:
+            # it ends after an interval that needed no refusal
+            self.standing = self.standing_refusals > self._refusals_at_check
+            self._checked_ms, self._refusals_at_check = now_ms, self.standing_refusals
 
     def stale(self, model: str, now_ms: float | None) -> bool:
         """The model's estimate is stale: it started no run for `STALE_AFTER_MS` (one that never ran
@@ -325,8 +335,7 @@ class Scheduler:
                 return None
         work.seq, work.done = next(self._seq), True
         if self.queue_target_ms > 0:
-            self.standing = False  # the queue is empty: nothing stands
-            self.queue_delay(0.0, now_ms)
+            self.standing, self._first_above_ms = False, None  # the queue is empty: nothing stands
         self.last_start_ms[work.model] = now_ms
         return NextBatch(batch=[work], probe=probe)
 

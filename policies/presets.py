@@ -41,9 +41,9 @@ PRESETS: dict[str, Preset] = {
         scorers=[PluginSpec(type="queue")],
     ),
     "slo_priority": Preset(
-        "deadline- and priority-aware: drop nodes that cannot meet the deadline, keep low priority off "
-        "busy nodes (refusing it early with 429 when nothing fits), then the earliest predicted completion "
-        "at the request's priority, network RTT included",
+        "deadline- and priority-aware: drop nodes predicted to miss the deadline at the request's priority "
+        "(refusing low priority early with 429 when none fits; an optional load cap keeps it off busy nodes), "
+        "then the earliest predicted completion at that priority, network RTT included",
         PluginSpec(type="max"),
         filters=[PluginSpec(type="deadline_filter"), PluginSpec(type="priority_headroom")],
         scorers=[PluginSpec(type="completion")],

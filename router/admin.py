@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import html
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from string import Template
@@ -19,6 +20,7 @@ from typing import Any
 from aiohttp import web
 
 from policies import PolicyConfigError, PolicySpec
+from router.lifecycle import Lifecycle
 from router.lifecycle.reroute import RerouteConfig
 from router.state import ROUTER, Router
 from router.state import json_error as _error
@@ -130,11 +132,7 @@ async def get_view(request: web.Request) -> web.Response:
                 "cancelled": router.lifecycle.hedge_cancels,
             },
             "reroute": router.lifecycle.reroute.as_json(),
-            "overload": {
-                "answer_margin_ms": round(router.lifecycle.margin.margin_ms, 3),
-                "retries": router.lifecycle.retries,
-                "retry_budget": router.lifecycle.retry_budget.as_json(),
-            },
+            "overload": overload_summary(router.lifecycle, request.query.get("since_s")),
             "health": router.lifecycle.health.state(now),
             "router_id": router.router_id,
             "peers": None
@@ -157,6 +155,24 @@ async def get_view(request: web.Request) -> web.Response:
             },
         }
     )
+
+
+def overload_summary(lc: Lifecycle[Any], since_s: str | None) -> dict[str, Any]:
+    """The answer margin and retry budget; with `?since_s=` (epoch seconds), the worst window of the
+    budget since then (a replay asks for its own run's)."""
+    out: dict[str, Any] = {
+        "answer_margin_ms": round(lc.margin.margin_ms, 3),
+        "retries": lc.retries,
+        "retry_budget": lc.retry_budget.as_json(),
+    }
+    if since_s is not None:
+        try:
+            since = int(float(since_s))
+        except (ValueError, OverflowError):
+            return out
+        now_s = int(time.time())
+        out["worst_window"] = lc.retry_budget.worst_window(max(since, now_s - 3600), now_s)
+    return out
 
 
 def telemetry_summary(store: ViewStore, verifier: Verifier | None = None) -> dict[str, Any]:

@@ -23,7 +23,16 @@ MAX_SEEDS = 100  # seeds per node count in a sweep (each a simulation per policy
 PROFILED_MODELS = ["echo", "sensor_mlp", "mobilenet_s", "resnet_s", "tiny_transformer", "detector_head"]
 
 
+def _preset(value: str) -> str:
+    from policies.presets import PRESETS
+
+    if value not in PRESETS:
+        raise argparse.ArgumentTypeError(f"not a preset: {value[:40]!r} (one of {', '.join(sorted(PRESETS))})")
+    return value
+
+
 def _up(args: argparse.Namespace) -> int:
+    from router.config import RouterConfig
     from scenarios.launcher import Stack
 
     scenario = load_scenario(args.scenario or DEFAULT_SCENARIO)
@@ -34,7 +43,16 @@ def _up(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    stack = Stack(scenario, kafka=args.kafka, router_port=args.port, routers=args.routers, share_load=not args.no_share)
+    # the router's own default policy (or --policy), not the scenario's first comparison run
+    policy = {"preset": args.policy} if args.policy else RouterConfig().policy.model_dump(exclude_none=True)
+    stack = Stack(
+        scenario,
+        kafka=args.kafka,
+        router_port=args.port,
+        routers=args.routers,
+        share_load=not args.no_share,
+        router_overrides={"policy": policy},
+    )
     try:
         stack.start()
         print(f"router: {stack.router_url}" + (f" ({args.routers} processes)" if args.routers > 1 else ""), flush=True)
@@ -286,6 +304,7 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("--port", type=arg.port, default=0, help="router port (default: a free one)")
     up.add_argument("--routers", type=arg.count, default=1, help="router processes sharing the port (SO_REUSEPORT)")
     up.add_argument("--no-share", action="store_true", help="several routers, but without exchanging load")
+    up.add_argument("--policy", type=_preset, help="routing preset (default: the router's default, p2c)")
     up.set_defaults(func=_up)
 
     rp = sub.add_parser("replay", help="replay a scenario once per policy on the live stack")

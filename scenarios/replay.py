@@ -151,8 +151,10 @@ def replay_live(
             status, pol = http_json(f"{stack.router_url}/admin/policy", headers=stack.admin_headers)
             if status == 200 and pol.get("state"):
                 summary["policy_state"] = _relative(pol["state"], t0_ms)
-            status, view = http_json(f"{stack.router_url}/admin/view", headers=stack.admin_headers)
-            if status == 200 and "overload" in view:  # the answer margin and retry budget as the run left them
+            # the answer margin and retry budget as the run left them, and the budget's worst window in it
+            since = f"?since_s={int(t0_ms / 1000.0)}"
+            status, view = http_json(f"{stack.router_url}/admin/view{since}", headers=stack.admin_headers)
+            if status == 200 and "overload" in view:
                 summary["overload"] = view["overload"]
             if injector.errors:
                 summary["fault_errors"] = injector.errors
@@ -393,6 +395,13 @@ def replay_sim(
         summary["executions"] = {"executions": served, "wasted_executions": max(0, served - ok)}
         if "reroute" in run_router(scenario, run):
             summary["reroute"] = _moves_during({}, sim.lc.reroute.as_json())
+        lc = sim.lc
+        summary["overload"] = {  # as the live run's (router.admin.overload_summary)
+            "answer_margin_ms": round(lc.margin.margin_ms, 3),
+            "retries": lc.retries,
+            "retry_budget": lc.retry_budget.as_json(),
+            "worst_window": lc.retry_budget.worst_window(0, int(duration + warmup) + 1),
+        }
         summary.update(series(results, warmup, duration + warmup))
         report["policies"][run.name] = summary
         messages += sim.store.messages

@@ -144,22 +144,27 @@ def node_times(results: list[Result]) -> dict[str, Any]:
 def series(results: list[Result], warmup_s: float, horizon_s: float, bucket_s: float = 1.0) -> dict[str, Any]:
     """Time series and latency CDFs for the plots, kept in the report so it can be re-rendered.
 
-    `timeline`: per bucket of the run (t from the start, warm-up included and marked): throughput by
-    completion time, SLO attainment by arrival time, completions per node. `cdf_ms`: per priority, the
-    latency of completed requests at each percentile 0..100.
+    `timeline`: per bucket of the run (t from the start, warm-up included and marked): throughput and
+    goodput (answers within their deadline) by completion time, SLO attainment and the p99 latency of
+    the completed by arrival time, completions per node. `cdf_ms`: per priority, the latency of
+    completed requests at each percentile 0..100.
     """
     n = max(1, math.ceil(horizon_s / bucket_s))
     done = [0] * n
+    good = [0] * n
     sent = [0] * n
     within = [0] * n
+    latencies: list[list[float]] = [[] for _ in range(n)]
     per_node: dict[str, list[int]] = {}
     for r in results:
         i = min(n - 1, int(r.arrival.at_s / bucket_s))
         sent[i] += 1
         if r.status == 200:
+            j = min(n - 1, int((r.arrival.at_s + r.latency_ms / 1000.0) / bucket_s))
             if r.latency_ms <= r.arrival.deadline_ms:
                 within[i] += 1
-            j = min(n - 1, int((r.arrival.at_s + r.latency_ms / 1000.0) / bucket_s))
+                good[j] += 1
+            latencies[i].append(r.latency_ms)
             done[j] += 1
             per_node.setdefault(r.node, [0] * n)[j] += 1
     by_prio: dict[str, list[float]] = {}
@@ -172,7 +177,9 @@ def series(results: list[Result], warmup_s: float, horizon_s: float, bucket_s: f
             "bucket_s": bucket_s,
             "warmup_s": warmup_s,
             "throughput_rps": [d / bucket_s for d in done],
+            "goodput_rps": [g / bucket_s for g in good],
             "slo_attainment": [round(w / s, 4) if s else None for w, s in zip(within, sent, strict=True)],
+            "p99_ms": [round(percentile(sorted(v), 99), 3) if v else None for v in latencies],
             "by_node": dict(sorted(per_node.items())),
         },
         "cdf_ms": cdf,

@@ -35,6 +35,7 @@ QUANTILE = 0.99
 MIN_MARGIN_MS = 0.5
 MAX_MARGIN_MS = 1000.0
 MAX_SHARE = 0.25  # of the remaining budget, at most, kept back
+HISTORY_S = 3600  # seconds of retry counts kept for reports
 
 
 class AnswerMargin:
@@ -76,6 +77,7 @@ class RetryBudget:
     def __init__(self, cfg: RetryBudgetConfig) -> None:
         self.cfg = cfg
         self._buckets: deque[list[int]] = deque()  # [second, first tries, retries + hedges]
+        self.history: deque[list[int]] = deque(maxlen=HISTORY_S)  # the same buckets, kept for reports
         self._first = 0
         self._extra = 0
         self.refused = 0  # retries and hedges not sent for want of budget
@@ -92,6 +94,7 @@ class RetryBudget:
             self._extra -= extra
         bucket = [second, 0, 0]
         buckets.append(bucket)
+        self.history.append(bucket)
         return bucket
 
     def first_try(self, now_ms: float) -> None:
@@ -99,14 +102,43 @@ class RetryBudget:
         self._first += 1
 
     def spend(self, now_ms: float) -> bool:
-        """One retry or hedge now, if the budget has room (then it is counted); else False."""
+        """One retry or hedge now, if the budget has room (then it is counted); else False. Room means
+        every window that holds this second stays within the ratio: the whole window, and each of its
+        later parts (a window that starts later and ends at a later second only gains first tries), so
+        no `window_s` stretch of the run, however placed, holds more than `ratio` of its first tries
+        (beyond `min_retries`)."""
         bucket = self._bucket(now_ms)
-        if self._extra + 1 > max(self.cfg.min_retries, self.cfg.ratio * self._first):
+        ratio, floor = self.cfg.ratio, self.cfg.min_retries
+        if self._extra + 1 > max(floor, ratio * self._first):
             self.refused += 1
             return False
+        first = extra = 0
+        for b in reversed(self._buckets):  # (at most window_s buckets)
+            first, extra = first + b[1], extra + b[2]
+            if extra + 1 > max(floor, ratio * first):
+                self.refused += 1
+                return False
         bucket[2] += 1
         self._extra += 1
         return True
+
+    def worst_window(self, from_s: int, to_s: int) -> dict[str, float | int]:
+        """Over every window of `window_s` consecutive seconds within [from_s, to_s] (seconds on the
+        drivers' clock): the highest ratio of retries and hedges to first tries, and the counts of the
+        window it was in (what a report checks the budget against)."""
+        seconds = {b[0]: b for b in self.history if from_s <= b[0] <= to_s}
+        worst: dict[str, float | int] = {"ratio": 0.0, "first_tries": 0, "retries_and_hedges": 0}
+        width = self.cfg.window_s
+        for start in range(from_s, max(from_s, to_s - width + 1) + 1):
+            first = extra = 0
+            for sec in range(start, start + width):
+                b = seconds.get(sec)
+                if b is not None:
+                    first, extra = first + b[1], extra + b[2]
+            ratio = extra / first if first else 0.0
+            if ratio > worst["ratio"]:
+                worst = {"ratio": round(ratio, 4), "first_tries": first, "retries_and_hedges": extra}
+        return worst
 
     def as_json(self) -> dict[str, float | int]:
         """The window's counts as they stand (for /admin/view)."""

@@ -13,6 +13,7 @@ from nodes.scheduler import (
     batch_curve_ms,
     batch_key,
     learn_ms,
+    time_left_ms,
 )
 from router.lifecycle import Failure, classify
 from scenarios.schema import NodeSpec
@@ -109,7 +110,7 @@ class NodeModel(SimState):
             return
         refusal = node.sched.refuse(a.priority)
         if refusal is None and (node.sched.admit_by_deadline or node.sched.standing):
-            left = [max(0.0, b.ends_at - self.now) for b in node.running]
+            left = [time_left_ms(self.now, b.started, b.predicted_end) for b in node.running]
             budget = deadline_at - self.now
             refusal = node.sched.refuse_late(req.model, req.batch, a.priority, budget, left, node.spec.slots, self.now)
         if refusal is not None:
@@ -237,7 +238,8 @@ class NodeModel(SimState):
             job.queue_ms = begin - w.enqueued_at_ms
             job.rows = rows
         end = begin + service
-        running = SimBatch(model, jobs, rows, end, probe)
+        predicted_end = self.now + node.sched.exec_ms(model, rows)  # as the live node's claim
+        running = SimBatch(model, jobs, rows, end, probe, self.now, predicted_end)
         node.running.append(running)
         node.busy += len(jobs)
         node.starts += 1

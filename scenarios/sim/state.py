@@ -160,6 +160,8 @@ class SimBatch:
     rows: int
     ends_at: float
     probe: bool = False  # judged by the best case (nodes.scheduler): its time replaces the estimate
+    started: float = 0.0  # when the live node would have claimed its slot
+    predicted_end: float = 0.0  # all the node itself knows of its end (nodes.scheduler.time_left_ms)
 
 
 @dataclass(slots=True)

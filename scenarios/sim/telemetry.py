@@ -6,6 +6,7 @@ from __future__ import annotations
 import heapq
 from typing import Any
 
+from nodes.scheduler import time_left_ms
 from scenarios.sim.state import (
     POLL,
     PUBLISH,
@@ -74,7 +75,7 @@ class TelemetryModel(SimState):
                 )
             models[m] = state
         if sched.mode == "priority" or queued:
-            left = [max(0.0, b.ends_at - self.now) for b in running]
+            left = [time_left_ms(self.now, b.started, b.predicted_end) for b in running]
             prios = {0, spec.high_priority_min, *(p for p, n in sched.queued_by_priority.items() if n)}
             waits = {str(p): round(sched.expected_wait_ms(p, left, spec.slots), 3) for p in sorted(prios)}
             by_priority = {str(p): n for p, n in sched.queued_by_priority.items() if n}

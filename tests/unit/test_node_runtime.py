@@ -142,7 +142,8 @@ async def test_a_queue_of_short_runs_is_drained_inline_a_few_at_a_time() -> None
     original = engine.kick
     engine.kick = lambda: original() if hold.is_set() else None  # type: ignore[method-assign]
     reqs = [InferRequest(None, {}, {"x": np.full((1, 2), float(i), np.float32)}, {"y": False}, 1) for i in range(12)]
-    engine.running.append(Running("m", 0, 1, 1, 0.0))  # the slot is taken: arrivals queue
+    now = engine.now_ms()
+    engine.running.append(Running("m", 0, 1, 1, now + 1.0, now))  # the slot is taken: arrivals queue
     tasks = [asyncio.create_task(engine.submit("m", r, 0, 1000.0)) for r in reqs]
     await asyncio.sleep(0)
     assert engine.scheduler.queued == 12

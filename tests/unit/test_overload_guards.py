@@ -146,18 +146,19 @@ def test_controlled_delay_refuses_sheddable_work_only_while_a_queue_stands() -> 
     # light load: nothing waits long, nothing is refused
     s.queue_delay(0.0, 0.0)
     assert not s.standing and s.refuse_late("m", 1, 0, None, [5.0], 1, 0.0) is None
-    # a queue that never drains below the target for a whole interval stands
-    for i in range(12):
+    # every delay above the target for a whole interval: the queue stands
+    for i in range(6):
         for _ in range(8):
             s.push(Work(i, "m", 0, None, 1, i * 20.0))
         s.queue_delay(60.0, i * 20.0)
-    assert s.standing
-    refusal = s.refuse_late("m", 1, 0, None, [5.0], 1, 240.0)
+    assert s.standing, "first above the target at 0 ms, still above at 100 ms"
+    refusal = s.refuse_late("m", 1, 0, None, [5.0], 1, 150.0)
     assert refusal is not None and refusal[0] == 429 and "standing queue" in refusal[1]
-    assert s.refuse_late("m", 1, 10, None, [5.0], 1, 240.0) is None, "high priority is never shed for it"
+    assert s.refuse_late("m", 1, 10, None, [5.0], 1, 150.0) is None, "high priority is never shed for it"
+    s.queue_delay(20.0, 210.0)
+    assert s.standing, "an interval that needed a refusal keeps it standing"
     # the load falls: an interval with no refusal ends the standing state
-    s.queue_delay(20.0, 300.0)
-    s.queue_delay(20.0, 420.0)
+    s.queue_delay(20.0, 320.0)
     assert not s.standing
 
 
@@ -213,3 +214,16 @@ def test_a_model_that_never_ran_is_judged_by_its_warm_up_estimate() -> None:
     s = Scheduler("priority", lambda m, r: 70.0, admit_by_deadline=True, floor_ms=floor_ms)
     assert not s.stale("m", 1e9)
     assert s.refuse_late("m", 1, 0, 60.0, [], 1, 1e9) is not None
+
+
+def test_the_worst_window_is_what_a_report_checks_the_budget_against() -> None:
+    b = RetryBudget(RetryBudgetConfig(ratio=0.2, window_s=2, min_retries=0))
+    for second, (first, extra) in enumerate([(10, 0), (10, 2), (10, 4), (0, 0)]):
+        for _ in range(first):
+            b.first_try(second * 1000.0)
+        for _ in range(extra):
+            b.spend(second * 1000.0 + 999.0)
+    worst = b.worst_window(0, 3)
+    # seconds 1-2 hold 20 first tries and the 4 retries the budget let through (20% of 20)
+    assert worst == {"ratio": 0.2, "first_tries": 20, "retries_and_hedges": 4}
+    assert b.worst_window(5, 9)["ratio"] == 0.0

@@ -89,3 +89,14 @@ def test_headroom_keeps_low_priority_off_busy_nodes() -> None:
     assert isinstance(out, Rejection) and out.status == 429 and "priority_headroom" in out.reason
     out = policy.choose(RouteRequest("m", priority=10, deadline_ms=1000), full, ctx())
     assert isinstance(out, Decision), "high priority is never held back by headroom"
+
+
+def test_by_default_slo_priority_refuses_only_what_no_node_can_answer_in_time() -> None:
+    """No load proxy by default: a node with a request per slot outstanding (eight clients in a closed
+    loop on the default stack) still takes low-priority work it is predicted to finish in time."""
+    busy = view(node("a", queued=1, in_flight=1), node("b", queued=1, in_flight=1))
+    out = build_policy("slo_priority").choose(RouteRequest("m", priority=0, deadline_ms=2000), busy, ctx())
+    assert isinstance(out, Decision)
+    late = view(node("a", wait={"0": 3000.0}), node("b", wait={"0": 2500.0}))
+    out = build_policy("slo_priority").choose(RouteRequest("m", priority=0, deadline_ms=2000), late, ctx())
+    assert isinstance(out, Rejection) and out.status == 429 and "deadline_filter" in out.reason
