@@ -1,0 +1,55 @@
+"""At light load nothing is refused: the default five-node stack (the quickstart topology), eight
+clients in a closed loop, the default 2 s budget, every preset. A preset that refuses work there does
+so on a load proxy, not on a prediction that the request would miss its deadline."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from pathlib import Path
+
+import aiohttp
+
+from policies.presets import PRESETS
+from scenarios.launcher import Stack
+from scenarios.loadgen import fetch_payloads
+from scenarios.schema import load_scenario
+from telemetry.broker import EmbeddedBroker
+
+ROOT = Path(__file__).resolve().parents[2]
+CLIENTS = 8
+SECONDS = 1.5
+
+
+async def closed_loop(url: str, body: bytes, headers: dict[str, str]) -> Counter[int]:
+    statuses: Counter[int] = Counter()
+    stop = time.monotonic() + SECONDS
+    async with aiohttp.ClientSession(headers=headers) as session:
+
+        async def client() -> None:
+            while time.monotonic() < stop:
+                async with session.post(url, data=body, headers={"Content-Type": "application/json"}) as resp:
+                    await resp.read()
+                    statuses[resp.status] += 1
+
+        await asyncio.gather(*(client() for _ in range(CLIENTS)))
+    return statuses
+
+
+def test_no_preset_refuses_anything_at_light_load(broker: EmbeddedBroker, tmp_path: Path) -> None:
+    scenario = load_scenario(ROOT / "scenarios" / "quickstart.yaml")
+    stack = Stack(scenario, kafka=broker.bootstrap, log_dir=tmp_path, topic="edgeroute.telemetry.light-load")
+    try:
+        stack.start()
+        payload = asyncio.run(fetch_payloads(stack.router_url, {"sensor_mlp"}, 1, stack.client_headers))["sensor_mlp"]
+        url = f"{stack.router_url}/v2/models/sensor_mlp/infer"
+        seen: dict[str, Counter[int]] = {}
+        for preset in sorted(PRESETS):
+            stack.set_policy({"preset": preset})
+            seen[preset] = asyncio.run(closed_loop(url, payload.body, stack.client_headers))
+        for preset, statuses in seen.items():
+            assert sum(statuses.values()) > 100, (preset, statuses)
+            assert set(statuses) == {200}, f"{preset} answered {dict(statuses)} at light load"
+    finally:
+        stack.stop()
