@@ -84,6 +84,10 @@ def _replay(args: argparse.Namespace) -> int:
         from scenarios.sweep import with_nodes
 
         scenario = with_nodes(scenario, args.nodes)
+    if args.load is not None:
+        from scenarios.sweep import with_load
+
+        scenario = with_load(scenario, args.load)
     runs = [scenario.policy(p) for p in args.policy] if args.policy else list(scenario.policies)
     out = Path(args.out) if args.out else Path("reports") / scenario.name
     profile = Path(args.profile) if args.profile else None
@@ -321,6 +325,7 @@ def main(argv: list[str] | None = None) -> int:
     rp.add_argument("--token", help="bearer token for --router (default $EDGEROUTE_CLIENT_TOKEN)")
     rp.add_argument("--seed", type=int, help="override the scenario's seed")
     rp.add_argument("--duration", type=arg.duration, help="override the workload duration (seconds)")
+    rp.add_argument("--load", type=arg.positive, help="multiply every site's arrival rates by this factor")
     rp.add_argument(
         "--nodes", type=arg.node_count, help="run on this many nodes (the first ones, then copies of the last one)"
     )

@@ -19,7 +19,7 @@ from typing import Any
 from scenarios.fault_injector import FaultInjector
 from scenarios.launcher import Stack, http_json
 from scenarios.loadgen import UNKNOWN_MODEL_PAYLOAD, Arrival, build_schedule, fetch_payloads, run_load
-from scenarios.report import format_table, node_warm_rates, series, summarize, write_report
+from scenarios.report import format_table, node_warm_rates, recovery, series, summarize, write_report
 from scenarios.schema import MAX_DURATION_S, PolicyRun, Scenario
 
 log = logging.getLogger("edgeroute.replay")
@@ -159,10 +159,26 @@ def replay_live(
             if injector.errors:
                 summary["fault_errors"] = injector.errors
             summary.update(series(results, warmup, duration + warmup))
+            if triggers(scenario):
+                summary["recovery"] = recovery(results, triggers(scenario), duration + warmup)
             report["policies"][run.name] = summary
         status, view = http_json(f"{stack.router_url}/admin/view", headers=stack.admin_headers)
         report["telemetry"] = view["telemetry"] if status == 200 else {}
     return report
+
+
+def triggers(scenario: Scenario) -> list[tuple[str, float, float]]:
+    """What a run recovers from (scenarios.report.recovery): each fault that lasts a while and each
+    traffic class confined to a window of the run, as (name, start s, end s)."""
+    out = [
+        (f"{f.kind} {f.node or '-'.join(f.link or [])}".strip(), f.at_s, f.at_s + f.duration_s)
+        for f in scenario.faults
+        if f.duration_s is not None
+    ]
+    for site in scenario.workload.sites:
+        if site.stop_s is not None:
+            out.append((f"traffic {site.name or site.site}", site.start_s, site.stop_s))
+    return sorted(out, key=lambda t: t[1])
 
 
 def run_router(scenario: Scenario, run: PolicyRun) -> dict[str, Any]:
@@ -403,6 +419,8 @@ def replay_sim(
             "worst_window": lc.retry_budget.worst_window(0, int(duration + warmup) + 1),
         }
         summary.update(series(results, warmup, duration + warmup))
+        if triggers(scenario):
+            summary["recovery"] = recovery(results, triggers(scenario), duration + warmup)
         report["policies"][run.name] = summary
         messages += sim.store.messages
         telemetry = sim.store.summary()  # lag of the last run; messages of all of them

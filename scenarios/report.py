@@ -186,6 +186,42 @@ def series(results: list[Result], warmup_s: float, horizon_s: float, bucket_s: f
     }
 
 
+BEFORE_S = 20.0  # the level a trigger is measured against: this long before it starts (a p99 over
+SETTLE_S = 5.0  # fewer seconds at 80% utilisation moves by half from one window to the next)
+AFTER_S = 20.0  # a trigger's end + SETTLE_S to when the level is measured again, over this long
+
+
+def recovery(results: list[Result], triggers: list[tuple[str, float, float]], horizon_s: float) -> list[dict[str, Any]]:
+    """For each trigger (name, start s, end s): goodput (answers within deadline per second, by
+    arrival) and the p99 latency of the answered, over the `BEFORE_S` before it starts and over the
+    `AFTER_S` from `SETTLE_S` after it ends (clipped to the run), and their ratios after / before: a
+    system that recovers by itself is back to the level it had (goodput ratio near 1, p99 ratio near
+    1) within `SETTLE_S`; a metastable one stays degraded."""
+
+    def level(lo: float, hi: float) -> dict[str, float] | None:
+        if hi - lo < 1.0:
+            return None
+        inside = [r for r in results if lo <= r.arrival.at_s < hi]
+        good = sum(1 for r in inside if r.status == 200 and r.latency_ms <= r.arrival.deadline_ms)
+        answered = sorted(r.latency_ms for r in inside if r.status == 200)
+        p99 = percentile(answered, 99) if answered else float("nan")
+        return {"from_s": lo, "to_s": hi, "goodput_rps": round(good / (hi - lo), 2), "p99_ms": round(p99, 3)}
+
+    out = []
+    for name, start, end in triggers:
+        before = level(max(0.0, start - BEFORE_S), start)
+        after = level(end + SETTLE_S, min(horizon_s, end + SETTLE_S + AFTER_S))
+        if before is None or after is None:
+            continue
+        row: dict[str, Any] = {"trigger": name, "before": before, "after": after}
+        if before["goodput_rps"] > 0:
+            row["goodput_ratio"] = round(after["goodput_rps"] / before["goodput_rps"], 3)
+        if before["p99_ms"] > 0:
+            row["p99_ratio"] = round(after["p99_ms"] / before["p99_ms"], 3)
+        out.append(row)
+    return out
+
+
 def write_report(report: dict[str, Any], out_dir: Path) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / "report.json"

@@ -23,7 +23,9 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from scenarios.schema import MAX_TOPOLOGY_NODES, NodeSpec, PolicyRun, Scenario
+from pydantic import ValidationError
+
+from scenarios.schema import MAX_TOPOLOGY_NODES, NodeSpec, PolicyRun, Scenario, ScenarioError, SiteLoad
 
 
 def with_nodes(scenario: Scenario, count: int) -> Scenario:
@@ -40,6 +42,33 @@ def with_nodes(scenario: Scenario, count: int) -> Scenario:
     topology = scenario.topology.model_copy(update={"nodes": nodes})
     faults = [f for f in scenario.faults if f.node is None or f.node in {n.id for n in nodes}]
     out = scenario.model_copy(update={"topology": topology, "faults": faults})
+    out._base_dir = scenario.base_dir
+    return out
+
+
+MAX_LOAD = 100.0  # --load factors above 0 and at most this
+
+
+def with_load(scenario: Scenario, factor: float) -> Scenario:
+    """The scenario with every site's arrival rates multiplied by `factor` (a load sweep: `replay
+    --load 2` is twice the offered load). Trace arrivals keep their own times, so a scenario with one
+    is refused (ScenarioError), as is a rate the schema would refuse."""
+    if not 0 < factor <= MAX_LOAD:
+        raise ScenarioError(f"--load {factor:g}: a factor above 0 and at most {MAX_LOAD:g}")
+    if any(site.arrival == "trace" for site in scenario.workload.sites):
+        raise ScenarioError(f"{scenario.name}: --load does not scale trace arrivals (their times are the trace's)")
+    sites = []
+    for site in scenario.workload.sites:
+        raw = site.model_dump()
+        for key in ("rate_rps", "off_rate_rps", "min_rate_rps"):
+            raw[key] *= factor
+        try:
+            sites.append(SiteLoad.model_validate(raw))
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            raise ScenarioError(f"{scenario.name}: --load {factor:g}: {first['loc'][0]}: {first['msg']}") from None
+    workload = scenario.workload.model_copy(update={"sites": sites})
+    out = scenario.model_copy(update={"workload": workload})
     out._base_dir = scenario.base_dir
     return out
 

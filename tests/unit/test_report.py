@@ -38,3 +38,36 @@ def test_summary_accounts_for_every_request() -> None:
     assert s["latency_ms"]["max"] == 150
     table = format_table({"scenario": "x", "mode": "live", "policies": {"p": s}})
     assert "p " in table and "lost" in table
+
+
+def test_recovery_compares_the_level_before_a_trigger_with_the_level_after_it_settles() -> None:
+    from pathlib import Path
+
+    from scenarios.replay import triggers
+    from scenarios.report import recovery
+    from scenarios.schema import load_scenario
+
+    def at(t: float, status: int, ms: float) -> Result:
+        return Result(Arrival(t, "s", "m", 0, 100.0), status, ms, "a" if status == 200 else "none")
+
+    # 10 req/s of 20 ms answers, a trigger from 20 s to 30 s that fails everything, then a system
+    # that stays degraded (half the answers late) or one that recovers
+    def run(degraded: bool) -> list[Result]:
+        out = []
+        for i in range(600):
+            t = i / 10.0
+            if 20 <= t < 30:
+                out.append(at(t, 503, 1.0))
+            else:
+                out.append(at(t, 200, 150.0 if degraded and t >= 30 and i % 2 else 20.0))
+        return out
+
+    healthy = recovery(run(False), [("surge", 20.0, 30.0)], 60.0)[0]
+    assert healthy["before"]["goodput_rps"] == 10.0 and healthy["goodput_ratio"] == 1.0 and healthy["p99_ratio"] == 1.0
+    assert healthy["after"]["from_s"] == 35.0 and healthy["after"]["to_s"] == 55.0
+    stuck = recovery(run(True), [("surge", 20.0, 30.0)], 60.0)[0]
+    assert stuck["goodput_ratio"] == 0.5 and stuck["p99_ratio"] > 5
+    assert recovery(run(False), [("late", 50.0, 59.0)], 60.0) == [], "nothing to measure after it: no row"
+
+    s = load_scenario(Path(__file__).resolve().parents[2] / "scenarios" / "metastable.yaml")
+    assert triggers(s) == [("traffic surge", 22.0, 52.0), ("slow_node box-2", 77.0, 87.0)]

@@ -290,3 +290,19 @@ def test_a_trace_is_read_within_the_runs_bound_and_a_broken_one_is_one_line(tmp_
         path.write_bytes(data)
         with pytest.raises(ScenarioError, match=needle):
             read_trace(path, site, 500.0, 10.0, 10)
+
+
+def test_load_factor_scales_every_rate_and_refuses_what_it_cannot_scale() -> None:
+    from scenarios.sweep import with_load
+
+    s = load_scenario(ROOT / "metastable.yaml")
+    doubled = with_load(s, 2.0)
+    assert [x.rate_rps for x in doubled.workload.sites] == [2 * x.rate_rps for x in s.workload.sites]
+    assert [(x.start_s, x.stop_s) for x in doubled.workload.sites] == [(x.start_s, x.stop_s) for x in s.workload.sites]
+    assert doubled.base_dir == s.base_dir and s.workload.sites[0].rate_rps == 104, "the original is unchanged"
+    with pytest.raises(ScenarioError, match="at most"):
+        with_load(s, 1e6)
+    site = s.workload.sites[0].model_copy(update={"arrival": "trace", "trace": "t.csv"})
+    traced = s.model_copy(update={"workload": s.workload.model_copy(update={"sites": [site]})})
+    with pytest.raises(ScenarioError, match="trace"):
+        with_load(traced, 2.0)  # a trace's times are its own
