@@ -172,7 +172,7 @@ class Executor:
         scheduler = self.scheduler
         with self.lock:
             refusal = scheduler.refuse(priority)
-            if refusal is None and (scheduler.admit_by_deadline or scheduler.standing):
+            if refusal is None:  # (refusal by prediction: cheap when neither rule is on)
                 left = [time_left_ms(now, r.started_ms, r.ends_at_ms) for r in self.running]
                 refusal = scheduler.refuse_late(model, req.batch, priority, budget_ms, left, self.config.slots, now)
             if refusal is not None:

@@ -36,8 +36,11 @@ watches the queueing delay of sheddable work (below `high_priority_min`; all wor
 batches leave the queue. Once every delay has stayed above the target for `queue_interval_ms` (CoDel's
 first-above time: a standing queue, not a burst that drains), the queue is *standing*, and a
 sheddable arrival predicted to wait longer than the target is refused at once with 429 (cheap, and
-the router may try another node) instead of joining a queue that only adds delay. High-priority work
-is never refused for it. The standing state ends when the queue is found empty, or after a whole
+the router may try another node) instead of joining a queue that only adds delay. Whether standing
+or not, a sheddable arrival predicted to wait longer than target + interval is refused the same way:
+a good queue drains within an interval, and a burst past that (traffic swinging back to a node, a
+surge before the queue counts as standing) would otherwise queue up to its deadline. High-priority
+work is never refused for either. The standing state ends when the queue is found empty, or after a whole
 interval in which it refused nothing (the load no longer exceeds what the target admits), so the
 node recovers by itself when the load falls; while the overload lasts it holds the queue near the
 target instead of letting it refill.
@@ -242,20 +245,20 @@ class Scheduler:
         work still to arrive, so some requests admitted here still end in a 504 before running. With
         the queue standing (controlled delay): (429, reason) for sheddable work predicted to wait
         longer than `queue_target_ms`."""
-        shed = self.standing and (self.mode == "fifo" or priority < self.high_priority_min)
+        sheddable = self.queue_target_ms > 0 and (self.mode == "fifo" or priority < self.high_priority_min)
         by_deadline = self.admit_by_deadline and budget_ms is not None
-        if not shed and not by_deadline:
+        if not sheddable and not by_deadline:
             return None
         if not running_left_ms and not self.queued:  # idle: a stale estimate gives way to the best case
             wait, run = 0.0, self.idle_exec_ms(model, rows, now_ms)
         else:
             wait, run = self.expected_wait_ms(priority, running_left_ms, slots), self.exec_ms(model, rows)
-        if shed and wait > self.queue_target_ms:
-            self.standing_refusals += 1
-            return 429, (
-                f"node overloaded: predicted queueing {wait:.0f} ms over the {self.queue_target_ms:.0f} ms target "
-                "of a standing queue"
-            )
+        if sheddable:
+            bound = self.queue_target_ms if self.standing else self.queue_target_ms + self.queue_interval_ms
+            if wait > bound:
+                self.standing_refusals += 1
+                what = "target of a standing queue" if self.standing else "target and interval"
+                return 429, f"node overloaded: predicted queueing {wait:.0f} ms over the {bound:.0f} ms {what}"
         if by_deadline and wait + run > budget_ms:  # type: ignore[operator]
             return 503, f"deadline cannot be met here: predicted {wait + run:.0f} ms, {budget_ms:.0f} ms left"
         return None

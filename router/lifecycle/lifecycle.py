@@ -17,8 +17,8 @@ For one request (`begin` -> `Attempts`):
    `connect_wait_ms` = min(connect timeout, remaining / 2), leaving half the budget for a retry.
 3. **Count** (`dispatched`, `settled`): the overlay counts the attempt at the node until it settles;
    a settle wakes the oldest request held for that partition (`holds`). A refusal (the node answered
-   429/503) settles without lowering the node's estimate until its next report: a node that refuses
-   looks busy, not idle. The budget the node is told (`node_budget_ms`) keeps back the learnt answer
+   429/503) adds to the node's estimate, halved at each of its reports: a node that refuses looks
+   busy, not idle. The budget the node is told (`node_budget_ms`) keeps back the learnt answer
    margin and the link's way back (router.lifecycle.budgets; `transit` feeds it).
 4. **Judge** (`answered`): each attempt's `Failure` kind (router.lifecycle.failures) updates the
    node's health for the request's site (ejection, slow start).
@@ -279,9 +279,9 @@ class Lifecycle(Generic[T]):
     def settled(self, node_id: str, partition: str, refused: bool = False) -> T | None:
         """This router stopped waiting for an attempt at `node_id` (answer, failure or cancel): the slot
         it held frees, waking the oldest request held for its partition (returned, to resume). A
-        refusal (`refused`: the node answered 429/503) still counts at the node until its next report,
-        so a node that refuses everything cannot look idle and draw the traffic it refuses."""
-        self.tracker.settle(node_id, counted=not refused)
+        refusal (`refused`: the node answered 429/503) counts at the node for a while (halved at each of
+        its reports), so a node that refuses everything cannot look idle and draw the traffic it refuses."""
+        self.tracker.settle(node_id, refused)
         return self.held.wake(partition)
 
     def answered(self, a: Attempts, node_id: str, kind: Failure, now: float) -> None:

@@ -44,6 +44,7 @@ from telemetry.table import BoolArray, IntArray, ModelTable
 from telemetry.view import ClusterView, Links, NodeState
 
 NAN = float("nan")
+MAX_REFUSED = 1024  # the refusal penalty of one node at most
 
 
 @dataclass(slots=True)
@@ -56,6 +57,7 @@ class _Node:
     started: float | None = None  # the node's started_at_ms as first seen, to notice a restart
     total_dispatched: int = 0  # running sums, published to the other routers
     total_settled: int = 0
+    refused: int = 0  # recent refusals (429/503) by the node: counted as outstanding, halved per report
 
 
 class OutstandingTracker:
@@ -82,7 +84,8 @@ class OutstandingTracker:
         self._gen = 0
         self._keys = 0  # changes whenever a row's report key (_rseq, _rsent) may have changed
         self._pend: IntArray = np.zeros(0, dtype=np.int64)
-        self._delta: IntArray = np.zeros(0, dtype=np.int64)  # dispatched - settled since the report
+        self._delta: IntArray = np.zeros(0, dtype=np.int64)  # dispatched - settled since the report + refused
+        self._refused: IntArray = np.zeros(0, dtype=np.int64)
         self._rseq: IntArray = np.zeros(0, dtype=np.int64)  # the report counted from (-1, NaN: none)
         self._rsent = np.zeros(0, dtype=np.float64)
 
@@ -92,11 +95,12 @@ class OutstandingTracker:
         if i is None:
             return
         if n is None:
-            self._pend[i] = self._delta[i] = 0
+            self._pend[i] = self._delta[i] = self._refused[i] = 0
             self._rseq[i], self._rsent[i] = -1, NAN
             return
         self._pend[i] = n.pending
         self._delta[i] = n.dispatched - n.settled
+        self._refused[i] = n.refused
         self._rseq[i], self._rsent[i] = n.report if n.report[0] >= 0 else (-1, NAN)
 
     def _rows(self, nodes: Sequence[NodeState]) -> list[int]:
@@ -115,6 +119,7 @@ class OutstandingTracker:
             grow = size - len(self._pend)
             self._pend = np.concatenate((self._pend, np.zeros(grow, dtype=np.int64)))
             self._delta = np.concatenate((self._delta, np.zeros(grow, dtype=np.int64)))
+            self._refused = np.concatenate((self._refused, np.zeros(grow, dtype=np.int64)))
             self._rseq = np.concatenate((self._rseq, np.full(grow, -1, dtype=np.int64)))
             self._rsent = np.concatenate((self._rsent, np.full(grow, NAN)))
         for node_id in new:
@@ -129,8 +134,11 @@ class OutstandingTracker:
         rows = table.slots(self, self._gen, self._rows)
         synced = table.synced(self, self._keys, self._synced_rows)
         reported = table.reported
-        counted = reported + self._delta[rows]
-        return np.maximum(self._pend[rows], counted if synced is None else np.where(synced, counted, reported))
+        refused = self._refused[rows]
+        counted = reported + self._delta[rows] + refused
+        if synced is None:
+            return np.maximum(self._pend[rows], counted)
+        return np.maximum(self._pend[rows], np.where(synced, counted, reported + refused))
 
     def _synced_rows(self, table: ModelTable) -> BoolArray | None:
         """Which rows of `table` this tracker counts from the report the table holds (None: all of
@@ -155,6 +163,7 @@ class OutstandingTracker:
             n.report = key
             self._keys += 1
             n.dispatched = n.settled = 0
+            n.refused >>= 1  # (a node that keeps refusing keeps looking busy; one that stopped, soon not)
             n.remote_settled = 0 if self.remote_settled is None else self.remote_settled(state.node_id)
             started = state.load.started_at_ms
             if started != n.started:
@@ -186,7 +195,7 @@ class OutstandingTracker:
         if len(self._row) > 2 * len(self._nodes) + 1024:  # rows of long-gone nodes: renumber
             self._row = {}
             self._gen += 1
-            self._pend = self._delta = self._rseq = np.zeros(0, dtype=np.int64)
+            self._pend = self._delta = self._refused = self._rseq = np.zeros(0, dtype=np.int64)
             self._rsent = np.zeros(0, dtype=np.float64)
         return len(gone)
 
@@ -194,17 +203,18 @@ class OutstandingTracker:
         n = self._nodes.get(state.node_id)
         if n is None or n.report != state.report:
             # nothing counted since this report yet (not applied, or never dispatched to)
-            pending = 0 if n is None else n.pending
+            pending, refused = (0, 0) if n is None else (n.pending, n.refused)
             if self.remote is not None:
                 pending += self.remote(state.node_id)
-            return max(pending, state.reported_outstanding)
+            return max(pending, state.reported_outstanding + refused)
+        refused = n.refused
         if self.remote is None:
-            return max(n.pending, state.reported_outstanding + n.dispatched - n.settled)
+            return max(n.pending, state.reported_outstanding + n.dispatched - n.settled + refused)
         pending = n.pending + self.remote(state.node_id)
         settled = n.settled
         if self.remote_settled is not None:
             settled += max(0, self.remote_settled(state.node_id) - n.remote_settled)
-        return max(pending, state.reported_outstanding + n.dispatched - settled)
+        return max(pending, state.reported_outstanding + n.dispatched - settled + refused)
 
     def sent_model(self, state: NodeState, model: str, now_ms: float, default_load_ms: float = 500.0) -> None:
         """A request for `model` went to `state`: if its report shows the model cold, a load starts."""
@@ -275,16 +285,17 @@ class OutstandingTracker:
         if self.on_change is not None:
             self.on_change()
 
-    def settle(self, node_id: str, counted: bool = True) -> None:
-        """An attempt at `node_id` ended. `counted` False (a refusal): it leaves this router's pending
-        count but not the estimate since the node's report, which therefore stays up until the next
-        report says what the node really holds."""
+    def settle(self, node_id: str, refused: bool = False) -> None:
+        """An attempt at `node_id` ended. `refused` (the node answered 429/503): the node also counts one
+        more outstanding for a while, halved at each of its reports. A node that refuses holds a short
+        queue, so its reports alone make it look idle, and it would draw the very traffic it refuses."""
         n = self._nodes.get(node_id)
         if n is None:
             n = self._nodes[node_id] = _Node()
         n.pending = max(0, n.pending - 1)
-        if counted:
-            n.settled += 1
+        n.settled += 1
+        if refused:
+            n.refused = min(n.refused + 1, MAX_REFUSED)
         n.total_settled += 1
         if self._row:
             self._mirror(node_id, n)

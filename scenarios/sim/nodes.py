@@ -109,7 +109,7 @@ class NodeModel(SimState):
             self._send_reply(job, 504, "deadline passed while the node loaded the model")
             return
         refusal = node.sched.refuse(a.priority)
-        if refusal is None and (node.sched.admit_by_deadline or node.sched.standing):
+        if refusal is None:  # (refusal by prediction, as the live node)
             left = [time_left_ms(self.now, b.started, b.predicted_end) for b in node.running]
             budget = deadline_at - self.now
             refusal = node.sched.refuse_late(req.model, req.batch, a.priority, budget, left, node.spec.slots, self.now)

@@ -99,22 +99,24 @@ def test_a_nodes_refusals_are_retried_elsewhere() -> None:
     assert classify(429) is Failure.SHED and classify(503) is Failure.SHED
 
 
-def test_a_node_that_refuses_looks_busy_until_its_next_report() -> None:
-    lc, store = make(load("a", seq=1), load("b", seq=1))
+def test_a_node_that_refuses_looks_busy_and_the_penalty_halves_at_each_report() -> None:
+    lc, store = make(load("a", seq=1, capacity=4), load("b", seq=1, capacity=4))
     view = lc.view()
     a = view.get("a")
     assert a is not None
-    for _ in range(3):  # three attempts refused at once: a looks as busy as if they were still there
+    for _ in range(4):  # four attempts refused at once: a looks as busy as if they were still there
         lc.dispatched(a)
         lc.settled("a", a.partition, refused=True)
     v = lc.view()
-    assert v.outstanding(v.nodes["a"]) == 3 and v.outstanding(v.nodes["b"]) == 0
+    assert v.outstanding(v.nodes["a"]) == 4 and v.outstanding(v.nodes["b"]) == 0
     a2 = lc.begin(RouteRequest("m"), build_policy("least_outstanding"), NOW, NOW + 500)
     step = lc.decide(a2, NOW)
     assert isinstance(step, Send) and step.decision.node_id == "b"
-    store.apply(load("a", seq=2, sent_at_ms=NOW + 50), NOW + 50)  # the node's own report says what it holds
-    v = lc.view()
-    assert v.outstanding(v.nodes["a"]) == 0
+    # its own report shows a short queue (it refuses): the penalty halves, it does not vanish
+    for seq, left in ((2, 2), (3, 1), (4, 0)):
+        store.apply(load("a", seq=seq, sent_at_ms=NOW + 50 * seq, capacity=4), NOW + 50 * seq)
+        v = lc.view()
+        assert v.outstanding(v.nodes["a"]) == left
     # an answer (not a refusal) settles as before
     lc.dispatched(v.nodes["a"])
     lc.settled("a", "edge-a")
