@@ -134,11 +134,12 @@ class OutstandingTracker:
         rows = table.slots(self, self._gen, self._rows)
         synced = table.synced(self, self._keys, self._synced_rows)
         reported = table.reported
-        refused = self._refused[rows]
-        counted = reported + self._delta[rows] + refused
-        if synced is None:
-            return np.maximum(self._pend[rows], counted)
-        return np.maximum(self._pend[rows], np.where(synced, counted, reported + refused))
+        refused: IntArray = self._refused[rows]
+        counted: IntArray = reported + self._delta[rows] + refused
+        out: IntArray = np.maximum(
+            self._pend[rows], counted if synced is None else np.where(synced, counted, reported + refused)
+        )
+        return out
 
     def _synced_rows(self, table: ModelTable) -> BoolArray | None:
         """Which rows of `table` this tracker counts from the report the table holds (None: all of
