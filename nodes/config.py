@@ -5,9 +5,9 @@ from __future__ import annotations
 import ipaddress
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from telemetry.schema import NAME_PATTERN
+from telemetry.schema import NAME_PATTERN, check_endpoint
 from telemetry.settings import Bootstrap, ServerSettings
 from telemetry.signing import Signer, TelemetryKey, signer_for
 from telemetry.tls import KafkaSecurity
@@ -93,7 +93,17 @@ class NodeConfig(ServerSettings):
     tier: Literal["edge", "cloud"] = "edge"
     host: str = "127.0.0.1"
     port: int = Field(0, ge=0, le=65535)
-    endpoint: str | None = Field(None, description="advertised base URL; default http://host:port")
+    endpoint: str | None = Field(
+        None, description="advertised origin, scheme://host[:port] (no path); default http://host:port"
+    )
+
+    @field_validator("endpoint")
+    @classmethod
+    def _origin(cls, v: str | None) -> str | None:
+        if v is None:
+            return None
+        return check_endpoint(v[:-1] if v.endswith("/") and v.count("/") == 3 else v)  # (a trailing "/" is no path)
+
     models: list[ModelSpec] = Field(
         default_factory=list,
         description="models to serve: zoo architectures, ONNX files (`path`), or names in `model_repository`",

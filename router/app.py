@@ -173,6 +173,7 @@ async def _copies(app: web.Application) -> AsyncIterator[None]:
                     b"{}",
                     {"Content-Type": "application/json"},
                     30.0,
+                    admin=True,
                 )
                 result = "loaded" if reply.status == 200 else f"refused {reply.status}"
         except NodeError:
@@ -255,6 +256,7 @@ def create_app(
         client = HttpNodeClient(
             config.pool_per_node,
             config.connect_timeout_ms / 1000.0,
+            max_answer_bytes=config.max_answer_bytes,
             admin_token=config.node_admin_token,
             ssl_context=None if config.node_tls is None else config.node_tls.context(),
         )

@@ -209,6 +209,12 @@ class RouterConfig(ServerSettings):
         None, gt=0, description="the longest one attempt is waited for before trying another node; default: the budget"
     )
     pool_per_node: int = Field(64, ge=1, description="keep-alive connections per node")
+    max_answer_bytes: int = Field(
+        16 << 20,
+        ge=1024,
+        le=1 << 30,
+        description="a node's answer larger than this is a bad answer (502); it is held in memory per request",
+    )
     links: list[LinkConfig] = Field(default_factory=list, description="emulated partition-to-partition links")
     hedging: HedgingConfig | None = None
     outlier: OutlierConfig = Field(default_factory=OutlierConfig)

@@ -205,7 +205,7 @@ class Dispatcher:
         ok = False
         try:
             reply = await self.client.delete(
-                f"{w.send.decision.endpoint}/admin/requests/{_request_id(w.a, w.send)}", MOVE_TIMEOUT_S
+                f"{w.send.decision.endpoint}/admin/requests/{_request_id(w.a, w.send)}", MOVE_TIMEOUT_S, admin=True
             )
             ok = reply.status == 200
         except NodeError as exc:
@@ -264,7 +264,7 @@ class Dispatcher:
 
     async def _cancel_at_node(self, endpoint: str, rid: str) -> None:
         try:
-            await self.client.delete(f"{endpoint}/admin/requests/{rid}", 1.0)
+            await self.client.delete(f"{endpoint}/admin/requests/{rid}", 1.0, admin=True)
         except NodeError as exc:
             log.debug("cancel of %s at %s failed: %s", rid, endpoint, exc)
 

@@ -17,13 +17,17 @@ no whole answer within the call's time is `NodeTimeout`.
 from __future__ import annotations
 
 import asyncio
+import re
+import select
 import ssl
 from collections.abc import Mapping
 from urllib.parse import urlsplit
 
 __all__ = ["HttpReply", "Http1Client", "MAX_HEAD"]
 
-MAX_HEAD = 64 << 10  # an answer's status line and headers together
+MAX_HEAD = 64 << 10  # an answer's status line and headers together (and, apart, a chunked answer's trailers)
+MAX_INFORMATIONAL = 8  # 1xx heads skipped before an answer; more is a node stalling the call
+_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")  # in a head line: never valid (HTAB aside)
 _SPLIT_CACHE_MAX = 4096
 _HOSTS_MAX = 4096  # pools kept; past it, the pools of nodes with nothing open or in use are dropped
 
@@ -60,6 +64,8 @@ class _Connection(asyncio.Protocol):
 
     def _reset(self) -> None:
         self._status = 0
+        self._informational = 0  # 1xx heads skipped in this answer
+        self._trailers = 0  # bytes of trailers read
         self._headers: dict[str, str] | None = None
         self._length = -1  # body bytes expected; -1 read to close; -2 chunked
         self._body = bytearray()
@@ -124,6 +130,20 @@ class _Connection(asyncio.Protocol):
             waiter.set_exception(exc)
         self.close()
 
+    def quiet(self) -> bool:
+        """Nothing is waiting to be read (no bytes the node sent unasked, no close): safe to reuse. A
+        poll of the socket, so bytes still in the kernel's buffer, which the event loop has not handed
+        over yet, cannot become the answer to the next request (another client's)."""
+        sock = None if self.transport is None else self.transport.get_extra_info("socket")
+        if sock is None or self.transport.get_extra_info("sslcontext") is not None:  # type: ignore[union-attr]
+            return True  # (TLS: records the TLS layer itself consumes may be pending; data_received guards)
+        try:
+            poller = select.poll()  # (not select(): descriptors past 1,024 are common on a busy router)
+            poller.register(sock.fileno(), select.POLLIN)
+            return not poller.poll(0)
+        except (OSError, ValueError):
+            return False
+
     def close(self) -> None:
         self.reusable = False
         if self.transport is not None and not self.closed:
@@ -176,10 +196,12 @@ class _Connection(asyncio.Protocol):
         if version not in ("HTTP/1.1", "HTTP/1.0") or not well_formed:
             raise _Fault(f"not an HTTP/1.x status line: {status_line[:40]!r}")
         status = int(code)
-        if status < 100:
+        if not 100 <= status <= 599:
             raise _Fault(f"status {status}")
         headers: dict[str, str] = {}
         for line in lines[1:]:
+            if _CONTROL.search(line):  # a bare CR or LF, NUL, ...: nothing a client may be sent
+                raise _Fault(f"control character in a header line: {line[:40]!r}")
             name, sep, value = line.partition(":")
             if not sep or not name or name != name.strip() or any(c in name for c in " \t"):
                 raise _Fault(f"malformed header line: {line[:40]!r}")
@@ -187,6 +209,9 @@ class _Connection(asyncio.Protocol):
         if 100 <= status < 200:
             if status == 101:
                 raise _Fault("the node switched protocols")
+            self._informational += 1
+            if self._informational > MAX_INFORMATIONAL:
+                raise _Fault(f"more than {MAX_INFORMATIONAL} informational (1xx) heads")
             return True  # informational: the real answer follows
         if version == "HTTP/1.0" or "close" in headers.get("connection", "").lower():
             self.reusable = False
@@ -204,7 +229,7 @@ class _Connection(asyncio.Protocol):
                 raise _Fault(f"content-length {raw[:20]!r}")
             self._length = int(raw)
             if self._length > self._max_body:
-                raise _Fault(f"answer of {self._length} bytes is over the limit")
+                raise _Fault(f"answer of {self._length} bytes is over the {self._max_body}-byte limit")
         else:
             self._length = -1
             self.reusable = False
@@ -235,6 +260,9 @@ class _Connection(asyncio.Protocol):
                     return None
                 line = bytes(buf[:end])
                 del buf[: end + 2]
+                self._trailers += end + 2
+                if self._trailers > MAX_HEAD:
+                    raise _Fault("trailers too long")
                 if not line:
                     assert self._headers is not None
                     return HttpReply(self._status, self._headers, bytes(self._body))
@@ -393,7 +421,7 @@ class Http1Client:
     def _idle(self, host: _Host, now: float) -> _Connection | None:
         while host.idle:
             conn = host.idle.pop()
-            if not conn.closed and conn.reusable and now - conn.idle_since < self._keepalive_s:
+            if not conn.closed and conn.reusable and now - conn.idle_since < self._keepalive_s and conn.quiet():
                 return conn
             conn.close()
         return None

@@ -7,7 +7,6 @@ import ssl
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
-from urllib.parse import urlsplit
 
 from router.http1 import Http1Client
 from telemetry import wire
@@ -51,21 +50,18 @@ class NodeReply:
 
 
 class NodeClient(Protocol):
-    async def post(self, url: str, body: bytes, headers: Mapping[str, str], timeout_s: float) -> NodeReply: ...
+    """Calls to nodes. `admin=True` marks a call the router itself builds for a node's admin or
+    repository routes (cancels, model loads and unloads): only those carry the node admin token."""
+
+    async def post(
+        self, url: str, body: bytes, headers: Mapping[str, str], timeout_s: float, admin: bool = False
+    ) -> NodeReply: ...
 
     async def get(self, url: str, timeout_s: float) -> NodeReply: ...
 
-    async def delete(self, url: str, timeout_s: float) -> NodeReply: ...
+    async def delete(self, url: str, timeout_s: float, admin: bool = False) -> NodeReply: ...
 
     async def close(self) -> None: ...
-
-
-ADMIN_PATHS = ("/admin/", "/v2/repository/")
-
-
-def _is_admin(url: str) -> bool:
-    # most calls are inference: only a URL that holds an admin prefix somewhere needs splitting
-    return any(p in url for p in ADMIN_PATHS) and urlsplit(url).path.startswith(ADMIN_PATHS)
 
 
 class HttpNodeClient:
@@ -79,8 +75,9 @@ class HttpNodeClient:
     elsewhere, counted against the node); only a node that accepted the request and did not answer in
     time is a `NodeTimeout`.
 
-    With `admin_token`, calls to a node's `/admin/` and `/v2/repository/` routes carry it as a bearer
-    token (cancels, model loads and unloads); inference never does.
+    With `admin_token`, the calls the router makes for a node's admin and repository routes (`admin=True`:
+    cancels, model loads and unloads) carry it as a bearer token; nothing else does, whatever its URL
+    (an endpoint announced with a path such as `/admin/` once made every inference carry it).
     """
 
     def __init__(
@@ -105,9 +102,15 @@ class HttpNodeClient:
         self._admin = {"Authorization": f"Bearer {admin_token}"} if admin_token else None
 
     async def _request(
-        self, method: str, url: str, body: bytes | None, headers: Mapping[str, str] | None, timeout_s: float
+        self,
+        method: str,
+        url: str,
+        body: bytes | None,
+        headers: Mapping[str, str] | None,
+        timeout_s: float,
+        admin: bool = False,
     ) -> NodeReply:
-        if self._admin is not None and _is_admin(url):
+        if admin and self._admin is not None:
             headers = {**(headers or {}), **self._admin}
         # the node's budget counts down while the call waits for a connection to it
         answer = await self._http.request(method, url, body or b"", headers, timeout_s, wire.DEADLINE_MS)
@@ -115,16 +118,22 @@ class HttpNodeClient:
             raise NodeBadAnswer(f"{url}: answered a redirect ({answer.status}), not followed")
         got = answer.headers
         passed = {name: got[lower] for name, lower in _PASS if lower in got}
+        length = passed.get(wire.HEADER_LENGTH)
+        if length is not None and not (length.isascii() and length.isdigit() and int(length) <= len(answer.body)):
+            # relayed as it came, a lying length would have the client read past the body or its JSON
+            raise NodeBadAnswer(f"{url}: {wire.HEADER_LENGTH} {length[:20]!r} does not fit the answer")
         return NodeReply(answer.status, answer.body, passed, answer.waited_ms)
 
-    async def post(self, url: str, body: bytes, headers: Mapping[str, str], timeout_s: float) -> NodeReply:
-        return await self._request("POST", url, body, headers, timeout_s)
+    async def post(
+        self, url: str, body: bytes, headers: Mapping[str, str], timeout_s: float, admin: bool = False
+    ) -> NodeReply:
+        return await self._request("POST", url, body, headers, timeout_s, admin)
 
     async def get(self, url: str, timeout_s: float) -> NodeReply:
         return await self._request("GET", url, None, None, timeout_s)
 
-    async def delete(self, url: str, timeout_s: float) -> NodeReply:
-        return await self._request("DELETE", url, None, None, timeout_s)
+    async def delete(self, url: str, timeout_s: float, admin: bool = False) -> NodeReply:
+        return await self._request("DELETE", url, None, None, timeout_s, admin)
 
     async def close(self) -> None:
         await self._http.close()
@@ -152,13 +161,15 @@ class InMemoryNodeClient:
                 return await handler(method, path, body, headers)
         raise NodeUnavailable(f"{url}: no such node")
 
-    async def post(self, url: str, body: bytes, headers: Mapping[str, str], timeout_s: float) -> NodeReply:
+    async def post(
+        self, url: str, body: bytes, headers: Mapping[str, str], timeout_s: float, admin: bool = False
+    ) -> NodeReply:
         try:
             return await asyncio.wait_for(self._call("POST", url, body, headers), timeout_s)
         except TimeoutError:
             raise NodeTimeout(url) from None
 
-    async def delete(self, url: str, timeout_s: float) -> NodeReply:
+    async def delete(self, url: str, timeout_s: float, admin: bool = False) -> NodeReply:
         try:
             return await asyncio.wait_for(self._call("DELETE", url, b"", {}), timeout_s)
         except TimeoutError:

@@ -9,6 +9,7 @@ forwarded as the bytes that came in.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
 import re
@@ -21,7 +22,7 @@ from policies.api import RouteRequest
 from policies.healthy import Healthy
 from policies.pipeline import Pipeline
 from router.dispatch import Outcome
-from router.node_client import NodeError
+from router.node_client import NodeBadAnswer, NodeError, NodeTimeout, NodeUnavailable
 from router.state import CLIENT, ROUTER, VERSION, Router
 from router.state import json_error as _error
 from router.workflows import WorkflowInputError, WorkflowRunner, decode_inputs
@@ -208,8 +209,9 @@ def _fresh_serving(router: Router, model: str) -> list[NodeState]:
 async def repository_load(request: web.Request) -> web.Response:
     """Cluster `POST /v2/repository/models/{m}/load`: make the model resident on a node.
 
-    Already resident on a fresh node: nothing to do. Otherwise the node that serves it with the most
-    free memory loads it (or the node named in `{"parameters": {"node": ID}}`); its answer is relayed.
+    Already resident on a fresh node: nothing to do. Otherwise the nodes that serve it are asked in
+    order of free memory (or only the node named in `{"parameters": {"node": ID}}`) until one loads it;
+    if none does, 502, 503 or 504 (see `_repository_failure`) with each node's answer.
     """
     router = request.app[ROUTER]
     model = request.match_info["model"]
@@ -232,32 +234,72 @@ async def repository_load(request: web.Request) -> web.Response:
         warm = [n.node_id for n in nodes if (st := n.model(model)) is not None and st.resident]
         if warm:
             return web.json_response({"name": model, "state": "READY", "nodes": warm})
-    target = max(nodes, key=lambda n: n.load.memory_budget_bytes - n.load.memory_used_bytes)
-    reply = await router.client.post(
-        f"{target.endpoint}/v2/repository/models/{model}/load", b"{}", {"Content-Type": "application/json"}, 60.0
-    )
-    if reply.status != 200:
-        return web.Response(status=reply.status, body=reply.body, content_type="application/json")
-    return web.json_response({"name": model, "state": "READY", "nodes": [target.node_id]})
+    # the most free memory first; a node that fails or refuses leaves the load to the next one
+    ordered = sorted(nodes, key=lambda n: n.load.memory_used_bytes - n.load.memory_budget_bytes)
+    results: dict[str, Any] = {}
+    for n in ordered:
+        code, body = await _repository_call(router, n, model, "load", 60.0)
+        if code == 200:
+            return web.json_response({"name": model, "state": "READY", "nodes": [n.node_id]})
+        results[n.node_id] = {"status": code, "error": body}
+    return _repository_failure(model, "load", results)
 
 
 async def repository_unload(request: web.Request) -> web.Response:
-    """Cluster `POST /v2/repository/models/{m}/unload`: every node holding it lets it go (409 from a
-    node with requests in progress is relayed per node)."""
+    """Cluster `POST /v2/repository/models/{m}/unload`: every node holding it lets it go, all asked at
+    once. 200 when all did; 409 when a node still has requests in progress (relayed per node); 502,
+    503 or 504 when a node answered badly, could not be reached or did not answer in time."""
     router = request.app[ROUTER]
     model = request.match_info["model"]
     nodes = _fresh_serving(router, model)
     if not nodes:
         return _error(404, f"no fresh node serves model '{model}'")
-    results: dict[str, int] = {}
-    for n in nodes:
-        reply = await router.client.post(
-            f"{n.endpoint}/v2/repository/models/{model}/unload", b"{}", {"Content-Type": "application/json"}, 10.0
-        )
-        results[n.node_id] = reply.status
-    status = 200 if all(code == 200 for code in results.values()) else 409
-    return web.json_response({"name": model, "state": "UNAVAILABLE" if status == 200 else "BUSY", "nodes": results},
-                             status=status)  # fmt: skip
+    calls = [_repository_call(router, n, model, "unload", 10.0) for n in nodes]
+    answers = await asyncio.gather(*calls)
+    results = {n.node_id: code for n, (code, _) in zip(nodes, answers, strict=True)}
+    if all(code == 200 for code in results.values()):
+        return web.json_response({"name": model, "state": "UNAVAILABLE", "nodes": results})
+    failed = {k: {"status": c, "error": e} for k, (c, e) in zip(results, answers, strict=True) if c not in (200, 409)}
+    if failed:
+        return _repository_failure(model, "unload", failed)
+    return web.json_response({"name": model, "state": "BUSY", "nodes": results}, status=409)
+
+
+_CALL_FAILURES = ((NodeUnavailable, 503), (NodeTimeout, 504), (NodeBadAnswer, 502))
+
+
+async def _repository_call(
+    router: Router, node: NodeState, model: str, action: str, timeout_s: float
+) -> tuple[int, str]:
+    """One node's answer to a repository load or unload: (its status, its error text), or for a call that
+    got no usable answer (503 unreachable, 504 no answer in time, 502 a bad answer; the reason)."""
+    url = f"{node.endpoint}/v2/repository/models/{model}/{action}"
+    try:
+        reply = await router.client.post(url, b"{}", {"Content-Type": "application/json"}, timeout_s, admin=True)
+    except NodeError as exc:
+        code = next((c for kind, c in _CALL_FAILURES if isinstance(exc, kind)), 502)
+        return code, str(exc)[:200]
+    if reply.status == 200:
+        return 200, ""
+    try:
+        reason = str(wire.loads(reply.body).get("error", ""))[:200]
+    except (ValueError, AttributeError):
+        reason = reply.body[:200].decode(errors="replace")
+    return reply.status, reason
+
+
+def _repository_failure(model: str, action: str, results: dict[str, Any]) -> web.Response:
+    """No node did it, each node's answer in the body. Every node refused it (4xx: busy, unknown, no
+    room): their verdict, the first node's status; otherwise the gateway status of the failures (504 if
+    any timed out, else 503 if any could not be reached, else 502)."""
+    codes = [r["status"] for r in results.values()]
+    if all(400 <= c < 500 for c in codes):
+        status = codes[0]
+    else:
+        status = 504 if 504 in codes else 503 if 503 in codes else 502
+    detail = "; ".join(f"{node}: {r['status']} {r['error']}".strip() for node, r in results.items())
+    body = {"error": f"{action} of '{model}' failed on every node tried ({detail})"[:2000], "nodes": results}
+    return web.json_response(body, status=status)
 
 
 async def infer(request: web.Request) -> web.Response:

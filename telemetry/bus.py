@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 from telemetry.kafkafetch import LeanConsumer, TopicPartition, Unsupported, reader_kind
 from telemetry.schema import TOPIC, NodeLoad
-from telemetry.signing import Signer, Verifier
+from telemetry.signing import Signer, Verifier, unsealed
 from telemetry.store import ViewStore
 from telemetry.tls import kafka_options
 
@@ -248,6 +248,8 @@ class TopicReader:
                         kids: list[str | None] | None = None
                         if verifier is not None:
                             values, kids = verifier.open_many(topic, values, received)
+                        else:  # no keys here: signed and unsigned alike, unverified (telemetry.signing)
+                            values = [unsealed(v) for v in values]
                         if values:
                             reader._handle(values, received, history, kids)
                     for reader in readers.values():

@@ -21,9 +21,11 @@ share its framing and checks, and read best in one place.)
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import struct
+import time
 import zlib
 from collections.abc import Iterable
 from typing import NamedTuple
@@ -41,8 +43,11 @@ __all__ = [
 FETCH, LIST_OFFSETS, METADATA, API_VERSIONS = 1, 2, 3, 18
 NEEDED = {FETCH: 4, LIST_OFFSETS: 1, METADATA: 1}  # the versions spoken here
 LATEST = -1
+log = logging.getLogger("edgeroute.telemetry")
+
 MAX_ANSWER = 64 << 20  # an answer larger than this is refused
 FETCH_MAX_BYTES = 32 << 20  # what a fetch asks for at most: a soft limit, well under MAX_ANSWER
+MAX_INFLATED = 16 << 20  # compressed batches of one partition's fetch inflate to this much at most
 RETRIABLE = {3, 5, 6, 7, 13, 14, 15, 56, 74, 75}  # topic/leader moved, broker busy: look again, go on
 OFFSET_OUT_OF_RANGE = 1
 
@@ -160,18 +165,38 @@ def _varint(buf: bytes, pos: int) -> tuple[int, int]:
         shift += 7
 
 
-def _decompress(codec: int, data: bytes) -> bytes:
-    if codec == 1:
-        return zlib.decompress(data, 47)  # gzip or zlib framing
-    from kafka import codec as kc
+class Inflated(KafkaWireError):
+    """A compressed record batch that inflates past the bytes allowed for it (a compression bomb)."""
 
-    if codec == 2 and kc.has_snappy():
-        return bytes(kc.snappy_decode(data))
-    if codec == 3 and kc.has_lz4():
-        return bytes(kc.lz4_decode(data))
-    if codec == 4 and kc.has_zstd():
-        return bytes(kc.zstd_decode(data))
-    raise Unsupported(f"record batch compressed with codec {codec}, whose library is not installed")
+
+def _decompress(codec: int, data: bytes, limit: int) -> bytes:
+    """`data` inflated, never past `limit` bytes: gzip and zstd stop at the limit before allocating more;
+    a bigger result is `Inflated` (snappy cannot grow past about 21x its input, itself bounded by the
+    fetch; lz4's frame decoder takes the same bound)."""
+    if codec == 1:
+        inflater = zlib.decompressobj(47)  # gzip or zlib framing
+        out = inflater.decompress(data, limit + 1)
+    else:
+        from kafka import codec as kc
+
+        if codec == 2 and kc.has_snappy():
+            out = bytes(kc.snappy_decode(data))
+        elif codec == 3 and kc.has_lz4():
+            import lz4.frame  # type: ignore[import-not-found]
+
+            out = lz4.frame.LZ4FrameDecompressor().decompress(data, max_length=limit + 1)
+        elif codec == 4 and kc.has_zstd():
+            import io
+
+            import zstandard  # type: ignore[import-not-found]
+
+            with zstandard.ZstdDecompressor().stream_reader(io.BytesIO(data), read_across_frames=True) as reader:
+                out = reader.read(limit + 1)
+        else:
+            raise Unsupported(f"record batch compressed with codec {codec}, whose library is not installed")
+    if len(out) > limit:
+        raise Inflated(f"a compressed record batch inflates past {limit} bytes")
+    return out
 
 
 def _crc32c(data: memoryview) -> int:
@@ -180,11 +205,20 @@ def _crc32c(data: memoryview) -> int:
     return int(crc32c.crc32c(data))
 
 
-def decode_batches(data: memoryview, fetch_offset: int, out: list[Record]) -> int:
+def decode_batches(
+    data: memoryview,
+    fetch_offset: int,
+    out: list[Record],
+    max_inflated: int = MAX_INFLATED,
+    dropped: list[str] | None = None,
+) -> int:
     """Append the records at or past `fetch_offset` of the v2 record batches in `data` to `out`; return the
     offset to fetch next. A batch cut off at the end (the broker's byte limit) is left for the next
-    fetch; control batches (transaction markers) are skipped; a batch whose CRC does not match raises."""
+    fetch; control batches (transaction markers) are skipped; a batch whose CRC does not match raises.
+    Compressed batches inflate to `max_inflated` bytes at most, together: a batch that would go past it
+    is skipped (its offsets passed, the reason appended to `dropped`), not retried forever."""
     pos, end, next_offset = 0, len(data), fetch_offset
+    budget = max_inflated
     while end - pos > 16:
         if data[pos + 16] != 2:  # the magic byte sits here in every message format
             raise Unsupported(f"record format v{data[pos + 16]}; this reader reads v2 (Kafka 0.11 and later)")
@@ -204,7 +238,14 @@ def decode_batches(data: memoryview, fetch_offset: int, out: list[Record]) -> in
         if after > next_offset and not attrs & 0x20:
             body = bytes(data[pos + _BATCH.size : stop])
             if attrs & 7:
-                body = _decompress(attrs & 7, body)
+                try:
+                    body = _decompress(attrs & 7, body, budget)
+                except Inflated as exc:
+                    if dropped is not None:
+                        dropped.append(f"offsets {base}-{after - 1}: {exc}")
+                    body = b""
+                    n = 0
+                budget -= len(body)
             _records(body, base, n, next_offset, out)
         next_offset = max(next_offset, after)
         pos = stop
@@ -261,10 +302,16 @@ class _Connection:
             raise KafkaWireError(f"broker {self.where}: {exc}") from None
         return self._correlation
 
-    def _exactly(self, view: memoryview) -> None:
+    def _exactly(self, view: memoryview, deadline: float) -> None:
+        """Fill `view` from the socket by `deadline` (time.monotonic()): the whole answer has that long,
+        not each read, so a broker that sends a byte now and then cannot hold the reader forever."""
         got = 0
         while got < len(view):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise KafkaWireError(f"broker {self.where}: no whole answer within {self.timeout_s:g} s")
             try:
+                self.sock.settimeout(left)
                 n = self.sock.recv_into(view[got:])
             except OSError as exc:
                 raise KafkaWireError(f"broker {self.where}: {exc}") from None
@@ -273,13 +320,13 @@ class _Connection:
             got += n
 
     def receive(self, correlation: int, wait_s: float = 0.0) -> _Reader:
-        self.sock.settimeout(self.timeout_s + wait_s)
-        self._exactly(memoryview(self._size))
+        deadline = time.monotonic() + self.timeout_s + wait_s
+        self._exactly(memoryview(self._size), deadline)
         size = _I32.unpack(self._size)[0]
         if size < 4 or size > MAX_ANSWER:
             raise KafkaWireError(f"broker {self.where}: answer of {size} bytes")
         buf = bytearray(size)
-        self._exactly(memoryview(buf))
+        self._exactly(memoryview(buf), deadline)
         answer = _Reader(buf)
         if answer.i32() != correlation:
             raise KafkaWireError(f"broker {self.where}: answer to another request")
@@ -320,8 +367,11 @@ class LeanConsumer:
         request_timeout_ms: int = 5000,
         partition_max_bytes: int = 1 << 20,
         client_id: str = "edgeroute-router",
+        max_inflated_bytes: int = MAX_INFLATED,
     ) -> None:
         self.bootstrap = bootstrap
+        self.max_inflated = max_inflated_bytes
+        self.dropped_batches = 0  # compressed batches skipped for inflating past max_inflated
         self.fetch_max_wait_ms = max(1, fetch_max_wait_ms)
         self.timeout_s = request_timeout_ms / 1000.0
         self.partition_max_bytes = partition_max_bytes
@@ -542,7 +592,11 @@ class LeanConsumer:
                     raise KafkaWireError(f"Fetch {topic}[{partition}]: error {error}")
                 elif data:
                     records: list[Record] = []
-                    self.offsets[tp] = decode_batches(data, self.offsets[tp], records)
+                    dropped: list[str] = []
+                    self.offsets[tp] = decode_batches(data, self.offsets[tp], records, self.max_inflated, dropped)
+                    for reason in dropped:
+                        self.dropped_batches += 1
+                        log.warning("%s: record batch dropped: %s", tp, reason)
                     if records:
                         out[tp] = records
         if reset:

@@ -8,7 +8,7 @@ caller counts and skips it, never crashes.
 Whoever can write to the topic is outside the router's trust, so every field is bounded: times and
 sizes are finite and non-negative with ceilings, counts non-negative, map keys that are numbers must
 parse as integers in range, names are short and of a plain alphabet, maps have a maximum number of
-entries, and an endpoint is an http(s) base URL with no credentials, query or fragment. A message
+entries, and an endpoint is an http(s) origin with no credentials, path, query or fragment. A message
 outside the bounds is malformed as a whole.
 """
 
@@ -50,6 +50,30 @@ PriorityKey = Annotated[str, Field(pattern=r"^(?:0|-?[1-9][0-9]{0,5}|-?1000000)$
 # Bounded: cleared when full, so a flood of distinct values costs time, never memory.
 _VALID_CACHE_MAX = 65_536
 _valid_endpoints: set[str] = set()
+
+
+def check_endpoint(v: str) -> str:
+    """A node endpoint as the router may use it: an origin, `http(s)://host[:port]`, with no credentials,
+    path, query or fragment (ValueError otherwise). Remembered once valid (reports repeat it)."""
+    if v in _valid_endpoints:
+        return v
+    parts = urlsplit(v)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError("endpoint must be an http(s) URL with a host")
+    if parts.username or parts.password or parts.query or parts.fragment or "@" in parts.netloc:
+        raise ValueError("endpoint must not carry credentials, a query or a fragment")
+    if parts.path or v.endswith(("?", "#")):
+        # an origin only: the router appends its own paths, and a path of the node's choosing
+        # (`/admin/`) once made ordinary calls look like the router's admin calls
+        raise ValueError("endpoint must be an origin, scheme://host[:port], with no path")
+    try:
+        parts.port  # noqa: B018 - raises on an invalid port
+    except ValueError:
+        raise ValueError("endpoint has an invalid port") from None
+    if len(_valid_endpoints) >= _VALID_CACHE_MAX:
+        _valid_endpoints.clear()
+    _valid_endpoints.add(v)
+    return v
 
 
 class _Strict(BaseModel):
@@ -122,21 +146,7 @@ class NodeLoad(_Strict):
     @field_validator("endpoint")
     @classmethod
     def _base_url(cls, v: str) -> str:
-        if v in _valid_endpoints:
-            return v
-        parts = urlsplit(v)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError("endpoint must be an http(s) URL with a host")
-        if parts.username or parts.password or parts.query or parts.fragment or "@" in parts.netloc:
-            raise ValueError("endpoint must not carry credentials, a query or a fragment")
-        try:
-            parts.port  # noqa: B018 - raises on an invalid port
-        except ValueError:
-            raise ValueError("endpoint has an invalid port") from None
-        if len(_valid_endpoints) >= _VALID_CACHE_MAX:
-            _valid_endpoints.clear()
-        _valid_endpoints.add(v)
-        return v
+        return check_endpoint(v)
 
     model_config = ConfigDict(frozen=True, extra="ignore", populate_by_name=True)
 

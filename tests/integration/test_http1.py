@@ -234,3 +234,127 @@ async def test_the_table_of_node_pools_stays_bounded(monkeypatch: pytest.MonkeyP
                 assert len(client._http._hosts) <= 5
     finally:
         await client.close()
+
+
+# --- findings of the wire review: answers that stall, mislead or outlive their request -------------
+
+
+async def test_endless_informational_heads_end_the_call_at_once(client: HttpNodeClient) -> None:
+    """Finding 3: a node sending `100 Continue` heads without end kept the router's loop busy until
+    the deadline (requests to healthy nodes went from 2.2 ms to 1.5 s p50)."""
+
+    async def continues(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        for _ in range(10_000):
+            writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            await writer.drain()
+            await asyncio.sleep(0.001)
+
+    async with Server(continues) as server:
+        started = asyncio.get_running_loop().time()
+        with pytest.raises(NodeBadAnswer, match="informational"):
+            await client.post(server.url + "/x", b"{}", {}, 10.0)
+        assert asyncio.get_running_loop().time() - started < 1.0
+
+
+async def test_endless_chunked_trailers_end_the_call(client: HttpNodeClient) -> None:
+    """Finding 3: trailers after the last chunk, one short line after another, were read until the
+    deadline."""
+
+    async def trailers(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n")
+        for i in range(100_000):
+            writer.write(b"X-T%d: %s\r\n" % (i, b"v" * 40))
+            await writer.drain()
+
+    async with Server(trailers) as server:
+        started = asyncio.get_running_loop().time()
+        with pytest.raises(NodeBadAnswer, match="trailers too long"):
+            await client.post(server.url + "/x", b"{}", {}, 10.0)
+        assert asyncio.get_running_loop().time() - started < 2.0
+
+
+async def test_bytes_a_node_sends_after_its_answer_never_become_another_answer() -> None:
+    """Finding 7: bytes a node sent after a complete answer stayed on the pooled connection and became
+    the next request's answer (another client's) in 2 of 3 runs: they had reached the socket while the
+    router's loop was busy elsewhere, and the next call took the connection before the loop read them.
+    Here the node (a thread, blocking socket) sends an unasked answer while the loop is held, then the
+    next call goes out. (Bytes that arrive only after the next request went out cannot be told from its
+    answer in HTTP/1.1; they come from the node that request went to, which could answer it anything.)"""
+    import socket
+    import threading
+    import time
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    go = threading.Event()
+    stop = threading.Event()
+
+    def node() -> None:
+        listener.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            with conn:
+                conn.settimeout(2.0)
+                try:
+                    while not stop.is_set():
+                        data = b""
+                        while b"\r\n\r\n" not in data:
+                            chunk = conn.recv(65536)
+                            if not chunk:
+                                raise ConnectionError
+                            data += chunk
+                        conn.sendall(answer())
+                        if go.wait(2.0):
+                            go.clear()
+                            conn.sendall(answer(b"stray"))  # unasked, after the answer
+                except (ConnectionError, OSError):
+                    pass
+
+    thread = threading.Thread(target=node, daemon=True)
+    thread.start()
+    c = HttpNodeClient(pool_per_node=1, connect_timeout_s=0.5)
+    bodies = []
+    try:
+        for _ in range(10):
+            reply = await c.post(f"http://127.0.0.1:{port}/x", b"{}", {}, 2.0)
+            bodies.append(reply.body)
+            go.set()
+            time.sleep(0.02)  # the loop held: the stray bytes reach the socket, unread
+    finally:
+        await c.close()
+        stop.set()
+        go.set()
+        thread.join(5)
+        listener.close()
+    assert b"stray" not in bodies, f"{bodies.count(b'stray')} of {len(bodies)} answers were another's"
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        b"HTTP/1.1 200 OK\r\nX-Evil: a\rb\r\nContent-Length: 2\r\n\r\nok",  # a bare CR in a value
+        b"HTTP/1.1 200 OK\r\nX-Evil: a\x00b\r\nContent-Length: 2\r\n\r\nok",
+        b"HTTP/1.1 600 Odd\r\nContent-Length: 2\r\n\r\nok",
+        b"HTTP/1.1 999 Odd\r\nContent-Length: 2\r\n\r\nok",
+        b"HTTP/1.1 200 OK\r\nInference-Header-Content-Length: 99\r\nContent-Length: 2\r\n\r\nok",
+        b"HTTP/1.1 200 OK\r\nInference-Header-Content-Length: -1\r\nContent-Length: 2\r\n\r\nok",
+    ],
+)
+async def test_answers_that_no_client_may_be_sent_are_bad_answers(client: HttpNodeClient, head: bytes) -> None:
+    """Finding 8: a node header with CR or control characters made aiohttp drop the client's connection
+    with no answer; statuses 600 and 999 and a lying `Inference-Header-Content-Length` were relayed as
+    they came. Each is a bad answer now (the router's 502)."""
+
+    async def bad(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(head)
+        await writer.drain()
+
+    async with Server(bad) as server:
+        with pytest.raises(NodeBadAnswer):
+            await client.post(server.url + "/x", b"{}", {}, 2.0)

@@ -249,3 +249,32 @@ def test_a_key_bound_to_its_nodes_cannot_speak_for_another(broker: EmbeddedBroke
     finally:
         source.stop()
     assert set(store.view.nodes) == {"a", "a-2"} and verifier.unbound == 1, verifier.summary()
+
+
+def test_a_reader_without_keys_accepts_signed_and_unsigned_alike(broker: EmbeddedBroker) -> None:
+    """As the signing module says (signing rolls out publisher-first): a router with no keys at all
+    read every signed message as malformed (0 nodes, every request 503)."""
+    topic = "edgeroute.telemetry.nokeys"
+    ensure_topic(broker.bootstrap, topic)
+    store = ViewStore(stale_after_ms=1000)
+    source = KafkaTelemetrySource(broker.bootstrap, topic, lookback_ms=0)
+    assert source.verifier is None
+    source.start(store)
+    try:
+        assert source.assigned.wait(10)
+        now = time.time() * 1000
+        signed = TelemetryPublisher(broker.bootstrap, topic, signer=Signer.parse("fleet:" + "k" * 32))
+        plain = TelemetryPublisher(broker.bootstrap, topic)
+        try:
+            assert signed.publish(load("signed", sent_at_ms=now))
+            assert plain.publish(load("plain", sent_at_ms=now))
+        finally:
+            signed.close()
+            plain.close()
+        deadline = time.monotonic() + 10
+        while len(store.view.nodes) < 2:
+            assert time.monotonic() < deadline, (store.summary(), sorted(store.view.nodes))
+            time.sleep(0.05)
+    finally:
+        source.stop()
+    assert set(store.view.nodes) == {"signed", "plain"} and store.summary()["malformed"] == 0

@@ -158,3 +158,55 @@ def test_generated_fetch_answers_raise_only_wire_errors() -> None:
         except KafkaWireError:
             continue
         assert all(offset >= 0 for offset in consumer.offsets.values())
+
+
+def test_a_compression_bomb_is_skipped_without_inflating_it_and_the_rest_is_read() -> None:
+    """A gzip batch of a few hundred KB that inflates to hundreds of MB was inflated whole before its
+    signature could be checked (a router went from 74 MB to 580 MB). Now inflation stops at the bound,
+    the batch is passed and named, and the batches around it are read."""
+    import tracemalloc
+
+    bomb = batch(1, [b"\0" * (48 << 20)], codec=1)  # 48 MB of zeros: about 47 KB compressed
+    assert len(bomb) < 100_000
+    data = batch(0, [b"before"]) + bomb + batch(2, [b"after"])
+    out: list[Record] = []
+    dropped: list[str] = []
+    tracemalloc.start()
+    try:
+        after = decode_batches(memoryview(data), 0, out, 1 << 20, dropped)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert [r.value for r in out] == [b"before", b"after"] and after == 3
+    assert len(dropped) == 1 and "offsets 1-1" in dropped[0] and "inflates past" in dropped[0]
+    assert peak < 8 << 20, f"{peak} bytes allocated: the bomb was inflated"
+
+
+def test_a_broker_answer_has_a_deadline_as_a_whole() -> None:
+    """A broker that sends a byte every few seconds kept a per-read timeout from ever firing: telemetry
+    stalled for good. The whole answer now has `timeout_s` (no socket: a fake one trickles)."""
+    import time
+
+    from telemetry import kafkafetch
+
+    class Trickle:
+        def __init__(self) -> None:
+            self.timeouts: list[float] = []
+            self.sent = iter([0, 0, 1, 0])  # an answer of 256 bytes is announced, then it trickles
+
+        def settimeout(self, t: float) -> None:
+            self.timeouts.append(t)
+
+        def recv_into(self, view: memoryview) -> int:
+            time.sleep(0.03)  # one byte, well inside any one read's timeout
+            view[0] = next(self.sent, 7)
+            return 1
+
+    conn = kafkafetch._Connection.__new__(kafkafetch._Connection)
+    conn.sock, conn.where, conn.timeout_s = Trickle(), "fake:9092", 0.2  # type: ignore[assignment]
+    conn._size = bytearray(4)
+    started = time.monotonic()
+    with pytest.raises(KafkaWireError, match="no whole answer within"):
+        conn.receive(1)
+    assert time.monotonic() - started < 1.0
+    assert all(t <= 0.2 for t in conn.sock.timeouts)  # type: ignore[attr-defined]

@@ -68,3 +68,12 @@ def test_keys_bound_to_node_ids() -> None:
     assert verifier.open_keyed("t", sealed, 1_000.0) == ("edge-1", b"{}")
     assert verifier.may_sign_for("edge-1", "edge-1-gpu") and verifier.may_sign_for("shared", "anything")
     assert not verifier.may_sign_for("edge-1", "cloud-1") and verifier.summary()["unbound"] == 1
+
+
+def test_unsealed_gives_the_message_of_a_sealed_record_unverified() -> None:
+    from telemetry.signing import Signer, unsealed
+
+    sealed = Signer.parse("fleet:" + "k" * 32).seal("t", b'{"a": 1}', 1000.0)
+    assert unsealed(sealed) == b'{"a": 1}'
+    assert unsealed(b'{"a": 1}') == b'{"a": 1}'
+    assert unsealed(b"ER1 broken") == b"ER1 broken", "a broken envelope is left for the parser to refuse"

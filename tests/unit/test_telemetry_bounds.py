@@ -268,3 +268,31 @@ def test_remembered_valid_values_stay_bounded_and_never_admit_invalid_ones(monke
         with pytest.raises(MalformedTelemetry):
             NodeLoad.parse(with_("endpoint", "http://user:pw@10.0.0.1:8000"))
     assert not any("@" in e for e in schema._valid_endpoints)
+
+
+@pytest.mark.parametrize("endpoint", ["http://127.0.0.1:9/admin/", "http://127.0.0.1:9/x", "http://127.0.0.1:9/"])
+def test_an_endpoint_with_a_path_is_malformed(endpoint: str) -> None:
+    """An endpoint is an origin: the router builds every path itself (a node announcing `/admin/` once
+    had ordinary calls sent with the node admin token)."""
+    import json
+
+    from telemetry.schema import MalformedTelemetry, NodeLoad
+    from tests.helpers import load
+
+    msg = json.loads(load("evil").to_json())
+    msg["endpoint"] = endpoint
+    with pytest.raises(MalformedTelemetry, match="origin"):
+        NodeLoad.parse(json.dumps(msg))
+    msg["endpoint"] = "http://127.0.0.1:9"
+    assert NodeLoad.parse(json.dumps(msg)).endpoint == "http://127.0.0.1:9"
+
+
+def test_a_node_config_endpoint_is_an_origin_a_trailing_slash_dropped() -> None:
+    from pydantic import ValidationError
+
+    from nodes.config import NodeConfig
+
+    ok = NodeConfig(node_id="n", endpoint="http://h:1/", models=[{"name": "echo"}])
+    assert ok.endpoint == "http://h:1"
+    with pytest.raises(ValidationError, match="origin"):
+        NodeConfig(node_id="n", endpoint="http://h:1/admin/", models=[{"name": "echo"}])

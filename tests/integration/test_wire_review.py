@@ -1,0 +1,102 @@
+"""Findings of the review of the router's wire paths, each reproduced against real processes on
+loopback: a fake node (aiohttp) where the router's client is under test, the real stack elsewhere."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from aiohttp import web
+
+from router.node_client import HttpNodeClient
+from scenarios.launcher import Stack
+from tests.integration.http import call
+
+TOKEN = "t" * 24
+
+
+async def fake_node(handler: Callable[[web.Request], Any]) -> AsyncIterator[str]:
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        await runner.cleanup()
+
+
+async def test_the_admin_token_goes_only_with_the_calls_the_router_makes_for_admin_routes() -> None:
+    """Finding 1 (high): a node announcing `http://host:port/admin/` made every ordinary inference sent
+    to it carry the fleet's node admin token (the client looked at the URL's path)."""
+    seen: list[tuple[str, str | None]] = []
+
+    async def handler(request: web.Request) -> web.Response:
+        seen.append((request.path, request.headers.get("Authorization")))
+        return web.json_response({})
+
+    gen = fake_node(handler)
+    base = await gen.__anext__()
+    client = HttpNodeClient(admin_token=TOKEN)
+    try:
+        await client.post(f"{base}/admin//v2/models/m/infer", b"{}", {}, 2.0)  # what that endpoint produced
+        await client.post(f"{base}/v2/repository/models/m/load", b"{}", {}, 2.0)
+        await client.delete(f"{base}/admin/requests/x", 2.0)
+        await client.delete(f"{base}/admin/requests/y", 2.0, admin=True)
+        await client.post(f"{base}/v2/repository/models/m/unload", b"{}", {}, 2.0, admin=True)
+    finally:
+        await client.close()
+        await gen.aclose()
+    assert seen == [
+        ("/admin//v2/models/m/infer", None),
+        ("/v2/repository/models/m/load", None),
+        ("/admin/requests/x", None),
+        ("/admin/requests/y", f"Bearer {TOKEN}"),
+        ("/v2/repository/models/m/unload", f"Bearer {TOKEN}"),
+    ]
+
+
+def test_repository_calls_through_the_router_try_every_node_and_answer_a_gateway_status(own_stack: Any) -> None:
+    """Finding 10: with one node of two down, the router's repository load and unload answered 500 with
+    a traceback and stopped at the first failing node."""
+    stack: Stack = own_stack(
+        [
+            {"id": "n1", "partition": "edge-a", "models": ["sensor_mlp"]},
+            {"id": "n2", "partition": "edge-a", "models": ["sensor_mlp"]},
+        ],
+        router={"stale_after_ms": 60_000},  # the dead node stays in the view: the router must cope
+    )
+    headers = stack.admin_headers
+    status, doc, _ = call(f"{stack.router_url}/v2/repository/models/sensor_mlp/unload", b"{}", headers=headers)
+    assert status == 200, doc  # both let it go, so a load has somewhere to go
+    time.sleep(1.0)  # their reports say so before one of them dies
+    stack.kill_node("n2")
+    status, doc, _ = call(f"{stack.router_url}/v2/repository/models/sensor_mlp/unload", b"{}", headers=headers)
+    assert status == 503, doc
+    assert doc["nodes"]["n2"]["status"] == 503 and "n1" not in doc["nodes"], "n1 unloaded, n2 unreachable"
+    for wanted in ("n2", None):
+        body = json.dumps({"parameters": {"node": wanted}}).encode() if wanted else b""
+        status, doc, _ = call(f"{stack.router_url}/v2/repository/models/sensor_mlp/load", body, headers=headers)
+        if wanted == "n2":
+            assert status == 503 and "n2" in doc["error"], doc
+        else:  # whichever node comes first, the load ends on the live one
+            assert status == 200 and doc["nodes"] == ["n1"], doc
+
+
+def test_the_router_holds_no_node_answer_past_max_answer_bytes(own_stack: Any) -> None:
+    """Finding 9: node answers were buffered up to a fixed 64 MiB per request (16 slow clients held 2 GB);
+    `max_answer_bytes` is a router setting, and an answer past it is a 502."""
+    from tests.integration.http import infer_body
+
+    node = {"id": "n1", "partition": "edge-a", "models": ["echo"]}
+    stack: Stack = own_stack([node], router={"max_answer_bytes": 4096})
+    small = infer_body("x", [1, 4], data=[0.5] * 4)
+    large = infer_body("x", [256, 4], data=[0.5] * 1024)  # a JSON answer of about 6 KB
+    assert call(f"{stack.router_url}/v2/models/echo/infer", small, headers=stack.client_headers)[0] == 200
+    status, doc, _ = call(f"{stack.router_url}/v2/models/echo/infer", large, headers=stack.client_headers)
+    assert status == 502 and "4096" in doc["error"], doc
