@@ -34,7 +34,7 @@ from telemetry import wire
 from telemetry.bus import TelemetryPublisher
 from telemetry.quantiles import nearest_rank
 from telemetry.schema import DeviceInfo
-from telemetry.serving import start_site
+from telemetry.serving import read_body, start_site
 
 log = logging.getLogger("edgeroute.node")
 
@@ -286,7 +286,7 @@ async def _infer(
 ) -> tuple[web.Response, float | None]:
     """The answer, and for a success its queue wait (ms) for the metrics."""
     try:
-        body = await request.read()
+        body = await read_body(request, request.app[CONFIG].body_timeout_s)
         doc, tail = split_body(body, request.headers.get(wire.HEADER_LENGTH))
         req = decode_request(doc, tail, model.inputs, model.output_names)
         # the same rules as the router's: a node reached directly must not queue (and report in its
@@ -391,7 +391,7 @@ async def put_speed(request: web.Request) -> web.Response:
     """`{"speed": x}`: change the emulated device speed (fault injection: a slowed node)."""
     rt = request.app[RUNTIME]
     try:
-        speed = float(wire.loads(await request.read())["speed"])
+        speed = float(wire.loads(await read_body(request, request.app[CONFIG].body_timeout_s))["speed"])
         if not 0 < speed <= 1000:
             raise ValueError
     except (ValueError, KeyError, TypeError):

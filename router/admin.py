@@ -9,6 +9,7 @@ auth is configured. The status page (`/`) is rendered from `templates/status.htm
 
 from __future__ import annotations
 
+import asyncio
 import html
 import logging
 import time
@@ -22,9 +23,10 @@ from aiohttp import web
 from policies import PolicyConfigError, PolicySpec
 from router.lifecycle import Lifecycle
 from router.lifecycle.reroute import RerouteConfig
-from router.state import ROUTER, Router
+from router.state import ROUTER, Router, validate_policy
 from router.state import json_error as _error
 from telemetry import wire
+from telemetry.serving import read_body
 from telemetry.signing import Verifier
 from telemetry.store import ViewStore
 
@@ -40,16 +42,28 @@ async def get_policy(request: web.Request) -> web.Response:
     )
 
 
+MAX_POLICY_BYTES = 64 << 10  # a policy spec is a few hundred bytes; a 6 MB one held the loop for 10 s
+
+
 async def put_policy(request: web.Request) -> web.Response:
+    """Replace the policy: a body of at most `MAX_POLICY_BYTES` (413), parsed and validated in a worker
+    thread (the event loop keeps serving meanwhile), then swapped in on the loop."""
     router = request.app[ROUTER]
+    if request.content_length is not None and request.content_length > MAX_POLICY_BYTES:
+        return _error(413, f"a policy spec is at most {MAX_POLICY_BYTES} bytes")
+    body = await read_body(request, router.config.body_timeout_s)
+    if len(body) > MAX_POLICY_BYTES:
+        return _error(413, f"a policy spec is at most {MAX_POLICY_BYTES} bytes")
     try:
-        raw = wire.loads(await request.read())
+        raw = wire.loads(body)
     except (ValueError, UnicodeDecodeError) as exc:
         return _error(400, str(exc))
     try:
-        spec = router.reload_policy(raw, "PUT /admin/policy")
+        spec, policy = await asyncio.to_thread(validate_policy, raw)
     except PolicyConfigError as exc:
+        router.policy_rejected("PUT /admin/policy", exc)
         return _error(400, f"policy rejected, keeping '{router.policies.current.name}': {exc}")
+    router.apply_policy(spec, policy, "PUT /admin/policy")
     return web.json_response({"name": router.policies.current.name, "spec": spec.model_dump(exclude_none=True)})
 
 
@@ -61,7 +75,7 @@ async def put_link(request: web.Request) -> web.Response:
     """`{"a": A, "b": B, "cut": bool}`: cut or restore an emulated link (fault injection)."""
     router = request.app[ROUTER]
     try:
-        doc = wire.loads(await request.read())
+        doc = wire.loads(await read_body(request, router.config.body_timeout_s))
         a, b, cut = str(doc["a"]), str(doc["b"]), bool(doc["cut"])
     except (ValueError, KeyError, TypeError):
         return _error(400, 'body must be {"a": partition, "b": partition, "cut": bool}')
@@ -81,7 +95,7 @@ async def put_reroute(request: web.Request) -> web.Response:
     """The whole `reroute` section (router.lifecycle.reroute.RerouteConfig); unknown keys are a 400."""
     router = request.app[ROUTER]
     try:
-        cfg = RerouteConfig.model_validate(wire.loads(await request.read()))
+        cfg = RerouteConfig.model_validate(wire.loads(await read_body(request, router.config.body_timeout_s)))
     except (ValueError, UnicodeDecodeError) as exc:
         return _error(400, f"reroute settings rejected: {str(exc).splitlines()[0]}")
     router.lifecycle.set_reroute(cfg)

@@ -24,6 +24,7 @@ from router.config import ConfigError, RouterConfig
 from router.node_client import HttpNodeClient, NodeClient, NodeError
 from router.state import CLIENT, ROUTER, Router
 from router.state import json_error as _error
+from telemetry import wire
 from telemetry.bus import KafkaTelemetrySource, TelemetrySource, TopicReader, ensure_topic, now_ms
 from telemetry.peers import PeerLoads, PeerPublisher
 from telemetry.serving import start_site
@@ -66,7 +67,16 @@ async def front_door(
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
-        return _error(exc.status, exc.reason or "error")
+        reason = exc.reason or "error"
+        if exc.content_type == "application/json" and exc.text:  # our own error (telemetry.serving.read_body)
+            try:
+                reason = str(wire.loads(exc.text).get("error", reason))
+            except (ValueError, AttributeError):
+                pass
+        resp = _error(exc.status, reason)
+        if exc.keep_alive is False:  # (a body left half read: the connection cannot carry another request)
+            resp.force_close()
+        return resp
     except Exception:
         log.exception("unhandled error on %s %s", request.method, request.path)
         return _error(500, "internal router error")

@@ -57,7 +57,7 @@ class NodeClient(Protocol):
         self, url: str, body: bytes, headers: Mapping[str, str], timeout_s: float, admin: bool = False
     ) -> NodeReply: ...
 
-    async def get(self, url: str, timeout_s: float) -> NodeReply: ...
+    async def get(self, url: str, timeout_s: float, admin: bool = False) -> NodeReply: ...
 
     async def delete(self, url: str, timeout_s: float, admin: bool = False) -> NodeReply: ...
 
@@ -129,8 +129,8 @@ class HttpNodeClient:
     ) -> NodeReply:
         return await self._request("POST", url, body, headers, timeout_s, admin)
 
-    async def get(self, url: str, timeout_s: float) -> NodeReply:
-        return await self._request("GET", url, None, None, timeout_s)
+    async def get(self, url: str, timeout_s: float, admin: bool = False) -> NodeReply:
+        return await self._request("GET", url, None, None, timeout_s, admin)
 
     async def delete(self, url: str, timeout_s: float, admin: bool = False) -> NodeReply:
         return await self._request("DELETE", url, None, None, timeout_s, admin)
@@ -175,7 +175,7 @@ class InMemoryNodeClient:
         except TimeoutError:
             raise NodeTimeout(url) from None
 
-    async def get(self, url: str, timeout_s: float) -> NodeReply:
+    async def get(self, url: str, timeout_s: float, admin: bool = False) -> NodeReply:
         try:
             return await asyncio.wait_for(self._call("GET", url, b"", {}), timeout_s)
         except TimeoutError:

@@ -28,6 +28,7 @@ from router.state import json_error as _error
 from router.workflows import WorkflowInputError, WorkflowRunner, decode_inputs
 from telemetry import wire
 from telemetry.schema import NAME_PATTERN
+from telemetry.serving import read_body
 from telemetry.view import NodeState
 
 log = logging.getLogger("edgeroute.router")
@@ -219,7 +220,7 @@ async def repository_load(request: web.Request) -> web.Response:
     if not nodes:
         return _error(404, f"no fresh node serves model '{model}'")
     wanted = None
-    raw = await request.read()
+    raw = await read_body(request, router.config.body_timeout_s)
     if raw:
         try:
             doc = wire.loads(raw)
@@ -315,10 +316,13 @@ async def infer(request: web.Request) -> web.Response:
         count(router, model, 0, "none", 413, arrived)
         return _error(413, f"request body of {request.content_length} bytes exceeds {cfg.max_body_bytes}")
     try:
-        body = await request.read()
+        body = await read_body(request, router.config.body_timeout_s)
     except web.HTTPRequestEntityTooLarge:
         count(router, model, 0, "none", 413, arrived)
         return _error(413, f"request body exceeds {cfg.max_body_bytes} bytes")
+    except web.HTTPException as exc:  # 408 (body too slow), 400 (client gone): counted, then answered
+        count(router, model, 0, "none", exc.status, arrived)
+        raise
     try:
         doc = _parse_header(body, request.headers.get(wire.HEADER_LENGTH))
         params = doc.get("parameters")

@@ -14,6 +14,7 @@ from typing import Any
 from aiohttp import web
 
 from policies import PolicyConfigError, PolicySpec, build_policy
+from policies.pipeline import Pipeline
 from router.admission import Authenticator, RateLimiter
 from router.config import ConfigError, RouterConfig, lifecycle_settings, load_config
 from router.dispatch import Dispatcher, PolicyHolder
@@ -77,12 +78,18 @@ class Router:
     def reload_policy(self, raw: Any, origin: str) -> PolicySpec:
         """Validate `raw` fully, then swap it in; on any error keep the old policy and raise."""
         try:
-            spec = raw if isinstance(raw, PolicySpec) else PolicySpec.model_validate(raw)
-            policy = build_policy(spec)
-        except (PolicyConfigError, ValueError) as exc:
-            self.metrics.policy_swaps.labels("rejected").inc()
-            log.warning("policy reload from %s rejected, keeping %s: %s", origin, self.policies.current.name, exc)
-            raise PolicyConfigError(str(exc).splitlines()[0] if str(exc) else "invalid policy") from None
+            spec, policy = validate_policy(raw)
+        except PolicyConfigError as exc:
+            self.policy_rejected(origin, exc)
+            raise
+        return self.apply_policy(spec, policy, origin)
+
+    def policy_rejected(self, origin: str, exc: Exception) -> None:
+        self.metrics.policy_swaps.labels("rejected").inc()
+        log.warning("policy reload from %s rejected, keeping %s: %s", origin, self.policies.current.name, exc)
+
+    def apply_policy(self, spec: PolicySpec, policy: Pipeline, origin: str) -> PolicySpec:
+        """Swap a validated policy in (event loop)."""
         self.policies.swap(policy, spec)
         self.metrics.policy_swaps.labels("applied").inc()
         log.info("policy %s applied from %s", policy.name, origin)
@@ -97,6 +104,16 @@ class Router:
             self.lifecycle.set_reroute(cfg.reroute)
         except (ConfigError, PolicyConfigError) as exc:
             log.warning("config reload rejected, keeping the running policy: %s", exc)
+
+
+def validate_policy(raw: Any) -> tuple[PolicySpec, Pipeline]:
+    """A policy spec checked and built, or PolicyConfigError with its first line. Pure (no router state),
+    so a large spec can be checked off the event loop."""
+    try:
+        spec = raw if isinstance(raw, PolicySpec) else PolicySpec.model_validate(raw)
+        return spec, build_policy(spec)
+    except (PolicyConfigError, ValueError) as exc:
+        raise PolicyConfigError(str(exc).splitlines()[0] if str(exc) else "invalid policy") from None
 
 
 ROUTER = web.AppKey("router", Router)

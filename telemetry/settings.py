@@ -63,3 +63,6 @@ class ServerSettings(BaseModel):
         description="a connection must send a complete request head within this long (keep it above the "
         "clients' keep-alive: the router's pool keeps idle connections 10 s)",
     )
+    body_timeout_s: float = Field(
+        10.0, gt=0, le=3600, description="a request's body must arrive whole within this long of its head (408)"
+    )

@@ -184,7 +184,9 @@ def test_json_that_breaks_parsers_is_a_400_on_every_json_route(shared_stack: Sta
     ]:
         for body in (deep, bignum):
             status, doc, _ = call(url, body, method=method, headers=headers)
-            assert status == 400, (url, status, doc)
+            # a policy spec is bounded in size before it is parsed (64 KiB): the deep one is a 413
+            expected = 413 if url.endswith("/admin/policy") and len(body) > 65536 else 400
+            assert status == expected, (url, status, doc)
 
 
 @pytest.mark.parametrize(

@@ -71,12 +71,13 @@ async def test_serving_routes_stay_open(node: TestClient) -> None:
         assert (await node.get(path)).status == 200, path
 
 
-async def test_router_client_sends_the_token_on_admin_paths_only(node: TestClient) -> None:
+async def test_router_client_sends_the_token_on_its_admin_calls_only(node: TestClient) -> None:
     base = str(node.make_url("")).rstrip("/")
     client = HttpNodeClient(admin_token=TOKEN)
     try:
-        assert (await client.get(f"{base}/admin/stats", 2.0)).status == 200
-        assert (await client.delete(f"{base}/admin/requests/none", 2.0)).status == 404  # authorised, not queued
+        assert (await client.get(f"{base}/admin/stats", 2.0, admin=True)).status == 200
+        assert (await client.delete(f"{base}/admin/requests/none", 2.0, admin=True)).status == 404  # authorised
+        assert (await client.get(f"{base}/admin/stats", 2.0)).status == 401, "a URL's path is no admin call"
         plain = HttpNodeClient()
         try:
             assert (await plain.get(f"{base}/admin/stats", 2.0)).status == 401

@@ -12,6 +12,8 @@ from scenarios.schema import Scenario
 from telemetry.broker import EmbeddedBroker
 from tests.integration.http import call, infer_body
 
+QUEUEING = {"admit_by_deadline": False, "queue_target_ms": 0}
+
 
 def test_requests_queued_at_a_slow_node_move_and_run_exactly_once(broker: EmbeddedBroker, tmp_path: Path) -> None:
     scenario = Scenario.model_validate(
@@ -20,7 +22,9 @@ def test_requests_queued_at_a_slow_node_move_and_run_exactly_once(broker: Embedd
             "topology": {
                 "partitions": ["site"],
                 "nodes": [
-                    {"id": "a", "partition": "site", "speed": 0.001, "models": ["sensor_mlp"]},
+                    # a node that queues rather than refuses (admission would send the work to b
+                    # at once): what moving queued work is for
+                    {"id": "a", "partition": "site", "speed": 0.001, "models": ["sensor_mlp"], **QUEUEING},
                     {"id": "b", "partition": "site", "models": ["sensor_mlp"]},
                 ],
             },

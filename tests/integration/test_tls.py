@@ -136,7 +136,7 @@ async def test_node_refuses_clients_without_a_certificate(pki: dict[str, str]) -
             with pytest.raises(NodeUnavailable):
                 await no_cert.get(f"{node_url}/v2/health/live", 5.0)
             assert (await with_cert.get(f"{node_url}/v2/health/live", 5.0)).status == 200
-            assert (await with_cert.get(f"{node_url}/admin/stats", 5.0)).status == 200
+            assert (await with_cert.get(f"{node_url}/admin/stats", 5.0, admin=True)).status == 200
         finally:
             await no_cert.close()
             await with_cert.close()

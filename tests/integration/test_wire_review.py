@@ -100,3 +100,69 @@ def test_the_router_holds_no_node_answer_past_max_answer_bytes(own_stack: Any) -
     assert call(f"{stack.router_url}/v2/models/echo/infer", small, headers=stack.client_headers)[0] == 200
     status, doc, _ = call(f"{stack.router_url}/v2/models/echo/infer", large, headers=stack.client_headers)
     assert status == 502 and "4096" in doc["error"], doc
+
+
+def _trickle(url: str, body_bytes: int, send: bytes, hold_s: float) -> tuple[bytes, float]:
+    """Send a POST head announcing `body_bytes`, then `send` of it, then wait up to `hold_s` for an
+    answer: (what came back, seconds)."""
+    import socket
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    started = time.monotonic()
+    with socket.create_connection((parts.hostname, parts.port), timeout=hold_s) as sock:
+        head = f"POST {parts.path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        sock.sendall(f"{head}Content-Length: {body_bytes}\r\n\r\n".encode() + send)
+        got = b""
+        try:
+            while chunk := sock.recv(65536):
+                got += chunk
+        except TimeoutError:
+            pass
+    return got, time.monotonic() - started
+
+
+def test_a_slow_body_gets_408_and_its_connection_is_closed(own_stack: Any) -> None:
+    """Finding 4: `idle_timeout_s` covered the head only; 40 connections trickling a byte every 5 s held
+    every slot for 35 s. The body now has `body_timeout_s`, at the router and at the node."""
+    node = {"id": "n1", "partition": "edge-a", "models": ["echo"]}
+    stack: Stack = own_stack([node], router={"body_timeout_s": 0.5})
+    got, took = _trickle(f"{stack.router_url}/v2/models/echo/infer", 1000, b'{"inputs"', 10.0)
+    assert got.startswith(b"HTTP/1.1 408") and b"within 0.5 s" in got, got[:200]
+    assert took < 5.0, "answered at the body timeout and closed, not held"
+    status, doc, _ = call(f"{stack.router_url}/v2/models/echo/infer", b"{", headers=stack.client_headers)
+    assert status == 400, "the router serves on"
+
+
+def test_a_client_gone_mid_body_is_no_error_in_the_log(own_stack: Any) -> None:
+    """Finding 12: each client that disconnected mid-body logged an ERROR with a traceback."""
+    import socket
+    from urllib.parse import urlsplit
+
+    stack: Stack = own_stack([{"id": "n1", "partition": "edge-a", "models": ["echo"]}])
+    log_path = stack.log_dir / "router.log"
+    before = log_path.read_text() if log_path.exists() else ""
+    parts = urlsplit(stack.router_url)
+    for _ in range(5):
+        with socket.create_connection((parts.hostname, parts.port), timeout=2.0) as sock:
+            sock.sendall(b"POST /v2/models/echo/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{")
+            time.sleep(0.05)
+    time.sleep(0.5)
+    status, _, _ = call(f"{stack.router_url}/v2/health/ready")
+    after = log_path.read_text()[len(before) :]
+    assert status == 200 and "Traceback" not in after and "ERROR" not in after, after[-2000:]
+
+
+def test_a_huge_policy_is_refused_at_once_and_specs_are_checked_off_the_loop(own_stack: Any) -> None:
+    """Finding 11: a 6 MB `PUT /admin/policy` held the router's event loop for 10 s (validated on the
+    loop, no size bound)."""
+    stack: Stack = own_stack([{"id": "n1", "partition": "edge-a", "models": ["echo"]}])
+    url = f"{stack.router_url}/admin/policy"
+    huge = json.dumps({"preset": "p2c", "params": {"sample": {"k": 2}}, "pad": ["x" * 100] * 60_000}).encode()
+    started = time.monotonic()
+    status, doc, _ = call(url, huge, method="PUT", headers=stack.admin_headers)
+    assert status == 413 and time.monotonic() - started < 2.0, doc
+    status, doc, _ = call(url, json.dumps({"preset": "least_outstanding"}).encode(), "PUT", stack.admin_headers)
+    assert status == 200 and doc["name"] == "least_outstanding", doc
+    status, doc, _ = call(url, json.dumps({"preset": "nope"}).encode(), "PUT", stack.admin_headers)
+    assert status == 400 and "least_outstanding" in doc["error"], doc
