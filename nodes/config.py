@@ -50,6 +50,13 @@ class ModelSpec(BaseModel):
     max_batch: int = Field(1, ge=1, le=1024, description="rows one execution may take (dynamic batching)")
     max_queue_delay_ms: float = Field(0.0, ge=0, description="how long a small batch may wait to fill")
     preferred_batch: list[int] = Field(default_factory=list, description="batch sizes worth waiting for")
+    batch_buckets: list[int] | None = Field(
+        None,
+        max_length=32,
+        description="batch sizes executions run at (a batch is padded with zero rows up to the next one, "
+        "their outputs dropped): on CUDA a run whose shape differs from the last one's is slow. Default: "
+        "powers of two up to max_batch on CUDA, exact sizes on the CPU; [] for exact sizes",
+    )
     size_mb: float | None = Field(
         None, gt=0, description="memory the model holds resident; default its file size (emulates a GPU-sized model)"
     )
@@ -61,7 +68,22 @@ class ModelSpec(BaseModel):
     def _one_source(self) -> ModelSpec:
         if self.path is not None and self.zoo is not None:
             raise ValueError("a model is either a file (`path`) or a zoo architecture (`zoo`), not both")
+        buckets = self.batch_buckets
+        if buckets:
+            if any(not 1 <= b <= 1024 for b in buckets) or sorted(set(buckets)) != buckets:
+                raise ValueError("batch_buckets: ascending sizes from 1 to 1024, each once")
+            if buckets[-1] < self.max_batch:
+                raise ValueError(f"batch_buckets: the largest ({buckets[-1]}) must hold max_batch ({self.max_batch})")
         return self
+
+    def buckets_for(self, device: str) -> tuple[int, ...]:
+        """The batch sizes its executions run at on `device` ("cuda" or "cpu"); () for exact sizes."""
+        if self.batch_buckets is not None:
+            return tuple(self.batch_buckets)
+        if device != "cuda" or self.max_batch <= 1:
+            return ()
+        sizes = [1 << i for i in range(self.max_batch.bit_length()) if 1 << i < self.max_batch]
+        return (*sizes, self.max_batch)
 
     @property
     def architecture(self) -> str:

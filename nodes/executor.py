@@ -135,7 +135,7 @@ class Executor:
         """The best case for `rows` rows: the model's reference time through the speed emulation (the
         scheduler's probe on an idle node, whatever a stall did to the learnt estimate)."""
         loaded = self.models.get(model)
-        return 0.0 if loaded is None else loaded.baseline_for(rows) * max(1.0, 1.0 / self.speed)
+        return 0.0 if loaded is None else loaded.baseline_for(loaded.bucket(rows)) * max(1.0, 1.0 / self.speed)
 
     @property
     def in_flight(self) -> int:
@@ -305,7 +305,7 @@ class Executor:
         loaded = self.models.get(model)
         if loaded is None or not loaded.rows_set_work():
             return False
-        measured = loaded.ewma_ms.get(rows)
+        measured = loaded.ewma_ms.get(loaded.bucket(rows))
         return measured is not None and measured <= self.config.inline_max_ms
 
     def _run_inline(self, batch: list[Work], slot: Running) -> list[InferResult]:

@@ -20,6 +20,7 @@ from telemetry.configfile import is_file
 from telemetry.wire import DATATYPES, ORT_TO_OIP
 
 WARMUP_RUNS = 30
+BUCKET_WARMUP_RUNS = 3
 CUDA = "CUDAExecutionProvider"
 
 log = logging.getLogger("edgeroute.node")
@@ -75,6 +76,7 @@ class LoadedModel:
     baseline_by_batch: dict[int, float] = field(default_factory=dict)
     served_name: str = ""  # the model's name to clients (`name` but for a version beside the default)
     device: str = "cpu"  # where its session really runs (session_device)
+    buckets: tuple[int, ...] = ()  # batch sizes runs are padded to (ModelSpec.batch_buckets); (): exact
     output_names: list[str] = field(init=False, repr=False)  # in the session's order (what `run` asks for)
     _rows_set_work: tuple[object, bool] = field(init=False, repr=False)  # (the inputs it was worked out for, answer)
 
@@ -94,9 +96,19 @@ class LoadedModel:
             self._rows_set_work = (self.inputs, answer)
         return answer
 
+    def bucket(self, rows: int) -> int:
+        """The rows a run of `rows` executes at: the smallest bucket that holds them (exact without
+        buckets, or past the largest)."""
+        for size in self.buckets:
+            if size >= rows:
+                return size
+        return rows
+
     def observe(self, batch: int, exec_ms: float, alpha: float, probe: bool = False) -> None:
-        """Learn a run of `batch` rows (under its `batch_key`: a bounded table whatever rows arrive),
-        by `nodes.scheduler.learn_ms` (a slowdown registers faster than a speed-up; a probe replaces)."""
+        """Learn a run of `batch` rows (under its bucket, then its `batch_key`: a bounded table whatever
+        rows arrive), by `nodes.scheduler.learn_ms` (a slowdown registers faster than a speed-up; a
+        probe replaces)."""
+        batch = self.bucket(batch)
         key = batch_key(batch)
         if key != batch:
             exec_ms = exec_ms * key / batch
@@ -114,9 +126,14 @@ class LoadedModel:
         under load (`emulation_jitter_ms` in the simulator's profile).
         """
         start = time.perf_counter()
+        target = self.bucket(batch)
+        if target != batch:  # padded with zero rows to its bucket; their outputs are dropped below
+            feeds = {k: _padded(v, target) for k, v in feeds.items()}
         values = self.session.run(self.output_names, feeds)
+        if target != batch:
+            values = [v[:batch] if v.ndim and v.shape[0] == target else v for v in values]
         if stretch > 1.0:
-            left = self.baseline_for(batch) * stretch / 1000.0 - (time.perf_counter() - start)
+            left = self.baseline_for(target) * stretch / 1000.0 - (time.perf_counter() - start)
             if left > 0:
                 time.sleep(left)
         elapsed_ms = (time.perf_counter() - start) * 1000.0
@@ -130,7 +147,9 @@ class LoadedModel:
         return batch_curve_ms(self.baseline_by_batch, rows)
 
     def predicted_ms(self, rows: int, speed: float) -> float:
-        """Slot time expected for `rows` rows: measured EWMA where known, else the emulated curve."""
+        """Slot time expected for `rows` rows (run at their bucket): measured EWMA where known, else the
+        emulated curve."""
+        rows = self.bucket(rows)
         key = batch_key(rows)
         measured = self.ewma_ms.get(key)
         if measured is not None:
@@ -246,10 +265,22 @@ def load_model(
     model.baseline_ms = spec.baseline_ms if spec.baseline_ms is not None else times[0]
     model.baseline_by_batch = {1: model.baseline_ms, **spec.baseline_ms_by_batch} if spec.baseline_ms_by_batch else {}
     model.observe(1, model.baseline_ms, 1.0)
+    # every bucket warmed (a first run at a new shape is slow on CUDA) and its time measured
+    model.buckets = spec.buckets_for(runs_on)
+    for size in model.buckets:
+        if size > 1:
+            padded = {k: _padded(v, size) for k, v in feeds.items()}
+            model.observe(size, min(model.run(padded, 1.0, size)[1] for _ in range(BUCKET_WARMUP_RUNS)), 1.0)
     if spec.load_ms is not None:  # emulated: a GPU-sized model takes this long to copy in
         time.sleep(max(0.0, spec.load_ms / 1000.0 - (time.perf_counter() - start)))
     model.load_ms = (time.perf_counter() - start) * 1000.0  # what a request waiting for it pays: session + warm-up
     return model
+
+
+def _padded(x: np.ndarray, rows: int) -> np.ndarray:
+    """`x` with zero rows appended along the batch axis up to `rows`."""
+    pad = np.zeros((rows - x.shape[0], *x.shape[1:]), dtype=x.dtype)
+    return np.concatenate((x, pad), axis=0)
 
 
 def _np_dtype(datatype: str) -> Any:
