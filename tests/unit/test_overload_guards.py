@@ -229,3 +229,57 @@ def test_the_worst_window_is_what_a_report_checks_the_budget_against() -> None:
     # seconds 1-2 hold 20 first tries and the 4 retries the budget let through (20% of 20)
     assert worst == {"ratio": 0.2, "first_tries": 20, "retries_and_hedges": 4}
     assert b.worst_window(5, 9)["ratio"] == 0.0
+
+
+# --- hostile settings and queries on what the overload work added ----------------------------------
+
+
+@pytest.mark.parametrize(
+    ("section", "bad"),
+    [
+        ({"retry_budget": {"ratio": float("nan")}}, "ratio"),
+        ({"retry_budget": {"ratio": float("inf")}}, "ratio"),
+        ({"retry_budget": {"ratio": -0.1}}, "ratio"),
+        ({"retry_budget": {"window_s": 0}}, "window_s"),
+        ({"retry_budget": {"min_retries": -1}}, "min_retries"),
+        ({"retry_budget": {"burst": 3}}, "burst"),
+        ({"body_timeout_s": 0}, "body_timeout_s"),
+        ({"max_answer_bytes": 10}, "max_answer_bytes"),
+    ],
+)
+def test_router_overload_settings_refuse_bad_values(section: dict[str, object], bad: str) -> None:
+    from router.config import parse_config
+    from telemetry.configfile import ConfigError
+
+    with pytest.raises(ConfigError, match=bad):
+        parse_config(section)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"queue_target_ms": float("nan")},
+        {"queue_target_ms": -1},
+        {"queue_target_ms": float("inf")},
+        {"queue_interval_ms": 0},
+        {"body_timeout_s": -1},
+    ],  # fmt: skip
+)
+def test_node_overload_settings_refuse_bad_values(bad: dict[str, object]) -> None:
+    from pydantic import ValidationError
+
+    from nodes.config import NodeConfig
+
+    with pytest.raises(ValidationError):
+        NodeConfig(node_id="n", models=[{"name": "echo"}], **bad)
+
+
+@pytest.mark.parametrize("since", ["nan", "inf", "-inf", "1e400", "x", "-5", "99999999999999999999", ""])
+def test_the_retry_windows_query_takes_any_text(since: str) -> None:
+    from router.admin import overload_summary
+
+    lc, _ = make()
+    out = overload_summary(lc, since)
+    assert out["retry_budget"]["ratio"] == 0.2
+    worst = out.get("worst_window")
+    assert worst is None or 0.0 <= worst["ratio"] <= 1000
