@@ -1,8 +1,9 @@
 """The live node's execution engine: drives `nodes.scheduler.Scheduler` on the event loop.
 
 `submit` queues one validated request and returns its outcome: the outputs (a slice of a batch), or
-a refusal (429/503, queue limits), or 504 (deadline passed while queued, or cannot be met if started
-now). Whenever a slot frees or work arrives, `kick` asks the scheduler for the next batch and runs it:
+a refusal (429/503: queue limits, controlled delay, or a deadline that cannot be met here, on arrival
+or at the head of the queue, so the router may try elsewhere), or 504 (its deadline passed while
+queued). Whenever a slot frees or work arrives, `kick` asks the scheduler for the next batch and runs it:
 inputs of the batch's requests concatenated along the batch axis, one ONNX Runtime call in the
 executor, outputs split back per request. Each queued request with a deadline has a timer that takes it
 out and answers 504 at that deadline, so nothing waits past its budget and nothing is dropped.
@@ -332,10 +333,9 @@ class Executor:
         self.running.remove(slot)
         self._in_flight -= slot.count
         if ran.error is None:  # a probe's time replaces the stale estimate (nodes.scheduler)
-            before = model.predicted_ms(slot.rows, self.speed)
-            model.observe(slot.rows, ran.exec_ms, self.config.ewma_alpha, slot.probe)
             if slot.probe:
-                self.scheduler.probed(slot.model, before, ran.exec_ms)
+                self.scheduler.probed(slot.model, model.predicted_ms(slot.rows, self.speed), ran.exec_ms)
+            model.observe(slot.rows, ran.exec_ms, self.config.ewma_alpha, slot.probe)
             self.busy_ms += ran.exec_ms
             self.scheduler.ran(priority, ran.exec_ms, time.perf_counter() * 1000.0, self.config.slots)
 
