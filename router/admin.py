@@ -174,19 +174,14 @@ async def get_view(request: web.Request) -> web.Response:
 def overload_summary(lc: Lifecycle[Any], since_s: str | None) -> dict[str, Any]:
     """The answer margin and retry budget; with `?since_s=` (epoch seconds), the worst window of the
     budget since then (a replay asks for its own run's)."""
-    out: dict[str, Any] = {
-        "answer_margin_ms": round(lc.margin.margin_ms, 3),
-        "retries": lc.retries,
-        "retry_budget": lc.retry_budget.as_json(),
-    }
-    if since_s is not None:
-        try:
-            since = int(float(since_s))
-        except (ValueError, OverflowError):
-            return out
-        now_s = int(time.time())
-        out["worst_window"] = lc.retry_budget.worst_window(max(since, now_s - 3600), now_s)
-    return out
+    if since_s is None:
+        return lc.overload_summary()
+    try:
+        since = int(float(since_s))
+    except (ValueError, OverflowError):
+        return lc.overload_summary()
+    now_s = int(time.time())
+    return lc.overload_summary((max(since, now_s - 3600), now_s))
 
 
 def telemetry_summary(store: ViewStore, verifier: Verifier | None = None) -> dict[str, Any]:

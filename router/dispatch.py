@@ -21,7 +21,15 @@ from policies.api import RouteRequest
 from policies.pipeline import Pipeline
 from router.lifecycle import Answer, Attempts, Failure, Hold, Lifecycle, LifecycleSettings, Send, classify
 from router.lifecycle.reroute import Move
-from router.node_client import NodeBadAnswer, NodeClient, NodeError, NodeReply, NodeTimeout, NodeUnavailable
+from router.node_client import (
+    NodeBadAnswer,
+    NodeClient,
+    NodeError,
+    NodeReply,
+    NodeTimeout,
+    NodeUnavailable,
+    error_text,
+)
 from telemetry import wire
 from telemetry.store import ViewStore
 from telemetry.view import NodeState
@@ -346,10 +354,7 @@ class Dispatcher:
         lc.answered(a, node_id, kind, self.clock())
         reason = ""
         if reply.status >= 400:
-            try:
-                reason = str(wire.loads(reply.body).get("error", ""))
-            except (ValueError, AttributeError):
-                reason = reply.body[:200].decode(errors="replace")
+            reason = error_text(reply.body)
         return Outcome(reply.status, reply.body, dict(reply.headers), node_id, send.attempt, reason, kind)
 
 

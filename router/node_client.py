@@ -41,6 +41,14 @@ class NodeBadAnswer(NodeError):
 MAX_ANSWER_BYTES = 64 << 20
 
 
+def error_text(body: bytes) -> str:
+    """A node's error answer as text: its JSON `error`, else the first 200 bytes as they came."""
+    try:
+        return str(wire.loads(body).get("error", ""))
+    except (ValueError, AttributeError):
+        return body[:200].decode(errors="replace")
+
+
 @dataclass(frozen=True)
 class NodeReply:
     status: int

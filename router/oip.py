@@ -22,7 +22,7 @@ from policies.api import RouteRequest
 from policies.healthy import Healthy
 from policies.pipeline import Pipeline
 from router.dispatch import Outcome
-from router.node_client import NodeBadAnswer, NodeError, NodeTimeout, NodeUnavailable
+from router.node_client import NodeBadAnswer, NodeError, NodeTimeout, NodeUnavailable, error_text
 from router.state import CLIENT, ROUTER, VERSION, Router
 from router.state import json_error as _error
 from router.workflows import WorkflowInputError, WorkflowRunner, decode_inputs
@@ -282,11 +282,7 @@ async def _repository_call(
         return code, str(exc)[:200]
     if reply.status == 200:
         return 200, ""
-    try:
-        reason = str(wire.loads(reply.body).get("error", ""))[:200]
-    except (ValueError, AttributeError):
-        reason = reply.body[:200].decode(errors="replace")
-    return reply.status, reason
+    return reply.status, error_text(reply.body)[:200]
 
 
 def _repository_failure(model: str, action: str, results: dict[str, Any]) -> web.Response:

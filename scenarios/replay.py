@@ -159,8 +159,9 @@ def replay_live(
             if injector.errors:
                 summary["fault_errors"] = injector.errors
             summary.update(series(results, warmup, duration + warmup))
-            if triggers(scenario):
-                summary["recovery"] = recovery(results, triggers(scenario), duration + warmup)
+            marks = triggers(scenario)
+            if marks:
+                summary["recovery"] = recovery(results, marks, duration + warmup)
             report["policies"][run.name] = summary
         status, view = http_json(f"{stack.router_url}/admin/view", headers=stack.admin_headers)
         report["telemetry"] = view["telemetry"] if status == 200 else {}
@@ -411,16 +412,11 @@ def replay_sim(
         summary["executions"] = {"executions": served, "wasted_executions": max(0, served - ok)}
         if "reroute" in run_router(scenario, run):
             summary["reroute"] = _moves_during({}, sim.lc.reroute.as_json())
-        lc = sim.lc
-        summary["overload"] = {  # as the live run's (router.admin.overload_summary)
-            "answer_margin_ms": round(lc.margin.margin_ms, 3),
-            "retries": lc.retries,
-            "retry_budget": lc.retry_budget.as_json(),
-            "worst_window": lc.retry_budget.worst_window(0, int(duration + warmup) + 1),
-        }
+        summary["overload"] = sim.lc.overload_summary((0, int(duration + warmup) + 1))  # as the live run's
         summary.update(series(results, warmup, duration + warmup))
-        if triggers(scenario):
-            summary["recovery"] = recovery(results, triggers(scenario), duration + warmup)
+        marks = triggers(scenario)
+        if marks:
+            summary["recovery"] = recovery(results, marks, duration + warmup)
         report["policies"][run.name] = summary
         messages += sim.store.messages
         telemetry = sim.store.summary()  # lag of the last run; messages of all of them

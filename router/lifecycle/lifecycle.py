@@ -42,7 +42,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from policies.api import HOLD_POLL_MS, Context, Defer, Rejection, RouteRequest
 from policies.pipeline import Pipeline
@@ -232,6 +232,19 @@ class Lifecycle(Generic[T]):
         """A successful attempt's round trip at the router (emulated link delay excluded) and the node's
         own time (queue wait plus execution) for it: feeds the answer margin."""
         self.margin.observe(round_trip_ms - node_ms)
+
+    def overload_summary(self, window: tuple[int, int] | None = None) -> dict[str, Any]:
+        """The answer margin and the retry budget as they stand; with `window` (first and last second on
+        the driver's clock), the budget's worst window in it (what the router's /admin/view and the
+        simulator's report both give)."""
+        out: dict[str, Any] = {
+            "answer_margin_ms": round(self.margin.margin_ms, 3),
+            "retries": self.retries,
+            "retry_budget": self.retry_budget.as_json(),
+        }
+        if window is not None:
+            out["worst_window"] = self.retry_budget.worst_window(*window)
+        return out
 
     def dispatched(self, state: NodeState) -> None:
         """An attempt is on its way to `state` (counted in the overlay until it settles)."""

@@ -84,8 +84,8 @@ class OutstandingTracker:
         self._gen = 0
         self._keys = 0  # changes whenever a row's report key (_rseq, _rsent) may have changed
         self._pend: IntArray = np.zeros(0, dtype=np.int64)
-        self._delta: IntArray = np.zeros(0, dtype=np.int64)  # dispatched - settled since the report + refused
-        self._refused: IntArray = np.zeros(0, dtype=np.int64)
+        self._delta: IntArray = np.zeros(0, dtype=np.int64)  # dispatched - settled since the report
+        self._refused: IntArray = np.zeros(0, dtype=np.int64)  # the refusal penalty (halved per report)
         self._rseq: IntArray = np.zeros(0, dtype=np.int64)  # the report counted from (-1, NaN: none)
         self._rsent = np.zeros(0, dtype=np.float64)
 
