@@ -57,6 +57,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"edgeroute node: {exc}", file=sys.stderr)
         return 2
 
+    if cfg.device == "cuda":  # asked for CUDA and there is none: one clear line, before anything starts
+        from nodes.runtime import choose_providers
+
+        try:
+            choose_providers("cuda")
+        except RuntimeError as exc:
+            print(f"edgeroute node: {exc}", file=sys.stderr)
+            return 2
     return serving.run_until_signalled(
         "edgeroute node",
         lambda stop: serve(cfg, stop, lambda port: print(f"node {cfg.node_id}: http://{cfg.host}:{port}", flush=True)),

@@ -138,6 +138,18 @@ class NodeConfig(ServerSettings):
     )
     device: Literal["auto", "cpu", "cuda"] = "auto"
     slots: int = Field(1, ge=1, le=64, description="concurrent executions")
+    priority_streams: bool = Field(
+        True,
+        description="on CUDA with the priority scheduler: each model gets a second session on a high-priority "
+        "CUDA stream for its high-priority batches, and high-priority work one execution beyond `slots` "
+        "(FIKIT: the GPU runs critical kernels first, bulk work fills the gaps); no effect on the CPU",
+    )
+    cuda_options: dict[str, str] = Field(
+        default_factory=dict,
+        max_length=32,
+        description="ONNX Runtime CUDA provider options over the node's own (device_id 0, "
+        "cudnn_conv_algo_search HEURISTIC), e.g. {gpu_mem_limit: '8589934592'}",
+    )
     threads_per_slot: int = Field(1, ge=1, le=64, description="ONNX Runtime intra-op threads")
     max_queue: int = Field(64, ge=0, description="requests waiting for a slot before 503/429")
     scheduler: Literal["fifo", "priority"] = Field(
@@ -188,6 +200,10 @@ class NodeConfig(ServerSettings):
     telemetry_key: TelemetryKey | None = Field(
         None, description="ID:SECRET signing telemetry (telemetry.signing); default $EDGEROUTE_TELEMETRY_KEY"
     )
+
+    def gpu_settings(self) -> tuple[dict[str, str], bool]:
+        """(cuda_options, priority streams wanted) as `nodes.runtime.load_model` takes them."""
+        return self.cuda_options, self.priority_streams and self.scheduler == "priority"
 
     def signer(self) -> Signer | None:
         return signer_for(self.telemetry_key)

@@ -61,6 +61,7 @@ class Running:
     ends_at_ms: float  # predicted
     started_ms: float = 0.0  # claimed (the node's clock)
     probe: bool = False  # judged by the best case (a stale estimate): its time replaces the estimate
+    high: bool = False  # a high-priority batch (runs on the model's high-priority stream where it has one)
 
 
 @dataclass(slots=True)
@@ -149,7 +150,7 @@ class Executor:
         with self.lock:
             now = self.now_ms()
             left = [time_left_ms(now, r.started_ms, r.ends_at_ms) for r in self.running]
-            return self.scheduler.expected_wait_ms(priority, left, self.config.slots)
+            return self.scheduler.expected_wait_ms(priority, left, self._slots_for(priority))
 
     # --- submitting -------------------------------------------------------------------------------
 
@@ -175,7 +176,9 @@ class Executor:
             refusal = scheduler.refuse(priority)
             if refusal is None:  # (refusal by prediction: cheap when neither rule is on)
                 left = [time_left_ms(now, r.started_ms, r.ends_at_ms) for r in self.running]
-                refusal = scheduler.refuse_late(model, req.batch, priority, budget_ms, left, self.config.slots, now)
+                refusal = scheduler.refuse_late(
+                    model, req.batch, priority, budget_ms, left, self._slots_for(priority), now
+                )
             if refusal is not None:
                 return InferResult(refusal[0], reason=refusal[1])
             if scheduler.queued or len(self.running) >= self.config.slots or not self._inline_ok(model, req.batch):
@@ -278,10 +281,11 @@ class Executor:
         inline_left = INLINE_PER_KICK
         while True:
             with self.lock:
-                if len(self.running) >= self.config.slots:
+                room = self._room()
+                if room is None:
                     break
                 now = self.now_ms()
-                decision = self.scheduler.next(now, idle=not self.running)
+                decision = self.scheduler.next(now, idle=not self.running, high_only=room)
                 for work in decision.expired:  # (before its deadline: another node may still make it)
                     self._resolve(work, InferResult(503, reason=REFUSED_LATE))
                 if not decision.batch:
@@ -297,6 +301,30 @@ class Executor:
             else:
                 self.executor.submit(self._worker, loop, batch, slot, time.perf_counter())
         self._changed()
+
+    def _is_high(self, priority: int) -> bool:
+        return self.config.scheduler == "priority" and priority >= self.config.high_priority_min
+
+    def lane_open(self) -> bool:
+        """The priority lane: with the priority scheduler and a model on a high-priority CUDA stream
+        (`LoadedModel.high_session`), high-priority batches may run one beyond `slots`, so critical
+        work never waits for a bulk batch to finish; the GPU's stream priorities then run its kernels
+        ahead of the bulk batch's (FIKIT's gap filling, the other way round)."""
+        return self.config.scheduler == "priority" and any(m.high_session is not None for m in self.models.values())
+
+    def _slots_for(self, priority: int) -> int:
+        """The executions work of `priority` may use: `slots`, and the priority lane for high work."""
+        return self.config.slots + (1 if self._is_high(priority) and self.lane_open() else 0)
+
+    def _room(self) -> bool | None:
+        """Whether a batch may start now (lock held): None if not, False for any batch, True for a
+        high-priority batch only (every slot is busy but the priority lane is free)."""
+        busy = len(self.running)
+        if busy < self.config.slots:
+            return False
+        if busy == self.config.slots and self.lane_open() and not all(r.high for r in self.running):
+            return True  # (the lane is taken when a high batch runs beside `slots` - 1 others)
+        return None
 
     def _inline_ok(self, model: str, rows: int) -> bool:
         """A batch known to be short (a measured slot time at this size, for a model whose rows set its
@@ -323,7 +351,7 @@ class Executor:
         feeds = self._feeds(model, batch)
         started = time.perf_counter()
         try:
-            results, exec_ms = model.run(feeds, stretch, slot.rows)
+            results, exec_ms = model.run(feeds, stretch, slot.rows, slot.high)
         except Exception as exc:  # noqa: BLE001 - a failing model answers 500, the node lives on
             return _Ran({}, 0.0, started, slot.rows, exc)
         return _Ran(results, exec_ms, started, slot.rows, None)
@@ -353,7 +381,9 @@ class Executor:
         first = batch[0]
         rows = first.rows if len(batch) == 1 else sum(w.rows for w in batch)
         predicted_end = now + self.predict_ms(first.model, rows)
-        slot = Running(first.model, first.priority, rows, len(batch), predicted_end, now, probe)
+        slot = Running(
+            first.model, first.priority, rows, len(batch), predicted_end, now, probe, self._is_high(first.priority)
+        )
         self.running.append(slot)
         self._in_flight += len(batch)
         self.starts += 1
@@ -379,9 +409,10 @@ class Executor:
             current = None
             with self.lock:
                 self._settle(model, running, ran, work[0].priority)
-                if len(self.running) < self.config.slots and self.scheduler.queued:
+                room = self._room()
+                if room is not None and self.scheduler.queued:
                     now = self.now_ms()
-                    decision = self.scheduler.next(now, idle=not self.running)
+                    decision = self.scheduler.next(now, idle=not self.running, high_only=room)
                     if decision.batch:
                         current = (decision.batch, self._claim(decision.batch, now, decision.probe))
             try:

@@ -216,3 +216,19 @@ class _RuntimeCollector(Collector):
         )
         info.add_metric([cfg.node_id, cfg.partition, cfg.tier, rt.device.kind], 1)
         yield info
+        device = rt.device_now()  # the GPU's state where NVML reads it; absent (unknown) otherwise
+        if device.utilisation is not None:
+            yield GaugeMetricFamily(
+                "edgeroute_node_gpu_utilisation",
+                "share of the last sample period a kernel ran",
+                value=device.utilisation,
+            )
+        if device.memory_used_bytes is not None and device.memory_total_bytes is not None:
+            yield GaugeMetricFamily(
+                "edgeroute_node_gpu_memory_used_bytes",
+                "GPU memory in use (all processes)",
+                value=device.memory_used_bytes,
+            )
+            yield GaugeMetricFamily(
+                "edgeroute_node_gpu_memory_total_bytes", "GPU memory in all", value=device.memory_total_bytes
+            )

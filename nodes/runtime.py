@@ -77,6 +77,9 @@ class LoadedModel:
     served_name: str = ""  # the model's name to clients (`name` but for a version beside the default)
     device: str = "cpu"  # where its session really runs (session_device)
     buckets: tuple[int, ...] = ()  # batch sizes runs are padded to (ModelSpec.batch_buckets); (): exact
+    # the model's second session, on a high-priority CUDA stream, for high-priority batches (FIKIT:
+    # the GPU runs their kernels ahead of bulk work's); None on the CPU or with priority_streams off
+    high_session: Any = None
     output_names: list[str] = field(init=False, repr=False)  # in the session's order (what `run` asks for)
     _rows_set_work: tuple[object, bool] = field(init=False, repr=False)  # (the inputs it was worked out for, answer)
 
@@ -114,8 +117,11 @@ class LoadedModel:
             exec_ms = exec_ms * key / batch
         self.ewma_ms[key] = learn_ms(self.ewma_ms.get(key), exec_ms, alpha, probe)
 
-    def run(self, feeds: dict[str, np.ndarray], stretch: float, batch: int = 1) -> tuple[dict[str, np.ndarray], float]:
+    def run(
+        self, feeds: dict[str, np.ndarray], stretch: float, batch: int = 1, high: bool = False
+    ) -> tuple[dict[str, np.ndarray], float]:
         """Execute (blocking; called in an executor thread). Returns outputs and slot time in ms.
+        `high`: a high-priority batch, run on `high_session` where the model has one.
 
         `stretch` > 1 emulates a device `stretch` times slower than the reference machine: the slot
         stays busy until `stretch x baseline` after the run began, where `baseline` is this model's
@@ -129,7 +135,8 @@ class LoadedModel:
         target = self.bucket(batch)
         if target != batch:  # padded with zero rows to its bucket; their outputs are dropped below
             feeds = {k: _padded(v, target) for k, v in feeds.items()}
-        values = self.session.run(self.output_names, feeds)
+        session = self.high_session if high and self.high_session is not None else self.session
+        values = session.run(self.output_names, feeds)
         if target != batch:
             values = [v[:batch] if v.ndim and v.shape[0] == target else v for v in values]
         if stretch > 1.0:
@@ -221,19 +228,55 @@ def model_file_size(spec: ModelSpec, zoo_dir: str | None) -> int:
     return os.path.getsize(model_path(spec, zoo_dir))
 
 
-def load_model(
-    spec: ModelSpec, providers: list[str], threads: int, zoo_dir: str | None, device: str = "auto"
-) -> LoadedModel:
+def cuda_provider(options: dict[str, str], stream: int | None = None) -> tuple[str, dict[str, str]]:
+    """The CUDA provider with the node's options: cuDNN's heuristic choice of convolution algorithm
+    (an exhaustive search per new shape made runs at a new batch size take tens of ms on an H100),
+    the user's `cuda_options` over that, and `stream` (a CUDA stream handle) as the session's compute
+    stream."""
+    merged = {"device_id": "0", "cudnn_conv_algo_search": "HEURISTIC", **options}
+    if stream is not None:
+        merged["has_user_compute_stream"] = "1"
+        merged["user_compute_stream"] = str(stream)
+    return CUDA, merged
+
+
+def _session(path: Path, providers: list[Any], threads: int) -> Any:
     import onnxruntime as ort
 
-    start = time.perf_counter()
-    path = model_path(spec, zoo_dir)
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = threads
     opts.inter_op_num_threads = 1
     opts.log_severity_level = 3
-    session = ort.InferenceSession(str(path), sess_options=opts, providers=providers)
+    return ort.InferenceSession(str(path), sess_options=opts, providers=providers)
+
+
+def load_model(
+    spec: ModelSpec,
+    providers: list[str],
+    threads: int,
+    zoo_dir: str | None,
+    device: str = "auto",
+    cuda_options: dict[str, str] | None = None,
+    priority_streams: bool = False,
+) -> LoadedModel:
+    """Load and warm one model. On CUDA the session gets the node's provider options, and with
+    `priority_streams` a second session on a high-priority CUDA stream (`nodes.gpu`) serves the
+    model's high-priority batches."""
+    start = time.perf_counter()
+    path = model_path(spec, zoo_dir)
+    with_options: list[Any] = [cuda_provider(cuda_options or {}) if p == CUDA else p for p in providers]
+    session = _session(path, with_options, threads)
     runs_on = session_device(spec.name, providers, session.get_providers(), device)
+    high_session = None
+    if runs_on == "cuda" and priority_streams:
+        from nodes.gpu import high_priority_stream
+
+        stream = high_priority_stream()
+        if stream is not None:
+            high = [cuda_provider(cuda_options or {}, stream) if p == CUDA else p for p in providers]
+            high_session = _session(path, high, threads)
+            if CUDA not in high_session.get_providers():
+                high_session = None
     load_ms = (time.perf_counter() - start) * 1000.0
     model = LoadedModel(
         spec.name,
@@ -265,12 +308,20 @@ def load_model(
     model.baseline_ms = spec.baseline_ms if spec.baseline_ms is not None else times[0]
     model.baseline_by_batch = {1: model.baseline_ms, **spec.baseline_ms_by_batch} if spec.baseline_ms_by_batch else {}
     model.observe(1, model.baseline_ms, 1.0)
-    # every bucket warmed (a first run at a new shape is slow on CUDA) and its time measured
+    # every bucket warmed (a first run at a new shape is slow on CUDA) and its time measured; the
+    # high-priority session warmed at every size too (it has its own kernels' first runs to pay)
     model.buckets = spec.buckets_for(runs_on)
+    if high_session is not None:
+        model.high_session = high_session
+        for _ in range(BUCKET_WARMUP_RUNS):
+            model.run(feeds, 1.0, 1, high=True)
     for size in model.buckets:
         if size > 1:
             padded = {k: _padded(v, size) for k, v in feeds.items()}
             model.observe(size, min(model.run(padded, 1.0, size)[1] for _ in range(BUCKET_WARMUP_RUNS)), 1.0)
+            if high_session is not None:
+                for _ in range(BUCKET_WARMUP_RUNS):
+                    model.run(padded, 1.0, size, high=True)
     if spec.load_ms is not None:  # emulated: a GPU-sized model takes this long to copy in
         time.sleep(max(0.0, spec.load_ms / 1000.0 - (time.perf_counter() - start)))
     model.load_ms = (time.perf_counter() - start) * 1000.0  # what a request waiting for it pays: session + warm-up

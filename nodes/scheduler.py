@@ -384,9 +384,11 @@ class Scheduler:
                 best = q[0]
         return None if best is None else best[1]
 
-    def next(self, now_ms: float, idle: bool = False) -> NextBatch:
+    def next(self, now_ms: float, idle: bool = False, high_only: bool = False) -> NextBatch:
         """The next batch to run on one free slot (see the module docstring); `idle`: no slot is
-        running (a model with a stale estimate is then judged by its best case, a probe)."""
+        running (a model with a stale estimate is then judged by its best case, a probe);
+        `high_only`: the slot is the priority lane, which takes high-priority work alone (nothing
+        when the most urgent work is not high priority, as it is whenever any high work waits)."""
         if not self.queued:
             return _NOTHING
         decision = NextBatch()
@@ -397,6 +399,8 @@ class Scheduler:
             if head is None:
                 return decision
             high = self.mode == "priority" and head.priority >= self.high_priority_min
+            if high_only and not high:
+                return decision
             policy = self.batching.get(head.model, _NO_BATCHING)
             batch = self._take(head.model, policy.max_batch, high, now_ms)
             rows = sum(w.rows for w in batch)

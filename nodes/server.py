@@ -25,6 +25,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from nodes.config import NodeConfig
+from nodes.gpu import nvml_for_cuda_device
 from nodes.protocol import BadRequest, decode_request, encode_response, split_body
 from nodes.repository import resolve as resolve_repository
 from nodes.residency import NoRoom, Residency
@@ -46,7 +47,8 @@ def _error(status: int, message: str, headers: dict[str, str] | None = None) -> 
 async def _runtime_ctx(app: web.Application) -> AsyncIterator[None]:
     cfg = app[CONFIG]
     providers, kind, name = choose_providers(cfg.device)
-    executor = ThreadPoolExecutor(max_workers=cfg.slots, thread_name_prefix=f"ort-{cfg.node_id}")
+    # one thread beyond the slots: the priority lane's (nodes.executor), used only where it is open
+    executor = ThreadPoolExecutor(max_workers=cfg.slots + 1, thread_name_prefix=f"ort-{cfg.node_id}")
     loop = asyncio.get_running_loop()
     models: dict[str, LoadedModel] = {}
     failed: dict[str, tuple[float, str]] = {}
@@ -60,7 +62,14 @@ async def _runtime_ctx(app: web.Application) -> AsyncIterator[None]:
                     log.info("node %s: %s does not fit the memory budget now; loads on demand", cfg.node_id, spec.name)
                     continue
                 models[spec.name] = await loop.run_in_executor(
-                    executor, load_model, spec, providers, cfg.threads_per_slot, cfg.zoo_dir, cfg.device
+                    executor,
+                    load_model,
+                    spec,
+                    providers,
+                    cfg.threads_per_slot,
+                    cfg.zoo_dir,
+                    cfg.device,
+                    *cfg.gpu_settings(),
                 )
             except Exception as exc:  # noqa: BLE001 - a broken or missing file fails that model alone
                 failed[spec.name] = load_failure(exc)
@@ -74,6 +83,9 @@ async def _runtime_ctx(app: web.Application) -> AsyncIterator[None]:
             log.warning("node %s: CUDA is visible but no model's session got it; reporting the CPU", cfg.node_id)
             kind, name = "cpu", platform.processor() or platform.machine()
         rt = NodeRuntime(cfg, models, executor, DeviceInfo(kind=kind, name=name), providers, residency)
+        if kind == "cuda":
+            rt.gpu = nvml_for_cuda_device()
+            rt.device = rt.device_now()  # the GPU's own name where NVML reads it
         rt.failed.update(failed)
         app[RUNTIME] = rt
         yield
@@ -364,7 +376,7 @@ async def stats(request: web.Request) -> web.Response:
         "wakeup_ms_mean": round(engine.wakeup_ms_total / engine.wakeups, 4) if engine.wakeups else 0.0,
         "wakeup_ms_p50_p99": _quantiles(engine.wakeup_recent, (0.5, 0.99)),
         "scheduler": engine.scheduler.mode,
-        "device": {"kind": rt.device.kind, "name": rt.device.name},
+        "device": rt.device_now().summary(),
         "model_devices": {name: m.device for name, m in rt.models.items()},  # where each session really runs
     }
     if request.query.get("samples") == "1":

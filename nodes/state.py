@@ -14,6 +14,7 @@ from aiohttp import web
 
 from nodes.config import NodeConfig
 from nodes.executor import Executor
+from nodes.gpu import Nvml
 from nodes.metrics import NodeMetrics
 from nodes.repository import repository_index
 from nodes.residency import NoRoom, Residency
@@ -65,6 +66,21 @@ class NodeRuntime:
     failed: dict[str, tuple[float, str]] = field(
         default_factory=dict
     )  # model -> (monotonic s, why) of its last failed load
+    gpu: Nvml | None = None  # the GPU's state (NVML) on a CUDA node; None on the CPU
+
+    def device_now(self) -> DeviceInfo:
+        """`device` with the GPU's current memory and utilisation where NVML reads them (cached a
+        second in `nodes.gpu`); unknown fields stay None."""
+        stats = None if self.gpu is None else self.gpu.stats()
+        if stats is None:
+            return self.device
+        return DeviceInfo(
+            kind=self.device.kind,
+            name=stats.name[:128] or self.device.name,
+            memory_used_bytes=stats.memory_used_bytes,
+            memory_total_bytes=stats.memory_total_bytes,
+            utilisation=stats.utilisation,
+        )
 
     def __post_init__(self) -> None:
         self.engine = Executor(
@@ -114,7 +130,14 @@ class NodeRuntime:
                     self.evictions += 1
                     log.info("node %s evicted %s to make room for %s", cfg.node_id, victim, name)
                 model = await loop.run_in_executor(
-                    self.loader, load_model, spec, self.providers, cfg.threads_per_slot, cfg.zoo_dir, cfg.device
+                    self.loader,
+                    load_model,
+                    spec,
+                    self.providers,
+                    cfg.threads_per_slot,
+                    cfg.zoo_dir,
+                    cfg.device,
+                    *cfg.gpu_settings(),
                 )
             except NoRoom:
                 raise
@@ -194,7 +217,7 @@ class NodeRuntime:
             endpoint=endpoint,
             partition=self.config.partition,
             tier=self.config.tier,
-            device=self.device,
+            device=self.device_now(),
             seq=self.seq,
             sent_at_ms=time.time() * 1000.0,
             status="draining" if self.draining else "ready",

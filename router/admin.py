@@ -129,7 +129,7 @@ async def get_view(request: web.Request) -> web.Response:
                     "models": sorted(n.load.models),
                     "resident": sorted(m for m, ml in n.load.models.items() if ml.resident),
                     "cold": sorted(m for m, ml in n.load.models.items() if not ml.resident),
-                    "device": {"kind": n.load.device.kind, "name": n.load.device.name},
+                    "device": n.load.device.summary(),
                     "utilisation": round(n.load.utilisation, 3),
                     "memory": {"used": n.load.memory_used_bytes, "budget": n.load.memory_budget_bytes},
                     "ejected_for": sorted(site or "" for site in ejected.get(n.node_id, ())),

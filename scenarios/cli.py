@@ -149,6 +149,21 @@ def _bench(args: argparse.Namespace) -> int:
         if args.rounds < 1:
             return _usage("--rounds must be at least 1")
         bench_routers(out, nodes=args.nodes, policy=args.policy, rounds=args.rounds)
+    elif args.what == "gpu":
+        from scenarios.bench_gpu import bench_gpu
+
+        try:
+            concurrencies = tuple(int(c) for c in args.concurrency.split(","))
+        except ValueError:
+            return _usage("--concurrency: comma-separated integers, e.g. 1,4,16,64")
+        if not concurrencies or any(not 1 <= c <= 1024 for c in concurrencies):
+            return _usage("--concurrency: each from 1 to 1024")
+        if not 0.5 <= args.seconds <= 600:
+            return _usage("--seconds: from 0.5 to 600")
+        parts = tuple(args.parts.split(","))
+        if not parts or any(p not in ("models", "node", "priority") for p in parts):
+            return _usage("--parts: a comma-separated choice of models, node, priority")
+        bench_gpu(out, seconds=args.seconds, concurrencies=concurrencies, parts=parts, max_batch=args.max_batch)
     else:
         from scenarios.bench_router import bench_router
 
@@ -371,6 +386,15 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--nodes", type=int, default=1000, help="cluster size (1000)")
     b.add_argument("--requests", type=int, default=1_000_000, help="requests simulated (1,000,000)")
     b.add_argument("--policy", default="p2c", help="preset in the loop (p2c)")
+    b = bsub.add_parser(
+        "gpu",
+        help="the GPU path: each zoo model per batch size on CPU and CUDA, a resnet_s node and a router in front "
+        "at concurrency 1-64, critical work beside bulk work with the priority streams on and off",
+    )
+    b.add_argument("--seconds", type=float, default=8.0, help="measured seconds per run (8)")
+    b.add_argument("--concurrency", default="1,4,16,64", help="closed-loop concurrencies (1,4,16,64)")
+    b.add_argument("--parts", default="models,node,priority", help="which parts (models,node,priority)")
+    b.add_argument("--max-batch", type=int, default=32, choices=range(1, 1025), metavar="N", help="node max_batch (32)")
     for b in bsub.choices.values():
         b.add_argument("--out", default="reports/bench", help="folder for the JSON (reports/bench)")
         b.set_defaults(func=_bench)

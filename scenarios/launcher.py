@@ -180,6 +180,9 @@ class Stack:
     # model -> reference execution ms for the speed emulation; the simulator uses the same numbers
     baselines: dict[str, dict[int, float]] = field(default_factory=lambda: profile_baselines())
     node_specs: dict[str, NodeSpec] = field(default_factory=dict)  # as currently running (run overrides)
+    node_overrides: dict[str, dict[str, Any]] = field(
+        default_factory=dict
+    )  # node id -> NodeConfig keys over its spec's
     # every stack signs its telemetry and peer messages with a key of its own (telemetry.signing):
     # nodes and routers get it through the environment; forged or unsigned messages are dropped
     telemetry_key: str = field(default_factory=lambda: f"stack-{os.getpid()}:{secrets.token_hex(32)}")
@@ -275,7 +278,13 @@ class Stack:
     def start_node(self, spec: NodeSpec, port: int = 0) -> Proc:
         port = port or free_port()
         cfg = node_config(
-            spec, port, self.bootstrap, self.scenario.seed, {"topic": self.topic}, self.baselines, self.scenario.models
+            spec,
+            port,
+            self.bootstrap,
+            self.scenario.seed,
+            {"topic": self.topic, **self.node_overrides.get(spec.id, {})},
+            self.baselines,
+            self.scenario.models,
         )
         proc = self._spawn(spec.id, ["-m", "nodes", "--config", json.dumps(cfg), "--log-level", "WARNING"])
         proc.port, proc.url = port, f"http://127.0.0.1:{port}"

@@ -14,7 +14,7 @@ outside the bounds is malformed as a whole.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -85,6 +85,21 @@ class _Strict(BaseModel):
 class DeviceInfo(_Strict):
     kind: Literal["cpu", "cuda"]
     name: str = Field("", max_length=128)
+    # A GPU's state as NVML reads it (added within schema 1: older routers ignore the fields); None
+    # where it is unknown (a CPU node, no NVML), never 0, which would read as an idle GPU.
+    memory_used_bytes: int | None = Field(None, ge=0, le=1 << 50)
+    memory_total_bytes: int | None = Field(None, ge=0, le=1 << 50)
+    utilisation: float | None = Field(None, ge=0, le=1, allow_inf_nan=False)
+
+    def summary(self) -> dict[str, Any]:
+        """The JSON operators read (/admin/stats, /admin/view): kind, name, and the GPU's state."""
+        return {
+            "kind": self.kind,
+            "name": self.name,
+            "memory_used_bytes": self.memory_used_bytes,
+            "memory_total_bytes": self.memory_total_bytes,
+            "utilisation": self.utilisation,
+        }
 
 
 class ModelLoad(_Strict):
