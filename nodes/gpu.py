@@ -106,16 +106,19 @@ def cuda_runtime() -> CudaRuntime | None:
         return _runtime
 
 
-def high_priority_stream() -> int | None:
-    """A new stream at the device's greatest priority, as an integer handle; None without CUDA."""
+def priority_streams() -> tuple[int, int] | None:
+    """Two new non-blocking streams, (low, high): at the device's least and greatest priority, as
+    integer handles; None without CUDA. Both sessions of a model get one each: a session on ONNX
+    Runtime's own stream copies its inputs through the legacy default stream, which waits for the
+    other streams' work, so critical work would queue behind the bulk batch's kernels after all."""
     runtime = cuda_runtime()
     if runtime is None:
         return None
     try:
-        _, greatest = runtime.priority_range()
-        return runtime.create_stream(greatest)
+        least, greatest = runtime.priority_range()
+        return runtime.create_stream(least), runtime.create_stream(greatest)
     except RuntimeError as exc:
-        log.warning("no high-priority CUDA stream (%s): high-priority work shares the model's stream", exc)
+        log.warning("no prioritised CUDA streams (%s): high-priority work shares the model's stream", exc)
         return None
 
 

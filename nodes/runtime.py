@@ -234,9 +234,8 @@ def cuda_provider(options: dict[str, str], stream: int | None = None) -> tuple[s
     the user's `cuda_options` over that, and `stream` (a CUDA stream handle) as the session's compute
     stream."""
     merged = {"device_id": "0", "cudnn_conv_algo_search": "HEURISTIC", **options}
-    if stream is not None:
-        merged["has_user_compute_stream"] = "1"
-        merged["user_compute_stream"] = str(stream)
+    if stream is not None:  # inputs and outputs are copied on that stream too, not the default one
+        merged.update(has_user_compute_stream="1", user_compute_stream=str(stream), do_copy_in_default_stream="0")
     return CUDA, merged
 
 
@@ -264,19 +263,22 @@ def load_model(
     model's high-priority batches."""
     start = time.perf_counter()
     path = model_path(spec, zoo_dir)
-    with_options: list[Any] = [cuda_provider(cuda_options or {}) if p == CUDA else p for p in providers]
-    session = _session(path, with_options, threads)
+    streams = None
+    if priority_streams and CUDA in providers:
+        from nodes.gpu import priority_streams as make_streams
+
+        streams = make_streams()
+
+    def with_options(stream: int | None) -> list[Any]:
+        return [cuda_provider(cuda_options or {}, stream) if p == CUDA else p for p in providers]
+
+    session = _session(path, with_options(streams[0] if streams else None), threads)
     runs_on = session_device(spec.name, providers, session.get_providers(), device)
     high_session = None
-    if runs_on == "cuda" and priority_streams:
-        from nodes.gpu import high_priority_stream
-
-        stream = high_priority_stream()
-        if stream is not None:
-            high = [cuda_provider(cuda_options or {}, stream) if p == CUDA else p for p in providers]
-            high_session = _session(path, high, threads)
-            if CUDA not in high_session.get_providers():
-                high_session = None
+    if runs_on == "cuda" and streams is not None:
+        high_session = _session(path, with_options(streams[1]), threads)
+        if CUDA not in high_session.get_providers():
+            high_session = None
     load_ms = (time.perf_counter() - start) * 1000.0
     model = LoadedModel(
         spec.name,

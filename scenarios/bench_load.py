@@ -29,7 +29,7 @@ headers = {"Content-Type": "application/octet-stream", "Inference-Header-Content
 headers.update(json.loads(headers_json))
 
 async def main():
-    lat, statuses = [], {}
+    lat, statuses, queue_ms, exec_ms = [], {}, [], []
     connector = aiohttp.TCPConnector(limit=0)
     timeout = aiohttp.ClientTimeout(total=30)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
@@ -42,6 +42,7 @@ async def main():
                 async with session.post(url, data=body, headers=headers) as resp:
                     await resp.read()
                     status = resp.status
+                    node_times = (resp.headers.get("x-edgeroute-queue-ms"), resp.headers.get("x-edgeroute-exec-ms"))
             except (aiohttp.ClientError, asyncio.TimeoutError):
                 status = 0
             t1 = time.perf_counter()
@@ -49,6 +50,9 @@ async def main():
                 statuses[status] = statuses.get(status, 0) + 1
                 if status == 200:
                     lat.append((t1 - t0) * 1000.0)
+                    if node_times[0] is not None and node_times[1] is not None:
+                        queue_ms.append(float(node_times[0]))
+                        exec_ms.append(float(node_times[1]))
 
         if mode == "closed":
             async def worker():
@@ -70,7 +74,8 @@ async def main():
                 i += 1
             if tasks:
                 await asyncio.gather(*tasks)
-    print(json.dumps({"latencies_ms": lat, "statuses": statuses, "seconds": seconds}))
+    doc = {"latencies_ms": lat, "statuses": statuses, "seconds": seconds, "queue_ms": queue_ms, "exec_ms": exec_ms}
+    print(json.dumps(doc))
 
 asyncio.run(main())
 """
@@ -123,6 +128,8 @@ def start_load(
 def collect_load(procs: list[subprocess.Popen[bytes]], timeout_s: float) -> dict[str, Any]:
     """Wait for the generators; their answers pooled: rate, p50, p99 of the 200s, statuses."""
     latencies: list[float] = []
+    queue_ms: list[float] = []
+    exec_ms: list[float] = []
     statuses: dict[str, int] = {}
     seconds = 0.0
     for proc in procs:
@@ -137,6 +144,8 @@ def collect_load(procs: list[subprocess.Popen[bytes]], timeout_s: float) -> dict
             print(f"  load generator failed: {err.decode(errors='replace')[-500:]}", flush=True)
             continue
         latencies.extend(doc["latencies_ms"])
+        queue_ms.extend(doc.get("queue_ms", []))
+        exec_ms.extend(doc.get("exec_ms", []))
         for k, v in doc["statuses"].items():
             statuses[k] = statuses.get(k, 0) + v
         seconds = float(doc["seconds"])
@@ -146,4 +155,8 @@ def collect_load(procs: list[subprocess.Popen[bytes]], timeout_s: float) -> dict
         "rps": round(len(latencies) / seconds, 1) if seconds else 0.0,
         "p50_ms": round(pct(latencies, 50), 3),
         "p99_ms": round(pct(latencies, 99), 3),
+        # what the node says of each answer: its queueing and its batch's execution (the rest of the
+        # latency is HTTP, the event loops and the way there and back)
+        "node_queue_p50_p99_ms": [round(pct(queue_ms, 50), 3), round(pct(queue_ms, 99), 3)],
+        "node_exec_p50_p99_ms": [round(pct(exec_ms, 50), 3), round(pct(exec_ms, 99), 3)],
     }

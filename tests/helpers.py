@@ -89,3 +89,30 @@ def mutated(
         )
         return items
     return rng.choice(hostile)
+
+
+def cuda_host() -> bool:
+    """Nodes here run on CUDA (ONNX Runtime's CUDA provider and a GPU are there; with `device: auto`
+    every node of a test stack takes it)."""
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        return False
+    from nodes.runtime import gpu_visible
+
+    return "CUDAExecutionProvider" in ort.get_available_providers() and gpu_visible()
+
+
+# CUDA runs convolutions and matrix products in TF32: outputs differ from the CPU's by up to about 1e-3
+# (measured on an H100 for every zoo model); a CPU node is held to the test's own tolerance.
+CUDA_RTOL, CUDA_ATOL = 1e-2, 5e-3
+
+
+def assert_outputs_close(actual: Any, desired: Any, rtol: float = 0.0, atol: float = 0.0) -> None:
+    """A node's outputs against a CPU reference: within `rtol`/`atol` (exactly, by default) where nodes
+    run on the CPU, within TF32's tolerance where they run on CUDA."""
+    import numpy as np
+
+    if cuda_host():
+        rtol, atol = max(rtol, CUDA_RTOL), max(atol, CUDA_ATOL)
+    np.testing.assert_allclose(actual, desired, rtol=rtol, atol=atol)

@@ -20,7 +20,7 @@ from nodes.server import create_app as node_app
 from router.app import create_app as router_app
 from router.config import parse_config
 from telemetry.bus import StaticTelemetrySource
-from tests.helpers import load
+from tests.helpers import cuda_host, load
 from tests.integration.http import infer_body
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "docker" / "grafana" / "dashboards" / "edgeroute.json"
@@ -100,7 +100,8 @@ async def test_node_metrics(node: TestClient) -> None:
     assert evictions == 1 and value(fams, "edgeroute_node_model_resident", model="sensor_mlp") == 0
     assert 0.0 <= value(fams, "edgeroute_node_utilization") <= 1.0
     assert value(fams, "edgeroute_node_busy_seconds_total") > 0
-    assert value(fams, "edgeroute_node_info", node="m1", tier="edge", device="cpu") == 1
+    device = "cuda" if cuda_host() else "cpu"  # (device: auto)
+    assert value(fams, "edgeroute_node_info", node="m1", tier="edge", device=device) == 1
 
 
 async def test_router_metrics() -> None:

@@ -8,6 +8,7 @@ import pytest
 
 from nodes import zoo
 from scenarios.launcher import Stack
+from tests.helpers import assert_outputs_close
 from tests.integration.conftest import ALL_MODELS
 
 httpclient = pytest.importorskip("tritonclient.http")
@@ -70,7 +71,7 @@ def test_metadata_readiness_and_inference(client, model: str, binary: bool) -> N
         want = expected[spec["name"]]
         assert got.dtype == np.float32
         assert got.shape == want.shape and got.shape[0] == 3
-        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+        assert_outputs_close(got, want, rtol=1e-5, atol=1e-6)
 
 
 def test_unknown_model_raises_with_404(client) -> None:  # type: ignore[no-untyped-def]

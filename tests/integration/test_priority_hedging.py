@@ -31,7 +31,8 @@ def test_hedged_loser_is_cancelled_at_its_node(broker: EmbeddedBroker, tmp_path:
         broker,
         tmp_path,
         [
-            {"id": "a", "partition": "site", "speed": 0.001, "models": ["sensor_mlp"]},
+            # on the CPU: on a GPU the priority lane would run the critical request beside the blockers
+            {"id": "a", "partition": "site", "speed": 0.001, "device": "cpu", "models": ["sensor_mlp"]},
             {"id": "b", "partition": "site", "models": ["sensor_mlp"]},
         ],
         router={"hedging": {"min_priority": 10, "after_ms": 20}, "policy": {"preset": "round_robin"}},

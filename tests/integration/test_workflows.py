@@ -16,6 +16,7 @@ from nodes import zoo
 from router.config import CropSpec
 from router.workflows import crops
 from scenarios.launcher import Stack
+from tests.helpers import assert_outputs_close
 from tests.integration.http import call
 
 httpclient = pytest.importorskip("tritonclient.http")
@@ -115,7 +116,7 @@ def test_a_triton_client_runs_the_camera_workflow_and_gets_the_models_answers(st
     want = reference(img)
     assert result.as_numpy("classify.probabilities").shape == (4, 10), "four crops classified as one batch"
     for name, expected in want.items():
-        np.testing.assert_allclose(result.as_numpy(name), expected, rtol=1e-4, atol=1e-5)
+        assert_outputs_close(result.as_numpy(name), expected, rtol=1e-4, atol=1e-5)
     stages = result.get_response()["parameters"]["stages"]
     assert stages["classify"]["batch"] == 4
     assert stages["detect"]["budget_ms"] + stages["classify"]["budget_ms"] == pytest.approx(2000, abs=0.01)

@@ -292,6 +292,10 @@ async def test_a_held_request_takes_local_room_as_soon_as_the_view_shows_it() ->
 
     d, store = _held_setup(initial_ms=400)
     task = asyncio.create_task(_held_request(d))
+    for _ in range(100):  # until it is held (the first dispatch in a process may take a few ms more)
+        if d.waiting or task.done():
+            break
+        await asyncio.sleep(0.005)
     await asyncio.sleep(0.03)
     assert not task.done() and d.waiting == 1, "held, not dispatched"
     now = time.time() * 1000.0

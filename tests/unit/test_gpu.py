@@ -51,6 +51,7 @@ def test_cuda_provider_options_are_the_nodes_with_the_users_over_them() -> None:
     _, opts = cuda_provider({"cudnn_conv_algo_search": "EXHAUSTIVE", "gpu_mem_limit": "1073741824"}, stream=1234)
     assert opts["cudnn_conv_algo_search"] == "EXHAUSTIVE" and opts["gpu_mem_limit"] == "1073741824"
     assert opts["user_compute_stream"] == "1234" and opts["has_user_compute_stream"] == "1"
+    assert opts["do_copy_in_default_stream"] == "0", "copies on the session's stream, not the default one"
 
 
 def test_priority_streams_only_with_the_priority_scheduler() -> None:
@@ -64,7 +65,7 @@ def test_priority_streams_only_with_the_priority_scheduler() -> None:
 
 @pytest.mark.skipif(gpu_visible(), reason="a host with a GPU")
 def test_no_cuda_runtime_no_streams_and_cpu_sessions_get_no_second_session(tmp_path: Path) -> None:
-    assert gpu.cuda_runtime() is None and gpu.high_priority_stream() is None
+    assert gpu.cuda_runtime() is None and gpu.priority_streams() is None
     model = load_model(
         ModelSpec(name="echo"), ["CPUExecutionProvider"], 1, str(tmp_path), "auto", {}, priority_streams=True
     )
