@@ -206,7 +206,13 @@ def _node_stats(url: str, token: str) -> dict[str, Any]:
 
 
 def bench_node_and_router(
-    cuda: bool, concurrencies: tuple[int, ...], seconds: float, max_batch: int, slots: int, folder: Path
+    cuda: bool,
+    concurrencies: tuple[int, ...],
+    seconds: float,
+    max_batch: int,
+    slots: int,
+    folder: Path,
+    priority_streams: bool = True,
 ) -> dict[str, Any]:
     node = {
         "id": "gpu-node",
@@ -220,7 +226,9 @@ def bench_node_and_router(
     }
     sampler = GpuSampler()
     rows: list[dict[str, Any]] = []
-    with Stack(_scenario([node]), baselines={}) as stack:
+    stack = Stack(_scenario([node]), baselines={})
+    stack.node_overrides = {"gpu-node": {"priority_streams": priority_streams}}
+    with stack:
         proc = stack.nodes["gpu-node"]
         assert stack.router is not None
         body = _body(proc.url, NODE_MODEL, 1, folder)
@@ -243,7 +251,13 @@ def bench_node_and_router(
                     f"cpu {row.get('server_cpu_us_per_request', '-')} us/req  {row['statuses']}",
                     flush=True,
                 )
-    return {"device": device, "max_batch": max_batch, "slots": slots, "runs": rows}
+    return {
+        "device": device,
+        "max_batch": max_batch,
+        "slots": slots,
+        "priority_streams": priority_streams,
+        "runs": rows,
+    }
 
 
 def bench_priority(
@@ -317,6 +331,7 @@ def bench_gpu(
     max_batch: int = 32,
     slots: int = 2,
     critical_interval_ms: float = 2.0,
+    priority_streams: bool = True,
 ) -> dict[str, Any]:
     cuda = cuda_available()
     print(f"bench gpu: {'CUDA' if cuda else 'no GPU (CPU only; the figures do not speak for a GPU)'}", flush=True)
@@ -339,7 +354,9 @@ def bench_gpu(
             result["models"] = bench_models(cuda, MODELS_BATCHES if cuda else (1, 8), 50 if cuda else 10)
             save()
         if "node" in parts:
-            result["node"] = bench_node_and_router(cuda, concurrencies, seconds, max_batch, slots, folder)
+            result["node"] = bench_node_and_router(
+                cuda, concurrencies, seconds, max_batch, slots, folder, priority_streams
+            )
             save()
         if "priority" in parts:
             result["priority"] = bench_priority(

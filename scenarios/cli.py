@@ -163,7 +163,14 @@ def _bench(args: argparse.Namespace) -> int:
         parts = tuple(args.parts.split(","))
         if not parts or any(p not in ("models", "node", "priority") for p in parts):
             return _usage("--parts: a comma-separated choice of models, node, priority")
-        bench_gpu(out, seconds=args.seconds, concurrencies=concurrencies, parts=parts, max_batch=args.max_batch)
+        bench_gpu(
+            out,
+            seconds=args.seconds,
+            concurrencies=concurrencies,
+            parts=parts,
+            max_batch=args.max_batch,
+            priority_streams=args.priority_streams,
+        )
     else:
         from scenarios.bench_router import bench_router
 
@@ -395,6 +402,12 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--concurrency", default="1,4,16,64", help="closed-loop concurrencies (1,4,16,64)")
     b.add_argument("--parts", default="models,node,priority", help="which parts (models,node,priority)")
     b.add_argument("--max-batch", type=int, default=32, choices=range(1, 1025), metavar="N", help="node max_batch (32)")
+    b.add_argument(
+        "--priority-streams",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="the node part's node with its priority streams (the default) or without",
+    )
     for b in bsub.choices.values():
         b.add_argument("--out", default="reports/bench", help="folder for the JSON (reports/bench)")
         b.set_defaults(func=_bench)
