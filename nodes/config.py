@@ -139,10 +139,12 @@ class NodeConfig(ServerSettings):
     device: Literal["auto", "cpu", "cuda"] = "auto"
     slots: int = Field(1, ge=1, le=64, description="concurrent executions")
     priority_streams: bool = Field(
-        True,
-        description="on CUDA with the priority scheduler: each model gets a second session on a high-priority "
-        "CUDA stream for its high-priority batches, and high-priority work one execution beyond `slots` "
-        "(FIKIT: the GPU runs critical kernels first, bulk work fills the gaps); no effect on the CPU",
+        False,
+        description="on CUDA with the priority scheduler: each model's sessions on CUDA streams of the least and "
+        "greatest priority, high-priority batches on the latter, and high-priority work one execution beyond "
+        "`slots` (FIKIT: the GPU runs critical kernels first, bulk work fills the gaps); no effect on the CPU. "
+        "Off by default: on an H100 it cost a resnet_s node a third of its batch-1 rate at concurrency 16 "
+        "(docs/measurements.md, GPU)",
     )
     cuda_options: dict[str, str] = Field(
         default_factory=dict,

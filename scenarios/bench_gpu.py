@@ -212,7 +212,7 @@ def bench_node_and_router(
     max_batch: int,
     slots: int,
     folder: Path,
-    priority_streams: bool = True,
+    priority_streams: bool = False,
 ) -> dict[str, Any]:
     node = {
         "id": "gpu-node",
@@ -331,7 +331,7 @@ def bench_gpu(
     max_batch: int = 32,
     slots: int = 2,
     critical_interval_ms: float = 2.0,
-    priority_streams: bool = True,
+    priority_streams: bool = False,
 ) -> dict[str, Any]:
     cuda = cuda_available()
     print(f"bench gpu: {'CUDA' if cuda else 'no GPU (CPU only; the figures do not speak for a GPU)'}", flush=True)

@@ -405,8 +405,8 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument(
         "--priority-streams",
         action=argparse.BooleanOptionalAction,
-        default=True,
-        help="the node part's node with its priority streams (the default) or without",
+        default=False,
+        help="the node part's node with priority streams, or without (the node's default)",
     )
     for b in bsub.choices.values():
         b.add_argument("--out", default="reports/bench", help="folder for the JSON (reports/bench)")

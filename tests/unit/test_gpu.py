@@ -55,10 +55,12 @@ def test_cuda_provider_options_are_the_nodes_with_the_users_over_them() -> None:
 
 
 def test_priority_streams_only_with_the_priority_scheduler() -> None:
-    base = {"node_id": "n", "models": [{"name": "echo"}]}
+    base = {"node_id": "n", "models": [{"name": "echo"}], "priority_streams": True}
     assert NodeConfig.model_validate(base).gpu_settings() == ({}, True)
     assert NodeConfig.model_validate({**base, "scheduler": "fifo"}).gpu_settings() == ({}, False)
     assert NodeConfig.model_validate({**base, "priority_streams": False}).gpu_settings() == ({}, False)
+    default = {k: v for k, v in base.items() if k != "priority_streams"}
+    assert NodeConfig.model_validate(default).gpu_settings() == ({}, False), "opt-in (it costs batch-1 rate)"
     with pytest.raises(ValidationError):
         NodeConfig.model_validate({**base, "cuda_options": {"device_id": 0}})  # strings, as ONNX Runtime takes them
 
