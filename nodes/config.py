@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -146,11 +146,13 @@ class NodeConfig(ServerSettings):
         "Off by default: on an H100 it cost a resnet_s node a third of its batch-1 rate at concurrency 16 "
         "(docs/measurements.md, GPU)",
     )
-    cuda_options: dict[str, str] = Field(
-        default_factory=dict,
-        max_length=32,
-        description="ONNX Runtime CUDA provider options over the node's own (device_id 0, "
-        "cudnn_conv_algo_search HEURISTIC), e.g. {gpu_mem_limit: '8589934592'}",
+    cuda_options: dict[Annotated[str, Field(min_length=1, max_length=64)], Annotated[str, Field(max_length=256)]] = (
+        Field(
+            default_factory=dict,
+            max_length=32,
+            description="ONNX Runtime CUDA provider options over the node's own (device_id 0, "
+            "cudnn_conv_algo_search HEURISTIC), e.g. {gpu_mem_limit: '8589934592'}",
+        )
     )
     threads_per_slot: int = Field(1, ge=1, le=64, description="ONNX Runtime intra-op threads")
     max_queue: int = Field(64, ge=0, description="requests waiting for a slot before 503/429")

@@ -131,10 +131,11 @@ class GpuStats:
 
 
 class Nvml:
-    """One GPU through NVML, read at most every `STATS_TTL_S`; `stats()` None when NVML is unavailable."""
+    """One GPU through NVML, read at most every `ttl_s`; `stats()` None when NVML is unavailable."""
 
-    def __init__(self, pci_bus_id: str | None = None) -> None:
+    def __init__(self, pci_bus_id: str | None = None, ttl_s: float = STATS_TTL_S) -> None:
         self._pci = pci_bus_id
+        self._ttl_s = ttl_s
         self._handle: Any = None
         self._nvml: Any = None
         self._failed = False
@@ -165,7 +166,7 @@ class Nvml:
         with self._lock:
             at, cached = self._cached
             now = time.monotonic()
-            if now - at < STATS_TTL_S:
+            if now - at < self._ttl_s:
                 return cached
             result: GpuStats | None = None
             if self._open():

@@ -31,11 +31,17 @@ def gpu_visible() -> bool:
     return Path("/dev/nvidiactl").exists() or Path("/dev/nvidia0").exists()
 
 
-def choose_providers(device: str) -> tuple[list[str], str, str]:
-    """(providers, device kind, device name) for `device` in auto|cpu|cuda."""
+def cuda_available() -> bool:
+    """ONNX Runtime's CUDA provider is installed and a GPU is visible (what `device: auto` takes)."""
     import onnxruntime as ort
 
-    cuda_ok = "CUDAExecutionProvider" in ort.get_available_providers() and gpu_visible()
+    return CUDA in ort.get_available_providers() and gpu_visible()
+
+
+def choose_providers(device: str) -> tuple[list[str], str, str]:
+    """(providers, device kind, device name) for `device` in auto|cpu|cuda."""
+
+    cuda_ok = cuda_available()
     if device == "cuda" and not cuda_ok:
         raise RuntimeError("device 'cuda' requested but no GPU or CUDA provider is visible")
     if device in ("auto", "cuda") and cuda_ok:

@@ -35,6 +35,8 @@ from typing import Any
 
 import numpy as np
 
+from nodes.gpu import Nvml
+from nodes.runtime import cuda_available
 from scenarios.bench_load import collect_load, pct, start_load
 from scenarios.bench_router import process_cpu_s
 from scenarios.launcher import Stack, http_json
@@ -48,41 +50,31 @@ CRITICAL_MODEL, BULK_MODEL = "mobilenet_s", "resnet_s"
 
 
 class GpuSampler:
-    """NVML's utilisation and memory of the GPU, sampled every `period_s` on a thread while a run
-    lasts; the mean utilisation and the peak memory, or None without NVML."""
+    """NVML's utilisation and memory of the GPU (`nodes.gpu.Nvml`), sampled every `period_s` on a
+    thread while a run lasts; the mean utilisation and the peak memory, or None without NVML."""
 
     def __init__(self, period_s: float = 0.1) -> None:
         self.period_s = period_s
         self.samples: list[tuple[float, int]] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._handle: Any = None
-        try:
-            import pynvml
-
-            pynvml.nvmlInit()
-            self._nvml = pynvml
-            self._handle = pynvml.nvmlDeviceGetHandleByIndex(0)
-            self.name: str | None = str(pynvml.nvmlDeviceGetName(self._handle))
-        except Exception:  # noqa: BLE001 - no NVML: utilisation unknown
-            self.name = None
+        self._nvml = Nvml(ttl_s=0.0)
+        first = self._nvml.stats()
+        self.name = None if first is None else first.name
 
     def __enter__(self) -> GpuSampler:
         self.samples = []
         self._stop.clear()
-        if self._handle is not None:
+        if self.name is not None:
             self._thread = threading.Thread(target=self._run, daemon=True)
             self._thread.start()
         return self
 
     def _run(self) -> None:
         while not self._stop.wait(self.period_s):
-            try:
-                rates = self._nvml.nvmlDeviceGetUtilizationRates(self._handle)
-                memory = self._nvml.nvmlDeviceGetMemoryInfo(self._handle)
-                self.samples.append((rates.gpu / 100.0, int(memory.used)))
-            except Exception:  # noqa: BLE001
-                continue
+            stats = self._nvml.stats()
+            if stats is not None:
+                self.samples.append((stats.utilisation, stats.memory_used_bytes))
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
@@ -96,14 +88,6 @@ class GpuSampler:
             "gpu_utilisation_mean": round(sum(u for u, _ in self.samples) / len(self.samples), 3),
             "gpu_memory_peak_bytes": max(m for _, m in self.samples),
         }
-
-
-def cuda_available() -> bool:
-    import onnxruntime as ort
-
-    from nodes.runtime import gpu_visible
-
-    return "CUDAExecutionProvider" in ort.get_available_providers() and gpu_visible()
 
 
 def bench_models(cuda: bool, batches: tuple[int, ...], runs: int) -> list[dict[str, Any]]:

@@ -94,13 +94,9 @@ def mutated(
 def cuda_host() -> bool:
     """Nodes here run on CUDA (ONNX Runtime's CUDA provider and a GPU are there; with `device: auto`
     every node of a test stack takes it)."""
-    try:
-        import onnxruntime as ort
-    except ImportError:
-        return False
-    from nodes.runtime import gpu_visible
+    from nodes.runtime import cuda_available
 
-    return "CUDAExecutionProvider" in ort.get_available_providers() and gpu_visible()
+    return cuda_available()
 
 
 # CUDA runs convolutions and matrix products in TF32: outputs differ from the CPU's by up to about 1e-3

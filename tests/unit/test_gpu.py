@@ -22,20 +22,11 @@ from pydantic import ValidationError
 from nodes import gpu
 from nodes.config import ModelSpec, NodeConfig
 from nodes.protocol import InferRequest, TensorSpec
-from nodes.runtime import LoadedModel, cuda_provider, gpu_visible, load_model
+from nodes.runtime import LoadedModel, cuda_available, cuda_provider, gpu_visible, load_model
 from nodes.state import NodeRuntime
 from telemetry.schema import DeviceInfo, NodeLoad
 
-
-def _cuda() -> bool:
-    try:
-        import onnxruntime as ort
-    except ImportError:
-        return False
-    return "CUDAExecutionProvider" in ort.get_available_providers() and gpu_visible()
-
-
-requires_gpu = pytest.mark.skipif(not _cuda(), reason="needs a CUDA GPU and ONNX Runtime's CUDA provider")
+requires_gpu = pytest.mark.skipif(not cuda_available(), reason="needs a CUDA GPU and ONNX Runtime's CUDA provider")
 FP32_ZOO = ["echo", "sensor_mlp", "mobilenet_s", "resnet_s", "tiny_transformer", "detector_head"]
 CUDA_PROVIDERS = ["CUDAExecutionProvider", "CPUExecutionProvider"]
 
@@ -63,6 +54,9 @@ def test_priority_streams_only_with_the_priority_scheduler() -> None:
     assert NodeConfig.model_validate(default).gpu_settings() == ({}, False), "opt-in (it costs batch-1 rate)"
     with pytest.raises(ValidationError):
         NodeConfig.model_validate({**base, "cuda_options": {"device_id": 0}})  # strings, as ONNX Runtime takes them
+    for bad in ({"k": "x" * 10_000}, {"": "1"}, {f"k{i}": "1" for i in range(33)}):  # bounded, as any config
+        with pytest.raises(ValidationError):
+            NodeConfig.model_validate({**base, "cuda_options": bad})
 
 
 @pytest.mark.skipif(gpu_visible(), reason="a host with a GPU")
@@ -223,7 +217,7 @@ async def test_the_lane_takes_high_priority_work_alone_and_one_batch_at_a_time()
 
 
 def test_device_cuda_without_cuda_refuses_to_start_with_one_clear_line(tmp_path: Path) -> None:
-    if _cuda():
+    if cuda_available():
         pytest.skip("this host has CUDA")
     cfg = {"node_id": "n1", "device": "cuda", "models": [{"name": "echo"}], "zoo_dir": str(tmp_path)}
     proc = subprocess.run(
@@ -316,3 +310,25 @@ def test_concurrent_runs_on_both_streams_stay_correct(tmp_path: Path) -> None:
     for t in threads:
         t.join()
     assert not errors, errors[:5]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--concurrency", "1,x"], "comma-separated integers"),
+        (["--concurrency", "0"], "each from 1 to 1024"),
+        (["--concurrency", "2000"], "each from 1 to 1024"),
+        (["--seconds", "nan"], "from 0.5 to 600"),
+        (["--seconds", "0.1"], "from 0.5 to 600"),
+        (["--parts", "models,gpu"], "choice of models, node, priority"),
+    ],
+)
+def test_bench_gpu_refuses_bad_options_with_one_line(
+    args: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from scenarios.cli import main
+
+    assert main(["bench", "gpu", "--out", str(tmp_path), *args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err
+    assert not any(tmp_path.iterdir()), "nothing run, nothing written"
