@@ -46,6 +46,29 @@ def rows_label(rows: int) -> str:
     return f"{high // 2 + 1}-{high}"
 
 
+# Triton's statistics extension (`/v2/models/{m}/stats`, gRPC ModelStatistics): the durations it reports
+DURATIONS = ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output")
+MAX_BATCH_STATS = 1024  # distinct batch sizes kept per model (one request may carry any number of rows)
+
+
+class ModelCounters:
+    """One model's counters in the form of Triton's statistics: counts and nanosecond sums."""
+
+    __slots__ = ("last_ms", "inferences", "executions", "durations", "batches")
+
+    def __init__(self) -> None:
+        self.last_ms = 0  # wall-clock ms of the last successful inference
+        self.inferences = 0  # rows of successful requests
+        self.executions = 0  # batches run
+        self.durations = {name: [0, 0] for name in DURATIONS}  # name -> [count, ns]
+        self.batches: dict[int, list[int]] = {}  # rows of an execution -> [count, ns of compute]
+
+    def add(self, name: str, seconds: float) -> None:
+        entry = self.durations[name]
+        entry[0] += 1
+        entry[1] += int(seconds * 1e9)
+
+
 class NodeMetrics:
     """What a node counts as it serves, and its registry (`/metrics` renders it)."""
 
@@ -84,6 +107,13 @@ class NodeMetrics:
         # (model, rows) -> its compute and batch series, for the exact row counts (bounded like the labels)
         self._executed: dict[tuple[str, int], tuple[HistogramSeries, HistogramSeries]] = {}
         self._answered: dict[str, tuple[HistogramSeries, HistogramSeries]] = {}  # model -> request, queue series
+        self.counters: dict[str, ModelCounters] = {}  # model -> Triton's statistics (models: from the config)
+
+    def counters_of(self, model: str) -> ModelCounters:
+        found = self.counters.get(model)
+        if found is None:
+            found = self.counters[model] = ModelCounters()
+        return found
 
     def executed(self, model: str, rows: int, exec_ms: float) -> None:
         self.executions[model] += 1
@@ -95,8 +125,41 @@ class NodeMetrics:
                 self._executed[(model, rows)] = series
         series[0].observe(exec_ms / 1000.0)
         series[1].observe(rows)
+        counters = self.counters_of(model)
+        counters.executions += 1
+        batch = counters.batches.get(rows)
+        if batch is None and len(counters.batches) < MAX_BATCH_STATS:
+            batch = counters.batches[rows] = [0, 0]
+        if batch is not None:
+            batch[0] += 1
+            batch[1] += int(exec_ms * 1e6)
 
-    def answered(self, model: str, status: int, queue_ms: float | None, total_s: float) -> None:
+    def answered(
+        self,
+        model: str,
+        status: int,
+        queue_ms: float | None,
+        total_s: float,
+        rows: int = 0,
+        exec_ms: float | None = None,
+        input_s: float = 0.0,
+        output_s: float = 0.0,
+    ) -> None:
+        """One request's answer: `rows` it inferred, its batch's `exec_ms`, the time its request took
+        to read and check (`input_s`) and its answer to write (`output_s`), for a success."""
+        counters = self.counters_of(model)
+        if status != 200:
+            counters.add("fail", total_s)
+        else:
+            counters.last_ms = int(time.time() * 1000)
+            counters.inferences += rows
+            counters.add("success", total_s)
+            counters.add("compute_input", input_s)
+            counters.add("compute_output", output_s)
+            if queue_ms is not None:
+                counters.add("queue", queue_ms / 1000.0)
+            if exec_ms is not None:
+                counters.add("compute_infer", exec_ms / 1000.0)
         if status == 200:
             self.success[model] += 1
             series = self._answered.get(model)

@@ -19,29 +19,29 @@ import platform
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, NamedTuple
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from nodes.config import NodeConfig
+from nodes.describe import Unanswerable, served
+from nodes.describe import add_routes as add_model_routes
+from nodes.describe import error as _error
 from nodes.gpu import nvml_for_cuda_device
 from nodes.protocol import BadRequest, decode_request, encode_response, split_body
 from nodes.repository import resolve as resolve_repository
 from nodes.residency import NoRoom, Residency
-from nodes.runtime import LoadedModel, choose_providers, file_metadata, load_model, model_file_size
+from nodes.runtime import LoadedModel, choose_providers, load_model, model_file_size
 from nodes.state import CONFIG, ENDPOINT, RUNTIME, VERSION, LoadFailed, NodeRuntime, load_failure
 from telemetry import wire
 from telemetry.bus import TelemetryPublisher
 from telemetry.quantiles import nearest_rank
 from telemetry.schema import DeviceInfo
 from telemetry.serving import read_body, start_site
+from telemetry.triton import EXTENSIONS
 
 log = logging.getLogger("edgeroute.node")
-
-
-def _error(status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
-    return web.json_response({"error": message}, status=status, headers=headers)
 
 
 async def _runtime_ctx(app: web.Application) -> AsyncIterator[None]:
@@ -143,20 +143,11 @@ async def _telemetry_ctx(app: web.Application) -> AsyncIterator[None]:
 
 
 def _served(request: web.Request) -> str | web.Response:
-    """The node's own name for the requested model and version (the model's default version under
-    its own name, another served version as `<model>:<v>`), or 404."""
-    rt = request.app[RUNTIME]
-    name = request.match_info["model"]
-    version = request.match_info.get("version")
-    spec = rt.specs.get(name)
-    if version is None or (spec is not None and spec.version == version):
-        return name if spec is not None else _error(404, f"unknown model '{name}'")
-    other = rt.specs.get(f"{name}:{version}")
-    if other is not None and other.model == name:
-        return other.name
-    if spec is None:
-        return _error(404, f"unknown model '{name}'")
-    return _error(404, f"model '{name}' has no version '{version}' on this node")
+    """The node's own name for the requested model and version (nodes.describe.served), or 404."""
+    try:
+        return served(request.app[RUNTIME], request.match_info["model"], request.match_info.get("version"))
+    except Unanswerable as exc:
+        return _error(exc.status, exc.message)
 
 
 async def _model_or_error(request: web.Request, name: str, retry: bool = False) -> LoadedModel | web.Response:
@@ -189,45 +180,9 @@ async def server_metadata(request: web.Request) -> web.Response:
         {
             "name": "edgeroute-node",
             "version": VERSION,
-            "extensions": ["binary_tensor_data", "model_repository"],
+            "extensions": EXTENSIONS,
         }
     )
-
-
-def _versions(rt: NodeRuntime, served_name: str) -> list[str]:
-    """The versions of a model this node serves, ascending."""
-    return sorted((m.version for m in rt.specs.values() if m.served_name == served_name), key=int)
-
-
-async def model_metadata(request: web.Request) -> web.Response:
-    """A resident model's metadata from its session; a model not resident is described from its file
-    (asking about a model must not load it and evict another)."""
-    rt = request.app[RUNTIME]
-    name = _served(request)
-    if isinstance(name, web.Response):
-        return name
-    model = rt.models.get(name)
-    if model is not None:
-        doc = model.metadata()
-    else:
-        loop = asyncio.get_running_loop()
-        try:
-            doc = await loop.run_in_executor(rt.loader, file_metadata, rt.specs[name], rt.config.zoo_dir)
-        except Exception as exc:  # noqa: BLE001 - a model whose file cannot be read fails alone
-            return _error(500, f"model '{name}' cannot be read: {exc}")
-    if request.match_info.get("version") is None:  # the model: every version served here
-        doc["versions"] = _versions(rt, doc["name"])
-    return web.json_response(doc)
-
-
-async def model_ready(request: web.Request) -> web.Response:
-    """Ready means resident (a model that would load first answers 400, as Triton does)."""
-    rt = request.app[RUNTIME]
-    name = _served(request)
-    if isinstance(name, web.Response):
-        return name
-    resident = name in rt.models
-    return web.json_response({"name": rt.specs[name].served_name, "ready": resident}, status=200 if resident else 400)
 
 
 async def repository_index(request: web.Request) -> web.Response:
@@ -284,19 +239,29 @@ async def infer(request: web.Request) -> web.Response:
         cold_ms = (time.perf_counter() - arrived) * 1000.0
     rt.residency.pin(model.name)  # not evicted while this request needs it (and now the most recently used)
     try:
-        response, queue_ms = await _infer(request, rt, model, arrived)
+        done = await _infer(request, rt, model, arrived)
+        response = done.response
         if cold_ms is not None:
             response.headers[wire.COLD_MS] = f"{cold_ms:.3f}"
-        rt.metrics.answered(model.name, response.status, queue_ms, time.perf_counter() - arrived)
+        rt.metrics.answered(model.name, response.status, done.queue_ms, time.perf_counter() - arrived, *done[2:])
         return response
     finally:
         rt.residency.unpin(model.name)
 
 
-async def _infer(
-    request: web.Request, rt: NodeRuntime, model: LoadedModel, arrived: float
-) -> tuple[web.Response, float | None]:
-    """The answer, and for a success its queue wait (ms) for the metrics."""
+class _Done(NamedTuple):
+    """An answer, and for a success what the statistics count (nodes.metrics.NodeMetrics.answered)."""
+
+    response: web.Response
+    queue_ms: float | None = None
+    rows: int = 0
+    exec_ms: float | None = None
+    input_s: float = 0.0
+    output_s: float = 0.0
+
+
+async def _infer(request: web.Request, rt: NodeRuntime, model: LoadedModel, arrived: float) -> _Done:
+    """The answer, and for a success its queue wait, rows and times for the statistics."""
     try:
         body = await read_body(request, request.app[CONFIG].body_timeout_s)
         doc, tail = split_body(body, request.headers.get(wire.HEADER_LENGTH))
@@ -307,21 +272,23 @@ async def _infer(
         priority = wire.priority_hint(request.headers.get(wire.PRIORITY, params.get("priority"))) or 0
         budget_ms = wire.number_hint(request.headers.get(wire.DEADLINE_MS, params.get("deadline_ms")), "deadline_ms")
     except (BadRequest, wire.BadHint) as exc:
-        return _error(400, str(exc)), None
+        return _Done(_error(400, str(exc)))
+    decoded = time.perf_counter()
     if budget_ms is not None and budget_ms <= 0:
-        return _error(504, "deadline passed before the node received the request"), None
+        return _Done(_error(504, "deadline passed before the node received the request"))
     request_id = request.headers.get(wire.REQUEST_ID)
     if budget_ms is not None:  # the budget counts from arrival: reading and validating took some of it
         budget_ms -= (time.perf_counter() - arrived) * 1000.0
         if budget_ms <= 0:
-            return _error(504, "deadline passed while the node read the request"), None
+            return _Done(_error(504, "deadline passed while the node read the request"))
     outcome = rt.engine.decide_now(model.name, req, priority, budget_ms, request_id)
     if outcome is None:
         outcome = await rt.engine.wait_queued(model.name, req, priority, budget_ms, request_id)
     if outcome.status != 200 or outcome.outputs is None:
         # a refusal (queue full, or too late here) is cheap and says when to come back
         retry = {"Retry-After": "1"} if outcome.status in (429, 503) else None
-        return _error(outcome.status, outcome.reason, retry), None
+        return _Done(_error(outcome.status, outcome.reason, retry))
+    encoding = time.perf_counter()
     payload, header_len = encode_response(model.served_name, model.version, req, model.outputs, outcome.outputs)
     headers = {
         wire.NODE: rt.config.node_id,
@@ -334,7 +301,8 @@ async def _infer(
     else:
         headers[wire.HEADER_LENGTH] = str(header_len)
         response = web.Response(body=payload, content_type="application/octet-stream", headers=headers)
-    return response, outcome.queue_ms
+    output_s = time.perf_counter() - encoding
+    return _Done(response, outcome.queue_ms, req.batch, outcome.exec_ms, decoded - arrived, output_s)
 
 
 def _quantiles(values: Iterable[float], qs: tuple[float, ...]) -> list[float]:
@@ -456,10 +424,7 @@ def create_app(config: NodeConfig) -> web.Application:
     app.router.add_get("/v2/health/live", live)
     app.router.add_get("/v2/health/ready", ready)
     app.router.add_get("/v2", server_metadata)
-    app.router.add_get("/v2/models/{model}", model_metadata)
-    app.router.add_get("/v2/models/{model}/versions/{version}", model_metadata)
-    app.router.add_get("/v2/models/{model}/ready", model_ready)
-    app.router.add_get("/v2/models/{model}/versions/{version}/ready", model_ready)
+    add_model_routes(app)  # metadata, readiness, Triton's configuration and statistics
     app.router.add_post("/v2/repository/index", guard(repository_index))
     app.router.add_post("/v2/repository/models/{model}/load", guard(repository_load))
     app.router.add_post("/v2/repository/models/{model}/unload", guard(repository_unload))

@@ -19,7 +19,7 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from router import admin, oip
+from router import admin, oip, triton
 from router.config import ConfigError, RouterConfig
 from router.node_client import HttpNodeClient, NodeClient, NodeError
 from router.state import CLIENT, ROUTER, Router
@@ -282,6 +282,7 @@ def create_app(
     r.add_get("/v2/health/live", oip.live)
     r.add_get("/v2/health/ready", oip.ready)
     r.add_get("/v2", oip.server_metadata)
+    triton.add_routes(app)  # Triton's configuration and statistics (`/v2/models/stats` before metadata's route)
     r.add_get("/v2/models/{model}", oip.model_metadata)
     r.add_get("/v2/models/{model}/versions/{version}", oip.model_metadata)
     r.add_get("/v2/models/{model}/ready", oip.model_ready)

@@ -29,6 +29,7 @@ from router.workflows import WorkflowInputError, WorkflowRunner, decode_inputs
 from telemetry import wire
 from telemetry.schema import NAME_PATTERN
 from telemetry.serving import read_body
+from telemetry.triton import EXTENSIONS
 from telemetry.view import NodeState
 
 log = logging.getLogger("edgeroute.router")
@@ -64,9 +65,7 @@ async def ready(request: web.Request) -> web.Response:
 
 
 async def server_metadata(request: web.Request) -> web.Response:
-    return web.json_response(
-        {"name": "edgeroute", "version": VERSION, "extensions": ["binary_tensor_data", "model_repository"]}
-    )
+    return web.json_response({"name": "edgeroute", "version": VERSION, "extensions": EXTENSIONS})
 
 
 def _model_nodes(router: Router, model: str) -> tuple[list[Any], bool]:
