@@ -67,7 +67,12 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     return serving.run_until_signalled(
         "edgeroute node",
-        lambda stop: serve(cfg, stop, lambda port: print(f"node {cfg.node_id}: http://{cfg.host}:{port}", flush=True)),
+        lambda stop: serve(
+            cfg,
+            stop,
+            lambda port: print(f"node {cfg.node_id}: http://{cfg.host}:{port}", flush=True),
+            lambda port: print(f"node {cfg.node_id}: gRPC {cfg.host}:{port}", flush=True),
+        ),
     )
 
 

@@ -63,6 +63,12 @@ class ModelSpec(BaseModel):
     load_ms: float | None = Field(
         None, ge=0, description="least time a load takes; the loader holds until then (emulates copying weights in)"
     )
+    triton_config: str | None = Field(
+        None,
+        min_length=1,
+        description="set by the repository: the model's Triton config.pbtxt, whose inputs and outputs are checked "
+        "against the graph when it loads (nodes.pbtxt)",
+    )
 
     @model_validator(mode="after")
     def _one_source(self) -> ModelSpec:

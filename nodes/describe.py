@@ -14,13 +14,17 @@ statistics extensions, for its HTTP routes and its gRPC service alike.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
+from nodes import pbtxt
 from nodes.metrics import DURATIONS
 from nodes.runtime import file_metadata
 from nodes.state import RUNTIME, NodeRuntime
+from telemetry.configfile import ConfigError
 from telemetry.triton import data_type, mc, pb, to_json
 
 
@@ -99,7 +103,13 @@ async def config(rt: NodeRuntime, name: str) -> Any:
     for t in meta["outputs"]:
         cfg.output.add(name=t["name"], data_type=data_type(t["datatype"]), dims=t["shape"][cut:])
     served_versions = versions(rt, meta["name"])
-    if len(served_versions) == 1:
+    declared = None
+    if spec.triton_config is not None:  # the policy its config.pbtxt states (the served versions follow it)
+        with contextlib.suppress(ConfigError):
+            declared = pbtxt.read(Path(spec.triton_config), meta["name"], quiet=True).policy
+    if declared is not None:
+        cfg.version_policy.CopyFrom(declared)
+    elif len(served_versions) == 1:
         cfg.version_policy.latest.num_versions = 1
     else:
         cfg.version_policy.specific.versions.extend(int(v) for v in served_versions)

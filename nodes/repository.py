@@ -2,6 +2,7 @@
 
     DIR/<model>/<version>/model.onnx      versions are directory names of digits (1, 2, 10, ...)
     DIR/<model>/config.yaml               optional: the model's serving settings (below)
+    DIR/<model>/config.pbtxt              optional: Triton's own model configuration (nodes.pbtxt)
 
 Each model serves its highest version by default, at `/v2/models/<model>/...` and at
 `/v2/models/<model>/versions/<v>/...`. `config.yaml` may serve more (`versions: all`, or a list such
@@ -10,6 +11,8 @@ telemetry, named `<model>:<v>` (so a router can route to the nodes that hold it)
 `/v2/models/<model>/versions/<v>/...`. The other keys of `config.yaml` are a model entry's settings
 (`max_batch`, `max_queue_delay_ms`, `preferred_batch`, `size_mb`, `load_ms`, `baseline_ms`,
 `baseline_ms_by_batch`). Inputs and outputs come from each ONNX graph (dynamic axes as -1).
+A Triton `config.pbtxt` sets the versions, batching and queue delay it declares (`config.yaml` wins
+where both set a value), and its inputs and outputs are checked against the graph at load.
 
 With a `models:` list in the node's config, a name there that the repository holds is served from
 the repository (the entry's own settings over `config.yaml`'s); names the repository does not hold are
@@ -27,6 +30,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from nodes import pbtxt
 from nodes.config import ModelSpec, NodeConfig
 from telemetry.configfile import ConfigError, is_dir, is_file, read_document, validate
 from telemetry.schema import NAME_PATTERN
@@ -74,7 +78,7 @@ class RepositoryModel:
         return root / self.name / str(version) / MODEL_FILE
 
 
-def scan(root: Path) -> dict[str, RepositoryModel]:
+def scan(root: Path, device: str = "cpu", slots: int = 1) -> dict[str, RepositoryModel]:
     """The models of the repository at `root` (ConfigError if it cannot be read or a config is wrong).
     Entries that are not models (files, hidden or oddly named directories, no numeric version with a
     model file) are passed over."""
@@ -98,19 +102,31 @@ def scan(root: Path) -> dict[str, RepositoryModel]:
         if not versions:
             continue
         cfg = _model_config(entry / "config.yaml")
+        settings = cfg.settings()
+        wanted: str | int | list[int] = cfg.versions
+        origin = entry / "config.yaml"
+        if is_file(entry / pbtxt.PBTXT):  # Triton's own configuration; config.yaml wins where both say
+            triton = pbtxt.read(entry / pbtxt.PBTXT, name, device, slots)
+            settings = {**triton.settings, **settings, "triton_config": str(entry / pbtxt.PBTXT)}
+            if "versions" not in cfg.model_fields_set:
+                wanted, origin = triton.versions, entry / pbtxt.PBTXT
         served: tuple[int, ...]
-        if cfg.versions == "latest":
+        if wanted == "latest":
             served = (versions[-1],)
-        elif cfg.versions == "all":
+        elif wanted == "all":
             served = tuple(versions)
-        else:
-            missing = sorted(set(cfg.versions) - set(versions))
+        elif isinstance(wanted, int):  # Triton's latest { num_versions: N }
+            served = tuple(versions[-wanted:])
+        elif isinstance(wanted, list):
+            missing = sorted(set(wanted) - set(versions))
             if missing:
-                raise ConfigError(f"{entry / 'config.yaml'}: versions {missing} have no {MODEL_FILE}")
-            served = tuple(sorted(set(cfg.versions)))
+                raise ConfigError(f"{origin}: versions {missing} have no {MODEL_FILE}")
+            served = tuple(sorted(set(wanted)))
             if not served:
-                raise ConfigError(f"{entry / 'config.yaml'}: versions: serve at least one")
-        models[name] = RepositoryModel(name, tuple(versions), served, cfg.settings())
+                raise ConfigError(f"{origin}: versions: serve at least one")
+        else:
+            raise ConfigError(f"{origin}: versions: {wanted!r}")
+        models[name] = RepositoryModel(name, tuple(versions), served, settings)
         if len(models) >= MAX_MODELS:
             break
     return models
@@ -143,7 +159,7 @@ def resolve(cfg: NodeConfig) -> NodeConfig:
     if cfg.model_repository is None:
         return cfg
     root = Path(cfg.model_repository)
-    found = scan(root)
+    found = scan(root, cfg.device, cfg.slots)
     models: list[ModelSpec] = []
     if not cfg.models:
         for rm in found.values():

@@ -305,6 +305,11 @@ def load_model(
     ]
     if unserved:  # (its warm-up would fail on a tensor it cannot build, with ONNX Runtime's own words)
         raise ValueError(f"{'; '.join(unserved)}: this node serves tensors of {', '.join(sorted(DATATYPES))}")
+    if spec.triton_config is not None:  # a Triton repository's config.pbtxt: what it declares is what the graph has
+        from nodes import pbtxt
+
+        declared = pbtxt.read(Path(spec.triton_config), spec.served_name, quiet=True)
+        pbtxt.check_graph(declared.declared, declared.batching, model.inputs, model.outputs)
     # Warm-up runs, so the first request does not pay for lazy initialisation, and the baseline the
     # speed emulation stretches by: the fastest run, since nodes often start together and contend
     # for the cores, and a contended baseline would be stretched (1/speed - 1) times.

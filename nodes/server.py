@@ -24,6 +24,7 @@ from typing import Any, NamedTuple
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from nodes import grpc_service
 from nodes.config import NodeConfig
 from nodes.describe import Unanswerable, served
 from nodes.describe import add_routes as add_model_routes
@@ -36,6 +37,7 @@ from nodes.runtime import LoadedModel, choose_providers, load_model, model_file_
 from nodes.state import CONFIG, ENDPOINT, RUNTIME, VERSION, LoadFailed, NodeRuntime, load_failure
 from telemetry import wire
 from telemetry.bus import TelemetryPublisher
+from telemetry.grpc_oip import start_server as start_grpc
 from telemetry.quantiles import nearest_rank
 from telemetry.schema import DeviceInfo
 from telemetry.serving import read_body, start_site
@@ -208,13 +210,9 @@ async def repository_unload(request: web.Request) -> web.Response:
     name = _served(request)
     if isinstance(name, web.Response):
         return name
-    async with rt.load_lock:
-        if name in rt.models:
-            if rt.residency.pinned(name):
-                return _error(409, f"model '{name}' has {rt.residency.pinned(name)} request(s) in progress")
-            rt.residency.remove(name)
-            rt.models.pop(name, None)
-            rt.publish_now.set()
+    busy = await rt.unload(name)
+    if busy:
+        return _error(409, f"model '{name}' has {busy} request(s) in progress")
     return web.json_response({"name": rt.specs[name].served_name, "state": "UNAVAILABLE"})
 
 
@@ -435,8 +433,9 @@ def create_app(config: NodeConfig) -> web.Application:
     return app
 
 
-async def serve(config: NodeConfig, stop: asyncio.Event, on_bound: Any = None) -> None:
-    """Run the node until `stop` is set; the bound port is reported through `on_bound(port)`."""
+async def serve(config: NodeConfig, stop: asyncio.Event, on_bound: Any = None, on_grpc: Any = None) -> None:
+    """Run the node until `stop` is set; the bound port is reported through `on_bound(port)`, the gRPC
+    service's (with `grpc_port` set) through `on_grpc(port)`."""
     app = create_app(config)
     ssl_context = None if config.tls is None else config.tls.context()
     runner, site, _ = await start_site(
@@ -447,6 +446,7 @@ async def serve(config: NodeConfig, stop: asyncio.Event, on_bound: Any = None) -
         max_connections=config.max_connections,
         idle_timeout_s=config.idle_timeout_s,
     )
+    grpc_server = None
     try:
         port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         if not app[ENDPOINT]:
@@ -454,8 +454,21 @@ async def serve(config: NodeConfig, stop: asyncio.Event, on_bound: Any = None) -
             app[ENDPOINT].append(f"{scheme}://{config.host}:{port}")
         if on_bound is not None:
             on_bound(port)
+        if config.grpc_port is not None:
+            grpc_server, grpc_port = await start_grpc(
+                grpc_service.add_to(app[RUNTIME]),
+                config.host,
+                config.grpc_port,
+                config.tls,
+                config.max_body_bytes,
+                config.grpc_max_calls,
+            )
+            if on_grpc is not None:
+                on_grpc(grpc_port)
         await stop.wait()
         if RUNTIME in app:
             app[RUNTIME].draining = True
     finally:
+        if grpc_server is not None:
+            await grpc_server.stop(1.0)
         await runner.cleanup()

@@ -170,6 +170,19 @@ class NodeRuntime:
                 f"POST /v2/repository/models/{self.specs[name].served_name}/load)"
             )
 
+    async def unload(self, name: str) -> int:
+        """Free the served model `name`'s memory; 0 when done (or not resident), else the requests in
+        progress that keep it (nothing is unloaded then)."""
+        async with self.load_lock:
+            if name in self.models:
+                busy = self.residency.pinned(name)
+                if busy:
+                    return busy
+                self.residency.remove(name)
+                self.models.pop(name, None)
+                self.publish_now.set()
+        return 0
+
     def repository_index(self) -> list[dict[str, Any]]:
         """Triton's repository index: every model and version the node knows, READY when resident, a
         model whose load failed with the reason."""

@@ -71,6 +71,7 @@ def main(argv: list[str] | None = None) -> int:
             args.config,
             lambda port: print(f"router: http://{cfg.host}:{port}", flush=True),
             args.reuse_port,
+            lambda port: print(f"router: gRPC {cfg.host}:{port}", flush=True),
         ),
     )
 

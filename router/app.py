@@ -19,13 +19,14 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from router import admin, oip, triton
+from router import admin, grpc_service, oip, repository, triton
 from router.config import ConfigError, RouterConfig
 from router.node_client import HttpNodeClient, NodeClient, NodeError
 from router.state import CLIENT, ROUTER, Router
 from router.state import json_error as _error
 from telemetry import wire
 from telemetry.bus import KafkaTelemetrySource, TelemetrySource, TopicReader, ensure_topic, now_ms
+from telemetry.grpc_oip import start_server as start_grpc
 from telemetry.peers import PeerLoads, PeerPublisher
 from telemetry.serving import start_site
 
@@ -289,9 +290,9 @@ def create_app(
     r.add_get("/v2/models/{model}/versions/{version}/ready", oip.model_ready)
     r.add_post("/v2/models/{model}/infer", oip.infer)
     r.add_post("/v2/models/{model}/versions/{version}/infer", oip.infer)
-    r.add_post("/v2/repository/index", oip.repository_index)
-    r.add_post("/v2/repository/models/{model}/load", oip.repository_load)
-    r.add_post("/v2/repository/models/{model}/unload", oip.repository_unload)
+    r.add_post("/v2/repository/index", repository.repository_index)
+    r.add_post("/v2/repository/models/{model}/load", repository.repository_load)
+    r.add_post("/v2/repository/models/{model}/unload", repository.repository_unload)
     r.add_get("/metrics", metrics)
     r.add_get("/", admin.status_page)
     app.add_subapp("/admin", admin.create_admin_app(app[ROUTER]))
@@ -304,6 +305,7 @@ async def serve(
     config_path: Path | None = None,
     on_bound: Callable[[int], None] | None = None,
     reuse_port: bool = False,
+    on_grpc: Callable[[int], None] | None = None,
 ) -> None:
     app = create_app(config, config_path=config_path)
     runner, site, cap = await start_site(
@@ -316,10 +318,23 @@ async def serve(
         idle_timeout_s=config.idle_timeout_s,
     )
     app[ROUTER].metrics.watch_connections(cap)
+    grpc_server = None
     try:
         port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         if on_bound is not None:
             on_bound(port)
+        if config.grpc_port is not None:
+            grpc_server, grpc_port = await start_grpc(
+                grpc_service.add_to(app),
+                config.host,
+                config.grpc_port,
+                config.tls,
+                config.max_body_bytes,
+                config.grpc_max_calls,
+                reuse_port,
+            )
+            if on_grpc is not None:
+                on_grpc(grpc_port)
         loop = asyncio.get_running_loop()
         with contextlib.suppress(NotImplementedError, RuntimeError):
             import signal
@@ -327,4 +342,6 @@ async def serve(
             loop.add_signal_handler(signal.SIGHUP, app[ROUTER].reload_file)
         await stop.wait()
     finally:
+        if grpc_server is not None:
+            await grpc_server.stop(1.0)
         await runner.cleanup()

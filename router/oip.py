@@ -9,11 +9,11 @@ forwarded as the bytes that came in.
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import logging
 import re
 import secrets
+from collections.abc import Mapping
 from typing import Any
 
 from aiohttp import web
@@ -22,7 +22,7 @@ from policies.api import RouteRequest
 from policies.healthy import Healthy
 from policies.pipeline import Pipeline
 from router.dispatch import Outcome
-from router.node_client import NodeBadAnswer, NodeError, NodeTimeout, NodeUnavailable, error_text
+from router.node_client import NodeError
 from router.state import CLIENT, ROUTER, VERSION, Router
 from router.state import json_error as _error
 from router.workflows import WorkflowInputError, WorkflowRunner, decode_inputs
@@ -30,7 +30,6 @@ from telemetry import wire
 from telemetry.schema import NAME_PATTERN
 from telemetry.serving import read_body
 from telemetry.triton import EXTENSIONS
-from telemetry.view import NodeState
 
 log = logging.getLogger("edgeroute.router")
 
@@ -179,125 +178,6 @@ async def model_ready(request: web.Request) -> web.Response:
     return web.json_response({"name": model, "ready": True, "nodes": len(nodes)})
 
 
-async def repository_index(request: web.Request) -> web.Response:
-    router = request.app[ROUTER]
-    view = router.store.view
-    serving = view.models(router.clock())
-    names = sorted({m for n in view for m in n.load.models})
-    warm = {m for m, nodes in serving.items() for n in nodes if (st := n.model(m)) is not None and st.resident}
-
-    def state(m: str) -> dict[str, str]:
-        if m in warm:
-            return {"state": "READY"}
-        if m in serving:
-            return {"state": "UNAVAILABLE", "reason": "not resident on any node; loads on first use"}
-        return {"state": "UNAVAILABLE", "reason": "no fresh ready node serves it"}
-
-    index = [{"name": m, "version": "1", **state(m)} for m in names]
-    for name, runner in router.workflows.items():
-        absent = [m for m in runner.models() if m not in serving]
-        index.append({"name": name, "version": "1", "state": "UNAVAILABLE" if absent else "READY",
-                      **({"reason": f"no fresh ready node serves {', '.join(absent)}"} if absent else {})})  # fmt: skip
-    return web.json_response(index)
-
-
-def _fresh_serving(router: Router, model: str) -> list[NodeState]:
-    now = router.clock()
-    return [n for n in router.store.view.serving(model) if n.ready and router.store.view.is_fresh(n, now)]
-
-
-async def repository_load(request: web.Request) -> web.Response:
-    """Cluster `POST /v2/repository/models/{m}/load`: make the model resident on a node.
-
-    Already resident on a fresh node: nothing to do. Otherwise the nodes that serve it are asked in
-    order of free memory (or only the node named in `{"parameters": {"node": ID}}`) until one loads it;
-    if none does, 502, 503 or 504 (see `_repository_failure`) with each node's answer.
-    """
-    router = request.app[ROUTER]
-    model = request.match_info["model"]
-    nodes = _fresh_serving(router, model)
-    if not nodes:
-        return _error(404, f"no fresh node serves model '{model}'")
-    wanted = None
-    raw = await read_body(request, router.config.body_timeout_s)
-    if raw:
-        try:
-            doc = wire.loads(raw)
-            wanted = (doc.get("parameters") or {}).get("node") if isinstance(doc, dict) else None
-        except (ValueError, AttributeError):
-            return _error(400, "malformed JSON body")
-    if wanted is not None:
-        nodes = [n for n in nodes if n.node_id == wanted]
-        if not nodes:
-            return _error(404, f"node '{wanted}' is not a fresh node serving '{model}'")
-    else:
-        warm = [n.node_id for n in nodes if (st := n.model(model)) is not None and st.resident]
-        if warm:
-            return web.json_response({"name": model, "state": "READY", "nodes": warm})
-    # the most free memory first; a node that fails or refuses leaves the load to the next one
-    ordered = sorted(nodes, key=lambda n: n.load.memory_used_bytes - n.load.memory_budget_bytes)
-    results: dict[str, Any] = {}
-    for n in ordered:
-        code, body = await _repository_call(router, n, model, "load", 60.0)
-        if code == 200:
-            return web.json_response({"name": model, "state": "READY", "nodes": [n.node_id]})
-        results[n.node_id] = {"status": code, "error": body}
-    return _repository_failure(model, "load", results)
-
-
-async def repository_unload(request: web.Request) -> web.Response:
-    """Cluster `POST /v2/repository/models/{m}/unload`: every node holding it lets it go, all asked at
-    once. 200 when all did; 409 when a node still has requests in progress (relayed per node); 502,
-    503 or 504 when a node answered badly, could not be reached or did not answer in time."""
-    router = request.app[ROUTER]
-    model = request.match_info["model"]
-    nodes = _fresh_serving(router, model)
-    if not nodes:
-        return _error(404, f"no fresh node serves model '{model}'")
-    calls = [_repository_call(router, n, model, "unload", 10.0) for n in nodes]
-    answers = await asyncio.gather(*calls)
-    results = {n.node_id: code for n, (code, _) in zip(nodes, answers, strict=True)}
-    if all(code == 200 for code in results.values()):
-        return web.json_response({"name": model, "state": "UNAVAILABLE", "nodes": results})
-    failed = {k: {"status": c, "error": e} for k, (c, e) in zip(results, answers, strict=True) if c not in (200, 409)}
-    if failed:
-        return _repository_failure(model, "unload", failed)
-    return web.json_response({"name": model, "state": "BUSY", "nodes": results}, status=409)
-
-
-_CALL_FAILURES = ((NodeUnavailable, 503), (NodeTimeout, 504), (NodeBadAnswer, 502))
-
-
-async def _repository_call(
-    router: Router, node: NodeState, model: str, action: str, timeout_s: float
-) -> tuple[int, str]:
-    """One node's answer to a repository load or unload: (its status, its error text), or for a call that
-    got no usable answer (503 unreachable, 504 no answer in time, 502 a bad answer; the reason)."""
-    url = f"{node.endpoint}/v2/repository/models/{model}/{action}"
-    try:
-        reply = await router.client.post(url, b"{}", {"Content-Type": "application/json"}, timeout_s, admin=True)
-    except NodeError as exc:
-        code = next((c for kind, c in _CALL_FAILURES if isinstance(exc, kind)), 502)
-        return code, str(exc)[:200]
-    if reply.status == 200:
-        return 200, ""
-    return reply.status, error_text(reply.body)[:200]
-
-
-def _repository_failure(model: str, action: str, results: dict[str, Any]) -> web.Response:
-    """No node did it, each node's answer in the body. Every node refused it (4xx: busy, unknown, no
-    room): their verdict, the first node's status; otherwise the gateway status of the failures (504 if
-    any timed out, else 503 if any could not be reached, else 502)."""
-    codes = [r["status"] for r in results.values()]
-    if all(400 <= c < 500 for c in codes):
-        status = codes[0]
-    else:
-        status = 504 if 504 in codes else 503 if 503 in codes else 502
-    detail = "; ".join(f"{node}: {r['status']} {r['error']}".strip() for node, r in results.items())
-    body = {"error": f"{action} of '{model}' failed on every node tried ({detail})"[:2000], "nodes": results}
-    return web.json_response(body, status=status)
-
-
 async def infer(request: web.Request) -> web.Response:
     router = request.app[ROUTER]
     arrived = router.clock()
@@ -318,25 +198,40 @@ async def infer(request: web.Request) -> web.Response:
     except web.HTTPException as exc:  # 408 (body too slow), 400 (client gone): counted, then answered
         count(router, model, 0, "none", exc.status, arrived)
         raise
+    return await route(router, model, version, body, request.headers, request.get(CLIENT, ""), arrived)
+
+
+async def route(
+    router: Router,
+    model: str,
+    version: str | None,
+    body: bytes,
+    hints: Mapping[str, str],
+    client: str,
+    arrived: float,
+) -> web.Response:
+    """An inference request read whole (its OIP body; `hints`: its headers, or the gRPC front door's
+    equivalent), checked, routed by the policy (or run as a workflow), answered."""
+    cfg = router.config
     try:
-        doc = _parse_header(body, request.headers.get(wire.HEADER_LENGTH))
+        doc = _parse_header(body, hints.get(wire.HEADER_LENGTH))
         params = doc.get("parameters")
         params = {} if params is None else params
         if not isinstance(params, dict):
             raise wire.BadHint("'parameters' must be an object")
-        priority = wire.priority_hint(request.headers.get(wire.PRIORITY, params.get("priority")))
-        deadline = wire.number_hint(request.headers.get(wire.DEADLINE_MS, params.get("deadline_ms")), "deadline_ms")
+        priority = wire.priority_hint(hints.get(wire.PRIORITY, params.get("priority")))
+        deadline = wire.number_hint(hints.get(wire.DEADLINE_MS, params.get("deadline_ms")), "deadline_ms")
         if deadline is None and params.get("timeout") is not None:
             # Triton clients send their request timeout as `parameters.timeout` in microseconds
             timeout_us = wire.number_hint(params.get("timeout"), "timeout")
             deadline = None if timeout_us is None else timeout_us / 1000.0
         if deadline is not None and deadline <= 0:
             raise wire.BadHint("'deadline_ms' must be positive")
-        site = request.headers.get(wire.SITE, params.get("site"))
+        site = hints.get(wire.SITE, params.get("site"))
         if site is not None and not isinstance(site, str):
             raise wire.BadHint("'site' must be a string")
         if site is None and cfg.auth is not None:  # the site of the client's key
-            site = cfg.auth.sites.get(request.get(CLIENT, ""))
+            site = cfg.auth.sites.get(client)
         if site is not None and not _known_site(router, site):
             # sites key per-site state (delay timers, ejection paths): only the fleet's own are taken
             raise wire.BadHint(f"unknown site '{site[:64]}': not a partition of any node, nor an end of a link")
@@ -346,7 +241,7 @@ async def infer(request: web.Request) -> web.Response:
         return _error(400, str(exc))
     runner = router.workflows.get(model)
     if runner is not None:
-        return await _run_workflow(router, runner, request, body, doc, int(priority or 0), deadline, site, arrived)
+        return await _run_workflow(router, runner, hints, body, doc, int(priority or 0), deadline, site, arrived)
     if not router.store.view.serving(model):
         if not len(router.store.view):  # nothing heard yet (broker down or just started): not the client's fault
             count(router, model, int(priority or 0), "none", 503, arrived)
@@ -357,11 +252,11 @@ async def infer(request: web.Request) -> web.Response:
     req_id = str(doc.get("id") or _new_id())
     prio = int(priority or 0)
     headers = {
-        "Content-Type": request.headers.get("Content-Type", "application/json"),
+        "Content-Type": hints.get("Content-Type", "application/json"),
         wire.PRIORITY: str(prio),
     }
-    if wire.HEADER_LENGTH in request.headers:
-        headers[wire.HEADER_LENGTH] = request.headers[wire.HEADER_LENGTH]
+    if wire.HEADER_LENGTH in hints:
+        headers[wire.HEADER_LENGTH] = hints[wire.HEADER_LENGTH]
     outcome: Outcome = await router.dispatcher.dispatch(
         RouteRequest(model, prio, budget, site, batch, req_id),
         _infer_path(model, version),
@@ -389,7 +284,7 @@ async def infer(request: web.Request) -> web.Response:
 async def _run_workflow(
     router: Router,
     runner: WorkflowRunner,
-    request: web.Request,
+    hints: Mapping[str, str],
     body: bytes,
     doc: dict[str, Any],
     priority: int,
@@ -399,7 +294,7 @@ async def _run_workflow(
 ) -> web.Response:
     """A workflow job: every stage routed by the policy, tensors passed between them (router.workflows)."""
     name = runner.spec.name
-    header_length = request.headers.get(wire.HEADER_LENGTH)
+    header_length = hints.get(wire.HEADER_LENGTH)
     tail = body[int(header_length) :] if header_length is not None else b""
     try:
         inputs = decode_inputs(doc, tail)

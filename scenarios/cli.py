@@ -56,6 +56,8 @@ def _up(args: argparse.Namespace) -> int:
     try:
         stack.start()
         print(f"router: {stack.router_url}" + (f" ({args.routers} processes)" if args.routers > 1 else ""), flush=True)
+        if stack.router is not None and stack.router.grpc:
+            print(f"router gRPC: {stack.router.grpc}", flush=True)
         print(f"kafka: {stack.bootstrap}", flush=True)
         print(f"logs: {stack.log_dir}", flush=True)
         while not stopping:

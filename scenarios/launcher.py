@@ -149,6 +149,7 @@ class Proc:
     log_path: Path
     url: str = ""
     port: int = 0
+    grpc: str = ""  # HOST:PORT of its gRPC service ("" without one)
 
 
 AUTO_LOGS = "edgeroute-run-"
@@ -282,12 +283,14 @@ class Stack:
             port,
             self.bootstrap,
             self.scenario.seed,
-            {"topic": self.topic, **self.node_overrides.get(spec.id, {})},
+            {"topic": self.topic, "grpc_port": free_port(), **self.node_overrides.get(spec.id, {})},
             self.baselines,
             self.scenario.models,
         )
         proc = self._spawn(spec.id, ["-m", "nodes", "--config", json.dumps(cfg), "--log-level", "WARNING"])
         proc.port, proc.url = port, f"http://127.0.0.1:{port}"
+        if cfg.get("grpc_port") is not None:
+            proc.grpc = f"127.0.0.1:{cfg['grpc_port']}"
         self.nodes[spec.id] = proc
         return proc
 
@@ -299,6 +302,7 @@ class Stack:
             "kafka": self.bootstrap,
             "topic": self.topic,
             "port": port,
+            "grpc_port": free_port(),
             "seed": self.scenario.seed,
             "policy": self.scenario.policies[0].policy.model_dump(exclude_none=True),
             "links": [k.model_dump() for k in self.scenario.topology.links],
@@ -316,6 +320,8 @@ class Stack:
                 args += ["--reuse-port", "--router-id", f"router-{i + 1}"]
             proc = self._spawn("router" if self.routers == 1 else f"router-{i + 1}", args)
             proc.port, proc.url = port, f"http://127.0.0.1:{port}"
+            if cfg.get("grpc_port") is not None:
+                proc.grpc = f"127.0.0.1:{cfg['grpc_port']}"
             self.peers.append(proc)
         self.router = self.peers[0]
         return self.router

@@ -63,6 +63,16 @@ class ServerSettings(BaseModel):
         description="a connection must send a complete request head within this long (keep it above the "
         "clients' keep-alive: the router's pool keeps idle connections 10 s)",
     )
+    grpc_port: int | None = Field(
+        None,
+        ge=0,
+        le=65535,
+        description="serve the OIP v2 gRPC service (inference.GRPCInferenceService) on this port too, with the same "
+        "TLS; 0 picks a free port; unset: no gRPC",
+    )
+    grpc_max_calls: int = Field(
+        4096, ge=1, le=1_000_000, description="gRPC calls in progress at once; past it RESOURCE_EXHAUSTED"
+    )
     body_timeout_s: float = Field(
         10.0, gt=0, le=3600, description="a request's body must arrive whole within this long of its head (408)"
     )

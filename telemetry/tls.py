@@ -41,6 +41,20 @@ class ServerTLS(BaseModel):
             _readable(self.client_ca_file, "client_ca_file")
         return self
 
+    def grpc_credentials(self) -> Any:
+        """The same certificate (and client CA) for a gRPC server."""
+        import grpc
+
+        with open(self.cert_file, "rb") as f:
+            cert = f.read()
+        with open(self.key_file, "rb") as f:
+            key = f.read()
+        ca = None
+        if self.client_ca_file is not None:
+            with open(self.client_ca_file, "rb") as f:
+                ca = f.read()
+        return grpc.ssl_server_credentials([(key, cert)], root_certificates=ca, require_client_auth=ca is not None)
+
     def context(self) -> ssl.SSLContext:
         ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         ctx.minimum_version = ssl.TLSVersion.TLSv1_2

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from scenarios.launcher import Stack
@@ -99,3 +101,42 @@ def test_triton_client_with_a_token_and_the_rate_limit(guarded: Stack) -> None:
     assert codes.count(200) >= 5 and 429 in codes
     refused = next(r for r in statuses if r[0] == 429)
     assert int(refused[2]["Retry-After"]) >= 1 and "requests/s" in refused[1]["error"]
+
+
+def test_grpc_calls_meet_the_same_tokens_admin_rights_and_rate_limit(guarded: Stack) -> None:
+    import grpc
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    client = grpcclient.InferenceServerClient(guarded.router.grpc)  # type: ignore[union-attr]
+    inp = grpcclient.InferInput("readings", [1, 16], "FP32")
+    inp.set_data_from_numpy(np.ones((1, 16), np.float32))
+
+    def grpc_bearer(token: str) -> dict[str, str]:
+        return {"authorization": f"Bearer {token}"}  # (gRPC metadata keys are lower case)
+
+    def code(call: Any, *args: Any, **kwargs: Any) -> str:
+        try:
+            call(*args, **kwargs)
+        except InferenceServerException as exc:
+            return str(exc.status())
+        return "StatusCode.OK"
+
+    try:
+        assert client.is_server_live() and client.get_server_metadata().name == "edgeroute"  # open, as over HTTP
+        assert code(client.infer, "sensor_mlp", [inp]) == str(grpc.StatusCode.UNAUTHENTICATED)
+        assert code(client.infer, "sensor_mlp", [inp], headers=grpc_bearer("stolen")) == str(
+            grpc.StatusCode.PERMISSION_DENIED
+        )
+        assert code(client.get_model_metadata, "sensor_mlp") == str(grpc.StatusCode.UNAUTHENTICATED)
+        ops = grpc_bearer("tok-ops")
+        assert code(client.get_model_metadata, "sensor_mlp", headers=ops) == "StatusCode.OK"
+        for call in (client.load_model, client.unload_model):
+            assert code(call, "sensor_mlp", headers=grpc_bearer("tok-cams")) == str(grpc.StatusCode.PERMISSION_DENIED)
+        assert code(client.get_model_repository_index, headers=grpc_bearer("tok-cams")) == "StatusCode.OK"
+        assert client.infer("sensor_mlp", [inp], headers=ops).as_numpy("probabilities").shape == (1, 4)
+        codes = [code(client.infer, "sensor_mlp", [inp], headers=grpc_bearer("tok-kiosk")) for _ in range(12)]
+        assert codes.count("StatusCode.OK") >= 3 and str(grpc.StatusCode.RESOURCE_EXHAUSTED) in codes
+    finally:
+        client.close()

@@ -194,3 +194,88 @@ def test_users_models_through_the_router_to_an_unchanged_triton_client(
             assert status in (400, 404), (base, version, status)
     with client(stack.router_url.removeprefix("http://")) as c:
         assert_equal_outputs(infer(c, "scorer", feeds), v2)
+
+
+TRITON_CONFIG = """
+name: "scorer"
+platform: "onnxruntime_onnx"
+max_batch_size: 8
+version_policy: { all { } }
+dynamic_batching {
+  preferred_batch_size: [ 4 ]
+  max_queue_delay_microseconds: 200000
+}
+input [
+  { name: "features" data_type: TYPE_FP32 dims: [ 3 ] },
+  { name: "offset" data_type: TYPE_INT64 dims: [ 1 ] }
+]
+output [
+  { name: "score" data_type: TYPE_FP32 dims: [ 1 ] },
+  { name: "next" data_type: TYPE_INT64 dims: [ 1 ] }
+]
+instance_group [ { count: 1 kind: KIND_GPU } ]
+"""
+
+
+def test_a_triton_repository_unchanged_serves_as_configured_over_http_and_grpc(
+    own_stack: Callable[..., Any], tmp_path: Path
+) -> None:
+    import concurrent.futures
+
+    import tritonclient.grpc as grpcclient
+
+    root = repository(tmp_path / "repo", broken=False)
+    (root / "scorer" / "config.pbtxt").write_text(TRITON_CONFIG)
+    stack = own_stack([{"id": "n1", "partition": "edge-a", "models": ["scorer"], "model_repository": str(root)}])
+    feeds = scorer_inputs(1, seed=3)
+    want = {v: reference(root / "scorer" / v / "model.onnx", feeds) for v in ("1", "2")}
+    node, router = stack.nodes["n1"], stack.router
+    for url in (node.url, router.url):
+        with client(url.removeprefix("http://")) as c:
+            cfg = c.get_model_config("scorer")
+            assert cfg["max_batch_size"] == 8 and cfg["version_policy"] == {"all": {}}
+            assert cfg["dynamic_batching"]["max_queue_delay_microseconds"] == 200000
+            assert [t["dims"] for t in cfg["input"]] == [[3], [1]]
+            for v in ("1", "2"):  # both versions, equal to ONNX Runtime on the same files
+                assert_equal_outputs(infer(c, "scorer", feeds, version=v), want[v])
+    for target in (node.grpc, router.grpc):
+        g = grpcclient.InferenceServerClient(target)
+        try:
+            for v in ("1", "2"):
+                inputs = []
+                for name, arr in feeds.items():
+                    inp = grpcclient.InferInput(name, list(arr.shape), "FP32" if name == "features" else "INT64")
+                    inp.set_data_from_numpy(arr)
+                    inputs.append(inp)
+                result = g.infer("scorer", inputs, model_version=v)
+                assert_equal_outputs({k: result.as_numpy(k) for k in want[v]}, want[v])
+        finally:
+            g.close()
+
+    # batches as configured: four requests at once (the preferred size) run as one execution
+    def one(_: int) -> None:
+        with client(node.url.removeprefix("http://")) as c:
+            infer(c, "scorer", feeds)
+
+    with client(node.url.removeprefix("http://")) as c:
+        before = c.get_inference_statistics("scorer", "2")["model_stats"][0]
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            list(pool.map(one, range(4)))
+        after = c.get_inference_statistics("scorer", "2")["model_stats"][0]
+    assert after["inference_count"] - before["inference_count"] == 4
+    assert after["execution_count"] - before["execution_count"] < 4, (
+        "the requests waited for each other and ran batched"
+    )
+    assert any(b["batch_size"] > 1 for b in after["batch_stats"])
+
+
+def test_a_triton_configuration_that_contradicts_its_graph_fails_that_model_alone(tmp_path: Path) -> None:
+    root = repository(tmp_path / "repo", broken=False)
+    (root / "scorer" / "config.pbtxt").write_text(
+        TRITON_CONFIG.replace('{ name: "offset" data_type: TYPE_INT64', '{ name: "offset" data_type: TYPE_FP16')
+    )
+    with user_node({"model_repository": str(root)}, tmp_path) as url:
+        status, doc, _ = call(f"http://{url}/v2/models/scorer/infer", b'{"inputs": []}', "POST")
+        assert status == 500 and "config.pbtxt input 'offset' is FP16" in doc["error"]
+        with client(url) as c:  # the other model of the repository serves
+            assert c.is_model_ready("flags")
