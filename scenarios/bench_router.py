@@ -2,9 +2,12 @@
 floor, on the trivial `echo` model, closed loop at each concurrency: a bare aiohttp echo server and a
 bare aiohttp pass-through proxy (`FLOOR`, part of the benchmark, not of the product), the node called
 directly, the proxy in front of it and the router in front of it, in interleaved rounds, with the CPU
-each server spent per request. Everything (broker, node, router, this load generator) shares the
-machine, so the figures are ratios for comparing builds on one host, not absolute capacity. A
-benchmark: it prints and writes JSON, and asserts nothing.
+each server spent per request; then the node and the router again with the same tensor in binary
+form, over HTTP (Triton's binary tensor extension) and over gRPC (raw contents), the two front doors
+side by side (the gRPC load comes from grpc.aio, the HTTP load from aiohttp, both in this process).
+Everything (broker, node, router, this load generator) shares the machine, so the figures are ratios
+for comparing builds on one host, not absolute capacity. A benchmark: it prints and writes JSON, and
+asserts nothing.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import asyncio
 import json
 import os
 import platform
+import struct
 import subprocess
 import sys
 import time
@@ -32,18 +36,58 @@ BODY = json.dumps(
 ).encode()
 
 
-async def closed_loop(url: str, concurrency: int, requests: int, warmup: int) -> dict[str, Any]:
+# the same tensor in binary form: Triton's binary tensor data over HTTP, raw_input_contents over gRPC
+_RAW = struct.pack("<4f", 1.0, 2.0, 3.0, 4.0)
+_HEAD = json.dumps(
+    {
+        "inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "parameters": {"binary_data_size": 16}}],
+        "parameters": {"binary_data_output": True},
+    }
+).encode()
+BINARY = (
+    _HEAD + _RAW,
+    {"Content-Type": "application/octet-stream", "Inference-Header-Content-Length": str(len(_HEAD))},
+)
+
+
+def grpc_request() -> bytes:
+    from telemetry.triton import pb
+
+    req = pb.ModelInferRequest(model_name="echo")
+    req.inputs.add(name="x", datatype="FP32", shape=[1, 4])
+    req.raw_input_contents.append(_RAW)
+    return req.SerializeToString()  # type: ignore[no-any-return]
+
+
+async def closed_loop(url: str, concurrency: int, requests: int, warmup: int, form: str = "json") -> dict[str, Any]:
+    """`form`: "json" (JSON tensor data), "binary" (the binary tensor extension) or "grpc" (`url` is then
+    HOST:PORT of a gRPC service, raw contents; the request is serialised once, as a client would)."""
     connector = aiohttp.TCPConnector(limit=concurrency)
     latencies: list[float] = []
     failures = 0
+    body, headers = BINARY if form == "binary" else (BODY, {"Content-Type": "application/json"})
+    channel = None
+    if form == "grpc":
+        import grpc
+
+        channel = grpc.aio.insecure_channel(url)
+        infer = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
+        message = grpc_request()
     async with aiohttp.ClientSession(connector=connector) as session:
 
         async def one(record: bool) -> None:
             nonlocal failures
             t0 = time.perf_counter()
-            async with session.post(url, data=BODY, headers={"Content-Type": "application/json"}) as resp:
-                await resp.read()
-                ok = resp.status == 200
+            if channel is not None:
+                try:
+                    await infer(message, timeout=30)
+                    ok = True
+                except grpc.RpcError:
+                    ok = False
+            else:
+                async with session.post(url, data=body, headers=headers) as resp:
+                    await resp.read()
+                    ok = resp.status == 200
             if record:
                 if ok:
                     latencies.append((time.perf_counter() - t0) * 1000.0)
@@ -59,6 +103,8 @@ async def closed_loop(url: str, concurrency: int, requests: int, warmup: int) ->
         start = time.perf_counter()
         await asyncio.gather(*(worker(per, True) for _ in range(concurrency)))
         elapsed = time.perf_counter() - start
+    if channel is not None:
+        await channel.close()
     latencies.sort()
     return {
         "concurrency": concurrency,
@@ -167,23 +213,28 @@ def bench_router(
             assert stack.router is not None
             path = "/v2/models/echo/infer"
             targets = {
-                "bare_echo": (echo_url + path, echo_proc.pid),
-                "node": (node.url + path, node.popen.pid),
-                "bare_proxy": (proxy_url + path, proxy_proc.pid),
-                "router": (stack.router_url + path, stack.router.popen.pid),
+                "bare_echo": (echo_url + path, echo_proc.pid, "json"),
+                "node": (node.url + path, node.popen.pid, "json"),
+                "bare_proxy": (proxy_url + path, proxy_proc.pid, "json"),
+                "router": (stack.router_url + path, stack.router.popen.pid, "json"),
+                # the same tensor in binary form, over HTTP and over gRPC (the router's two front doors)
+                "node_binary": (node.url + path, node.popen.pid, "binary"),
+                "node_grpc": (node.grpc, node.popen.pid, "grpc"),
+                "router_binary": (stack.router_url + path, stack.router.popen.pid, "binary"),
+                "router_grpc": (stack.router.grpc, stack.router.popen.pid, "grpc"),
             }
             for c in concurrencies:
                 for rnd in range(rounds):
-                    for target, (url, pid) in targets.items():
+                    for target, (url, pid, form) in targets.items():
                         before = process_cpu_s(pid)
-                        row = asyncio.run(closed_loop(url, c, requests, warmup=min(200, requests // 5)))
+                        row = asyncio.run(closed_loop(url, c, requests, min(200, requests // 5), form))
                         after = process_cpu_s(pid)
                         row.update(target=target, round=rnd)
                         if before is not None and after is not None and row["requests"]:
                             row["server_cpu_us_per_request"] = round((after - before) * 1e6 / row["requests"], 1)
                         rows.append(row)
                         print(
-                            f"  {target:<10} c={c:<3} round {rnd}  p50 {row['p50_ms']:7.3f} ms  "
+                            f"  {target:<13} c={c:<3} round {rnd}  p50 {row['p50_ms']:7.3f} ms  "
                             f"p99 {row['p99_ms']:7.3f} ms  {row['rps']:8.1f} req/s  "
                             f"cpu {row.get('server_cpu_us_per_request', '-')} us/req  ({row['failures']} failed)",
                             flush=True,
@@ -210,6 +261,8 @@ def bench_router(
                 "router_vs_proxy_added_p50": round(router_added / proxy_added, 2) if proxy_added > 0 else None,
                 "router_vs_proxy_rps": round(fig["router"]["rps"] / fig["bare_proxy"]["rps"], 3),
                 "node_vs_bare_echo_rps": round(fig["node"]["rps"] / fig["bare_echo"]["rps"], 3),
+                "router_grpc_vs_binary_rps": round(fig["router_grpc"]["rps"] / fig["router_binary"]["rps"], 3),
+                "node_grpc_vs_binary_rps": round(fig["node_grpc"]["rps"] / fig["node_binary"]["rps"], 3),
             }
         )
     result = {
@@ -224,17 +277,18 @@ def bench_router(
     }
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "router.json").write_text(json.dumps(result, indent=2) + "\n")
-    print(f"{'c':>3} {'target':<10} {'p50 ms':>8} {'p99 ms':>8} {'req/s':>8} {'cpu us/req':>10}")
+    print(f"{'c':>3} {'target':<13} {'p50 ms':>8} {'p99 ms':>8} {'req/s':>8} {'cpu us/req':>10}")
     for srow in summary:
         for t, f in srow["targets"].items():
             print(
-                f"{srow['concurrency']:>3} {t:<10} {f['p50_ms']:>8.3f} {f['p99_ms']:>8.3f} {f['rps']:>8.1f} "
+                f"{srow['concurrency']:>3} {t:<13} {f['p50_ms']:>8.3f} {f['p99_ms']:>8.3f} {f['rps']:>8.1f} "
                 f"{f['server_cpu_us_per_request']:>10.1f}"
             )
         print(
             f"    router adds {srow['router_added_p50_ms']:.3f} ms p50 ({srow['router_vs_proxy_added_p50']}x the bare "
             f"proxy's {srow['proxy_added_p50_ms']:.3f} ms); router/proxy req/s {srow['router_vs_proxy_rps']}; "
-            f"node/bare echo req/s {srow['node_vs_bare_echo_rps']}"
+            f"node/bare echo req/s {srow['node_vs_bare_echo_rps']}; gRPC/HTTP binary req/s: router "
+            f"{srow['router_grpc_vs_binary_rps']}, node {srow['node_grpc_vs_binary_rps']}"
         )
     print(f"written: {out_dir / 'router.json'}")
     return result

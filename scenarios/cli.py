@@ -13,7 +13,8 @@ from pathlib import Path
 from types import FrameType
 
 from scenarios import cli_args as arg
-from scenarios.schema import MAX_REQUESTS, MAX_TOPOLOGY_NODES, load_scenario
+from scenarios.bench_cli import add_bench_parser
+from scenarios.schema import load_scenario
 from telemetry.cli import add_version
 from telemetry.configfile import ConfigError
 
@@ -95,7 +96,7 @@ def _replay(args: argparse.Namespace) -> int:
     profile = Path(args.profile) if args.profile else None
     if args.router:
         if args.mode != "live" or args.policy or args.nodes is not None:
-            return _usage("replay --router: live mode only, with the router's own policy and nodes")
+            return arg.usage("replay --router: live mode only, with the router's own policy and nodes")
         token = args.token or os.environ.get("EDGEROUTE_CLIENT_TOKEN")
         run_replay(scenario, [], out, router_url=args.router, token=token, duration_s=args.duration)
     elif args.mode == "sim":
@@ -111,74 +112,6 @@ def _replay(args: argparse.Namespace) -> int:
             kafka=args.kafka,
             duration_s=args.duration,
         )
-    return 0
-
-
-def _bench(args: argparse.Namespace) -> int:
-    out = Path(args.out)
-    if getattr(args, "requests", None) is not None and args.requests < 1:
-        return _usage("--requests must be at least 1")
-    if getattr(args, "nodes", None) is not None and args.nodes < 1:
-        return _usage("--nodes must be at least 1")
-    if args.what == "decide":
-        from scenarios.bench_decide import SIZES, bench_decide
-
-        if args.rounds < 1:
-            return _usage("--rounds must be at least 1")
-        bench_decide(out, (args.nodes,) if args.nodes else SIZES, decisions=args.requests, rounds=args.rounds)
-    elif args.what == "sim":
-        from scenarios.bench_sim import bench_sim
-
-        if args.nodes > MAX_TOPOLOGY_NODES or args.requests > MAX_REQUESTS:
-            bounds = f"at most {MAX_TOPOLOGY_NODES:,} nodes and {MAX_REQUESTS:,} requests"
-            return _usage(f"bench sim: {bounds} (a scenario's bounds)")
-        bench_sim(out, nodes=args.nodes, requests=args.requests, policy=args.policy)
-    elif args.what == "ingest":
-        from scenarios.bench_ingest import bench_ingest
-
-        if args.publishers < 1:
-            return _usage("--publishers must be at least 1")
-        from kafka.errors import KafkaError
-
-        try:
-            bench_ingest(out, args.nodes, args.interval_ms, args.seconds, args.publishers, args.kafka)
-        except (KafkaError, RuntimeError) as exc:
-            print(f"edgeroute: bench ingest: {exc}", file=sys.stderr)
-            return 1
-    elif args.what == "routers":
-        from scenarios.bench_routers import bench_routers
-
-        if args.rounds < 1:
-            return _usage("--rounds must be at least 1")
-        bench_routers(out, nodes=args.nodes, policy=args.policy, rounds=args.rounds)
-    elif args.what == "gpu":
-        from scenarios.bench_gpu import bench_gpu
-
-        try:
-            concurrencies = tuple(int(c) for c in args.concurrency.split(","))
-        except ValueError:
-            return _usage("--concurrency: comma-separated integers, e.g. 1,4,16,64")
-        if not concurrencies or any(not 1 <= c <= 1024 for c in concurrencies):
-            return _usage("--concurrency: each from 1 to 1024")
-        if not 0.5 <= args.seconds <= 600:
-            return _usage("--seconds: from 0.5 to 600")
-        parts = tuple(args.parts.split(","))
-        if not parts or any(p not in ("models", "node", "priority") for p in parts):
-            return _usage("--parts: a comma-separated choice of models, node, priority")
-        bench_gpu(
-            out,
-            seconds=args.seconds,
-            concurrencies=concurrencies,
-            parts=parts,
-            max_batch=args.max_batch,
-            priority_streams=args.priority_streams,
-        )
-    else:
-        from scenarios.bench_router import bench_router
-
-        if args.rounds < 1:
-            return _usage("--rounds must be at least 1")
-        bench_router(out, requests=args.requests, kafka=args.kafka, rounds=args.rounds)
     return 0
 
 
@@ -204,11 +137,6 @@ def _source_checkout() -> bool:
     return (PACKAGE_DIR.parent / "pyproject.toml").is_file()
 
 
-def _usage(message: str) -> int:
-    print(f"edgeroute: {message}", file=sys.stderr)
-    return 2
-
-
 def _sweep(args: argparse.Namespace) -> int:
     from scenarios.sweep import confirm_live, parse_counts, sweep, write_sweep
 
@@ -222,7 +150,7 @@ def _sweep(args: argparse.Namespace) -> int:
         print(f"edgeroute: {exc}", file=sys.stderr)
         return 2
     if not 1 <= args.seeds <= MAX_SEEDS or args.jobs < 0:
-        return _usage(f"--seeds must be 1 to {MAX_SEEDS} and --jobs at least 0 (0: one per core)")
+        return arg.usage(f"--seeds must be 1 to {MAX_SEEDS} and --jobs at least 0 (0: one per core)")
     profile = Path(args.profile) if args.profile else None
     result = sweep(scenario, runs, counts, args.target, args.duration, profile, seeds=args.seeds, jobs=args.jobs)
     if args.confirm:
@@ -241,7 +169,7 @@ def _search(args: argparse.Namespace) -> int:
 
     scenario = load_scenario(args.scenario)
     if args.jobs < 0:
-        return _usage("search: --jobs must be at least 0 (0: one per core)")
+        return arg.usage("search: --jobs must be at least 0 (0: one per core)")
     out = Path(args.out) if args.out else Path("reports") / scenario.name / f"search-{args.workflow}"
     try:
         run_search(
@@ -257,7 +185,7 @@ def _search(args: argparse.Namespace) -> int:
             jobs=args.jobs or (os.cpu_count() or 1),
         )
     except ValueError as exc:
-        return _usage(f"search: {exc}")
+        return arg.usage(f"search: {exc}")
     return 0
 
 
@@ -268,10 +196,10 @@ def _profile(args: argparse.Namespace) -> int:
 
     unknown = [m for m in args.models if m not in ZOO]
     if unknown:
-        return _usage(f"profile: no zoo model {', '.join(map(repr, unknown))} (known: {', '.join(sorted(ZOO))})")
+        return arg.usage(f"profile: no zoo model {', '.join(map(repr, unknown))} (known: {', '.join(sorted(ZOO))})")
     out = Path(args.out)
     if out.resolve().is_relative_to(PACKAGE_DIR) and not _source_checkout():
-        return _usage(f"profile: --out {out} is inside the installed package; write the profile elsewhere")
+        return arg.usage(f"profile: --out {out} is inside the installed package; write the profile elsewhere")
     out.parent.mkdir(parents=True, exist_ok=True)
     if args.node_scaling:
         if not out.exists():
@@ -303,7 +231,7 @@ def _zoo(args: argparse.Namespace) -> int:
 
     unknown = [m for m in args.models if m not in zoo.ZOO]
     if unknown:
-        return _usage(f"zoo: no model {', '.join(map(repr, unknown))} (known: {', '.join(sorted(zoo.ZOO))})")
+        return arg.usage(f"zoo: no model {', '.join(map(repr, unknown))} (known: {', '.join(sorted(zoo.ZOO))})")
     for name in args.models or sorted(zoo.ZOO):
         path = zoo.ensure(name)
         print(f"{name:<18} {path.stat().st_size:>9} bytes  {path}")
@@ -368,51 +296,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     rp.set_defaults(func=_replay)
 
-    bench = sub.add_parser("bench", help="benchmarks (print and save figures); see `edgeroute bench WHAT --help`")
-    bsub = bench.add_subparsers(dest="what", required=True, metavar="WHAT")
-    b = bsub.add_parser(
-        "router",
-        help="the router against the floor: bare aiohttp echo, the node, a bare proxy and the router, c=1 and 32",
-    )
-    b.add_argument("--requests", type=int, default=2000, help="requests per run (2000)")
-    b.add_argument("--rounds", type=int, default=3, help="interleaved rounds; medians reported (3)")
-    b.add_argument("--kafka", type=arg.bootstrap, help="external Kafka bootstrap HOST:PORT")
-    b = bsub.add_parser("routers", help="active-active routers, with and without shared load, at one offered rate")
-    b.add_argument("--nodes", type=int, default=4, help="nodes (4)")
-    b.add_argument("--policy", default="least_outstanding", help="preset (least_outstanding)")
-    b.add_argument("--rounds", type=int, default=5, help="rounds of the three set-ups, pooled (5)")
-    b = bsub.add_parser("decide", help="one policy decision, every preset, on views of 10 to 10,000 nodes")
-    b.add_argument("--nodes", type=int, help="one view size (default: 10, 100, 1000, 10000)")
-    b.add_argument("--requests", type=int, default=2000, help="decisions per preset and size (2000)")
-    b.add_argument("--rounds", type=int, default=5, help="interleaved rounds of every preset, pooled (5)")
-    b = bsub.add_parser("ingest", help="NodeLoad messages/s one router folds into its view, through a real broker")
-    b.add_argument("--nodes", type=int, default=5000, help="nodes publishing (5000)")
-    b.add_argument("--interval-ms", type=arg.positive, default=100.0, help="each node's publish interval (100)")
-    b.add_argument("--seconds", type=arg.positive, default=10.0, help="how long the publishers run (10)")
-    b.add_argument("--publishers", type=int, default=2, help="publisher processes (2)")
-    b.add_argument("--kafka", type=arg.bootstrap, help="plaintext Kafka bootstrap HOST:PORT (default: an embedded one)")
-    b = bsub.add_parser("sim", help="simulator events per second with a real policy in the loop")
-    b.add_argument("--nodes", type=int, default=1000, help="cluster size (1000)")
-    b.add_argument("--requests", type=int, default=1_000_000, help="requests simulated (1,000,000)")
-    b.add_argument("--policy", default="p2c", help="preset in the loop (p2c)")
-    b = bsub.add_parser(
-        "gpu",
-        help="the GPU path: each zoo model per batch size on CPU and CUDA, a resnet_s node and a router in front "
-        "at concurrency 1-64, critical work beside bulk work with the priority streams on and off",
-    )
-    b.add_argument("--seconds", type=float, default=8.0, help="measured seconds per run (8)")
-    b.add_argument("--concurrency", default="1,4,16,64", help="closed-loop concurrencies (1,4,16,64)")
-    b.add_argument("--parts", default="models,node,priority", help="which parts (models,node,priority)")
-    b.add_argument("--max-batch", type=int, default=32, choices=range(1, 1025), metavar="N", help="node max_batch (32)")
-    b.add_argument(
-        "--priority-streams",
-        action=argparse.BooleanOptionalAction,
-        default=False,
-        help="the node part's node with priority streams, or without (the node's default)",
-    )
-    for b in bsub.choices.values():
-        b.add_argument("--out", default="reports/bench", help="folder for the JSON (reports/bench)")
-        b.set_defaults(func=_bench)
+    add_bench_parser(sub)
 
     sw = sub.add_parser("sweep", help="fewest nodes per policy that keep the target share within deadline (sim)")
     sw.add_argument("scenario", help="scenario YAML, or a bundled one by name")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 from urllib.parse import urlsplit
 
 from scenarios.schema import MAX_DURATION_S, MAX_TOPOLOGY_NODES
@@ -95,3 +96,9 @@ def bootstrap(text: str) -> str:
         return check_bootstrap(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def usage(message: str) -> int:
+    """A usage error: one line on stderr, exit status 2."""
+    print(f"edgeroute: {message}", file=sys.stderr)
+    return 2

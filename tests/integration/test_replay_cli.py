@@ -156,10 +156,20 @@ def test_bench_router_measures_the_floor_and_writes_its_figures(tmp_path: Path) 
     from scenarios.bench_router import bench_router
 
     result = bench_router(tmp_path, requests=60, concurrencies=(1,), rounds=1)
-    assert {r["target"] for r in result["runs"]} == {"bare_echo", "node", "bare_proxy", "router"}
+    assert {r["target"] for r in result["runs"]} == {
+        "bare_echo",
+        "node",
+        "bare_proxy",
+        "router",
+        "node_binary",
+        "node_grpc",
+        "router_binary",
+        "router_grpc",
+    }
     assert all(r["failures"] == 0 and r["rps"] > 0 for r in result["runs"])
     summary = result["summary"][0]
     assert {"router_vs_proxy_rps", "router_vs_proxy_added_p50", "node_vs_bare_echo_rps"} <= set(summary)
+    assert summary["router_grpc_vs_binary_rps"] > 0 and summary["node_grpc_vs_binary_rps"] > 0
     assert (tmp_path / "router.json").is_file()
 
 

@@ -153,3 +153,19 @@ def test_perf_analyzer_measures_a_node_and_the_router(shared_stack: Stack, model
         assert "Throughput:" in out, out[-2000:]
         assert "Server:" in out and "Inference count:" in out, out[-2000:]
         assert "failed to get model config" not in out
+
+
+def test_bench_triton_measures_node_and_router_with_perf_analyzer(tmp_path: Path) -> None:
+    from scenarios.bench_triton import bench_triton, find_perf_analyzer
+
+    if find_perf_analyzer() is None:
+        pytest.skip("perf_analyzer is not installed")
+    # (a loose stability: the shared machine is busy; a measurement must complete, not be precise)
+    result = bench_triton(tmp_path, (1,), 300, ["sensor_mlp", "my_sensor"], ("http", "grpc"), stability=100)
+    assert result is not None and (tmp_path / "triton.json").is_file()
+    assert {(r["model"], r["protocol"]) for r in result["runs"]} == {
+        (m, p) for m in ("sensor_mlp", "my_sensor") for p in ("http", "grpc")
+    }
+    for row in result["runs"]:  # every run measured: the repository model (config.pbtxt) too
+        assert all(row[t]["ok"] for t in ("node", "router", "node_again")), row
+        assert row["router_vs_node_rps"] > 0
