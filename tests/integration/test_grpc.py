@@ -209,3 +209,47 @@ def test_fuzzing_left_both_serving(shared_stack: Stack) -> None:
     for target in (shared_stack.router.grpc, shared_stack.nodes["n1"].grpc):  # type: ignore[union-attr]
         assert _raw_call(target, "ModelInfer", GOOD) == grpc.StatusCode.OK
         assert shared_stack.nodes["n1"].popen.poll() is None and shared_stack.router.popen.poll() is None  # type: ignore[union-attr]
+
+
+KSERVE_CLIENT = """
+import asyncio, json, sys
+import numpy as np
+import kserve
+
+async def run(target):
+    client = kserve.InferenceGRPCClient(target, timeout=10, retries=0)
+    try:
+        x = kserve.InferInput("readings", [2, 16], "FP32")
+        x.set_data_from_numpy(np.ones((2, 16), np.float32), binary_data=True)
+        answer = await client.infer(kserve.InferRequest("sensor_mlp", infer_inputs=[x], request_id="k-1"))
+        return {
+            "live": await client.is_server_live(),
+            "ready": await client.is_server_ready(),
+            "model_ready": await client.is_model_ready("sensor_mlp"),
+            "probabilities": answer.outputs[0].as_numpy().tolist(),
+        }
+    finally:
+        await client.close()
+
+print(json.dumps([asyncio.run(run(t)) for t in sys.argv[1:]]))
+"""
+
+
+def test_kserves_grpc_client(shared_stack: Stack) -> None:
+    """KServe's own gRPC client (the `kserve` package, where it is installed: `pip install kserve`), in a
+    process of its own: its generated `inference` protobuf package and tritonclient's cannot share one."""
+    import importlib.util
+    import json
+    import subprocess
+    import sys
+
+    if importlib.util.find_spec("kserve") is None:
+        pytest.skip("kserve is not installed")
+    targets = [shared_stack.router.grpc, shared_stack.nodes["n1"].grpc]  # type: ignore[union-attr]
+    done = subprocess.run([sys.executable, "-c", KSERVE_CLIENT, *targets], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    results = json.loads(done.stdout.strip().splitlines()[-1])
+    for r in results:
+        assert r["live"] and r["ready"] and r["model_ready"]
+        assert np.asarray(r["probabilities"]).shape == (2, 4)
+    assert results[0]["probabilities"] == results[1]["probabilities"]
