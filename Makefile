@@ -29,8 +29,9 @@ unit: $(STAMP)  ## run the unit tests only (no sockets)
 integration: $(STAMP)  ## run the integration tests only (real broker, nodes, router on loopback)
 	$(PY) -m pytest -q tests/integration
 
-fuzz: $(STAMP)  ## 10,000 generated hostile requests against a live router and nodes (fresh seed each run)
-	EDGEROUTE_FUZZ_EXAMPLES=10000 EDGEROUTE_FUZZ_RANDOM=1 $(PY) -m pytest -q -s tests/integration/test_fuzz.py
+fuzz: $(STAMP)  ## 10,000 generated hostile requests (HTTP; 2,500 gRPC messages) against a live router and nodes
+	EDGEROUTE_FUZZ_EXAMPLES=10000 EDGEROUTE_FUZZ_RANDOM=1 $(PY) -m pytest -q -s tests/integration/test_fuzz.py \
+		tests/integration/test_grpc.py -k "fuzz"
 
 lint: $(STAMP)  ## ruff and mypy
 	$(VENV)/bin/ruff check .

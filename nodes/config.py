@@ -63,6 +63,23 @@ class ModelSpec(BaseModel):
     load_ms: float | None = Field(
         None, ge=0, description="least time a load takes; the loader holds until then (emulates copying weights in)"
     )
+    max_queue_size: int | None = Field(
+        None,
+        ge=1,
+        le=1_000_000,
+        description="requests of this model queued at once; past it 503 (Triton's max_queue_size)",
+    )
+    queue_timeout_ms: float | None = Field(
+        None,
+        gt=0,
+        le=3_600_000,
+        allow_inf_nan=False,
+        description="the longest a request of this model waits for a slot; past it 504 (Triton's "
+        "default_timeout_microseconds with REJECT)",
+    )
+    queue_timeout_override: bool = Field(
+        False, description="a request's own deadline replaces queue_timeout_ms (Triton's allow_timeout_override)"
+    )
     triton_config: str | None = Field(
         None,
         min_length=1,

@@ -116,6 +116,11 @@ async def config(rt: NodeRuntime, name: str) -> Any:
     if batching and spec.max_batch > 1:
         cfg.dynamic_batching.preferred_batch_size.extend(spec.preferred_batch)
         cfg.dynamic_batching.max_queue_delay_microseconds = int(spec.max_queue_delay_ms * 1000)
+    if spec.max_queue_size is not None or spec.queue_timeout_ms is not None:
+        policy = cfg.dynamic_batching.default_queue_policy
+        policy.max_queue_size = spec.max_queue_size or 0
+        policy.default_timeout_microseconds = int((spec.queue_timeout_ms or 0) * 1000)
+        policy.allow_timeout_override = spec.queue_timeout_override
     model = rt.models.get(name)
     on_gpu = (model.device if model is not None else rt.device.kind) == "cuda"
     group = cfg.instance_group.add(

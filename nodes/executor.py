@@ -109,6 +109,12 @@ class Executor:
             spec.name: BatchPolicy(spec.max_batch, spec.max_queue_delay_ms, tuple(spec.preferred_batch))
             for spec in self.config.models
         }
+        # Triton's queue policy, for the models that set one: (max queued, queue timeout ms, override)
+        self.queue_policies = {
+            spec.name: (spec.max_queue_size, spec.queue_timeout_ms, spec.queue_timeout_override)
+            for spec in self.config.models
+            if spec.max_queue_size is not None or spec.queue_timeout_ms is not None
+        }
         self.scheduler = Scheduler(
             self.config.scheduler,
             self.predict_ms,
@@ -152,6 +158,15 @@ class Executor:
             left = [time_left_ms(now, r.started_ms, r.ends_at_ms) for r in self.running]
             return self.scheduler.expected_wait_ms(priority, left, self._slots_for(priority))
 
+    def queue_budget(self, model: str, rows: int, budget_ms: float | None) -> float | None:
+        """The budget under the model's queue timeout: it must start within the timeout, so it must end
+        within the timeout and its run (a request's own deadline instead, where the policy lets it)."""
+        policy = self.queue_policies.get(model)
+        if policy is None or policy[1] is None or (policy[2] and budget_ms is not None):
+            return budget_ms
+        cap = policy[1] + self.predict_ms(model, rows)
+        return cap if budget_ms is None else min(budget_ms, cap)
+
     # --- submitting -------------------------------------------------------------------------------
 
     async def submit(
@@ -172,8 +187,13 @@ class Executor:
         None when it must queue (`wait_queued`)."""
         now = time.perf_counter() * 1000.0
         scheduler = self.scheduler
+        policy = self.queue_policies.get(model) if self.queue_policies else None
+        if policy is not None:
+            budget_ms = self.queue_budget(model, req.batch, budget_ms)
         with self.lock:
             refusal = scheduler.refuse(priority)
+            if policy is not None and policy[0] is not None and scheduler.queued_by_model[model] >= policy[0]:
+                refusal = (503, f"model '{model}' has {policy[0]} requests queued (its max_queue_size)")
             if refusal is None:  # (refusal by prediction: cheap when neither rule is on)
                 left = [time_left_ms(now, r.started_ms, r.ends_at_ms) for r in self.running]
                 refusal = scheduler.refuse_late(
@@ -203,6 +223,8 @@ class Executor:
     ) -> InferResult:
         """Queue the request (admitted by `decide_now`) and wait for its outcome: run in a batch, or 504
         when its deadline passes while queued, or 499 when the router cancels it."""
+        if self.queue_policies:
+            budget_ms = self.queue_budget(model, req.batch, budget_ms)
         now = self.now_ms()
         deadline = None if budget_ms is None else now + budget_ms
         loop = asyncio.get_running_loop()

@@ -3,12 +3,13 @@
 
 Honoured: `name` (the folder's), `platform: "onnxruntime_onnx"` / `backend: "onnxruntime"`,
 `version_policy` (latest N, all, specific), `max_batch_size` (0: one execution per request),
-`dynamic_batching` (`preferred_batch_size`, `max_queue_delay_microseconds`, `preserve_ordering`),
+`dynamic_batching` (`preferred_batch_size`, `max_queue_delay_microseconds`, `preserve_ordering`, and
+`default_queue_policy` with REJECT: its timeout, override and `max_queue_size`),
 `input` and `output` (name, data_type, dims: checked against the ONNX graph when the model loads),
 `instance_group` (kind and count are the node's: its device and `slots`; a mismatch is logged once),
 `default_model_filename: "model.onnx"`, `model_warmup` (the node warms every batch size it runs).
 Anything else that is set (another platform or backend, sequence batching, ensembles, priority levels
-and queue policies, reshapes, optimization policies, ...) is refused: one line naming the file, the
+and per-priority queue policies, reshapes, optimization policies, ...) is refused: one line naming the file, the
 field and its line, and the node does not start, as with any configuration it cannot honour.
 """
 
@@ -31,7 +32,7 @@ PBTXT = "config.pbtxt"
 MAX_BYTES = 1 << 20  # a model configuration larger than this is not one
 _TOP = {"name", "platform", "backend", "version_policy", "max_batch_size", "input", "output", "dynamic_batching",
         "instance_group", "default_model_filename", "model_warmup"}  # fmt: skip
-_BATCHING = {"preferred_batch_size", "max_queue_delay_microseconds", "preserve_ordering"}
+_BATCHING = {"preferred_batch_size", "max_queue_delay_microseconds", "preserve_ordering", "default_queue_policy"}
 _TENSOR = {"name", "data_type", "dims", "format", "label_filename"}
 _GROUP = {"name", "kind", "count", "gpus"}
 
@@ -124,6 +125,8 @@ def read(path: Path, folder: str, device: str = "cpu", slots: int = 1, quiet: bo
         if batching.preferred_batch_size:
             out.settings["preferred_batch"] = sorted(set(batching.preferred_batch_size))
         out.settings["max_queue_delay_ms"] = batching.max_queue_delay_microseconds / 1000.0
+        if batching.HasField("default_queue_policy"):
+            out.settings.update(_queue_policy(path, text, batching.default_queue_policy))
     for tensors, is_output in ((cfg.input, False), (cfg.output, True)):
         for t in tensors:
             for name in _set_fields(t):
@@ -146,6 +149,18 @@ def read(path: Path, folder: str, device: str = "cpu", slots: int = 1, quiet: bo
                 "%s: instance_group %s x%d: this node runs its models on its own device (%s) with %d slots",
                 path, kind, group.count or 1, device, slots,
             )  # fmt: skip
+    return out
+
+
+def _queue_policy(path: Path, text: str, policy: Any) -> dict[str, Any]:
+    """Triton's default queue policy as model settings: REJECT only (DELAY would reorder the queue)."""
+    if policy.timeout_action != mc.ModelQueuePolicy.REJECT:
+        raise _refuse(path, text, "timeout_action", "DELAY is not honoured (REJECT is)")
+    out: dict[str, Any] = {"queue_timeout_override": policy.allow_timeout_override}
+    if policy.default_timeout_microseconds:
+        out["queue_timeout_ms"] = policy.default_timeout_microseconds / 1000.0
+    if policy.max_queue_size:
+        out["max_queue_size"] = policy.max_queue_size
     return out
 
 

@@ -4,6 +4,7 @@ streaming), and hostile gRPC input: every bad message gets its status code and n
 from __future__ import annotations
 
 import asyncio
+import os
 import queue
 import struct
 from typing import Any
@@ -198,7 +199,14 @@ def _flip(buf: bytearray, flips: list[tuple[int, int]]) -> bytearray:
     return buf
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck))
+# `make test` runs a deterministic slice; `make fuzz` (EDGEROUTE_FUZZ_EXAMPLES, EDGEROUTE_FUZZ_RANDOM) more
+@settings(
+    max_examples=max(120, int(os.environ.get("EDGEROUTE_FUZZ_EXAMPLES", "120")) // 4),
+    deadline=None,
+    derandomize=not os.environ.get("EDGEROUTE_FUZZ_RANDOM"),
+    database=None,
+    suppress_health_check=list(HealthCheck),
+)
 @given(payload=_mutations())
 def test_fuzzed_inference_messages_get_a_status_never_a_crash(shared_stack: Stack, payload: bytes) -> None:
     for target in (shared_stack.router.grpc, shared_stack.nodes["n1"].grpc):  # type: ignore[union-attr]

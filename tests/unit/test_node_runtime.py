@@ -193,3 +193,27 @@ async def test_requests_of_every_row_count_keep_the_nodes_table_and_report_bound
     assert model.predicted_ms(100, 1.0) == pytest.approx(model.ewma_ms[128] * 100 / 128)
     NodeLoad.parse(rt.snapshot("http://127.0.0.1:1", 1.0, 100.0).to_json())  # routers take it
     rt.executor.shutdown()
+
+
+async def test_a_models_queue_policy_bounds_its_queue_and_its_wait() -> None:
+    rt = runtime(models=[{"name": "m", "max_batch": 4, "max_queue_size": 1, "queue_timeout_ms": 30}])
+    engine = rt.engine
+
+    def req() -> InferRequest:
+        return InferRequest(None, {}, {"x": np.ones((1, 2), np.float32)}, {"y": False}, 1)
+
+    engine.kick = lambda: None  # type: ignore[method-assign]  # nothing starts: requests stay queued
+    started = asyncio.get_running_loop().time()
+    first = asyncio.create_task(engine.submit("m", req(), 0, None))  # no deadline of its own
+    await asyncio.sleep(0)
+    refused = await engine.submit("m", req(), 0, 10_000.0)
+    assert refused.status == 503 and "max_queue_size" in refused.reason
+    expired = await first  # the queue timeout is its deadline (30 ms, and the 2.5 ms its run takes)
+    waited = asyncio.get_running_loop().time() - started
+    assert expired.status == 504 and 0.025 <= waited < 1.0
+    assert engine.queue_budget("m", 1, 5.0) == 5.0 and engine.queue_budget("m", 1, None) == 32.5
+    assert engine.queue_budget("m", 1, 1000.0) == 32.5  # not overridden: the earlier of the two
+    rt.executor.shutdown()
+    lenient = runtime(models=[{"name": "m", "max_batch": 4, "queue_timeout_ms": 30, "queue_timeout_override": True}])
+    assert lenient.engine.queue_budget("m", 1, 1000.0) == 1000.0 and lenient.engine.queue_budget("m", 1, None) == 32.5
+    lenient.executor.shutdown()

@@ -93,8 +93,8 @@ def test_config_yaml_wins_where_both_set_a_value(tmp_path: Path) -> None:
         ('name: "scorer"\nsequence_batching { }\n', "sequence_batching", 2),
         ('name: "scorer"\ndynamic_batching {\n  priority_levels: 2\n}\n', "priority_levels", 3),
         (
-            'name: "scorer"\ndynamic_batching { default_queue_policy { max_queue_size: 4 } }\n',
-            "default_queue_policy",
+            'name: "scorer"\ndynamic_batching { priority_queue_policy { key: 1 value: { } } }\n',
+            "priority_queue_policy",
             2,
         ),
         (
@@ -163,3 +163,18 @@ def test_declared_tensors_are_checked_against_the_graph() -> None:
         with pytest.raises(ValueError, match=r".*") as info:
             pbtxt.check_graph(declared, batching, inputs, {})
         assert why in str(info.value)
+
+
+def test_a_default_queue_policy_with_reject_is_honoured(tmp_path: Path) -> None:
+    text = (
+        'name: "scorer"\nmax_batch_size: 4\ndynamic_batching {\n  default_queue_policy {\n'
+        "    timeout_action: REJECT\n    default_timeout_microseconds: 20000\n    allow_timeout_override: true\n"
+        "    max_queue_size: 3\n  }\n}\n"
+    )
+    found = scan(repo(tmp_path, text))["scorer"]
+    assert found.settings["queue_timeout_ms"] == 20.0 and found.settings["max_queue_size"] == 3
+    assert found.settings["queue_timeout_override"] is True
+    delay = text.replace("REJECT", "DELAY")
+    (tmp_path / "scorer" / "config.pbtxt").write_text(delay)
+    with pytest.raises(ConfigError, match=r"config.pbtxt:5: timeout_action: DELAY"):
+        scan(tmp_path)
