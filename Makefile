@@ -20,8 +20,11 @@ venv: $(STAMP)  ## create .venv and install edgeroute with its test tools
 demo: $(STAMP)  ## start the embedded stack, replay scenarios/quickstart.yaml with round_robin and p2c, print the report
 	$(VENV)/bin/edgeroute replay scenarios/quickstart.yaml --policy round_robin --policy p2c
 
-test: $(STAMP)  ## run unit and integration tests
+test: $(STAMP)  ## run unit and integration tests (the Kafka ones again on kafka-python, the fallback client)
 	$(PY) -m pytest -q tests
+	EDGEROUTE_KAFKA_CLIENT=kafka-python $(PY) -m pytest -q tests/unit/test_kafka_wire.py \
+		tests/integration/test_kafka_reader.py tests/integration/test_telemetry_flow.py \
+		tests/integration/test_broker_outage.py
 
 unit: $(STAMP)  ## run the unit tests only (no sockets)
 	$(PY) -m pytest -q tests/unit

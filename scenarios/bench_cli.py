@@ -38,7 +38,7 @@ def run_bench(args: argparse.Namespace) -> int:
         from kafka.errors import KafkaError
 
         try:
-            bench_ingest(out, args.nodes, args.interval_ms, args.seconds, args.publishers, args.kafka)
+            bench_ingest(out, args.nodes, args.interval_ms, args.seconds, args.publishers, args.kafka, args.reader)
         except (KafkaError, RuntimeError) as exc:
             print(f"edgeroute: bench ingest: {exc}", file=sys.stderr)
             return 1
@@ -120,6 +120,9 @@ def add_bench_parser(sub: Any) -> None:
     b.add_argument("--interval-ms", type=arg.positive, default=100.0, help="each node's publish interval (100)")
     b.add_argument("--seconds", type=arg.positive, default=10.0, help="how long the publishers run (10)")
     b.add_argument("--publishers", type=int, default=2, help="publisher processes (2)")
+    b.add_argument(
+        "--reader", choices=["lean", "librdkafka", "kafka-python"], help="the telemetry reader (default: a router's)"
+    )
     b.add_argument("--kafka", type=arg.bootstrap, help="plaintext Kafka bootstrap HOST:PORT (default: an embedded one)")
     b = bsub.add_parser("sim", help="simulator events per second with a real policy in the loop")
     b.add_argument("--nodes", type=int, default=1000, help="cluster size (1000)")

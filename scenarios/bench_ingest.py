@@ -168,9 +168,20 @@ def bench_ingest(
     seconds: float = 10.0,
     publishers: int = 2,
     kafka: str | None = None,
+    reader: str | None = None,
 ) -> dict[str, Any]:
-    with serving.tuned_gc() as thresholds:  # as the router's process runs
-        return _bench_ingest(out_dir, nodes, interval_ms, seconds, publishers, kafka, thresholds)
+    """`reader`: lean, librdkafka or kafka-python (telemetry.bus.reader_kind; default: as a router would)."""
+    before = os.environ.get("EDGEROUTE_KAFKA_READER")
+    if reader is not None:
+        os.environ["EDGEROUTE_KAFKA_READER"] = reader
+    try:
+        with serving.tuned_gc() as thresholds:  # as the router's process runs
+            return _bench_ingest(out_dir, nodes, interval_ms, seconds, publishers, kafka, thresholds)
+    finally:
+        if before is None:
+            os.environ.pop("EDGEROUTE_KAFKA_READER", None)
+        else:
+            os.environ["EDGEROUTE_KAFKA_READER"] = before
 
 
 def _bench_ingest(
@@ -268,6 +279,7 @@ def _bench_ingest(
             "gc": {"thresholds": list(thresholds) if thresholds else "python default", **pauses.summary(elapsed)},
             "host": {"machine": platform.machine(), "python": platform.python_version(), "cpus": os.cpu_count()},
             "broker": "external" if kafka else "embedded (Tansu)",
+            "reader": source.reader,
             "at": datetime.now(UTC).isoformat(timespec="seconds"),
         }
     finally:
@@ -282,7 +294,8 @@ def _bench_ingest(
         loop_lag.stop()
     gcs = result["gc"]
     print(
-        f"offered {result['offered_msgs_per_s']} msg/s ({nodes} nodes every {interval_ms:g} ms); published "
+        f"[{result['reader']} reader] offered {result['offered_msgs_per_s']} msg/s ({nodes} nodes every "
+        f"{interval_ms:g} ms); published "
         f"{result['published_msgs_per_s']} msg/s; read {result['received_msgs_per_s']} msg/s, lost {result['lost']}; "
         f"send-to-view lag p50 {result['lag_ms']['p50']} ms p99 {result['lag_ms']['p99']} ms; "
         f"router CPU {result['router_cpu_us_per_msg']} us/msg ({result['router_cpu_share'] * 100:.0f}% of a core); "

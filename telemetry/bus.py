@@ -10,14 +10,16 @@ view from the log instead of waiting for every node to speak again.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from telemetry.kafkafetch import LeanConsumer, TopicPartition, Unsupported, reader_kind
+from telemetry import rdkafka
+from telemetry.kafkafetch import LeanConsumer, TopicPartition, Unsupported
 from telemetry.schema import TOPIC, NodeLoad
-from telemetry.signing import Signer, Verifier, unsealed
+from telemetry.signing import HEADER, Signer, Verifier, unsealed
 from telemetry.store import ViewStore
 from telemetry.tls import kafka_options
 
@@ -33,7 +35,11 @@ def now_ms() -> float:
 def ensure_topic(
     bootstrap: str, topic: str = TOPIC, partitions: int = DEFAULT_PARTITIONS, timeout_s: float = 10.0
 ) -> None:
-    """Create `topic` if it does not exist; an existing topic is left as it is."""
+    """Create `topic` if it does not exist; an existing topic is left as it is (librdkafka's admin
+    client where it is installed, else kafka-python's)."""
+    if rdkafka.available():
+        rdkafka.ensure_topic(bootstrap, topic, partitions, timeout_s)
+        return
     from kafka.admin import KafkaAdminClient, NewTopic
     from kafka.errors import KafkaError, TopicAlreadyExistsError
 
@@ -78,6 +84,8 @@ class KafkaSender:
         self._producer: Any = None
 
     def _connect(self) -> Any:
+        if rdkafka.available():  # librdkafka: a send queues in its own thread, in microseconds
+            return rdkafka.RdProducer(self.bootstrap, self.client_id)
         from kafka import KafkaProducer
 
         return KafkaProducer(
@@ -96,9 +104,10 @@ class KafkaSender:
         try:
             if self._producer is None:
                 self._producer = self._connect()
-            if self.signer is not None:
-                value = self.signer.seal(self.topic, value, now_ms())
-            self._producer.send(self.topic, key=key, value=value, timestamp_ms=timestamp_ms)
+            headers = None
+            if self.signer is not None:  # the value stays plain JSON; the signature rides in a header
+                headers = [(HEADER, self.signer.signature(self.topic, value, now_ms()))]
+            self._producer.send(self.topic, key=key, value=value, timestamp_ms=timestamp_ms, headers=headers)
             self.sent += 1
             return True
         except Exception as exc:  # noqa: BLE001 - any broker fault must not take the process down
@@ -125,6 +134,20 @@ class TelemetryPublisher(KafkaSender):
 
     def publish(self, msg: NodeLoad) -> bool:
         return self.send(msg.node_id.encode(), msg.to_json(), int(msg.sent_at_ms))
+
+
+def reader_kind(security_protocol: str) -> str:
+    """Which reader a process with these Kafka settings uses: the lean one (telemetry.kafkafetch) on a
+    plaintext broker, librdkafka where TLS or SASL is needed (kafka-python without confluent-kafka);
+    `EDGEROUTE_KAFKA_READER` (lean, librdkafka, kafka-python) chooses, the lean one only where it can."""
+    wanted = os.environ.get("EDGEROUTE_KAFKA_READER", "lean")
+    if wanted not in ("lean", "librdkafka", "kafka-python"):
+        raise ValueError(f"EDGEROUTE_KAFKA_READER: lean, librdkafka or kafka-python, not {wanted!r}")
+    if wanted == "lean" and security_protocol == "PLAINTEXT":
+        return "lean"
+    if wanted == "kafka-python" or not rdkafka.available():
+        return "kafka-python"
+    return "librdkafka"
 
 
 class TelemetrySource(Protocol):
@@ -230,7 +253,7 @@ class TopicReader:
                 while not self._stop.is_set():
                     batches = consumer.poll(timeout_ms=100)
                     received = self.clock()
-                    by_topic: dict[tuple[str, bool], list[bytes]] = {}
+                    by_topic: dict[tuple[str, bool], list[Any]] = {}
                     for tp, records in batches.items():
                         end = ends.get(tp, 0)
                         split = 0  # records before it were published before the reader started
@@ -239,15 +262,16 @@ class TopicReader:
                             if records and records[-1].offset >= end - 1:
                                 del ends[tp]  # caught up on this partition
                         if split:
-                            by_topic.setdefault((tp.topic, True), []).extend(r.value or b"" for r in records[:split])
+                            by_topic.setdefault((tp.topic, True), []).extend(records[:split])
                         if split < len(records):
-                            by_topic.setdefault((tp.topic, False), []).extend(r.value or b"" for r in records[split:])
-                    for (topic, history), values in by_topic.items():
+                            by_topic.setdefault((tp.topic, False), []).extend(records[split:])
+                    for (topic, history), batch in by_topic.items():
                         reader = readers[topic]
                         verifier = reader.verifier
                         kids: list[str | None] | None = None
+                        values = [r.value or b"" for r in batch]
                         if verifier is not None:
-                            values, kids = verifier.open_many(topic, values, received)
+                            values, kids = verifier.open_many(topic, values, received, [_sig(r) for r in batch])
                         else:  # no keys here: signed and unsigned alike, unverified (telemetry.signing)
                             values = [unsealed(v) for v in values]
                         if values:
@@ -255,8 +279,8 @@ class TopicReader:
                     for reader in readers.values():
                         reader._tick(received)
             except Unsupported as exc:
-                log.warning("%s: %s; reading with kafka-python from now on", self.thread_name, exc)
-                self.reader = "kafka-python"
+                self.reader = "librdkafka" if rdkafka.available() else "kafka-python"
+                log.warning("%s: %s; reading with %s from now on", self.thread_name, exc, self.reader)
             except Exception as exc:  # noqa: BLE001 - broker outages are survived, not raised
                 self.errors += 1
                 log.warning("%s error, reconnecting: %s", self.thread_name, exc)
@@ -279,6 +303,8 @@ class TopicReader:
             self.reader = reader_kind(kafka_options().get("security_protocol", "PLAINTEXT"))
         if self.reader == "lean":
             consumer: Any = LeanConsumer(self.bootstrap, wait_ms, request_timeout_ms=5000)
+        elif self.reader == "librdkafka":
+            consumer = rdkafka.RdConsumer(self.bootstrap, wait_ms)
         else:
             consumer = _KafkaPythonConsumer(self.bootstrap, wait_ms)
         try:
@@ -301,6 +327,18 @@ class TopicReader:
         for reader in readers:
             reader.assigned.set()
         return consumer
+
+
+def _sig(record: Any) -> bytes | None:
+    """A record's signature header: the lean reader's and librdkafka's records carry it found,
+    kafka-python's all their headers."""
+    sig = getattr(record, "sig", None)
+    if sig is not None:
+        return sig  # type: ignore[no-any-return]
+    for key, value in getattr(record, "headers", None) or ():
+        if key == HEADER and isinstance(value, bytes):
+            return value
+    return None
 
 
 class _KafkaPythonConsumer:

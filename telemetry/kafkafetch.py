@@ -7,8 +7,9 @@ broker from Kafka 0.11 to 4.x serves (ApiVersions v0, Metadata v1, ListOffsets v
 batches v2): one thread, one request encoded with `struct`, one answer decoded without an object
 per record, no client thread. It only reads: topics are made and written with kafka-python.
 
-It speaks PLAINTEXT; a process whose Kafka settings ask for TLS or SASL reads with kafka-python
-(`reader_kind`), as does one with `EDGEROUTE_KAFKA_READER=kafka-python`. A broker that lacks these
+It speaks PLAINTEXT; a process whose Kafka settings ask for TLS or SASL reads with librdkafka
+(telemetry.rdkafka; kafka-python without it), as does one with `EDGEROUTE_KAFKA_READER` set so
+(telemetry.bus.reader_kind). A broker that lacks these
 versions, or a batch in a format older than v2, raises `Unsupported`, and the caller falls back.
 
 Everything a broker sends is checked as it is read: sizes against the bytes there, counts against
@@ -22,7 +23,6 @@ share its framing and checks, and read best in one place.)
 from __future__ import annotations
 
 import logging
-import os
 import socket
 import struct
 import time
@@ -37,7 +37,6 @@ __all__ = [
     "TopicPartition",
     "Unsupported",
     "decode_batches",
-    "reader_kind",
 ]
 
 FETCH, LIST_OFFSETS, METADATA, API_VERSIONS = 1, 2, 3, 18
@@ -78,14 +77,10 @@ class TopicPartition(NamedTuple):
 class Record(NamedTuple):
     offset: int
     value: bytes | None
+    sig: bytes | None = None  # its `edgeroute-sig` header (telemetry.signing), where it has one
 
 
-def reader_kind(security_protocol: str) -> str:
-    """'lean' or 'kafka-python': which reader a process with these Kafka settings uses."""
-    wanted = os.environ.get("EDGEROUTE_KAFKA_READER", "lean")
-    if wanted not in ("lean", "kafka-python"):
-        raise ValueError(f"EDGEROUTE_KAFKA_READER: lean or kafka-python, not {wanted!r}")
-    return "lean" if wanted == "lean" and security_protocol == "PLAINTEXT" else "kafka-python"
+_SIG = b"edgeroute-sig"
 
 
 class _Reader:
@@ -274,8 +269,30 @@ def _records(body: bytes, base: int, n: int, skip_below: int, out: list[Record])
         else:
             value = body[pos : pos + value_len]
         if base + delta >= skip_below:
-            out.append(Record(base + delta, value))
-        pos = stop  # headers are not read
+            sig = _signature(body, pos + max(value_len, 0), stop) if pos + max(value_len, 0) < stop else None
+            out.append(Record(base + delta, value, sig))
+        pos = stop
+
+
+def _signature(body: bytes, pos: int, stop: int) -> bytes | None:
+    """The `edgeroute-sig` header among a record's headers (between `pos` and `stop`), else None."""
+    count, pos = _varint(body, pos)
+    if count < 0 or count > stop - pos:
+        raise KafkaWireError("header count larger than the record")
+    found = None
+    for _ in range(count):
+        key_len, pos = _varint(body, pos)
+        if key_len < 0 or pos + key_len > stop:
+            raise KafkaWireError("header key longer than the record")
+        key = body[pos : pos + key_len]
+        pos += key_len
+        value_len, pos = _varint(body, pos)
+        if value_len > 0 and pos + value_len > stop:
+            raise KafkaWireError("header value longer than the record")
+        if key == _SIG and value_len >= 0:
+            found = body[pos : pos + value_len]
+        pos += max(value_len, 0)
+    return found
 
 
 class _Connection:

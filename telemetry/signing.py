@@ -2,14 +2,18 @@
 
 Whoever can write to a topic can otherwise steer traffic: announce a node at an address of their
 choosing, or make a real node look busy. With keys configured, every message a node or a router
-publishes is sealed as
+publishes carries its signature in a record header, the value staying plain JSON that any Kafka tool
+reads:
 
-    ER1 <key id> <send time, ms> <hex HMAC-SHA256> <message JSON>
+    header  edgeroute-sig: ER1 <key id> <send time, ms> <hex HMAC-SHA256>
+    value   <message JSON>
 
 where the MAC covers the topic, the key id, the time and the message, so a message cannot be moved
-to another topic or re-dated. A reader with keys drops and counts anything unsigned, under an
-unknown key, forged, or sent more than `window_ms` before or after its receipt (a replay of an old
-message: a fresh one from the same node supersedes it anyway). A reader without keys accepts
+to another topic or re-dated. Readers also accept the envelope earlier versions wrote into the value
+(`ER1 <key id> <time> <MAC> <message JSON>`), so publishers and readers can be upgraded in any order.
+A reader with keys drops and counts anything unsigned, under an unknown key, forged, or sent more
+than `window_ms` before or after its receipt (a replay of an old message: a fresh one from the same
+node supersedes it anyway). A reader without keys accepts
 unsigned and signed messages alike (unverified), so signing can be rolled out publisher-first.
 
 Keys are `ID:SECRET` (a secret of at least 16 bytes); one shared key, or several (one per node or
@@ -32,6 +36,8 @@ from typing import Annotated
 from pydantic import AfterValidator
 
 PREFIX = b"ER1 "
+HEADER = "edgeroute-sig"  # the record header that carries a message's signature
+MAX_HEADER = 256  # a signature header longer than this is forged
 KEY_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 MIN_SECRET = 16
 DEFAULT_WINDOW_MS = 30_000.0
@@ -96,8 +102,13 @@ class Signer:
         return cls.parse(text) if text else None
 
     def seal(self, topic: str, body: bytes, now_ms: float) -> bytes:
+        """The envelope form: signature and message in the value (what earlier versions published)."""
+        return self.signature(topic, body, now_ms) + b" " + body
+
+    def signature(self, topic: str, body: bytes, now_ms: float) -> bytes:
+        """The `edgeroute-sig` header's value for `body` on `topic`."""
         kid, ts = self.key_id.encode(), str(int(now_ms)).encode()
-        return PREFIX + kid + b" " + ts + b" " + _mac(self.secret, topic, kid, ts, body) + b" " + body
+        return PREFIX + kid + b" " + ts + b" " + _mac(self.secret, topic, kid, ts, body)
 
 
 @dataclass
@@ -137,14 +148,26 @@ class Verifier:
         """The message inside `raw` if it may be believed, else None (counted)."""
         return self.open_keyed(topic, raw, received_ms)[1]
 
-    def open_keyed(self, topic: str, raw: bytes, received_ms: float) -> tuple[str | None, bytes | None]:
-        """(the key id that signed it, or None when unverified; the message, or None: not believed)."""
-        if not raw.startswith(PREFIX):
+    def open_keyed(
+        self, topic: str, raw: bytes, received_ms: float, sig: bytes | None = None
+    ) -> tuple[str | None, bytes | None]:
+        """(the key id that signed it, or None when unverified; the message, or None: not believed).
+        `sig`: the record's `edgeroute-sig` header, when it has one (else the value may be an envelope)."""
+        if sig is not None:
+            parts = sig[len(PREFIX) :].split(b" ", 3) if sig.startswith(PREFIX) and len(sig) <= MAX_HEADER else []
+            if len(parts) != 3:
+                if self.enforcing:
+                    self._count("forged")
+                    return None, None
+                return None, unsealed(raw)
+            parts.append(raw)
+        elif not raw.startswith(PREFIX):
             if self.enforcing:
                 self._count("unsigned")
                 return None, None
             return None, raw
-        parts = raw[len(PREFIX) :].split(b" ", 3)
+        else:
+            parts = raw[len(PREFIX) :].split(b" ", 3)
         if len(parts) != 4:
             self._count("forged")
             return None, None
@@ -165,12 +188,15 @@ class Verifier:
         self._count("accepted")
         return key_id, body
 
-    def open_many(self, topic: str, raws: list[bytes], received_ms: float) -> tuple[list[bytes], list[str | None]]:
-        """The believable messages of a batch and, for each, the key id that signed it."""
+    def open_many(
+        self, topic: str, raws: list[bytes], received_ms: float, sigs: list[bytes | None] | None = None
+    ) -> tuple[list[bytes], list[str | None]]:
+        """The believable messages of a batch and, for each, the key id that signed it; `sigs`: each
+        record's signature header (None where it has none)."""
         bodies: list[bytes] = []
         kids: list[str | None] = []
-        for raw in raws:
-            kid, body = self.open_keyed(topic, raw, received_ms)
+        for i, raw in enumerate(raws):
+            kid, body = self.open_keyed(topic, raw, received_ms, None if sigs is None else sigs[i])
             if body is not None:
                 bodies.append(body)
                 kids.append(kid)

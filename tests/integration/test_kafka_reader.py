@@ -111,10 +111,14 @@ def test_lookups_agree_with_kafka_python_and_a_lost_offset_restarts_at_the_end(b
         reference.close()
 
 
-@pytest.mark.parametrize("reader", ["lean", "kafka-python"])
+@pytest.mark.parametrize("reader", ["lean", "librdkafka", "kafka-python"])
 def test_a_telemetry_source_reads_nodes_with_either_reader(
     broker: EmbeddedBroker, reader: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from telemetry import rdkafka
+
+    if reader == "librdkafka" and not rdkafka.available():
+        pytest.skip("confluent-kafka is not installed, or EDGEROUTE_KAFKA_CLIENT=kafka-python")
     monkeypatch.setenv("EDGEROUTE_KAFKA_READER", reader)
     topic = f"edgeroute.test.reader-{reader}"
     ensure_topic(broker.bootstrap, topic)

@@ -13,7 +13,7 @@ from kafka import KafkaProducer
 from scenarios.launcher import Stack
 from telemetry.broker import EmbeddedBroker
 from telemetry.bus import KafkaTelemetrySource, TelemetryPublisher, ensure_topic
-from telemetry.signing import Signer
+from telemetry.signing import Signer, Verifier
 from telemetry.store import ViewStore
 from tests.helpers import load
 from tests.integration.http import call, infer_body
@@ -278,3 +278,38 @@ def test_a_reader_without_keys_accepts_signed_and_unsigned_alike(broker: Embedde
     finally:
         source.stop()
     assert set(store.view.nodes) == {"signed", "plain"} and store.summary()["malformed"] == 0
+
+
+def test_telemetry_values_are_plain_json_any_kafka_tool_reads(shared_stack: Stack) -> None:
+    """The signature rides in the `edgeroute-sig` record header; the value is the report itself."""
+    from kafka import KafkaConsumer
+    from kafka import TopicPartition as KafkaTopicPartition
+
+    consumer = KafkaConsumer(bootstrap_servers=shared_stack.bootstrap, enable_auto_commit=False, group_id=None)
+    try:
+        parts = [KafkaTopicPartition(shared_stack.topic, p) for p in consumer.partitions_for_topic(shared_stack.topic)]
+        consumer.assign(parts)
+        # what the nodes publish from now on (other tests wrote raw records to this topic before)
+        since = int(time.time() * 1000)
+        time.sleep(0.3)
+        for tp, found in consumer.offsets_for_times({tp: since for tp in parts}).items():
+            if found is not None and found.timestamp is not None and found.timestamp >= since:
+                consumer.seek(tp, found.offset)
+            else:
+                consumer.seek_to_end(tp)
+        records = []
+        deadline = time.monotonic() + 10
+        while len(records) < 5:
+            assert time.monotonic() < deadline
+            for batch in consumer.poll(timeout_ms=200).values():
+                records += [r for r in batch if r.timestamp >= since]
+    finally:
+        consumer.close()
+    verifier = Verifier.parse([shared_stack.telemetry_key])
+    for record in records[:5]:
+        assert record.value.startswith(b"{"), record.value[:120]
+        report = json.loads(record.value)  # plain JSON, no envelope
+        assert report["schema"] == 1 and report["node_id"] in shared_stack.nodes
+        sig = dict(record.headers)["edgeroute-sig"]
+        kid = shared_stack.telemetry_key.split(":")[0]
+        assert verifier.open_keyed(shared_stack.topic, record.value, time.time() * 1000, sig) == (kid, record.value)

@@ -10,6 +10,7 @@ import struct
 import pytest
 from kafka.record.default_records import DefaultRecordBatchBuilder
 
+from telemetry.bus import reader_kind
 from telemetry.kafkafetch import (
     KafkaWireError,
     LeanConsumer,
@@ -18,7 +19,6 @@ from telemetry.kafkafetch import (
     Unsupported,
     _Reader,
     decode_batches,
-    reader_kind,
 )
 
 
@@ -115,14 +115,27 @@ def test_generated_mutations_raise_only_wire_errors() -> None:
 
 
 def test_which_reader_a_process_uses(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
     monkeypatch.delenv("EDGEROUTE_KAFKA_READER", raising=False)
-    assert reader_kind("PLAINTEXT") == "lean"
-    assert reader_kind("SSL") == reader_kind("SASL_SSL") == "kafka-python"
+    monkeypatch.delenv("EDGEROUTE_KAFKA_CLIENT", raising=False)
+    secured = "librdkafka" if importlib.util.find_spec("confluent_kafka") else "kafka-python"
+    assert reader_kind("PLAINTEXT") == "lean"  # the lean reader bounds what compressed batches inflate to
+    assert reader_kind("SSL") == reader_kind("SASL_SSL") == secured
+    monkeypatch.setenv("EDGEROUTE_KAFKA_CLIENT", "kafka-python")  # the fallback, as without confluent-kafka
+    assert reader_kind("SSL") == "kafka-python" and reader_kind("PLAINTEXT") == "lean"
+    monkeypatch.delenv("EDGEROUTE_KAFKA_CLIENT")
     monkeypatch.setenv("EDGEROUTE_KAFKA_READER", "kafka-python")
     assert reader_kind("PLAINTEXT") == "kafka-python"
+    monkeypatch.setenv("EDGEROUTE_KAFKA_READER", "librdkafka")
+    assert reader_kind("PLAINTEXT") == secured
     monkeypatch.setenv("EDGEROUTE_KAFKA_READER", "fast")
-    with pytest.raises(ValueError, match="lean or kafka-python"):
+    with pytest.raises(ValueError, match="lean, librdkafka or kafka-python"):
         reader_kind("PLAINTEXT")
+    monkeypatch.delenv("EDGEROUTE_KAFKA_READER")
+    monkeypatch.setenv("EDGEROUTE_KAFKA_CLIENT", "fast")
+    with pytest.raises(ValueError, match="EDGEROUTE_KAFKA_CLIENT"):
+        reader_kind("SSL")
 
 
 def fetch_answer(topic: str, parts: dict[int, bytes], high: int = 100) -> bytes:
@@ -210,3 +223,17 @@ def test_a_broker_answer_has_a_deadline_as_a_whole() -> None:
         conn.receive(1)
     assert time.monotonic() - started < 1.0
     assert all(t <= 0.2 for t in conn.sock.timeouts)  # type: ignore[attr-defined]
+
+
+def test_the_signature_header_is_read_and_other_headers_passed_over() -> None:
+    builder = DefaultRecordBatchBuilder(2, 0, False, -1, -1, -1, 1 << 20)
+    headers = [
+        [("h", b"x"), ("edgeroute-sig", b"ER1 fleet 1 abc"), ("z", None)],
+        [("edgeroute-sig", None)],
+        [],
+    ]
+    for i, hs in enumerate(headers):
+        builder.append(i, timestamp=1_700_000_000_000, key=None, value=b'{"v": %d}' % i, headers=hs)
+    records, _ = decode(bytes(builder.build()))
+    assert [r.sig for r in records] == [b"ER1 fleet 1 abc", None, None]
+    assert [r.value for r in records] == [b'{"v": 0}', b'{"v": 1}', b'{"v": 2}']

@@ -77,3 +77,30 @@ def test_unsealed_gives_the_message_of_a_sealed_record_unverified() -> None:
     assert unsealed(sealed) == b'{"a": 1}'
     assert unsealed(b'{"a": 1}') == b'{"a": 1}'
     assert unsealed(b"ER1 broken") == b"ER1 broken", "a broken envelope is left for the parser to refuse"
+
+
+def test_a_signature_in_a_record_header_leaves_the_value_plain_json() -> None:
+    from telemetry.signing import Signer, Verifier
+
+    signer = Signer.parse(KEY)
+    sig = signer.signature("edgeroute.telemetry", BODY, NOW)
+    verifier = Verifier.parse([KEY])
+    assert verifier.open_keyed("edgeroute.telemetry", BODY, NOW, sig) == ("fleet", BODY)
+    bad = [
+        (signer.signature("edgeroute.routers", BODY, NOW), BODY, "forged"),  # moved to another topic
+        (sig, BODY.replace(b'"0": 1', b'"0": 9'), "forged"),  # the value changed under its signature
+        (signer.signature("edgeroute.telemetry", BODY, NOW - 60_000), BODY, "expired"),
+        (sig + b" trailing", BODY, "forged"),
+        (b"ER1 " + b"x" * 300, BODY, "forged"),
+        (b"", BODY, "forged"),
+    ]
+    for header, body, why in bad:
+        before = getattr(verifier, why)
+        assert verifier.open_keyed("edgeroute.telemetry", body, NOW, header) == (None, None), why
+        assert getattr(verifier, why) > before, why
+    # a roll-out: an envelope in the value (earlier publishers) is still read, by key and without
+    sealed = signer.seal("edgeroute.telemetry", BODY, NOW)
+    assert verifier.open_many("edgeroute.telemetry", [BODY, sealed], NOW, [sig, None]) == ([BODY, BODY], ["fleet"] * 2)
+    open_reader = Verifier.parse([])
+    assert open_reader.open_keyed("edgeroute.telemetry", BODY, NOW, sig) == (None, BODY)
+    assert open_reader.open_keyed("edgeroute.telemetry", BODY, NOW, b"junk") == (None, BODY)
