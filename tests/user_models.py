@@ -107,3 +107,26 @@ def scorer_inputs(rows: int, seed: int = 0) -> dict[str, np.ndarray]:
         "features": rng.random((rows, 3)).astype(np.float32),
         "offset": rng.integers(-5, 5, size=(rows, 1)).astype(np.int64),
     }
+
+
+def scorer_triton_config(preferred: str = "4", delay_us: int = 200_000, instances: int = 1) -> str:
+    """A config.pbtxt for the scorer as Triton's users write it: every version, batching, its tensors."""
+    return f"""
+name: "scorer"
+platform: "onnxruntime_onnx"
+max_batch_size: 8
+version_policy: {{ all {{ }} }}
+dynamic_batching {{
+  preferred_batch_size: [ {preferred} ]
+  max_queue_delay_microseconds: {delay_us}
+}}
+input [
+  {{ name: "features" data_type: TYPE_FP32 dims: [ 3 ] }},
+  {{ name: "offset" data_type: TYPE_INT64 dims: [ 1 ] }}
+]
+output [
+  {{ name: "score" data_type: TYPE_FP32 dims: [ 1 ] }},
+  {{ name: "next" data_type: TYPE_INT64 dims: [ 1 ] }}
+]
+instance_group [ {{ count: {instances} kind: KIND_GPU }} ]
+"""

@@ -4,7 +4,6 @@ perf_analyzer where it is installed), against a node and against the router."""
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -106,21 +105,11 @@ def test_statistics_count_what_ran_and_the_router_sums_the_fleet(shared_stack: S
             c.close()
 
 
-def _perf_analyzer() -> str | None:
-    """Triton's perf_analyzer: $EDGEROUTE_PERF_ANALYZER, on PATH, or where the project's installer puts it."""
-    for candidate in (
-        os.environ.get("EDGEROUTE_PERF_ANALYZER"),
-        shutil.which("perf_analyzer"),
-        str(Path.home() / ".cache/edgeroute/perf_analyzer/perf_analyzer"),
-    ):
-        if candidate and os.access(candidate, os.X_OK):
-            return candidate
-    return None
-
-
 @pytest.mark.parametrize("model", ["sensor_mlp", "resnet_s"])
 def test_perf_analyzer_measures_a_node_and_the_router(shared_stack: Stack, model: str) -> None:
-    binary = _perf_analyzer()
+    from scenarios.bench_triton import find_perf_analyzer
+
+    binary = find_perf_analyzer()
     if binary is None:
         pytest.skip("perf_analyzer is not installed (../shared/tools/perf_analyzer.sh installs it)")
     lib = str(Path(binary).parent / "lib")

@@ -18,7 +18,7 @@ import pytest
 from tests.helpers import assert_outputs_close
 from tests.integration.http import call
 from tests.integration.nodeproc import node_process
-from tests.user_models import repository, scorer_inputs
+from tests.user_models import repository, scorer_inputs, scorer_triton_config
 
 httpclient = pytest.importorskip("tritonclient.http")
 from tritonclient.utils import InferenceServerException  # noqa: E402
@@ -196,25 +196,7 @@ def test_users_models_through_the_router_to_an_unchanged_triton_client(
         assert_equal_outputs(infer(c, "scorer", feeds), v2)
 
 
-TRITON_CONFIG = """
-name: "scorer"
-platform: "onnxruntime_onnx"
-max_batch_size: 8
-version_policy: { all { } }
-dynamic_batching {
-  preferred_batch_size: [ 4 ]
-  max_queue_delay_microseconds: 200000
-}
-input [
-  { name: "features" data_type: TYPE_FP32 dims: [ 3 ] },
-  { name: "offset" data_type: TYPE_INT64 dims: [ 1 ] }
-]
-output [
-  { name: "score" data_type: TYPE_FP32 dims: [ 1 ] },
-  { name: "next" data_type: TYPE_INT64 dims: [ 1 ] }
-]
-instance_group [ { count: 1 kind: KIND_GPU } ]
-"""
+TRITON_CONFIG = scorer_triton_config()
 
 
 def test_a_triton_repository_unchanged_serves_as_configured_over_http_and_grpc(

@@ -12,27 +12,11 @@ from nodes.config import NodeConfig
 from nodes.protocol import TensorSpec
 from nodes.repository import resolve, scan
 from telemetry.configfile import ConfigError
+from tests.user_models import scorer_triton_config
 
-GOOD = """
-# a model configuration written for Triton
-name: "scorer"
-platform: "onnxruntime_onnx"
-max_batch_size: 8
-version_policy: { all { } }
-dynamic_batching {
-  preferred_batch_size: [ 4, 8 ]
-  max_queue_delay_microseconds: 2500
-}
-input [
-  { name: "features" data_type: TYPE_FP32 dims: [ 3 ] },
-  { name: "offset" data_type: TYPE_INT64 dims: [ 1 ] }
-]
-output [
-  { name: "score" data_type: TYPE_FP32 dims: [ 1 ] },
-  { name: "next" data_type: TYPE_INT64 dims: [ 1 ] }
-]
-instance_group [ { count: 2 kind: KIND_GPU } ]
-"""
+GOOD = "# a model configuration written for Triton\n" + scorer_triton_config(
+    preferred="4, 8", delay_us=2500, instances=2
+)
 
 
 def repo(
