@@ -204,6 +204,9 @@ class Scheduler:
         self._seq = itertools.count()
         self.queued_by_priority: Counter[int] = Counter()
         self.queued_by_model: Counter[str] = Counter()
+        # (model, priority, rows) -> requests of that kind queued: the work ahead of an arrival summed
+        # per kind, not per request (expected_wait_ms runs on every arrival and every report)
+        self._queued_kinds: Counter[tuple[str, int, int]] = Counter()
         self.queued = 0  # requests in the queues (kept as they come and go: read on every arrival)
 
     # --- admission and queueing -------------------------------------------------------------------
@@ -316,6 +319,7 @@ class Scheduler:
         heapq.heappush(self._queues.setdefault(work.model, []), (work.sort_key(self.mode), work))
         self.queued_by_priority[work.priority] += 1
         self.queued_by_model[work.model] += 1
+        self._queued_kinds[(work.model, work.priority, work.rows)] += 1
         self.queued += 1
 
     def run_now(self, work: Work, now_ms: float, idle: bool = False) -> NextBatch | None:
@@ -349,6 +353,12 @@ class Scheduler:
         work.done = True
         self.queued_by_priority[work.priority] -= 1
         self.queued_by_model[work.model] -= 1
+        kind = (work.model, work.priority, work.rows)
+        left = self._queued_kinds[kind] - 1
+        if left > 0:
+            self._queued_kinds[kind] = left
+        else:
+            del self._queued_kinds[kind]  # (kinds come and go with the requests: the table stays small)
         self.queued -= 1
         return True
 
@@ -477,12 +487,10 @@ class Scheduler:
         low-priority wait is stretched by the recent share of high-priority work, which will keep
         overtaking it."""
         ahead = 0.0
-        for model in self._queues:
-            for _, w in self._queues[model]:
-                if w.done:
-                    continue
-                if self.mode == "fifo" or w.priority >= priority:
-                    ahead += self.exec_ms(w.model, w.rows)
+        fifo = self.mode == "fifo"
+        for (model, p, rows), count in self._queued_kinds.items():
+            if fifo or p >= priority:
+                ahead += count * self.exec_ms(model, rows)
         free = slots - len(running_left_ms)
         first = 0.0 if free > 0 else min(running_left_ms, default=0.0)
         wait = first + ahead / max(1, slots)

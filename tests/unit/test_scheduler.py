@@ -238,3 +238,38 @@ def test_run_now_decides_an_arrival_on_an_empty_queue_as_push_then_next_would(se
     busy = Scheduler("fifo", ms)
     busy.push(work("queued"))
     assert busy.run_now(work("b"), 0.0) is None, "with work queued, an arrival goes behind it"
+
+
+@pytest.mark.parametrize("mode", ["fifo", "priority"])
+def test_the_wait_ahead_is_the_sum_over_what_is_queued(mode: str) -> None:
+    """expected_wait_ms sums the queued work by kind (model, priority, rows); it must equal the walk
+    over every queued request, whatever comes and goes (pushed, taken in batches, cancelled)."""
+    rng = random.Random(5)
+    exec_ms = {"a": 2.0, "b": 7.5}
+
+    def predict(model: str, rows: int) -> float:
+        return exec_ms[model] * (1 + 0.5 * (rows - 1))
+
+    s = Scheduler(mode, predict, batching={"a": BatchPolicy(max_batch=4)})
+    queued: list[Work] = []
+    now = 0.0
+    for step in range(3000):
+        now += 1.0
+        if rng.random() < 0.55 or not queued:
+            w = Work(None, rng.choice("ab"), rng.choice([-5, 0, 0, 3, 10]), None, rng.choice([1, 1, 2, 8]), now)
+            s.push(w)
+            queued.append(w)
+        elif rng.random() < 0.5:
+            s.remove(queued.pop(rng.randrange(len(queued))))
+        else:
+            s.next(now, idle=True)
+        queued = [w for w in queued if not w.done]
+        if step % 7 == 0:
+            exec_ms["a"] = rng.uniform(1, 5)  # estimates move: the sum is taken at the time of asking
+        for priority in (-5, 0, 10):
+            want = sum(predict(w.model, w.rows) for w in queued if mode == "fifo" or w.priority >= priority)
+            got = s.expected_wait_ms(priority, [], 1)
+            if mode == "priority" and priority < s.high_priority_min:
+                got *= 1.0 - min(0.9, s.high_share)
+            assert got == pytest.approx(want), (step, priority)
+    assert len(s._queued_kinds) <= 2 * 5 * 4  # kinds, not requests
