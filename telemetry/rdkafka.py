@@ -51,6 +51,9 @@ def settings(bootstrap: str, client_id: str) -> dict[str, Any]:
         "client.id": client_id,
         "security.protocol": opts.get("security_protocol", "PLAINTEXT"),
         "socket.timeout.ms": 5000,  # an answer that does not come whole within this fails the request
+        # small messages go out at once (librdkafka leaves Nagle on by default: a report could wait
+        # for the previous one's ACK, tens of ms, as kafka-python's TCP_NODELAY never lets it)
+        "socket.nagle.disable": True,
         "reconnect.backoff.max.ms": 1000,
         "log.connection.close": False,
     }
