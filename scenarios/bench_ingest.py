@@ -43,15 +43,19 @@ from telemetry.view import NodeState
 TOPIC = "edgeroute.bench.ingest"
 
 
-def publish(bootstrap: str, first: int, count: int, interval_ms: float, seconds: float, topic: str) -> dict[str, Any]:
-    """Send node `first`..`first+count-1`'s reports every `interval_ms` for `seconds` (a publisher process)."""
+def publish(
+    bootstrap: str, first: int, count: int, interval_ms: float, seconds: float, topic: str, cafile: str | None = None
+) -> dict[str, Any]:
+    """Send node `first`..`first+count-1`'s reports every `interval_ms` for `seconds` (a publisher process);
+    over TLS to a broker whose certificate `cafile` signed, where given."""
     from kafka import KafkaProducer
 
     rng = random.Random(first)
     bodies = [node_load(first + i, rng).model_dump(by_alias=True, mode="json") for i in range(count)]
     keys = [b["node_id"].encode() for b in bodies]
+    tls: dict[str, Any] = {} if cafile is None else {"security_protocol": "SSL", "ssl_cafile": cafile}
     producer = KafkaProducer(
-        bootstrap_servers=bootstrap, linger_ms=5, batch_size=1 << 18, acks=1, client_id="bench-ingest"
+        bootstrap_servers=bootstrap, linger_ms=5, batch_size=1 << 18, acks=1, client_id="bench-ingest", **tls
     )
     sent = 0
     seq = 1
@@ -169,19 +173,67 @@ def bench_ingest(
     publishers: int = 2,
     kafka: str | None = None,
     reader: str | None = None,
+    tls: bool = False,
 ) -> dict[str, Any]:
-    """`reader`: lean, librdkafka or kafka-python (telemetry.bus.reader_kind; default: as a router would)."""
+    """`reader`: lean, librdkafka or kafka-python (telemetry.bus.reader_kind; default: as a router would).
+    `tls`: the embedded broker behind a TLS terminator (scenarios.tlsfront), every client over TLS."""
     before = os.environ.get("EDGEROUTE_KAFKA_READER")
     if reader is not None:
         os.environ["EDGEROUTE_KAFKA_READER"] = reader
     try:
         with serving.tuned_gc() as thresholds:  # as the router's process runs
-            return _bench_ingest(out_dir, nodes, interval_ms, seconds, publishers, kafka, thresholds)
+            if not tls:
+                return _bench_ingest(out_dir, nodes, interval_ms, seconds, publishers, kafka, thresholds)
+            return _over_tls(out_dir, nodes, interval_ms, seconds, publishers, thresholds)
     finally:
         if before is None:
             os.environ.pop("EDGEROUTE_KAFKA_READER", None)
         else:
             os.environ["EDGEROUTE_KAFKA_READER"] = before
+
+
+def _over_tls(
+    out_dir: Path,
+    nodes: int,
+    interval_ms: float,
+    seconds: float,
+    publishers: int,
+    thresholds: tuple[int, int, int] | None,
+) -> dict[str, Any]:
+    import tempfile
+
+    from scenarios.tlsfront import make_certs
+    from telemetry.broker import free_port, wait_for_port
+    from telemetry.tls import KafkaSecurity, kafka_security, set_kafka_security
+
+    before = kafka_security()
+    with tempfile.TemporaryDirectory(prefix="edgeroute-bench-tls-") as tmp:
+        certs = make_certs(Path(tmp))
+        port = free_port()
+        with EmbeddedBroker(advertised_port=port) as broker:
+            # the terminator in a process of its own: its TLS work is the broker's side, not the reader's
+            args = [
+                sys.executable,
+                "-m",
+                "scenarios.tlsfront",
+                str(port),
+                str(broker.port),
+                certs["cert"],
+                certs["key"],
+            ]
+            front = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+            set_kafka_security(KafkaSecurity(security_protocol="SSL", ssl_cafile=certs["ca"]))
+            try:
+                wait_for_port("127.0.0.1", port, 15, front)
+                result = _bench_ingest(
+                    out_dir, nodes, interval_ms, seconds, publishers, f"127.0.0.1:{port}", thresholds, certs["ca"]
+                )
+            finally:
+                set_kafka_security(before)
+                terminate(front)
+    result["broker"] = "embedded (Tansu) behind a TLS terminator"
+    (out_dir / "ingest.json").write_text(json.dumps(result, indent=2) + "\n")
+    return result
 
 
 def _bench_ingest(
@@ -192,6 +244,7 @@ def _bench_ingest(
     publishers: int,
     kafka: str | None,
     thresholds: tuple[int, int, int] | None,
+    cafile: str | None = None,
 ) -> dict[str, Any]:
     pauses = GcPauses()
     loop_lag = LoopLag()
@@ -232,7 +285,7 @@ def _bench_ingest(
                 break
             cmd = [sys.executable, "-m", "scenarios.bench_ingest", "publish", "--bootstrap", bootstrap,
                    "--first", str(first), "--count", str(count), "--interval-ms", str(interval_ms),
-                   "--seconds", str(seconds), "--topic", TOPIC]  # fmt: skip
+                   "--seconds", str(seconds), "--topic", TOPIC, *(["--cafile", cafile] if cafile else [])]  # fmt: skip
             procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL))
         reports = []
         for k, p in enumerate(procs):
@@ -279,6 +332,7 @@ def _bench_ingest(
             "gc": {"thresholds": list(thresholds) if thresholds else "python default", **pauses.summary(elapsed)},
             "host": {"machine": platform.machine(), "python": platform.python_version(), "cpus": os.cpu_count()},
             "broker": "external" if kafka else "embedded (Tansu)",
+            "tls": cafile is not None,
             "reader": source.reader,
             "at": datetime.now(UTC).isoformat(timespec="seconds"),
         }
@@ -294,7 +348,8 @@ def _bench_ingest(
         loop_lag.stop()
     gcs = result["gc"]
     print(
-        f"[{result['reader']} reader] offered {result['offered_msgs_per_s']} msg/s ({nodes} nodes every "
+        f"[{result['reader']} reader{', TLS' if result['tls'] else ''}] offered {result['offered_msgs_per_s']} msg/s "
+        f"({nodes} nodes every "
         f"{interval_ms:g} ms); published "
         f"{result['published_msgs_per_s']} msg/s; read {result['received_msgs_per_s']} msg/s, lost {result['lost']}; "
         f"send-to-view lag p50 {result['lag_ms']['p50']} ms p99 {result['lag_ms']['p99']} ms; "
@@ -319,8 +374,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--interval-ms", type=float, required=True)
     p.add_argument("--seconds", type=float, required=True)
     p.add_argument("--topic", default=TOPIC)
+    p.add_argument("--cafile", help="publish over TLS to a broker this CA signed")
     args = parser.parse_args(argv)
-    out = publish(args.bootstrap, args.first, args.count, args.interval_ms, args.seconds, args.topic)
+    out = publish(args.bootstrap, args.first, args.count, args.interval_ms, args.seconds, args.topic, args.cafile)
     print(json.dumps(out), flush=True)
     return 0
 

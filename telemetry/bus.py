@@ -21,7 +21,7 @@ from telemetry.kafkafetch import LeanConsumer, TopicPartition, Unsupported
 from telemetry.schema import TOPIC, NodeLoad
 from telemetry.signing import HEADER, Signer, Verifier, unsealed
 from telemetry.store import ViewStore
-from telemetry.tls import kafka_options
+from telemetry.tls import kafka_options, kafka_security
 
 log = logging.getLogger(__name__)
 
@@ -138,12 +138,12 @@ class TelemetryPublisher(KafkaSender):
 
 def reader_kind(security_protocol: str) -> str:
     """Which reader a process with these Kafka settings uses: the lean one (telemetry.kafkafetch) on a
-    plaintext broker, librdkafka where TLS or SASL is needed (kafka-python without confluent-kafka);
+    plaintext or TLS broker, librdkafka where SASL is needed (kafka-python without confluent-kafka);
     `EDGEROUTE_KAFKA_READER` (lean, librdkafka, kafka-python) chooses, the lean one only where it can."""
     wanted = os.environ.get("EDGEROUTE_KAFKA_READER", "lean")
     if wanted not in ("lean", "librdkafka", "kafka-python"):
         raise ValueError(f"EDGEROUTE_KAFKA_READER: lean, librdkafka or kafka-python, not {wanted!r}")
-    if wanted == "lean" and security_protocol == "PLAINTEXT":
+    if wanted == "lean" and security_protocol in ("PLAINTEXT", "SSL"):
         return "lean"
     if wanted == "kafka-python" or not rdkafka.available():
         return "kafka-python"
@@ -302,7 +302,9 @@ class TopicReader:
         if self.reader is None:
             self.reader = reader_kind(kafka_options().get("security_protocol", "PLAINTEXT"))
         if self.reader == "lean":
-            consumer: Any = LeanConsumer(self.bootstrap, wait_ms, request_timeout_ms=5000)
+            security = kafka_security()
+            tls = None if security is None else security.ssl_context()
+            consumer: Any = LeanConsumer(self.bootstrap, wait_ms, request_timeout_ms=5000, tls=tls)
         elif self.reader == "librdkafka":
             consumer = rdkafka.RdConsumer(self.bootstrap, wait_ms)
         else:

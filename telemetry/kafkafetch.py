@@ -7,9 +7,9 @@ broker from Kafka 0.11 to 4.x serves (ApiVersions v0, Metadata v1, ListOffsets v
 batches v2): one thread, one request encoded with `struct`, one answer decoded without an object
 per record, no client thread. It only reads: topics are made and written with kafka-python.
 
-It speaks PLAINTEXT; a process whose Kafka settings ask for TLS or SASL reads with librdkafka
-(telemetry.rdkafka; kafka-python without it), as does one with `EDGEROUTE_KAFKA_READER` set so
-(telemetry.bus.reader_kind). A broker that lacks these
+It speaks PLAINTEXT and TLS (`tls`: Python's own ssl module on the same blocking sockets); a process
+whose Kafka settings ask for SASL reads with librdkafka (telemetry.rdkafka; kafka-python without it),
+as does one with `EDGEROUTE_KAFKA_READER` set so (telemetry.bus.reader_kind). A broker that lacks these
 versions, or a batch in a format older than v2, raises `Unsupported`, and the caller falls back.
 
 Everything a broker sends is checked as it is read: sizes against the bytes there, counts against
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import ssl
 import struct
 import time
 import zlib
@@ -298,12 +299,19 @@ def _signature(body: bytes, pos: int, stop: int) -> bytes | None:
 class _Connection:
     """One broker connection; requests are sent and answered in order."""
 
-    def __init__(self, host: str, port: int, timeout_s: float, client_id: str) -> None:
+    def __init__(
+        self, host: str, port: int, timeout_s: float, client_id: str, tls: ssl.SSLContext | None = None
+    ) -> None:
         try:
             self.sock = socket.create_connection((host, port), timeout=timeout_s)
         except OSError as exc:
             raise KafkaWireError(f"cannot reach broker {host}:{port}: {exc}") from None
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if tls is not None:  # the handshake within the request timeout, the name checked as the context says
+            try:
+                self.sock = tls.wrap_socket(self.sock, server_hostname=host)
+            except (OSError, ValueError) as exc:
+                raise KafkaWireError(f"broker {host}:{port}: TLS: {exc}") from None
         self.where = f"{host}:{port}"
         self.timeout_s = timeout_s
         self._client = _string(client_id)
@@ -385,8 +393,10 @@ class LeanConsumer:
         partition_max_bytes: int = 1 << 20,
         client_id: str = "edgeroute-router",
         max_inflated_bytes: int = MAX_INFLATED,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         self.bootstrap = bootstrap
+        self.tls = tls  # TLS to every broker (security_protocol SSL), else plaintext
         self.max_inflated = max_inflated_bytes
         self.dropped_batches = 0  # compressed batches skipped for inflating past max_inflated
         self.fetch_max_wait_ms = max(1, fetch_max_wait_ms)
@@ -408,7 +418,7 @@ class LeanConsumer:
         failures = []
         for host, port in _bootstrap_hosts(self.bootstrap):
             try:
-                conn = _Connection(host, port, self.timeout_s, self.client_id)
+                conn = _Connection(host, port, self.timeout_s, self.client_id, self.tls)
             except KafkaWireError as exc:
                 failures.append(str(exc))
                 continue
@@ -441,7 +451,7 @@ class LeanConsumer:
             if node not in self._brokers:
                 raise KafkaWireError(f"no address for broker {node}")
             host, port = self._brokers[node]
-            conn = _Connection(host, port, self.timeout_s, self.client_id)
+            conn = _Connection(host, port, self.timeout_s, self.client_id, self.tls)
             self._conns[node] = conn
         return conn
 

@@ -117,6 +117,17 @@ class KafkaSecurity(BaseModel):
                 _readable(value, name)
         return self
 
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """The TLS context of SSL and SASL_SSL (its CA, client certificate and name check), else None."""
+        if self.security_protocol not in ("SSL", "SASL_SSL"):
+            return None
+        ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=self.ssl_cafile)
+        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+        ctx.check_hostname = self.ssl_check_hostname
+        if self.ssl_certfile is not None:
+            ctx.load_cert_chain(self.ssl_certfile, self.ssl_keyfile)
+        return ctx
+
     def options(self) -> dict[str, Any]:
         """kafka-python client keyword arguments."""
         out: dict[str, Any] = {"security_protocol": self.security_protocol}
@@ -139,6 +150,11 @@ def set_kafka_security(security: KafkaSecurity | None) -> None:
     """Set, for this process, what every Kafka client connects with (a node or router does once at start)."""
     global _KAFKA
     _KAFKA = security
+
+
+def kafka_security() -> KafkaSecurity | None:
+    """This process's Kafka security settings (None: plaintext)."""
+    return _KAFKA
 
 
 def kafka_options() -> dict[str, Any]:

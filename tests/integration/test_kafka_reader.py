@@ -4,6 +4,7 @@ KafkaWireError, never another exception, a hang or a huge allocation."""
 
 from __future__ import annotations
 
+import shutil
 import socket
 import struct
 import threading
@@ -255,3 +256,51 @@ def test_an_unreachable_leader_is_an_error_then_looked_up_again(broker: Embedded
             assert time.monotonic() < deadline
     finally:
         lean.close()
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs openssl to make certificates")
+def test_the_lean_reader_reads_a_tls_broker(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    """With security_protocol SSL the router keeps the lean reader (and its bounds), over TLS."""
+    from scenarios.tlsfront import TlsFront
+    from telemetry.broker import free_port
+    from telemetry.tls import KafkaSecurity, kafka_security, set_kafka_security
+    from tests.integration.test_tls import make_pki
+
+    monkeypatch.delenv("EDGEROUTE_KAFKA_READER", raising=False)
+    pki = make_pki(tmp_path)
+    tls_port = free_port()
+    before = kafka_security()
+    with (
+        EmbeddedBroker(advertised_port=tls_port) as plain,
+        TlsFront(tls_port, plain.port, pki["server"], pki["server_key"]),
+    ):
+        bootstrap = f"127.0.0.1:{tls_port}"
+        set_kafka_security(KafkaSecurity(security_protocol="SSL", ssl_cafile=pki["ca"]))
+        try:
+            topic = "edgeroute.test.tls"
+            ensure_topic(bootstrap, topic)
+            publisher = TelemetryPublisher(bootstrap, topic)
+            store = ViewStore(stale_after_ms=1000)
+            source = KafkaTelemetrySource(bootstrap, topic, lookback_ms=5000)
+            try:
+                assert publisher.publish(load("over-tls", sent_at_ms=time.time() * 1000))
+                source.start(store)
+                deadline = time.monotonic() + 15
+                while "over-tls" not in store.view.nodes:
+                    assert time.monotonic() < deadline, (source.reader, source.errors)
+                    assert publisher.publish(load("over-tls", sent_at_ms=time.time() * 1000))
+                    time.sleep(0.1)
+                assert source.reader == "lean"
+            finally:
+                source.stop()
+                publisher.close()
+            # and a broker answering with a certificate from another CA is refused, never read
+            set_kafka_security(KafkaSecurity(security_protocol="SSL", ssl_cafile=pki["other_ca"]))
+            consumer = LeanConsumer(
+                bootstrap, tls=KafkaSecurity(security_protocol="SSL", ssl_cafile=pki["other_ca"]).ssl_context()
+            )
+            with pytest.raises(KafkaWireError, match="TLS"):
+                consumer.partitions(topic)
+            consumer.close()
+        finally:
+            set_kafka_security(before)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -246,3 +247,14 @@ def test_a_trace_naming_a_model_no_node_serves_replays_live_as_simulated(tmp_pat
         assert p["sent"] == 40 and p["lost"] == 0, p
         assert p["errors"] == {"404": 10}, p
         assert p["completed"] == 30, p
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs openssl to make certificates")
+def test_bench_ingest_over_tls_reads_every_report_with_the_lean_reader(tmp_path: Path) -> None:
+    from scenarios.bench_ingest import bench_ingest
+    from telemetry.tls import kafka_security
+
+    before = kafka_security()
+    result = bench_ingest(tmp_path, nodes=40, interval_ms=100.0, seconds=1.0, publishers=1, tls=True)
+    assert result["tls"] and result["reader"] == "lean" and result["lost"] == 0 and result["received_msgs_per_s"] > 0
+    assert kafka_security() is before  # the process's Kafka settings are its own again

@@ -120,10 +120,11 @@ def test_which_reader_a_process_uses(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("EDGEROUTE_KAFKA_READER", raising=False)
     monkeypatch.delenv("EDGEROUTE_KAFKA_CLIENT", raising=False)
     secured = "librdkafka" if importlib.util.find_spec("confluent_kafka") else "kafka-python"
-    assert reader_kind("PLAINTEXT") == "lean"  # the lean reader bounds what compressed batches inflate to
-    assert reader_kind("SSL") == reader_kind("SASL_SSL") == secured
+    # the lean reader (which bounds what compressed batches inflate to) speaks plaintext and TLS
+    assert reader_kind("PLAINTEXT") == reader_kind("SSL") == "lean"
+    assert reader_kind("SASL_SSL") == reader_kind("SASL_PLAINTEXT") == secured
     monkeypatch.setenv("EDGEROUTE_KAFKA_CLIENT", "kafka-python")  # the fallback, as without confluent-kafka
-    assert reader_kind("SSL") == "kafka-python" and reader_kind("PLAINTEXT") == "lean"
+    assert reader_kind("SASL_SSL") == "kafka-python" and reader_kind("PLAINTEXT") == "lean"
     monkeypatch.delenv("EDGEROUTE_KAFKA_CLIENT")
     monkeypatch.setenv("EDGEROUTE_KAFKA_READER", "kafka-python")
     assert reader_kind("PLAINTEXT") == "kafka-python"
@@ -135,7 +136,7 @@ def test_which_reader_a_process_uses(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("EDGEROUTE_KAFKA_READER")
     monkeypatch.setenv("EDGEROUTE_KAFKA_CLIENT", "fast")
     with pytest.raises(ValueError, match="EDGEROUTE_KAFKA_CLIENT"):
-        reader_kind("SSL")
+        reader_kind("SASL_SSL")
 
 
 def fetch_answer(topic: str, parts: dict[int, bytes], high: int = 100) -> bytes:
