@@ -47,7 +47,17 @@ def test_requests_queued_at_a_slow_node_move_and_run_exactly_once(broker: Embedd
         ]
         for t in blockers:
             t.start()
-        time.sleep(0.15)  # its telemetry (queue, execution time) reaches the router
+        # its telemetry (queue, execution time) reaches the router, and both nodes are fresh there (waited
+        # for rather than slept on: how long a report takes to arrive is not what this test is about)
+        deadline = time.monotonic() + 5
+        while True:
+            nodes = {
+                n["node_id"]: n for n in call(f"{stack.router_url}/admin/view", headers=stack.admin_headers)[1]["nodes"]
+            }
+            if nodes["a"]["queued"] >= 4 and nodes["a"]["fresh"] and nodes["b"]["fresh"]:
+                break
+            assert time.monotonic() < deadline, nodes
+            time.sleep(0.01)
         answers: list[tuple[int, str]] = []
 
         def send() -> None:
