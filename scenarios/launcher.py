@@ -37,7 +37,15 @@ log = logging.getLogger("edgeroute.launcher")
 
 
 # EDGEROUTE_* variables a stack passes on to its nodes and routers (the rest would override their configs)
-PASS_ENV = frozenset({"EDGEROUTE_ZOO_DIR", "EDGEROUTE_TRACEBACK", "EDGEROUTE_KAFKA_SECURITY"})
+PASS_ENV = frozenset(
+    {
+        "EDGEROUTE_ZOO_DIR",
+        "EDGEROUTE_TRACEBACK",
+        "EDGEROUTE_KAFKA_SECURITY",
+        "EDGEROUTE_KAFKA_CLIENT",
+        "EDGEROUTE_KAFKA_READER",
+    }
+)
 
 NODE_PROCESS_MB = 150  # one live node process with a few zoo models (about 100 MB measured with one)
 

@@ -487,6 +487,8 @@ def test_kafka_security_for_stacks_and_replays(
     from telemetry.tls import kafka_options, set_kafka_security
 
     assert "EDGEROUTE_KAFKA_SECURITY" in PASS_ENV, "a stack's nodes and routers get the same settings"
+    # and the same Kafka client choice (make test's second pass runs whole stacks on kafka-python)
+    assert {"EDGEROUTE_KAFKA_CLIENT", "EDGEROUTE_KAFKA_READER"} <= PASS_ENV
     sasl = (
         "{security_protocol: SASL_PLAINTEXT, sasl_mechanism: SCRAM-SHA-256, sasl_plain_username: u, "
         "sasl_plain_password: p}"
