@@ -156,8 +156,8 @@ class RouterService:
             oip.count(router, "unknown", 0, "none", 400, arrived)
             return 400, "model and version names are letters, digits and '.', '_', ':' or '-'", None
         try:
-            body, head = http_body(request)
-            budget = deadline_ms(context, parameters_of(request.parameters))
+            body, head, params = http_body(request)
+            budget = deadline_ms(context, params)
         except (BadMessage, wire.BadHint) as exc:
             oip.count(router, model, 0, "none", 400, arrived)
             return 400, str(exc), None

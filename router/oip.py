@@ -142,16 +142,22 @@ async def model_metadata(request: web.Request) -> web.Response:
     runner = router.workflows.get(model)
     if runner is not None:
         return await _workflow_metadata(router, runner)
-    version = request.match_info.get("version")
+    return await relay(router, model, request.match_info.get("version"), "", "metadata for")
+
+
+async def relay(router: Router, model: str, version: str | None, tail: str, what: str) -> web.Response:
+    """A serving node's answer to `GET /v2/models/{model}[/versions/{version}]{tail}` (metadata,
+    configuration), relayed as it came; 404 for an odd version name or an unknown model, 503 when
+    no node serves it or none answers."""
     if version is not None and not VERSION_NAME.match(version):
         return _error(404, f"model '{model}' has no version '{version}'")
     nodes, known = _model_nodes(router, model)
     if not nodes:
         return _unknown_or_unavailable(model, known, bool(len(router.store.view)))
-    suffix = "" if version is None else f"/versions/{version}"
+    suffix = ("" if version is None else f"/versions/{version}") + tail
     got = await _node_get(router, model, suffix)
     if got is None:
-        return _error(503, f"no node answered metadata for model '{model}'")
+        return _error(503, f"no node answered {what} model '{model}'")
     return web.Response(status=got[0], body=got[1], content_type="application/json")
 
 

@@ -17,7 +17,7 @@ from typing import Any
 from aiohttp import web
 
 from router.node_client import NodeError
-from router.oip import VERSION_NAME, _model_nodes, _node_get, _unknown_or_unavailable
+from router.oip import VERSION_NAME, _model_nodes, _unknown_or_unavailable, relay
 from router.state import ROUTER, Router
 from router.state import json_error as _error
 from telemetry import wire
@@ -31,19 +31,9 @@ MISSING = "Edgeroute-Stats-Missing"
 async def model_config(request: web.Request) -> web.Response:
     router = request.app[ROUTER]
     model = request.match_info["model"]
-    version = request.match_info.get("version")
     if router.workflows.get(model) is not None:
         return _error(404, f"'{model}' is a workflow of this router; it has no Triton model configuration")
-    if version is not None and not VERSION_NAME.match(version):
-        return _error(404, f"model '{model}' has no version '{version}'")
-    nodes, known = _model_nodes(router, model)
-    if not nodes:
-        return _unknown_or_unavailable(model, known, bool(len(router.store.view)))
-    suffix = "/config" if version is None else f"/versions/{version}/config"
-    got = await _node_get(router, model, suffix)
-    if got is None:
-        return _error(503, f"no node answered the configuration of model '{model}'")
-    return web.Response(status=got[0], body=got[1], content_type="application/json")
+    return await relay(router, model, request.match_info.get("version"), "/config", "the configuration of")
 
 
 def _holders(router: Router, model: str | None) -> list[NodeState]:

@@ -11,6 +11,17 @@ from scenarios import cli_args as arg
 from scenarios.schema import MAX_REQUESTS, MAX_TOPOLOGY_NODES
 
 
+def _concurrencies(text: str, example: str) -> tuple[int, ...] | str:
+    """`--concurrency` as a tuple, or the usage error to print."""
+    try:
+        values = tuple(int(c) for c in text.split(","))
+    except ValueError:
+        return f"--concurrency: comma-separated integers, e.g. {example}"
+    if not values or any(not 1 <= c <= 1024 for c in values):
+        return "--concurrency: each from 1 to 1024"
+    return values
+
+
 def run_bench(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if getattr(args, "requests", None) is not None and args.requests < 1:
@@ -55,12 +66,9 @@ def run_bench(args: argparse.Namespace) -> int:
     elif args.what == "gpu":
         from scenarios.bench_gpu import bench_gpu
 
-        try:
-            concurrencies = tuple(int(c) for c in args.concurrency.split(","))
-        except ValueError:
-            return arg.usage("--concurrency: comma-separated integers, e.g. 1,4,16,64")
-        if not concurrencies or any(not 1 <= c <= 1024 for c in concurrencies):
-            return arg.usage("--concurrency: each from 1 to 1024")
+        concurrencies = _concurrencies(args.concurrency, "1,4,16,64")
+        if isinstance(concurrencies, str):
+            return arg.usage(concurrencies)
         if not 0.5 <= args.seconds <= 600:
             return arg.usage("--seconds: from 0.5 to 600")
         parts = tuple(args.parts.split(","))
@@ -77,12 +85,9 @@ def run_bench(args: argparse.Namespace) -> int:
     elif args.what == "triton":
         from scenarios.bench_triton import bench_triton
 
-        try:
-            concurrencies = tuple(int(c) for c in args.concurrency.split(","))
-        except ValueError:
-            return arg.usage("--concurrency: comma-separated integers, e.g. 1,8")
-        if not concurrencies or any(not 1 <= c <= 1024 for c in concurrencies):
-            return arg.usage("--concurrency: each from 1 to 1024")
+        concurrencies = _concurrencies(args.concurrency, "1,8")
+        if isinstance(concurrencies, str):
+            return arg.usage(concurrencies)
         protocols = tuple(args.protocols.split(","))
         if not protocols or any(p not in ("http", "grpc") for p in protocols):
             return arg.usage("--protocols: http, grpc or http,grpc")

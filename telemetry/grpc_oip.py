@@ -126,14 +126,15 @@ def http_form(req: Any) -> tuple[dict[str, Any], bytes]:
     return doc, b"".join(raw)
 
 
-def http_body(req: Any) -> tuple[bytes, int]:
-    """The HTTP body of a ModelInferRequest and its JSON header's length."""
+def http_body(req: Any) -> tuple[bytes, int, dict[str, Any]]:
+    """The HTTP body of a ModelInferRequest, its JSON header's length, and the request's parameters
+    as read into it (for the caller's deadline: read once)."""
     doc, tail = http_form(req)
     try:
         head = orjson.dumps(doc)
     except TypeError as exc:  # (a string parameter that is not UTF-8 cannot reach here: protobuf checks it)
         raise BadMessage(str(exc)) from None
-    return head + tail, len(head)
+    return head + tail, len(head), doc["parameters"]
 
 
 def response_from_arrays(
