@@ -200,9 +200,28 @@ def test_bench_ingest_with_bad_settings_is_one_line_and_starts_nothing(tmp_path:
         (["--interval-ms", "nan"], "edgeroute bench ingest: error: argument --interval-ms: not a finite number: 'nan'"),
         (["--publishers", "0"], "edgeroute: --publishers must be at least 1"),
         (["--nodes", "0"], "edgeroute: --nodes must be at least 1"),
+        (
+            ["--tls", "--kafka", "127.0.0.1:9"],
+            "edgeroute: bench ingest: --tls runs the embedded broker behind TLS; not with --kafka",
+        ),
     ):
         proc = subprocess.run(
             [*CLI, "bench", "ingest", *args, "--out", str(tmp_path)], capture_output=True, text=True, timeout=60
+        )
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr
+        assert proc.stderr.strip().splitlines()[-1] == message
+    assert not list(tmp_path.iterdir()), "nothing measured, nothing written"
+
+
+def test_bench_triton_with_bad_settings_is_one_line_and_starts_nothing(tmp_path: Path) -> None:
+    for args, message in (
+        (["--concurrency", "1,x"], "edgeroute: --concurrency: comma-separated integers, e.g. 1,8"),
+        (["--concurrency", "0"], "edgeroute: --concurrency: each from 1 to 1024"),
+        (["--protocols", "ftp"], "edgeroute: --protocols: http, grpc or http,grpc"),
+        (["--window-ms", "5"], "edgeroute: --window-ms: from 100 to 60000"),
+    ):
+        proc = subprocess.run(
+            [*CLI, "bench", "triton", *args, "--out", str(tmp_path)], capture_output=True, text=True, timeout=60
         )
         assert proc.returncode == 2 and "Traceback" not in proc.stderr
         assert proc.stderr.strip().splitlines()[-1] == message
