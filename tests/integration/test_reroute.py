@@ -83,7 +83,11 @@ def test_requests_queued_at_a_slow_node_move_and_run_exactly_once(broker: Embedd
         routed = [i for i in stats_a["executed_ids"] + stats_b["executed_ids"] if i]
         requests = [i.rsplit("-", 1)[0] for i in routed]
         assert len(requests) == len(set(requests)) == 6, f"each routed request ran exactly once: {routed}"
-        assert sum(node == "b" for _, node in answers) >= 3 + reroute["moves"], answers
+        # each client's answer came from where its request ran, and the moved ones ran on b (how many went to
+        # each node first is not fixed: a move's own pick advances round robin's turn)
+        ran_at_b = [i for i in stats_b["executed_ids"] if i]
+        assert sum(node == "b" for _, node in answers) == len(ran_at_b) >= reroute["moves"], (answers, ran_at_b)
+        assert sum(node == "a" for _, node in answers) == len(routed) - len(ran_at_b), answers
         view = call(f"{stack.router_url}/admin/view", headers=stack.admin_headers)[1]
         assert view["reroute"]["moves"] == reroute["moves"] and view["reroute"]["watched"] == 0
         metrics = call(f"{stack.router_url}/metrics")[1]
