@@ -4,6 +4,7 @@ once by the app factory (nodes.server), and the keys the app stores it under."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -49,6 +50,7 @@ class NodeRuntime:
     residency: Residency = field(default_factory=lambda: Residency(-1))  # -1: built from config and models
     loader: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="loader"))
     load_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    loading: dict[str, asyncio.Task[LoadedModel]] = field(default_factory=dict)  # loads queued or under way
     loads: int = 0  # models loaded on demand (after start-up)
     model_requests: int = 0  # inference requests for a model this node serves
     cold_requests: int = 0  # ... of which found it not resident (waited for a load, or failed to)
@@ -104,16 +106,33 @@ class NodeRuntime:
         """The model, loaded first if it is not resident (evicting least recently used idle models).
 
         Raises NoRoom (it cannot fit, now or ever) or the load's own error; either concerns this model
-        only. Loads run one at a time on their own thread, never on an execution slot. A model whose
-        load failed (a broken or missing file) is not tried again for `LOAD_RETRY_S` unless `retry`
-        (the repository API's load): its requests answer at once, and do not hold the loader or evict
-        other models for a load that will fail again.
+        only. Loads run one at a time on their own thread, never on an execution slot. A request for a
+        model whose load is queued or under way joins that load: it is served as soon as the model is
+        in, not after the loads queued behind it (which may have evicted it again). A load is a task of
+        its own, so a client that goes away does not cancel it for the others. A model whose load failed
+        (a broken or missing file) is not tried again for `LOAD_RETRY_S` unless `retry` (the repository
+        API's load): its requests answer at once, and do not hold the loader or evict other models for a
+        load that will fail again.
         """
         model = self.models.get(name)
         if model is not None:
             self.residency.touch(name)
             return model
-        self._recently_failed(name, retry)
+        task = self.loading.get(name)
+        if task is None:
+            self._recently_failed(name, retry)
+            task = asyncio.get_running_loop().create_task(self._load(name, retry), name=f"load {name}")
+            self.loading[name] = task
+            task.add_done_callback(functools.partial(self._load_done, name))
+        return await asyncio.shield(task)
+
+    def _load_done(self, name: str, task: asyncio.Task[LoadedModel]) -> None:
+        if self.loading.get(name) is task:
+            del self.loading[name]
+        if not task.cancelled():
+            task.exception()  # retrieved: every waiter has its own copy, and one with none left is not an error
+
+    async def _load(self, name: str, retry: bool) -> LoadedModel:
         async with self.load_lock:
             model = self.models.get(name)
             if model is not None:

@@ -17,6 +17,7 @@ PASS_HEADERS = (
     wire.NODE,
     wire.EXEC_MS,
     wire.QUEUE_MS,
+    wire.COLD_MS,  # (only on an answer that waited for a load: the workflow's cold stages and the replays count it)
 )
 _PASS = tuple((name, name.lower()) for name in PASS_HEADERS)
 

@@ -113,6 +113,9 @@ def test_the_router_loads_and_unloads_for_the_cluster(own_stack) -> None:  # typ
     assert status == 400 and "malformed" in doc["error"]
     status, doc, _ = call(f"{url}/v2/repository/models/sensor_mlp/load", b'{"parameters": {"node": "ghost"}}')
     assert status == 404 and "ghost" in doc["error"]
+    assert call(f"{url}/v2/repository/models/sensor_mlp/unload", b"{}")[0] == 200
+    status, _, headers = call(f"{url}/v2/models/sensor_mlp/infer", infer_body())
+    assert status == 200 and float(headers["x-edgeroute-cold-ms"]) > 0, "the router relays that it waited for a load"
 
 
 def test_a_model_in_use_is_not_unloaded(tmp_path: Path) -> None:
@@ -152,6 +155,36 @@ def test_declared_sizes_and_load_times_emulate_gpu_sized_models(tmp_path: Path) 
         status, _, headers = call(f"{url}/v2/models/cls-b/infer", infer_body())
         assert status == 200 and "x-edgeroute-cold-ms" not in headers
         assert stats(url)["cold_requests"] == 1
+
+
+def test_a_request_for_a_model_being_loaded_joins_that_load(tmp_path: Path) -> None:
+    """A request for cls-b while cls-b loads, with cls-c's load queued behind it, is served once cls-b
+    is in: not after cls-c's load, which evicts cls-b (only one fits) and would make it load again."""
+    models = [
+        {"name": m, "zoo": "sensor_mlp", "seed": i, "size_mb": 2, "load_ms": 300}
+        for i, m in enumerate(["cls-a", "cls-b", "cls-c"], 1)
+    ]
+    with _node(tmp_path, models=models, memory_budget_bytes=3 << 20) as url:
+        done: list[tuple[str, int, float]] = []
+
+        def infer(model: str) -> None:
+            status, _, headers = call(f"{url}/v2/models/{model}/infer", infer_body())
+            done.append((model, status, float(headers.get("x-edgeroute-cold-ms", "nan"))))
+
+        threads = []
+        for model in ("cls-b", "cls-c", "cls-b"):  # each sent once the one before it waits at the node
+            threads.append(threading.Thread(target=infer, args=(model,)))
+            threads[-1].start()
+            deadline = time.monotonic() + 5
+            while stats(url)["cold_requests"] < len(threads):
+                assert time.monotonic() < deadline
+                time.sleep(0.005)
+        for t in threads:
+            t.join(20)
+        assert [(m, s) for m, s, _ in done] == [("cls-b", 200), ("cls-b", 200), ("cls-c", 200)], done
+        after = stats(url)
+        assert (after["loads"], after["cold_requests"]) == (2, 3), "cls-b loaded once for both of its requests"
+        assert after["resident"] == ["cls-c"]
 
 
 def test_metadata_of_a_model_not_resident_does_not_load_it(node: str) -> None:
