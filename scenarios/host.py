@@ -39,16 +39,21 @@ HOST_SECONDS = 8.0
 
 
 def model_mix(scenario: Scenario) -> dict[str, float]:
-    """Requests per second per model over the workload's sites (workflows left out: their stages are
-    measured through the models they run)."""
-    workflows = {w.name for w in scenario.workflow_specs()}
+    """Mean requests per second per model and workflow over the workload's sites: each site's rate
+    counted for the share of the run it is active (`start_s`..`stop_s`), as the runs offer it."""
     mix: dict[str, float] = {}
     for site in scenario.workload.sites:
         total = sum(site.models.values()) or 1.0
+        rate = site.mean_rate_rps(scenario.workload.duration_s)
         for model, weight in site.models.items():
-            if model not in workflows:
-                mix[model] = mix.get(model, 0.0) + site.rate_rps * weight / total
+            if rate > 0:
+                mix[model] = mix.get(model, 0.0) + rate * weight / total
     return mix
+
+
+def stage_architectures(scenario: Scenario) -> dict[str, list[str]]:
+    """Each workflow's stage models as zoo architectures, in stage order."""
+    return {w.name: [scenario.architecture(st.model) for st in w.stages] for w in scenario.workflow_specs()}
 
 
 def measure_host(
@@ -67,9 +72,10 @@ def measure_host(
     per-request overhead, wake-up and handoff, and how late the emulation's hold ends: slot time
     minus reference / speed, from the executions where the device is clearly slower than the host)."""
     mix = model_mix(scenario)
-    if not mix or rate_rps <= 0:
+    flows = stage_architectures(scenario)
+    if not any(m not in flows for m in mix) or rate_rps <= 0:
         return None
-    arch = {m: scenario.architecture(m) for m in mix}
+    arch = {m: scenario.architecture(m) for m in mix if m not in flows}
     speeds = {n.id: n.speed for n in specs if n.id in stack.nodes}
     # from a node's own partition: the router emulates a link's delay for requests that cross one, and
     # that delay is the scenario's (the simulator adds it itself), not the host's per-request overhead
@@ -79,8 +85,9 @@ def measure_host(
     try:  # the host's own execution: the nodes at full speed, under the same offered load
         real = measure_level(
             stack, rate_rps, mix, dict(payloads), site=site, seconds=seconds * 0.35, headers=stack.client_headers,
-            key=lambda m: arch[m],
+            key=lambda m: arch.get(m, m),
         )["exec_ms"]  # fmt: skip
+        real = {a: q for a, q in real.items() if a not in flows}  # a workflow's is its stages' sum
     finally:
         for node_id, speed in speeds.items():
             stack.set_speed(node_id, speed)
@@ -88,11 +95,11 @@ def measure_host(
     results: list[Result] = []
     level = measure_level(
         stack, rate_rps, mix, dict(payloads), site=site, seconds=seconds * 0.65, headers=stack.client_headers,
-        key=lambda m: arch[m], results_out=results,
+        key=lambda m: arch.get(m, m), results_out=results,
     )  # fmt: skip
     level["exec_ms"] = real
     level["seconds"] = seconds
-    level.update(_overhead_without_links(results, scenario, specs, site, arch))
+    level.update(_overhead_without_links(results, scenario, specs, site, arch, flows))
     baselines = profile_baselines()
     real_p50 = {a: float(g[50]) for a, g in real.items()}
     late: list[float] = []
@@ -114,7 +121,12 @@ LOCAL_ENOUGH = 50  # answers from the site's own partition that make an overhead
 
 
 def _overhead_without_links(
-    results: list[Result], scenario: Scenario, specs: list[NodeSpec], site: str, arch: Mapping[str, str]
+    results: list[Result],
+    scenario: Scenario,
+    specs: list[NodeSpec],
+    site: str,
+    arch: Mapping[str, str],
+    flows: Mapping[str, list[str]] | None = None,
 ) -> dict[str, Any]:
     """The per-request overhead (pooled and per model) of `results` without the emulated link delay.
 
@@ -122,21 +134,38 @@ def _overhead_without_links(
     whose link delay the router emulates (and the simulator adds itself): counted as overhead, a
     scenario with a 40 ms cloud link measured 29 ms instead of 3. The answers from nodes in the
     site's own partition cross no link: with enough of them they are the sample; else every answer
-    counts with its link's mean delay taken off (`LinkTable.mean_crossing_ms`)."""
+    counts with its link's mean delay taken off (`LinkTable.mean_crossing_ms`).
+
+    A workflow's answer (`flows`: its stages' architectures) is one sample per stage it ran, its
+    overhead shared evenly between them (what the simulator adds per stage: both hops of each stage's
+    request with its tensors, and the router's work between stages). An answer that waited for a load
+    is left out: the wait is the load's, which the simulator models itself."""
+    flows = flows or {}
     partition = {n.id: n.partition for n in specs}
-    ok = [r for r in results if r.status == 200]
-    local = [r for r in ok if partition.get(r.node) == site]
+    ok = [r for r in results if r.status == 200 and not r.cold]
     links = LinkTable(scenario.topology.link_states())
 
-    def overhead(r: Result) -> float:
-        return request_overhead_ms(r, links.mean_crossing_ms(site, partition.get(r.node)))
+    def nodes(r: Result) -> list[str]:
+        return r.node.split(",")
+
+    local = [r for r in ok if all(partition.get(n) == site for n in nodes(r))]
+
+    def per_stage(r: Result) -> float:
+        ran = nodes(r)
+        link = sum(links.mean_crossing_ms(site, partition.get(n)) for n in ran) * max(1, r.stages) / len(ran)
+        return request_overhead_ms(r, link) / max(1, r.stages)
 
     sample = local if len(local) >= LOCAL_ENOUGH else ok
+    pooled: list[float] = []
     by_model: dict[str, list[float]] = {}
     for r in sample:
-        by_model.setdefault(arch.get(r.arrival.model, r.arrival.model), []).append(overhead(r))
+        o = per_stage(r)
+        stages = flows.get(r.arrival.model)
+        for model in stages[: max(1, r.stages)] if stages else [arch.get(r.arrival.model, r.arrival.model)]:
+            by_model.setdefault(model, []).append(o)
+            pooled.append(o)
     return {
-        "overhead_ms": quantiles([overhead(r) for r in sample]),
+        "overhead_ms": quantiles(pooled),
         "overhead_ms_by_model": {m: quantiles(v) for m, v in by_model.items() if len(v) >= 20},
         "overhead_from": "local" if sample is local else "all, link means taken off",
     }

@@ -353,17 +353,9 @@ def _pct(x: float | None) -> str:
 
 
 def offered_rate(scenario: Scenario) -> float:
-    """Mean offered request rate of the workload (requests per second)."""
-    total = 0.0
-    for site in scenario.workload.sites:
-        if site.arrival == "bursty":
-            on, off = site.on_s, site.off_s
-            total += (site.rate_rps * on + site.off_rate_rps * off) / (on + off)
-        elif site.arrival == "diurnal":
-            total += (site.rate_rps + site.min_rate_rps) / 2
-        else:
-            total += site.rate_rps
-    return total
+    """Mean offered request rate of the workload over the run (requests per second; a site counts for
+    the share of the run it is active)."""
+    return sum(site.mean_rate_rps(scenario.workload.duration_s) for site in scenario.workload.sites)
 
 
 def replay_sim(

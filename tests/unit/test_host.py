@@ -12,7 +12,14 @@ import pytest
 
 from nodes.runtime import LoadedModel
 from router.lifecycle.links import LinkState, LinkTable
-from scenarios.host import LOCAL_ENOUGH, _overhead_without_links, compare_with_profile, host_profile, model_mix
+from scenarios.host import (
+    LOCAL_ENOUGH,
+    _overhead_without_links,
+    compare_with_profile,
+    host_profile,
+    model_mix,
+    stage_architectures,
+)
 from scenarios.schema import Scenario
 from scenarios.sim import Profile
 from scenarios.sim.profile import DEFAULT_PROFILE, _node_shift_ms
@@ -35,7 +42,49 @@ def level(rate: float = 160.0, overhead: float = 8.0) -> dict[str, object]:
     }
 
 
-def test_the_mix_is_requests_per_second_per_model_without_workflows() -> None:
+def test_the_mix_counts_each_site_for_the_share_of_the_run_it_is_active_and_keeps_workflows() -> None:
+    """camera-pipeline's two camera classes each run part of the minute (50 req/s for 40 s, then for
+    20 s): the host is measured at the 80 req/s the run offers, not 130, with the camera jobs in it."""
+    from scenarios.replay import offered_rate
+    from scenarios.schema import load_scenario
+
+    cams = load_scenario("camera-pipeline")
+    mix = model_mix(cams)
+    assert sum(mix.values()) == pytest.approx(80.0) == offered_rate(cams)
+    assert mix["sensor"] == pytest.approx(30.0)
+    assert mix["cam-a"] == pytest.approx(50 * 0.4 * 40 / 60 + 50 * 0.04 * 20 / 60)
+    assert stage_architectures(cams)["cam-a"] == ["detector_head", "mobilenet_s"]
+    surge = load_scenario("metastable").workload.sites[1]
+    assert surge.mean_rate_rps(110) == pytest.approx(420 * 30 / 110)
+    assert surge.mean_rate_rps(40) == pytest.approx(420 * 18 / 40), "a shorter run cuts the window"
+    assert surge.mean_rate_rps(20) == 0.0
+
+
+def test_a_workflows_overhead_is_shared_by_the_stages_it_ran_and_cold_answers_are_left_out() -> None:
+    scenario = two_site_scenario()
+    specs = scenario.topology.nodes
+    flows = {"cam": ["detector_head", "mobilenet_s"]}
+    plain = [answer("e", 1.5 + 2.0) for _ in range(LOCAL_ENOUGH)]
+    jobs = [
+        Result(Arrival(0.0, "edge", "cam", 0, 200.0), 200, 20.0, "e", exec_ms=10.0, queue_ms=2.0, stages=2)
+        for _ in range(30)
+    ]
+    skipped = [
+        Result(Arrival(0.0, "edge", "cam", 0, 200.0), 200, 9.0, "e", exec_ms=4.0, queue_ms=1.0, stages=1)
+        for _ in range(30)
+    ]
+    cold = [Result(Arrival(0.0, "edge", "sensor_mlp", 0, 900.0), 200, 600.0, "e", exec_ms=1.0, cold=1)] * 40
+    out = _overhead_without_links(
+        plain + jobs + skipped + cold, scenario, specs, "edge", {"sensor_mlp": "sensor_mlp"}, flows
+    )
+    by_model = out["overhead_ms_by_model"]
+    assert by_model["sensor_mlp"][100] == pytest.approx(2.0), "the 600 ms answers waited for a load"
+    assert by_model["mobilenet_s"][50] == pytest.approx(4.0), "8 ms of overhead over two stages"
+    assert by_model["detector_head"][0] == by_model["detector_head"][100] == pytest.approx(4.0), "and one"
+    assert len([v for v in out["overhead_ms"] if v > 100]) == 0
+
+
+def test_the_mix_is_requests_per_second_per_model() -> None:
     scenario = Scenario.model_validate(
         {
             "name": "mix",
