@@ -32,7 +32,7 @@ from scenarios.launcher import Stack, profile_baselines
 from scenarios.loadgen import Payload
 from scenarios.profile import measure_level, quantiles, request_overhead_ms
 from scenarios.schema import NodeSpec, Scenario
-from scenarios.workload import Result
+from scenarios.workload import Result, mean_rate_rps
 from telemetry.quantiles import grid_101
 
 HOST_SECONDS = 8.0
@@ -44,7 +44,7 @@ def model_mix(scenario: Scenario) -> dict[str, float]:
     mix: dict[str, float] = {}
     for site in scenario.workload.sites:
         total = sum(site.models.values()) or 1.0
-        rate = site.mean_rate_rps(scenario.workload.duration_s)
+        rate = mean_rate_rps(site, scenario.workload.duration_s)
         for model, weight in site.models.items():
             if rate > 0:
                 mix[model] = mix.get(model, 0.0) + rate * weight / total

@@ -20,7 +20,8 @@ from scenarios.fault_injector import FaultInjector
 from scenarios.launcher import Stack, http_json
 from scenarios.loadgen import UNKNOWN_MODEL_PAYLOAD, Arrival, build_schedule, fetch_payloads, run_load
 from scenarios.report import format_table, node_warm_rates, recovery, series, summarize, write_report
-from scenarios.schema import MAX_DURATION_S, PolicyRun, Scenario
+from scenarios.schema import MAX_DURATION_S, Fault, PolicyRun, Scenario, SiteLoad
+from scenarios.workload import mean_rate_rps
 
 log = logging.getLogger("edgeroute.replay")
 
@@ -171,15 +172,36 @@ def replay_live(
 def triggers(scenario: Scenario) -> list[tuple[str, float, float]]:
     """What a run recovers from (scenarios.report.recovery): each fault that lasts a while and each
     traffic class confined to a window of the run, as (name, start s, end s)."""
-    out = [
-        (f"{f.kind} {f.node or '-'.join(f.link or [])}".strip(), f.at_s, f.at_s + f.duration_s)
-        for f in scenario.faults
-        if f.duration_s is not None
-    ]
+    out = [(_fault_name(f), f.at_s, f.at_s + f.duration_s) for f in scenario.faults if f.duration_s is not None]
     for site in scenario.workload.sites:
         if site.stop_s is not None:
-            out.append((f"traffic {site.name or site.site}", site.start_s, site.stop_s))
+            out.append((_traffic_name(site), site.start_s, site.stop_s))
     return sorted(out, key=lambda t: t[1])
+
+
+def _fault_name(f: Fault) -> str:
+    return f"{f.kind} {f.node or '-'.join(f.link or [])}".strip()
+
+
+def _traffic_name(site: SiteLoad) -> str:
+    return f"traffic {site.name or site.site}"
+
+
+def untriggered(scenario: Scenario, schedule: list[Arrival]) -> dict[str, tuple[Scenario, list[Arrival]]]:
+    """For each trigger (`triggers`, by name): the scenario and schedule without it (the fault left out,
+    or the traffic class's arrivals taken out of the schedule), everything else the same."""
+    out: dict[str, tuple[Scenario, list[Arrival]]] = {}
+    for i, f in enumerate(scenario.faults):
+        if f.duration_s is not None:
+            rest = [g for j, g in enumerate(scenario.faults) if j != i]
+            out[_fault_name(f)] = (
+                scenario.model_copy(update={"faults": rest}),
+                schedule,
+            )
+    for i, site in enumerate(scenario.workload.sites):
+        if site.stop_s is not None:
+            out[_traffic_name(site)] = (scenario, [a for a in schedule if a.source != i])
+    return out
 
 
 def run_router(scenario: Scenario, run: PolicyRun) -> dict[str, Any]:
@@ -355,7 +377,7 @@ def _pct(x: float | None) -> str:
 def offered_rate(scenario: Scenario) -> float:
     """Mean offered request rate of the workload over the run (requests per second; a site counts for
     the share of the run it is active)."""
-    return sum(site.mean_rate_rps(scenario.workload.duration_s) for site in scenario.workload.sites)
+    return sum(mean_rate_rps(site, scenario.workload.duration_s) for site in scenario.workload.sites)
 
 
 def replay_sim(
@@ -407,8 +429,12 @@ def replay_sim(
         summary["overload"] = sim.lc.overload_summary((0, int(duration + warmup) + 1))  # as the live run's
         summary.update(series(results, warmup, duration + warmup))
         marks = triggers(scenario)
-        if marks:
-            summary["recovery"] = recovery(results, marks, duration + warmup)
+        if marks:  # and what the same arrivals get without each trigger (a simulated run each)
+            base = {
+                name: Simulation(without, run, arrivals, profile).run()
+                for name, (without, arrivals) in untriggered(scenario, schedule).items()
+            }
+            summary["recovery"] = recovery(results, marks, duration + warmup, base)
         report["policies"][run.name] = summary
         messages += sim.store.messages
         telemetry = sim.store.summary()  # lag of the last run; messages of all of them

@@ -187,20 +187,6 @@ class SiteLoad(_Strict):
     priorities: dict[int, float] = Field(default_factory=lambda: {0: 1.0})
     deadline_ms: dict[int, float] = Field(default_factory=dict, description="per priority class")
 
-    def mean_rate_rps(self, duration_s: float) -> float:
-        """The site's mean offered rate over a run of `duration_s`: its arrival process's mean, for the
-        share of the run between `start_s` and `stop_s`."""
-        if self.arrival == "bursty":
-            rate = (self.rate_rps * self.on_s + self.off_rate_rps * self.off_s) / (self.on_s + self.off_s)
-        elif self.arrival == "diurnal":
-            rate = (self.rate_rps + self.min_rate_rps) / 2
-        else:
-            rate = self.rate_rps
-        if duration_s <= 0:
-            return rate
-        stop = duration_s if self.stop_s is None else min(self.stop_s, duration_s)
-        return rate * max(0.0, stop - min(self.start_s, duration_s)) / duration_s
-
     @field_validator("models", "priorities")
     @classmethod
     def _positive_shares(cls, v: dict[Any, float]) -> dict[Any, float]:

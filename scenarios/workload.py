@@ -24,6 +24,7 @@ class Arrival:
     model: str
     priority: int
     deadline_ms: float
+    source: int = 0  # which of the workload's sites (its index in `sites`) drew it
 
 
 @dataclass(slots=True)
@@ -40,6 +41,21 @@ class Result:
     cold: int = 0  # of those, how many waited for their model to load (x-edgeroute-cold-ms / -cold-stages)
     bytes_kept: int = 0  # a workflow's intermediate bytes used on the node that made them
     bytes_moved: int = 0  # ... and those a stage on another node needed
+
+
+def mean_rate_rps(site: SiteLoad, duration_s: float) -> float:
+    """A site's mean offered rate over a run of `duration_s`: its arrival process's mean, for the share
+    of the run between `start_s` and `stop_s` (a trace site's `rate_rps`, as given)."""
+    if site.arrival == "bursty":
+        rate = (site.rate_rps * site.on_s + site.off_rate_rps * site.off_s) / (site.on_s + site.off_s)
+    elif site.arrival == "diurnal":
+        rate = (site.rate_rps + site.min_rate_rps) / 2
+    else:
+        rate = site.rate_rps
+    if duration_s <= 0:
+        return rate
+    stop = duration_s if site.stop_s is None else min(site.stop_s, duration_s)
+    return rate * max(0.0, stop - min(site.start_s, duration_s)) / duration_s
 
 
 DIURNAL_CHUNK = 1_000_000  # candidate arrivals a limited diurnal site draws at a time
@@ -131,7 +147,12 @@ def _trace_row(row: list[str], site: SiteLoad, default_deadline_ms: float) -> tu
 
 
 def read_trace(
-    path: Path, site: SiteLoad, default_deadline_ms: float, horizon_s: float, limit: int | None = None
+    path: Path,
+    site: SiteLoad,
+    default_deadline_ms: float,
+    horizon_s: float,
+    limit: int | None = None,
+    source: int = 0,
 ) -> list[Arrival]:
     """Rows `at_s,model,priority,deadline_ms` (header optional; priority and deadline may be blank),
     in file order. With `limit`, only the `limit` earliest (by time, then file order) are kept while
@@ -149,7 +170,7 @@ def read_trace(
                     raise ScenarioError(f"{path}:{lineno}: {exc}") from None
                 if not site.start_s <= at < min(horizon_s, site.stop_s or horizon_s):
                     continue
-                entry = (-at, -lineno, Arrival(at, site.site, model, prio, deadline))
+                entry = (-at, -lineno, Arrival(at, site.site, model, prio, deadline, source))
                 if limit is None:
                     kept.append(entry)
                 elif len(kept) < limit:
@@ -178,7 +199,7 @@ def build_schedule(
     rng = random.Random(seed)
     horizon = duration_s if duration_s is not None else workload.duration_s
     out: list[Arrival] = []
-    for site in workload.sites:
+    for source, site in enumerate(workload.sites):
         if site.arrival == "trace":
             assert site.trace is not None
             path = Path(site.trace)
@@ -188,6 +209,7 @@ def build_schedule(
                 workload.default_deadline_ms,
                 horizon,
                 workload.max_requests,
+                source,
             )
             continue
         models, model_w = list(site.models), list(site.models.values())
@@ -195,7 +217,7 @@ def build_schedule(
         for t in arrival_times(site, horizon, rng, workload.max_requests):
             prio = rng.choices(prios, prio_w)[0]
             deadline = site.deadline_ms.get(prio, workload.default_deadline_ms)
-            out.append(Arrival(t, site.site, rng.choices(models, model_w)[0], prio, deadline))
+            out.append(Arrival(t, site.site, rng.choices(models, model_w)[0], prio, deadline, source))
         if len(out) > 2 * workload.max_requests:  # many sites: keep the earliest so far (same result)
             out = _earliest(out, workload.max_requests)
     return _earliest(out, workload.max_requests)

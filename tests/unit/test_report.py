@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import pytest
+
 from scenarios.report import format_table, percentile, summarize
 from scenarios.workload import Arrival, Result
 
@@ -71,3 +73,48 @@ def test_recovery_compares_the_level_before_a_trigger_with_the_level_after_it_se
 
     s = load_scenario(Path(__file__).resolve().parents[2] / "scenarios" / "metastable.yaml")
     assert triggers(s) == [("traffic surge", 22.0, 52.0), ("slow_node box-2", 77.0, 87.0)]
+
+
+def test_recovery_against_the_same_arrivals_without_the_trigger() -> None:
+    """An after-window that holds a burst of its own arrivals has a higher p99 than the window before
+    the trigger whatever the trigger left behind; the same arrivals without the trigger tell the two
+    apart: the ratio against them is 1 when nothing outlived the trigger."""
+    from scenarios.replay import untriggered
+    from scenarios.report import recovery
+    from scenarios.schema import load_scenario
+    from scenarios.workload import build_schedule
+
+    def at(t: float, ms: float) -> Result:
+        return Result(Arrival(t, "s", "m", 0, 1000.0), 200, ms, "a")
+
+    # 10 req/s of 20 ms answers; the after-window (35-55 s) holds a burst answered in 90 ms, with the
+    # trigger (20-30 s) or without it
+    def run(trigger: bool, left_behind: float = 0.0) -> list[Result]:
+        out = []
+        for i in range(600):
+            t = i / 10.0
+            ms = 90.0 if 40 <= t < 41 else 20.0
+            if trigger and 20 <= t < 30:
+                ms = 900.0
+            elif trigger and t >= 30:
+                ms += left_behind
+            out.append(at(t, ms))
+        return out
+
+    row = recovery(run(True), [("surge", 20.0, 30.0)], 60.0, {"surge": run(False)})[0]
+    assert row["p99_ratio"] == 4.5, "the burst against a quiet window before"
+    assert row["untriggered"]["p99_ms"] == 90.0 and row["p99_ratio_untriggered"] == 1.0
+    assert row["goodput_ratio_untriggered"] == 1.0
+    stuck = recovery(run(True, 30.0), [("surge", 20.0, 30.0)], 60.0, {"surge": run(False)})[0]
+    assert stuck["p99_ratio_untriggered"] == pytest.approx(120 / 90, rel=1e-3), "what the trigger left behind"
+    assert "untriggered" not in recovery(run(True), [("surge", 20.0, 30.0)], 60.0)[0], "live runs: none"
+
+    scenario = load_scenario("metastable")
+    schedule = build_schedule(scenario.workload, scenario.seed)
+    variants = untriggered(scenario, schedule)
+    assert set(variants) == {"traffic surge", "slow_node box-2"}
+    without_surge, arrivals = variants["traffic surge"]
+    assert without_surge is scenario and arrivals == [a for a in schedule if not 22 <= a.at_s < 52 or a.source != 1]
+    assert len(schedule) - len(arrivals) == sum(a.source == 1 for a in schedule) > 10_000
+    without_slowdown, same = variants["slow_node box-2"]
+    assert same is schedule and without_slowdown.faults == [] and scenario.faults != []
