@@ -70,6 +70,7 @@ class _Connection(asyncio.Protocol):
         self._max_body = max_body
         self._bad, self._lost = errors
         self._waiter: asyncio.Future[HttpReply] | None = None
+        self._poller: select.poll | None = None  # the socket, for `quiet` (plain TCP only)
         self._reset()
 
     def _reset(self) -> None:
@@ -88,6 +89,10 @@ class _Connection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        sock = transport.get_extra_info("socket")
+        if sock is not None and transport.get_extra_info("sslcontext") is None:
+            self._poller = select.poll()  # (not select(): descriptors past 1,024 are common on a busy router)
+            self._poller.register(sock.fileno(), select.POLLIN)
 
     def data_received(self, data: bytes) -> None:
         if self._waiter is None or self._waiter.done():
@@ -154,13 +159,12 @@ class _Connection(asyncio.Protocol):
         """Nothing is waiting to be read (no bytes the node sent unasked, no close): safe to reuse. A
         poll of the socket, so bytes still in the kernel's buffer, which the event loop has not handed
         over yet, cannot become the answer to the next request (another client's)."""
-        sock = None if self.transport is None else self.transport.get_extra_info("socket")
-        if sock is None or self.transport.get_extra_info("sslcontext") is not None:  # type: ignore[union-attr]
+        if self.closed:
+            return False
+        if self._poller is None:
             return True  # (TLS: records the TLS layer itself consumes may be pending; data_received guards)
         try:
-            poller = select.poll()  # (not select(): descriptors past 1,024 are common on a busy router)
-            poller.register(sock.fileno(), select.POLLIN)
-            return not poller.poll(0)
+            return not self._poller.poll(0)
         except (OSError, ValueError):
             return False
 

@@ -78,7 +78,10 @@ async def read_body(request: web.Request, timeout_s: float) -> bytes:
     """The request's whole body within `timeout_s`. Raises `web.HTTPRequestTimeout` (408, connection
     closed) when it has not all arrived by then, and `web.HTTPBadRequest` when the client went away
     mid-body (nobody reads that answer; the disconnect is logged once, at debug level). The size limit
-    is the application's `client_max_size` (413), as before."""
+    is the application's `client_max_size` (413), as before. A body already all received (most: it
+    came with the head) is read without arming the timer."""
+    if request.content.is_eof():
+        return await request.read()  # (nothing left to wait for)
     try:
         async with asyncio.timeout(timeout_s):
             return await request.read()

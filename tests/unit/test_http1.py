@@ -28,6 +28,9 @@ class Wire:
 
     abort = close
 
+    def get_extra_info(self, name: str, default: object = None) -> object:
+        return default  # (no socket: nothing to poll)
+
     def is_closing(self) -> bool:
         return self.closed
 
