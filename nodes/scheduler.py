@@ -135,12 +135,9 @@ RISE_ALPHA = 0.5  # the least weight a run slower than the estimate gets (a stal
 
 
 def learn_ms(prev: float | None, sample_ms: float, alpha: float, probe: bool = False) -> float:
-    """The execution estimate after one more run (the live node and the simulator learn the same way):
-    an EWMA with weight `alpha`, but for a run slower than the estimate at least `RISE_ALPHA`, and at
-    least 1 - estimate / run: a run k times the estimate moves it (k - 1)/k of the way, so a node that
-    stalls 10x stops admitting work it cannot finish in time after its first slow run (the estimate
-    goes to 9.1x), not after two or three that its clients pay for, while jitter of 1.5-2x weighs as
-    before; it comes back down at `alpha`. A probe (`probe`: see `Scheduler.stale`) replaces it."""
+    """The execution estimate after one more run (live node and simulator alike): an EWMA with weight
+    `alpha`; a run k times the estimate weighs at least max(`RISE_ALPHA`, 1 - 1/k), so a 10x stall
+    stops admission after one slow run (estimate 9.1x), not three. A probe replaces it."""
     if prev is None or probe:
         return sample_ms
     weight = max(alpha, RISE_ALPHA, 1.0 - prev / sample_ms) if sample_ms > prev else alpha
