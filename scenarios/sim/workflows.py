@@ -77,11 +77,13 @@ class WorkflowDriver(SimState):
             job.cold += served.cold
             job.exec_ms += served.exec_ms
             job.queue_ms += served.queue_ms
-            for node, nbytes in run.produced.items():
-                if node == served.node.spec.id:
-                    job.bytes_kept += nbytes
-                else:
-                    job.bytes_moved += nbytes
+        # the stage's inputs went to the node it was sent to, answered or not (as the router counts)
+        sent_to = served.node.spec.id if served is not None else req.node
+        for node, nbytes in run.produced.items():
+            if node == sent_to:
+                job.bytes_kept += nbytes
+            else:
+                job.bytes_moved += nbytes
         if status != 200:
             job.done = True
             self._finish_workflow(job, status, f"stage {run.name} ({req.model}): {reason}", at_ms)

@@ -98,6 +98,10 @@ def test_a_cold_load_longer_than_the_deadline_is_a_miss_and_a_model_too_big_is_5
     sim = simulate(s, "p2c")
     results = [r for r in sim.results if r is not None]
     assert any(r.status == 504 for r in results), "cls-1 loads in 400 ms, past 300 ms"
+    missed = [r for r in results if r.status == 504 and r.error.startswith("stage classify")]
+    assert missed and all(r.bytes_kept == 4 * 3 * 64 * 64 * 4 for r in missed), (
+        "the crops went to the node that made them though its answer came too late (the router counts them so)"
+    )
     big = camera(nodes=1, classifiers=1, models={
         "det": {"zoo": "detector_head", "size_mb": 300}, "cls-0": {"zoo": "mobilenet_s", "size_mb": 4096}})  # fmt: skip
     sim = simulate(big, "p2c")
