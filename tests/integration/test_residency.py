@@ -161,7 +161,7 @@ def test_a_request_for_a_model_being_loaded_joins_that_load(tmp_path: Path) -> N
     """A request for cls-b while cls-b loads, with cls-c's load queued behind it, is served once cls-b
     is in: not after cls-c's load, which evicts cls-b (only one fits) and would make it load again."""
     models = [
-        {"name": m, "zoo": "sensor_mlp", "seed": i, "size_mb": 2, "load_ms": 300}
+        {"name": m, "zoo": "sensor_mlp", "seed": i, "size_mb": 2, "load_ms": 500}  # (time to send all three)
         for i, m in enumerate(["cls-a", "cls-b", "cls-c"], 1)
     ]
     with _node(tmp_path, models=models, memory_budget_bytes=3 << 20) as url:
@@ -214,3 +214,42 @@ def test_a_model_that_fails_to_load_answers_500_for_itself_only(tmp_path: Path) 
         assert status == 200, body
         after = stats(url)
         assert "mobilenet_s" not in after["resident"] and after["memory_used_bytes"] <= after["memory_budget_bytes"]
+
+
+def test_requests_that_join_a_failing_load_all_get_its_error_once(tmp_path: Path) -> None:
+    """Three requests for a broken model, queued behind another model's load, join one load of it: it
+    fails once and each gets that load's own error (not the 'tried again after' refusal of a repeat)."""
+    from nodes import zoo
+
+    zoo_dir = tmp_path / "zoo"
+    zoo.ensure("sensor_mlp", 1, zoo_dir)
+    zoo.ensure("sensor_mlp", 2, zoo_dir)
+    (zoo_dir / f"mobilenet_s-v{zoo.ZOO_VERSION}-s0.onnx").write_bytes(b"not an onnx model" * 100)
+    models = [
+        {"name": "cls-a", "zoo": "sensor_mlp", "seed": 1, "size_mb": 1},
+        {"name": "cls-b", "zoo": "sensor_mlp", "seed": 2, "size_mb": 2, "load_ms": 800},
+        {"name": "mobilenet_s", "size_mb": 2},  # (declared large: not loaded at start)
+    ]
+    with _node(tmp_path, models=models, zoo_dir=str(zoo_dir), memory_budget_bytes=5 << 19) as url:
+        answers: list[tuple[str, int, str]] = []
+
+        def infer(model: str, body: bytes) -> None:
+            status, doc, _ = call(f"{url}/v2/models/{model}/infer", body)
+            answers.append((model, status, str(doc.get("error", "")) if isinstance(doc, dict) else ""))
+
+        threads = [threading.Thread(target=infer, args=("cls-b", infer_body()))]
+        threads += [threading.Thread(target=infer, args=("mobilenet_s", IMAGE)) for _ in range(3)]
+        for i, t in enumerate(threads):
+            t.start()
+            deadline = time.monotonic() + 5
+            while stats(url)["cold_requests"] < i + 1:
+                assert time.monotonic() < deadline
+                time.sleep(0.005)
+        for t in threads:
+            t.join(20)
+        assert ("cls-b", 200, "") in answers
+        broken = [a for a in answers if a[0] == "mobilenet_s"]
+        assert len(broken) == 3 and all(s == 500 and "failed to load" in e for _, s, e in broken), broken
+        assert not any("tried again after" in e for _, _, e in broken), "one load, its error to each"
+        status, doc, _ = call(f"{url}/v2/models/mobilenet_s/infer", IMAGE)
+        assert status == 500 and "tried again after" in doc["error"], "a later request is refused at once"
