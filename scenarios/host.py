@@ -43,11 +43,12 @@ def model_mix(scenario: Scenario) -> dict[str, float]:
     counted for the share of the run it is active (`start_s`..`stop_s`), as the runs offer it."""
     mix: dict[str, float] = {}
     for site in scenario.workload.sites:
-        total = sum(site.models.values()) or 1.0
         rate = mean_rate_rps(site, scenario.workload.duration_s)
+        if rate <= 0:  # (a window outside the run)
+            continue
+        total = sum(site.models.values()) or 1.0
         for model, weight in site.models.items():
-            if rate > 0:
-                mix[model] = mix.get(model, 0.0) + rate * weight / total
+            mix[model] = mix.get(model, 0.0) + rate * weight / total
     return mix
 
 

@@ -20,7 +20,7 @@ from scenarios.fault_injector import FaultInjector
 from scenarios.launcher import Stack, http_json
 from scenarios.loadgen import UNKNOWN_MODEL_PAYLOAD, Arrival, build_schedule, fetch_payloads, run_load
 from scenarios.report import format_table, node_warm_rates, recovery, series, summarize, write_report
-from scenarios.schema import MAX_DURATION_S, Fault, PolicyRun, Scenario, SiteLoad
+from scenarios.schema import MAX_DURATION_S, PolicyRun, Scenario
 from scenarios.workload import mean_rate_rps
 
 log = logging.getLogger("edgeroute.replay")
@@ -172,35 +172,32 @@ def replay_live(
 def triggers(scenario: Scenario) -> list[tuple[str, float, float]]:
     """What a run recovers from (scenarios.report.recovery): each fault that lasts a while and each
     traffic class confined to a window of the run, as (name, start s, end s)."""
-    out = [(_fault_name(f), f.at_s, f.at_s + f.duration_s) for f in scenario.faults if f.duration_s is not None]
-    for site in scenario.workload.sites:
+    return sorted(((name, start, end) for name, start, end, _ in _triggers(scenario)), key=lambda t: t[1])
+
+
+def _triggers(scenario: Scenario) -> list[tuple[str, float, float, tuple[str, int]]]:
+    """Each trigger with where it comes from: ("fault", index in faults) or ("site", index in sites)."""
+    out = [
+        (f"{f.kind} {f.node or '-'.join(f.link or [])}".strip(), f.at_s, f.at_s + f.duration_s, ("fault", i))
+        for i, f in enumerate(scenario.faults)
+        if f.duration_s is not None
+    ]
+    for i, site in enumerate(scenario.workload.sites):
         if site.stop_s is not None:
-            out.append((_traffic_name(site), site.start_s, site.stop_s))
-    return sorted(out, key=lambda t: t[1])
-
-
-def _fault_name(f: Fault) -> str:
-    return f"{f.kind} {f.node or '-'.join(f.link or [])}".strip()
-
-
-def _traffic_name(site: SiteLoad) -> str:
-    return f"traffic {site.name or site.site}"
+            out.append((f"traffic {site.name or site.site}", site.start_s, site.stop_s, ("site", i)))
+    return out
 
 
 def untriggered(scenario: Scenario, schedule: list[Arrival]) -> dict[str, tuple[Scenario, list[Arrival]]]:
     """For each trigger (`triggers`, by name): the scenario and schedule without it (the fault left out,
     or the traffic class's arrivals taken out of the schedule), everything else the same."""
     out: dict[str, tuple[Scenario, list[Arrival]]] = {}
-    for i, f in enumerate(scenario.faults):
-        if f.duration_s is not None:
-            rest = [g for j, g in enumerate(scenario.faults) if j != i]
-            out[_fault_name(f)] = (
-                scenario.model_copy(update={"faults": rest}),
-                schedule,
-            )
-    for i, site in enumerate(scenario.workload.sites):
-        if site.stop_s is not None:
-            out[_traffic_name(site)] = (scenario, [a for a in schedule if a.source != i])
+    for name, _, _, (kind, i) in _triggers(scenario):
+        if kind == "fault":
+            rest = [f for j, f in enumerate(scenario.faults) if j != i]
+            out[name] = (scenario.model_copy(update={"faults": rest}), schedule)
+        else:
+            out[name] = (scenario, [a for a in schedule if a.source != i])
     return out
 
 

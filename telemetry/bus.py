@@ -19,7 +19,7 @@ from typing import Any, Protocol
 from telemetry import rdkafka
 from telemetry.kafkafetch import LeanConsumer, TopicPartition, Unsupported
 from telemetry.schema import TOPIC, NodeLoad
-from telemetry.signing import HEADER, Signer, Verifier, unsealed
+from telemetry.signing import HEADER, Signer, Verifier, header_signature, unsealed
 from telemetry.store import ViewStore
 from telemetry.tls import kafka_options, kafka_security
 
@@ -337,10 +337,7 @@ def _sig(record: Any) -> bytes | None:
     sig = getattr(record, "sig", None)
     if sig is not None:
         return sig  # type: ignore[no-any-return]
-    for key, value in getattr(record, "headers", None) or ():
-        if key == HEADER and isinstance(value, bytes):
-            return value
-    return None
+    return header_signature(getattr(record, "headers", None))
 
 
 class _KafkaPythonConsumer:

@@ -24,7 +24,7 @@ import uuid
 from typing import Any
 
 from telemetry.kafkafetch import Record, TopicPartition
-from telemetry.signing import HEADER
+from telemetry.signing import header_signature
 from telemetry.tls import kafka_options
 
 log = logging.getLogger("edgeroute.telemetry")
@@ -93,13 +93,6 @@ def ensure_topic(bootstrap: str, topic: str, partitions: int, timeout_s: float) 
                 reason = exc.args[0].str() if exc.args and hasattr(exc.args[0], "str") else str(exc)
                 raise RuntimeError(f"Kafka at {bootstrap}: cannot make topic {topic}: {reason}") from None
             time.sleep(0.2)
-
-
-def _signature(headers: Any) -> bytes | None:
-    for key, value in headers or ():
-        if key == HEADER and isinstance(value, bytes):
-            return value
-    return None
 
 
 class RdProducer:
@@ -218,7 +211,7 @@ class RdConsumer:
             records = out.get(key)
             if records is None:
                 records = out[key] = []
-            records.append(Record(msg.offset() or 0, msg.value(), _signature(msg.headers())))
+            records.append(Record(msg.offset() or 0, msg.value(), header_signature(msg.headers())))
         return out
 
     def close(self) -> None:

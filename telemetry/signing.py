@@ -31,13 +31,23 @@ import os
 import re
 import threading
 from dataclasses import dataclass, field
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import AfterValidator
 
 PREFIX = b"ER1 "
 HEADER = "edgeroute-sig"  # the record header that carries a message's signature
 MAX_HEADER = 256  # a signature header longer than this is forged
+
+
+def header_signature(headers: Any) -> bytes | None:
+    """The `HEADER` value among a record's (key, value) headers as a Kafka client hands them over."""
+    for key, value in headers or ():
+        if key == HEADER and isinstance(value, bytes):
+            return value
+    return None
+
+
 KEY_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 MIN_SECRET = 16
 DEFAULT_WINDOW_MS = 30_000.0

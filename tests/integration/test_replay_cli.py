@@ -193,6 +193,15 @@ def test_bench_ingest_reads_every_published_report_through_the_broker(tmp_path: 
     assert json.loads((tmp_path / "ingest.json").read_text())["published"] == result["published"]
 
 
+def _bad_bench_setting(command: str, args: list[str], message: str, tmp_path: Path) -> None:
+    """`edgeroute bench COMMAND ARGS` exits 2 with `message` as its last line, no traceback."""
+    proc = subprocess.run(
+        [*CLI, "bench", command, *args, "--out", str(tmp_path)], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == message
+
+
 def test_bench_ingest_with_bad_settings_is_one_line_and_starts_nothing(tmp_path: Path) -> None:
     for args, message in (
         # argparse's own checks: the usage, then this line
@@ -205,11 +214,7 @@ def test_bench_ingest_with_bad_settings_is_one_line_and_starts_nothing(tmp_path:
             "edgeroute: bench ingest: --tls runs the embedded broker behind TLS; not with --kafka",
         ),
     ):
-        proc = subprocess.run(
-            [*CLI, "bench", "ingest", *args, "--out", str(tmp_path)], capture_output=True, text=True, timeout=60
-        )
-        assert proc.returncode == 2 and "Traceback" not in proc.stderr
-        assert proc.stderr.strip().splitlines()[-1] == message
+        _bad_bench_setting("ingest", args, message, tmp_path)
     assert not list(tmp_path.iterdir()), "nothing measured, nothing written"
 
 
@@ -220,11 +225,7 @@ def test_bench_triton_with_bad_settings_is_one_line_and_starts_nothing(tmp_path:
         (["--protocols", "ftp"], "edgeroute: --protocols: http, grpc or http,grpc"),
         (["--window-ms", "5"], "edgeroute: --window-ms: from 100 to 60000"),
     ):
-        proc = subprocess.run(
-            [*CLI, "bench", "triton", *args, "--out", str(tmp_path)], capture_output=True, text=True, timeout=60
-        )
-        assert proc.returncode == 2 and "Traceback" not in proc.stderr
-        assert proc.stderr.strip().splitlines()[-1] == message
+        _bad_bench_setting("triton", args, message, tmp_path)
     assert not list(tmp_path.iterdir()), "nothing measured, nothing written"
 
 
