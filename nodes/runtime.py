@@ -8,7 +8,7 @@ import platform
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -38,7 +38,7 @@ def cuda_available() -> bool:
     return CUDA in ort.get_available_providers() and gpu_visible()
 
 
-def choose_providers(device: str) -> tuple[list[str], str, str]:
+def choose_providers(device: str) -> tuple[list[str], Literal["cpu", "cuda"], str]:
     """(providers, device kind, device name) for `device` in auto|cpu|cuda."""
 
     cuda_ok = cuda_available()

@@ -52,7 +52,15 @@ def run_bench(args: argparse.Namespace) -> int:
             if args.tls and args.kafka:
                 return arg.usage("bench ingest: --tls runs the embedded broker behind TLS; not with --kafka")
             bench_ingest(
-                out, args.nodes, args.interval_ms, args.seconds, args.publishers, args.kafka, args.reader, args.tls
+                out,
+                args.nodes,
+                args.interval_ms,
+                args.seconds,
+                args.publishers,
+                args.kafka,
+                args.reader,
+                args.tls,
+                args.backlog,
             )
         except (KafkaError, RuntimeError) as exc:
             print(f"edgeroute: bench ingest: {exc}", file=sys.stderr)
@@ -133,6 +141,12 @@ def add_bench_parser(sub: Any) -> None:
         "--reader", choices=["lean", "librdkafka", "kafka-python"], help="the telemetry reader (default: a router's)"
     )
     b.add_argument("--tls", action="store_true", help="every client over TLS (the embedded broker behind a terminator)")
+    b.add_argument(
+        "--backlog",
+        action="store_true",
+        help="publish first, then time the reader alone reading it all from the start (its rate without the "
+        "publishers on the same cores)",
+    )
     b.add_argument("--kafka", type=arg.bootstrap, help="plaintext Kafka bootstrap HOST:PORT (default: an embedded one)")
     b = bsub.add_parser("sim", help="simulator events per second with a real policy in the loop")
     b.add_argument("--nodes", type=int, default=1000, help="cluster size (1000)")

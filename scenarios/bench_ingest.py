@@ -31,6 +31,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from router.lifecycle import Lifecycle, LifecycleSettings
 from scenarios.bench_decide import node_load
 from telemetry import serving
@@ -51,7 +53,7 @@ def publish(
     from kafka import KafkaProducer
 
     rng = random.Random(first)
-    bodies = [node_load(first + i, rng).model_dump(by_alias=True, mode="json") for i in range(count)]
+    bodies = [msgspec.to_builtins(node_load(first + i, rng)) for i in range(count)]
     keys = [b["node_id"].encode() for b in bodies]
     tls: dict[str, Any] = {} if cafile is None else {"security_protocol": "SSL", "ssl_cafile": cafile}
     producer = KafkaProducer(
@@ -79,6 +81,35 @@ def publish(
     producer.flush(timeout=30)
     producer.close(timeout=10)
     return {"sent": sent, "seconds": round(time.monotonic() - start, 3), "late_rounds": behind}
+
+
+def _publish_all(
+    procs: list[subprocess.Popen[bytes]],
+    bootstrap: str,
+    nodes: int,
+    interval_ms: float,
+    seconds: float,
+    publishers: int,
+    cafile: str | None,
+) -> list[dict[str, Any]]:
+    """Run the publisher processes (appended to `procs`, so the caller can stop them) to the end."""
+    share = -(-nodes // publishers)
+    for k in range(publishers):
+        first, count = k * share, min(share, nodes - k * share)
+        if count <= 0:
+            break
+        cmd = [sys.executable, "-m", "scenarios.bench_ingest", "publish", "--bootstrap", bootstrap,
+               "--first", str(first), "--count", str(count), "--interval-ms", str(interval_ms),
+               "--seconds", str(seconds), "--topic", TOPIC, *(["--cafile", cafile] if cafile else [])]  # fmt: skip
+        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL))
+    reports = []
+    for k, p in enumerate(procs):
+        out, _ = p.communicate(timeout=seconds + 120)
+        lines = out.decode().strip().splitlines()
+        if p.returncode != 0 or not lines:
+            raise RuntimeError(f"publisher {k + 1} failed (exit {p.returncode}): is {bootstrap} a reachable Kafka?")
+        reports.append(json.loads(lines[-1]))
+    return reports
 
 
 class GcPauses:
@@ -174,17 +205,21 @@ def bench_ingest(
     kafka: str | None = None,
     reader: str | None = None,
     tls: bool = False,
+    backlog: bool = False,
 ) -> dict[str, Any]:
     """`reader`: lean, librdkafka or kafka-python (telemetry.bus.reader_kind; default: as a router would).
-    `tls`: the embedded broker behind a TLS terminator (scenarios.tlsfront), every client over TLS."""
+    `tls`: the embedded broker behind a TLS terminator (scenarios.tlsfront), every client over TLS.
+    `backlog`: the publishers run first and the reader starts after them, reading what they left from
+    its start (a router restarting behind a backlog): its rate is then the reader's alone, not shared
+    with the publishers on the same cores."""
     before = os.environ.get("EDGEROUTE_KAFKA_READER")
     if reader is not None:
         os.environ["EDGEROUTE_KAFKA_READER"] = reader
     try:
         with serving.tuned_gc() as thresholds:  # as the router's process runs
             if not tls:
-                return _bench_ingest(out_dir, nodes, interval_ms, seconds, publishers, kafka, thresholds)
-            return _over_tls(out_dir, nodes, interval_ms, seconds, publishers, thresholds)
+                return _bench_ingest(out_dir, nodes, interval_ms, seconds, publishers, kafka, thresholds, None, backlog)
+            return _over_tls(out_dir, nodes, interval_ms, seconds, publishers, thresholds, backlog)
     finally:
         if before is None:
             os.environ.pop("EDGEROUTE_KAFKA_READER", None)
@@ -199,6 +234,7 @@ def _over_tls(
     seconds: float,
     publishers: int,
     thresholds: tuple[int, int, int] | None,
+    backlog: bool,
 ) -> dict[str, Any]:
     import tempfile
 
@@ -226,7 +262,15 @@ def _over_tls(
             try:
                 wait_for_port("127.0.0.1", port, 15, front)
                 result = _bench_ingest(
-                    out_dir, nodes, interval_ms, seconds, publishers, f"127.0.0.1:{port}", thresholds, certs["ca"]
+                    out_dir,
+                    nodes,
+                    interval_ms,
+                    seconds,
+                    publishers,
+                    f"127.0.0.1:{port}",
+                    thresholds,
+                    certs["ca"],
+                    backlog,
                 )
             finally:
                 set_kafka_security(before)
@@ -245,6 +289,7 @@ def _bench_ingest(
     kafka: str | None,
     thresholds: tuple[int, int, int] | None,
     cafile: str | None = None,
+    backlog: bool = False,
 ) -> dict[str, Any]:
     pauses = GcPauses()
     loop_lag = LoopLag()
@@ -268,36 +313,42 @@ def _bench_ingest(
                 lags.extend(at - s.load.sent_at_ms for s in states)
 
         store.on_applied = on_applied
-        source = KafkaTelemetrySource(bootstrap, topic=TOPIC, lookback_ms=0.0, fetch_max_wait_ms=5)
-        source.start(store)
-        if not source.assigned.wait(20):
-            raise RuntimeError("the consumer was not assigned the topic")
-        time.sleep(0.5)
-        received0 = store.messages
-        share = -(-nodes // publishers)
-        cpu0 = resource.getrusage(resource.RUSAGE_SELF)
-        pauses.start()
-        loop_lag.start()
-        t0 = time.monotonic()
-        for k in range(publishers):
-            first, count = k * share, min(share, nodes - k * share)
-            if count <= 0:
-                break
-            cmd = [sys.executable, "-m", "scenarios.bench_ingest", "publish", "--bootstrap", bootstrap,
-                   "--first", str(first), "--count", str(count), "--interval-ms", str(interval_ms),
-                   "--seconds", str(seconds), "--topic", TOPIC, *(["--cafile", cafile] if cafile else [])]  # fmt: skip
-            procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL))
-        reports = []
-        for k, p in enumerate(procs):
-            out, _ = p.communicate(timeout=seconds + 120)
-            lines = out.decode().strip().splitlines()
-            if p.returncode != 0 or not lines:
-                raise RuntimeError(f"publisher {k + 1} failed (exit {p.returncode}): is {bootstrap} a reachable Kafka?")
-            reports.append(json.loads(lines[-1]))
+
+        def read_from(lookback_ms: float) -> KafkaTelemetrySource:
+            src = KafkaTelemetrySource(bootstrap, topic=TOPIC, lookback_ms=lookback_ms, fetch_max_wait_ms=5)
+            src.start(store)
+            if not src.assigned.wait(20):
+                raise RuntimeError("the consumer was not assigned the topic")
+            return src
+
+        def read_all(sent: int, within_s: float) -> None:
+            deadline = time.monotonic() + within_s
+            while time.monotonic() < deadline and store.messages - received0 < sent:
+                time.sleep(0.01)
+
+        def start_measuring() -> tuple[resource.struct_rusage, float]:
+            pauses.start()
+            loop_lag.start()
+            return resource.getrusage(resource.RUSAGE_SELF), time.monotonic()
+
+        received0 = 0
+        if not backlog:
+            source = read_from(0.0)
+            time.sleep(0.5)
+            received0 = store.messages
+            cpu0, t0 = start_measuring()
+        began = time.time()
+        reports = _publish_all(procs, bootstrap, nodes, interval_ms, seconds, publishers, cafile)
         sent = sum(r["sent"] for r in reports)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and store.messages - received0 < sent:
-            time.sleep(0.05)
+        pub_seconds = max(r["seconds"] for r in reports)
+        if backlog:  # the reader starts now, from before the first report: all of it is a backlog
+            cpu0, t0 = start_measuring()
+            source = read_from((time.time() - began) * 1000.0)  # from `began`: no earlier run's reports
+            read_all(sent, 120)
+            read_seconds = time.monotonic() - t0
+        else:
+            read_all(sent, 10)
+            read_seconds = pub_seconds
         elapsed = time.monotonic() - t0
         pauses.stop()
         loop_lag.stop()
@@ -306,7 +357,7 @@ def _bench_ingest(
         got = store.messages - received0  # read and parsed (a batch applies only a node's newest report)
         with lock:
             lag = sorted(lags)
-        pub_seconds = max(r["seconds"] for r in reports)
+        assert source is not None
         result = {
             "benchmark": "ingest",
             "nodes": nodes,
@@ -316,7 +367,9 @@ def _bench_ingest(
             "published_msgs_per_s": round(sent / pub_seconds),
             "publisher_late_rounds": sum(r["late_rounds"] for r in reports),
             "received": got,
-            "received_msgs_per_s": round(got / pub_seconds),
+            "backlog": backlog,  # True: read after the publishers stopped, from the first report
+            "read_seconds": round(read_seconds, 3),
+            "received_msgs_per_s": round(got / read_seconds),
             "applied_reports": applied[0],
             "lost": sent - got,
             "lag_ms": {
@@ -351,7 +404,8 @@ def _bench_ingest(
         f"[{result['reader']} reader{', TLS' if result['tls'] else ''}] offered {result['offered_msgs_per_s']} msg/s "
         f"({nodes} nodes every "
         f"{interval_ms:g} ms); published "
-        f"{result['published_msgs_per_s']} msg/s; read {result['received_msgs_per_s']} msg/s, lost {result['lost']}; "
+        f"{result['published_msgs_per_s']} msg/s; read {result['received_msgs_per_s']} msg/s"
+        f"{' (the backlog, after the publishers)' if backlog else ''}, lost {result['lost']}; "
         f"send-to-view lag p50 {result['lag_ms']['p50']} ms p99 {result['lag_ms']['p99']} ms; "
         f"router CPU {result['router_cpu_us_per_msg']} us/msg ({result['router_cpu_share'] * 100:.0f}% of a core); "
         f"collector {gcs['share'] * 100:.0f}% of the time, {gcs['full']} full, longest {gcs['longest_ms']} ms; "

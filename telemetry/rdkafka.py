@@ -162,6 +162,7 @@ class RdConsumer:
                 "fetch.max.bytes": FETCH_MAX_BYTES,
                 "receive.message.max.bytes": RECEIVE_MAX_BYTES,
                 "queued.max.messages.kbytes": PREFETCH_KB,
+                "fetch.queue.backoff.ms": 5,
                 "logger": log,
             }
         )

@@ -16,9 +16,7 @@ import random
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
-
-from pydantic import BaseModel
+from typing import TYPE_CHECKING, Any
 
 from nodes.residency import Residency
 from nodes.scheduler import Scheduler, Work
@@ -56,28 +54,6 @@ from telemetry.store import ViewStore
 _heappush = heapq.heappush
 
 DEFAULT_LOAD_MS = 5.0  # a zoo model's session creation and warm-up on this machine, when none is declared
-
-
-M = TypeVar("M", bound=BaseModel)
-
-
-def _construct(cls: type[M], values: dict[str, Any]) -> M:
-    """A pydantic model instance from known-valid values, without validation (the simulator makes
-    hundreds of thousands of telemetry messages; it builds them from its own state, so they are valid
-    by construction). Every field is given, so no defaults are needed; `values` becomes the instance's
-    own dict. The fields-set is one set per class, shared: the telemetry models are frozen, so nothing
-    adds to it (a `model_copy` copies it first)."""
-    obj = cls.__new__(cls)
-    object.__setattr__(obj, "__dict__", values)
-    object.__setattr__(obj, "__pydantic_fields_set__", _fields_set(cls))
-    object.__setattr__(obj, "__pydantic_extra__", None)
-    object.__setattr__(obj, "__pydantic_private__", None)
-    return obj
-
-
-@functools.cache
-def _fields_set(cls: type[BaseModel]) -> set[str]:
-    return set(cls.model_fields)
 
 
 @dataclass(slots=True)

@@ -13,7 +13,6 @@ from scenarios.sim.state import (
     ModelReports,
     SimNode,
     SimState,
-    _construct,
 )
 from telemetry.schema import ModelLoad, NodeLoad
 
@@ -63,15 +62,8 @@ class TelemetryModel(SimState):
             )
             state = rep.states.get(key)
             if state is None:
-                state = rep.states[key] = _construct(
-                    ModelLoad,
-                    {
-                        "resident": key[2],
-                        "queued": key[0],
-                        "in_flight": key[1],
-                        "ewma_ms_by_batch": rep.by_batch,
-                        "load_ms": key[3],
-                    },
+                state = rep.states[key] = ModelLoad(
+                    resident=key[2], queued=key[0], in_flight=key[1], ewma_ms_by_batch=rep.by_batch, load_ms=key[3]
                 )
             models[m] = state
         if sched.mode == "priority" or queued:
@@ -91,7 +83,7 @@ class TelemetryModel(SimState):
         values["models"] = models
         values["memory_used_bytes"] = resident.used_bytes
         values["started_at_ms"] = node.started_ms
-        return _construct(NodeLoad, values)
+        return NodeLoad(**values)
 
     def _prepare_snapshots(self, node: SimNode) -> dict[str, Any]:
         """What every snapshot of `node` shares: the fields that never change (in `NodeLoad`'s order;

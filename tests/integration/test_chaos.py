@@ -132,8 +132,8 @@ async def test_a_node_that_accepts_no_connections_is_retried_around_and_ejected(
         dead = load("dead", models={"sensor_mlp": 0.1}, sent_at_ms=now)  # looks idle and fast: chosen first
         live = load("live", models={"sensor_mlp": 5.0}, queued=2, sent_at_ms=now)
         msgs = [
-            dead.model_copy(update={"endpoint": f"http://127.0.0.1:{free_port()}"}),  # nothing listens there
-            live.model_copy(update={"endpoint": f"http://127.0.0.1:{node_port}"}),
+            dead.replace(endpoint=f"http://127.0.0.1:{free_port()}"),  # nothing listens there
+            live.replace(endpoint=f"http://127.0.0.1:{node_port}"),
         ]
         router_cfg = parse_config({"kafka": None, "policy": {"preset": "least_latency"}, "outlier": {"consecutive": 3}})
         app = create_app(router_cfg, source=StaticTelemetrySource(msgs))

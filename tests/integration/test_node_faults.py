@@ -89,8 +89,8 @@ async def test_a_bad_answer_is_retried_on_another_node_and_counted(nodes: dict[s
     import time
 
     now = time.time() * 1000
-    store.apply(load(bad, sent_at_ms=now).model_copy(update={"endpoint": urls[bad]}), now)
-    store.apply(load("good", queued=5, sent_at_ms=now).model_copy(update={"endpoint": urls["good"]}), now)
+    store.apply(load(bad, sent_at_ms=now).replace(endpoint=urls[bad]), now)
+    store.apply(load("good", queued=5, sent_at_ms=now).replace(endpoint=urls["good"]), now)
     client = HttpNodeClient(max_answer_bytes=100_000)
     policy = PolicyHolder(build_policy("least_outstanding"), "least_outstanding")
     d = Dispatcher(LifecycleSettings(), store, policy, client)
@@ -144,8 +144,8 @@ async def test_a_hung_node_costs_one_try_with_a_per_try_timeout() -> None:
 
     now = time.time() * 1000
     store = ViewStore()
-    store.apply(load("hung", sent_at_ms=now).model_copy(update={"endpoint": urls["hung"]}), now)
-    store.apply(load("good", queued=5, sent_at_ms=now).model_copy(update={"endpoint": urls["good"]}), now)
+    store.apply(load("hung", sent_at_ms=now).replace(endpoint=urls["hung"]), now)
+    store.apply(load("good", queued=5, sent_at_ms=now).replace(endpoint=urls["good"]), now)
     client = HttpNodeClient()
     d = Dispatcher(
         LifecycleSettings(try_timeout_ms=200.0),

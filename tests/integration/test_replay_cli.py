@@ -193,6 +193,20 @@ def test_bench_ingest_reads_every_published_report_through_the_broker(tmp_path: 
     assert json.loads((tmp_path / "ingest.json").read_text())["published"] == result["published"]
 
 
+def test_bench_ingest_backlog_reads_what_the_publishers_left_and_times_the_reader_alone(tmp_path: Path, broker) -> None:  # type: ignore[no-untyped-def]
+    from scenarios.bench_ingest import bench_ingest
+
+    result = bench_ingest(
+        tmp_path, nodes=40, interval_ms=100.0, seconds=1.0, publishers=2, kafka=broker.bootstrap, backlog=True
+    )
+    assert result["backlog"] is True and result["published"] >= 40 * 5
+    # every report was left on the broker before the reader started, and it read each one, no older ones
+    assert result["received"] == result["published"] and result["lost"] == 0 and result["malformed"] == 0
+    assert 0 < result["read_seconds"] < 120 and result["router_cpu_us_per_msg"] > 0
+    # the lag of a backlog is at least how long the reports waited for the reader to start
+    assert result["lag_ms"]["max"] > 0
+
+
 def _bad_bench_setting(command: str, args: list[str], message: str, tmp_path: Path) -> None:
     """`edgeroute bench COMMAND ARGS` exits 2 with `message` as its last line, no traceback."""
     proc = subprocess.run(

@@ -159,10 +159,8 @@ def test_forged_and_unsigned_telemetry_changes_nothing_on_the_default_stack(shar
     before = call(f"{url}/admin/view")[1]
     real = next(n for n in before["nodes"] if n["node_id"] == "n2")
     now = time.time() * 1000
-    evil = load("evil", sent_at_ms=now).model_copy(update={"endpoint": "http://127.0.0.1:9"})
-    hijack = load("n2", queued=0, seq=10**9, sent_at_ms=now + 10_000_000).model_copy(
-        update={"endpoint": "http://127.0.0.1:9"}
-    )
+    evil = load("evil", sent_at_ms=now).replace(endpoint="http://127.0.0.1:9")
+    hijack = load("n2", queued=0, seq=10**9, sent_at_ms=now + 10_000_000).replace(endpoint="http://127.0.0.1:9")
     wrong = Signer.parse("stack-intruder:0123456789abcdef0123456789abcdef")
     raw = KafkaProducer(bootstrap_servers=shared_stack.bootstrap)
     try:
@@ -204,7 +202,7 @@ def test_a_node_whose_clock_runs_behind_stays_fresh(own_stack: Any) -> None:
         for i in range(10):
             now = time.time() * 1000
             msg = load("behind", models={"sensor_mlp": 1.0}, seq=i + 1, sent_at_ms=now - 3000.0)
-            msg = msg.model_copy(update={"endpoint": endpoint})
+            msg = msg.replace(endpoint=endpoint)
             raw.send(stack.topic, key=b"behind", value=signer.seal(stack.topic, msg.to_json(), now))
             raw.flush()
             time.sleep(0.1)

@@ -86,7 +86,7 @@ async def tls_router(pki: dict[str, str], node_url: str) -> AsyncIterator[str]:
         }
     )
     msg = load("secure-1", models={"sensor_mlp": 1.0}, sent_at_ms=time.time() * 1000.0)
-    app = create_app(cfg, source=StaticTelemetrySource([msg.model_copy(update={"endpoint": node_url})]))
+    app = create_app(cfg, source=StaticTelemetrySource([msg.replace(endpoint=node_url)]))
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     assert cfg.tls is not None

@@ -48,11 +48,11 @@ def odd_load(i: int, rng: random.Random) -> NodeLoad:
     for name, m in list(models.items()):
         r = rng.random()
         if r < 0.15:
-            models[name] = m.model_copy(update={"ewma_ms_by_batch": {}})
+            models[name] = m.replace(ewma_ms_by_batch={})
         elif r < 0.25:
-            models[name] = m.model_copy(update={"load_ms": None, "resident": False})
+            models[name] = m.replace(load_ms=None, resident=False)
     changes["models"] = models
-    return load.model_copy(update=changes)
+    return load.replace(**changes)
 
 
 def lifecycle(nodes: int, seed: int) -> Lifecycle[object]:
@@ -63,9 +63,7 @@ def lifecycle(nodes: int, seed: int) -> Lifecycle[object]:
     loads = [odd_load(i, rng) for i in range(nodes)]
     store.apply_many(loads, NOW - 50.0)
     stale = rng.sample(loads, nodes // 10)  # not heard for a while
-    store.apply_many(
-        [m.model_copy(update={"seq": m.seq + 1, "sent_at_ms": m.sent_at_ms + 1}) for m in stale], NOW - 1500.0
-    )
+    store.apply_many([m.replace(seq=m.seq + 1, sent_at_ms=m.sent_at_ms + 1) for m in stale], NOW - 1500.0)
     view = store.view
     for state in rng.sample(list(view), nodes // 3):  # this router's work in flight, some settled
         for _ in range(rng.randrange(1, 4)):
@@ -82,7 +80,7 @@ def lifecycle(nodes: int, seed: int) -> Lifecycle[object]:
     # newer reports the overlay has not counted from yet (applied to the view, not to the tracker)
     store.on_applied = None
     newer = rng.sample(list(view), nodes // 10)
-    store.apply_many([s.load.model_copy(update={"seq": s.load.seq + 5, "sent_at_ms": NOW - 5}) for s in newer], NOW - 5)
+    store.apply_many([s.load.replace(seq=s.load.seq + 5, sent_at_ms=NOW - 5) for s in newer], NOW - 5)
     return lc
 
 
@@ -179,7 +177,7 @@ def test_tables_patched_from_view_to_view_equal_tables_built_afresh() -> None:
             models = {m: fresh.models.get(m, s.load.models[m]) for m in s.load.models}
             update = {"models": models, "partition": rng.choice((*SITES, "far")), "seq": s.load.seq + 1,
                       "sent_at_ms": s.load.sent_at_ms + step + 1}  # fmt: skip
-            updates.append(fresh.model_copy(update=update))
+            updates.append(fresh.replace(**update))
         store.apply_many(updates, NOW + step + 1)
         view = store.view
         if step % 3 == 0:
@@ -212,13 +210,7 @@ def test_a_deep_copy_of_a_table_is_independent_of_patches() -> None:
     t = view.table("sensor_mlp")
     before = copy.deepcopy(_columns(t))
     s = t.nodes[0]
-    t.patched(
-        [
-            ClusterView.of([s.load.model_copy(update={"in_flight": 0, "queued_by_priority": {"0": 9}})], NOW + 1).nodes[
-                s.node_id
-            ]
-        ]
-    )
+    t.patched([ClusterView.of([s.load.replace(in_flight=0, queued_by_priority={"0": 9})], NOW + 1).nodes[s.node_id]])
     assert _columns(t) == before, "patching makes a new table; the old one is unchanged"
     assert np.array_equal(t.reported, np.array(before["reported"]))
 

@@ -16,12 +16,10 @@ CFG = CopyConfig(enabled=True, target_utilisation=0.5, cooldown_ms=3000)
 
 def node(node_id: str, resident: bool, free_mb: int = 100, exec_ms: float = 10.0, **kw: Any) -> NodeLoad:
     msg = load(node_id, sent_at_ms=NOW, **kw)
-    return msg.model_copy(
-        update={
-            "models": {"m": ModelLoad(resident=resident, ewma_ms_by_batch={"1": exec_ms})},
-            "memory_budget_bytes": 1000 << 20,
-            "memory_used_bytes": (1000 - free_mb) << 20,
-        }
+    return msg.replace(
+        models={"m": ModelLoad(resident=resident, ewma_ms_by_batch={"1": exec_ms})},
+        memory_budget_bytes=1000 << 20,
+        memory_used_bytes=(1000 - free_mb) << 20,
     )
 
 
@@ -46,7 +44,7 @@ def test_no_new_copy_while_one_loads_within_the_cooldown_or_without_any_warm_cop
 
 
 def test_stale_or_draining_nodes_neither_count_as_copies_nor_get_one() -> None:
-    v = ClusterView.of([node("warm", True), node("old", False).model_copy(update={"sent_at_ms": 0.0})], 0.0)
+    v = ClusterView.of([node("warm", True), node("old", False).replace(sent_at_ms=0.0)], 0.0)
     v = v.with_node(v.nodes["warm"], NOW)  # only `warm` was heard from recently
     assert plan_copies(v, {"m": 60.0}, NOW, CFG, set(), {}) == []
 

@@ -158,7 +158,7 @@ def test_slow_start_ramps_a_restarted_node_and_ignores_nodes_seen_first() -> Non
     tracker.applied([first])  # first seen: no slow start (every node is new when a router starts)
     assert d.admitter(None, NOW, random.Random(0)) is None, "nothing ejected or ramping: the fast path"
     restarted = ClusterView.of(
-        [load("a1", partition="edge-a", sent_at_ms=NOW + 500).model_copy(update={"started_at_ms": NOW + 400})],
+        [load("a1", partition="edge-a", sent_at_ms=NOW + 500).replace(started_at_ms=NOW + 400)],
         NOW + 500,
     ).nodes["a1"]
     tracker.estimate(restarted)  # reading never notices anything

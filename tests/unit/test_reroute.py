@@ -103,7 +103,7 @@ def test_moves_per_node_are_bounded_per_second() -> None:
     assert lc.moves(NOW + 40) == [], "the node's two moves of this second are spent"
     later = NOW + 1000
     for msg in make(max_moves_per_s=2).store.view:  # the same reports, a second later
-        lc.store.apply(msg.load.model_copy(update={"seq": 2, "sent_at_ms": later}), later)
+        lc.store.apply(msg.load.replace(seq=2, sent_at_ms=later), later)
     for _ in range(3):
         sent_to(lc, "slow", deadline_ms=300, at=later)
     assert len(lc.moves(later + 31)) == 2, "a second later, two more"

@@ -70,7 +70,7 @@ def test_endpoint_allow_list() -> None:
         parse_config({"node_endpoints": {"networks": ["10.0.0.0/33"]}})
     store = ViewStore()
     store.admit_endpoint = allowed
-    good = load("n1").model_copy(update={"endpoint": "https://10.0.0.5:8001"})
-    bad = load("n2").model_copy(update={"endpoint": "https://169.254.169.254"})
+    good = load("n1").replace(endpoint="https://10.0.0.5:8001")
+    bad = load("n2").replace(endpoint="https://169.254.169.254")
     store.apply_many([good, bad], 1_000.0)
     assert set(store.view.nodes) == {"n1"} and store.foreign_endpoint == 1

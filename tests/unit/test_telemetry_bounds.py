@@ -63,6 +63,8 @@ def with_(path: str, value: Any) -> bytes:
         ("node_id", "a b"),
         ("node_id", "x" * 200),
         ("node_id", "n\\u0000"),
+        ("node_id", "n1\n"),
+        ("partition", "edge-a\n"),
         ("partition", ""),
         ("partition", "edge/../a"),
         ("endpoint", "ftp://10.0.0.1"),
@@ -72,6 +74,9 @@ def with_(path: str, value: Any) -> bytes:
         ("endpoint", "http:///nohost"),
         ("models", {f"m{i}": {} for i in range(2000)}),
         ("models", {"bad name": {}}),
+        ("models", {"m\n": {}}),
+        ("queued_by_priority", {"1\n": 1}),
+        ("models.m.ewma_ms_by_batch", {"4\n": 1.0}),
         ("device", {"kind": "cpu", "name": "x" * 500}),
     ],
 )
@@ -263,6 +268,17 @@ def test_remembered_valid_values_stay_bounded_and_never_admit_invalid_ones(monke
     msg["models"]["m"]["ewma_ms_by_batch"] = {"0": 1.0}
     with pytest.raises(MalformedTelemetry):
         NodeLoad.parse(json.dumps(msg))
+    for i in range(500):  # ... and of distinct, valid names
+        msg = valid()
+        msg["node_id"] = f"n-{i}"
+        msg["models"] = {f"m{i}": {}}
+        NodeLoad.parse(json.dumps(msg))
+        assert len(schema._valid_names) <= 50
+    for name in ("n-1 ", "bad name", "n\n"):  # refused after the flood as before it
+        with pytest.raises(MalformedTelemetry):
+            NodeLoad.parse(with_("node_id", name))
+        with pytest.raises(MalformedTelemetry):
+            NodeLoad.parse(with_("models", {name: {}}))
     # an endpoint refused once is refused every time
     for _ in range(2):
         with pytest.raises(MalformedTelemetry):

@@ -18,7 +18,7 @@ NOW = 5_000.0
 def node(node_id: str, *, resident: bool, wait: float = 0.0, load_ms: float | None = None) -> NodeLoad:
     msg = load(node_id, models={"m": 5.0}, sent_at_ms=NOW, wait={"0": wait})
     state = ModelLoad(resident=resident, load_ms=load_ms, ewma_ms_by_batch={"1": 5.0})
-    return msg.model_copy(update={"models": {"m": state}})
+    return msg.replace(models={"m": state})
 
 
 def choose(*loads: NodeLoad) -> str:
@@ -68,7 +68,7 @@ def test_collocation_across_partitions_counts_the_link_rtt() -> None:
     from router.lifecycle.links import LinkState, LinkTable
 
     here = node("here", resident=True, wait=20)
-    far = node("far", resident=True).model_copy(update={"partition": "cloud"})
+    far = node("far", resident=True).replace(partition="cloud")
     v = ClusterView.of([here, far], NOW).with_links(LinkTable([LinkState("edge-a", "cloud", rtt_ms=40.0)]))
     req = stage(input_node="here", input_bytes=1000, site="edge-a")
     scorer = WarmModel()
@@ -116,7 +116,7 @@ def test_a_load_this_router_set_off_is_charged_only_what_is_left_of_it() -> None
     scores = WarmModel().score(RouteRequest("m"), view, list(view), Context(later, random.Random(0)))
     assert scores[0] == 1.0 and scores[1] < 0.5, "the next request joins the load under way"
     # a report showing the model resident ends it
-    done = node("loading", resident=True).model_copy(update={"sent_at_ms": NOW + 450, "seq": 2})
+    done = node("loading", resident=True).replace(sent_at_ms=NOW + 450, seq=2)
     fresh = tracker.overlay(base.with_node(type(view.nodes["loading"])(done, NOW + 460), NOW + 460))
     assert fresh.load_ready_at(fresh.nodes["loading"], "m") is None
 
@@ -144,7 +144,7 @@ def test_a_load_reported_done_early_frees_the_nodes_loader_at_once() -> None:
     tracker.loading(view.nodes["n"], "m", NOW, 400.0)
     assert view.loader_busy_ms(view.nodes["n"], NOW + 100) == 300.0
     # the node reports the model resident at NOW + 150, well before the 400 ms expected
-    done = node("n", resident=True).model_copy(update={"sent_at_ms": NOW + 150, "seq": 2})
+    done = node("n", resident=True).replace(sent_at_ms=NOW + 150, seq=2)
     fresh = tracker.overlay(base.with_node(type(view.nodes["n"])(done, NOW + 160), NOW + 160))
     assert fresh.loader_busy_ms(fresh.nodes["n"], NOW + 170) == 0.0, "another model's load need not wait"
     assert fresh.load_ready_at(fresh.nodes["n"], "m") is None
@@ -160,7 +160,7 @@ def test_a_node_whose_loads_are_done_is_no_longer_an_exception_to_the_columns() 
     view = tracker.overlay(base)
     tracker.sent_model(view.nodes["n"], "m", NOW)
     assert tracker.load_exceptions() == {"n"}
-    done = node("n", resident=True).model_copy(update={"sent_at_ms": NOW + 450, "seq": 2})
+    done = node("n", resident=True).replace(sent_at_ms=NOW + 450, seq=2)
     state = type(view.nodes["n"])(done, NOW + 460)
     tracker.applied([state])
     assert tracker.load_exceptions() == set()
