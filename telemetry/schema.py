@@ -213,7 +213,7 @@ class NodeLoad(Struct, frozen=True, kw_only=True):
             msg = _decode(raw)
         except msgspec.ValidationError as exc:
             raise MalformedTelemetry(_where(str(exc))) from None
-        except msgspec.DecodeError as exc:
+        except (msgspec.DecodeError, UnicodeDecodeError) as exc:  # (bad UTF-8 in a string raises the latter)
             raise MalformedTelemetry(f"message: {exc}") from None
         if msg.schema_ > SCHEMA_VERSION:
             raise MalformedTelemetry(f"schema {msg.schema_} is newer than supported {SCHEMA_VERSION}")

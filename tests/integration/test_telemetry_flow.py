@@ -106,7 +106,9 @@ def test_history_revives_no_dead_node_and_malformed_messages_are_counted(broker:
         pub.close()
     raw = KafkaProducer(bootstrap_servers=broker.bootstrap)
     try:
-        for bad in [b"garbage", b"{}", json.dumps({"schema": 42}).encode(), b""]:
+        # (the last: a lone continuation byte in a string, once an error the reader retried forever)
+        bad_utf8 = b'{"schema": 1, "node_id": "\x9c"}'
+        for bad in [b"garbage", b"{}", json.dumps({"schema": 42}).encode(), b"", bad_utf8]:
             raw.send(topic, key=b"x", value=bad)
         raw.flush()
     finally:
@@ -116,8 +118,8 @@ def test_history_revives_no_dead_node_and_malformed_messages_are_counted(broker:
     source.start(store)
     try:
         deadline = time.monotonic() + 10
-        while store.messages + store.malformed < 6:
-            assert time.monotonic() < deadline, (store.messages, store.malformed)
+        while store.messages + store.malformed < 7:
+            assert time.monotonic() < deadline, (store.messages, store.malformed, source.errors)
             time.sleep(0.05)
     finally:
         source.stop()
@@ -126,7 +128,7 @@ def test_history_revives_no_dead_node_and_malformed_messages_are_counted(broker:
     assert set(v.nodes) == {"ghost", "alive"}
     assert not v.is_fresh(v.nodes["ghost"], now)
     assert v.is_fresh(v.nodes["alive"], now)
-    assert store.malformed == 4
+    assert store.malformed == 5 and source.errors == 0
 
 
 def test_malformed_telemetry_on_the_live_topic_is_counted_not_fatal(shared_stack: Stack) -> None:

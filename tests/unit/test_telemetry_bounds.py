@@ -92,6 +92,56 @@ def test_non_finite_numbers_are_malformed() -> None:
             NodeLoad.parse(raw)
 
 
+@pytest.mark.parametrize("where", ["node_id", "models", "expected_wait_ms", "device.name"])
+def test_bytes_that_are_not_utf8_inside_a_string_are_malformed(where: str) -> None:
+    """Invalid UTF-8 in a value or a key is a malformed message like any other, not another error that
+    would escape the parser (the reader would then reconnect and read the same message again, forever)."""
+    marker = "\u2603"  # replaced by a lone continuation byte below
+    msg = valid()
+    if where == "node_id":
+        msg["node_id"] = marker
+    elif where == "models":
+        msg["models"] = {marker: msg["models"]["m"]}
+    elif where == "expected_wait_ms":
+        msg["expected_wait_ms"] = {marker: 1.0}
+    else:
+        msg["device"]["name"] = marker
+    raw = json.dumps(msg, ensure_ascii=False).encode().replace(marker.encode(), b"\x9c")
+    with pytest.raises(MalformedTelemetry):
+        NodeLoad.parse(raw)
+
+
+def test_generated_hostile_bytes_never_raise_anything_but_malformed() -> None:
+    """Byte-level mutations of a valid report (flipped, cut and inserted bytes): each parses or is
+    MalformedTelemetry, and the store counts the rest as malformed without raising."""
+    rng = random.Random(7)
+    base = json.dumps(valid()).encode()
+    cases = [b"[" * 100_000, b'{"schema":' * 50_000, b"\xff\xfe", b"", b"null", base + b"x", base[:-1]]
+    for _ in range(5000):
+        b = bytearray(base)
+        for _ in range(rng.randrange(1, 6)):
+            op, at = rng.randrange(3), rng.randrange(len(b))
+            if op == 0:
+                b[at] = rng.randrange(256)
+            elif op == 1:
+                del b[at : at + rng.randrange(1, 20)]
+            else:
+                b[at:at] = bytes(rng.randrange(256) for _ in range(rng.randrange(1, 5)))
+        cases.append(bytes(b))
+    parsed = malformed = 0
+    for raw in cases:
+        try:
+            NodeLoad.parse(raw)
+            parsed += 1
+        except MalformedTelemetry:
+            malformed += 1
+    assert parsed > 100 and malformed > 3000
+    store = ViewStore()
+    for raw in cases[:500]:
+        store.apply_raw(raw, NOW)  # never raises
+    assert store.malformed > 300
+
+
 def test_a_valid_message_still_parses() -> None:
     msg = NodeLoad.parse(json.dumps(valid()).encode())
     assert msg.queued == 2 and msg.models["m"].ewma_ms(4) == 9.0
