@@ -199,6 +199,7 @@ class TopicReader:
         self.fetch_max_wait_ms = max(1, fetch_max_wait_ms)  # 0 stops consumption on some brokers
         self.clock = clock
         self.errors = 0
+        self.skipped_batches = 0  # batches whose handling raised (a bug, not bad input: that is counted as such)
         self.verifier: Verifier | None = None  # checks signed messages (telemetry.signing) when set
         self.assigned = threading.Event()
         self._stop = threading.Event()
@@ -240,6 +241,24 @@ class TopicReader:
     def _tick(self, now_ms: float) -> None:
         return None
 
+    def _fold(self, batch: list[Any], received: float, history: bool) -> None:
+        """Verify a batch of records and hand their values to `_handle`. A batch that raises there is
+        skipped, counted and logged: the consumer has read past it, and reconnecting would read the
+        same records again from the lookback and fail the same way, stalling the topic for good."""
+        try:
+            verifier = self.verifier
+            kids: list[str | None] | None = None
+            values = [r.value or b"" for r in batch]
+            if verifier is not None:
+                values, kids = verifier.open_many(self.topic, values, received, [_sig(r) for r in batch])
+            else:  # no keys here: signed and unsigned alike, unverified (telemetry.signing)
+                values = [unsealed(v) for v in values]
+            if values:
+                self._handle(values, received, history, kids)
+        except Exception as exc:  # noqa: BLE001 - one bad batch must not stop the stream
+            self.skipped_batches += 1
+            log.error("%s: a batch of %d records skipped: %s: %s", self.topic, len(batch), type(exc).__name__, exc)
+
     def _run(self) -> None:
         readers = {r.topic: r for r in (self, *self._riders)}
         while not self._stop.is_set():
@@ -266,16 +285,7 @@ class TopicReader:
                         if split < len(records):
                             by_topic.setdefault((tp.topic, False), []).extend(records[split:])
                     for (topic, history), batch in by_topic.items():
-                        reader = readers[topic]
-                        verifier = reader.verifier
-                        kids: list[str | None] | None = None
-                        values = [r.value or b"" for r in batch]
-                        if verifier is not None:
-                            values, kids = verifier.open_many(topic, values, received, [_sig(r) for r in batch])
-                        else:  # no keys here: signed and unsigned alike, unverified (telemetry.signing)
-                            values = [unsealed(v) for v in values]
-                        if values:
-                            reader._handle(values, received, history, kids)
+                        readers[topic]._fold(batch, received, history)
                     for reader in readers.values():
                         reader._tick(received)
             except Unsupported as exc:

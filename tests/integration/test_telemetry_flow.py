@@ -131,6 +131,43 @@ def test_history_revives_no_dead_node_and_malformed_messages_are_counted(broker:
     assert store.malformed == 5 and source.errors == 0
 
 
+class _BuggyStore(ViewStore):
+    """A store whose parser has a bug that one message reaches (not a malformed message: an error)."""
+
+    def parse(self, raw: bytes):  # type: ignore[no-untyped-def]
+        if raw == b"poison":
+            raise RuntimeError("a bug reached by this message")
+        return super().parse(raw)
+
+
+def test_a_batch_the_reader_cannot_handle_is_skipped_once_not_read_again_forever(broker: EmbeddedBroker) -> None:
+    topic = "edgeroute.telemetry.poison"
+    ensure_topic(broker.bootstrap, topic)
+    store = _BuggyStore()
+    source = KafkaTelemetrySource(broker.bootstrap, topic, lookback_ms=5000)
+    source.start(store)
+    raw = KafkaProducer(bootstrap_servers=broker.bootstrap)
+    pub = TelemetryPublisher(broker.bootstrap, topic)
+    try:
+        assert source.assigned.wait(20)
+        raw.send(topic, key=b"x", value=b"poison")
+        raw.flush()
+        deadline = time.monotonic() + 10
+        while source.skipped_batches < 1:
+            assert time.monotonic() < deadline, (source.errors, source.skipped_batches)
+            time.sleep(0.02)
+        assert pub.publish(load("after", sent_at_ms=time.time() * 1000))
+        while "after" not in store.view.nodes:
+            assert time.monotonic() < deadline, (source.errors, source.skipped_batches)
+            time.sleep(0.02)
+        time.sleep(0.3)  # (a reader that reconnected would have read the poison again by now)
+        assert source.skipped_batches == 1 and source.errors == 0
+    finally:
+        pub.close()
+        raw.close()
+        source.stop()
+
+
 def test_malformed_telemetry_on_the_live_topic_is_counted_not_fatal(shared_stack: Stack) -> None:
     before = call(f"{shared_stack.router_url}/admin/view")[1]["telemetry"]["malformed"]
     raw = KafkaProducer(bootstrap_servers=shared_stack.bootstrap)
