@@ -53,6 +53,11 @@ class _ViewCollector(Collector):
             "edgeroute_telemetry_malformed", "telemetry messages rejected as malformed", value=store.malformed
         )
         yield CounterMetricFamily(
+            "edgeroute_telemetry_skipped",
+            "telemetry messages in batches the reader skipped because handling them failed",
+            value=store.skipped,
+        )
+        yield CounterMetricFamily(
             "edgeroute_telemetry_out_of_order", "telemetry older than the node's last report", value=store.out_of_order
         )
         yield CounterMetricFamily(

@@ -257,7 +257,12 @@ class TopicReader:
                 self._handle(values, received, history, kids)
         except Exception as exc:  # noqa: BLE001 - one bad batch must not stop the stream
             self.skipped_batches += 1
+            self._skipped(len(batch))
             log.error("%s: a batch of %d records skipped: %s: %s", self.topic, len(batch), type(exc).__name__, exc)
+
+    def _skipped(self, records: int) -> None:
+        """Count `records` of a skipped batch where the reader's owner shows its counts."""
+        return None
 
     def _run(self) -> None:
         readers = {r.topic: r for r in (self, *self._riders)}
@@ -420,6 +425,10 @@ class KafkaTelemetrySource(TopicReader):
     def start(self, store: ViewStore) -> None:
         self._store = store
         self._start()
+
+    def _skipped(self, records: int) -> None:
+        if self._store is not None:
+            self._store.skipped += records
 
     def _handle(
         self, values: list[bytes], received_ms: float, history: bool | None = None, kids: list[str | None] | None = None

@@ -53,6 +53,7 @@ class ViewStore:
         self.over_capacity = 0
         self.messages = 0
         self.malformed = 0
+        self.skipped = 0  # messages in batches the reader skipped because handling them raised (a bug)
         self.out_of_order = 0
         self.from_future = 0  # sent more than MAX_CLOCK_AHEAD_MS after receipt: dropped
         self.evicted = 0
@@ -79,6 +80,7 @@ class ViewStore:
         return {
             "messages": self.messages,
             "malformed": self.malformed,
+            "skipped": self.skipped,
             "from_future": self.from_future,
             "evicted": self.evicted,
             "foreign_endpoint": self.foreign_endpoint,

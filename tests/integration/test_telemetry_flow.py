@@ -162,6 +162,7 @@ def test_a_batch_the_reader_cannot_handle_is_skipped_once_not_read_again_forever
             time.sleep(0.02)
         time.sleep(0.3)  # (a reader that reconnected would have read the poison again by now)
         assert source.skipped_batches == 1 and source.errors == 0
+        assert store.summary()["skipped"] == 1, "the store shows it, so /admin/view and /metrics do"
     finally:
         pub.close()
         raw.close()
