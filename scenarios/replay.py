@@ -112,6 +112,7 @@ def replay_live(
                 stack.set_reroute(run_router(scenario, run).get("reroute") or {})
             _wait_idle(stack.router_url, stack.admin_headers)
             moves_before = stack.reroute_stats() if rerouting else {}
+            overload_before = _router_overload(stack)
             for p in stack.nodes.values():  # executions are counted from here (duplicates checked)
                 http_json(f"{p.url}/admin/stats?reset=1", headers=stack.node_headers)
             injector = FaultInjector(stack, list(scenario.faults))
@@ -156,7 +157,7 @@ def replay_live(
             since = f"?since_s={int(t0_ms / 1000.0)}"
             status, view = http_json(f"{stack.router_url}/admin/view{since}", headers=stack.admin_headers)
             if status == 200 and "overload" in view:
-                summary["overload"] = view["overload"]
+                summary["overload"] = _overload_during(overload_before, view["overload"])
             if injector.errors:
                 summary["fault_errors"] = injector.errors
             summary.update(series(results, warmup, duration + warmup))
@@ -217,6 +218,27 @@ def execution_check(executed_ids: list[str], answered_ok: int) -> dict[str, int]
         "duplicate_executions": sum(n - 1 for n in runs.values() if n > 1),
         "wasted_executions": max(0, len(executed_ids) - answered_ok),
     }
+
+
+def _router_overload(stack: Stack) -> dict[str, Any]:
+    """The router's overload block (`/admin/view`) as it stands, {} if it does not answer."""
+    status, view = http_json(f"{stack.router_url}/admin/view", headers=stack.admin_headers)
+    return view.get("overload", {}) if status == 200 else {}
+
+
+def _overload_during(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    """The router's overload block for one run: its running totals (retries, and the retry budget's
+    refusals) less what they stood at before the run, as the simulator's fresh run counts them; the
+    budget's window and the answer margin as the run left them."""
+    out = dict(after)
+    out["retries"] = after.get("retries", 0) - before.get("retries", 0)
+    budget = after.get("retry_budget")
+    if isinstance(budget, dict) and "refused" in budget:
+        out["retry_budget"] = {
+            **budget,
+            "refused": budget["refused"] - before.get("retry_budget", {}).get("refused", 0),
+        }
+    return out
 
 
 def _moves_during(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:

@@ -118,3 +118,24 @@ def test_recovery_against_the_same_arrivals_without_the_trigger() -> None:
     assert len(schedule) - len(arrivals) == sum(a.source == 1 for a in schedule) > 10_000
     without_slowdown, same = variants["slow_node box-2"]
     assert same is schedule and without_slowdown.faults == [] and scenario.faults != []
+
+
+def test_a_live_runs_overload_counts_are_its_own_not_the_routers_running_totals() -> None:
+    """The router counts retries and budget refusals since it started (a replay's calibration and
+    earlier policies included); a run's report takes off what they stood at before it, as the
+    simulator's fresh run counts them. The window and the margin stay as the run left them."""
+    from scenarios.replay import _overload_during
+
+    before = {"answer_margin_ms": 1.0, "retries": 484, "retry_budget": {"ratio": 0.2, "first_tries": 90, "refused": 7}}
+    after = {
+        "answer_margin_ms": 1.6,
+        "retries": 503,
+        "retry_budget": {"ratio": 0.2, "first_tries": 120, "refused": 9},
+        "worst_window": {"ratio": 0.05},
+    }
+    run = _overload_during(before, after)
+    assert run["retries"] == 19 and run["retry_budget"]["refused"] == 2
+    assert run["retry_budget"]["first_tries"] == 120 and run["answer_margin_ms"] == 1.6
+    assert run["worst_window"] == {"ratio": 0.05}
+    assert after["retries"] == 503, "the router's own block is left as it was"
+    assert _overload_during({}, after)["retries"] == 503, "a router that did not answer before: all of it"
