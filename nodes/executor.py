@@ -230,14 +230,32 @@ class Executor:
         loop = asyncio.get_running_loop()
         pending = _Pending(req, loop.create_future(), time.perf_counter(), request_id=request_id)
         work = Work(pending, model, priority, deadline, req.batch, now)
+        started: NextBatch | None = None
+        slot: Running | None = None
+        run: list[Work] = []
         with self.lock:
-            self.scheduler.push(work)
-            outstanding = self.scheduler.queued + self._in_flight
+            scheduler = self.scheduler
+            if not scheduler.queued and len(self.running) < self.config.slots:
+                # nothing queued and a slot free (a run that does not go inline): decided as `run_now`
+                # decides it, which notes that the queue was found empty (a standing queue ends there),
+                # as the simulator decides every such arrival
+                started = scheduler.run_now(work, now, idle=not self.running)
+            if started is None:
+                scheduler.push(work)
+            elif started.batch:
+                run = started.batch
+                slot = self._claim(run, now, started.probe)
+            outstanding = scheduler.queued + self._in_flight
+        if started is not None and not started.batch:  # it cannot finish by its deadline: try elsewhere
+            return InferResult(503, reason=REFUSED_LATE)
         self.peak_outstanding = max(self.peak_outstanding, outstanding)
         if request_id:
             self.by_id[request_id] = work
         self._changed()
-        self.kick()
+        if slot is not None:
+            self.executor.submit(self._worker, loop, run, slot, time.perf_counter())
+        else:
+            self.kick()
         assert pending.future is not None
         if deadline is not None and not pending.future.done():  # a short batch may have run inline already
             pending.timer = loop.call_at(loop.time() + budget_ms / 1000.0, self._expire, work)  # type: ignore[operator]

@@ -88,6 +88,7 @@ async def test_engine_expires_refuses_and_cancels() -> None:
     slow = asyncio.Event()
     original = engine.kick
     engine.kick = lambda: None if not slow.is_set() else original()  # type: ignore[method-assign]
+    engine.scheduler.run_now = lambda *a, **k: None  # type: ignore[method-assign]  # (nothing starts at once either)
     first = asyncio.create_task(engine.submit("m", req(), 0, 30.0, "r1"))
     await asyncio.sleep(0)
     refused = await engine.submit("m", req(), 0, 1000.0)
@@ -203,6 +204,7 @@ async def test_a_models_queue_policy_bounds_its_queue_and_its_wait() -> None:
         return InferRequest(None, {}, {"x": np.ones((1, 2), np.float32)}, {"y": False}, 1)
 
     engine.kick = lambda: None  # type: ignore[method-assign]  # nothing starts: requests stay queued
+    engine.scheduler.run_now = lambda *a, **k: None  # type: ignore[method-assign]  # (not even at once)
     started = asyncio.get_running_loop().time()
     first = asyncio.create_task(engine.submit("m", req(), 0, None))  # no deadline of its own
     await asyncio.sleep(0)
