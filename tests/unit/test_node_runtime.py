@@ -219,3 +219,25 @@ async def test_a_models_queue_policy_bounds_its_queue_and_its_wait() -> None:
     lenient = runtime(models=[{"name": "m", "max_batch": 4, "queue_timeout_ms": 30, "queue_timeout_override": True}])
     assert lenient.engine.queue_budget("m", 1, 1000.0) == 1000.0 and lenient.engine.queue_budget("m", 1, None) == 32.5
     lenient.executor.shutdown()
+
+
+@pytest.mark.parametrize("inline_max_ms", [3.0, 0.0])
+async def test_an_arrival_that_finds_the_queue_empty_and_a_slot_free_ends_a_standing_queue(
+    inline_max_ms: float,
+) -> None:
+    """The controlled-delay rule: a standing queue ends when an arrival finds nothing queued and a
+    slot free. Whether the run then goes inline (short, measured) or to a slot thread (emulated
+    devices, GPU-sized runs), the node notes it, as the simulator does; before, only the inline path
+    did, and a node whose runs go to threads kept refusing work after its queue had emptied."""
+    rt = runtime(inline_max_ms=inline_max_ms, queue_target_ms=5.0)
+    engine = rt.engine
+    # a standing queue, confirmed a moment ago (so its interval check cannot be what ends it), whose
+    # backlog has since drained
+    engine.scheduler.standing, engine.scheduler._checked_ms = True, engine.now_ms()
+    out = await engine.submit(
+        "m", InferRequest(None, {}, {"x": np.ones((1, 2), np.float32)}, {"y": False}, 1), 0, 1000.0
+    )
+    assert out.status == 200
+    assert engine.inline_runs == (1 if inline_max_ms else 0)
+    assert not engine.scheduler.standing, "the queue was found empty: nothing stands"
+    rt.executor.shutdown()
