@@ -221,8 +221,9 @@ class Executor:
     async def wait_queued(
         self, model: str, req: InferRequest, priority: int, budget_ms: float | None, request_id: str | None = None
     ) -> InferResult:
-        """Queue the request (admitted by `decide_now`) and wait for its outcome: run in a batch, or 504
-        when its deadline passes while queued, or 499 when the router cancels it."""
+        """Queue the request (admitted by `decide_now`), or start it on a slot thread at once when nothing
+        is queued and a slot is free, and wait for its outcome: run in a batch, 503 when it cannot finish
+        by its deadline, 504 when its deadline passes while queued, or 499 when the router cancels it."""
         if self.queue_policies:
             budget_ms = self.queue_budget(model, req.batch, budget_ms)
         now = self.now_ms()
