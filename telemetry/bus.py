@@ -243,8 +243,9 @@ class TopicReader:
 
     def _fold(self, batch: list[Any], received: float, history: bool) -> None:
         """Verify a batch of records and hand their values to `_handle`. A batch that raises there is
-        skipped, counted and logged: the consumer has read past it, and reconnecting would read the
-        same records again from the lookback and fail the same way, stalling the topic for good."""
+        skipped, counted and logged (at the 1st, 2nd, 4th... such batch): the consumer has read past it,
+        and reconnecting would read the same records again from the lookback and fail the same way,
+        stalling the topic for good."""
         try:
             verifier = self.verifier
             kids: list[str | None] | None = None
@@ -258,7 +259,10 @@ class TopicReader:
         except Exception as exc:  # noqa: BLE001 - one bad batch must not stop the stream
             self.skipped_batches += 1
             self._skipped(len(batch))
-            log.error("%s: a batch of %d records skipped: %s: %s", self.topic, len(batch), type(exc).__name__, exc)
+            n = self.skipped_batches
+            if n & (n - 1) == 0:  # the 1st, 2nd, 4th, 8th...: a bug every batch meets cannot flood the log
+                log.error("%s: a batch of %d records skipped (%d so far): %s: %s", self.topic, len(batch), n,
+                          type(exc).__name__, exc)  # fmt: skip
 
     def _skipped(self, records: int) -> None:
         """Count `records` of a skipped batch where the reader's owner shows its counts."""

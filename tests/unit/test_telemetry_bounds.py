@@ -362,3 +362,27 @@ def test_a_node_config_endpoint_is_an_origin_a_trailing_slash_dropped() -> None:
     assert ok.endpoint == "http://h:1"
     with pytest.raises(ValidationError, match="origin"):
         NodeConfig(node_id="n", endpoint="http://h:1/admin/", models=[{"name": "echo"}])
+
+
+def test_batches_a_reader_cannot_handle_are_counted_and_their_log_lines_bounded(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A bug that every batch meets skips every batch (counted, and in the store's summary) but logs
+    at the 1st, 2nd, 4th, 8th... only: it cannot flood the log at the reader's poll rate."""
+    import logging
+    from types import SimpleNamespace
+
+    from telemetry.bus import KafkaTelemetrySource
+
+    class Broken(ViewStore):
+        def parse(self, raw: bytes) -> NodeLoad | None:
+            raise RuntimeError("a bug every batch meets")
+
+    store = Broken()
+    source = KafkaTelemetrySource("127.0.0.1:1", "t")
+    source._store = store  # (not started: no broker is reached)
+    with caplog.at_level(logging.ERROR, logger="telemetry.bus"):
+        for _ in range(100):
+            source._fold([SimpleNamespace(value=b"{}", headers=None)] * 3, NOW, False)
+    assert source.skipped_batches == 100 and store.summary()["skipped"] == 300
+    assert len([r for r in caplog.records if "skipped" in r.getMessage()]) == 7  # 1, 2, 4, ..., 64
