@@ -201,7 +201,7 @@ class Executor:
                 )
             if refusal is not None:
                 return InferResult(refusal[0], reason=refusal[1])
-            if scheduler.queued or len(self.running) >= self.config.slots or not self._inline_ok(model, req.batch):
+            if not self._may_start_now() or not self._inline_ok(model, req.batch):
                 return None
             deadline = None if budget_ms is None else now + budget_ms
             handle = _Pending(req, None, now / 1000.0, request_id=request_id)
@@ -236,10 +236,7 @@ class Executor:
         run: list[Work] = []
         with self.lock:
             scheduler = self.scheduler
-            if not scheduler.queued and len(self.running) < self.config.slots:
-                # nothing queued and a slot free (a run that does not go inline): decided as `run_now`
-                # decides it, which notes that the queue was found empty (a standing queue ends there),
-                # as the simulator decides every such arrival
+            if self._may_start_now():  # (a run that does not go inline: decided as decide_now's are)
                 started = scheduler.run_now(work, now, idle=not self.running)
             if started is None:
                 scheduler.push(work)
@@ -356,6 +353,11 @@ class Executor:
     def _slots_for(self, priority: int) -> int:
         """The executions work of `priority` may use: `slots`, and the priority lane for high work."""
         return self.config.slots + (1 if self._is_high(priority) and self.lane_open() else 0)
+
+    def _may_start_now(self) -> bool:
+        """(Lock held.) Nothing queued and a slot free: an arrival is decided by `run_now`, which ends a
+        standing queue, as the simulator decides every such arrival (inline or on a slot thread)."""
+        return not self.scheduler.queued and len(self.running) < self.config.slots
 
     def _room(self) -> bool | None:
         """Whether a batch may start now (lock held): None if not, False for any batch, True for a
