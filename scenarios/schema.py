@@ -215,12 +215,32 @@ MAX_DURATION_S = 3600.0  # a workload's longest run (reports keep per-second ser
 MAX_REQUESTS = 10_000_000  # a run's arrivals at most (its schedule and results, about 0.5 KB each)
 
 
+class Repeat(_Strict):
+    """The arrivals drawn for [`from_s`, `to_s`) drawn again from `at_s` on (every site's, with their
+    models, priorities and deadlines), in place of what the sites drew there: two windows a recovery
+    compares then hold the same arrivals, and what differs between them is what the run left behind,
+    not the draw's own bursts."""
+
+    from_s: float = Field(ge=0)
+    to_s: float = Field(gt=0)
+    at_s: float = Field(ge=0)
+
+    @model_validator(mode="after")
+    def _order(self) -> Repeat:
+        if self.to_s <= self.from_s:
+            raise ValueError("to_s must be after from_s")
+        if self.at_s < self.to_s:
+            raise ValueError("at_s must not be before to_s (a window is repeated after itself)")
+        return self
+
+
 class Workload(_Strict):
     duration_s: float = Field(30.0, gt=0, le=MAX_DURATION_S)
     warmup_s: float = Field(0.0, ge=0)
     max_requests: int = Field(100_000, ge=1, le=MAX_REQUESTS)
     default_deadline_ms: float = Field(1000.0, gt=0)
     sites: list[SiteLoad] = Field(min_length=1)
+    repeat: list[Repeat] = Field(default_factory=list, max_length=64)
 
 
 class Fault(_Strict):

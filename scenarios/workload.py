@@ -9,7 +9,7 @@ import heapq
 import math
 import random
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from scenarios.schema import ScenarioError, SiteLoad, Workload
@@ -220,7 +220,19 @@ def build_schedule(
             out.append(Arrival(t, site.site, rng.choices(models, model_w)[0], prio, deadline, source))
         if len(out) > 2 * workload.max_requests:  # many sites: keep the earliest so far (same result)
             out = _earliest(out, workload.max_requests)
+    for rep in workload.repeat:  # in order: a later repeat copies what an earlier one put in place
+        out = _earliest(repeated(out, rep.from_s, rep.to_s, rep.at_s, horizon), workload.max_requests)
     return _earliest(out, workload.max_requests)
+
+
+def repeated(arrivals: list[Arrival], from_s: float, to_s: float, at_s: float, horizon_s: float) -> list[Arrival]:
+    """`arrivals` with those in [`from_s`, `to_s`) copied to start at `at_s`, in place of the ones
+    that were in the copy's window; copies at or past `horizon_s` are left out."""
+    shift = at_s - from_s
+    end = min(horizon_s, at_s + (to_s - from_s))
+    kept = [a for a in arrivals if not at_s <= a.at_s < end]
+    copies = [replace(a, at_s=a.at_s + shift) for a in arrivals if from_s <= a.at_s < to_s and a.at_s + shift < end]
+    return kept + copies
 
 
 def _earliest(arrivals: list[Arrival], n: int) -> list[Arrival]:

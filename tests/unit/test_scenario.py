@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from scenarios.schema import ScenarioError, SiteLoad, load_scenario, parse_scenario
-from scenarios.workload import build_schedule, read_trace
+from scenarios.workload import Arrival, build_schedule, read_trace
 
 ROOT = Path(__file__).resolve().parents[2] / "scenarios"
 QUICK = """\
@@ -170,6 +170,39 @@ def test_schedule_is_seeded_bounded_and_mixed() -> None:
     assert {x.deadline_ms for x in a if x.priority == 10} == {100.0}
     capped = s.workload.model_copy(update={"max_requests": 50})
     assert len(build_schedule(capped, 1, 10.0)) == 50
+
+
+def test_a_repeated_window_holds_the_same_arrivals() -> None:
+    """`workload.repeat` draws a window's arrivals again later, in place of what was drawn there: the
+    windows a recovery compares then hold the same arrivals (times shifted; sites, models, priorities
+    and deadlines equal), the rest of the schedule is untouched, and nothing lands past the run."""
+    from scenarios.schema import Repeat
+
+    s = parse_scenario(QUICK)
+    plain = build_schedule(s.workload, 1, 10.0)
+    rep = s.workload.model_copy(update={"repeat": [Repeat(from_s=1, to_s=3, at_s=5), Repeat(from_s=1, to_s=3, at_s=9)]})
+    a = build_schedule(rep, 1, 10.0)
+    assert a == sorted(a, key=lambda x: x.at_s) and all(x.at_s < 10.0 for x in a)
+
+    def window(xs: list[Arrival], lo: float, hi: float) -> list[tuple[float, str, str, int, float, int]]:
+        inside = [x for x in xs if lo <= x.at_s < hi]
+        return [(round(x.at_s - lo, 9), x.site, x.model, x.priority, x.deadline_ms, x.source) for x in inside]
+
+    source = window(plain, 1, 3)
+    assert len(source) > 100
+    assert window(a, 5, 7) == source, "the same arrivals, two seconds later"
+    assert window(a, 9, 10) == [x for x in source if x[0] < 1], "cut at the end of the run"
+    for lo, hi in ((0, 5), (7, 9)):
+        assert window(a, lo, hi) == window(plain, lo, hi), "the rest as drawn"
+    assert window(plain, 5, 7) != source
+    capped = {"max_requests": 50}  # (the first 50 arrive before the window the copies come from)
+    assert build_schedule(rep.model_copy(update=capped), 1, 10.0) == build_schedule(
+        s.workload.model_copy(update=capped), 1, 10.0
+    )
+    with pytest.raises(ValueError, match="at_s"):
+        Repeat(from_s=1, to_s=3, at_s=2)
+    with pytest.raises(ValueError, match="to_s"):
+        Repeat(from_s=3, to_s=3, at_s=5)
 
 
 def test_arrival_processes(tmp_path: Path) -> None:
