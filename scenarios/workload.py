@@ -12,7 +12,8 @@ import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from scenarios.schema import ScenarioError, SiteLoad, Workload
+from scenarios.schema import ScenarioError
+from scenarios.traffic import SiteLoad, Workload
 from telemetry.schema import NAME_PATTERN
 from telemetry.wire import MAX_PRIORITY
 
