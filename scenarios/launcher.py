@@ -197,6 +197,10 @@ class Stack:
     telemetry_key: str = field(default_factory=lambda: f"stack-{os.getpid()}:{secrets.token_hex(32)}")
     # the nodes' admin and repository routes take this token; the stack's router holds it
     node_admin_token: str = field(default_factory=lambda: secrets.token_urlsafe(24))
+    # ports this stack handed out: a port is picked free and then bound by the child that gets it, so
+    # two picks before either child binds could otherwise name the same port (the router's HTTP and
+    # gRPC ports once did, and the router failed to start)
+    ports_given: set[int] = field(default_factory=set)
 
     def verifier(self) -> Verifier:
         """A verifier for this stack's messages (for in-process readers such as the profiler's)."""
@@ -261,6 +265,15 @@ class Stack:
             raise
         return self
 
+    def free_port(self) -> int:
+        """A free loopback port this stack has not handed out before."""
+        for _ in range(100):
+            port = free_port()
+            if port not in self.ports_given:
+                self.ports_given.add(port)
+                return port
+        raise RuntimeError("no free port that this stack has not used already")
+
     def _spawn(self, name: str, args: list[str]) -> Proc:
         log_path = self.log_dir / f"{name}.log"
         out = open(log_path, "ab")  # noqa: SIM115 - the child owns it after fork
@@ -285,13 +298,13 @@ class Stack:
         return Proc(name, popen, log_path)
 
     def start_node(self, spec: NodeSpec, port: int = 0) -> Proc:
-        port = port or free_port()
+        port = port or self.free_port()
         cfg = node_config(
             spec,
             port,
             self.bootstrap,
             self.scenario.seed,
-            {"topic": self.topic, "grpc_port": free_port(), **self.node_overrides.get(spec.id, {})},
+            {"topic": self.topic, "grpc_port": self.free_port(), **self.node_overrides.get(spec.id, {})},
             self.baselines,
             self.scenario.models,
         )
@@ -305,12 +318,13 @@ class Stack:
     def start_router(self) -> Proc:
         """Start the router, or `routers` of them on one port (SO_REUSEPORT: the kernel spreads the
         connections), sharing their in-flight load through Kafka when `share_load`."""
-        port = self.router_port or free_port()
+        port = self.router_port or self.free_port()
+        self.ports_given.add(port)
         cfg: dict[str, Any] = {
             "kafka": self.bootstrap,
             "topic": self.topic,
             "port": port,
-            "grpc_port": free_port(),
+            "grpc_port": self.free_port(),
             "seed": self.scenario.seed,
             "policy": self.scenario.policies[0].policy.model_dump(exclude_none=True),
             "links": [k.model_dump() for k in self.scenario.topology.links],

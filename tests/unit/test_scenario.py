@@ -339,3 +339,15 @@ def test_load_factor_scales_every_rate_and_refuses_what_it_cannot_scale() -> Non
     traced = s.model_copy(update={"workload": s.workload.model_copy(update={"sites": [site]})})
     with pytest.raises(ScenarioError, match="trace"):
         with_load(traced, 2.0)  # a trace's times are its own
+
+
+def test_a_stack_never_hands_out_one_port_twice(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A port is picked free and bound later by the child that gets it, so the operating system may
+    offer the same free port to two picks in a row: the router's HTTP and gRPC ports once got the same
+    one and the router failed to start. A stack skips ports it has handed out already."""
+    import scenarios.launcher as launcher
+
+    offered = iter([41000, 41000, 41001, 41000, 41001, 41002])
+    monkeypatch.setattr(launcher, "free_port", lambda host="127.0.0.1": next(offered))
+    stack = launcher.Stack(parse_scenario(QUICK))
+    assert [stack.free_port(), stack.free_port(), stack.free_port()] == [41000, 41001, 41002]
