@@ -9,6 +9,7 @@ forwarded as the bytes that came in.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
 import re
@@ -270,12 +271,8 @@ async def route(
         headers,
         arrived + budget,
     )
-    for seconds in router.dispatcher.decision_seconds:
-        router.metrics.decision.observe(seconds)
-    router.dispatcher.decision_seconds.clear()
-    if outcome.attempts > 1:
-        router.metrics.retries.labels(model).inc(outcome.attempts - 1)
-    count(router, model, prio, outcome.node, outcome.status, arrived, served=True)
+    # counted once the answer is on its way (the next turn of the loop), not before it
+    asyncio.get_running_loop().call_soon(_counted, router, model, prio, outcome, arrived)
     out_headers = dict(outcome.headers)
     if outcome.status == 429 and outcome.node == "none":
         router.metrics.early_rejections.labels(model).inc()
@@ -347,6 +344,16 @@ def _infer_path(model: str, version: str | None) -> str:
     """The path a request is forwarded on, rebuilt from its validated model and version names (the
     client's own path may carry encoded slashes that would reach other routes at the node)."""
     return f"/v2/models/{model}/infer" if version is None else f"/v2/models/{model}/versions/{version}/infer"
+
+
+def _counted(router: Router, model: str, prio: int, outcome: Outcome, arrived: float) -> None:
+    """An answered inference's metrics: its decisions' times, its retries, the answer."""
+    for seconds in router.dispatcher.decision_seconds:
+        router.metrics.decision.observe(seconds)
+    router.dispatcher.decision_seconds.clear()
+    if outcome.attempts > 1:
+        router.metrics.retries.labels(model).inc(outcome.attempts - 1)
+    count(router, model, prio, outcome.node, outcome.status, arrived, served=True)
 
 
 def count(
