@@ -200,15 +200,18 @@ def write_markdown(report: dict[str, Any], out_dir: Path, images: list[str]) -> 
         lines += [
             "## Simulation against live",
             "",
-            "| policy | p50 live | p50 sim | error | p99 live | p99 sim | error | SLO live | SLO sim | points |",
-            "|---|---|---|---|---|---|---|---|---|---|",
+            "| policy | p50 live | p50 sim | error | p99 live | p99 sim | error | SLO live | SLO sim | points "
+            "| overhead p50 live / sim |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for name, row in report["comparison"].items():
             p50, p99, slo = row["p50"], row["p99"], row["slo_attainment"]
+            ovh = row.get("overhead_p50")
+            overhead = f"{ovh['live']:.2f} / {ovh['sim']:.2f} ms" if ovh else "n/a"
             lines.append(
                 f"| {name} | {p50['live']:.1f} | {p50['sim']:.1f} | {_pct(p50['rel_err'])} | {p99['live']:.1f} | "
                 f"{p99['sim']:.1f} | {_pct(p99['rel_err'])} | {slo['live'] * 100:.1f}% | {slo['sim'] * 100:.1f}% | "
-                f"{slo['points']:+.1f} |"
+                f"{slo['points']:+.1f} | {overhead} |"
             )
         lines += ["", "### Simulated", "", *_table(report["sim"]), ""]
     for img in images:

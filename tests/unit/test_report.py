@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from scenarios.report import format_table, percentile, summarize
@@ -139,3 +141,32 @@ def test_a_live_runs_overload_counts_are_its_own_not_the_routers_running_totals(
     assert run["worst_window"] == {"ratio": 0.05}
     assert after["retries"] == 503, "the router's own block is left as it was"
     assert _overload_during({}, after)["retries"] == 503, "a router that did not answer before: all of it"
+
+
+def test_the_comparison_shows_the_host_overhead_beside_the_latencies() -> None:
+    """A fast scenario's p50 moves with the host's per-request overhead from one run to the next, so
+    the live-against-simulated comparison gives that overhead, live and simulated, beside the latencies
+    it explains (and says n/a where a side lacks it)."""
+    from scenarios.replay import compare, format_comparison
+
+    def side(p50: float, overhead: float | None) -> dict[str, Any]:
+        node_ms: dict[str, float] = {"exec_mean": 2.4, "queue_mean": 0.5}
+        if overhead is not None:
+            node_ms["overhead_p50"] = overhead
+        return {
+            "policies": {
+                "p2c": {
+                    "latency_ms": {"p50": p50, "p95": 9.0, "p99": 12.0},
+                    "slo_attainment": 1.0,
+                    "node_ms": node_ms,
+                }
+            }
+        }
+
+    row = compare(side(4.0, 2.0), side(4.8, 2.5))["p2c"]
+    assert row["overhead_p50"] == {"live": 2.0, "sim": 2.5, "rel_err": 0.25}
+    assert row["p50"]["rel_err"] == 0.2
+    table = format_comparison({"p2c": row})
+    assert "overhead ms live/sim" in table.splitlines()[0]
+    assert "2.00 / 2.50" in table.splitlines()[1]
+    assert "n/a" in format_comparison(compare(side(4.0, None), side(4.8, 2.5))).splitlines()[1]
