@@ -203,6 +203,16 @@ def test_a_repeated_window_holds_the_same_arrivals() -> None:
         Repeat(from_s=1, to_s=3, at_s=2)
     with pytest.raises(ValueError, match="to_s"):
         Repeat(from_s=3, to_s=3, at_s=5)
+    at = QUICK.index("  sites:")
+    for bad, says in (
+        ("{from_s: 5, to_s: 3, at_s: 9}", "workload.repeat.0 (line 13): to_s must be after from_s"),
+        ("{from_s: 1, to_s: 3, at_s: .inf}", "workload.repeat.0.at_s (line 13): Input should be a finite number"),
+        ("{from_s: 1, to_s: 3}", "workload.repeat.0.at_s (line 13): Field required"),
+        ("{from_s: 1, to_s: 3, at_s: 4, every_s: 2}", "workload.repeat.0.every_s (line 13): unknown setting"),
+    ):
+        with pytest.raises(ScenarioError) as err:
+            parse_scenario(QUICK[:at] + f"  repeat: [{bad}]\n" + QUICK[at:], "s.yaml")
+        assert str(err.value) == f"s.yaml: {says}"
 
 
 def test_arrival_processes(tmp_path: Path) -> None:
