@@ -222,7 +222,9 @@ def build_schedule(
         if len(out) > 2 * workload.max_requests:  # many sites: keep the earliest so far (same result)
             out = _earliest(out, workload.max_requests)
     for rep in workload.repeat:  # in order: a later repeat copies what an earlier one put in place
-        out = _earliest(repeated(out, rep.from_s, rep.to_s, rep.at_s, horizon), workload.max_requests)
+        out = repeated(out, rep.from_s, rep.to_s, rep.at_s, horizon)
+        if len(out) > 2 * workload.max_requests:  # (as above: memory bounded, the same result)
+            out = _earliest(out, workload.max_requests)
     return _earliest(out, workload.max_requests)
 
 
