@@ -10,11 +10,11 @@ from collections.abc import Mapping
 from nodes.config import NodeConfig
 from nodes.repository import resolve
 from nodes.server import serve
-from telemetry import serving
-from telemetry.cli import add_common_flags
-from telemetry.configfile import ConfigError, line_of, read_document, validate
-from telemetry.settings import with_overrides
-from telemetry.tls import set_kafka_security
+from telemetry.process import serving
+from telemetry.process.cli import add_common_flags
+from telemetry.process.configfile import ConfigError, line_of, read_document, validate
+from telemetry.process.settings import with_overrides
+from telemetry.process.tls import set_kafka_security
 
 
 def load_config(source: str, environ: Mapping[str, str] | None = None) -> NodeConfig:

@@ -7,10 +7,10 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from telemetry.schema import NAME_PATTERN, check_endpoint
-from telemetry.settings import Bootstrap, ServerSettings
-from telemetry.signing import Signer, TelemetryKey, signer_for
-from telemetry.tls import KafkaSecurity
+from telemetry.cluster.schema import NAME_PATTERN, check_endpoint
+from telemetry.kafka.signing import Signer, TelemetryKey, signer_for
+from telemetry.process.settings import Bootstrap, ServerSettings
+from telemetry.process.tls import KafkaSecurity
 
 
 def _loopback(host: str) -> bool:
@@ -216,7 +216,7 @@ class NodeConfig(ServerSettings):
     memory_budget_bytes: int = Field(2 << 30, ge=0)
     max_body_bytes: int = Field(16 << 20, ge=1024)
     kafka: Bootstrap | None = Field(None, description="bootstrap HOST:PORT[,...]; None disables telemetry")
-    kafka_security: KafkaSecurity | None = Field(None, description="Kafka SSL/SASL settings (telemetry.tls)")
+    kafka_security: KafkaSecurity | None = Field(None, description="Kafka SSL/SASL settings (telemetry.process.tls)")
     admin_token: str | None = Field(
         None,
         min_length=16,
@@ -225,7 +225,7 @@ class NodeConfig(ServerSettings):
         "required when the node listens beyond loopback; default $EDGEROUTE_ADMIN_TOKEN",
     )
     telemetry_key: TelemetryKey | None = Field(
-        None, description="ID:SECRET signing telemetry (telemetry.signing); default $EDGEROUTE_TELEMETRY_KEY"
+        None, description="ID:SECRET signing telemetry (telemetry.kafka.signing); default $EDGEROUTE_TELEMETRY_KEY"
     )
 
     def gpu_settings(self) -> tuple[dict[str, str], bool]:

@@ -24,8 +24,8 @@ from nodes import pbtxt
 from nodes.metrics import DURATIONS
 from nodes.runtime import file_metadata
 from nodes.state import RUNTIME, NodeRuntime
-from telemetry.configfile import ConfigError
-from telemetry.triton import data_type, mc, pb, to_json
+from telemetry.oip.triton import data_type, mc, pb, to_json
+from telemetry.process.configfile import ConfigError
 
 
 class Unanswerable(Exception):

@@ -2,7 +2,7 @@
 
 Everything a call asks runs the code its HTTP twin runs: metadata, readiness, configuration and
 statistics through nodes.describe; inference through the same decoding and checks (the request in
-its HTTP form, telemetry.grpc_oip.http_form), the same admission, queue and deadline (the call's
+its HTTP form, telemetry.oip.grpc.http_form), the same admission, queue and deadline (the call's
 `grpc-timeout` or a `deadline_ms`/`timeout` parameter), the same counters. The repository calls need
 the node's admin token as `authorization: Bearer <token>` metadata, as the HTTP routes do.
 Shared-memory, trace and log settings are not offered (UNIMPLEMENTED, as a server without them answers).
@@ -19,8 +19,8 @@ from nodes.describe import Unanswerable, config, metadata, served, statistics
 from nodes.protocol import BadRequest, decode_request
 from nodes.residency import NoRoom
 from nodes.state import VERSION, NodeRuntime
-from telemetry import wire
-from telemetry.grpc_oip import (
+from telemetry.oip import wire
+from telemetry.oip.grpc import (
     BadMessage,
     bearer,
     code_of,
@@ -29,7 +29,7 @@ from telemetry.grpc_oip import (
     response_from_arrays,
     service_handler,
 )
-from telemetry.triton import EXTENSIONS, pb
+from telemetry.oip.triton import EXTENSIONS, pb
 
 
 async def _abort(context: Any, status: int, message: str) -> NoReturn:
@@ -127,7 +127,7 @@ class NodeService:
         return pb.RepositoryModelUnloadResponse()
 
     async def infer_once(self, request: Any, context: Any) -> tuple[int, str, Any]:
-        """One inference (telemetry.grpc_oip makes ModelInfer and ModelStreamInfer of it): (status,
+        """One inference (telemetry.oip.grpc makes ModelInfer and ModelStreamInfer of it): (status,
         error message, response or None)."""
         rt = self.rt
         arrived = time.perf_counter()

@@ -10,7 +10,7 @@ come from the node's config, priorities are two classes (`high` at or above `hig
 else `low`), batch sizes are exact up to `EXACT_ROWS` and ranges of powers of two above (`65-128`: one
 request may carry any number of rows), failure reasons are HTTP statuses.
 
-Counters per request are plain integers bumped on the event loop; the histograms (telemetry.metering,
+Counters per request are plain integers bumped on the event loop; the histograms (telemetry.measure.metering,
 lock-free, event loop only) are observed once per request (queue, total) and once per execution
 (compute, batch size); the rest is read at scrape.
 """
@@ -27,7 +27,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from telemetry.metering import Histogram, HistogramSeries, Meters
+from telemetry.measure.metering import Histogram, HistogramSeries, Meters
 
 if TYPE_CHECKING:
     from nodes.state import NodeRuntime

@@ -23,8 +23,8 @@ from typing import Any
 
 from google.protobuf import text_format
 
-from telemetry.configfile import ConfigError
-from telemetry.triton import datatype_of, mc
+from telemetry.oip.triton import datatype_of, mc
+from telemetry.process.configfile import ConfigError
 
 log = logging.getLogger("edgeroute.node")
 

@@ -16,7 +16,7 @@ from typing import Any, TypeGuard
 import numpy as np
 import orjson
 
-from telemetry import wire
+from telemetry.oip import wire
 
 _ENCODER = json.JSONEncoder(separators=(",", ":"))  # NaN and Infinity as JavaScript writes them
 MAX_ELEMENTS = 1 << 28  # per input tensor; a larger one is refused before anything is allocated
@@ -47,7 +47,7 @@ class InferRequest:
 
 
 def split_body(body: bytes, header_length: str | None) -> tuple[dict[str, Any], bytes]:
-    """The JSON header and the binary tail of an OIP request body (telemetry.wire.split_body)."""
+    """The JSON header and the binary tail of an OIP request body (telemetry.oip.wire.split_body)."""
     try:
         return wire.split_body(body, header_length)
     except wire.MalformedBody as exc:

@@ -32,8 +32,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from nodes import pbtxt
 from nodes.config import ModelSpec, NodeConfig
-from telemetry.configfile import ConfigError, is_dir, is_file, read_document, validate
-from telemetry.schema import NAME_PATTERN
+from telemetry.cluster.schema import NAME_PATTERN
+from telemetry.process.configfile import ConfigError, is_dir, is_file, read_document, validate
 
 MODEL_FILE = "model.onnx"
 MAX_MODELS = 1024  # models in one repository (a directory of a million entries is not a repository)

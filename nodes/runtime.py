@@ -16,8 +16,8 @@ from nodes import zoo
 from nodes.config import ModelSpec
 from nodes.protocol import TensorSpec
 from nodes.scheduler import batch_curve_ms, batch_key, learn_ms
-from telemetry.configfile import is_file
-from telemetry.wire import DATATYPES, ORT_TO_OIP
+from telemetry.oip.wire import DATATYPES, ORT_TO_OIP
+from telemetry.process.configfile import is_file
 
 WARMUP_RUNS = 30
 BUCKET_WARMUP_RUNS = 3

@@ -35,13 +35,13 @@ from nodes.repository import resolve as resolve_repository
 from nodes.residency import NoRoom, Residency
 from nodes.runtime import LoadedModel, choose_providers, load_model, model_file_size
 from nodes.state import CONFIG, ENDPOINT, RUNTIME, VERSION, LoadFailed, NodeRuntime, load_failure
-from telemetry import wire
-from telemetry.bus import TelemetryPublisher
-from telemetry.grpc_oip import start_server as start_grpc
-from telemetry.quantiles import nearest_rank
-from telemetry.schema import DeviceInfo
-from telemetry.serving import read_body, start_site
-from telemetry.triton import EXTENSIONS
+from telemetry.cluster.schema import DeviceInfo
+from telemetry.kafka.bus import TelemetryPublisher
+from telemetry.measure.quantiles import nearest_rank
+from telemetry.oip import wire
+from telemetry.oip.grpc import start_server as start_grpc
+from telemetry.oip.triton import EXTENSIONS
+from telemetry.process.serving import read_body, start_site
 
 log = logging.getLogger("edgeroute.node")
 

@@ -20,8 +20,8 @@ from nodes.metrics import NodeMetrics
 from nodes.repository import repository_index
 from nodes.residency import NoRoom, Residency
 from nodes.runtime import LoadedModel, load_model, model_file_size
-from telemetry.schema import DeviceInfo, ModelLoad, NodeLoad
-from telemetry.version import __version__
+from telemetry.cluster.schema import DeviceInfo, ModelLoad, NodeLoad
+from telemetry.process.version import __version__
 
 log = logging.getLogger("edgeroute.node")
 

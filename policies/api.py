@@ -17,7 +17,7 @@ from typing import Any, ClassVar, Protocol, TypeVar, runtime_checkable
 from pydantic import BaseModel, ConfigDict
 
 from policies.columns import Columns
-from telemetry.view import BoolArray, ClusterView, FloatArray, ModelTable, NodeState
+from telemetry.cluster.view import BoolArray, ClusterView, FloatArray, ModelTable, NodeState
 
 __all__ = [
     "ClusterView",

@@ -1,7 +1,7 @@
 """Candidates as columns: the per-decision arrays the columnar path of the engine works on.
 
 On a model served by many nodes the engine (`Pipeline.choose`) judges every candidate at once: the
-view's `ModelTable` for the model (telemetry.table) holds each node's report as arrays, `Frame` adds
+view's `ModelTable` for the model (telemetry.cluster.table) holds each node's report as arrays, `Frame` adds
 what one decision derives from them (the outstanding estimate with the router's overlay, execution
 and wait estimates, the link RTT from the request's site, the predicted completion), computed once
 per decision over the whole table and shared by every plugin, and `Columns` is the set of rows still
@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from telemetry.view import BoolArray, FloatArray, IntArray, ModelTable
+from telemetry.cluster.view import BoolArray, FloatArray, IntArray, ModelTable
 
 if TYPE_CHECKING:
     from policies.api import Context, RouteRequest
-    from telemetry.view import ClusterView, NodeState
+    from telemetry.cluster.view import ClusterView, NodeState
 
 
 _count = np.count_nonzero  # (a C call: far cheaper than the any()/all() reductions on short arrays)

@@ -25,7 +25,7 @@ from pydantic import Field
 
 from policies.api import ClusterView, Columns, Context, NodeState, Params, RouteRequest
 from policies.columns import clamp01_rows
-from telemetry.view import FloatArray
+from telemetry.cluster.view import FloatArray
 
 INF = float("inf")
 

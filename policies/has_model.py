@@ -6,7 +6,7 @@ from collections.abc import Callable, Sequence
 from typing import ClassVar
 
 from policies.api import ClusterView, Context, NodeState, Params, RouteRequest
-from telemetry.view import BoolArray, ModelTable
+from telemetry.cluster.view import BoolArray, ModelTable
 
 
 class HasModelParams(Params):

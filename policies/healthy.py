@@ -20,7 +20,7 @@ from typing import ClassVar
 from pydantic import Field
 
 from policies.api import ClusterView, Context, NodeState, Params, RouteRequest
-from telemetry.view import BoolArray, ModelTable
+from telemetry.cluster.view import BoolArray, ModelTable
 
 
 class HealthyParams(Params):

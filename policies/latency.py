@@ -17,7 +17,7 @@ from pydantic import Field
 
 from policies.api import ClusterView, Columns, Context, NodeState, Params, RouteRequest
 from policies.completion import best_over
-from telemetry.view import FloatArray
+from telemetry.cluster.view import FloatArray
 
 
 class LatencyParams(Params):

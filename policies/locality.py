@@ -21,7 +21,7 @@ from pydantic import Field
 from policies.api import ClusterView, Columns, Context, NodeState, Params, RouteRequest
 from policies.columns import Frame, any_row
 from policies.completion import meets_deadline
-from telemetry.view import BoolArray
+from telemetry.cluster.view import BoolArray
 
 
 class LocalityParams(Params):

@@ -11,7 +11,7 @@ from typing import ClassVar
 import numpy as np
 
 from policies.api import ClusterView, Context, NodeState, Params, RouteRequest
-from telemetry.view import BoolArray, ModelTable
+from telemetry.cluster.view import BoolArray, ModelTable
 
 
 class NotTriedParams(Params):

@@ -12,7 +12,7 @@ from typing import ClassVar
 from pydantic import Field
 
 from policies.api import Columns, Context, NodeState, Params, RouteRequest
-from telemetry.view import FloatArray
+from telemetry.cluster.view import FloatArray
 
 
 class MaxParams(Params):

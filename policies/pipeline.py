@@ -55,7 +55,7 @@ from policies.api import (
     UnitRowScorer,
 )
 from policies.columns import Columns, Frame, clamp01_rows
-from telemetry.view import BoolArray, FloatArray
+from telemetry.cluster.view import BoolArray, FloatArray
 
 COLUMNS_MIN = 3  # a model served by this many nodes or more is judged on its column table (bench decide)
 

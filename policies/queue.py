@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from policies.api import ClusterView, Columns, Context, NodeState, Params, RouteRequest
-from telemetry.view import FloatArray
+from telemetry.cluster.view import FloatArray
 
 
 class QueueParams(Params):

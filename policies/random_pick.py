@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from typing import ClassVar
 
 from policies.api import Columns, Context, NodeState, Params, RouteRequest
-from telemetry.view import FloatArray
+from telemetry.cluster.view import FloatArray
 
 
 class RandomParams(Params):

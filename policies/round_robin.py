@@ -13,7 +13,7 @@ from typing import ClassVar
 import numpy as np
 
 from policies.api import Columns, Context, NodeState, Params, RouteRequest
-from telemetry.view import FloatArray
+from telemetry.cluster.view import FloatArray
 
 
 class RoundRobinParams(Params):

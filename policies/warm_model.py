@@ -32,7 +32,7 @@ from pydantic import Field
 from policies.api import ClusterView, Columns, Context, NodeState, Params, RouteRequest
 from policies.columns import Frame
 from policies.completion import best_over, exec_estimate_ms, predicted_wait_ms
-from telemetry.view import FloatArray
+from telemetry.cluster.view import FloatArray
 
 
 class WarmModelParams(Params):

@@ -9,10 +9,10 @@ from pathlib import Path
 
 from router.app import serve
 from router.config import ConfigError, load_config
-from telemetry import serving
-from telemetry.cli import add_common_flags
-from telemetry.settings import with_overrides
-from telemetry.tls import set_kafka_security
+from telemetry.process import serving
+from telemetry.process.cli import add_common_flags
+from telemetry.process.settings import with_overrides
+from telemetry.process.tls import set_kafka_security
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -25,10 +25,10 @@ from router.lifecycle import Lifecycle
 from router.lifecycle.reroute import RerouteConfig
 from router.state import ROUTER, Router, validate_policy
 from router.state import json_error as _error
-from telemetry import wire
-from telemetry.serving import read_body
-from telemetry.signing import Verifier
-from telemetry.store import ViewStore
+from telemetry.cluster.store import ViewStore
+from telemetry.kafka.signing import Verifier
+from telemetry.oip import wire
+from telemetry.process.serving import read_body
 
 log = logging.getLogger("edgeroute.router")
 

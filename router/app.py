@@ -24,11 +24,11 @@ from router.config import ConfigError, RouterConfig
 from router.node_client import HttpNodeClient, NodeClient, NodeError
 from router.state import CLIENT, ROUTER, Router
 from router.state import json_error as _error
-from telemetry import wire
-from telemetry.bus import KafkaTelemetrySource, TelemetrySource, TopicReader, ensure_topic, now_ms
-from telemetry.grpc_oip import start_server as start_grpc
-from telemetry.peers import PeerLoads, PeerPublisher
-from telemetry.serving import start_site
+from telemetry.kafka.bus import KafkaTelemetrySource, TelemetrySource, TopicReader, ensure_topic, now_ms
+from telemetry.kafka.peers import PeerLoads, PeerPublisher
+from telemetry.oip import wire
+from telemetry.oip.grpc import start_server as start_grpc
+from telemetry.process.serving import start_site
 
 log = logging.getLogger("edgeroute.router")
 
@@ -69,7 +69,7 @@ async def front_door(
         if exc.status < 400:
             raise
         reason = exc.reason or "error"
-        if exc.content_type == "application/json" and exc.text:  # our own error (telemetry.serving.read_body)
+        if exc.content_type == "application/json" and exc.text:  # our own error (telemetry.process.serving.read_body)
             try:
                 reason = str(wire.loads(exc.text).get("error", reason))
             except (ValueError, AttributeError):
@@ -126,7 +126,7 @@ async def _running(coro: Coroutine[Any, Any, None], name: str) -> AsyncIterator[
 
 async def _peers(app: web.Application) -> AsyncIterator[None]:
     """Active-active: publish this router's in-flight per node; the other routers' are read with the
-    telemetry (telemetry.peers, started in `_lifecycle`)."""
+    telemetry (telemetry.kafka.peers, started in `_lifecycle`)."""
     router = app[ROUTER]
     loads = router.peers
     if loads is None:

@@ -19,11 +19,11 @@ from router.lifecycle.health import HealthConfig
 from router.lifecycle.links import LinkState
 from router.lifecycle.reroute import RerouteConfig
 from router.lifecycle.stages import CropSpec, StageSpec, WorkflowSpec
-from telemetry.configfile import ConfigError, load_model, validate
-from telemetry.schema import NAME_PATTERN
-from telemetry.settings import Bootstrap, ServerSettings
-from telemetry.signing import Signer, TelemetryKey, Verifier, signer_for
-from telemetry.tls import ClientTLS, KafkaSecurity
+from telemetry.cluster.schema import NAME_PATTERN
+from telemetry.kafka.signing import Signer, TelemetryKey, Verifier, signer_for
+from telemetry.process.configfile import ConfigError, load_model, validate
+from telemetry.process.settings import Bootstrap, ServerSettings
+from telemetry.process.tls import ClientTLS, KafkaSecurity
 
 __all__ = ["ConfigError", "CropSpec", "RouterConfig", "StageSpec", "WorkflowSpec", "lifecycle_settings", "load_config"]
 
@@ -74,7 +74,7 @@ class OutlierConfig(BaseModel):
 
 
 class PeersConfig(BaseModel):
-    """Active-active routers sharing their in-flight load through Kafka (telemetry.peers)."""
+    """Active-active routers sharing their in-flight load through Kafka (telemetry.kafka.peers)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -142,7 +142,7 @@ class RouterConfig(ServerSettings):
     kafka: Bootstrap | None = Field(None, description="telemetry bootstrap HOST:PORT[,HOST:PORT...]")
     telemetry_keys: list[TelemetryKey] | None = Field(
         None,
-        description="ID:SECRET keys that telemetry and peer messages must be signed with (telemetry.signing); "
+        description="ID:SECRET keys that telemetry and peer messages must be signed with (telemetry.kafka.signing); "
         "default $EDGEROUTE_TELEMETRY_KEYS; none: unsigned accepted",
     )
     telemetry_key: TelemetryKey | None = Field(
@@ -174,7 +174,7 @@ class RouterConfig(ServerSettings):
         return signer_for(self.telemetry_key)
 
     node_tls: ClientTLS | None = Field(None, description="CA (and client certificate) for HTTPS nodes")
-    kafka_security: KafkaSecurity | None = Field(None, description="Kafka SSL/SASL settings (telemetry.tls)")
+    kafka_security: KafkaSecurity | None = Field(None, description="Kafka SSL/SASL settings (telemetry.process.tls)")
     node_endpoints: EndpointAllowList | None = Field(
         None, description="allow-list of node endpoints (schemes, hosts, networks); none: any endpoint"
     )

@@ -30,9 +30,9 @@ from router.node_client import (
     NodeUnavailable,
     error_text,
 )
-from telemetry import wire
-from telemetry.store import ViewStore
-from telemetry.view import NodeState
+from telemetry.cluster.store import ViewStore
+from telemetry.cluster.view import NodeState
+from telemetry.oip import wire
 
 log = logging.getLogger("edgeroute.router")
 

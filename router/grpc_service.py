@@ -3,11 +3,11 @@
 A call meets what its HTTP twin meets. Authentication takes the bearer token from `authorization`
 metadata (health and server metadata stay open, as their HTTP routes do; repository load and unload
 need an admin client); inference is rate-limited per client, then goes through `router.oip.route` in
-its HTTP form (telemetry.grpc_oip.http_body): the same checks, policies, admission, lifecycle and
+its HTTP form (telemetry.oip.grpc.http_body): the same checks, policies, admission, lifecycle and
 deadline (the call's `grpc-timeout`, or an earlier `deadline_ms`/`timeout` parameter); towards the
 nodes the router keeps HTTP. Metadata, readiness, configuration and statistics are answered by the
 HTTP handlers themselves (`_Local` carries a call's names to them), their JSON read into Triton's
-messages. HTTP statuses become gRPC codes (telemetry.grpc_oip.STATUS_CODES).
+messages. HTTP statuses become gRPC codes (telemetry.oip.grpc.STATUS_CODES).
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from aiohttp import web
 from router import oip, repository, triton
 from router.node_client import error_text
 from router.state import ROUTER, VERSION, Router
-from telemetry import wire
-from telemetry.grpc_oip import (
+from telemetry.oip import wire
+from telemetry.oip.grpc import (
     BadMessage,
     bearer,
     code_of,
@@ -31,7 +31,7 @@ from telemetry.grpc_oip import (
     response_from_body,
     service_handler,
 )
-from telemetry.triton import EXTENSIONS, from_json, mc, pb
+from telemetry.oip.triton import EXTENSIONS, from_json, mc, pb
 
 
 class _Local:
@@ -141,7 +141,7 @@ class RouterService:
         return pb.RepositoryModelUnloadResponse()
 
     async def infer_once(self, request: Any, context: Any) -> tuple[int, str, Any]:
-        """One inference (telemetry.grpc_oip makes ModelInfer and ModelStreamInfer of it)."""
+        """One inference (telemetry.oip.grpc makes ModelInfer and ModelStreamInfer of it)."""
         router = self.router
         arrived = router.clock()
         verdict = router.auth.check(bearer(context), False, str(context.peer())[:128])

@@ -19,15 +19,15 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from telemetry.metering import Counter, Histogram, Meters
-from telemetry.quantiles import nearest_rank
-from telemetry.signing import Verifier
-from telemetry.store import LAG_BUCKETS_S, ViewStore
+from telemetry.cluster.store import LAG_BUCKETS_S, ViewStore
+from telemetry.kafka.signing import Verifier
+from telemetry.measure.metering import Counter, Histogram, Meters
+from telemetry.measure.quantiles import nearest_rank
 
 if TYPE_CHECKING:
     from router.lifecycle import Lifecycle
     from router.workflows import WorkflowRunner
-    from telemetry.serving import ConnectionCap
+    from telemetry.process.serving import ConnectionCap
 
 # one series per counter and histogram, not a second `_created` one (the timestamp is of no use here)
 prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
@@ -118,7 +118,7 @@ class _ConnectionCollector(Collector):
 
 
 class _VerifierCollector(Collector):
-    """Signed telemetry and peer messages: accepted, and dropped by reason (telemetry.signing)."""
+    """Signed telemetry and peer messages: accepted, and dropped by reason (telemetry.kafka.signing)."""
 
     def __init__(self, verifier: Verifier) -> None:
         self.verifier = verifier

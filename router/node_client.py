@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from router.http1 import Http1Client
-from telemetry import wire
+from telemetry.oip import wire
 
 PASS_HEADERS = (
     "Content-Type",

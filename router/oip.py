@@ -27,10 +27,10 @@ from router.node_client import NodeError
 from router.state import CLIENT, ROUTER, VERSION, Router
 from router.state import json_error as _error
 from router.workflows import WorkflowInputError, WorkflowRunner, decode_inputs
-from telemetry import wire
-from telemetry.schema import NAME_PATTERN
-from telemetry.serving import read_body
-from telemetry.triton import EXTENSIONS
+from telemetry.cluster.schema import NAME_PATTERN
+from telemetry.oip import wire
+from telemetry.oip.triton import EXTENSIONS
+from telemetry.process.serving import read_body
 
 log = logging.getLogger("edgeroute.router")
 

@@ -14,9 +14,9 @@ from aiohttp import web
 from router.node_client import NodeBadAnswer, NodeError, NodeTimeout, NodeUnavailable, error_text
 from router.state import ROUTER, Router
 from router.state import json_error as _error
-from telemetry import wire
-from telemetry.serving import read_body
-from telemetry.view import NodeState
+from telemetry.cluster.view import NodeState
+from telemetry.oip import wire
+from telemetry.process.serving import read_body
 
 
 def index(router: Router) -> list[dict[str, str]]:

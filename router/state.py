@@ -21,10 +21,10 @@ from router.dispatch import Dispatcher, PolicyHolder
 from router.metrics import RouterMetrics
 from router.node_client import NodeClient
 from router.workflows import WorkflowRunner
-from telemetry.bus import TelemetrySource
-from telemetry.peers import PeerLoads
-from telemetry.store import ViewStore
-from telemetry.version import __version__
+from telemetry.cluster.store import ViewStore
+from telemetry.kafka.bus import TelemetrySource
+from telemetry.kafka.peers import PeerLoads
+from telemetry.process.version import __version__
 
 log = logging.getLogger("edgeroute.router")
 
@@ -50,7 +50,7 @@ class Router:
         self.client = client
         self.clock = clock
         self.config_path = config_path
-        self.verifier = config.verifier()  # telemetry and peer messages (telemetry.signing), if keyed
+        self.verifier = config.verifier()  # telemetry and peer messages (telemetry.kafka.signing), if keyed
         self.store = ViewStore(
             stale_after_ms=config.stale_after_ms, evict_after_ms=config.evict_after_ms, max_nodes=config.max_nodes
         )

@@ -3,7 +3,7 @@
 - `GET /v2/models/{m}[/versions/{v}]/config`: the configuration a serving node answers (least busy,
   model resident first), relayed as it came, like the model's metadata.
 - `GET /v2/models[/{m}[/versions/{v}]]/stats`: the fleet's statistics, the sum over every fresh node
-  that serves the model (telemetry.triton.merge_statistics): counts and durations added, the latest
+  that serves the model (telemetry.oip.triton.merge_statistics): counts and durations added, the latest
   `last_inference`. A node's answer is hostile input: read against Triton's schema with a size bound,
   and a node that does not answer, or answers what does not fit, is left out and named in the
   `Edgeroute-Stats-Missing` header.
@@ -20,9 +20,9 @@ from router.node_client import NodeError
 from router.oip import VERSION_NAME, _model_nodes, _unknown_or_unavailable, relay
 from router.state import ROUTER, Router
 from router.state import json_error as _error
-from telemetry import wire
-from telemetry.triton import from_json, merge_statistics, pb, to_json
-from telemetry.view import NodeState
+from telemetry.cluster.view import NodeState
+from telemetry.oip import wire
+from telemetry.oip.triton import from_json, merge_statistics, pb, to_json
 
 STATS_TIMEOUT_S = 2.0
 MISSING = "Edgeroute-Stats-Missing"

@@ -49,7 +49,7 @@ from policies.budgets import split_budget
 from router.config import CropSpec, StageSpec, WorkflowSpec
 from router.dispatch import Dispatcher, Outcome
 from router.lifecycle.stages import downstream, expected_stage_ms
-from telemetry import wire
+from telemetry.oip import wire
 
 
 class WorkflowInputError(ValueError):

@@ -1,14 +1,10 @@
-"""Telemetry: node load messages, their Kafka transport, and the ClusterView the router routes on."""
+"""The shared kernel of routers, nodes and tools, by what each sub-package holds.
 
-from telemetry.schema import SCHEMA_VERSION, DeviceInfo, MalformedTelemetry, ModelLoad, NodeLoad
-from telemetry.view import ClusterView, NodeState
-
-__all__ = [
-    "SCHEMA_VERSION",
-    "ClusterView",
-    "DeviceInfo",
-    "MalformedTelemetry",
-    "ModelLoad",
-    "NodeLoad",
-    "NodeState",
-]
+- `telemetry.cluster`: the load report a node publishes (`NodeLoad`) and the `ClusterView` snapshots
+  a router routes on (store, column tables; reads never write).
+- `telemetry.kafka`: the Kafka transport of reports and peer counts, and their signing.
+- `telemetry.oip`: the Open Inference Protocol v2 wire formats, REST and gRPC, with Triton's
+  definitions.
+- `telemetry.process`: process plumbing: serving, TLS, settings, config files, shared CLI flags.
+- `telemetry.measure`: the one quantile helper and cheap request metrics.
+"""

@@ -7,8 +7,8 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
-from telemetry.schema import DeviceInfo, ModelLoad, NodeLoad
-from telemetry.view import ClusterView
+from telemetry.cluster.schema import DeviceInfo, ModelLoad, NodeLoad
+from telemetry.cluster.view import ClusterView
 
 
 def load(

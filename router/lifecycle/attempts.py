@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from policies.api import Decision, RouteRequest
 from policies.pipeline import Pipeline
-from telemetry.view import NodeState
+from telemetry.cluster.view import NodeState
 
 _NONE_TRIED: frozenset[str] = frozenset()
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from telemetry.quantiles import nearest_rank
+from telemetry.measure.quantiles import nearest_rank
 
 WINDOW = 512  # attempts the margin is learnt from
 EVERY = 32  # the quantile is recomputed after this many new samples

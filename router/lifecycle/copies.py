@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from telemetry.view import ClusterView, NodeState
+from telemetry.cluster.view import ClusterView, NodeState
 
 
 class CopyConfig(BaseModel):

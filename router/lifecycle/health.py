@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from telemetry.view import NodeState
+from telemetry.cluster.view import NodeState
 
 
 @dataclass(slots=True)

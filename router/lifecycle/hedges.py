@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from telemetry.quantiles import nearest_rank
+from telemetry.measure.quantiles import nearest_rank
 
 WINDOW = 256
 MAX_KEYS = 4096  # (model, priority) pairs remembered; priorities come from clients

@@ -56,8 +56,8 @@ from router.lifecycle.holds import HoldQueue
 from router.lifecycle.links import LinkState, LinkTable
 from router.lifecycle.overlay import OutstandingTracker
 from router.lifecycle.reroute import Move, RerouteConfig, Rerouter
-from telemetry.store import ViewStore
-from telemetry.view import ClusterView, NodeState
+from telemetry.cluster.store import ViewStore
+from telemetry.cluster.view import ClusterView, NodeState
 
 T = TypeVar("T")
 

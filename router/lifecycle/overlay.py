@@ -7,7 +7,7 @@ latest report (of `r` outstanding), and estimates
     outstanding = max(pending, r + d - s)
 
 where `pending` is this router's own unanswered requests there, plus, with active-active routers
-(telemetry.peers), the other routers' requests in flight there as they last published them. With
+(telemetry.kafka.peers), the other routers' requests in flight there as they last published them. With
 peers, `s` also counts the answers the other routers got from the node since its report (from their
 published running sums), and their new dispatches are in `pending`: without that, requests of the
 other routers that finished since the report would keep the node looking busier than it is until
@@ -40,8 +40,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from router.lifecycle.health import OutlierDetector
-from telemetry.table import BoolArray, IntArray, ModelTable
-from telemetry.view import ClusterView, Links, NodeState
+from telemetry.cluster.table import BoolArray, IntArray, ModelTable
+from telemetry.cluster.view import ClusterView, Links, NodeState
 
 NAN = float("nan")
 MAX_REFUSED = 1024  # the refusal penalty of one node at most
@@ -68,7 +68,7 @@ class OutstandingTracker:
         remote_settled: Callable[[str], int] | None = None,
     ) -> None:
         self.health = health  # attached to every overlaid view for the `healthy` filter
-        self.remote = remote  # other routers' in flight per node (telemetry.peers), if shared
+        self.remote = remote  # other routers' in flight per node (telemetry.kafka.peers), if shared
         self.remote_settled = remote_settled  # ... and their running sum of answers per node
         self._nodes: dict[str, _Node] = {}
         self._loads: dict[str, dict[str, tuple[float, float]]] = {}  # node -> model -> (ready at, load ms)

@@ -41,7 +41,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from policies.api import Context, Defer, Rejection, RouteRequest
 from policies.completion import exec_estimate_ms, predicted_completion_ms, predicted_wait_ms
 from router.lifecycle.attempts import Attempts, Send
-from telemetry.view import ClusterView, NodeState
+from telemetry.cluster.view import ClusterView, NodeState
 
 WINDOW_MS = 1000.0
 MAX_LOOKS_PER_NODE = 64  # queued attempts considered per node per report (the most urgent first)

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from policies.budgets import WorkflowError, split_budget
-from telemetry.view import ClusterView
+from telemetry.cluster.view import ClusterView
 
 
 class CropSpec(BaseModel):

@@ -54,7 +54,6 @@ from policies.pipeline import Pipeline
 from policies.registry import build_policy
 from router.lifecycle import Lifecycle
 from router.lifecycle.overlay import OutstandingTracker
-from scenarios.schema import PolicyRun, Scenario
 from scenarios.sim.faults import FaultModel
 from scenarios.sim.nodes import NodeModel
 from scenarios.sim.profile import Profile
@@ -84,9 +83,10 @@ from scenarios.sim.state import (
 )
 from scenarios.sim.telemetry import TelemetryModel
 from scenarios.sim.workflows import WorkflowDriver
-from scenarios.workload import Arrival, Result
-from telemetry.schema import DeviceInfo, NodeLoad
-from telemetry.store import MAX_NODES, ViewStore
+from scenarios.spec.schema import PolicyRun, Scenario
+from scenarios.spec.workload import Arrival, Result
+from telemetry.cluster.schema import DeviceInfo, NodeLoad
+from telemetry.cluster.store import MAX_NODES, ViewStore
 
 COLLECT_EVERY = 100_000  # events between the simulation's own garbage collections
 

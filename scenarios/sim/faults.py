@@ -5,12 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 from router.lifecycle import Failure
-from scenarios.schema import Fault
 from scenarios.sim.state import (
     FAULT,
     PUBLISH,
     SimState,
 )
+from scenarios.spec.schema import Fault
 
 
 class FaultModel(SimState):

@@ -16,7 +16,6 @@ from nodes.scheduler import (
     time_left_ms,
 )
 from router.lifecycle import Failure, classify
-from scenarios.schema import NodeSpec
 from scenarios.sim.state import (
     EXPIRE,
     FINISH,
@@ -28,6 +27,7 @@ from scenarios.sim.state import (
     SimNode,
     SimState,
 )
+from scenarios.spec.schema import NodeSpec
 
 
 class NodeModel(SimState):

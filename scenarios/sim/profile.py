@@ -6,12 +6,13 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
-DEFAULT_PROFILE = Path(__file__).resolve().parents[1] / "profiles" / "cpu.json"
+from scenarios import BUNDLED_DIR
+
+DEFAULT_PROFILE = BUNDLED_DIR / "profiles" / "cpu.json"
 MAX_MS = 3_600_000.0  # no profiled time is longer than an hour
 
 

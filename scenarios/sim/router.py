@@ -22,8 +22,8 @@ from scenarios.sim.state import (
     SimState,
     SimWorkflow,
 )
-from scenarios.workload import Arrival, Result
-from telemetry import wire
+from scenarios.spec.workload import Arrival, Result
+from telemetry.oip import wire
 
 
 class RouterDriver(SimState):

@@ -23,11 +23,11 @@ from nodes.scheduler import Scheduler, Work
 from policies.pipeline import Pipeline
 from router.config import WorkflowSpec
 from router.lifecycle import Attempts, Failure, Lifecycle, LifecycleSettings
-from scenarios.schema import Fault, NodeSpec, Scenario
 from scenarios.sim.profile import Distribution, Profile
-from scenarios.workload import Arrival, Result
-from telemetry.schema import DeviceInfo, ModelLoad, NodeLoad
-from telemetry.store import ViewStore
+from scenarios.spec.schema import Fault, NodeSpec, Scenario
+from scenarios.spec.workload import Arrival, Result
+from telemetry.cluster.schema import DeviceInfo, ModelLoad, NodeLoad
+from telemetry.cluster.store import ViewStore
 
 # Event kinds; the number also orders simultaneous events (completions before new arrivals, so freed
 # slots are visible). Telemetry deliveries are events too, ordered before all of these at the same

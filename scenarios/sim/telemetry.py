@@ -14,7 +14,7 @@ from scenarios.sim.state import (
     SimNode,
     SimState,
 )
-from telemetry.schema import ModelLoad, NodeLoad
+from telemetry.cluster.schema import ModelLoad, NodeLoad
 
 
 class TelemetryModel(SimState):

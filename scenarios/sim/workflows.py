@@ -17,7 +17,7 @@ from scenarios.sim.state import (
     output_bytes,
     stage_model,
 )
-from scenarios.workload import Arrival, Result
+from scenarios.spec.workload import Arrival, Result
 
 
 class WorkflowDriver(SimState):

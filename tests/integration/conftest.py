@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from scenarios.launcher import Stack
-from scenarios.schema import Scenario
-from telemetry.broker import EmbeddedBroker
+from scenarios.spec.schema import Scenario
+from scenarios.stack.broker import EmbeddedBroker
+from scenarios.stack.launcher import Stack
 
 _topics = itertools.count(1)
 

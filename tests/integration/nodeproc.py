@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from telemetry.broker import free_port, terminate, wait_for_port
+from scenarios.stack.broker import free_port, terminate, wait_for_port
 
 
 @contextlib.contextmanager

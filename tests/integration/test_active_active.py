@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from scenarios.launcher import Stack, http_json
-from telemetry.broker import EmbeddedBroker
-from telemetry.bus import KafkaTelemetrySource, TelemetryPublisher, ensure_topic
-from telemetry.peers import PeerLoads, PeerPublisher
-from telemetry.store import ViewStore
+from scenarios.stack.broker import EmbeddedBroker
+from scenarios.stack.launcher import Stack, http_json
+from telemetry.cluster.store import ViewStore
+from telemetry.kafka.bus import KafkaTelemetrySource, TelemetryPublisher, ensure_topic
+from telemetry.kafka.peers import PeerLoads, PeerPublisher
 from tests.helpers import load
 from tests.integration.conftest import scenario
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from scenarios.launcher import Stack
+from scenarios.stack.launcher import Stack
 from tests.integration.http import call, infer_body
 
 httpclient = pytest.importorskip("tritonclient.http")

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from scenarios.launcher import Stack
+from scenarios.stack.launcher import Stack
 from tests.integration.http import call, infer_body
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from scenarios.launcher import Stack
-from telemetry.broker import EmbeddedBroker
+from scenarios.stack.broker import EmbeddedBroker
+from scenarios.stack.launcher import Stack
 from tests.integration.conftest import scenario
 from tests.integration.http import call, infer_body
 

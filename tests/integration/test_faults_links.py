@@ -5,10 +5,10 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from scenarios.fault_injector import FaultInjector
-from scenarios.launcher import Stack
-from scenarios.schema import Scenario
-from telemetry.broker import EmbeddedBroker
+from scenarios.spec.schema import Scenario
+from scenarios.stack.broker import EmbeddedBroker
+from scenarios.stack.faults import FaultInjector
+from scenarios.stack.launcher import Stack
 from tests.integration.http import call, infer_body
 
 

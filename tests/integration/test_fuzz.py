@@ -21,8 +21,8 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from scenarios.launcher import Stack
-from telemetry import wire
+from scenarios.stack.launcher import Stack
+from telemetry.oip import wire
 from tests.integration.http import call, infer_body
 
 EXAMPLES = int(os.environ.get("EDGEROUTE_FUZZ_EXAMPLES", "300"))

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from scenarios.launcher import Stack
+from scenarios.stack.launcher import Stack
 from tests.helpers import assert_outputs_close
 from tests.integration.conftest import ALL_MODELS
 

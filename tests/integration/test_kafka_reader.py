@@ -1,4 +1,4 @@
-"""The lean Kafka reader (telemetry.kafkafetch) against the real broker, next to kafka-python's
+"""The lean Kafka reader (telemetry.kafka.lean) against the real broker, next to kafka-python's
 consumer on the same records; and against peers that are not honest brokers, which must end in
 KafkaWireError, never another exception, a hang or a huge allocation."""
 
@@ -15,11 +15,12 @@ import pytest
 from kafka import KafkaConsumer, KafkaProducer
 from kafka import TopicPartition as KafkaTopicPartition
 
-from telemetry import kafkafetch
-from telemetry.broker import EmbeddedBroker
-from telemetry.bus import KafkaTelemetrySource, TelemetryPublisher, ensure_topic
-from telemetry.kafkafetch import KafkaWireError, LeanConsumer, TopicPartition, Unsupported
-from telemetry.store import ViewStore
+from scenarios.stack.broker import EmbeddedBroker
+from telemetry.cluster.store import ViewStore
+from telemetry.kafka import lean as kafkafetch
+from telemetry.kafka.bus import KafkaTelemetrySource, TelemetryPublisher, ensure_topic
+from telemetry.kafka.lean import LeanConsumer
+from telemetry.kafka.records import KafkaWireError, TopicPartition, Unsupported
 from tests.helpers import load
 
 
@@ -116,7 +117,7 @@ def test_lookups_agree_with_kafka_python_and_a_lost_offset_restarts_at_the_end(b
 def test_a_telemetry_source_reads_nodes_with_either_reader(
     broker: EmbeddedBroker, reader: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from telemetry import rdkafka
+    from telemetry.kafka import rdkafka
 
     if reader == "librdkafka" and not rdkafka.available():
         pytest.skip("confluent-kafka is not installed, or EDGEROUTE_KAFKA_CLIENT=kafka-python")
@@ -261,9 +262,9 @@ def test_an_unreachable_leader_is_an_error_then_looked_up_again(broker: Embedded
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="needs openssl to make certificates")
 def test_the_lean_reader_reads_a_tls_broker(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
     """With security_protocol SSL the router keeps the lean reader (and its bounds), over TLS."""
-    from scenarios.tlsfront import TlsFront
-    from telemetry.broker import free_port
-    from telemetry.tls import KafkaSecurity, kafka_security, set_kafka_security
+    from scenarios.stack.broker import free_port
+    from scenarios.stack.tlsfront import TlsFront
+    from telemetry.process.tls import KafkaSecurity, kafka_security, set_kafka_security
     from tests.integration.test_tls import make_pki
 
     monkeypatch.delenv("EDGEROUTE_KAFKA_READER", raising=False)

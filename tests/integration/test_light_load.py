@@ -12,10 +12,10 @@ from pathlib import Path
 import aiohttp
 
 from policies.presets import PRESETS
-from scenarios.launcher import Stack
-from scenarios.loadgen import fetch_payloads
-from scenarios.schema import load_scenario
-from telemetry.broker import EmbeddedBroker
+from scenarios.spec.schema import load_scenario
+from scenarios.stack.broker import EmbeddedBroker
+from scenarios.stack.launcher import Stack
+from scenarios.stack.loadgen import fetch_payloads
 
 ROOT = Path(__file__).resolve().parents[2]
 CLIENTS = 8

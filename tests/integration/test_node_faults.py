@@ -15,7 +15,7 @@ from policies import RouteRequest, build_policy
 from router.dispatch import Dispatcher, PolicyHolder
 from router.lifecycle import LifecycleSettings
 from router.node_client import HttpNodeClient, NodeUnavailable
-from telemetry.store import ViewStore
+from telemetry.cluster.store import ViewStore
 from tests.helpers import load
 
 

@@ -7,7 +7,7 @@ import onnxruntime as ort
 import pytest
 
 from nodes import zoo
-from scenarios.launcher import Stack
+from scenarios.stack.launcher import Stack
 from tests.helpers import assert_outputs_close
 from tests.integration.conftest import ALL_MODELS
 

@@ -7,9 +7,9 @@ import threading
 import time
 from pathlib import Path
 
-from scenarios.launcher import Stack
-from scenarios.schema import Scenario
-from telemetry.broker import EmbeddedBroker
+from scenarios.spec.schema import Scenario
+from scenarios.stack.broker import EmbeddedBroker
+from scenarios.stack.launcher import Stack
 from tests.integration.http import call, infer_body
 
 

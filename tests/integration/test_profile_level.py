@@ -6,9 +6,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from scenarios.launcher import http_json
-from scenarios.loadgen import fetch_payloads
-from scenarios.profile import measure_level
+from scenarios.calibrate.profile import measure_level
+from scenarios.stack.launcher import http_json
+from scenarios.stack.loadgen import fetch_payloads
 
 
 def test_a_level_measures_overhead_per_model_and_the_wake_up_distribution(own_stack: Any) -> None:

@@ -8,7 +8,7 @@ import time
 
 import yaml
 
-from scenarios.launcher import Stack
+from scenarios.stack.launcher import Stack
 from tests.integration.http import call
 
 

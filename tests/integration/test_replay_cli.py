@@ -37,7 +37,7 @@ workload:
 policies: [round_robin, p2c]
 """
 
-CLI = [sys.executable, "-m", "scenarios.cli"]
+CLI = [sys.executable, "-m", "scenarios.cli.main"]
 
 
 def test_replay_writes_the_report_contract(tmp_path: Path) -> None:
@@ -154,7 +154,7 @@ def test_up_prints_addresses_and_stops_everything_on_sigterm(tmp_path: Path) -> 
 
 
 def test_bench_router_measures_the_floor_and_writes_its_figures(tmp_path: Path) -> None:
-    from scenarios.bench_router import bench_router
+    from scenarios.bench.router import bench_router
 
     result = bench_router(tmp_path, requests=60, concurrencies=(1,), rounds=1)
     assert {r["target"] for r in result["runs"]} == {
@@ -175,8 +175,8 @@ def test_bench_router_measures_the_floor_and_writes_its_figures(tmp_path: Path) 
 
 
 def test_bench_ingest_reads_every_published_report_through_the_broker(tmp_path: Path, broker) -> None:  # type: ignore[no-untyped-def]
-    from scenarios.bench_ingest import bench_ingest
-    from telemetry.serving import GC_THRESHOLDS
+    from scenarios.bench.ingest import bench_ingest
+    from telemetry.process.serving import GC_THRESHOLDS
 
     before, frozen = gc.get_threshold(), gc.get_freeze_count()
     result = bench_ingest(tmp_path, nodes=40, interval_ms=100.0, seconds=1.0, publishers=2, kafka=broker.bootstrap)
@@ -194,7 +194,7 @@ def test_bench_ingest_reads_every_published_report_through_the_broker(tmp_path: 
 
 
 def test_bench_ingest_backlog_reads_what_the_publishers_left_and_times_the_reader_alone(tmp_path: Path, broker) -> None:  # type: ignore[no-untyped-def]
-    from scenarios.bench_ingest import bench_ingest
+    from scenarios.bench.ingest import bench_ingest
 
     result = bench_ingest(
         tmp_path, nodes=40, interval_ms=100.0, seconds=1.0, publishers=2, kafka=broker.bootstrap, backlog=True
@@ -244,7 +244,7 @@ def test_bench_triton_with_bad_settings_is_one_line_and_starts_nothing(tmp_path:
 
 
 def test_bench_ingest_against_an_unreachable_kafka_is_one_clear_line(tmp_path: Path) -> None:
-    from telemetry.broker import free_port
+    from scenarios.stack.broker import free_port
 
     proc = subprocess.run(
         [*CLI, "bench", "ingest", "--kafka", f"127.0.0.1:{free_port()}", "--seconds", "1", "--out", str(tmp_path)],
@@ -285,8 +285,8 @@ def test_a_trace_naming_a_model_no_node_serves_replays_live_as_simulated(tmp_pat
 
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="needs openssl to make certificates")
 def test_bench_ingest_over_tls_reads_every_report_with_the_lean_reader(tmp_path: Path) -> None:
-    from scenarios.bench_ingest import bench_ingest
-    from telemetry.tls import kafka_security
+    from scenarios.bench.ingest import bench_ingest
+    from telemetry.process.tls import kafka_security
 
     before = kafka_security()
     result = bench_ingest(tmp_path, nodes=40, interval_ms=100.0, seconds=1.0, publishers=1, tls=True)

@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from scenarios.cli import main as cli_main
-from scenarios.launcher import Stack
+from scenarios.cli.main import main as cli_main
+from scenarios.stack.launcher import Stack
 
 TOKEN = "t" * 24
 SCENARIO = """

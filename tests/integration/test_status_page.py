@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from scenarios.launcher import Stack
+from scenarios.stack.launcher import Stack
 from tests.integration.http import call, infer_body
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")

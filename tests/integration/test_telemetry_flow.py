@@ -10,11 +10,11 @@ from typing import Any
 
 from kafka import KafkaProducer
 
-from scenarios.launcher import Stack
-from telemetry.broker import EmbeddedBroker
-from telemetry.bus import KafkaTelemetrySource, TelemetryPublisher, ensure_topic
-from telemetry.signing import Signer, Verifier
-from telemetry.store import ViewStore
+from scenarios.stack.broker import EmbeddedBroker
+from scenarios.stack.launcher import Stack
+from telemetry.cluster.store import ViewStore
+from telemetry.kafka.bus import KafkaTelemetrySource, TelemetryPublisher, ensure_topic
+from telemetry.kafka.signing import Signer, Verifier
 from tests.helpers import load
 from tests.integration.http import call, infer_body
 

@@ -20,8 +20,8 @@ from nodes.config import NodeConfig
 from router.app import create_app
 from router.config import parse_config
 from router.node_client import HttpNodeClient, NodeUnavailable
-from telemetry.bus import StaticTelemetrySource
-from telemetry.tls import ClientTLS, KafkaSecurity, ServerTLS, kafka_options, set_kafka_security
+from telemetry.kafka.bus import StaticTelemetrySource
+from telemetry.process.tls import ClientTLS, KafkaSecurity, ServerTLS, kafka_options, set_kafka_security
 from tests.helpers import load
 from tests.integration.http import infer_body
 from tests.integration.inproc import running_node

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from scenarios.launcher import Stack, http_json
+from scenarios.stack.launcher import Stack, http_json
 from tests.integration.conftest import ALL_MODELS
 
 httpclient = pytest.importorskip("tritonclient.http")
@@ -107,7 +107,7 @@ def test_statistics_count_what_ran_and_the_router_sums_the_fleet(shared_stack: S
 
 @pytest.mark.parametrize("model", ["sensor_mlp", "resnet_s"])
 def test_perf_analyzer_measures_a_node_and_the_router(shared_stack: Stack, model: str) -> None:
-    from scenarios.bench_triton import find_perf_analyzer
+    from scenarios.bench.triton import find_perf_analyzer
 
     binary = find_perf_analyzer()
     if binary is None:
@@ -145,7 +145,7 @@ def test_perf_analyzer_measures_a_node_and_the_router(shared_stack: Stack, model
 
 
 def test_bench_triton_measures_node_and_router_with_perf_analyzer(tmp_path: Path) -> None:
-    from scenarios.bench_triton import bench_triton, find_perf_analyzer
+    from scenarios.bench.triton import bench_triton, find_perf_analyzer
 
     if find_perf_analyzer() is None:
         pytest.skip("perf_analyzer is not installed")

@@ -11,7 +11,7 @@ from typing import Any
 from aiohttp import web
 
 from router.node_client import HttpNodeClient
-from scenarios.launcher import Stack
+from scenarios.stack.launcher import Stack
 from tests.integration.http import call
 
 TOKEN = "t" * 24

@@ -15,7 +15,7 @@ import pytest
 from nodes import zoo
 from router.config import CropSpec
 from router.workflows import crops
-from scenarios.launcher import Stack
+from scenarios.stack.launcher import Stack
 from tests.helpers import assert_outputs_close
 from tests.integration.http import call
 
@@ -207,7 +207,7 @@ def test_the_repository_index_lists_workflows(stack: Stack) -> None:
 def test_copy_scaling_loads_a_hot_model_on_a_second_node_ahead_of_need(own_stack) -> None:  # type: ignore[no-untyped-def]
     import asyncio
 
-    from scenarios.loadgen import Arrival, fetch_payloads, run_load
+    from scenarios.stack.loadgen import Arrival, fetch_payloads, run_load
 
     models = {
         "cls": {"zoo": "mobilenet_s", "size_mb": 700, "load_ms": 300},

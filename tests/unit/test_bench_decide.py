@@ -8,7 +8,7 @@ from pathlib import Path
 
 from policies.presets import PRESETS
 from router.lifecycle import Send
-from scenarios.bench_decide import bench_decide, build_lifecycle, requests
+from scenarios.bench.decide import bench_decide, build_lifecycle, requests
 
 
 def test_every_preset_decides_on_a_realistic_view(tmp_path: Path) -> None:

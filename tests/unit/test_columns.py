@@ -23,11 +23,11 @@ from policies.completion import best_over, predicted_wait_ms
 from policies.presets import PRESETS
 from router.lifecycle import Lifecycle, LifecycleSettings
 from router.lifecycle.links import LinkState
-from scenarios.bench_decide import MODELS, SITES, node_load
-from telemetry.schema import NodeLoad
-from telemetry.store import ViewStore
-from telemetry.table import ModelTable
-from telemetry.view import ClusterView
+from scenarios.bench.decide import MODELS, SITES, node_load
+from telemetry.cluster.schema import NodeLoad
+from telemetry.cluster.store import ViewStore
+from telemetry.cluster.table import ModelTable
+from telemetry.cluster.view import ClusterView
 
 NOW = 1_000_000.0
 COLUMNAR = tuple(p for p in PRESETS if p != "p2c")  # p2c samples two nodes instead

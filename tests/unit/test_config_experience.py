@@ -20,9 +20,9 @@ from nodes.config import NodeConfig
 from router.__main__ import main as router_main
 from router.config import load_config as load_router
 from router.config import parse_config
-from scenarios.cli import main as cli_main
-from scenarios.schema import parse_scenario
-from telemetry.configfile import ConfigError, env_overlay, safe_yaml
+from scenarios.cli.main import main as cli_main
+from scenarios.spec.schema import parse_scenario
+from telemetry.process.configfile import ConfigError, env_overlay, safe_yaml
 from tests.helpers import mutated
 
 README = Path(__file__).resolve().parents[2] / "README.md"
@@ -375,7 +375,7 @@ def test_command_line_overrides_are_checked_as_the_config_files_values(capsys: p
     ],
 )
 def test_bootstrap_lists(text: str, ok: bool) -> None:
-    from telemetry.settings import check_bootstrap
+    from telemetry.process.settings import check_bootstrap
 
     if ok:
         assert check_bootstrap(text) == text
@@ -398,7 +398,7 @@ def test_a_live_stack_starts_no_more_node_processes_than_the_machine_holds(
 ) -> None:
     """Each live node is a process of about 100-150 MB: a simulator-sized topology (`bench sim` uses
     1,000 nodes) replayed live by mistake would exhaust the machine. Refused before anything starts."""
-    from scenarios.launcher import NODE_PROCESS_MB, live_node_limit
+    from scenarios.stack.launcher import NODE_PROCESS_MB, live_node_limit
 
     limit, why = live_node_limit()
     assert limit >= 4 and ("MB available" in why or why == "memory unknown")
@@ -460,8 +460,8 @@ def test_sizes_past_what_the_machine_or_a_scenario_holds_are_one_line(capsys: py
 
 
 def test_a_replay_is_planned_within_a_workloads_bounds() -> None:
-    from scenarios.replay import _plan
-    from scenarios.schema import load_scenario
+    from scenarios.replay.run import _plan
+    from scenarios.spec.schema import load_scenario
 
     scenario = load_scenario("quickstart")
     for bad in (0.0, -1.0, float("nan"), 1e12):
@@ -471,7 +471,7 @@ def test_a_replay_is_planned_within_a_workloads_bounds() -> None:
 
 
 def test_version(capsys: pytest.CaptureFixture[str]) -> None:
-    from telemetry.version import __version__
+    from telemetry.process.version import __version__
 
     for main in (cli_main, router_main, node_main):
         with pytest.raises(SystemExit) as info:
@@ -483,8 +483,8 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
 def test_kafka_security_for_stacks_and_replays(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from scenarios.launcher import PASS_ENV
-    from telemetry.tls import kafka_options, set_kafka_security
+    from scenarios.stack.launcher import PASS_ENV
+    from telemetry.process.tls import kafka_options, set_kafka_security
 
     assert "EDGEROUTE_KAFKA_SECURITY" in PASS_ENV, "a stack's nodes and routers get the same settings"
     # and the same Kafka client choice (make test's second pass runs whole stacks on kafka-python)

@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from router.lifecycle.copies import CopyConfig, DemandMeter, plan_copies
-from telemetry.schema import ModelLoad, NodeLoad
-from telemetry.view import ClusterView
+from telemetry.cluster.schema import ModelLoad, NodeLoad
+from telemetry.cluster.view import ClusterView
 from tests.helpers import load
 
 NOW = 10_000.0

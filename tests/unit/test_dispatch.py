@@ -16,7 +16,7 @@ from router.lifecycle.holds import HoldQueue
 from router.lifecycle.links import LinkState
 from router.lifecycle.overlay import OutstandingTracker
 from router.node_client import InMemoryNodeClient, NodeReply, NodeTimeout, NodeUnavailable
-from telemetry.store import ViewStore
+from telemetry.cluster.store import ViewStore
 from tests.helpers import load, view
 
 NOW = 1_000.0

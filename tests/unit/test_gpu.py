@@ -25,7 +25,7 @@ from nodes.config import ModelSpec, NodeConfig
 from nodes.protocol import InferRequest, TensorSpec
 from nodes.runtime import LoadedModel, cuda_available, cuda_provider, gpu_visible, load_model
 from nodes.state import NodeRuntime
-from telemetry.schema import DeviceInfo, NodeLoad
+from telemetry.cluster.schema import DeviceInfo, NodeLoad
 
 requires_gpu = pytest.mark.skipif(not cuda_available(), reason="needs a CUDA GPU and ONNX Runtime's CUDA provider")
 FP32_ZOO = ["echo", "sensor_mlp", "mobilenet_s", "resnet_s", "tiny_transformer", "detector_head"]
@@ -327,7 +327,7 @@ def test_concurrent_runs_on_both_streams_stay_correct(tmp_path: Path) -> None:
 def test_bench_gpu_refuses_bad_options_with_one_line(
     args: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from scenarios.cli import main
+    from scenarios.cli.main import main
 
     assert main(["bench", "gpu", "--out", str(tmp_path), *args]) == 2
     err = capsys.readouterr().err.strip().splitlines()

@@ -1,4 +1,4 @@
-"""Host calibration's pure parts (scenarios.host) and the speed emulation's hold (nodes.runtime)."""
+"""Host calibration's pure parts (scenarios.calibrate.host) and the speed emulation's hold (nodes.runtime)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 
 from nodes.runtime import LoadedModel
 from router.lifecycle.links import LinkState, LinkTable
-from scenarios.host import (
+from scenarios.calibrate.host import (
     LOCAL_ENOUGH,
     _overhead_without_links,
     compare_with_profile,
@@ -20,10 +20,10 @@ from scenarios.host import (
     model_mix,
     stage_architectures,
 )
-from scenarios.schema import Scenario
 from scenarios.sim import Profile
 from scenarios.sim.profile import DEFAULT_PROFILE, _node_shift_ms
-from scenarios.workload import Arrival, Result, mean_rate_rps
+from scenarios.spec.schema import Scenario
+from scenarios.spec.workload import Arrival, Result, mean_rate_rps
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -45,8 +45,8 @@ def level(rate: float = 160.0, overhead: float = 8.0) -> dict[str, object]:
 def test_the_mix_counts_each_site_for_the_share_of_the_run_it_is_active_and_keeps_workflows() -> None:
     """camera-pipeline's two camera classes each run part of the minute (50 req/s for 40 s, then for
     20 s): the host is measured at the 80 req/s the run offers, not 130, with the camera jobs in it."""
-    from scenarios.replay import offered_rate
-    from scenarios.schema import load_scenario
+    from scenarios.replay.run import offered_rate
+    from scenarios.spec.schema import load_scenario
 
     cams = load_scenario("camera-pipeline")
     mix = model_mix(cams)

@@ -10,16 +10,9 @@ import struct
 import pytest
 from kafka.record.default_records import DefaultRecordBatchBuilder
 
-from telemetry.bus import reader_kind
-from telemetry.kafkafetch import (
-    KafkaWireError,
-    LeanConsumer,
-    Record,
-    TopicPartition,
-    Unsupported,
-    _Reader,
-    decode_batches,
-)
+from telemetry.kafka.bus import reader_kind
+from telemetry.kafka.lean import LeanConsumer
+from telemetry.kafka.records import KafkaWireError, Reader, Record, TopicPartition, Unsupported, decode_batches
 
 
 def batch(base: int, values: list[bytes | None], codec: int = 0, control: bool = False) -> bytes:
@@ -153,7 +146,7 @@ def test_a_fetch_answer_is_read_into_records_and_next_offsets() -> None:
     t0, t1 = TopicPartition("t", 0), TopicPartition("t", 1)
     consumer.offsets = {t0: 0, t1: 5}
     out: dict[TopicPartition, list[Record]] = {}
-    consumer._fetched(_Reader(fetch_answer("t", {0: batch(0, [b"a", b"b"]), 1: batch(5, [b"c"]), 7: b""})), out)
+    consumer._fetched(Reader(fetch_answer("t", {0: batch(0, [b"a", b"b"]), 1: batch(5, [b"c"]), 7: b""})), out)
     assert out == {t0: [Record(0, b"a"), Record(1, b"b")], t1: [Record(5, b"c")]}
     assert consumer.offsets == {t0: 2, t1: 6}  # partition 7 is not this reader's: ignored
 
@@ -168,7 +161,7 @@ def test_generated_fetch_answers_raise_only_wire_errors() -> None:
         consumer.end_offsets = lambda parts: dict.fromkeys(parts, 0)  # type: ignore[method-assign]
         out: dict[TopicPartition, list[Record]] = {}
         try:
-            consumer._fetched(_Reader(bytes(data)), out)
+            consumer._fetched(Reader(bytes(data)), out)
         except KafkaWireError:
             continue
         assert all(offset >= 0 for offset in consumer.offsets.values())
@@ -201,7 +194,7 @@ def test_a_broker_answer_has_a_deadline_as_a_whole() -> None:
     stalled for good. The whole answer now has `timeout_s` (no socket: a fake one trickles)."""
     import time
 
-    from telemetry import kafkafetch
+    from telemetry.kafka import lean as kafkafetch
 
     class Trickle:
         def __init__(self) -> None:

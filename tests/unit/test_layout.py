@@ -1,7 +1,7 @@
-"""The layout the design card fixes, checked on the source: the five packages depend one way, no module
-imports itself back through others, and no module
-grows past about 500 lines without saying why at its top. (That the simulator loads none of the
-live I/O stack is tests/unit/test_lifecycle.py's.)"""
+"""The layout the design card fixes, checked on the source: the rooms of the code (packages and the
+shared kernel's and the scenario tools' sub-packages) depend one way, the router's image holds all the
+router imports, no module imports itself back through others, and no module passes 500 lines. (That
+the simulator loads none of the live I/O stack is tests/unit/test_lifecycle.py's.)"""
 
 from __future__ import annotations
 
@@ -12,16 +12,45 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("telemetry", "policies", "nodes", "router", "scenarios")
-# what each package may import of the others (DESIGN.md, "Dependencies point one way")
-MAY_IMPORT = {
-    "telemetry": set(),
-    "policies": {"telemetry"},
-    "nodes": {"telemetry"},
-    "router": {"policies", "telemetry"},
-    "scenarios": {"router", "nodes", "policies", "telemetry"},
+# The rooms of the code, each a package or a sub-package, and which others each may import (DESIGN.md,
+# "Dependencies point one way"): the shared kernel's sub-packages first, then the packages on it, then
+# the scenario tools, each layer on the ones before it. A module belongs to the longest room its name
+# starts with.
+KERNEL = {
+    "telemetry.process": set(),  # serving, TLS, settings, config files, CLI flags
+    "telemetry.measure": set(),  # quantiles, cheap metrics
+    "telemetry.cluster": {"telemetry.measure"},  # the load report, the ClusterView and its store
+    "telemetry.oip": {"telemetry.process"},  # the OIP wire formats, REST and gRPC, Triton's messages
+    "telemetry.kafka": {"telemetry.cluster", "telemetry.measure", "telemetry.process"},  # transport, signing
+    "telemetry": set(),  # (the package's own docstring)
 }
+ALL_KERNEL = set(KERNEL)
+SCENARIO_LAYERS = ("spec", "sim", "stack", "calibrate", "replay", "plan", "bench", "cli")
+MAY_IMPORT: dict[str, set[str]] = {
+    **KERNEL,
+    "policies": {"telemetry.cluster"},
+    "nodes": ALL_KERNEL,
+    "router.lifecycle": {"policies", "telemetry.cluster", "telemetry.measure"},
+    "router": {"router.lifecycle", "policies"} | ALL_KERNEL,
+    "scenarios": set(),
+}
+for i, layer in enumerate(SCENARIO_LAYERS):
+    below = {f"scenarios.{name}" for name in SCENARIO_LAYERS[:i]}
+    MAY_IMPORT[f"scenarios.{layer}"] = (
+        below | {"scenarios", "router", "router.lifecycle", "nodes", "policies"} | ALL_KERNEL
+    )
+# the router's image copies router/, policies/ and telemetry/ only (docker/Dockerfile.router)
+ROUTER_IMAGE = ("router", "policies", "telemetry")
+# what the scenario tools (all but the command line, which starts routers) may use of the router itself
+SCENARIOS_USE_OF_ROUTER = ("router.config", "router.lifecycle")
 MAX_LINES = 500
-REASON = "Over 500 lines on purpose"
+
+
+def _room(module: str) -> str | None:
+    for room in sorted(MAY_IMPORT, key=len, reverse=True):
+        if module == room or module.startswith(room + "."):
+            return room
+    return None
 
 
 def _modules() -> dict[str, Path]:
@@ -62,17 +91,48 @@ def _imports(path: Path, name: str, module_level: bool) -> set[str]:
     return found
 
 
-def test_packages_depend_one_way() -> None:
+def test_rooms_depend_one_way() -> None:
+    """Every import (at import time or inside a function) goes from a room to one it may use."""
     for name, path in _modules().items():
-        own = name.split(".")[0]
+        own = _room(name)
+        assert own is not None, f"{path.relative_to(ROOT)} is in no room of the layout"
+        for imported in _imports(path, name, module_level=False):
+            other = _room(imported)
+            if other is not None and other != own:
+                assert other in MAY_IMPORT[own], f"{path.relative_to(ROOT)} ({own}) imports {imported} ({other})"
+
+
+def test_scenario_tools_use_only_the_routers_config_and_lifecycle() -> None:
+    """The simulator and the tools drive the router's pure lifecycle and read its config; its aiohttp
+    code runs only as a process (the command line starts it)."""
+    for name, path in _modules().items():
+        if not name.startswith("scenarios.") or name.startswith("scenarios.cli"):
+            continue
+        for imported in _imports(path, name, module_level=False):
+            if imported == "router" or imported.startswith("router."):
+                assert imported.startswith(SCENARIOS_USE_OF_ROUTER), f"{path.relative_to(ROOT)} imports {imported}"
+
+
+def test_the_router_image_holds_everything_the_router_imports() -> None:
+    """docker/Dockerfile.router copies only the router and its kernel: nothing the router imports may be
+    elsewhere, and the image copies exactly those packages."""
+    for name, path in _modules().items():
+        if name.split(".")[0] not in ROUTER_IMAGE:
+            continue
         for imported in _imports(path, name, module_level=False):
             top = imported.split(".")[0]
-            if top in PACKAGES and top != own:
-                assert top in MAY_IMPORT[own], f"{path.relative_to(ROOT)} imports {imported}"
+            if top in PACKAGES:
+                assert top in ROUTER_IMAGE, f"{path.relative_to(ROOT)} imports {imported}, which the router image lacks"
+    dockerfile = (ROOT / "docker" / "Dockerfile.router").read_text()
+    copied = {
+        line.split()[1] for line in dockerfile.splitlines() if line.startswith("COPY ") and "/" not in line.split()[1]
+    }
+    assert copied & set(PACKAGES) == set(ROUTER_IMAGE), copied
 
 
 def test_no_module_imports_itself_back() -> None:
-    """No import cycle among the modules' import-time imports (lazy imports inside functions aside)."""
+    """No import cycle among the modules' import-time imports (lazy imports inside functions aside;
+    between rooms, test_rooms_depend_one_way rules out cycles of any kind)."""
     modules = _modules()
     graph = {n: {m for m in _imports(p, n, module_level=True) if m in modules and m != n} for n, p in modules.items()}
     state: dict[str, int] = {}  # 1: on the current path, 2: done
@@ -92,8 +152,20 @@ def test_no_module_imports_itself_back() -> None:
             visit(start, [start])
 
 
-def test_no_module_over_500_lines_without_its_reason_at_the_top() -> None:
+def test_the_rooms_form_no_cycle() -> None:
+    """The table itself points one way (a room never reaches itself through others)."""
+
+    def reaches(room: str, target: str, seen: set[str]) -> bool:
+        for other in MAY_IMPORT[room]:
+            if other == target or (other not in seen and reaches(other, target, seen | {other})):
+                return True
+        return False
+
+    for room in MAY_IMPORT:
+        assert not reaches(room, room, {room}), room
+
+
+def test_no_module_over_500_lines() -> None:
     for name, path in _modules().items():
-        text = path.read_text()
-        if text.count("\n") > MAX_LINES:
-            assert REASON in text[:3000], f"{name}: {text.count(chr(10))} lines and no '{REASON}' in its docstring"
+        lines = path.read_text().count("\n")
+        assert lines <= MAX_LINES, f"{name}: {lines} lines (split it where its seam is)"

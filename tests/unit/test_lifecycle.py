@@ -15,8 +15,8 @@ from policies.api import HOLD_POLL_MS
 from router.lifecycle import Answer, Failure, Hold, Lifecycle, LifecycleSettings, Send, classify
 from router.lifecycle.health import HealthConfig
 from router.lifecycle.links import LinkState
-from telemetry.store import ViewStore
-from telemetry.view import ClusterView
+from telemetry.cluster.store import ViewStore
+from telemetry.cluster.view import ClusterView
 from tests.helpers import load
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -9,7 +9,7 @@ import prometheus_client as pc
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from telemetry import metering
+from telemetry.measure import metering
 
 BUCKETS = (0.0005, 0.001, 0.0025, 0.01, 0.5, 1.0, 5.0)
 

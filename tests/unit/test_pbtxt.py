@@ -11,7 +11,7 @@ from nodes import pbtxt
 from nodes.config import NodeConfig
 from nodes.protocol import TensorSpec
 from nodes.repository import resolve, scan
-from telemetry.configfile import ConfigError
+from telemetry.process.configfile import ConfigError
 from tests.user_models import scorer_triton_config
 
 GOOD = "# a model configuration written for Triton\n" + scorer_triton_config(

@@ -14,7 +14,7 @@ from policies.latency import Latency
 from policies.pick_max import PickMax
 from policies.pipeline import Pipeline, clamp01
 from policies.queue import Queue
-from telemetry.view import ClusterView
+from telemetry.cluster.view import ClusterView
 from tests.helpers import load, view
 
 NOW = 1_000.0
@@ -211,7 +211,7 @@ def test_policies_depend_only_on_telemetry_view_types() -> None:
             top = mod.split(".")[0]
             assert top not in {"router", "nodes", "scenarios", "aiohttp", "kafka", "time"}, (path, mod)
             if top == "telemetry":
-                assert mod == "telemetry.view", (path, mod)
+                assert mod == "telemetry.cluster.view", (path, mod)
 
 
 def test_panic_mode_routes_on_last_known_state_when_no_node_is_fresh() -> None:

@@ -1,4 +1,4 @@
-"""The one quantile helper (telemetry.quantiles)."""
+"""The one quantile helper (telemetry.measure.quantiles)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from telemetry.quantiles import grid_101, nearest_rank
+from telemetry.measure.quantiles import grid_101, nearest_rank
 
 
 def test_nearest_rank_is_an_observed_value() -> None:

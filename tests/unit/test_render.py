@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from scenarios.render import render
-from scenarios.replay import compare, replay_sim
+from scenarios.replay.render import render
+from scenarios.replay.run import compare, replay_sim
 from tests.unit.test_sim import scenario
 
 

@@ -4,8 +4,8 @@ from typing import Any
 
 import pytest
 
-from scenarios.report import format_table, percentile, summarize
-from scenarios.workload import Arrival, Result
+from scenarios.replay.report import format_table, percentile, summarize
+from scenarios.spec.workload import Arrival, Result
 
 
 def r(status: int | None, ms: float, prio: int = 0, node: str = "a", deadline: float = 100.0) -> Result:
@@ -47,9 +47,9 @@ def test_summary_accounts_for_every_request() -> None:
 def test_recovery_compares_the_level_before_a_trigger_with_the_level_after_it_settles() -> None:
     from pathlib import Path
 
-    from scenarios.replay import triggers
-    from scenarios.report import recovery
-    from scenarios.schema import load_scenario
+    from scenarios.replay.report import recovery
+    from scenarios.replay.run import triggers
+    from scenarios.spec.schema import load_scenario
 
     def at(t: float, status: int, ms: float) -> Result:
         return Result(Arrival(t, "s", "m", 0, 100.0), status, ms, "a" if status == 200 else "none")
@@ -81,10 +81,10 @@ def test_recovery_against_the_same_arrivals_without_the_trigger() -> None:
     """An after-window that holds a burst of its own arrivals has a higher p99 than the window before
     the trigger whatever the trigger left behind; the same arrivals without the trigger tell the two
     apart: the ratio against them is 1 when nothing outlived the trigger."""
-    from scenarios.replay import untriggered
-    from scenarios.report import recovery
-    from scenarios.schema import load_scenario
-    from scenarios.workload import build_schedule
+    from scenarios.replay.report import recovery
+    from scenarios.replay.run import untriggered
+    from scenarios.spec.schema import load_scenario
+    from scenarios.spec.workload import build_schedule
 
     def at(t: float, ms: float) -> Result:
         return Result(Arrival(t, "s", "m", 0, 1000.0), 200, ms, "a")
@@ -126,7 +126,7 @@ def test_a_live_runs_overload_counts_are_its_own_not_the_routers_running_totals(
     """The router counts retries and budget refusals since it started (a replay's calibration and
     earlier policies included); a run's report takes off what they stood at before it, as the
     simulator's fresh run counts them. The window and the margin stay as the run left them."""
-    from scenarios.replay import _overload_during
+    from scenarios.replay.run import _overload_during
 
     before = {"answer_margin_ms": 1.0, "retries": 484, "retry_budget": {"ratio": 0.2, "first_tries": 90, "refused": 7}}
     after = {
@@ -147,7 +147,7 @@ def test_the_comparison_shows_the_host_overhead_beside_the_latencies() -> None:
     """A fast scenario's p50 moves with the host's per-request overhead from one run to the next, so
     the live-against-simulated comparison gives that overhead, live and simulated, beside the latencies
     it explains (and says n/a where a side lacks it)."""
-    from scenarios.replay import compare, format_comparison
+    from scenarios.replay.run import compare, format_comparison
 
     def side(p50: float, overhead: float | None) -> dict[str, Any]:
         node_ms: dict[str, float] = {"exec_mean": 2.4, "queue_mean": 0.5}

@@ -11,7 +11,7 @@ from pydantic import ValidationError
 from nodes.__main__ import load_config
 from nodes.config import ModelSpec, NodeConfig
 from nodes.repository import repository_index, resolve, scan
-from telemetry.configfile import ConfigError
+from telemetry.process.configfile import ConfigError
 from tests.user_models import repository
 
 

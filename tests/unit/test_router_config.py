@@ -56,7 +56,7 @@ def test_an_empty_token_table_is_an_error_not_auth_off() -> None:
 
 
 def test_endpoint_allow_list() -> None:
-    from telemetry.store import ViewStore
+    from telemetry.cluster.store import ViewStore
     from tests.helpers import load
 
     cfg = parse_config({"node_endpoints": {"schemes": ["https"], "hosts": ["gpu-1.fleet"], "networks": ["10.0.0.0/8"]}})

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from scenarios.schema import ScenarioError, SiteLoad, load_scenario, parse_scenario
-from scenarios.workload import Arrival, build_schedule, read_trace
+from scenarios.spec.schema import ScenarioError, SiteLoad, load_scenario, parse_scenario
+from scenarios.spec.workload import Arrival, build_schedule, read_trace
 
 ROOT = Path(__file__).resolve().parents[2] / "scenarios"
 QUICK = """\
@@ -176,7 +176,7 @@ def test_a_repeated_window_holds_the_same_arrivals() -> None:
     """`workload.repeat` draws a window's arrivals again later, in place of what was drawn there: the
     windows a recovery compares then hold the same arrivals (times shifted; sites, models, priorities
     and deadlines equal), the rest of the schedule is untouched, and nothing lands past the run."""
-    from scenarios.schema import Repeat
+    from scenarios.spec.schema import Repeat
 
     s = parse_scenario(QUICK)
     plain = build_schedule(s.workload, 1, 10.0)
@@ -216,7 +216,7 @@ def test_a_repeated_window_holds_the_same_arrivals() -> None:
 
 
 def test_arrival_processes(tmp_path: Path) -> None:
-    from scenarios.workload import arrival_times
+    from scenarios.spec.workload import arrival_times
 
     bursty = SiteLoad(site="s", arrival="bursty", rate_rps=100, on_s=2, off_s=3, off_rate_rps=10, models={"m": 1})
     t = arrival_times(bursty, 10.0, random.Random(1))
@@ -239,7 +239,7 @@ def test_a_site_draws_no_more_arrivals_than_the_run_keeps() -> None:
     first thousand instead of 360 million (minutes of CPU and gigabytes before the cut)."""
     import time
 
-    from scenarios.workload import arrival_times
+    from scenarios.spec.workload import arrival_times
 
     sites = [
         SiteLoad(site="s", rate_rps=300, models={"m": 1}),
@@ -336,7 +336,7 @@ def test_a_trace_is_read_within_the_runs_bound_and_a_broken_one_is_one_line(tmp_
 
 
 def test_load_factor_scales_every_rate_and_refuses_what_it_cannot_scale() -> None:
-    from scenarios.sweep import with_load
+    from scenarios.plan.sweep import with_load
 
     s = load_scenario(ROOT / "metastable.yaml")
     doubled = with_load(s, 2.0)
@@ -355,7 +355,7 @@ def test_a_stack_never_hands_out_one_port_twice(monkeypatch: pytest.MonkeyPatch)
     """A port is picked free and bound later by the child that gets it, so the operating system may
     offer the same free port to two picks in a row: the router's HTTP and gRPC ports once got the same
     one and the router failed to start. A stack skips ports it has handed out already."""
-    import scenarios.launcher as launcher
+    import scenarios.stack.launcher as launcher
 
     offered = iter([41000, 41000, 41001, 41000, 41001, 41002])
     monkeypatch.setattr(launcher, "free_port", lambda host="127.0.0.1": next(offered))

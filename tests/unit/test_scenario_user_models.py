@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from scenarios.launcher import node_config
-from scenarios.schema import ScenarioError, load_scenario
 from scenarios.sim.state import model_bytes
+from scenarios.spec.schema import ScenarioError, load_scenario
+from scenarios.stack.launcher import node_config
 from tests.user_models import repository
 
 SCENARIO = """

@@ -1,4 +1,4 @@
-"""ESG's configuration search (scenarios.search): the stage model, pruning, A* against the exhaustive
+"""ESG's configuration search (scenarios.plan.search): the stage model, pruning, A* against the exhaustive
 grid of the same space, and a real simulated search on the camera pipeline."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from scenarios.schema import load_scenario
-from scenarios.search import StageConfig, astar, problem, run_search, stage_space, surviving
+from scenarios.plan.search import StageConfig, astar, problem, run_search, stage_space, surviving
+from scenarios.spec.schema import load_scenario
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -1,4 +1,4 @@
-"""The event loop a node's or a router's process runs on (telemetry.serving)."""
+"""The event loop a node's or a router's process runs on (telemetry.process.serving)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import gc
 
 import pytest
 
-from telemetry import serving
-from telemetry.configfile import ConfigError
+from telemetry.process import serving
+from telemetry.process.configfile import ConfigError
 
 
 def test_servers_run_on_uvloop_where_installed_and_asyncio_when_told(monkeypatch: pytest.MonkeyPatch) -> None:

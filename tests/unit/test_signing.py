@@ -1,10 +1,10 @@
-"""Signed telemetry and peer messages (telemetry.signing)."""
+"""Signed telemetry and peer messages (telemetry.kafka.signing)."""
 
 from __future__ import annotations
 
 import pytest
 
-from telemetry.signing import KeyError_, Signer, Verifier, parse_key
+from telemetry.kafka.signing import KeyError_, Signer, Verifier, parse_key
 
 KEY = "fleet:0123456789abcdef0123"
 NOW = 1_700_000_000_000.0
@@ -59,7 +59,7 @@ def test_keys_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None
 
 
 def test_keys_bound_to_node_ids() -> None:
-    from telemetry.signing import Signer, Verifier
+    from telemetry.kafka.signing import Signer, Verifier
 
     key = "edge-1:" + "k" * 32
     verifier = Verifier.parse([key, "shared:" + "s" * 32])
@@ -71,7 +71,7 @@ def test_keys_bound_to_node_ids() -> None:
 
 
 def test_unsealed_gives_the_message_of_a_sealed_record_unverified() -> None:
-    from telemetry.signing import Signer, unsealed
+    from telemetry.kafka.signing import Signer, unsealed
 
     sealed = Signer.parse("fleet:" + "k" * 32).seal("t", b'{"a": 1}', 1000.0)
     assert unsealed(sealed) == b'{"a": 1}'
@@ -80,7 +80,7 @@ def test_unsealed_gives_the_message_of_a_sealed_record_unverified() -> None:
 
 
 def test_a_signature_in_a_record_header_leaves_the_value_plain_json() -> None:
-    from telemetry.signing import Signer, Verifier
+    from telemetry.kafka.signing import Signer, Verifier
 
     signer = Signer.parse(KEY)
     sig = signer.signature("edgeroute.telemetry", BODY, NOW)

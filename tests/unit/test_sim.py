@@ -6,10 +6,10 @@ from typing import Any
 
 import pytest
 
-from scenarios.replay import replay_sim
-from scenarios.schema import Scenario
+from scenarios.replay.run import replay_sim
 from scenarios.sim import Distribution, Profile, Simulation
-from scenarios.workload import build_schedule
+from scenarios.spec.schema import Scenario
+from scenarios.spec.workload import build_schedule
 
 WALL_CLOCK = {"started_at", "wall_s"}
 
@@ -95,7 +95,7 @@ def test_killed_node_gets_no_traffic_and_restart_brings_it_back() -> None:
         policies=["round_robin"],
     )
     schedule = build_schedule(s.workload, s.seed, 11)
-    from scenarios.profile import load_profile
+    from scenarios.calibrate.profile import load_profile
 
     sim = Simulation(s, s.policies[0], schedule, Profile.from_json(load_profile()))
     results = sim.run()
@@ -162,7 +162,7 @@ def test_distribution_tail_does_not_give_one_outlier_a_percent_of_the_mass() -> 
 
 
 def test_profile_levels_follow_the_offered_rate() -> None:
-    from scenarios.profile import load_profile
+    from scenarios.calibrate.profile import load_profile
 
     doc = load_profile()
     idle = Profile.from_json(doc)
@@ -185,7 +185,7 @@ def test_simulated_hedging_duplicates_slow_critical_requests_and_accounts_for_th
         router={"hedging": {"min_priority": 10, "after_ms": 5}, "retry_budget": {"ratio": 2.0}},
         policies=["round_robin"],
     )
-    from scenarios.profile import load_profile
+    from scenarios.calibrate.profile import load_profile
 
     schedule = build_schedule(s.workload, s.seed, 11)
     sim = Simulation(s, s.policies[0], schedule, Profile.from_json(load_profile()))
@@ -238,7 +238,7 @@ def test_a_level_gives_each_model_its_own_overhead_and_the_wake_up_distribution(
 
 
 def test_re_profiling_keeps_the_reference_execution_times_that_set_the_emulated_speeds() -> None:
-    from scenarios.profile import keep_reference
+    from scenarios.calibrate.profile import keep_reference
 
     old = {
         "at": "2026-01-01T00:00:00+00:00",
@@ -272,7 +272,7 @@ def test_simulated_per_try_timeout_moves_requests_off_a_slow_node() -> None:
     # the node slows 30x without knowing it yet (its predictions lag): it accepts work it runs late
     # (FIFO nodes that admit by queue length only: what a per-try timeout is for)
     slowdown = [{"at_s": 2, "kind": "slow_node", "node": "slow", "factor": 30, "duration_s": 8}]
-    from scenarios.profile import load_profile
+    from scenarios.calibrate.profile import load_profile
 
     profile = Profile.from_json(load_profile())
     within, on_fast = {}, {}
@@ -291,9 +291,9 @@ def test_simulated_per_try_timeout_moves_requests_off_a_slow_node() -> None:
 
 
 def test_periodic_events_and_the_heap_are_taken_in_time_order_even_when_a_periodic_one_comes_early() -> None:
-    from scenarios.profile import load_profile
+    from scenarios.calibrate.profile import load_profile
     from scenarios.sim.state import PUBLISH
-    from scenarios.workload import Arrival
+    from scenarios.spec.workload import Arrival
 
     taken: list[tuple[float, str]] = []
 
@@ -318,8 +318,8 @@ def test_a_topology_cut_to_fewer_nodes_answers_for_models_no_node_serves() -> No
     """`replay --nodes` and `sweep` cut a topology to its first nodes, which may leave a requested model
     or a workflow stage's model on no node: the simulator answers as the live router does (404 for a
     request's unknown model, the stage's 503 from the policy), where it raised KeyError before."""
-    from scenarios.schema import load_scenario
-    from scenarios.sweep import with_nodes
+    from scenarios.plan.sweep import with_nodes
+    from scenarios.spec.schema import load_scenario
 
     one = with_nodes(load_scenario("quickstart"), 1)
     served = set(one.topology.nodes[0].models)
@@ -358,8 +358,8 @@ def test_a_broken_profile_is_one_clear_error(tmp_path: Any, mutate: Any, needle:
     negative or NaN service times in the simulation, and /dev/zero hung the command."""
     import json
 
-    from scenarios.profile import load_profile
-    from telemetry.configfile import ConfigError
+    from scenarios.calibrate.profile import load_profile
+    from telemetry.process.configfile import ConfigError
 
     doc = load_profile()  # the shipped profile passes the check
     mutate(doc)
@@ -370,8 +370,8 @@ def test_a_broken_profile_is_one_clear_error(tmp_path: Any, mutate: Any, needle:
 
 
 def test_a_profile_that_is_not_json_or_not_bounded_is_refused(tmp_path: Any) -> None:
-    from scenarios.profile import load_profile
-    from telemetry.configfile import ConfigError
+    from scenarios.calibrate.profile import load_profile
+    from telemetry.process.configfile import ConfigError
 
     path = tmp_path / "p.json"
     for text, needle in (
@@ -405,9 +405,9 @@ def test_generated_scenarios_that_load_also_simulate(fixed_seed: int) -> None:
 
     import yaml
 
-    from scenarios.profile import load_profile
-    from scenarios.replay import _plan
-    from scenarios.schema import ScenarioError, parse_scenario
+    from scenarios.calibrate.profile import load_profile
+    from scenarios.replay.run import _plan
+    from scenarios.spec.schema import ScenarioError, parse_scenario
     from tests.helpers import mutated
 
     seed = random.randrange(1 << 30) if os.environ.get("EDGEROUTE_FUZZ_RANDOM") == "1" else fixed_seed
@@ -445,8 +445,8 @@ def test_generated_scenarios_that_load_also_simulate(fixed_seed: int) -> None:
 def test_a_trace_naming_a_model_no_node_serves_is_answered_404_per_request(tmp_path: Any) -> None:
     """A trace names its own models; one no node serves is answered as the live router answers it
     (404, unknown model) and the others are served (it stopped the run with KeyError)."""
-    from scenarios.profile import load_profile
-    from scenarios.schema import parse_scenario
+    from scenarios.calibrate.profile import load_profile
+    from scenarios.spec.schema import parse_scenario
 
     (tmp_path / "t.csv").write_text("0.1,sensor_mlp,0,500\n0.2,ghost,0,500\n0.3,sensor_mlp,0,500\n0.4,ghost,0,500\n")
     text = """\

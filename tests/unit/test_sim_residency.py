@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
-from scenarios.replay import replay_sim
-from scenarios.schema import Scenario, load_scenario
+from scenarios.plan.sweep import parse_counts, sweep, with_nodes
+from scenarios.replay.run import replay_sim
 from scenarios.sim import Profile, Simulation, output_bytes
-from scenarios.sweep import parse_counts, sweep, with_nodes
-from scenarios.workload import build_schedule
+from scenarios.spec.schema import Scenario, load_scenario
+from scenarios.spec.workload import build_schedule
 
 CROP = {"crop": "image", "boxes": "detect.boxes", "scores": "detect.scores", "min_score": 0.0, "max_crops": 4}
 
@@ -61,8 +61,8 @@ def camera(nodes: int = 2, rate: float = 20.0, classifiers: int = 3, **over: Any
 
 
 def simulate(s: Scenario, policy: str) -> Simulation:
-    from scenarios.profile import load_profile
-    from scenarios.replay import _plan
+    from scenarios.calibrate.profile import load_profile
+    from scenarios.replay.run import _plan
 
     _, _, schedule = _plan(s, None)
     sim = Simulation(s, s.policy(policy), schedule, Profile.from_json(load_profile(None)))
@@ -88,7 +88,7 @@ def test_at_start_a_node_holds_its_models_in_config_order_while_they_fit() -> No
 
 
 def _profile() -> dict[str, Any]:
-    from scenarios.profile import load_profile
+    from scenarios.calibrate.profile import load_profile
 
     return load_profile(None)
 
@@ -242,8 +242,8 @@ class CheckedReports(Simulation):
 
 @pytest.mark.parametrize("policy", ["p2c", "compass"])
 def test_every_report_shows_the_node_as_it_is_each_batch_sizes_ewma_included(policy: str) -> None:
-    from scenarios.profile import load_profile
-    from scenarios.replay import _plan
+    from scenarios.calibrate.profile import load_profile
+    from scenarios.replay.run import _plan
 
     s = camera(rate=40.0)
     _, _, schedule = _plan(s, None)

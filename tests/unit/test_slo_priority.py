@@ -9,8 +9,8 @@ import pytest
 from policies import Context, Decision, Rejection, RouteRequest, build_policy
 from policies.completion import predicted_completion_ms
 from router.lifecycle.links import LinkState, LinkTable
-from telemetry.schema import NodeLoad
-from telemetry.view import ClusterView
+from telemetry.cluster.schema import NodeLoad
+from telemetry.cluster.view import ClusterView
 from tests.helpers import load
 
 NOW = 10_000.0

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from scenarios.schema import load_scenario
-from scenarios.sweep import sweep
+from scenarios.plan.sweep import sweep
+from scenarios.spec.schema import load_scenario
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -2,8 +2,8 @@ import json
 
 import pytest
 
-from telemetry.schema import SCHEMA_VERSION, MalformedTelemetry, NodeLoad
-from telemetry.store import CATCH_UP_LAG_MS, ViewStore
+from telemetry.cluster.schema import SCHEMA_VERSION, MalformedTelemetry, NodeLoad
+from telemetry.cluster.store import CATCH_UP_LAG_MS, ViewStore
 from tests.helpers import load
 
 
@@ -90,7 +90,7 @@ def test_the_live_stream_is_dated_by_receipt_whatever_the_node_clock() -> None:
 
 
 def test_ewma_lookup_scales_from_nearest_smaller_batch() -> None:
-    from telemetry.schema import ModelLoad
+    from telemetry.cluster.schema import ModelLoad
 
     m = ModelLoad(ewma_ms_by_batch={"1": 2.0, "4": 6.0})
     assert m.ewma_ms(1) == 2.0
@@ -105,7 +105,7 @@ def test_the_peer_publisher_keeps_at_most_one_message_waiting() -> None:
     one waiting (each carries running sums), and the latest is sent once the worker is free."""
     import threading
 
-    from telemetry.peers import PeerPublisher
+    from telemetry.kafka.peers import PeerPublisher
 
     release = threading.Event()
     sent: list[int] = []

@@ -13,9 +13,9 @@ import pytest
 
 from policies import Context, RouteRequest, build_policy
 from policies.presets import PRESETS
-from telemetry.schema import MalformedTelemetry, NodeLoad
-from telemetry.store import MAX_CLOCK_AHEAD_MS, ViewStore
-from telemetry.wire import MAX_PRIORITY
+from telemetry.cluster.schema import MalformedTelemetry, NodeLoad
+from telemetry.cluster.store import MAX_CLOCK_AHEAD_MS, ViewStore
+from telemetry.oip.wire import MAX_PRIORITY
 from tests.helpers import load, mutated
 
 NOW = 1_700_000_000_000.0
@@ -187,7 +187,7 @@ def test_peer_messages_are_bounded_in_routers_and_in_nodes_per_message() -> None
     """Every peer message is summed into the totals on each batch: a publisher inventing router ids,
     padding a message with node ids or sending negative counts is dropped and counted, and a router
     that falls silent frees its place for a new one."""
-    from telemetry.peers import MAX_PEER_NODES, MAX_PEERS, PeerLoads
+    from telemetry.kafka.peers import MAX_PEER_NODES, MAX_PEERS, PeerLoads
 
     def msg(router: str, seq: int = 1, **counts: object) -> bytes:
         body = {"schema": 1, "router_id": router, "seq": seq, "sent_at_ms": NOW, "dispatched": {"n1": 2}}
@@ -302,7 +302,7 @@ def test_integer_keys_are_exactly_the_canonical_integers_in_range(where: str) ->
 
 
 def test_remembered_valid_values_stay_bounded_and_never_admit_invalid_ones(monkeypatch: pytest.MonkeyPatch) -> None:
-    import telemetry.schema as schema
+    import telemetry.cluster.schema as schema
 
     monkeypatch.setattr(schema, "_VALID_CACHE_MAX", 50)
     for i in range(500):  # a flood of distinct, valid endpoints and key sets
@@ -342,7 +342,7 @@ def test_an_endpoint_with_a_path_is_malformed(endpoint: str) -> None:
     had ordinary calls sent with the node admin token)."""
     import json
 
-    from telemetry.schema import MalformedTelemetry, NodeLoad
+    from telemetry.cluster.schema import MalformedTelemetry, NodeLoad
     from tests.helpers import load
 
     msg = json.loads(load("evil").to_json())
@@ -372,7 +372,7 @@ def test_batches_a_reader_cannot_handle_are_counted_and_their_log_lines_bounded(
     import logging
     from types import SimpleNamespace
 
-    from telemetry.bus import KafkaTelemetrySource
+    from telemetry.kafka.bus import KafkaTelemetrySource
 
     class Broken(ViewStore):
         def parse(self, raw: bytes) -> NodeLoad | None:
@@ -381,7 +381,7 @@ def test_batches_a_reader_cannot_handle_are_counted_and_their_log_lines_bounded(
     store = Broken()
     source = KafkaTelemetrySource("127.0.0.1:1", "t")
     source._store = store  # (not started: no broker is reached)
-    with caplog.at_level(logging.ERROR, logger="telemetry.bus"):
+    with caplog.at_level(logging.ERROR, logger="telemetry.kafka.bus"):
         for _ in range(100):
             source._fold([SimpleNamespace(value=b"{}", headers=None)] * 3, NOW, False)
     assert source.skipped_batches == 100 and store.summary()["skipped"] == 300

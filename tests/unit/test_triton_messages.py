@@ -1,4 +1,4 @@
-"""telemetry.triton: Triton's JSON form of its own messages, and the fleet's sum of statistics."""
+"""telemetry.oip.triton: Triton's JSON form of its own messages, and the fleet's sum of statistics."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nodes.metrics import NodeMetrics
-from telemetry.triton import data_type, datatype_of, from_json, mc, merge_statistics, pb, to_json
+from telemetry.oip.triton import data_type, datatype_of, from_json, mc, merge_statistics, pb, to_json
 
 
 def test_json_writes_every_field_and_64_bit_integers_as_numbers() -> None:

@@ -8,8 +8,8 @@ import pytest
 
 from policies import Context, Decision, RouteRequest, build_policy
 from policies.warm_model import WarmModel, WarmModelParams, load_penalty_ms
-from telemetry.schema import ModelLoad, NodeLoad
-from telemetry.view import ClusterView
+from telemetry.cluster.schema import ModelLoad, NodeLoad
+from telemetry.cluster.view import ClusterView
 from tests.helpers import load
 
 NOW = 5_000.0

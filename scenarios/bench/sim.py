@@ -1,0 +1,103 @@
+"""`edgeroute bench sim`: events per second of the simulator with a real policy in the loop, on a
+synthetic cluster (`sim_scenario`: 1,000 nodes over ten edge sites and a cloud by default). A
+benchmark: it prints and writes JSON, and asserts nothing."""
+
+from __future__ import annotations
+
+import json
+import platform
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from scenarios.spec.schema import Scenario
+
+
+def sim_scenario(nodes: int, requests: int, policy: str, rate_rps: float) -> Scenario:
+    """A synthetic cluster: `nodes` nodes over 10 edge sites and a cloud, three models each."""
+    sites = [f"site-{i}" for i in range(10)]
+    specs = []
+    for i in range(nodes):
+        part = "cloud" if i % 10 == 9 else sites[i % 10]
+        specs.append(
+            {
+                "id": f"n{i:05d}",
+                "partition": part,
+                "tier": "cloud" if part == "cloud" else "edge",
+                "slots": 2 if part == "cloud" else 1,
+                "speed": 0.05,
+                "max_queue": 64,
+                "models": ["sensor_mlp", "mobilenet_s", "tiny_transformer"],
+            }
+        )
+    duration = requests / rate_rps
+    return Scenario.model_validate(
+        {
+            "name": "bench-sim",
+            "topology": {"partitions": [*sites, "cloud"], "nodes": specs},
+            "workload": {
+                "duration_s": duration,
+                "max_requests": requests,
+                "sites": [
+                    {
+                        "site": s,
+                        "rate_rps": rate_rps / len(sites),
+                        "models": {"sensor_mlp": 0.5, "mobilenet_s": 0.3, "tiny_transformer": 0.2},
+                        "priorities": {0: 0.9, 10: 0.1},
+                        "deadline_ms": {0: 500, 10: 100},
+                    }
+                    for s in sites
+                ],
+            },
+            "policies": [policy],
+        }
+    )
+
+
+def bench_sim(
+    out_dir: Path, nodes: int = 1000, requests: int = 1_000_000, policy: str = "p2c", rate_rps: float = 20_000.0
+) -> dict[str, Any]:
+    """Events per second of the simulator with a real policy in the loop; prints and writes JSON."""
+    import resource
+
+    from scenarios.calibrate.profile import load_profile
+    from scenarios.sim import Profile, Simulation
+    from scenarios.spec.workload import build_schedule
+
+    scenario = sim_scenario(nodes, requests, policy, rate_rps)
+    t0 = time.perf_counter()
+    schedule = build_schedule(scenario.workload, scenario.seed, scenario.workload.duration_s + 1)
+    schedule_s = time.perf_counter() - t0
+    profile = Profile.from_json(load_profile())
+    sim = Simulation(scenario, scenario.policies[0], schedule, profile)
+    t0 = time.perf_counter()
+    results = sim.run()
+    wall = time.perf_counter() - t0
+    ok = sum(1 for r in results if r.status == 200)
+    result = {
+        "benchmark": "sim",
+        "policy": policy,
+        "nodes": nodes,
+        "requests": len(schedule),
+        "completed": ok,
+        "simulated_s": round(sim.now / 1000.0, 2),
+        "events": sim.events,
+        "wall_s": round(wall, 2),
+        "events_per_s": round(sim.events / wall),
+        "requests_per_s": round(len(schedule) / wall),
+        "schedule_build_s": round(schedule_s, 2),
+        "telemetry_messages": sim.store.messages,
+        "max_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
+        "host": {"machine": platform.machine(), "python": platform.python_version()},
+        "at": datetime.now(UTC).isoformat(timespec="seconds"),
+    }
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "sim.json").write_text(json.dumps(result, indent=2) + "\n")
+    print(
+        f"{len(schedule):,} requests on {nodes:,} nodes with {policy}: {sim.events:,} events in {wall:.1f} s "
+        f"= {result['events_per_s']:,} events/s ({result['requests_per_s']:,} requests/s), "
+        f"{ok:,} completed, {sim.store.messages:,} telemetry messages, max RSS {result['max_rss_mb']} MB"
+    )
+    print(f"written: {out_dir / 'sim.json'}")
+    return result

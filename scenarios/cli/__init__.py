@@ -1,0 +1,1 @@
+"""The `edgeroute` command: parsing and handing off to the part that does the work."""

@@ -1,0 +1,181 @@
+"""`edgeroute bench WHAT`: the benchmarks' arguments and dispatch (each benchmark in its own module)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from scenarios.cli import args as arg
+from scenarios.spec.schema import MAX_REQUESTS, MAX_TOPOLOGY_NODES
+
+
+def _concurrencies(text: str, example: str) -> tuple[int, ...] | str:
+    """`--concurrency` as a tuple, or the usage error to print."""
+    try:
+        values = tuple(int(c) for c in text.split(","))
+    except ValueError:
+        return f"--concurrency: comma-separated integers, e.g. {example}"
+    if not values or any(not 1 <= c <= 1024 for c in values):
+        return "--concurrency: each from 1 to 1024"
+    return values
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    out = Path(args.out)
+    if getattr(args, "requests", None) is not None and args.requests < 1:
+        return arg.usage("--requests must be at least 1")
+    if getattr(args, "nodes", None) is not None and args.nodes < 1:
+        return arg.usage("--nodes must be at least 1")
+    if args.what == "decide":
+        from scenarios.bench.decide import SIZES, bench_decide
+
+        if args.rounds < 1:
+            return arg.usage("--rounds must be at least 1")
+        bench_decide(out, (args.nodes,) if args.nodes else SIZES, decisions=args.requests, rounds=args.rounds)
+    elif args.what == "sim":
+        from scenarios.bench.sim import bench_sim
+
+        if args.nodes > MAX_TOPOLOGY_NODES or args.requests > MAX_REQUESTS:
+            bounds = f"at most {MAX_TOPOLOGY_NODES:,} nodes and {MAX_REQUESTS:,} requests"
+            return arg.usage(f"bench sim: {bounds} (a scenario's bounds)")
+        bench_sim(out, nodes=args.nodes, requests=args.requests, policy=args.policy)
+    elif args.what == "ingest":
+        from scenarios.bench.ingest import bench_ingest
+
+        if args.publishers < 1:
+            return arg.usage("--publishers must be at least 1")
+        from kafka.errors import KafkaError
+
+        try:
+            if args.tls and args.kafka:
+                return arg.usage("bench ingest: --tls runs the embedded broker behind TLS; not with --kafka")
+            bench_ingest(
+                out,
+                args.nodes,
+                args.interval_ms,
+                args.seconds,
+                args.publishers,
+                args.kafka,
+                args.reader,
+                args.tls,
+                args.backlog,
+            )
+        except (KafkaError, RuntimeError) as exc:
+            print(f"edgeroute: bench ingest: {exc}", file=sys.stderr)
+            return 1
+    elif args.what == "routers":
+        from scenarios.bench.routers import bench_routers
+
+        if args.rounds < 1:
+            return arg.usage("--rounds must be at least 1")
+        bench_routers(out, nodes=args.nodes, policy=args.policy, rounds=args.rounds)
+    elif args.what == "gpu":
+        from scenarios.bench.gpu import bench_gpu
+
+        concurrencies = _concurrencies(args.concurrency, "1,4,16,64")
+        if isinstance(concurrencies, str):
+            return arg.usage(concurrencies)
+        if not 0.5 <= args.seconds <= 600:
+            return arg.usage("--seconds: from 0.5 to 600")
+        parts = tuple(args.parts.split(","))
+        if not parts or any(p not in ("models", "node", "priority") for p in parts):
+            return arg.usage("--parts: a comma-separated choice of models, node, priority")
+        bench_gpu(
+            out,
+            seconds=args.seconds,
+            concurrencies=concurrencies,
+            parts=parts,
+            max_batch=args.max_batch,
+            priority_streams=args.priority_streams,
+        )
+    elif args.what == "triton":
+        from scenarios.bench.triton import bench_triton
+
+        concurrencies = _concurrencies(args.concurrency, "1,8")
+        if isinstance(concurrencies, str):
+            return arg.usage(concurrencies)
+        protocols = tuple(args.protocols.split(","))
+        if not protocols or any(p not in ("http", "grpc") for p in protocols):
+            return arg.usage("--protocols: http, grpc or http,grpc")
+        if not 100 <= args.window_ms <= 60_000:
+            return arg.usage("--window-ms: from 100 to 60000")
+        models = args.models.split(",") if args.models else None
+        if bench_triton(out, concurrencies, args.window_ms, models, protocols) is None:
+            return 1
+    else:
+        from scenarios.bench.router import bench_router
+
+        if args.rounds < 1:
+            return arg.usage("--rounds must be at least 1")
+        bench_router(out, requests=args.requests, kafka=args.kafka, rounds=args.rounds)
+    return 0
+
+
+def add_bench_parser(sub: Any) -> None:
+    """The `bench` command and its subcommands on the `edgeroute` parser's subparsers `sub`."""
+    bench = sub.add_parser("bench", help="benchmarks (print and save figures); see `edgeroute bench WHAT --help`")
+    bsub = bench.add_subparsers(dest="what", required=True, metavar="WHAT")
+    b = bsub.add_parser(
+        "router",
+        help="the router against the floor: bare aiohttp echo, the node, a bare proxy and the router, c=1 and 32",
+    )
+    b.add_argument("--requests", type=int, default=2000, help="requests per run (2000)")
+    b.add_argument("--rounds", type=int, default=3, help="interleaved rounds; medians reported (3)")
+    b.add_argument("--kafka", type=arg.bootstrap, help="external Kafka bootstrap HOST:PORT")
+    b = bsub.add_parser("routers", help="active-active routers, with and without shared load, at one offered rate")
+    b.add_argument("--nodes", type=int, default=4, help="nodes (4)")
+    b.add_argument("--policy", default="least_outstanding", help="preset (least_outstanding)")
+    b.add_argument("--rounds", type=int, default=5, help="rounds of the three set-ups, pooled (5)")
+    b = bsub.add_parser("decide", help="one policy decision, every preset, on views of 10 to 10,000 nodes")
+    b.add_argument("--nodes", type=int, help="one view size (default: 10, 100, 1000, 10000)")
+    b.add_argument("--requests", type=int, default=2000, help="decisions per preset and size (2000)")
+    b.add_argument("--rounds", type=int, default=5, help="interleaved rounds of every preset, pooled (5)")
+    b = bsub.add_parser("ingest", help="NodeLoad messages/s one router folds into its view, through a real broker")
+    b.add_argument("--nodes", type=int, default=5000, help="nodes publishing (5000)")
+    b.add_argument("--interval-ms", type=arg.positive, default=100.0, help="each node's publish interval (100)")
+    b.add_argument("--seconds", type=arg.positive, default=10.0, help="how long the publishers run (10)")
+    b.add_argument("--publishers", type=int, default=2, help="publisher processes (2)")
+    b.add_argument(
+        "--reader", choices=["lean", "librdkafka", "kafka-python"], help="the telemetry reader (default: a router's)"
+    )
+    b.add_argument("--tls", action="store_true", help="every client over TLS (the embedded broker behind a terminator)")
+    b.add_argument(
+        "--backlog",
+        action="store_true",
+        help="publish first, then time the reader alone reading it all from the start (its rate without the "
+        "publishers on the same cores)",
+    )
+    b.add_argument("--kafka", type=arg.bootstrap, help="plaintext Kafka bootstrap HOST:PORT (default: an embedded one)")
+    b = bsub.add_parser("sim", help="simulator events per second with a real policy in the loop")
+    b.add_argument("--nodes", type=int, default=1000, help="cluster size (1000)")
+    b.add_argument("--requests", type=int, default=1_000_000, help="requests simulated (1,000,000)")
+    b.add_argument("--policy", default="p2c", help="preset in the loop (p2c)")
+    b = bsub.add_parser(
+        "gpu",
+        help="the GPU path: each zoo model per batch size on CPU and CUDA, a resnet_s node and a router in front "
+        "at concurrency 1-64, critical work beside bulk work with the priority streams on and off",
+    )
+    b.add_argument("--seconds", type=float, default=8.0, help="measured seconds per run (8)")
+    b.add_argument("--concurrency", default="1,4,16,64", help="closed-loop concurrencies (1,4,16,64)")
+    b.add_argument("--parts", default="models,node,priority", help="which parts (models,node,priority)")
+    b.add_argument("--max-batch", type=int, default=32, choices=range(1, 1025), metavar="N", help="node max_batch (32)")
+    b.add_argument(
+        "--priority-streams",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="the node part's node with priority streams, or without (the node's default)",
+    )
+    b = bsub.add_parser(
+        "triton",
+        help="Triton's perf_analyzer over HTTP and gRPC against a node and the router, every zoo model and a "
+        "repository model with a config.pbtxt",
+    )
+    b.add_argument("--concurrency", default="1,8", help="perf_analyzer concurrencies (1,8)")
+    b.add_argument("--window-ms", type=int, default=1500, help="perf_analyzer measurement window (1500)")
+    b.add_argument("--models", help="comma-separated models (default: every zoo model and my_sensor)")
+    b.add_argument("--protocols", default="http,grpc", help="http, grpc or both (http,grpc)")
+    for b in bsub.choices.values():
+        b.add_argument("--out", default="reports/bench", help="folder for the JSON (reports/bench)")
+        b.set_defaults(func=run_bench)

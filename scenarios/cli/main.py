@@ -1,0 +1,378 @@
+"""The `edgeroute` command: up, replay, bench, node, router, zoo."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import shutil
+import signal
+import sys
+import time
+from pathlib import Path
+from types import FrameType
+
+from scenarios import BUNDLED_DIR
+from scenarios.cli import args as arg
+from scenarios.cli.bench import add_bench_parser
+from scenarios.spec.schema import load_scenario
+from telemetry.process.cli import add_version
+from telemetry.process.configfile import ConfigError
+
+PACKAGE_DIR = BUNDLED_DIR
+DEFAULT_SCENARIO = BUNDLED_DIR / "quickstart.yaml"
+MAX_SEEDS = 100  # seeds per node count in a sweep (each a simulation per policy)
+PROFILED_MODELS = ["echo", "sensor_mlp", "mobilenet_s", "resnet_s", "tiny_transformer", "detector_head"]
+
+
+def _preset(value: str) -> str:
+    from policies.presets import PRESETS
+
+    if value not in PRESETS:
+        raise argparse.ArgumentTypeError(f"not a preset: {value[:40]!r} (one of {', '.join(sorted(PRESETS))})")
+    return value
+
+
+def _up(args: argparse.Namespace) -> int:
+    from router.config import RouterConfig
+    from scenarios.stack.launcher import Stack
+
+    scenario = load_scenario(args.scenario or DEFAULT_SCENARIO)
+    stopping = []
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stopping.append(signum)
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    # the router's own default policy (or --policy), not the scenario's first comparison run
+    policy = {"preset": args.policy} if args.policy else RouterConfig().policy.model_dump(exclude_none=True)
+    stack = Stack(
+        scenario,
+        kafka=args.kafka,
+        router_port=args.port,
+        routers=args.routers,
+        share_load=not args.no_share,
+        router_overrides={"policy": policy},
+    )
+    try:
+        stack.start()
+        print(f"router: {stack.router_url}" + (f" ({args.routers} processes)" if args.routers > 1 else ""), flush=True)
+        if stack.router is not None and stack.router.grpc:
+            print(f"router gRPC: {stack.router.grpc}", flush=True)
+        print(f"kafka: {stack.bootstrap}", flush=True)
+        print(f"logs: {stack.log_dir}", flush=True)
+        while not stopping:
+            time.sleep(0.2)
+            for name, proc in list(stack.nodes.items()):
+                if proc.popen.poll() is not None:
+                    print(
+                        f"node {name} exited with {proc.popen.returncode}; see {proc.log_path}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+                    stack.nodes.pop(name)
+    finally:
+        stack.stop()
+    print("stopped", flush=True)
+    return 0
+
+
+def _replay(args: argparse.Namespace) -> int:
+    from scenarios.replay.run import run_replay
+
+    scenario = load_scenario(args.scenario)
+    if args.seed is not None:
+        scenario = scenario.model_copy(update={"seed": args.seed})
+    if args.nodes is not None:
+        from scenarios.plan.sweep import with_nodes
+
+        scenario = with_nodes(scenario, args.nodes)
+    if args.load is not None:
+        from scenarios.plan.sweep import with_load
+
+        scenario = with_load(scenario, args.load)
+    runs = [scenario.policy(p) for p in args.policy] if args.policy else list(scenario.policies)
+    out = Path(args.out) if args.out else Path("reports") / scenario.name
+    profile = Path(args.profile) if args.profile else None
+    if args.router:
+        if args.mode != "live" or args.policy or args.nodes is not None:
+            return arg.usage("replay --router: live mode only, with the router's own policy and nodes")
+        token = args.token or os.environ.get("EDGEROUTE_CLIENT_TOKEN")
+        run_replay(scenario, [], out, router_url=args.router, token=token, duration_s=args.duration)
+    elif args.mode == "sim":
+        run_replay(scenario, runs, out, mode="sim", profile_path=profile, duration_s=args.duration)
+    else:
+        run_replay(
+            scenario,
+            runs,
+            out,
+            mode=args.mode,
+            profile_path=profile,
+            calibrate=args.calibrate,
+            kafka=args.kafka,
+            duration_s=args.duration,
+        )
+    return 0
+
+
+def _kafka_security_from_env() -> None:
+    """`EDGEROUTE_KAFKA_SECURITY` (a YAML/JSON mapping, telemetry.process.tls.KafkaSecurity) secures this
+    process's Kafka clients (`up`, `replay`, `profile` with `--kafka`); the stacks they start pass the
+    same variable to their nodes and routers, whose configs read it as `kafka_security`."""
+    from telemetry.process.configfile import safe_yaml, validate
+    from telemetry.process.tls import KafkaSecurity, set_kafka_security
+
+    raw = os.environ.get("EDGEROUTE_KAFKA_SECURITY")
+    if not raw:
+        return
+    try:
+        doc = safe_yaml(raw, "$EDGEROUTE_KAFKA_SECURITY")
+    except ConfigError:
+        raise ConfigError("$EDGEROUTE_KAFKA_SECURITY: not a YAML mapping") from None
+    set_kafka_security(validate(KafkaSecurity, doc, None, "$EDGEROUTE_KAFKA_SECURITY", use_env=False))
+
+
+def _source_checkout() -> bool:
+    """Whether the package runs from a source tree (an editable install), where the shipped profile lives."""
+    return (PACKAGE_DIR.parent / "pyproject.toml").is_file()
+
+
+def _sweep(args: argparse.Namespace) -> int:
+    from scenarios.plan.sweep import confirm_live, parse_counts, sweep, write_sweep
+
+    scenario = load_scenario(args.scenario)
+    if args.seed is not None:
+        scenario = scenario.model_copy(update={"seed": args.seed})
+    runs = [scenario.policy(p) for p in args.policy] if args.policy else list(scenario.policies)
+    try:
+        counts = parse_counts(args.nodes)
+    except ValueError as exc:
+        print(f"edgeroute: {exc}", file=sys.stderr)
+        return 2
+    if not 1 <= args.seeds <= MAX_SEEDS or args.jobs < 0:
+        return arg.usage(f"--seeds must be 1 to {MAX_SEEDS} and --jobs at least 0 (0: one per core)")
+    profile = Path(args.profile) if args.profile else None
+    result = sweep(scenario, runs, counts, args.target, args.duration, profile, seeds=args.seeds, jobs=args.jobs)
+    if args.confirm:
+        result["live"] = confirm_live(scenario, runs, result, kafka=args.kafka, duration_s=args.duration)
+    out = Path(args.out) if args.out else Path("reports") / scenario.name
+    path = write_sweep(result, out)
+    print(path.read_text())
+    print(f"sweep: {path}")
+    return 0
+
+
+def _search(args: argparse.Namespace) -> int:
+    import os
+
+    from scenarios.plan.search import DURATION_S, run_search
+
+    scenario = load_scenario(args.scenario)
+    if args.jobs < 0:
+        return arg.usage("search: --jobs must be at least 0 (0: one per core)")
+    out = Path(args.out) if args.out else Path("reports") / scenario.name / f"search-{args.workflow}"
+    try:
+        run_search(
+            scenario,
+            args.workflow,
+            out,
+            target=args.target,
+            rate_rps=args.rate,
+            policy=args.policy,
+            duration_s=args.duration or DURATION_S,
+            with_grid=not args.no_grid,
+            confirm=args.confirm,
+            jobs=args.jobs or (os.cpu_count() or 1),
+        )
+    except ValueError as exc:
+        return arg.usage(f"search: {exc}")
+    return 0
+
+
+def _profile(args: argparse.Namespace) -> int:
+    from nodes.zoo import ZOO
+    from scenarios.calibrate.profile import profile, profile_node_scaling
+    from scenarios.sim.profile import DEFAULT_PROFILE
+
+    unknown = [m for m in args.models if m not in ZOO]
+    if unknown:
+        return arg.usage(f"profile: no zoo model {', '.join(map(repr, unknown))} (known: {', '.join(sorted(ZOO))})")
+    out = Path(args.out)
+    if out.resolve().is_relative_to(PACKAGE_DIR) and not _source_checkout():
+        return arg.usage(f"profile: --out {out} is inside the installed package; write the profile elsewhere")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if args.node_scaling:
+        if not out.exists():
+            shutil.copyfile(DEFAULT_PROFILE, out)
+        profile_node_scaling(out, args.models or PROFILED_MODELS, kafka=args.kafka)
+        return 0
+    profile(args.models or PROFILED_MODELS, args.requests, out, kafka=args.kafka, new_reference=args.new_reference)
+    return 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    import json
+
+    from scenarios.replay.render import render
+
+    folder = Path(args.folder)
+    path = folder / "report.json" if folder.is_dir() else folder
+    try:
+        report = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        print(f"edgeroute: {path}: {exc}", file=sys.stderr)
+        return 2
+    print(render(report, path.parent))
+    return 0
+
+
+def _zoo(args: argparse.Namespace) -> int:
+    from nodes import zoo
+
+    unknown = [m for m in args.models if m not in zoo.ZOO]
+    if unknown:
+        return arg.usage(f"zoo: no model {', '.join(map(repr, unknown))} (known: {', '.join(sorted(zoo.ZOO))})")
+    for name in args.models or sorted(zoo.ZOO):
+        path = zoo.ensure(name)
+        print(f"{name:<18} {path.stat().st_size:>9} bytes  {path}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "node":
+        from nodes.__main__ import main as node_main
+
+        return node_main(argv[1:])
+    if argv and argv[0] == "router":
+        from router.__main__ import main as router_main
+
+        return router_main(argv[1:])
+    parser = argparse.ArgumentParser(prog="edgeroute", description="edge-cloud inference router")
+    add_version(parser)
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("node", help="run one model server node (see `edgeroute node --help`)")
+    sub.add_parser("router", help="run the router (see `edgeroute router --help`)")
+
+    up = sub.add_parser("up", help="start broker, nodes and router for a scenario; Ctrl-C stops all")
+    up.add_argument("scenario", nargs="?", help="scenario file (default: the quickstart topology)")
+    up.add_argument("--kafka", type=arg.bootstrap, help="Kafka bootstrap HOST:PORT instead of the embedded broker")
+    up.add_argument("--port", type=arg.port, default=0, help="router port (default: a free one)")
+    up.add_argument("--routers", type=arg.count, default=1, help="router processes sharing the port (SO_REUSEPORT)")
+    up.add_argument("--no-share", action="store_true", help="several routers, but without exchanging load")
+    up.add_argument("--policy", type=_preset, help="routing preset (default: the router's default, p2c)")
+    up.set_defaults(func=_up)
+
+    rp = sub.add_parser("replay", help="replay a scenario once per policy on the live stack")
+    rp.add_argument("scenario", help="scenario YAML, or a bundled one by name (quickstart, mixed-priority, ...)")
+    rp.add_argument("--policy", action="append", help="run name or preset (repeatable; default: all)")
+    rp.add_argument("--out", help="report folder (default: reports/<scenario>/)")
+    rp.add_argument("--kafka", type=arg.bootstrap, help="external Kafka bootstrap HOST:PORT")
+    rp.add_argument(
+        "--router",
+        metavar="URL",
+        type=arg.http_url,
+        help="replay the workload against this running router (a deployment) instead of a local stack",
+    )
+    rp.add_argument("--token", help="bearer token for --router (default $EDGEROUTE_CLIENT_TOKEN)")
+    rp.add_argument("--seed", type=int, help="override the scenario's seed")
+    rp.add_argument("--duration", type=arg.duration, help="override the workload duration (seconds)")
+    rp.add_argument("--load", type=arg.positive, help="multiply every site's arrival rates by this factor")
+    rp.add_argument(
+        "--nodes", type=arg.node_count, help="run on this many nodes (the first ones, then copies of the last one)"
+    )
+    rp.add_argument(
+        "--mode",
+        choices=["live", "sim", "both"],
+        default="live",
+        help="live stack, discrete-event simulation, or both with their relative error",
+    )
+    rp.add_argument("--profile", help="simulator profile JSON (default: scenarios/profiles/cpu.json)")
+    rp.add_argument(
+        "--calibrate",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="measure this host on the stack before the live runs and simulate on it (default: with --mode both)",
+    )
+    rp.set_defaults(func=_replay)
+
+    add_bench_parser(sub)
+
+    sw = sub.add_parser("sweep", help="fewest nodes per policy that keep the target share within deadline (sim)")
+    sw.add_argument("scenario", help="scenario YAML, or a bundled one by name")
+    sw.add_argument("--nodes", default="1-8", help="node counts: 1-8, 2,4,6 or a mix (default 1-8)")
+    sw.add_argument("--target", type=arg.share, default=0.99, help="share of requests within deadline (0.99)")
+    sw.add_argument("--policy", action="append", help="run name or preset (repeatable; default: all)")
+    sw.add_argument("--confirm", action="store_true", help="replay each policy live at its end point")
+    sw.add_argument("--seeds", type=int, default=3, help="seeds per count; every one must reach the target (3)")
+    sw.add_argument("--jobs", type=int, default=0, help="simulations in parallel (0: one per core; 1: serial)")
+    sw.add_argument("--out", help="output folder (default: reports/<scenario>/)")
+    sw.add_argument("--kafka", type=arg.bootstrap, help="external Kafka bootstrap HOST:PORT (with --confirm)")
+    sw.add_argument("--seed", type=int, help="override the scenario's seed")
+    sw.add_argument("--duration", type=arg.duration, help="override the workload duration (seconds)")
+    sw.add_argument("--profile", help="simulator profile JSON (default: scenarios/profiles/cpu.json)")
+    sw.set_defaults(func=_sweep)
+
+    se = sub.add_parser("search", help="ESG's per-stage configuration search for a workflow (A*, sim; --confirm live)")
+    se.add_argument("scenario", help="scenario YAML, or a bundled one by name")
+    se.add_argument("--workflow", required=True, help="the workflow (router.workflows) whose stages to configure")
+    se.add_argument("--target", type=arg.share, default=0.99, help="share of jobs within their deadline (0.99)")
+    se.add_argument("--rate", type=arg.positive, help="jobs per second to carry (default: the workflow's busiest rate)")
+    se.add_argument("--policy", default="esg", help="routing policy preset for the stages (esg)")
+    se.add_argument("--duration", type=arg.duration, help="simulated seconds per evaluation (20)")
+    se.add_argument("--no-grid", action="store_true", help="skip the exhaustive grid the search is compared with")
+    se.add_argument("--confirm", action="store_true", help="replay the chosen configuration on the live stack")
+    se.add_argument("--jobs", type=int, default=0, help="grid simulations in parallel (0: one per core)")
+    se.add_argument("--out", help="output folder (default: reports/<scenario>/search-<workflow>/)")
+    se.set_defaults(func=_search)
+
+    prof = sub.add_parser("profile", help="measure execution and overhead profiles for the simulator")
+    prof.add_argument("models", nargs="*", metavar="MODEL", help="zoo models to profile (default: all)")
+    prof.add_argument("--requests", type=arg.count, default=400, help="measured requests per model")
+    prof.add_argument(
+        "--out",
+        default="reports/profile/cpu.json",
+        help="profile JSON (reports/profile/cpu.json; `make profile` writes the shipped scenarios/profiles/cpu.json)",
+    )
+    prof.add_argument("--kafka", type=arg.bootstrap, help="external Kafka bootstrap HOST:PORT")
+    prof.add_argument(
+        "--node-scaling", action="store_true", help="add the overhead by node count to an existing profile"
+    )
+    prof.add_argument(
+        "--new-reference",
+        action="store_true",
+        help="re-measure the reference execution times too (they set every scenario's emulated device speeds)",
+    )
+    prof.set_defaults(func=_profile)
+
+    rep = sub.add_parser("report", help="re-render report.md and the plots from a saved report.json")
+    rep.add_argument("folder", help="a replay's report folder, or its report.json")
+    rep.set_defaults(func=_report)
+
+    zoo = sub.add_parser("zoo", help="build the model zoo into its cache folder and list it")
+    zoo.add_argument("models", nargs="*", metavar="MODEL", help="zoo models to build (default: all)")
+    zoo.set_defaults(func=_zoo)
+
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.getLogger("kafka").setLevel(logging.ERROR)
+    try:
+        _kafka_security_from_env()
+        code: int = args.func(args)
+        return code
+    except ConfigError as exc:
+        print(f"edgeroute: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:  # a failure the user can act on reads as one line; the traceback on request
+        if os.environ.get("EDGEROUTE_TRACEBACK"):
+            raise
+        hint = "(EDGEROUTE_TRACEBACK=1 shows where)"
+        print(f"edgeroute {args.command}: {type(exc).__name__}: {exc} {hint}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

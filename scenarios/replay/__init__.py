@@ -1,0 +1,1 @@
+"""Replays of a scenario, live and simulated, and their reports."""

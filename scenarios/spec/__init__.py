@@ -1,0 +1,1 @@
+"""The scenario spec (pydantic schema of scenarios/*.yaml) and the workload schedule drawn from it."""

@@ -1,0 +1,430 @@
+"""The scenario file: topology, workload and the policies to compare (YAML, strict pydantic); the
+workload section's models live in scenarios.spec.traffic.
+
+Errors come out as one line naming the field path and, where the YAML parser knows it, the line:
+`scenarios/x.yaml: workload.sites.0.rate_rps (line 14): Input should be greater than 0`.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import (
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from policies import PolicyConfigError, PolicySpec, build_policy
+from router.config import RouterConfig, WorkflowSpec
+from router.lifecycle.links import LinkState
+from router.lifecycle.reroute import RerouteConfig
+from scenarios import BUNDLED_DIR
+from scenarios.spec.traffic import MAX_DURATION_S as MAX_DURATION_S
+from scenarios.spec.traffic import MAX_REQUESTS as MAX_REQUESTS
+from scenarios.spec.traffic import Repeat as Repeat
+from scenarios.spec.traffic import SiteLoad as SiteLoad
+from scenarios.spec.traffic import Strict as _Strict
+from scenarios.spec.traffic import Workload as Workload
+from telemetry.process.configfile import ConfigError, error_line, is_file, read_text, safe_yaml
+
+
+class ScenarioError(ConfigError):
+    """A scenario mistake, as one line naming the file, field and line."""
+
+
+class BatchSpec(_Strict):
+    max_batch: int = Field(1, ge=1, le=1024)
+    max_queue_delay_ms: float = Field(0.0, ge=0)
+    preferred: list[int] = Field(default_factory=list)
+
+
+class NodeSpec(_Strict):
+    id: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
+    partition: str
+    tier: Literal["edge", "cloud"] = "edge"
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    slots: int = Field(1, ge=1, le=64)
+    max_queue: int = Field(64, ge=0)
+    memory_budget_mb: int = Field(2048, ge=1)
+    speed: float = Field(1.0, gt=0, le=1000)
+    inline_max_ms: float = Field(
+        0.2, ge=0, le=5, description="runs measured this short execute on the node's event loop (NodeConfig)"
+    )
+    cost_per_s: float = Field(0.0, ge=0, description="cost of one node-second")
+    models: list[str] = Field(min_length=1)
+    scheduler: Literal["fifo", "priority"] = "priority"
+    change_threshold: int = Field(4, ge=1, description="publish telemetry at once when outstanding moves this much")
+    high_priority_min: int = 1
+    max_block_ms: float = Field(10.0, gt=0)
+    queue_limits: dict[int, int] = Field(default_factory=dict)
+    admit_by_deadline: bool = True
+    queue_target_ms: float = Field(50.0, ge=0, le=60_000, description="controlled delay target (NodeConfig)")
+    queue_interval_ms: float = Field(100.0, gt=0, le=60_000)
+    batching: dict[str, BatchSpec] = Field(default_factory=dict, description="model -> dynamic batching")
+    model_repository: str | None = Field(
+        None,
+        min_length=1,
+        description="a Triton-style repository of the user's ONNX models (nodes.repository); `models` may name "
+        "the models in it (relative to the scenario's folder)",
+    )
+
+    @model_validator(mode="after")
+    def _batching_models(self) -> NodeSpec:
+        unknown = sorted(set(self.batching) - set(self.models))
+        if unknown:
+            raise ValueError(f"batching for models the node does not serve: {unknown}")
+        return self
+
+
+class ModelEntry(_Strict):
+    """A model served under its name: a zoo architecture (default: the name itself) with its own seed
+    (a fleet's fine-tuned variants), and optionally the memory it holds resident and the least time
+    its load takes: on a CPU machine the zoo models are small and load in milliseconds, so GPU-sized
+    models are emulated by declaring these (the node accounts the size and holds the load that long)."""
+
+    zoo: str | None = None
+    path: str | None = Field(
+        None,
+        min_length=1,
+        description="the user's own ONNX file instead of a zoo architecture (live runs; the simulator needs "
+        "a profile that measured it: `edgeroute profile`)",
+    )
+    seed: int | None = None
+    size_mb: float | None = Field(None, gt=0)
+    load_ms: float | None = Field(None, ge=0)
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ModelEntry:
+        if self.zoo is not None and self.path is not None:
+            raise ValueError("a model is either a zoo architecture (`zoo`) or a file (`path`), not both")
+        return self
+
+    @field_validator("zoo")
+    @classmethod
+    def _known(cls, v: str | None) -> str | None:
+        from nodes.zoo import ZOO
+
+        if v is not None and v not in ZOO:
+            raise ValueError(f"'{v}' is not a zoo model ({', '.join(sorted(ZOO))})")
+        return v
+
+
+class Link(_Strict):
+    """A network path between two partitions; emulated by the router live, modelled by the simulator."""
+
+    a: str
+    b: str
+    rtt_ms: float = Field(ge=0, le=10_000)
+    jitter_ms: float = Field(0.0, ge=0, le=10_000)
+    loss: float = Field(0.0, ge=0, lt=1)
+
+
+MAX_TOPOLOGY_NODES = 10_000  # nodes a scenario may have (the simulator's largest views; live, far fewer)
+
+
+class Topology(_Strict):
+    partitions: list[str] = Field(min_length=1)
+    links: list[Link] = Field(default_factory=list)
+    nodes: list[NodeSpec] = Field(min_length=1, max_length=MAX_TOPOLOGY_NODES)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Topology:
+        known = set(self.partitions)
+        if len(known) != len(self.partitions):
+            raise ValueError("partition names must be unique")
+        ids = [n.id for n in self.nodes]
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"node ids must be unique: {sorted(i for i, n in Counter(ids).items() if n > 1)}")
+        for n in self.nodes:
+            if n.partition not in known:
+                raise ValueError(f"node {n.id}: partition '{n.partition}' is not in topology.partitions")
+        pairs = set()
+        for i, link in enumerate(self.links):
+            for end in (link.a, link.b):
+                if end not in known:
+                    raise ValueError(f"links.{i}: partition '{end}' is not in topology.partitions")
+            if link.a == link.b:
+                raise ValueError(f"links.{i}: a link joins two different partitions")
+            pair = frozenset((link.a, link.b))
+            if pair in pairs:
+                raise ValueError(f"links.{i}: {link.a}-{link.b} is given twice")
+            pairs.add(pair)
+        return self
+
+    def link_states(self) -> tuple[LinkState, ...]:
+        """The links as the router's and the simulator's link table takes them (none cut)."""
+        return tuple(LinkState(k.a, k.b, k.rtt_ms, k.jitter_ms, k.loss) for k in self.links)
+
+
+class Fault(_Strict):
+    """Something that goes wrong at `at_s` into the measured run (after warm-up).
+
+    kill_node (SIGKILL; with `duration_s` it is restarted after that long), restart_node, slow_node
+    (`factor` > 1 slows it; with `duration_s`, speed is restored after), cut_link / restore_link
+    (`link: [a, b]`; a cut with `duration_s` is restored after), broker_outage (`duration_s`, default
+    for the rest of the run).
+    """
+
+    at_s: float = Field(ge=0)
+    kind: Literal["kill_node", "restart_node", "slow_node", "cut_link", "restore_link", "broker_outage"]
+    node: str | None = None
+    link: tuple[str, str] | None = None
+    factor: float | None = Field(None, gt=0)
+    duration_s: float | None = Field(None, gt=0)
+
+    @model_validator(mode="after")
+    def _fields(self) -> Fault:
+        needs_node = self.kind in ("kill_node", "restart_node", "slow_node")
+        if needs_node and not self.node:
+            raise ValueError(f"{self.kind} needs 'node'")
+        if self.kind in ("cut_link", "restore_link") and not self.link:
+            raise ValueError(f"{self.kind} needs 'link: [a, b]'")
+        if self.kind == "slow_node" and (self.factor is None or self.factor <= 1):
+            raise ValueError("slow_node needs 'factor' > 1")
+        return self
+
+
+RUN_ROUTER_KEYS = frozenset({"reroute"})  # router settings swapped live between runs (PUT /admin/reroute)
+
+
+class PolicyRun(_Strict):
+    """One policy to compare: a run name, the policy spec (a preset when only the name is given),
+    optional node settings for this run (`nodes: {scheduler: priority, ...}`, applied to every node) and
+    router settings for this run (`router: {reroute: {enabled: true}}`, over the scenario's `router:`)."""
+
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
+    policy: PolicySpec
+    nodes: dict[str, Any] = Field(default_factory=dict)
+    router: dict[str, Any] = Field(default_factory=dict, description="router settings for this run (reroute)")
+
+    @field_validator("router")
+    @classmethod
+    def _router_overrides(cls, v: dict[str, Any]) -> dict[str, Any]:
+        unknown = sorted(set(v) - RUN_ROUTER_KEYS)
+        if unknown:
+            raise ValueError(f"router settings a run may change are {sorted(RUN_ROUTER_KEYS)}; not {unknown}")
+        if "reroute" in v:
+            try:
+                RerouteConfig.model_validate(v["reroute"])
+            except ValidationError as exc:  # (named from `reroute` down: pydantic would drop that step)
+                first = exc.errors()[0]
+                where = ".".join(str(p) for p in ("reroute", *first["loc"]))
+                raise ValueError(f"{where}: {first['msg']}") from None
+        return v
+
+    @field_validator("nodes")
+    @classmethod
+    def _node_overrides(cls, v: dict[str, Any]) -> dict[str, Any]:
+        allowed = {"scheduler", "high_priority_min", "max_block_ms", "queue_limits", "admit_by_deadline"}
+        allowed |= {"queue_target_ms", "queue_interval_ms", "batching", "slots", "max_queue", "change_threshold"}
+        unknown = sorted(set(v) - allowed)
+        if unknown:
+            raise ValueError(f"node settings a run may change are {sorted(allowed)}; not {unknown}")
+        return v
+
+    def node_specs(self, nodes: list[NodeSpec]) -> list[NodeSpec]:
+        """The topology's nodes with this run's settings applied (validated)."""
+        if not self.nodes:
+            return nodes
+        return [NodeSpec.model_validate({**n.model_dump(), **self.nodes}) for n in nodes]
+
+
+class Scenario(_Strict):
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
+    description: str = ""
+    seed: int = 0
+    topology: Topology
+    workload: Workload
+    router: dict[str, Any] = Field(default_factory=dict, description="RouterConfig overrides")
+    models: dict[str, ModelEntry] = Field(default_factory=dict, description="model catalogue (default: zoo names)")
+    faults: list[Fault] = Field(default_factory=list)
+    policies: list[PolicyRun] = Field(min_length=1)
+    _base_dir: Path = PrivateAttr(default_factory=Path.cwd)
+
+    @property
+    def base_dir(self) -> Path:
+        """The folder of the scenario file: trace paths are relative to it."""
+        return self._base_dir
+
+    @field_validator("policies", mode="before")
+    @classmethod
+    def _expand_names(cls, v: Any) -> Any:
+        if not isinstance(v, list):
+            return v
+        out: list[Any] = []
+        for item in v:
+            if isinstance(item, str):
+                out.append({"name": item, "policy": {"preset": item}})
+            elif isinstance(item, dict) and "policy" not in item:
+                rest = {k: val for k, val in item.items() if k not in ("name", "nodes", "router")}
+                entry = {"name": item.get("name"), "policy": rest or {"preset": item.get("name")}}
+                for key in ("nodes", "router"):
+                    if key in item:
+                        entry[key] = item[key]
+                out.append(entry)
+            else:
+                out.append(item)
+        return out
+
+    @model_validator(mode="after")
+    def _check(self) -> Scenario:
+        parts = set(self.topology.partitions)
+        served = {m for n in self.topology.nodes for m in n.models}
+        from nodes.zoo import ZOO
+
+        in_repository = {m for n in self.topology.nodes if n.model_repository is not None for m in n.models}
+        for name in sorted(served):
+            entry = self.models.get(name)
+            if (entry is not None and entry.path is not None) or name in in_repository:
+                continue  # the user's own file (read by the node when it loads it; parse_scenario checks it is there)
+            if self.architecture(name) not in ZOO:
+                raise ValueError(
+                    f"model '{name}' is neither a zoo model ({', '.join(sorted(ZOO))}) nor in `models` with a "
+                    "`zoo` or a `path`"
+                )
+        workflows = self.workflow_specs()
+        for w in workflows:
+            unserved = sorted({st.model for st in w.stages} - served)
+            if unserved:
+                raise ValueError(f"router.workflows '{w.name}': no node serves {unserved}")
+        for i, site in enumerate(self.workload.sites):
+            if site.site not in parts:
+                raise ValueError(f"workload.sites.{i}.site '{site.site}' is not a partition")
+            unserved = sorted(set(site.models) - served - {w.name for w in workflows})
+            if unserved:
+                raise ValueError(f"workload.sites.{i}.models: no node serves {unserved}")
+        ids = {n.id for n in self.topology.nodes}
+        links = {frozenset((k.a, k.b)) for k in self.topology.links}
+        for i, f in enumerate(self.faults):
+            if f.node is not None and f.node not in ids:
+                raise ValueError(f"faults.{i}.node '{f.node}' is not a node of the topology")
+            if f.link is not None and frozenset(f.link) not in links:
+                raise ValueError(f"faults.{i}.link {list(f.link)} is not a link of the topology")
+        names = [p.name for p in self.policies]
+        if len(set(names)) != len(names):
+            raise ValueError("policy run names must be unique")
+        for p in self.policies:
+            try:
+                build_policy(p.policy)
+            except PolicyConfigError as exc:
+                raise ValueError(f"policies '{p.name}': {exc}") from None
+            try:
+                p.node_specs(self.topology.nodes)
+            except ValidationError as exc:
+                first = exc.errors()[0]
+                where = ".".join(str(x) for x in first["loc"])
+                raise ValueError(f"policies '{p.name}' nodes.{where}: {first['msg']}") from None
+        return self
+
+    def workflow_specs(self) -> list[WorkflowSpec]:
+        """The router's workflows (validated as the router validates them)."""
+        raw = self.router.get("workflows") or []
+        if not isinstance(raw, list):
+            raise ValueError("router.workflows must be a list")
+        out = []
+        for i, item in enumerate(raw):
+            try:
+                out.append(WorkflowSpec.model_validate(item))
+            except ValidationError as exc:
+                first = max(exc.errors(), key=lambda e: len(e["loc"]))
+                where = ".".join(str(x) for x in first["loc"])
+                msg = first["msg"].removeprefix("Value error, ")
+                raise ValueError(f"router.workflows.{i}{'.' + where if where else ''}: {msg}") from None
+        return out
+
+    def architecture(self, model: str) -> str:
+        """The zoo architecture a model name is built from (its profile entry)."""
+        entry = self.models.get(model)
+        return entry.zoo if entry is not None and entry.zoo is not None else model
+
+    def model_size_mb(self, model: str) -> float | None:
+        entry = self.models.get(model)
+        return None if entry is None else entry.size_mb
+
+    def policy(self, name: str) -> PolicyRun:
+        """The run named `name`, or a preset of that name."""
+        for p in self.policies:
+            if p.name == name:
+                return p
+        try:
+            build_policy(name)
+        except PolicyConfigError as exc:
+            raise ScenarioError(f"--policy {name}: not a run in the scenario and {exc}") from None
+        return PolicyRun(name=name, policy=PolicySpec(preset=name))
+
+
+def _check_router_section(scenario: Scenario, text: str, origin: str) -> None:
+    """The scenario's `router:` section as the router's own config file takes it: a mistake there is the
+    scenario's, named with its line when the file loads, not an error of a generated file once the
+    broker and nodes are up (live) or of the simulator's set-up. (A run's `router:` takes `reroute`
+    only, checked with the run.)"""
+    try:
+        cfg = RouterConfig.model_validate(scenario.router)
+    except ValidationError as exc:
+        raise ScenarioError(error_line(exc, text, origin, model=RouterConfig, at=("router",))) from None
+    if "policy" in scenario.router:
+        try:
+            build_policy(cfg.policy)
+        except PolicyConfigError as exc:
+            raise ScenarioError(f"{origin}: router.policy: {exc}") from None
+
+
+def parse_scenario(text: str, origin: str = "<scenario>", base_dir: Path | None = None) -> Scenario:
+    try:
+        raw = safe_yaml(text, origin)
+    except ConfigError as exc:
+        raise ScenarioError(str(exc)) from None
+    if not isinstance(raw, dict):
+        raise ScenarioError(f"{origin}: a scenario is a mapping with topology, workload and policies")
+    try:
+        scenario = Scenario.model_validate(raw)
+    except ValidationError as exc:
+        raise ScenarioError(error_line(exc, text, origin, model=Scenario)) from None
+    _check_router_section(scenario, text, origin)
+    scenario._base_dir = base_dir or Path.cwd()
+    for name, entry in scenario.models.items():  # a model file named relative to the scenario's folder
+        if entry.path is not None:
+            path = Path(entry.path) if Path(entry.path).is_absolute() else scenario.base_dir / entry.path
+            if not is_file(path):
+                raise ScenarioError(f"{origin}: models.{name}.path: no such file {path}")
+            scenario.models[name] = entry.model_copy(update={"path": str(path.resolve())})
+    for k, node in enumerate(scenario.topology.nodes):  # a repository's models, as its node will find them
+        if node.model_repository is not None:
+            from nodes.repository import scan
+
+            root = Path(node.model_repository)
+            root = (root if root.is_absolute() else scenario.base_dir / root).resolve()
+            try:
+                held = scan(root)
+            except ConfigError as exc:
+                raise ScenarioError(f"{origin}: topology.nodes.{k}.model_repository: {exc}") from None
+            absent = [m for m in node.models if m not in held and m not in scenario.models]
+            if absent:
+                raise ScenarioError(f"{origin}: topology.nodes.{k}: {absent} not in the repository {root}")
+            scenario.topology.nodes[k] = node.model_copy(update={"model_repository": str(root)})
+    for i, site in enumerate(scenario.workload.sites):
+        if site.trace is not None:
+            trace = Path(site.trace) if Path(site.trace).is_absolute() else scenario.base_dir / site.trace
+            if not is_file(trace):
+                raise ScenarioError(f"{origin}: workload.sites.{i}.trace: no such file {trace}")
+    return scenario
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    p = Path(path)
+    if not is_file(p):
+        bundled = BUNDLED_DIR / p.name if p.suffix else BUNDLED_DIR / f"{p}.yaml"
+        if bundled.exists():
+            p = bundled
+        else:
+            raise ScenarioError(f"{path}: no such scenario file")
+    try:
+        text = read_text(p, str(path))
+    except ConfigError as exc:
+        raise ScenarioError(str(exc)) from None
+    return parse_scenario(text, str(path), p.resolve().parent)

@@ -1,0 +1,1 @@
+"""The local stack: embedded broker, nodes and routers as processes, faults, a load generator."""

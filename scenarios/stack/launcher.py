@@ -1,0 +1,490 @@
+"""The local stack: broker (embedded Tansu unless `--kafka` is given), one process per node, a router.
+
+`Stack` starts everything on loopback, waits until the router sees every node through Kafka, and stops
+everything by pid in reverse order, also when start-up fails half way. Each process writes its log to
+`<log_dir>/<name>.log`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import yaml
+
+from scenarios.sim.profile import DEFAULT_PROFILE
+from scenarios.spec.schema import ModelEntry, NodeSpec, Scenario
+from scenarios.stack.broker import EmbeddedBroker, free_port, terminate, wait_for_port
+from telemetry.cluster.schema import TOPIC
+from telemetry.kafka.bus import ensure_topic
+from telemetry.kafka.signing import SIGN_ENV, VERIFY_ENV, Verifier
+from telemetry.process.configfile import ENV_PREFIX, ConfigError
+
+log = logging.getLogger("edgeroute.launcher")
+
+
+# EDGEROUTE_* variables a stack passes on to its nodes and routers (the rest would override their configs)
+PASS_ENV = frozenset(
+    {
+        "EDGEROUTE_ZOO_DIR",
+        "EDGEROUTE_TRACEBACK",
+        "EDGEROUTE_KAFKA_SECURITY",
+        "EDGEROUTE_KAFKA_CLIENT",
+        "EDGEROUTE_KAFKA_READER",
+    }
+)
+
+NODE_PROCESS_MB = 150  # one live node process with a few zoo models (about 100 MB measured with one)
+
+
+def live_node_limit() -> tuple[int, str]:
+    """How many node processes a live stack may start here, and why: `EDGEROUTE_MAX_LIVE_NODES`, else
+    the memory available (Linux) over `NODE_PROCESS_MB`, at least 4 (64 where it cannot be read)."""
+    env = os.environ.get("EDGEROUTE_MAX_LIVE_NODES", "").strip()
+    if env.isdigit():
+        return int(env), "EDGEROUTE_MAX_LIVE_NODES"
+    try:
+        with open("/proc/meminfo") as f:
+            fields = dict(line.split(":", 1) for line in f if ":" in line)
+        available_mb = int(fields["MemAvailable"].split()[0]) // 1024
+    except (OSError, KeyError, ValueError):
+        return 64, "memory unknown"
+    return max(4, available_mb // NODE_PROCESS_MB), f"{available_mb:,} MB available, ~{NODE_PROCESS_MB} MB a node"
+
+
+def http_json(
+    url: str,
+    method: str = "GET",
+    body: Any = None,
+    timeout_s: float = 5.0,
+    headers: dict[str, str] | None = None,
+) -> tuple[int, Any]:
+    data = None if body is None else json.dumps(body).encode()
+    hdrs = {"Content-Type": "application/json", **(headers or {})}
+    req = urllib.request.Request(url, data=data, method=method, headers=hdrs)
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+            return resp.status, json.loads(resp.read() or b"null")
+    except urllib.error.HTTPError as exc:
+        raw = exc.read()
+        try:
+            return exc.code, json.loads(raw)
+        except ValueError:
+            return exc.code, raw.decode(errors="replace")
+
+
+def profile_baselines() -> dict[str, dict[int, float]]:
+    """Per-model reference execution times by batch size from the default profile (idle medians)."""
+    try:
+        doc = json.loads(DEFAULT_PROFILE.read_text())
+        return {m: {int(b): float(q[50]) for b, q in e["exec_ms"].items()} for m, e in doc["models"].items()}
+    except (OSError, ValueError, KeyError):
+        return {}
+
+
+def _model_config(
+    spec: NodeSpec, model: str, seed: int, baselines: dict[str, Any] | None, entry: ModelEntry | None
+) -> dict[str, Any]:
+    out: dict[str, Any] = {"name": model, "seed": seed}
+    if entry is not None:
+        out.update({k: v for k, v in entry.model_dump().items() if v is not None})
+    curve = (baselines or {}).get(out.get("zoo", model))
+    if curve:
+        out["baseline_ms"] = curve[1]
+        out["baseline_ms_by_batch"] = {b: ms for b, ms in curve.items() if b != 1}
+    batch = spec.batching.get(model)
+    if batch is not None:
+        out.update(
+            max_batch=batch.max_batch, max_queue_delay_ms=batch.max_queue_delay_ms, preferred_batch=batch.preferred
+        )
+    return out
+
+
+def node_config(
+    spec: NodeSpec,
+    port: int,
+    kafka: str,
+    seed: int,
+    extra: dict[str, Any] | None = None,
+    baselines: dict[str, dict[int, float]] | None = None,
+    catalogue: dict[str, ModelEntry] | None = None,
+) -> dict[str, Any]:
+    cfg: dict[str, Any] = {
+        "node_id": spec.id,
+        "partition": spec.partition,
+        "tier": spec.tier,
+        "port": port,
+        "device": spec.device,
+        "slots": spec.slots,
+        "max_queue": spec.max_queue,
+        "speed": spec.speed,
+        "inline_max_ms": spec.inline_max_ms,
+        "memory_budget_bytes": spec.memory_budget_mb << 20,
+        "kafka": kafka,
+        "scheduler": spec.scheduler,
+        "change_threshold": spec.change_threshold,
+        "high_priority_min": spec.high_priority_min,
+        "max_block_ms": spec.max_block_ms,
+        "queue_limits": spec.queue_limits,
+        "admit_by_deadline": spec.admit_by_deadline,
+        "queue_target_ms": spec.queue_target_ms,
+        "queue_interval_ms": spec.queue_interval_ms,
+        "models": [_model_config(spec, m, seed, baselines, (catalogue or {}).get(m)) for m in spec.models],
+    }
+    if spec.model_repository is not None:  # the node serves the names it holds from there (nodes.repository)
+        cfg["model_repository"] = spec.model_repository
+    cfg.update(extra or {})
+    return cfg
+
+
+@dataclass
+class Proc:
+    name: str
+    popen: subprocess.Popen[bytes]
+    log_path: Path
+    url: str = ""
+    port: int = 0
+    grpc: str = ""  # HOST:PORT of its gRPC service ("" without one)
+
+
+AUTO_LOGS = "edgeroute-run-"
+
+
+def _auto_log_dir() -> Path:
+    return Path(tempfile.gettempdir()) / f"{AUTO_LOGS}{os.getpid()}-{time.time_ns()}"
+
+
+@dataclass
+class Stack:
+    """A running local stack for one scenario."""
+
+    scenario: Scenario
+    kafka: str | None = None
+    log_dir: Path = field(default_factory=lambda: _auto_log_dir())  # created by start()
+    keep_logs: bool = False  # an automatic log folder is removed after a clean stop unless this is set
+    router_port: int = 0
+    router_overrides: dict[str, Any] = field(default_factory=dict)
+    broker: EmbeddedBroker | None = None
+    nodes: dict[str, Proc] = field(default_factory=dict)
+    router: Proc | None = None  # the first router; with `routers` > 1, all of them are in `peers`
+    router_config_path: Path | None = None
+    routers: int = 1  # processes sharing the router port (SO_REUSEPORT)
+    share_load: bool = True  # with several routers: exchange in-flight load through Kafka
+    peers: list[Proc] = field(default_factory=list)
+    topic: str = TOPIC
+    dead: dict[str, int] = field(default_factory=dict)  # killed node id -> its port, for restarts
+    # model -> reference execution ms for the speed emulation; the simulator uses the same numbers
+    baselines: dict[str, dict[int, float]] = field(default_factory=lambda: profile_baselines())
+    node_specs: dict[str, NodeSpec] = field(default_factory=dict)  # as currently running (run overrides)
+    node_overrides: dict[str, dict[str, Any]] = field(
+        default_factory=dict
+    )  # node id -> NodeConfig keys over its spec's
+    # every stack signs its telemetry and peer messages with a key of its own (telemetry.kafka.signing):
+    # nodes and routers get it through the environment; forged or unsigned messages are dropped
+    telemetry_key: str = field(default_factory=lambda: f"stack-{os.getpid()}:{secrets.token_hex(32)}")
+    # the nodes' admin and repository routes take this token; the stack's router holds it
+    node_admin_token: str = field(default_factory=lambda: secrets.token_urlsafe(24))
+    # ports this stack handed out: a port is picked free and then bound by the child that gets it, so
+    # two picks before either child binds could otherwise name the same port (the router's HTTP and
+    # gRPC ports once did, and the router failed to start)
+    ports_given: set[int] = field(default_factory=set)
+
+    def verifier(self) -> Verifier:
+        """A verifier for this stack's messages (for in-process readers such as the profiler's)."""
+        return Verifier.parse([self.telemetry_key])
+
+    @property
+    def bootstrap(self) -> str:
+        assert self.kafka is not None
+        return self.kafka
+
+    @property
+    def admin_headers(self) -> dict[str, str]:
+        """A bearer header for the admin API when the router's config turns auth on."""
+        auth = {**self.scenario.router, **self.router_overrides}.get("auth") or {}
+        tokens, admins = auth.get("tokens") or {}, auth.get("admin_clients") or []
+        for client in admins:
+            if client in tokens:
+                return {"Authorization": f"Bearer {tokens[client]}"}
+        return {}
+
+    @property
+    def node_headers(self) -> dict[str, str]:
+        """A bearer header for the nodes' admin routes (stats, speed, repository)."""
+        return {"Authorization": f"Bearer {self.node_admin_token}"}
+
+    @property
+    def client_headers(self) -> dict[str, str]:
+        """A bearer header for inference when auth is on (the first configured client)."""
+        auth = {**self.scenario.router, **self.router_overrides}.get("auth") or {}
+        tokens = auth.get("tokens") or {}
+        return {"Authorization": f"Bearer {next(iter(tokens.values()))}"} if tokens else {}
+
+    @property
+    def router_url(self) -> str:
+        assert self.router is not None
+        return self.router.url
+
+    def start(self, timeout_s: float = 60.0) -> Stack:
+        limit, why = live_node_limit()
+        count = len(self.scenario.topology.nodes)
+        if count > limit:  # each node is a process: a simulator-sized topology would exhaust the machine
+            raise ConfigError(
+                f"scenario {self.scenario.name}: {count} live nodes is more than this machine holds ({why}: "
+                f"{limit} at most): simulate it (replay --mode sim), or replay it on fewer nodes (--nodes N)"
+            )
+        most = max(1, min(limit, 4 * (os.cpu_count() or 1)))  # router processes past 4 a core add nothing
+        if not 1 <= self.routers <= most:
+            raise ConfigError(f"--routers {self.routers}: 1 to {most} router processes on this machine")
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            if self.kafka is None:
+                self.broker = EmbeddedBroker(log_path=str(self.log_dir / "broker.log")).start()
+                self.kafka = self.broker.bootstrap
+            ensure_topic(self.bootstrap, self.topic)
+            for spec in self.scenario.topology.nodes:
+                self.node_specs[spec.id] = spec
+                self.start_node(spec)
+            self.start_router()
+            self.wait_ready(timeout_s)
+        except BaseException:
+            self.stop(clean=False)
+            raise
+        return self
+
+    def free_port(self) -> int:
+        """A free loopback port this stack has not handed out before."""
+        for _ in range(100):
+            port = free_port()
+            if port not in self.ports_given:
+                self.ports_given.add(port)
+                return port
+        raise RuntimeError("no free port that this stack has not used already")
+
+    def _spawn(self, name: str, args: list[str]) -> Proc:
+        log_path = self.log_dir / f"{name}.log"
+        out = open(log_path, "ab")  # noqa: SIM115 - the child owns it after fork
+        try:
+            popen = subprocess.Popen(
+                [sys.executable, *args],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env={
+                    # the stack configures its children itself: a stray EDGEROUTE_PORT must not reach them
+                    **{k: v for k, v in os.environ.items() if not k.startswith(ENV_PREFIX) or k in PASS_ENV},
+                    "PYTHONUNBUFFERED": "1",
+                    SIGN_ENV: self.telemetry_key,
+                    VERIFY_ENV: self.telemetry_key,
+                    "EDGEROUTE_ADMIN_TOKEN": self.node_admin_token,  # nodes
+                    "EDGEROUTE_NODE_ADMIN_TOKEN": self.node_admin_token,  # routers
+                },
+            )
+        finally:
+            out.close()
+        return Proc(name, popen, log_path)
+
+    def start_node(self, spec: NodeSpec, port: int = 0) -> Proc:
+        port = port or self.free_port()
+        cfg = node_config(
+            spec,
+            port,
+            self.bootstrap,
+            self.scenario.seed,
+            {"topic": self.topic, "grpc_port": self.free_port(), **self.node_overrides.get(spec.id, {})},
+            self.baselines,
+            self.scenario.models,
+        )
+        proc = self._spawn(spec.id, ["-m", "nodes", "--config", json.dumps(cfg), "--log-level", "WARNING"])
+        proc.port, proc.url = port, f"http://127.0.0.1:{port}"
+        if cfg.get("grpc_port") is not None:
+            proc.grpc = f"127.0.0.1:{cfg['grpc_port']}"
+        self.nodes[spec.id] = proc
+        return proc
+
+    def start_router(self) -> Proc:
+        """Start the router, or `routers` of them on one port (SO_REUSEPORT: the kernel spreads the
+        connections), sharing their in-flight load through Kafka when `share_load`."""
+        port = self.router_port or self.free_port()
+        self.ports_given.add(port)
+        cfg: dict[str, Any] = {
+            "kafka": self.bootstrap,
+            "topic": self.topic,
+            "port": port,
+            "grpc_port": self.free_port(),
+            "seed": self.scenario.seed,
+            "policy": self.scenario.policies[0].policy.model_dump(exclude_none=True),
+            "links": [k.model_dump() for k in self.scenario.topology.links],
+        }
+        cfg.update(self.scenario.router)
+        cfg.update(self.router_overrides)
+        if self.routers > 1 and self.share_load:
+            cfg["peers"] = {**cfg.get("peers", {}), "enabled": True, "topic": f"{self.topic}.routers"}
+        self.router_config_path = self.log_dir / "router.yaml"
+        self.router_config_path.write_text(yaml.safe_dump(cfg))
+        self.peers = []
+        for i in range(self.routers):
+            args = ["-m", "router", "--config", str(self.router_config_path), "--log-level", "WARNING"]
+            if self.routers > 1:
+                args += ["--reuse-port", "--router-id", f"router-{i + 1}"]
+            proc = self._spawn("router" if self.routers == 1 else f"router-{i + 1}", args)
+            proc.port, proc.url = port, f"http://127.0.0.1:{port}"
+            if cfg.get("grpc_port") is not None:
+                proc.grpc = f"127.0.0.1:{cfg['grpc_port']}"
+            self.peers.append(proc)
+        self.router = self.peers[0]
+        return self.router
+
+    def _check_alive(self) -> None:
+        for proc in [*self.nodes.values(), *self.peers]:
+            code = proc.popen.poll()
+            if code is not None:
+                tail = proc.log_path.read_text(errors="replace")[-2000:]
+                raise RuntimeError(f"{proc.name} exited with {code} during start-up:\n{tail}")
+
+    def wait_ready(self, timeout_s: float) -> None:
+        """Until the router's view holds every node, fresh (telemetry really flows)."""
+        deadline = time.monotonic() + timeout_s
+        assert self.router is not None
+        want = set(self.nodes)
+        while True:
+            self._check_alive()
+            try:
+                wait_for_port("127.0.0.1", self.router.port, 0.5)
+                status, view = http_json(f"{self.router.url}/admin/view", timeout_s=2, headers=self.admin_headers)
+                fresh = {n["node_id"] for n in view["nodes"] if n["fresh"] and n["status"] == "ready"}
+                if status == 200 and want <= fresh:
+                    return
+            except (OSError, TimeoutError, KeyError, TypeError, ValueError):
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"stack not ready after {timeout_s:.0f}s; logs in {self.log_dir}")
+            time.sleep(0.2)
+
+    def set_policy(self, spec: dict[str, Any]) -> None:
+        if self.routers > 1:  # the admin call would reach one router of the group
+            raise RuntimeError("with several routers, set the policy in the router config file")
+        status, body = http_json(f"{self.router_url}/admin/policy", "PUT", spec, headers=self.admin_headers)
+        if status != 200:
+            raise RuntimeError(f"router rejected policy {spec}: {body}")
+
+    def set_reroute(self, cfg: dict[str, Any]) -> None:
+        """The router's re-routing settings (`PUT /admin/reroute`; `{}`: the defaults, off)."""
+        if self.routers > 1:
+            raise RuntimeError("with several routers, set reroute in the router config file")
+        status, body = http_json(f"{self.router_url}/admin/reroute", "PUT", cfg, headers=self.admin_headers)
+        if status != 200:
+            raise RuntimeError(f"router rejected reroute settings {cfg}: {body}")
+
+    def reroute_stats(self) -> dict[str, Any]:
+        status, body = http_json(f"{self.router_url}/admin/reroute", headers=self.admin_headers)
+        return body if status == 200 and isinstance(body, dict) else {}
+
+    # --- faults (live) -------------------------------------------------------------------------
+
+    def kill_node(self, node_id: str) -> None:
+        """SIGKILL: a crash, no draining message; the node can be restarted on the same port."""
+        proc = self.nodes.get(node_id)
+        if proc is None:
+            return
+        proc.popen.kill()
+        proc.popen.wait(timeout=10)
+        self.dead[node_id] = proc.port
+        del self.nodes[node_id]
+
+    def restart_node(self, node_id: str) -> None:
+        if node_id in self.nodes:
+            return
+        spec = self.node_specs.get(node_id) or next(n for n in self.scenario.topology.nodes if n.id == node_id)
+        self.start_node(spec, self.dead.pop(node_id, 0))
+
+    def set_speed(self, node_id: str, speed: float) -> None:
+        proc = self.nodes.get(node_id)
+        if proc is not None:
+            http_json(f"{proc.url}/admin/speed", "PUT", {"speed": speed}, headers=self.node_headers)
+
+    def cut_link(self, a: str, b: str, cut: bool) -> None:
+        status, body = http_json(
+            f"{self.router_url}/admin/links", "PUT", {"a": a, "b": b, "cut": cut}, headers=self.admin_headers
+        )
+        if status != 200:
+            raise RuntimeError(f"router refused link change {a}-{b}: {body}")
+
+    def broker_down(self) -> None:
+        if self.broker is None:
+            raise RuntimeError("broker_outage needs the embedded broker (no --kafka)")
+        self.broker.stop()
+
+    def broker_up(self) -> None:
+        if self.broker is not None and self.broker.proc is None:
+            self.broker.start()
+
+    def use_nodes(self, specs: list[NodeSpec], timeout_s: float = 60.0, fresh: bool = False) -> None:
+        """Restart the nodes whose settings differ (a run with its own node settings), or all of them
+        when `fresh` (back to their start-up state: resident models, measurements), then wait until
+        they are ready and the router's slow start for restarted nodes is over (a run starts on a
+        settled cluster, as the simulator's does)."""
+        changed = [s for s in specs if fresh or self.node_specs.get(s.id) != s]
+        for spec in changed:
+            proc = self.nodes.pop(spec.id, None)
+            port = proc.port if proc else self.dead.pop(spec.id, 0)
+            if proc is not None:
+                terminate(proc.popen)
+            self.node_specs[spec.id] = spec
+            self.start_node(spec, port)
+        if changed:
+            time.sleep(0.5)  # let the old incarnation's last telemetry (draining) pass
+            self.wait_ready(timeout_s)
+            outlier = {**self.scenario.router, **self.router_overrides}.get("outlier") or {}
+            time.sleep(float(outlier.get("slow_start_ms", 3000.0)) / 1000.0)
+
+    def restore(self) -> None:
+        """Undo every fault: dead nodes back, speeds reset, links restored, broker up."""
+        self.broker_up()
+        for node_id in list(self.dead):
+            self.restart_node(node_id)
+        for spec in self.scenario.topology.nodes:
+            self.set_speed(spec.id, spec.speed)
+        for link in self.scenario.topology.links:
+            self.cut_link(link.a, link.b, False)
+
+    def stop_node(self, node_id: str) -> None:
+        proc = self.nodes.pop(node_id)
+        terminate(proc.popen)
+
+    def stop_router(self) -> None:
+        for proc in self.peers:
+            terminate(proc.popen)
+        self.peers = []
+        self.router = None
+
+    def stop(self, clean: bool = True) -> None:
+        """Stop every process; an automatic log folder goes too after a clean run (kept on failure)."""
+        if self.router is not None:
+            self.stop_router()
+        for node_id in list(self.nodes):
+            self.stop_node(node_id)
+        if self.broker is not None:
+            self.broker.stop()
+            self.broker = None
+        if clean and not self.keep_logs and self.log_dir.name.startswith(AUTO_LOGS):
+            shutil.rmtree(self.log_dir, ignore_errors=True)
+
+    def __enter__(self) -> Stack:
+        return self.start()
+
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
+        self.stop(clean=et is None)

@@ -1,0 +1,156 @@
+"""ViewStore: the one shared mutable thing, a reference to the current ClusterView, swapped whole."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from bisect import bisect_left
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from telemetry.cluster.schema import MalformedTelemetry, NodeLoad
+from telemetry.cluster.view import ClusterView, NodeState
+from telemetry.measure.quantiles import nearest_rank
+
+log = logging.getLogger(__name__)
+
+# A message received later than this after it was sent is treated as history (a consumer catching up
+# after a restart): its node is dated by the send time, not the receipt, so a node that died before
+# the restart is not revived for `stale_after_ms`. Below it, receipt time is used, which is immune to
+# small clock skew between node and router.
+CATCH_UP_LAG_MS = 1000.0
+# A message sent more than this after its receipt (by the sender's clock) is not believed: one forged
+# far-future timestamp would otherwise make every genuine report of that node look out of order.
+MAX_CLOCK_AHEAD_MS = 10_000.0
+
+
+# Nodes a view holds at most. Each report of a node id not yet in the view adds one, so without a bound
+# a publisher inventing ids (an unsigned topic) would grow every router's memory without end; at the
+# bound, reports of further new nodes are dropped and counted while known nodes keep reporting.
+MAX_NODES = 50_000
+
+# upper bounds of the lag histogram buckets, seconds (the last bucket, +Inf, is implicit)
+LAG_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+
+class ViewStore:
+    """Holds the current `ClusterView`; one writer (the consumer thread), any number of readers.
+
+    Readers take `store.view` (one attribute read) and keep that snapshot for a whole decision.
+    """
+
+    def __init__(
+        self,
+        stale_after_ms: float = 1000.0,
+        lag_samples: int = 4096,
+        evict_after_ms: float = 300_000.0,
+        max_nodes: int = MAX_NODES,
+    ) -> None:
+        self.view = ClusterView(stale_after_ms=stale_after_ms)
+        self.evict_after_ms = evict_after_ms  # a node silent this long leaves the view
+        self.max_nodes = max_nodes  # reports of further new nodes are dropped (counted in `over_capacity`)
+        self.over_capacity = 0
+        self.messages = 0
+        self.malformed = 0
+        self.skipped = 0  # messages in batches the reader skipped because handling them raised (a bug)
+        self.out_of_order = 0
+        self.from_future = 0  # sent more than MAX_CLOCK_AHEAD_MS after receipt: dropped
+        self.evicted = 0
+        self.foreign_endpoint = 0  # reports whose endpoint the allow-list refuses: dropped
+        # which node endpoints may be routed to (the router's `node_endpoints` allow-list); None: any
+        self.admit_endpoint: Callable[[str], bool] | None = None
+        self._swept_at = float("-inf")
+        self.lag_ms: deque[float] = deque(maxlen=lag_samples)
+        # cumulative send-to-receipt lag histogram (seconds) for /metrics: a bisect per message
+        self.lag_counts = [0] * (len(LAG_BUCKETS_S) + 1)
+        self.lag_sum_s = 0.0
+        self._write = threading.Lock()
+        # Called with the node states of each applied batch, after the swap, in the applying thread:
+        # the router's lifecycle syncs its per-report counters and notices restarts there, so that
+        # reading a view never has to.
+        self.on_applied: Callable[[list[NodeState]], None] | None = None
+
+    def lag_quantile(self, q: float) -> float:
+        """Nearest-rank quantile (q in [0, 1]) of the recent send-to-receipt lags, 0 when none."""
+        return nearest_rank(self.lag_ms, q)
+
+    def summary(self) -> dict[str, Any]:
+        """The `telemetry` block of a report: message counts and lag p50/p99."""
+        return {
+            "messages": self.messages,
+            "malformed": self.malformed,
+            "skipped": self.skipped,
+            "from_future": self.from_future,
+            "evicted": self.evicted,
+            "foreign_endpoint": self.foreign_endpoint,
+            "over_capacity": self.over_capacity,
+            "lag_ms": {"p50": round(self.lag_quantile(0.5), 3), "p99": round(self.lag_quantile(0.99), 3)},
+        }
+
+    def apply(self, msg: NodeLoad, received_at_ms: float) -> bool:
+        """Fold one message into a new view and swap it in; False if it was older than what we have."""
+        return self.apply_many([msg], received_at_ms) == 1
+
+    def apply_many(self, msgs: list[NodeLoad], received_at_ms: float, history: bool | None = None) -> int:
+        """Fold a batch (one consumer poll) into one new view; returns how many were applied.
+
+        `history` says whether the batch was published before the reader started (True: dated by
+        its send time, so a node that died before a router restart is not revived) or comes from the
+        live stream (False: dated by receipt, whatever the node's clock says). Unknown (None): a
+        message more than CATCH_UP_LAG_MS old is taken as history."""
+        with self._write:
+            view = self.view
+            fresh: dict[str, NodeState] = {}
+            added = 0  # nodes of this batch not in `view`
+            for msg in msgs:
+                self.messages += 1
+                lag = received_at_ms - msg.sent_at_ms
+                if lag < -MAX_CLOCK_AHEAD_MS:
+                    self.from_future += 1
+                    continue
+                lag = max(0.0, lag)
+                self.lag_ms.append(lag)
+                self.lag_counts[bisect_left(LAG_BUCKETS_S, lag / 1000.0)] += 1
+                self.lag_sum_s += lag / 1000.0
+                if self.admit_endpoint is not None and not self.admit_endpoint(msg.endpoint):
+                    self.foreign_endpoint += 1
+                    continue
+                current = fresh.get(msg.node_id) or view.get(msg.node_id)
+                if current is None:
+                    if len(view) + added >= self.max_nodes:
+                        self.over_capacity += 1
+                        continue
+                    added += 1
+                elif msg.sent_at_ms < current.load.sent_at_ms:
+                    self.out_of_order += 1
+                    continue
+                old = history if history is not None else lag >= CATCH_UP_LAG_MS
+                heard_at = min(received_at_ms, msg.sent_at_ms) if old else received_at_ms
+                fresh[msg.node_id] = NodeState(msg, heard_at)
+            if fresh:
+                view = self.view = view.with_nodes(fresh.values(), received_at_ms)
+            if received_at_ms - self._swept_at >= 1000.0:  # at most once a second: a scan of the view
+                self._swept_at = received_at_ms
+                gone = [n.node_id for n in view if received_at_ms - n.heard_at_ms > self.evict_after_ms]
+                if gone:
+                    self.evicted += len(gone)
+                    self.view = view.without(gone, received_at_ms)
+        if fresh and self.on_applied is not None:
+            self.on_applied(list(fresh.values()))
+        return len(fresh)
+
+    def parse(self, raw: bytes) -> NodeLoad | None:
+        """Parse one message; malformed input is counted and logged, never raised."""
+        try:
+            return NodeLoad.parse(raw)
+        except MalformedTelemetry as exc:
+            with self._write:
+                self.malformed += 1
+            log.warning("skipping malformed telemetry message: %s", exc)
+            return None
+
+    def apply_raw(self, raw: bytes, received_at_ms: float) -> bool:
+        """Parse and apply; malformed input is counted and logged, never raised."""
+        msg = self.parse(raw)
+        return msg is not None and self.apply(msg, received_at_ms)

@@ -1,0 +1,1 @@
+"""Kafka transport: publishing and reading node reports and router peer counts, and their signing."""

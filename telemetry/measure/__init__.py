@@ -1,0 +1,1 @@
+"""Measuring: the one quantile helper and the request path's cheap metrics."""

@@ -1,0 +1,80 @@
+"""Settings a router's and a node's configs share (both inherit them); pure pydantic, so the
+simulator can read router configs without importing the servers."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, BaseModel, Field, ValidationError
+
+from telemetry.process.tls import ServerTLS
+
+_HOST_FORBIDDEN = frozenset(" \t\r\n/?#@,")
+
+
+def check_bootstrap(text: str) -> str:
+    """A Kafka bootstrap list: HOST:PORT[,HOST:PORT...] (an IPv6 host in brackets), ports 1-65535."""
+    entries = text.split(",")
+    if len(text) > 4096 or len(entries) > 64:
+        raise ValueError("a bootstrap list is at most 64 HOST:PORT entries")
+    for entry in entries:
+        host, sep, port = entry.strip().rpartition(":")
+        bracketed = host.startswith("[") and host.endswith("]")
+        if (
+            not sep
+            or not host
+            or not (port.isascii() and port.isdigit() and 1 <= int(port) <= 65535)
+            or any(c in _HOST_FORBIDDEN for c in host)
+            or (":" in host and not bracketed)
+        ):
+            raise ValueError(f"not HOST:PORT (port 1-65535; an IPv6 host in brackets): {entry.strip()[:100]!r}")
+    return text
+
+
+Bootstrap = Annotated[str, AfterValidator(check_bootstrap)]
+
+
+def with_overrides(config: Any, updates: dict[str, Any]) -> Any:
+    """A copy of `config` (a pydantic model) with `updates` set, each validated as the config file's own
+    value would be (a command-line override must not get past the checks the file gets: `--port
+    70000` was taken and bound port 4464). Raises ValueError naming the field."""
+    out = config.model_copy()
+    validator = type(config).__pydantic_validator__
+    for field, value in updates.items():
+        try:
+            validator.validate_assignment(out, field, value)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            raise ValueError(f"{field}: {first.get('msg', 'invalid')}") from None
+    return out
+
+
+class ServerSettings(BaseModel):
+    """The serving settings a router's and a node's configs share (both inherit them)."""
+
+    tls: ServerTLS | None = Field(
+        None, description="serve HTTPS (telemetry.process.tls.ServerTLS); mTLS with client_ca_file"
+    )
+    max_connections: int | None = Field(
+        None, ge=1, le=1_000_000, description="open client connections; past it 503 (default: the file limit less 256)"
+    )
+    idle_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        le=3600,
+        description="a connection must send a complete request head within this long (keep it above the "
+        "clients' keep-alive: the router's pool keeps idle connections 10 s)",
+    )
+    grpc_port: int | None = Field(
+        None,
+        ge=0,
+        le=65535,
+        description="serve the OIP v2 gRPC service (inference.GRPCInferenceService) on this port too, with the same "
+        "TLS; 0 picks a free port; unset: no gRPC",
+    )
+    grpc_max_calls: int = Field(
+        4096, ge=1, le=1_000_000, description="gRPC calls in progress at once; past it RESOURCE_EXHAUSTED"
+    )
+    body_timeout_s: float = Field(
+        10.0, gt=0, le=3600, description="a request's body must arrive whole within this long of its head (408)"
+    )
