@@ -1,9 +1,9 @@
 """The node's gRPC front door: the OIP v2 `inference.GRPCInferenceService` beside its HTTP one.
 
 Everything a call asks runs the code its HTTP twin runs: metadata, readiness, configuration and
-statistics through nodes.describe; inference through the same decoding and checks (the request in
-its HTTP form, telemetry.oip.grpc.http_form), the same admission, queue and deadline (the call's
-`grpc-timeout` or a `deadline_ms`/`timeout` parameter), the same counters. The repository calls need
+statistics through nodes.describe; inference through nodes.inference, the node's one path (the
+request read in its HTTP form, telemetry.oip.grpc.http_form; the deadline the call's `grpc-timeout`
+or a `deadline_ms`/`timeout` parameter); the admin check of nodes.inference. The repository calls need
 the node's admin token as `authorization: Bearer <token>` metadata, as the HTTP routes do.
 Shared-memory, trace and log settings are not offered (UNIMPLEMENTED, as a server without them answers).
 """
@@ -11,13 +11,13 @@ Shared-memory, trace and log settings are not offered (UNIMPLEMENTED, as a serve
 from __future__ import annotations
 
 import asyncio
-import hmac
 import time
 from typing import Any, NoReturn
 
 from nodes.describe import Unanswerable, config, metadata, served, statistics
-from nodes.protocol import BadRequest, decode_request
-from nodes.residency import NoRoom
+from nodes.inference import Decoded, Done, Refused, admin_refusal, infer, load_or_refuse
+from nodes.protocol import InferRequest, decode_request
+from nodes.runtime import LoadedModel
 from nodes.state import VERSION, NodeRuntime
 from telemetry.oip import wire
 from telemetry.oip.grpc import (
@@ -86,14 +86,9 @@ class NodeService:
             await _abort(context, exc.status, exc.message)
 
     async def _admin(self, context: Any) -> None:
-        token = self.rt.config.admin_token
-        if token is None:
-            return
-        scheme, _, given = (bearer(context) or "").partition(" ")
-        if scheme.lower() != "bearer" or not given:
-            await _abort(context, 401, "repository calls need authorization: Bearer <admin token> metadata")
-        if not hmac.compare_digest(given.strip().encode(), token.encode()):
-            await _abort(context, 403, "wrong admin token")
+        refusal = admin_refusal(self.rt.config.admin_token, bearer(context))
+        if refusal is not None:
+            await _abort(context, *refusal)
 
     async def RepositoryIndex(self, request: Any, context: Any) -> Any:
         await self._admin(context)
@@ -110,12 +105,9 @@ class NodeService:
     async def RepositoryModelLoad(self, request: Any, context: Any) -> Any:
         await self._admin(context)
         name = await self._served(context, request.model_name, "")
-        try:
-            await self.rt.ensure(name, retry=True)
-        except NoRoom as exc:
-            await _abort(context, 503, f"cannot load model '{name}': {exc.reason}")
-        except Exception as exc:  # noqa: BLE001 - a model that fails to load fails alone
-            await _abort(context, 500, f"model '{name}' failed to load: {exc}")
+        loaded = await load_or_refuse(self.rt, name, retry=True)
+        if isinstance(loaded, Done):
+            await _abort(context, loaded.status, loaded.reason)
         return pb.RepositoryModelLoadResponse()
 
     async def RepositoryModelUnload(self, request: Any, context: Any) -> Any:
@@ -127,71 +119,29 @@ class NodeService:
         return pb.RepositoryModelUnloadResponse()
 
     async def infer_once(self, request: Any, context: Any) -> tuple[int, str, Any]:
-        """One inference (telemetry.oip.grpc makes ModelInfer and ModelStreamInfer of it): (status,
-        error message, response or None)."""
-        rt = self.rt
+        """One inference over nodes.inference (telemetry.oip.grpc makes ModelInfer and ModelStreamInfer
+        of it): (status, error message, response or None). Priority and deadline from the request's
+        parameters, the deadline also from the call's own (`grpc-timeout`), the earlier of the two."""
         arrived = time.perf_counter()
-        if rt.draining:
-            return 503, "node is draining", None
-        try:
-            name = served(rt, request.model_name, request.model_version or None)
-        except Unanswerable as exc:
-            return exc.status, exc.message, None
-        rt.model_requests += 1
-        model = rt.models.get(name)
-        if model is None:  # not resident: load it first, as the HTTP path does
-            rt.cold_requests += 1
-            try:
-                model = await rt.ensure(name)
-            except Exception as exc:  # noqa: BLE001 - a model that fails to load fails alone
-                status, why = (503, exc.reason) if isinstance(exc, NoRoom) else (500, f"failed to load: {exc}")
-                rt.metrics.answered(name, status, None, 0.0)
-                return status, f"model '{name}': {why}", None
-        rt.residency.pin(model.name)
-        try:
-            return await self._infer(request, context, model, arrived)
-        finally:
-            rt.residency.unpin(model.name)
 
-    async def _infer(self, request: Any, context: Any, model: Any, arrived: float) -> tuple[int, str, Any]:
-        """(status, error message, response or None); counted in the node's statistics either way."""
-        rt = self.rt
-        try:
-            doc, tail = http_form(request)
+        async def decode(model: LoadedModel) -> Decoded:
+            try:
+                doc, tail = http_form(request)
+            except BadMessage as exc:
+                raise Refused(str(exc)) from None
             req = decode_request(doc, tail, model.inputs, model.output_names)
             params = req.parameters
-            priority = wire.priority_hint(params.get("priority")) or 0
-            budget_ms = deadline_ms(context, params)
-        except (BadMessage, BadRequest, wire.BadHint) as exc:
-            rt.metrics.answered(model.name, 400, None, time.perf_counter() - arrived)
-            return 400, str(exc), None
-        decoded = time.perf_counter()
-        if budget_ms is not None:
-            budget_ms -= (decoded - arrived) * 1000.0
-            if budget_ms <= 0:
-                rt.metrics.answered(model.name, 504, None, time.perf_counter() - arrived)
-                return 504, "deadline passed while the node read the request", None
-        outcome = rt.engine.decide_now(model.name, req, priority, budget_ms, req.id)
-        if outcome is None:
-            outcome = await rt.engine.wait_queued(model.name, req, priority, budget_ms, req.id)
-        if outcome.status != 200 or outcome.outputs is None:
-            rt.metrics.answered(model.name, outcome.status, None, time.perf_counter() - arrived)
-            return outcome.status, outcome.reason, None
-        encoding = time.perf_counter()
-        outputs = [(n, model.outputs[n].datatype, outcome.outputs[n]) for n in req.outputs]
-        resp = response_from_arrays(model.served_name, model.version, req.id, outputs)
-        done = time.perf_counter()
-        rt.metrics.answered(
-            model.name,
-            200,
-            outcome.queue_ms,
-            done - arrived,
-            req.batch,
-            outcome.exec_ms,
-            decoded - arrived,
-            done - encoding,
-        )
-        return 200, "", resp
+            return Decoded(req, wire.priority_hint(params.get("priority")) or 0, deadline_ms(context, params))
+
+        done = await infer(self.rt, request.model_name, request.model_version or None, decode, _encode, None, arrived)
+        if done.status != 200 or done.payload is None:
+            return done.status, done.reason, None
+        return 200, "", done.payload
+
+
+def _encode(model: LoadedModel, req: InferRequest, outputs: dict[str, Any]) -> Any:
+    named = [(n, model.outputs[n].datatype, outputs[n]) for n in req.outputs]
+    return response_from_arrays(model.served_name, model.version, req.id, named)
 
 
 def add_to(rt: NodeRuntime) -> Any:

@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import logging
 import math
 import platform
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, NamedTuple
+from typing import Any
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -30,17 +29,20 @@ from nodes.describe import Unanswerable, served
 from nodes.describe import add_routes as add_model_routes
 from nodes.describe import error as _error
 from nodes.gpu import nvml_for_cuda_device
-from nodes.protocol import BadRequest, decode_request, encode_response, split_body
+from nodes.inference import Decoded, Done, admin_refusal, load_or_refuse
+from nodes.inference import infer as run_inference
+from nodes.protocol import InferRequest, decode_request, encode_response, split_body
 from nodes.repository import resolve as resolve_repository
-from nodes.residency import NoRoom, Residency
+from nodes.residency import Residency
 from nodes.runtime import LoadedModel, choose_providers, load_model, model_file_size
-from nodes.state import CONFIG, ENDPOINT, RUNTIME, VERSION, LoadFailed, NodeRuntime, load_failure
+from nodes.state import CONFIG, ENDPOINT, RUNTIME, VERSION, NodeRuntime, load_failure
 from telemetry.cluster.schema import DeviceInfo
 from telemetry.kafka.bus import TelemetryPublisher
 from telemetry.measure.quantiles import nearest_rank
 from telemetry.oip import wire
 from telemetry.oip.grpc import start_server as start_grpc
 from telemetry.oip.triton import EXTENSIONS
+from telemetry.process.background import running
 from telemetry.process.serving import read_body, start_site
 
 log = logging.getLogger("edgeroute.node")
@@ -128,13 +130,10 @@ async def _telemetry_ctx(app: web.Application) -> AsyncIterator[None]:
                     log.exception("node %s: telemetry report failed", cfg.node_id)
                     last_error = now
 
-    task = asyncio.create_task(publish_loop(), name=f"telemetry-{cfg.node_id}")
     try:
-        yield
+        async with running(publish_loop(), f"telemetry-{cfg.node_id}"):
+            yield
     finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
         # Tell routers at once that this node is going away, then close the producer.
         rt.draining = True
         if app[ENDPOINT]:
@@ -150,21 +149,6 @@ def _served(request: web.Request) -> str | web.Response:
         return served(request.app[RUNTIME], request.match_info["model"], request.match_info.get("version"))
     except Unanswerable as exc:
         return _error(exc.status, exc.message)
-
-
-async def _model_or_error(request: web.Request, name: str, retry: bool = False) -> LoadedModel | web.Response:
-    """The model the node serves as `name`, loaded on demand; 503 if it cannot be loaded now (memory
-    held by models in use, or larger than the budget), 500 if loading failed (now or recently)."""
-    rt = request.app[RUNTIME]
-    try:
-        return await rt.ensure(name, retry)
-    except LoadFailed as exc:
-        return _error(500, f"model '{name}' failed to load: {exc}")
-    except NoRoom as exc:
-        return _error(503, f"cannot load model '{name}': {exc.reason}")
-    except Exception as exc:  # noqa: BLE001 - a model that fails to load fails alone
-        log.error("node %s: loading %s failed: %s", rt.config.node_id, name, exc)
-        return _error(500, f"model '{name}' failed to load: {exc}")
 
 
 async def live(request: web.Request) -> web.Response:
@@ -198,9 +182,9 @@ async def repository_load(request: web.Request) -> web.Response:
     name = _served(request)
     if isinstance(name, web.Response):
         return name
-    model = await _model_or_error(request, name, retry=True)  # an operator's load tries again at once
-    if isinstance(model, web.Response):
-        return model
+    model = await load_or_refuse(request.app[RUNTIME], name, retry=True)  # an operator's load tries again at once
+    if isinstance(model, Done):
+        return _error(model.status, model.reason)
     return web.json_response({"name": model.served_name, "state": "READY", "load_ms": round(model.load_ms, 1)})
 
 
@@ -217,95 +201,47 @@ async def repository_unload(request: web.Request) -> web.Response:
 
 
 async def infer(request: web.Request) -> web.Response:
+    """POST /v2/models/{m}[/versions/{v}]/infer over nodes.inference: the body is read (within its size
+    and time bounds) only once the model is known and resident; priority and deadline from the
+    router's headers, else the request's parameters (the same rules as the router's: a node reached
+    directly must not queue, and report in its telemetry, a priority no router would send)."""
     rt = request.app[RUNTIME]
     arrived = time.perf_counter()
-    if rt.draining:
-        return _error(503, "node is draining")
-    name = _served(request)
-    if isinstance(name, web.Response):  # not a model (or version) it serves: 404
-        return name
-    rt.model_requests += 1
-    model = rt.models.get(name)
-    cold_ms = None
-    if model is None:  # not resident: load it first (evicting idle models), or answer why it cannot be
-        rt.cold_requests += 1
-        loaded = await _model_or_error(request, name)
-        if isinstance(loaded, web.Response):  # a model it serves failed to load
-            rt.metrics.answered(name, loaded.status, None, 0.0)
-            return loaded
-        model = loaded
-        cold_ms = (time.perf_counter() - arrived) * 1000.0
-    rt.residency.pin(model.name)  # not evicted while this request needs it (and now the most recently used)
-    try:
-        done = await _infer(request, rt, model, arrived)
-        response = done.response
-        if cold_ms is not None:
-            response.headers[wire.COLD_MS] = f"{cold_ms:.3f}"
-        rt.metrics.answered(model.name, response.status, done.queue_ms, time.perf_counter() - arrived, *done[2:])
-        return response
-    finally:
-        rt.residency.unpin(model.name)
 
-
-class _Done(NamedTuple):
-    """An answer, and for a success what the statistics count (nodes.metrics.NodeMetrics.answered)."""
-
-    response: web.Response
-    queue_ms: float | None = None
-    rows: int = 0
-    exec_ms: float | None = None
-    input_s: float = 0.0
-    output_s: float = 0.0
-
-
-async def _infer(request: web.Request, rt: NodeRuntime, model: LoadedModel, arrived: float) -> _Done:
-    """The answer, and for a success its queue wait, rows and times for the statistics."""
-    try:
+    async def decode(model: LoadedModel) -> Decoded:
         body = await read_body(request, request.app[CONFIG].body_timeout_s)
         doc, tail = split_body(body, request.headers.get(wire.HEADER_LENGTH))
         req = decode_request(doc, tail, model.inputs, model.output_names)
-        # the same rules as the router's: a node reached directly must not queue (and report in its
-        # telemetry) a priority that no router would send, nor take a deadline that is not a number
         params = req.parameters
         priority = wire.priority_hint(request.headers.get(wire.PRIORITY, params.get("priority"))) or 0
         budget_ms = wire.number_hint(request.headers.get(wire.DEADLINE_MS, params.get("deadline_ms")), "deadline_ms")
-    except (BadRequest, wire.BadHint) as exc:
-        return _Done(_error(400, str(exc)))
-    decoded = time.perf_counter()
-    if budget_ms is not None and budget_ms <= 0:
-        return _Done(_error(504, "deadline passed before the node received the request"))
-    request_id = request.headers.get(wire.REQUEST_ID)
-    if budget_ms is not None:  # the budget counts from arrival: reading and validating took some of it
-        budget_ms -= (time.perf_counter() - arrived) * 1000.0
-        if budget_ms <= 0:
-            return _Done(_error(504, "deadline passed while the node read the request"))
-    outcome = rt.engine.decide_now(model.name, req, priority, budget_ms, request_id)
-    if outcome is None:
-        outcome = await rt.engine.wait_queued(model.name, req, priority, budget_ms, request_id)
-    if outcome.status != 200 or outcome.outputs is None:
+        return Decoded(req, priority, budget_ms)
+
+    info = request.match_info
+    done = await run_inference(
+        rt, info["model"], info.get("version"), decode, _encode, request.headers.get(wire.REQUEST_ID), arrived
+    )
+    if done.status != 200 or done.payload is None:
         # a refusal (queue full, or too late here) is cheap and says when to come back
-        retry = {"Retry-After": "1"} if outcome.status in (429, 503) else None
-        return _Done(_error(outcome.status, outcome.reason, retry))
-    encoding = time.perf_counter()
-    payload, header_len = encode_response(model.served_name, model.version, req, model.outputs, outcome.outputs)
+        retry = {"Retry-After": "1"} if done.refused else None
+        return _error(done.status, done.reason, retry)
+    payload, header_len = done.payload
     headers = {
         wire.NODE: rt.config.node_id,
-        wire.EXEC_MS: f"{outcome.exec_ms:.3f}",
-        wire.QUEUE_MS: f"{outcome.queue_ms:.3f}",
-        wire.BATCH_ROWS: str(outcome.batch_rows),
+        wire.EXEC_MS: f"{done.exec_ms:.3f}",
+        wire.QUEUE_MS: f"{done.queue_ms:.3f}",
+        wire.BATCH_ROWS: str(done.batch_rows),
     }
+    if done.cold_ms is not None:
+        headers[wire.COLD_MS] = f"{done.cold_ms:.3f}"
     if header_len is None:
-        response = web.Response(body=payload, content_type="application/json", headers=headers)
-    else:
-        headers[wire.HEADER_LENGTH] = str(header_len)
-        response = web.Response(body=payload, content_type="application/octet-stream", headers=headers)
-    output_s = time.perf_counter() - encoding
-    return _Done(response, outcome.queue_ms, req.batch, outcome.exec_ms, decoded - arrived, output_s)
+        return web.Response(body=payload, content_type="application/json", headers=headers)
+    headers[wire.HEADER_LENGTH] = str(header_len)
+    return web.Response(body=payload, content_type="application/octet-stream", headers=headers)
 
 
-def _quantiles(values: Iterable[float], qs: tuple[float, ...]) -> list[float]:
-    ordered = sorted(values)
-    return [round(nearest_rank(ordered, q, presorted=True), 4) for q in qs]
+def _encode(model: LoadedModel, req: InferRequest, outputs: dict[str, Any]) -> tuple[bytes, int | None]:
+    return encode_response(model.served_name, model.version, req, model.outputs, outputs)
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -340,7 +276,7 @@ async def stats(request: web.Request) -> web.Response:
         "inline_runs": engine.inline_runs,
         "wakeups": engine.wakeups,
         "wakeup_ms_mean": round(engine.wakeup_ms_total / engine.wakeups, 4) if engine.wakeups else 0.0,
-        "wakeup_ms_p50_p99": _quantiles(engine.wakeup_recent, (0.5, 0.99)),
+        "wakeup_ms_p50_p99": [round(nearest_rank(engine.wakeup_recent, q), 4) for q in (0.5, 0.99)],
         "scheduler": engine.scheduler.mode,
         "device": rt.device_now().summary(),
         "model_devices": {name: m.device for name, m in rt.models.items()},  # where each session really runs
@@ -383,22 +319,19 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def admin_guard(token: str | None) -> Callable[[Handler], Handler]:
-    """Wraps an `/admin/*` or repository handler: with a token it needs `Authorization: Bearer <token>`
-    (401 without one, 403 for a wrong one, compared in constant time). Inference, metadata, health and
-    `/metrics` are not wrapped and stay open; being per route, the guard costs inference nothing."""
+    """Wraps an `/admin/*` or repository handler in the node's admin check (nodes.inference.admin_refusal).
+    Inference, metadata, health and `/metrics` are not wrapped and stay open; being per route, the
+    guard costs inference nothing."""
 
     def wrap(handler: Handler) -> Handler:
         if token is None:
             return handler
 
         async def guarded(request: web.Request) -> web.StreamResponse:
-            scheme, _, given = request.headers.get("Authorization", "").partition(" ")
-            if scheme.lower() != "bearer" or not given:
-                return _error(
-                    401, "admin routes need Authorization: Bearer <admin token>", {"WWW-Authenticate": "Bearer"}
-                )
-            if not hmac.compare_digest(given.strip().encode(), token.encode()):
-                return _error(403, "wrong admin token")
+            refusal = admin_refusal(token, request.headers.get("Authorization"))
+            if refusal is not None:
+                status, reason = refusal
+                return _error(status, reason, {"WWW-Authenticate": "Bearer"} if status == 401 else None)
             return await handler(request)
 
         return guarded

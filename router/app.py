@@ -1,7 +1,8 @@
 """The router's app factory and its background tasks.
 
 `create_app(config)` builds one `Router` (router.state) and an aiohttp application: the OIP routes
-(router.oip), the admin sub-application (router.admin), `/metrics` and the status page. Every resource
+(router.http_api over router.director and router.fleet), the admin sub-application (router.admin),
+`/metrics` and the status page. Every resource
 (telemetry consumer thread, node client pool, peers publisher, copy planner, config watcher) is owned
 by a `cleanup_ctx` generator and torn down in reverse order.
 """
@@ -12,14 +13,13 @@ import asyncio
 import contextlib
 import importlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from typing import Any
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from router import admin, grpc_service, oip, repository, triton
+from router import admin, director, grpc_api, http_api
 from router.config import ConfigError, RouterConfig
 from router.node_client import HttpNodeClient, NodeClient, NodeError
 from router.state import CLIENT, ROUTER, Router
@@ -28,6 +28,7 @@ from telemetry.kafka.bus import KafkaTelemetrySource, TelemetrySource, TopicRead
 from telemetry.kafka.peers import PeerLoads, PeerPublisher
 from telemetry.oip import wire
 from telemetry.oip.grpc import start_server as start_grpc
+from telemetry.process.background import running
 from telemetry.process.serving import start_site
 
 log = logging.getLogger("edgeroute.router")
@@ -59,11 +60,9 @@ async def front_door(
             return _error(verdict.status, verdict.reason, headers)
         request[CLIENT] = verdict.client
         if request.method == "POST" and request.path.endswith("/infer"):
-            limited = router.limiter.admit(verdict.client, router.clock())
-            if limited.status:
-                model = request.match_info.get("model", "unknown")
-                oip.count(router, model, 0, "none", 429, router.clock())
-                return _error(429, limited.reason, {"Retry-After": str(limited.retry_after_s)})
+            limited = director.admit(router, verdict.client, request.match_info.get("model", "unknown"))
+            if limited is not None:
+                return http_api.outcome_response(limited)
         return await handler(request)
     except web.HTTPException as exc:
         if exc.status < 400:
@@ -102,7 +101,7 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     router.dispatcher.attach_to_loop(asyncio.get_running_loop())
     router.source.start(router.store)
     try:
-        async with _running(router.dispatcher.reroute_loop(), "reroute"):
+        async with running(router.dispatcher.reroute_loop(), "reroute"):
             yield
     finally:
         loop = asyncio.get_running_loop()
@@ -110,18 +109,6 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
         if router.peers is not None:
             await loop.run_in_executor(None, router.peers.stop)
         await router.client.close()
-
-
-@contextlib.asynccontextmanager
-async def _running(coro: Coroutine[Any, Any, None], name: str) -> AsyncIterator[None]:
-    """Run `coro` as a background task for the duration of the block; cancel it on the way out."""
-    task = asyncio.create_task(coro, name=name)
-    try:
-        yield
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
 
 
 async def _peers(app: web.Application) -> AsyncIterator[None]:
@@ -155,7 +142,7 @@ async def _peers(app: web.Application) -> AsyncIterator[None]:
             await asyncio.sleep(cfg.interval_ms / 1000.0)
 
     try:
-        async with _running(publish(), "peers-publisher"):
+        async with running(publish(), "peers-publisher"):
             yield
     finally:
         router.lifecycle.tracker.remote = None
@@ -212,7 +199,7 @@ async def _copies(app: web.Application) -> AsyncIterator[None]:
                 task.add_done_callback(pending.discard)
 
     try:
-        async with _running(plan(), "copy-planner"):
+        async with running(plan(), "copy-planner"):
             yield
     finally:
         for task in list(pending):
@@ -241,7 +228,7 @@ async def _config_watcher(app: web.Application) -> AsyncIterator[None]:
                 seen = current
                 router.reload_file()
 
-    async with _running(watch(), "config-watcher"):
+    async with running(watch(), "config-watcher"):
         yield
 
 
@@ -279,22 +266,8 @@ def create_app(
     app.cleanup_ctx.append(_peers)
     app.cleanup_ctx.append(_copies)
     app.cleanup_ctx.append(_config_watcher)
+    http_api.add_routes(app)
     r = app.router
-    # inference first: aiohttp tries the routes under one prefix (`/v2/models`) in the order they were
-    # added, and an inference request met eight others before its own (resolving took 4.7 us, now 1.8)
-    r.add_post("/v2/models/{model}/infer", oip.infer)
-    r.add_post("/v2/models/{model}/versions/{version}/infer", oip.infer)
-    r.add_get("/v2/health/live", oip.live)
-    r.add_get("/v2/health/ready", oip.ready)
-    r.add_get("/v2", oip.server_metadata)
-    triton.add_routes(app)  # Triton's configuration and statistics (`/v2/models/stats` before metadata's route)
-    r.add_get("/v2/models/{model}", oip.model_metadata)
-    r.add_get("/v2/models/{model}/versions/{version}", oip.model_metadata)
-    r.add_get("/v2/models/{model}/ready", oip.model_ready)
-    r.add_get("/v2/models/{model}/versions/{version}/ready", oip.model_ready)
-    r.add_post("/v2/repository/index", repository.repository_index)
-    r.add_post("/v2/repository/models/{model}/load", repository.repository_load)
-    r.add_post("/v2/repository/models/{model}/unload", repository.repository_unload)
     r.add_get("/metrics", metrics)
     r.add_get("/", admin.status_page)
     app.add_subapp("/admin", admin.create_admin_app(app[ROUTER]))
@@ -327,7 +300,7 @@ async def serve(
             on_bound(port)
         if config.grpc_port is not None:
             grpc_server, grpc_port = await start_grpc(
-                grpc_service.add_to(app),
+                grpc_api.add_to(app),
                 config.host,
                 config.grpc_port,
                 config.tls,

@@ -16,10 +16,11 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from policies.api import RouteRequest
 from policies.pipeline import Pipeline
-from router.lifecycle import Answer, Attempts, Failure, Hold, Lifecycle, LifecycleSettings, Send, classify
+from router.lifecycle import Answer, Attempts, Failure, Hold, Lifecycle, LifecycleSettings, Next, Send, classify
 from router.lifecycle.reroute import Move
 from router.node_client import (
     NodeBadAnswer,
@@ -153,38 +154,77 @@ class Dispatcher:
                 continue
             delay = lc.hedge_delay_ms(a, self.clock())
             if delay is None and not lc.reroute.cfg.enabled:  # the common path: awaited in place
-                outcome = await self._forward(a, step, path, body, headers)
+                tried = await self._attempt(a, step, path, body, headers)
+                outcome, nxt = tried.outcome, self._end(a, step, tried)
             elif delay is None:  # watched: a move may take it back from the node's queue
                 moved: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-                first = asyncio.create_task(self._forward(a, step, path, body, headers, moved))
-                outcome_or_moved = await self._unless_moved(first, moved)
-                if outcome_or_moved is None:
+                first = asyncio.create_task(self._attempt(a, step, path, body, headers, moved))
+                tried_or_moved = await self._unless_moved(a, step, first, moved)
+                if tried_or_moved is None:
                     continue  # taken back from the node's queue: decide again, that node excluded
-                outcome = outcome_or_moved
+                outcome, nxt = tried_or_moved.outcome, self._end(a, step, tried_or_moved)
             else:
-                first = asyncio.create_task(self._forward(a, step, path, body, headers))
-                outcome = await self._hedged(a, first, step, delay, path, body, headers)
-            if outcome.status == 200 or not lc.retry(a, outcome.kind, outcome.status, outcome.reason):
+                first = asyncio.create_task(self._attempt(a, step, path, body, headers))
+                outcome, nxt = await self._hedged(a, first, step, delay, path, body, headers)
+            if nxt is not Next.RETRY:
                 return outcome
-            log.info("retrying %s after %s from %s", a.request.request_id, outcome.status, outcome.node)
+            log.info("retrying %s after %s from %s", a.uid, outcome.status, outcome.node)
 
-    @staticmethod
-    async def _unless_moved(first: asyncio.Task[Outcome], moved: asyncio.Future[None]) -> Outcome | None:
-        """The attempt's outcome, or None once it was taken back from its node (its cancelled answer is
-        left to arrive and be dropped)."""
+    def _end(self, a: Attempts, send: Send, tried: _Tried, twin_open: bool = False) -> Next:
+        """The lifecycle's verdict on an attempt that ended (`Lifecycle.ended`); a held request woken by
+        its freed slot resumes."""
+        out = tried.outcome
+        node_id = send.decision.node_id
+        end = self.lifecycle.ended(
+            a,
+            node_id,
+            send.state.partition,
+            out.status,
+            out.reason,
+            self.clock(),
+            out.kind,
+            dispatched=tried.dispatched,
+            twin_open=twin_open,
+            transit=tried.transit,
+        )
+        if end.woken is not None:
+            end.woken.set_result(None)
+        return end.next
+
+    def _drop(self, a: Attempts, send: Send, kind: Failure | None = None) -> None:
+        """An attempt this request no longer waits for (`Lifecycle.dropped`): settled, judged by its
+        answer if one came."""
+        woken = self.lifecycle.dropped(a, send.decision.node_id, send.state.partition, self.clock(), kind)
+        if woken is not None:
+            woken.set_result(None)
+
+    async def _unless_moved(
+        self, a: Attempts, send: Send, first: asyncio.Task[_Tried], moved: asyncio.Future[None]
+    ) -> _Tried | None:
+        """The attempt's result, or None once it was taken back from its node (its cancelled answer is
+        left to arrive, and settles it then)."""
         try:
             await asyncio.wait((first, moved), return_when=asyncio.FIRST_COMPLETED)
         except asyncio.CancelledError:
             first.cancel()  # the client went away: close the attempt, as awaiting it would
             raise
         if moved.done() and not moved.cancelled():
-            first.add_done_callback(_drop_result)
+            first.add_done_callback(lambda task: self._moved_away(a, send, task))
             return None
         moved.cancel()  # a move whose cancel is still on its way finds the attempt settled
-        outcome = first.result()
+        tried = first.result()
         # the node's "cancelled" may overtake the answer to the move's DELETE: the attempt was taken
         # out of the queue without running either way (only a move cancels a watched attempt)
-        return None if outcome.status == CANCELLED else outcome
+        if tried.outcome.status == CANCELLED:
+            self._drop(a, send, tried.outcome.kind)
+            return None
+        return tried
+
+    def _moved_away(self, a: Attempts, send: Send, task: asyncio.Task[_Tried]) -> None:
+        """The answer of an attempt that was moved (the node's "cancelled"): it settles the attempt."""
+        if task.cancelled():
+            return
+        self._drop(a, send, task.result().outcome.kind)
 
     async def reroute_loop(self) -> None:
         """Every `reroute.check_ms` (read each round: settings swap live), the moves the lifecycle asks for."""
@@ -228,47 +268,55 @@ class Dispatcher:
     async def _hedged(
         self,
         a: Attempts,
-        first: asyncio.Task[Outcome],
+        first: asyncio.Task[_Tried],
         first_send: Send,
         delay_ms: float,
         path: str,
         body: bytes,
         headers: Mapping[str, str],
-    ) -> Outcome:
+    ) -> tuple[Outcome, Next]:
         """Race a duplicate against `first` if it has not answered within the hedge delay.
 
-        The first useful answer (not a retryable failure) wins; the other attempt is cancelled here (its
-        connection closed) and at its node (`DELETE /admin/requests/{id}` takes it out of the queue if
-        it has not started).
+        Each attempt's end is the lifecycle's (`Lifecycle.ended`: a useful answer wins, a retryable
+        failure waits while its twin is out); the other attempt is then dropped here (its connection
+        closed) and at its node (`DELETE /admin/requests/{id}` takes it out of the queue if it has not
+        started).
         """
         done, _ = await asyncio.wait({first}, timeout=delay_ms / 1000.0)
         if done:
-            return first.result()
+            tried = first.result()
+            return tried.outcome, self._end(a, first_send, tried)
         second_send = self.lifecycle.hedge(a, self.clock())
         if second_send is None:  # no second node free now: keep the first attempt
-            return await first
-        second = asyncio.create_task(self._forward(a, second_send, path, body, headers))
+            tried = await first
+            return tried.outcome, self._end(a, first_send, tried)
+        second = asyncio.create_task(self._attempt(a, second_send, path, body, headers))
         owners = {first: first_send, second: second_send}
-        pending: set[asyncio.Task[Outcome]] = {first, second}
-        result: Outcome | None = None
-        winner: asyncio.Task[Outcome] | None = None
-        while pending and winner is None:
-            finished, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-            for task in finished:
-                out = task.result()
-                if not out.kind.retryable:
-                    result, winner = out, task
-                    break
-                result = result or out
-        for task in pending:
-            task.cancel()
-            self.lifecycle.hedge_cancels += 1
-            loser = owners[task]
-            asyncio.create_task(self._cancel_at_node(loser.decision.endpoint, _request_id(a, loser)))
-        if winner is second:
-            self.lifecycle.hedge_wins += 1
-        assert result is not None
-        return result
+        out: set[asyncio.Task[_Tried]] = {first, second}
+        try:
+            while True:
+                finished, _ = await asyncio.wait(out, return_when=asyncio.FIRST_COMPLETED)
+                for task in finished:
+                    out.discard(task)
+                    tried = task.result()
+                    nxt = self._end(a, owners[task], tried, twin_open=bool(out))
+                    if nxt is Next.WAIT:
+                        continue
+                    for loser in out:
+                        self.lifecycle.hedge_cancels += 1
+                        send = owners[loser]
+                        if loser.done():  # ended beside the winner: its answer is not waited for
+                            self._drop(a, send, loser.result().outcome.kind)
+                        else:
+                            loser.cancel()  # (dropped as it unwinds)
+                        asyncio.create_task(self._cancel_at_node(send.decision.endpoint, _request_id(a, send)))
+                    if task is second and nxt is Next.ANSWER and tried.outcome.status == 200:
+                        self.lifecycle.hedge_wins += 1
+                    return tried.outcome, nxt
+        except asyncio.CancelledError:
+            for task in out:
+                task.cancel()  # the client went away: close both attempts (each is dropped as it unwinds)
+            raise
 
     async def _cancel_at_node(self, endpoint: str, rid: str) -> None:
         try:
@@ -276,7 +324,7 @@ class Dispatcher:
         except NodeError as exc:
             log.debug("cancel of %s at %s failed: %s", rid, endpoint, exc)
 
-    async def _forward(
+    async def _attempt(
         self,
         a: Attempts,
         send: Send,
@@ -284,15 +332,17 @@ class Dispatcher:
         body: bytes,
         headers: Mapping[str, str],
         moved: asyncio.Future[None] | None = None,
-    ) -> Outcome:
+    ) -> _Tried:
+        """One attempt's I/O: across the link (emulated delay, or a cut), to the node with the remaining
+        budget, back. What it ended with is for `Lifecycle.ended` (the caller's `_end`); an attempt
+        cancelled on the way (a hedge's loser, the client gone) is dropped here."""
         lc = self.lifecycle
         node_id, state = send.decision.node_id, send.state
         crossing = lc.cross(a.request.site, state.partition)
         if crossing is None:  # emulated cut link: the connect attempt times out
             await asyncio.sleep(lc.connect_wait_ms(a, self.clock()) / 1000.0)
-            lc.answered(a, node_id, Failure.CUT, self.clock())
             reason = f"node {node_id} unreachable: link {a.request.site}-{state.partition} is cut"
-            return Outcome.error(503, reason, node_id, send.attempt, Failure.CUT)
+            return _Tried(Outcome.error(503, reason, node_id, send.attempt, Failure.CUT), dispatched=False)
         out_ms, back_ms = crossing
         deadline_at_ms = a.deadline_at_ms
         lc.dispatched(state)
@@ -301,8 +351,7 @@ class Dispatcher:
             displaced = lc.displace(a, send, self.clock())
             if displaced is not None:
                 self._start_move(displaced)
-        woken = None
-        refused = False
+        transit = None
         try:
             if out_ms > 0:
                 await asyncio.sleep(out_ms / 1000.0)
@@ -316,63 +365,59 @@ class Dispatcher:
             wait_ms = lc.try_wait_ms(a, sent_at)
             reply: NodeReply = await self.client.post(send.decision.endpoint + path, body, fwd, wait_ms / 1000.0)
             if reply.status == 200:
-                _learn_transit(lc, self.clock() - sent_at - reply.waited_ms, reply.headers)
-            else:
-                refused = reply.status in (429, 503)
+                transit = _transit(self.clock() - sent_at - reply.waited_ms, reply.headers)
             if back_ms > 0:
                 late = self.clock() + back_ms > deadline_at_ms
                 await asyncio.sleep(min(back_ms, max(0.0, deadline_at_ms - self.clock())) / 1000.0)
                 if late:
                     raise NodeTimeout(send.decision.endpoint)
         except NodeUnavailable as exc:
-            lc.answered(a, node_id, Failure.CONNECT, self.clock())
-            return Outcome.error(503, f"node {node_id} unavailable: {exc}", node_id, send.attempt, Failure.CONNECT)
-        except NodeBadAnswer as exc:
-            lc.answered(a, node_id, Failure.NODE_ERROR, self.clock())
-            return Outcome.error(
-                502, f"node {node_id} answered badly: {exc}", node_id, send.attempt, Failure.NODE_ERROR
+            return _Tried(
+                Outcome.error(503, f"node {node_id} unavailable: {exc}", node_id, send.attempt, Failure.CONNECT)
             )
+        except NodeBadAnswer as exc:
+            reason = f"node {node_id} answered badly: {exc}"
+            return _Tried(Outcome.error(502, reason, node_id, send.attempt, Failure.NODE_ERROR))
         except NodeTimeout:
-            per_try = lc.settings.try_timeout_ms is not None
-            if per_try and self.clock() < deadline_at_ms - 1.0:  # the per-try timeout, not the deadline
-                lc.answered(a, node_id, Failure.TRY_TIMEOUT, self.clock())
-                asyncio.create_task(self._cancel_at_node(send.decision.endpoint, _request_id(a, send)))
-                reason = f"node {node_id} did not answer within try_timeout_ms"
-                return Outcome.error(504, reason, node_id, send.attempt, Failure.TRY_TIMEOUT)
-            lc.answered(a, node_id, Failure.TIMEOUT, self.clock())
             # given up on: out of the node's queue if it still waits there (no execution for nobody)
             asyncio.create_task(self._cancel_at_node(send.decision.endpoint, _request_id(a, send)))
-            reason = f"deadline passed waiting for node {node_id}"
-            return Outcome.error(504, reason, node_id, send.attempt, Failure.TIMEOUT)
+            kind = lc.timed_out(a, self.clock())
+            if kind is Failure.TRY_TIMEOUT:
+                reason = f"node {node_id} did not answer within try_timeout_ms"
+            else:
+                reason = f"deadline passed waiting for node {node_id}"
+            return _Tried(Outcome.error(504, reason, node_id, send.attempt, kind))
+        except asyncio.CancelledError:
+            self._drop(a, send)
+            raise
         finally:
             if moved is not None:
                 lc.unwatch(a, node_id, moved)
-            woken = lc.settled(node_id, state.partition, refused)
-            if woken is not None:
-                woken.set_result(None)
-        kind = classify(reply.status)
-        lc.answered(a, node_id, kind, self.clock())
-        reason = ""
-        if reply.status >= 400:
-            reason = error_text(reply.body)
-        return Outcome(reply.status, reply.body, dict(reply.headers), node_id, send.attempt, reason, kind)
+        reason = error_text(reply.body) if reply.status >= 400 else ""
+        outcome = Outcome(
+            reply.status, reply.body, dict(reply.headers), node_id, send.attempt, reason, classify(reply.status)
+        )
+        return _Tried(outcome, transit=transit)
 
 
-def _learn_transit(lc: Lifecycle[asyncio.Future[None]], round_trip_ms: float, headers: Mapping[str, str]) -> None:
-    """Feed the answer margin from a success: the round trip less the node's reported queue wait and
-    execution (absent or malformed figures: nothing learnt)."""
+class _Tried(NamedTuple):
+    """How one attempt ended, for `Lifecycle.ended`: what the client would get (its `kind` says how),
+    whether it reached its link (counted at the node), the round trip and the node's own time of a
+    success (the answer margin's sample)."""
+
+    outcome: Outcome
+    dispatched: bool = True
+    transit: tuple[float, float] | None = None
+
+
+def _transit(round_trip_ms: float, headers: Mapping[str, str]) -> tuple[float, float] | None:
+    """A success's round trip and the node's reported queue wait plus execution (absent or malformed
+    figures: None, nothing learnt)."""
     try:
         node_ms = float(headers.get(wire.QUEUE_MS, "nan")) + float(headers.get(wire.EXEC_MS, "nan"))
     except ValueError:
-        return
-    if node_ms == node_ms:  # (not NaN)
-        lc.transit(round_trip_ms, node_ms)
-
-
-def _drop_result(task: asyncio.Task[Outcome]) -> None:
-    """Collect the answer of an attempt that was moved (the node's "cancelled"), so nothing is left unread."""
-    if not task.cancelled():
-        task.exception()
+        return None
+    return (round_trip_ms, node_ms) if node_ms == node_ms else None  # (not NaN)
 
 
 def _request_id(a: Attempts, send: Send) -> str:

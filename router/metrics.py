@@ -37,6 +37,19 @@ LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
 DECISION_BUCKETS = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 1e-2)
 
 
+# the store's counters (ViewStore attributes), exported as edgeroute_telemetry_<name>_total: (name, help)
+STORE_COUNTERS = (
+    ("messages", "telemetry messages applied or skipped"),
+    ("malformed", "telemetry messages rejected as malformed"),
+    ("skipped", "telemetry messages in batches the reader skipped because handling them failed"),
+    ("out_of_order", "telemetry older than the node's last report"),
+    ("from_future", "telemetry dated too far past its receipt (dropped)"),
+    ("evicted", "nodes that left the view after a long silence"),
+    ("foreign_endpoint", "reports whose endpoint the node_endpoints allow-list refuses (dropped)"),
+    ("over_capacity", "reports of new nodes past the view's max_nodes (dropped)"),
+)
+
+
 class _ViewCollector(Collector):
     """Telemetry and view state, read from the store at scrape time."""
 
@@ -46,38 +59,8 @@ class _ViewCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         store = self.store
-        yield CounterMetricFamily(
-            "edgeroute_telemetry_messages", "telemetry messages applied or skipped", value=store.messages
-        )
-        yield CounterMetricFamily(
-            "edgeroute_telemetry_malformed", "telemetry messages rejected as malformed", value=store.malformed
-        )
-        yield CounterMetricFamily(
-            "edgeroute_telemetry_skipped",
-            "telemetry messages in batches the reader skipped because handling them failed",
-            value=store.skipped,
-        )
-        yield CounterMetricFamily(
-            "edgeroute_telemetry_out_of_order", "telemetry older than the node's last report", value=store.out_of_order
-        )
-        yield CounterMetricFamily(
-            "edgeroute_telemetry_from_future",
-            "telemetry dated too far past its receipt (dropped)",
-            value=store.from_future,
-        )
-        yield CounterMetricFamily(
-            "edgeroute_telemetry_evicted", "nodes that left the view after a long silence", value=store.evicted
-        )
-        yield CounterMetricFamily(
-            "edgeroute_telemetry_foreign_endpoint",
-            "reports whose endpoint the node_endpoints allow-list refuses (dropped)",
-            value=store.foreign_endpoint,
-        )
-        yield CounterMetricFamily(
-            "edgeroute_telemetry_over_capacity",
-            "reports of new nodes past the view's max_nodes (dropped)",
-            value=store.over_capacity,
-        )
+        for name, documentation in STORE_COUNTERS:
+            yield CounterMetricFamily(f"edgeroute_telemetry_{name}", documentation, value=getattr(store, name))
         counts, total = store.lag_counts, 0
         buckets = []
         for bound, n in zip((*LAG_BUCKETS_S, float("inf")), counts, strict=True):

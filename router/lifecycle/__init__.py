@@ -17,8 +17,20 @@ imports `policies`, and never the router's aiohttp code.
 - `reroute`: taking queued attempts back from a node and sending them elsewhere
 """
 
-from router.lifecycle.attempts import Answer, Attempts, Hold, Send
+from router.lifecycle.attempts import Answer, Attempts, Ended, Hold, Next, Send
 from router.lifecycle.failures import Failure, classify
-from router.lifecycle.lifecycle import Lifecycle, LifecycleSettings
+from router.lifecycle.lifecycle import NO_TELEMETRY_YET, Lifecycle, LifecycleSettings
 
-__all__ = ["Answer", "Attempts", "Failure", "Hold", "Lifecycle", "LifecycleSettings", "Send", "classify"]
+__all__ = [
+    "Answer",
+    "Attempts",
+    "Ended",
+    "Failure",
+    "Hold",
+    "Lifecycle",
+    "LifecycleSettings",
+    "Next",
+    "NO_TELEMETRY_YET",
+    "Send",
+    "classify",
+]

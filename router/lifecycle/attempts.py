@@ -2,13 +2,16 @@
 
 A request is asked about until it ends: `Lifecycle.decide` answers `Send` (an attempt at a node),
 `Hold` (a policy deferred it: wait for a slot in a partition, then decide again) or `Answer` (it ends
-here without a node's answer: deadline passed, or no node can take it). After an attempt fails,
-`Lifecycle.retry` says whether to decide again. The drivers only carry these steps out.
+here without a node's answer: deadline passed, or no node can take it). When an attempt ends,
+`Lifecycle.ended` answers `Ended`: answer with it, decide again, or wait for its hedge twin. The
+drivers only carry these steps out.
 """
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
+from typing import Generic, TypeVar
 
 from policies.api import Decision, RouteRequest
 from policies.pipeline import Pipeline
@@ -82,3 +85,23 @@ class Answer:
 
     status: int
     reason: str
+
+
+class Next(enum.Enum):
+    """What a request does after one of its attempts ended (`Lifecycle.ended`)."""
+
+    ANSWER = "answer"  # it ends with this attempt's answer
+    RETRY = "retry"  # decide again (the nodes tried excluded)
+    WAIT = "wait"  # its hedge twin is still out: that answer decides
+
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class Ended(Generic[T]):
+    """An attempt's end: what the request does `next`, and the request held for the freed slot that
+    the driver resumes now (`woken`), if any."""
+
+    next: Next
+    woken: T | None = None

@@ -15,16 +15,21 @@ For one request (`begin` -> `Attempts`):
 2. **Cross** (`cross`): a request from a site to a node in another partition pays the link's emulated
    delay each way, or finds the link cut: then the attempt fails as a connect would, after
    `connect_wait_ms` = min(connect timeout, remaining / 2), leaving half the budget for a retry.
-3. **Count** (`dispatched`, `settled`): the overlay counts the attempt at the node until it settles;
-   a settle wakes the oldest request held for that partition (`holds`). A refusal (the node answered
-   429/503) adds to the node's estimate, halved at each of its reports: a node that refuses looks
-   busy, not idle. The budget the node is told (`node_budget_ms`) keeps back the learnt answer
-   margin and the link's way back (router.lifecycle.budgets; `transit` feeds it).
-4. **Judge** (`answered`): each attempt's `Failure` kind (router.lifecycle.failures) updates the
-   node's health for the request's site (ejection, slow start).
-5. **Retry** (`retry`): a retryable failure with attempts left and room in the retry budget goes
-   back to 1; anything else ends (router.lifecycle.budgets: retries plus hedges at most 20% of first
-   tries over 10 s by default).
+3. **Count** (`dispatched`): the overlay counts the attempt at the node until it ends. The budget
+   the node is told (`node_budget_ms`) keeps back the learnt answer margin and the link's way back
+   (router.lifecycle.budgets); the attempt is waited for `try_wait_ms` at most.
+4. **End** (`ended`, one step for every way an attempt ends; `timed_out` classifies an attempt that
+   got no answer in time: the per-try timeout, retried, or the deadline, final): the attempt settles
+   at its node, waking the oldest request held for that partition (`holds`); a refusal (429/503)
+   adds to the node's estimate, halved at each of its reports (a node that refuses looks busy, not
+   idle); its `Failure` kind (router.lifecycle.failures) updates the node's health for the request's
+   site (ejection, slow start); a success's round trip less the node's own time feeds the answer
+   margin; and the request goes on: a useful answer (or a final failure) is the answer, a retryable
+   failure waits for a hedge twin still out, else is retried while attempts are left and the retry
+   budget has room (router.lifecycle.budgets: retries plus hedges at most 20% of first tries over
+   10 s by default).
+5. **Unknown models** (`unknown_model`): a model no node in the view serves is 404, or 503 when
+   nothing has been heard yet.
 6. **Hedge** (`hedge_delay_ms`, `hedge`): at high enough priority, an attempt not answered within the
    hedge delay gets one duplicate at another node (budget permitting); the first useful answer wins.
 7. **Move** (`watch`, `moves`, `displace`, `taken`): with `reroute` on, an attempt queued at a node
@@ -46,10 +51,10 @@ from typing import Any, Generic, TypeVar
 
 from policies.api import HOLD_POLL_MS, Context, Defer, Rejection, RouteRequest
 from policies.pipeline import Pipeline
-from router.lifecycle.attempts import Answer, Attempts, Hold, Send
+from router.lifecycle.attempts import Answer, Attempts, Ended, Hold, Next, Send
 from router.lifecycle.budgets import AnswerMargin, RetryBudget, RetryBudgetConfig
 from router.lifecycle.copies import CopyConfig, CopyState
-from router.lifecycle.failures import Failure
+from router.lifecycle.failures import Failure, classify
 from router.lifecycle.health import HealthConfig, OutlierDetector
 from router.lifecycle.hedges import HedgeTimer
 from router.lifecycle.holds import HoldQueue
@@ -60,6 +65,8 @@ from telemetry.cluster.store import ViewStore
 from telemetry.cluster.view import ClusterView, NodeState
 
 T = TypeVar("T")
+
+NO_TELEMETRY_YET = "no nodes known yet (no telemetry received)"
 
 
 @dataclass(frozen=True)
@@ -139,6 +146,17 @@ class Lifecycle(Generic[T]):
         return self.tracker.overlay(self.store.view)
 
     # --- one request ------------------------------------------------------------------------------
+
+    def unknown_model(self, model: str) -> Answer | None:
+        """Before a request is routed: a model no node in the view serves is the client's error (404),
+        unless nothing at all has been heard yet (503: no telemetry, not the client's fault). None: it
+        is served; route it."""
+        view = self.store.view
+        if view.serving(model):
+            return None
+        if not len(view):
+            return Answer(503, NO_TELEMETRY_YET)
+        return Answer(404, f"unknown model '{model}'")
 
     def begin(self, req: RouteRequest, policy: Pipeline, now: float, deadline_at_ms: float) -> Attempts:
         self.copies.record(req.model, now)
@@ -228,11 +246,6 @@ class Lifecycle(Generic[T]):
         learnt answer margin (router.lifecycle.budgets.AnswerMargin)."""
         return self.margin.node_budget_ms(a.deadline_at_ms - now, back_ms)
 
-    def transit(self, round_trip_ms: float, node_ms: float) -> None:
-        """A successful attempt's round trip at the router (emulated link delay excluded) and the node's
-        own time (queue wait plus execution) for it: feeds the answer margin."""
-        self.margin.observe(round_trip_ms - node_ms)
-
     def overload_summary(self, window: tuple[int, int] | None = None) -> dict[str, Any]:
         """The answer margin and the retry budget as they stand; with `window` (first and last second on
         the driver's clock), the budget's worst window in it (what the router's /admin/view and the
@@ -290,23 +303,89 @@ class Lifecycle(Generic[T]):
         self.held.hold(partition, entry)
 
     def settled(self, node_id: str, partition: str, refused: bool = False) -> T | None:
-        """This router stopped waiting for an attempt at `node_id` (answer, failure or cancel): the slot
-        it held frees, waking the oldest request held for its partition (returned, to resume). A
-        refusal (`refused`: the node answered 429/503) counts at the node for a while (halved at each of
-        its reports), so a node that refuses everything cannot look idle and draw the traffic it refuses."""
+        """This router stopped waiting for an attempt at `node_id`: the slot it held frees, waking the
+        oldest request held for its partition (returned, to resume). A refusal (`refused`: the node
+        answered 429/503) counts at the node for a while (halved at each of its reports), so a node that
+        refuses everything cannot look idle and draw the traffic it refuses. `ended` settles an attempt
+        that ended; a driver settles one it dropped unanswered (a hedge's loser, a client gone)."""
         self.tracker.settle(node_id, refused)
         return self.held.wake(partition)
 
     def answered(self, a: Attempts, node_id: str, kind: Failure, now: float) -> None:
-        """What an attempt's end says about the node's health on the path from the request's site."""
+        """What an attempt's end says about the node's health on the path from the request's site
+        (`ended` judges every attempt that ends; the simulator also judges an answer it no longer waits
+        for, which the live router's closed connection never sees)."""
         effect = kind.health
         if effect is False:
             self.health.failure(a.request.site, node_id, now, len(self.store.view))
         elif effect is True:
             self.health.success(a.request.site, node_id)
 
+    def dropped(
+        self, a: Attempts, node_id: str, partition: str, now: float, kind: Failure | None = None, settle: bool = True
+    ) -> T | None:
+        """An attempt the request no longer waits for (a hedge's loser, one taken back by a move, the
+        client gone): settled at its node if it still counts there (`settle`; the freed slot's held
+        request is returned, to resume), and judged by its answer if one came (`kind`). It decides
+        nothing for the request."""
+        woken = self.settled(node_id, partition) if settle else None
+        if kind is not None:
+            self.answered(a, node_id, kind, now)
+        return woken
+
+    def timed_out(self, a: Attempts, now: float) -> Failure:
+        """An attempt that got no answer in time: the per-try timeout (`TRY_TIMEOUT`, retried elsewhere)
+        while one is set and the request's deadline is more than 1 ms away, else the deadline
+        (`TIMEOUT`, final)."""
+        if self.settings.try_timeout_ms is not None and now < a.deadline_at_ms - 1.0:
+            return Failure.TRY_TIMEOUT
+        return Failure.TIMEOUT
+
+    def ended(
+        self,
+        a: Attempts,
+        node_id: str,
+        partition: str,
+        status: int,
+        reason: str,
+        now: float,
+        kind: Failure | None = None,
+        *,
+        dispatched: bool = True,
+        twin_open: bool = False,
+        transit: tuple[float, float] | None = None,
+    ) -> Ended[T]:
+        """One attempt of `a` ended at `node_id` with `status` (`kind`: how, for an end without a node's
+        answer; else classified from the status). The one step both drivers take for every answer,
+        failure and timeout of an attempt:
+
+        - settle it at the node (a `dispatched` attempt: one that reached its link), a 429/503 counted
+          as a refusal, and wake the oldest request held for the partition (`Ended.woken`);
+        - judge the node's health by the kind;
+        - on a success, learn the answer margin from `transit` (the round trip at the router, links
+          excluded, and the node's own queue wait plus execution);
+        - say what the request does next: a success or a final failure is the answer; a retryable
+          failure waits while a hedge twin is still out (`twin_open`; its answer decides), else goes
+          back to `decide` while attempts are left and the retry budget has room.
+        """
+        kind = classify(status) if kind is None else kind
+        woken = self.settled(node_id, partition, status in (429, 503)) if dispatched else None
+        self.answered(a, node_id, kind, now)
+        if status == 200:
+            if transit is not None:
+                self.margin.observe(transit[0] - transit[1])
+            return Ended(Next.ANSWER, woken)
+        if not kind.retryable:
+            return Ended(Next.ANSWER, woken)
+        if twin_open:
+            a.last_error = (status, reason)
+            return Ended(Next.WAIT, woken)
+        self._now = now
+        return Ended(Next.RETRY if self.retry(a, kind, status, reason) else Next.ANSWER, woken)
+
     def retry(self, a: Attempts, kind: Failure, status: int, reason: str) -> bool:
-        """After a failed attempt: decide again (True), or end with this attempt's answer (False)."""
+        """After a failed attempt (`ended`'s last step): decide again (True) while attempts are left and
+        the retry budget has room, or end with this attempt's answer (False)."""
         if not kind.retryable:
             return False
         a.last_error = (status, reason)

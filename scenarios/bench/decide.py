@@ -21,11 +21,8 @@ neighbour); on a shared machine it is well above 1, so read a preset's p99 besid
 
 from __future__ import annotations
 
-import json
-import platform
 import random
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +33,7 @@ from policies.pipeline import Pipeline
 from policies.presets import PRESETS
 from router.lifecycle import Lifecycle, LifecycleSettings, Send
 from router.lifecycle.links import LinkState
+from scenarios.bench.common import result, save
 from telemetry.cluster.schema import DeviceInfo, ModelLoad, NodeLoad
 from telemetry.cluster.store import MAX_NODES, ViewStore
 from telemetry.measure.quantiles import nearest_rank
@@ -212,14 +210,6 @@ def bench_decide(
             rows.append(row)
             label = {"floor": "floor (random pick)", "fixed work": "(host: fixed work)"}.get(name, name)
             print(f"{n:>6}  {label:<18} {p50:8.2f} {p99:8.2f} {p50 / floor_p50 if floor_p50 else 0:12.1f}", flush=True)
-    result = {
-        "benchmark": "decide",
-        "rows": rows,
-        "rounds": rounds,
-        "host": {"machine": platform.machine(), "python": platform.python_version()},
-        "at": datetime.now(UTC).isoformat(timespec="seconds"),
-    }
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "decide.json").write_text(json.dumps(result, indent=2) + "\n")
-    print(f"written: {out_dir / 'decide.json'}")
-    return result
+    doc = result("decide", rows=rows, rounds=rounds)
+    save(out_dir, doc)
+    return doc

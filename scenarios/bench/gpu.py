@@ -25,11 +25,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import platform
 import tempfile
 import threading
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -37,11 +35,12 @@ import numpy as np
 
 from nodes.gpu import Nvml
 from nodes.runtime import cuda_available
-from scenarios.bench.load import collect_load, pct, start_load
-from scenarios.bench.router import process_cpu_s
+from scenarios.bench.common import process_cpu_s, result, save
+from scenarios.bench.load import NONE, collect_load, start_load
 from scenarios.spec.schema import Scenario
 from scenarios.stack.launcher import Stack, http_json
 from scenarios.stack.loadgen import example_payload
+from telemetry.measure.quantiles import nearest_rank
 from telemetry.oip import wire
 
 MODELS_BATCHES = (1, 8, 64)
@@ -128,7 +127,12 @@ def bench_models(cuda: bool, batches: tuple[int, ...], runs: int) -> list[dict[s
                     t0 = time.perf_counter()
                     session.run(None, feeds)
                     times.append((time.perf_counter() - t0) * 1000.0)
-                row = {"model": name, "device": label, "batch": batch, "median_ms": round(pct(times, 50), 4)}
+                row = {
+                    "model": name,
+                    "device": label,
+                    "batch": batch,
+                    "median_ms": round(nearest_rank(times, 0.5, empty=NONE), 4),
+                }
                 rows.append(row)
                 print(f"  model {name:<17} {label:<6} batch {batch:>3}: {row['median_ms']:9.4f} ms", flush=True)
             del session
@@ -320,50 +324,42 @@ def bench_gpu(
     cuda = cuda_available()
     print(f"bench gpu: {'CUDA' if cuda else 'no GPU (CPU only; the figures do not speak for a GPU)'}", flush=True)
     folder = Path(tempfile.mkdtemp(prefix="edgeroute-bench-gpu-"))
-    result: dict[str, Any] = {
-        "benchmark": "gpu",
-        "cuda": cuda,
-        "gpu": GpuSampler().name,
-        "host": {"machine": platform.machine(), "python": platform.python_version(), "cpus": os.cpu_count()},
-        "at": datetime.now(UTC).isoformat(timespec="seconds"),
-        "seconds_per_run": seconds,
-    }
-    out_dir.mkdir(parents=True, exist_ok=True)
+    doc = result("gpu", cuda=cuda, gpu=GpuSampler().name, seconds_per_run=seconds)
 
-    def save() -> None:
-        (out_dir / "gpu.json").write_text(json.dumps(result, indent=2) + "\n")
+    def keep() -> None:  # after each part: a run cut short keeps what it measured
+        (out_dir / "gpu.json").write_text(json.dumps(doc, indent=2) + "\n")
+
+    out_dir.mkdir(parents=True, exist_ok=True)
 
     try:
         if "models" in parts:
-            result["models"] = bench_models(cuda, MODELS_BATCHES if cuda else (1, 8), 50 if cuda else 10)
-            save()
+            doc["models"] = bench_models(cuda, MODELS_BATCHES if cuda else (1, 8), 50 if cuda else 10)
+            keep()
         if "node" in parts:
-            result["node"] = bench_node_and_router(
+            doc["node"] = bench_node_and_router(
                 cuda, concurrencies, seconds, max_batch, slots, folder, priority_streams
             )
-            save()
+            keep()
         if "priority" in parts:
-            result["priority"] = bench_priority(
+            doc["priority"] = bench_priority(
                 cuda, seconds, critical_interval_ms, 64 if cuda else 4, 4 if cuda else 1, folder
             )
-            save()
+            keep()
     finally:
         for f in folder.iterdir():
             f.unlink()
         folder.rmdir()
-        save()
-    print(format_table(result))
-    print(f"written: {out_dir / 'gpu.json'}")
-    return result
+    save(out_dir, doc, [format_table(doc)])
+    return doc
 
 
-def format_table(result: dict[str, Any]) -> str:
-    lines = [f"GPU: {result.get('gpu') or 'none'}; CUDA {'yes' if result.get('cuda') else 'no'}"]
-    models = result.get("models") or []
+def format_table(doc: dict[str, Any]) -> str:
+    lines = [f"GPU: {doc.get('gpu') or 'none'}; CUDA {'yes' if doc.get('cuda') else 'no'}"]
+    models = doc.get("models") or []
     if models:
         lines.append(f"{'model':<17} {'device':<6} {'batch':>5} {'median ms':>10}")
         lines += [f"{r['model']:<17} {r['device']:<6} {r['batch']:>5} {r['median_ms']:>10.4f}" for r in models]
-    node = result.get("node")
+    node = doc.get("node")
     if node:
         lines.append(f"{'target':<7} {'c':>3} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'GPU busy':>8}")
         by: dict[tuple[str, int], dict[str, Any]] = {}
@@ -378,7 +374,7 @@ def format_table(result: dict[str, Any]) -> str:
             base = by.get(("node", c))
             if target == "router" and base and base["rps"]:
                 lines.append(f"router / node req/s at c={c}: {r['rps'] / base['rps']:.3f}")
-    prio = result.get("priority")
+    prio = doc.get("priority")
     if prio:
         for key in ("streams_on", "streams_off"):
             runs = prio.get(key)

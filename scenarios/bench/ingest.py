@@ -20,7 +20,6 @@ import asyncio
 import gc
 import json
 import os
-import platform
 import random
 import resource
 import subprocess
@@ -34,6 +33,7 @@ from typing import Any
 import msgspec
 
 from router.lifecycle import Lifecycle, LifecycleSettings
+from scenarios.bench.common import host, save
 from scenarios.bench.decide import node_load
 from scenarios.stack.broker import EmbeddedBroker, terminate
 from telemetry.cluster.store import MAX_NODES, ViewStore
@@ -41,6 +41,7 @@ from telemetry.cluster.view import NodeState
 from telemetry.kafka.bus import KafkaTelemetrySource, ensure_topic, now_ms
 from telemetry.measure.quantiles import nearest_rank
 from telemetry.process import serving
+from telemetry.process.background import Worker
 
 TOPIC = "edgeroute.bench.ingest"
 
@@ -147,19 +148,19 @@ class GcPauses:
         }
 
 
-class LoopLag:
+class LoopLag(Worker):
     """An event loop in its own thread, as a router's beside its telemetry reader, waking every
     millisecond: how late each wake-up comes (the reader's work and the collector's stops hold the
     interpreter; a request the loop was serving would wait as long)."""
 
     TICK_S = 0.001
     MAX_SAMPLES = 1_000_000
+    thread_name = "loop-lag-probe"
 
     def __init__(self) -> None:
+        super().__init__()
         self.late_ms: list[float] = []
         self.cpu_s = 0.0  # the probe thread's own CPU (not the reader's: taken out of its figure)
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
 
     def _run(self) -> None:
         async def probe() -> None:
@@ -176,14 +177,7 @@ class LoopLag:
             self.cpu_s = time.thread_time() - began
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="loop-lag-probe", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
-            self._thread = None
+        self._start_thread()
 
     def summary(self) -> dict[str, float]:
         late = sorted(self.late_ms)
@@ -276,7 +270,7 @@ def _over_tls(
                 set_kafka_security(before)
                 terminate(front)
     result["broker"] = "embedded (Tansu) behind a TLS terminator"
-    (out_dir / "ingest.json").write_text(json.dumps(result, indent=2) + "\n")
+    save(out_dir, result)
     return result
 
 
@@ -383,7 +377,7 @@ def _bench_ingest(
             "malformed": store.malformed,
             "loop_lag_ms": loop_lag.summary(),
             "gc": {"thresholds": list(thresholds) if thresholds else "python default", **pauses.summary(elapsed)},
-            "host": {"machine": platform.machine(), "python": platform.python_version(), "cpus": os.cpu_count()},
+            "host": host(),
             "broker": "external" if kafka else "embedded (Tansu)",
             "tls": cafile is not None,
             "reader": source.reader,
@@ -400,7 +394,7 @@ def _bench_ingest(
         pauses.stop()
         loop_lag.stop()
     gcs = result["gc"]
-    print(
+    line = (
         f"[{result['reader']} reader{', TLS' if result['tls'] else ''}] offered {result['offered_msgs_per_s']} msg/s "
         f"({nodes} nodes every "
         f"{interval_ms:g} ms); published "
@@ -412,9 +406,7 @@ def _bench_ingest(
         f"an event loop beside the reader woke late by p50 {result['loop_lag_ms']['p50']} ms, "
         f"p99 {result['loop_lag_ms']['p99']} ms, max {result['loop_lag_ms']['max']} ms"
     )
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "ingest.json").write_text(json.dumps(result, indent=2) + "\n")
-    print(f"written: {out_dir / 'ingest.json'}")
+    save(out_dir, result, [line])
     return result
 
 

@@ -6,6 +6,7 @@ benchmarks, not of the product."""
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -83,9 +84,7 @@ asyncio.run(main())
 """
 
 
-def pct(values: list[float], q: float) -> float:
-    """The nearest-rank `q`th percentile (NaN for no values, which no latency could be mistaken for)."""
-    return nearest_rank(sorted(values), q / 100.0, presorted=True) if values else float("nan")
+NONE = math.nan  # a quantile of no values: NaN, which no latency could be mistaken for
 
 
 def start_load(
@@ -152,10 +151,16 @@ def collect_load(procs: list[subprocess.Popen[bytes]], timeout_s: float) -> dict
         "answered_ok": len(latencies),
         "statuses": statuses,
         "rps": round(len(latencies) / seconds, 1) if seconds else 0.0,
-        "p50_ms": round(pct(latencies, 50), 3),
-        "p99_ms": round(pct(latencies, 99), 3),
+        "p50_ms": round(nearest_rank(latencies, 0.5, empty=NONE), 3),
+        "p99_ms": round(nearest_rank(latencies, 0.99, empty=NONE), 3),
         # what the node says of each answer: its queueing and its batch's execution (the rest of the
         # latency is HTTP, the event loops and the way there and back)
-        "node_queue_p50_p99_ms": [round(pct(queue_ms, 50), 3), round(pct(queue_ms, 99), 3)],
-        "node_exec_p50_p99_ms": [round(pct(exec_ms, 50), 3), round(pct(exec_ms, 99), 3)],
+        "node_queue_p50_p99_ms": [
+            round(nearest_rank(queue_ms, 0.5, empty=NONE), 3),
+            round(nearest_rank(queue_ms, 0.99, empty=NONE), 3),
+        ],
+        "node_exec_p50_p99_ms": [
+            round(nearest_rank(exec_ms, 0.5, empty=NONE), 3),
+            round(nearest_rank(exec_ms, 0.99, empty=NONE), 3),
+        ],
     }

@@ -14,22 +14,20 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import platform
 import struct
 import subprocess
 import sys
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
-from scenarios.replay.report import percentile
+from scenarios.bench.common import interleaved, process_cpu_s, result, save
 from scenarios.spec.schema import Scenario
 from scenarios.stack.broker import free_port, terminate, wait_for_port
 from scenarios.stack.launcher import Stack
+from telemetry.measure.quantiles import nearest_rank
 
 BODY = json.dumps(
     {"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1.0, 2.0, 3.0, 4.0]}]}
@@ -110,8 +108,8 @@ async def closed_loop(url: str, concurrency: int, requests: int, warmup: int, fo
         "concurrency": concurrency,
         "requests": per * concurrency,
         "failures": failures,
-        "p50_ms": round(percentile(latencies, 50), 3),
-        "p99_ms": round(percentile(latencies, 99), 3),
+        "p50_ms": round(nearest_rank(latencies, 0.5, presorted=True), 3),
+        "p99_ms": round(nearest_rank(latencies, 0.99, presorted=True), 3),
         "rps": round(len(latencies) / elapsed, 1),
     }
 
@@ -151,15 +149,6 @@ if mode == "proxy":
     app.cleanup_ctx.append(session_ctx)
 web.run_app(app, host="127.0.0.1", port=port, access_log=None, print=None)
 """
-
-
-def process_cpu_s(pid: int) -> float | None:
-    """User + system CPU seconds of a process so far (Linux /proc), or None where unknown."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
-        return None
 
 
 def _floor_process(mode: str, upstream: str = "") -> tuple[subprocess.Popen[bytes], str]:
@@ -224,21 +213,25 @@ def bench_router(
                 "router_grpc": (stack.router.grpc, stack.router.popen.pid, "grpc"),
             }
             for c in concurrencies:
-                for rnd in range(rounds):
-                    for target, (url, pid, form) in targets.items():
-                        before = process_cpu_s(pid)
-                        row = asyncio.run(closed_loop(url, c, requests, min(200, requests // 5), form))
-                        after = process_cpu_s(pid)
-                        row.update(target=target, round=rnd)
-                        if before is not None and after is not None and row["requests"]:
-                            row["server_cpu_us_per_request"] = round((after - before) * 1e6 / row["requests"], 1)
-                        rows.append(row)
-                        print(
-                            f"  {target:<13} c={c:<3} round {rnd}  p50 {row['p50_ms']:7.3f} ms  "
-                            f"p99 {row['p99_ms']:7.3f} ms  {row['rps']:8.1f} req/s  "
-                            f"cpu {row.get('server_cpu_us_per_request', '-')} us/req  ({row['failures']} failed)",
-                            flush=True,
-                        )
+
+                def run(target: str, rnd: int, c: int = c) -> dict[str, Any]:
+                    url, pid, form = targets[target]
+                    before = process_cpu_s(pid)
+                    row = asyncio.run(closed_loop(url, c, requests, min(200, requests // 5), form))
+                    after = process_cpu_s(pid)
+                    row.update(target=target, round=rnd)
+                    if before is not None and after is not None and row["requests"]:
+                        row["server_cpu_us_per_request"] = round((after - before) * 1e6 / row["requests"], 1)
+                    print(
+                        f"  {target:<13} c={c:<3} round {rnd}  p50 {row['p50_ms']:7.3f} ms  "
+                        f"p99 {row['p99_ms']:7.3f} ms  {row['rps']:8.1f} req/s  "
+                        f"cpu {row.get('server_cpu_us_per_request', '-')} us/req  ({row['failures']} failed)",
+                        flush=True,
+                    )
+                    return row
+
+                for runs in interleaved(rounds, list(targets), run).values():
+                    rows.extend(runs)
         finally:
             for proc in floors:
                 terminate(proc)
@@ -265,30 +258,19 @@ def bench_router(
                 "node_grpc_vs_binary_rps": round(fig["node_grpc"]["rps"] / fig["node_binary"]["rps"], 3),
             }
         )
-    result = {
-        "benchmark": "router",
-        "model": "echo",
-        "requests_per_run": requests,
-        "rounds": rounds,
-        "host": {"machine": platform.machine(), "python": platform.python_version(), "cpus": os.cpu_count()},
-        "at": datetime.now(UTC).isoformat(timespec="seconds"),
-        "runs": rows,
-        "summary": summary,
-    }
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "router.json").write_text(json.dumps(result, indent=2) + "\n")
-    print(f"{'c':>3} {'target':<13} {'p50 ms':>8} {'p99 ms':>8} {'req/s':>8} {'cpu us/req':>10}")
+    doc = result("router", model="echo", requests_per_run=requests, rounds=rounds, runs=rows, summary=summary)
+    lines = [f"{'c':>3} {'target':<13} {'p50 ms':>8} {'p99 ms':>8} {'req/s':>8} {'cpu us/req':>10}"]
     for srow in summary:
         for t, f in srow["targets"].items():
-            print(
+            lines.append(
                 f"{srow['concurrency']:>3} {t:<13} {f['p50_ms']:>8.3f} {f['p99_ms']:>8.3f} {f['rps']:>8.1f} "
                 f"{f['server_cpu_us_per_request']:>10.1f}"
             )
-        print(
+        lines.append(
             f"    router adds {srow['router_added_p50_ms']:.3f} ms p50 ({srow['router_vs_proxy_added_p50']}x the bare "
             f"proxy's {srow['proxy_added_p50_ms']:.3f} ms); router/proxy req/s {srow['router_vs_proxy_rps']}; "
             f"node/bare echo req/s {srow['node_vs_bare_echo_rps']}; gRPC/HTTP binary req/s: router "
             f"{srow['router_grpc_vs_binary_rps']}, node {srow['node_grpc_vs_binary_rps']}"
         )
-    print(f"written: {out_dir / 'router.json'}")
-    return result
+    save(out_dir, doc, lines)
+    return doc

@@ -5,18 +5,14 @@ CPU of the broker, nodes and routers. A benchmark: it prints and writes JSON, an
 from __future__ import annotations
 
 import asyncio
-import json
-import os
-import platform
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from scenarios.bench.router import process_cpu_s
-from scenarios.replay.report import percentile
+from scenarios.bench.common import cpu_s, interleaved, result, save
 from scenarios.spec.schema import Scenario
 from scenarios.stack.launcher import Stack
+from telemetry.measure.quantiles import nearest_rank
 
 
 def routers_scenario(nodes: int, rate_rps: float, duration_s: float, policy: str) -> Scenario:
@@ -62,11 +58,6 @@ def routers_scenario(nodes: int, rate_rps: float, duration_s: float, policy: str
     )
 
 
-def _cpu(pids: list[int]) -> float:
-    """CPU seconds the processes `pids` have spent so far (0 for one that cannot be read)."""
-    return sum(process_cpu_s(pid) or 0.0 for pid in pids)
-
-
 def _routers_round(scenario: Scenario, routers: int, share: bool, schedule: list[Any]) -> dict[str, Any]:
     """One run of the bursts through `routers` router processes: the answers, node figures and CPU."""
     from scenarios.stack.launcher import http_json
@@ -84,17 +75,17 @@ def _routers_round(scenario: Scenario, routers: int, share: bool, schedule: list
             "nodes": [p.popen.pid for p in stack.nodes.values()],
             "routers": [p.popen.pid for p in stack.peers],
         }
-        cpu0 = {k: _cpu(v) for k, v in pids.items()}
+        cpu0 = {k: cpu_s(v) for k, v in pids.items()}
         t0 = time.monotonic()
         results = asyncio.run(run_load(stack.router_url, schedule, payloads))
         wall = time.monotonic() - t0
-        cpu = {k: round(100 * (_cpu(v) - cpu0[k]) / wall, 1) for k, v in pids.items()}
+        cpu = {k: round(100 * (cpu_s(v) - cpu0[k]) / wall, 1) for k, v in pids.items()}
         stats = {n: http_json(f"{p.url}/admin/stats", headers=stack.node_headers)[1] for n, p in stack.nodes.items()}
         peers = http_json(f"{stack.router_url}/admin/view")[1].get("peers")
     measured = [r for r in results if r.arrival.at_s >= scenario.workload.warmup_s]
     return {
         "results": measured,
-        "p99": percentile(sorted(r.latency_ms for r in measured if r.status == 200), 99),
+        "p99": nearest_rank(sorted(r.latency_ms for r in measured if r.status == 200), 0.99, presorted=True),
         "peak": max(st["peak_outstanding"] for st in stats.values()),
         "gap": sum(
             st["handoff_ms_mean"] * st["handoffs"] + st["wakeup_ms_mean"] * st["wakeups"] for st in stats.values()
@@ -122,17 +113,19 @@ def bench_routers(
     scenario = routers_scenario(nodes, rate_rps, duration_s, policy)
     schedule = build_schedule(scenario.workload, scenario.seed)
     setups = (("1 router", 1, True), ("2 routers, not sharing", 2, False), ("2 routers, sharing in-flight", 2, True))
-    done: dict[str, list[dict[str, Any]]] = {label: [] for label, _, _ in setups}
-    for i in range(rounds):
-        for label, routers, share in setups:
-            one = _routers_round(scenario, routers, share, schedule)
-            done[label].append(one)
-            print(
-                f"round {i + 1}/{rounds}  {label:<30} p99 {one['p99']:7.1f} ms  "
-                f"cpu % broker {one['cpu']['broker']:.0f} nodes {one['cpu']['nodes']:.0f} "
-                f"routers {one['cpu']['routers']:.0f}",
-                flush=True,
-            )
+    shapes = {label: (routers, share) for label, routers, share in setups}
+
+    def run(label: str, i: int) -> dict[str, Any]:
+        one = _routers_round(scenario, *shapes[label], schedule)
+        print(
+            f"round {i + 1}/{rounds}  {label:<30} p99 {one['p99']:7.1f} ms  "
+            f"cpu % broker {one['cpu']['broker']:.0f} nodes {one['cpu']['nodes']:.0f} "
+            f"routers {one['cpu']['routers']:.0f}",
+            flush=True,
+        )
+        return one
+
+    done = interleaved(rounds, list(shapes), run)
     runs: list[dict[str, Any]] = []
     for label, routers, share in setups:
         rounds_done = done[label]
@@ -150,15 +143,15 @@ def bench_routers(
                 "sharing": share and routers > 1,
                 "sent": len(measured),
                 "completed": len(ok),
-                "p50_ms": round(percentile(ok, 50), 2),
-                "p99_ms": round(percentile(ok, 99), 2),
+                "p50_ms": round(nearest_rank(ok, 0.5, presorted=True), 2),
+                "p99_ms": round(nearest_rank(ok, 0.99, presorted=True), 2),
                 "p99_by_round_ms": [round(one["p99"], 2) for one in rounds_done],
                 "max_node_queue": max(one["peak"] for one in rounds_done),
                 "exec_mean_ms": round(sum(r.exec_ms for r in served) / max(1, len(served)), 3),  # CPU contention
                 "queue_mean_ms": round(sum(r.queue_ms for r in served) / max(1, len(served)), 3),  # balance
                 "slot_gap_ms": round(sum(one["gap"] for one in rounds_done) / len(rounds_done), 4),  # node idle
-                "router_and_network_p50_ms": round(percentile(rest, 50), 3),
-                "router_and_network_p99_ms": round(percentile(rest, 99), 3),
+                "router_and_network_p50_ms": round(nearest_rank(rest, 0.5, presorted=True), 3),
+                "router_and_network_p99_ms": round(nearest_rank(rest, 0.99, presorted=True), 3),
                 "cpu_percent": {  # of one core, mean over rounds, while the load ran
                     k: round(sum(one["cpu"][k] for one in rounds_done) / len(rounds_done), 1)
                     for k in ("broker", "nodes", "routers")
@@ -168,7 +161,7 @@ def bench_routers(
             }
         )
     base = runs[0]
-    print(f"pooled over {rounds} round(s):")
+    lines = [f"pooled over {rounds} round(s):"]
     for row in runs:
         if row is not base:
             row["p99_vs_one_router"] = round(row["p99_ms"] / base["p99_ms"], 3) if base["p99_ms"] else None
@@ -176,26 +169,15 @@ def bench_routers(
                 round(row["max_node_queue"] / base["max_node_queue"], 3) if base["max_node_queue"] else None
             )
         cpu = row["cpu_percent"]
-        print(
+        lines.append(
             f"{row['run']:<30} p50 {row['p50_ms']:6.1f} ms  p99 {row['p99_ms']:6.1f} ms "
             f"(x{row.get('p99_vs_one_router', 1):.3f})  max node queue {row['max_node_queue']:2d}  node queue mean "
             f"{row['queue_mean_ms']:5.1f} ms  exec {row['exec_mean_ms']:.2f} + gap {row['slot_gap_ms']:.2f} ms  "
             f"router p50/p99 {row['router_and_network_p50_ms']:.1f}/{row['router_and_network_p99_ms']:.1f} ms  "
-            f"cpu % {cpu['broker']:.0f}/{cpu['nodes']:.0f}/{cpu['routers']:.0f}  ok {row['completed']}/{row['sent']}",
-            flush=True,
+            f"cpu % {cpu['broker']:.0f}/{cpu['nodes']:.0f}/{cpu['routers']:.0f}  ok {row['completed']}/{row['sent']}"
         )
-    result = {
-        "benchmark": "routers",
-        "policy": policy,
-        "nodes": nodes,
-        "burst_rps": rate_rps,
-        "duration_s": duration_s,
-        "rounds": rounds,
-        "runs": runs,
-        "host": {"machine": platform.machine(), "python": platform.python_version(), "cpus": os.cpu_count()},
-        "at": datetime.now(UTC).isoformat(timespec="seconds"),
-    }
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "routers.json").write_text(json.dumps(result, indent=2) + "\n")
-    print(f"written: {out_dir / 'routers.json'}")
-    return result
+    doc = result(
+        "routers", policy=policy, nodes=nodes, burst_rps=rate_rps, duration_s=duration_s, rounds=rounds, runs=runs
+    )
+    save(out_dir, doc, lines)
+    return doc

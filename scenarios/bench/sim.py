@@ -4,13 +4,11 @@ benchmark: it prints and writes JSON, and asserts nothing."""
 
 from __future__ import annotations
 
-import json
-import platform
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from scenarios.bench.common import result, save
 from scenarios.spec.schema import Scenario
 
 
@@ -75,29 +73,25 @@ def bench_sim(
     results = sim.run()
     wall = time.perf_counter() - t0
     ok = sum(1 for r in results if r.status == 200)
-    result = {
-        "benchmark": "sim",
-        "policy": policy,
-        "nodes": nodes,
-        "requests": len(schedule),
-        "completed": ok,
-        "simulated_s": round(sim.now / 1000.0, 2),
-        "events": sim.events,
-        "wall_s": round(wall, 2),
-        "events_per_s": round(sim.events / wall),
-        "requests_per_s": round(len(schedule) / wall),
-        "schedule_build_s": round(schedule_s, 2),
-        "telemetry_messages": sim.store.messages,
-        "max_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
-        "host": {"machine": platform.machine(), "python": platform.python_version()},
-        "at": datetime.now(UTC).isoformat(timespec="seconds"),
-    }
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "sim.json").write_text(json.dumps(result, indent=2) + "\n")
-    print(
-        f"{len(schedule):,} requests on {nodes:,} nodes with {policy}: {sim.events:,} events in {wall:.1f} s "
-        f"= {result['events_per_s']:,} events/s ({result['requests_per_s']:,} requests/s), "
-        f"{ok:,} completed, {sim.store.messages:,} telemetry messages, max RSS {result['max_rss_mb']} MB"
+    doc = result(
+        "sim",
+        policy=policy,
+        nodes=nodes,
+        requests=len(schedule),
+        completed=ok,
+        simulated_s=round(sim.now / 1000.0, 2),
+        events=sim.events,
+        wall_s=round(wall, 2),
+        events_per_s=round(sim.events / wall),
+        requests_per_s=round(len(schedule) / wall),
+        schedule_build_s=round(schedule_s, 2),
+        telemetry_messages=sim.store.messages,
+        max_rss_mb=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
     )
-    print(f"written: {out_dir / 'sim.json'}")
-    return result
+    line = (
+        f"{len(schedule):,} requests on {nodes:,} nodes with {policy}: {sim.events:,} events in {wall:.1f} s "
+        f"= {doc['events_per_s']:,} events/s ({doc['requests_per_s']:,} requests/s), "
+        f"{ok:,} completed, {sim.store.messages:,} telemetry messages, max RSS {doc['max_rss_mb']} MB"
+    )
+    save(out_dir, doc, [line])
+    return doc

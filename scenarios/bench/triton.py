@@ -12,18 +12,16 @@ JSON, and asserts nothing.
 
 from __future__ import annotations
 
-import json
 import os
-import platform
 import re
 import shutil
 import subprocess
 import tempfile
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from nodes import zoo
+from scenarios.bench.common import result, save
 from scenarios.spec.schema import Scenario
 from scenarios.stack.launcher import Stack
 
@@ -146,20 +144,9 @@ def bench_triton(
                             + f"  router/node {row.get('router_vs_node_rps', '-')}",
                             flush=True,
                         )
-    result = {
-        "benchmark": "triton",
-        "perf_analyzer": binary,
-        "window_ms": window_ms,
-        "stability_percent": stability,
-        "host": {"machine": platform.machine(), "python": platform.python_version(), "cpus": os.cpu_count()},
-        "at": datetime.now(UTC).isoformat(timespec="seconds"),
-        "runs": rows,
-    }
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "triton.json").write_text(json.dumps(result, indent=2) + "\n")
+    doc = result("triton", perf_analyzer=binary, window_ms=window_ms, stability_percent=stability, runs=rows)
     ratios = [r["router_vs_node_rps"] for r in rows if "router_vs_node_rps" in r]
     failed = sum(1 for r in rows if "router_vs_node_rps" not in r)
-    if ratios:
-        print(f"router/node req/s: min {min(ratios)}, median {sorted(ratios)[len(ratios) // 2]}; {failed} failed")
-    print(f"written: {out_dir / 'triton.json'}")
-    return result
+    lines = [f"router/node req/s: min {min(ratios)}, median {sorted(ratios)[len(ratios) // 2]}; {failed} failed"]
+    save(out_dir, doc, lines if ratios else [])
+    return doc

@@ -28,7 +28,7 @@ from typing import Any
 
 from nodes.scheduler import batch_curve_ms
 from router.lifecycle.links import LinkTable
-from scenarios.calibrate.profile import measure_level, quantiles, request_overhead_ms
+from scenarios.calibrate.profile import measure_level, request_overhead_ms
 from scenarios.spec.schema import NodeSpec, Scenario
 from scenarios.spec.workload import Result, mean_rate_rps
 from scenarios.stack.launcher import Stack, profile_baselines
@@ -166,8 +166,8 @@ def _overhead_without_links(
             by_model.setdefault(model, []).append(o)
             pooled.append(o)
     return {
-        "overhead_ms": quantiles(pooled),
-        "overhead_ms_by_model": {m: quantiles(v) for m, v in by_model.items() if len(v) >= 20},
+        "overhead_ms": grid_101(pooled),
+        "overhead_ms_by_model": {m: grid_101(v) for m, v in by_model.items() if len(v) >= 20},
         "overhead_from": "local" if sample is local else "all, link means taken off",
     }
 

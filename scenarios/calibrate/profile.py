@@ -60,11 +60,6 @@ def request_overhead_ms(r: Result, link_ms: float = 0.0) -> float:
     return max(0.0, r.latency_ms - r.exec_ms - r.queue_ms - link_ms)
 
 
-def quantiles(samples: list[float]) -> list[float]:
-    """A measured distribution as the profile stores it (telemetry.measure.quantiles.grid_101)."""
-    return grid_101(samples)
-
-
 async def _measure(url: str, payload: Payload, n: int) -> list[tuple[float, float]]:
     """(latency ms, exec ms) for n sequential requests after a short warm-up."""
     headers = {"Content-Type": "application/json", wire.DEADLINE_MS: "10000"}
@@ -148,10 +143,10 @@ def profile(
             for batch in BATCHES:
                 payload = base if batch == 1 else example_payload(meta, 0, batch=batch)
                 direct = asyncio.run(_measure(f"{node_url}/v2/models/{model}/infer", payload, requests // 2))
-                entry["exec_ms"][str(batch)] = quantiles([e for _, e in direct])
+                entry["exec_ms"][str(batch)] = grid_101([e for _, e in direct])
             routed = asyncio.run(_measure(f"{stack.router_url}/v2/models/{model}/infer", base, requests))
-            entry["overhead_ms"] = quantiles([max(0.0, lat - e) for lat, e in routed])
-            entry["exec_ms"]["1"] = quantiles([e for _, e in routed])
+            entry["overhead_ms"] = grid_101([max(0.0, lat - e) for lat, e in routed])
+            entry["exec_ms"]["1"] = grid_101([e for _, e in routed])
             result["models"][model] = entry
             o = entry["overhead_ms"]
             print(
@@ -182,7 +177,7 @@ def profile(
             time.sleep(4.0)
         finally:
             source.stop()
-        result["telemetry_lag_ms"] = quantiles(list(store.lag_ms))
+        result["telemetry_lag_ms"] = grid_101(list(store.lag_ms))
     if not new_reference and out.exists():
         kept = keep_reference(result, json.loads(out.read_text()))
         if kept:
@@ -318,7 +313,7 @@ def measure_level(
     wakeups, handoffs = after[1] - before[1], after[3] - before[3]
 
     def overhead(rs: list[Any]) -> list[float]:
-        return quantiles([request_overhead_ms(r) for r in rs])
+        return grid_101([request_overhead_ms(r) for r in rs])
 
     name = key or (lambda m: m)
     execution = real_exec or (lambda r: r.exec_ms)
@@ -329,9 +324,9 @@ def measure_level(
         "rate_rps": rate,
         "overhead_ms": overhead(ok),
         "overhead_ms_by_model": {m: overhead(rs) for m, rs in by_model.items() if len(rs) >= 20},
-        "exec_ms": {m: quantiles([execution(r) for r in rs]) for m, rs in by_model.items() if rs},
+        "exec_ms": {m: grid_101([execution(r) for r in rs]) for m, rs in by_model.items() if rs},
         "wakeup_ms": round((after[0] - before[0]) / wakeups, 4) if wakeups else 0.0,
-        "wakeup_ms_q": quantiles(samples) if len(samples) >= 20 else None,
+        "wakeup_ms_q": grid_101(samples) if len(samples) >= 20 else None,
         "handoff_ms": round((after[2] - before[2]) / handoffs, 4) if handoffs else 0.0,
         "completed": len(ok),
         "sent": len(results),
@@ -359,7 +354,7 @@ def _emulation_jitter(stack: Stack, result: dict[str, Any], speed: float = 0.02)
     payloads = {model: example_payload(asyncio.run(_metadata(stack.router_url, model)), 0)}
     results = asyncio.run(run_load(stack.nodes[spec.id].url, build_schedule(workload, 7), payloads))
     jitter = [r.exec_ms - target for r in results if r.status == 200]
-    q = quantiles(jitter)
+    q = grid_101(jitter)
     print(f"  emulation jitter at {rate:.0f} req/s on one slow node: p50 {q[50]:6.3f} ms  p99 {q[99]:6.3f}", flush=True)
     stats = http_json(f"{stack.nodes[spec.id].url}/admin/stats", headers=stack.node_headers)[1]
     result["handoff_ms"] = float(stats.get("handoff_ms_mean", 0.0))

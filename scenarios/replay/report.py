@@ -21,12 +21,6 @@ from scenarios.stack.loadgen import Result
 from telemetry.measure.quantiles import nearest_rank
 
 
-def percentile(sorted_values: list[float], q: float) -> float:
-    """Nearest-rank percentile (`q` in 0..100) of an ascending list, 0 for an empty one
-    (telemetry.measure.quantiles.nearest_rank, the one helper)."""
-    return nearest_rank(sorted_values, q / 100.0, presorted=True)
-
-
 def _summary(results: list[Result]) -> dict[str, Any]:
     ok = sorted(r.latency_ms for r in results if r.status == 200)
     errors: Counter[str] = Counter()
@@ -42,7 +36,8 @@ def _summary(results: list[Result]) -> dict[str, Any]:
         "errors": dict(sorted(errors.items())),
         "lost": errors.get("lost", 0),
         "latency_ms": {
-            k: round(percentile(ok, q), 3) for k, q in (("p50", 50), ("p95", 95), ("p99", 99), ("max", 100))
+            k: round(nearest_rank(ok, q / 100, presorted=True), 3)
+            for k, q in (("p50", 50), ("p95", 95), ("p99", 99), ("max", 100))
         },
         "slo_attainment": round(within / len(results), 4) if results else 0.0,
     }
@@ -132,12 +127,14 @@ def node_times(results: list[Result]) -> dict[str, Any]:
     rest = sorted(r.latency_ms - r.exec_ms - r.queue_ms for r in served)
     return {
         "exec_mean": round(sum(ex) / len(ex), 3),
-        "exec_p50": round(percentile(ex, 50), 3),
-        "exec_p99": round(percentile(ex, 99), 3),
+        "exec_p50": round(nearest_rank(ex, 0.5, presorted=True), 3),
+        "exec_p99": round(nearest_rank(ex, 0.99, presorted=True), 3),
         "queue_mean": round(sum(qu) / len(qu), 3),
-        "queue_p99": round(percentile(qu, 99), 3),
-        "overhead_p50": round(percentile(rest, 50), 3),  # router, network and HTTP: the rest of the latency
-        "overhead_p99": round(percentile(rest, 99), 3),
+        "queue_p99": round(nearest_rank(qu, 0.99, presorted=True), 3),
+        "overhead_p50": round(
+            nearest_rank(rest, 0.5, presorted=True), 3
+        ),  # router, network and HTTP: the rest of the latency
+        "overhead_p99": round(nearest_rank(rest, 0.99, presorted=True), 3),
     }
 
 
@@ -171,7 +168,10 @@ def series(results: list[Result], warmup_s: float, horizon_s: float, bucket_s: f
     for r in results:
         if r.status == 200 and r.arrival.at_s >= warmup_s:
             by_prio.setdefault(str(r.arrival.priority), []).append(r.latency_ms)
-    cdf = {p: [round(percentile(sorted(v), q), 3) for q in range(101)] for p, v in sorted(by_prio.items())}
+    cdf = {
+        p: [round(nearest_rank(sorted(v), q / 100, presorted=True), 3) for q in range(101)]
+        for p, v in sorted(by_prio.items())
+    }
     return {
         "timeline": {
             "bucket_s": bucket_s,
@@ -179,7 +179,7 @@ def series(results: list[Result], warmup_s: float, horizon_s: float, bucket_s: f
             "throughput_rps": [d / bucket_s for d in done],
             "goodput_rps": [g / bucket_s for g in good],
             "slo_attainment": [round(w / s, 4) if s else None for w, s in zip(within, sent, strict=True)],
-            "p99_ms": [round(percentile(sorted(v), 99), 3) if v else None for v in latencies],
+            "p99_ms": [round(nearest_rank(sorted(v), 0.99, presorted=True), 3) if v else None for v in latencies],
             "by_node": dict(sorted(per_node.items())),
         },
         "cdf_ms": cdf,
@@ -215,7 +215,7 @@ def recovery(
         inside = [r for r in rs if lo <= r.arrival.at_s < hi]
         good = sum(1 for r in inside if r.status == 200 and r.latency_ms <= r.arrival.deadline_ms)
         answered = sorted(r.latency_ms for r in inside if r.status == 200)
-        p99 = percentile(answered, 99) if answered else float("nan")
+        p99 = nearest_rank(answered, 0.99, presorted=True) if answered else float("nan")
         return {"from_s": lo, "to_s": hi, "goodput_rps": round(good / (hi - lo), 2), "p99_ms": round(p99, 3)}
 
     def ratios(row: dict[str, Any], after: dict[str, float], base: dict[str, float], suffix: str = "") -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from policies.api import RouteRequest
-from router.lifecycle import Failure, Hold, Send
+from router.lifecycle import Failure, Hold, Next, Send
 from router.lifecycle.reroute import Move
 from scenarios.sim.state import (
     COPIES,
@@ -23,7 +23,6 @@ from scenarios.sim.state import (
     SimWorkflow,
 )
 from scenarios.spec.workload import Arrival, Result
-from telemetry.oip import wire
 
 
 class RouterDriver(SimState):
@@ -35,11 +34,10 @@ class RouterDriver(SimState):
             self._start_workflow(i, a, spec, t0)
             return
         o = self._overhead[a.model].sample(self.svc_rng)
-        if a.model not in self._arch:  # no node of the topology serves it: the live router's own answer
-            known = len(self.store.view) > 0
-            status, reason = (404, f"unknown model '{a.model}'") if known else (503, wire.NO_TELEMETRY_YET)
+        unknown = self.lc.unknown_model(a.model)  # as the live router answers a model no node serves
+        if unknown is not None:
             self._open -= 1
-            self.results[i] = Result(a, status, o / 2.0, "none", reason)
+            self.results[i] = Result(a, unknown.status, o / 2.0, "none", unknown.reason)
             return
         route = RouteRequest(a.model, a.priority, a.deadline_ms, a.site, 1, str(i))
         life = self.lc.begin(route, self.policy, t0, t0 + a.deadline_ms)
@@ -75,12 +73,39 @@ class RouterDriver(SimState):
         self.lc.resumed(req.life, self.now)
         self._decide(req)
 
-    def _settle(self, job: Job, refused: bool = False) -> None:
-        """The router stops waiting for `job`: its slot frees, waking the oldest request held there."""
+    def _drop(self, job: Job, kind: Failure | None = None) -> None:
+        """The router no longer waits for `job` (Lifecycle.dropped): settled if it still counts at its
+        node, waking the oldest request held there; judged by its answer if one came (`kind`)."""
+        settle = job.dispatched and not job.settled
+        job.settled = True
         self.lc.unwatch(job.req.life, job.node.spec.id, job)
-        woken = self.lc.settled(job.node.spec.id, job.node.spec.partition, refused)
+        woken = self.lc.dropped(job.req.life, job.node.spec.id, job.node.spec.partition, self.now, kind, settle)
         if woken is not None:
             self.push(self.now, RESUME, woken)
+
+    def _end(self, job: Job, status: int, reason: str, kind: Failure | None = None) -> Next:
+        """The lifecycle's verdict on an attempt that ended (Lifecycle.ended), as the live router's."""
+        req = job.req
+        job.settled = True
+        self.lc.unwatch(req.life, job.node.spec.id, job)
+        transit = None
+        if status == 200:  # the live router's round trip (links excluded) and the node's own time
+            transit = (self.now - job.back_ms - job.sent_at, job.queue_ms + job.exec_ms)
+        end = self.lc.ended(
+            req.life,
+            job.node.spec.id,
+            job.node.spec.partition,
+            status,
+            reason,
+            self.now,
+            kind,
+            dispatched=job.dispatched,
+            twin_open=any(not j.settled for j in req.jobs),
+            transit=transit,
+        )
+        if end.woken is not None:
+            self.push(self.now, RESUME, end.woken)
+        return end.next
 
     def _dispatch(self, req: SimRequest, send: Send, now: float) -> None:
         """Send one attempt (or a hedge) of `req` to the chosen node, across its link."""
@@ -147,10 +172,7 @@ class RouterDriver(SimState):
         job.dropped = True
         self._unpin(node, job)
         self._changed(node)
-        job.settled = True
-        if job.dispatched:
-            self._settle(job)
-        self.lc.answered(req.life, node.spec.id, Failure.CLIENT, self.now)  # the node answered (cancelled)
+        self._drop(job, Failure.CLIENT)  # the node answered (cancelled)
         self._decide(req)
 
     def _hedge(self, payload: tuple[SimRequest, int]) -> None:
@@ -167,38 +189,34 @@ class RouterDriver(SimState):
         for job in req.jobs:
             if job is keep or job.settled:
                 continue
-            job.settled = True
-            if job.dispatched:
-                self._settle(job)
-            if job.work is not None and job.node.sched.remove(job.work):
-                job.dropped = True
-                self._unpin(job.node, job)
-                self._changed(job.node)
+            self._drop(job)
+            self._unqueue(job)
+
+    def _unqueue(self, job: Job) -> None:
+        """Out of its node's queue if it has not started there (the router's cancel)."""
+        if job.work is not None and not job.started and job.node.sched.remove(job.work):
+            job.dropped = True
+            self._unpin(job.node, job)
+            self._changed(job.node)
 
     def _reply(self, payload: tuple[Job, int, str, Failure]) -> None:
         job, status, reason, kind = payload
         req = job.req
-        # the router's outlier detector sees every answer it gets
-        self.lc.answered(req.life, job.node.spec.id, kind, self.now)
         if req.done or job.attempt != req.life.attempt or job.settled:
-            return  # the router already gave up on this attempt
-        if job.dispatched:
-            self._settle(job, refused=status in (429, 503))
-        job.settled = True
-        if status == 200:
-            # the live router's round trip (links excluded) less the node's own time: the answer margin
-            self.lc.transit(self.now - job.back_ms - job.sent_at, job.queue_ms + job.exec_ms)
-            self._drop_others(req, job)
-            self._answer(req, 200, "", self.now + req.overhead_out, job)
+            # the router already gave up on this attempt; its outlier detector still sees the answer
+            self.lc.answered(req.life, job.node.spec.id, kind, self.now)
             return
-        if kind.retryable and any(not j.settled for j in req.jobs):
-            req.life.last_error = (status, reason)
+        self._carry_out(job, self._end(job, status, reason, kind), status, reason)
+
+    def _carry_out(self, job: Job, nxt: Next, status: int, reason: str) -> None:
+        req = job.req
+        if nxt is Next.WAIT:
             return  # the hedge twin may still answer
-        if self.lc.retry(req.life, kind, status, reason):
+        if nxt is Next.RETRY:
             self._decide(req)
             return
         self._drop_others(req, job)
-        self._answer(req, status, reason, self.now + req.overhead_out)
+        self._answer(req, status, reason, self.now + req.overhead_out, job if status == 200 else None)
 
     def _try_timeout(self, job: Job) -> None:
         """No answer within the per-try timeout: the router stops waiting for this attempt, takes it out
@@ -206,32 +224,24 @@ class RouterDriver(SimState):
         req = job.req
         if req.done or job.settled or job.attempt != req.life.attempt:
             return
-        job.settled = True
-        if job.dispatched:
-            self._settle(job)
-        if job.work is not None and not job.started and job.node.sched.remove(job.work):
-            job.dropped = True
-            self._unpin(job.node, job)
-            self._changed(job.node)
-        reason = f"node {job.node.spec.id} did not answer within try_timeout_ms"
-        self.lc.answered(req.life, job.node.spec.id, Failure.TRY_TIMEOUT, self.now)
-        if any(not j.settled for j in req.jobs):
-            req.life.last_error = (504, reason)
-            return  # the hedge twin may still answer
-        if self.lc.retry(req.life, Failure.TRY_TIMEOUT, 504, reason):
-            self._decide(req)
-            return
-        self._answer(req, 504, reason, self.now + req.overhead_out)
+        self._unqueue(job)
+        kind = self.lc.timed_out(req.life, self.now)
+        if kind is Failure.TRY_TIMEOUT:
+            reason = f"node {job.node.spec.id} did not answer within try_timeout_ms"
+        else:
+            reason = f"deadline passed waiting for node {job.node.spec.id}"
+        self._carry_out(job, self._end(job, 504, reason, kind), 504, reason)
 
     def _router_timeout(self, job: Job) -> None:
         req = job.req
         if req.done or job.attempt != req.life.attempt:
             return
-        for j in req.jobs:
-            if j.dispatched and not j.settled:
-                self._settle(j)
-            j.settled = True
-        self._answer(req, 504, f"deadline passed waiting for node {job.node.spec.id}", self.now + req.overhead_out)
+        reason = f"deadline passed waiting for node {job.node.spec.id}"
+        if job.settled:  # (this attempt ended before; another of the request's is what the deadline ends)
+            self._drop_others(req, job)
+            self._answer(req, 504, reason, self.now + req.overhead_out)
+            return
+        self._carry_out(job, self._end(job, 504, reason, Failure.TIMEOUT), 504, reason)
 
     def _answer(self, req: SimRequest, status: int, reason: str, at_ms: float, served: Job | None = None) -> None:
         if req.done:

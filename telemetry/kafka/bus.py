@@ -22,6 +22,7 @@ from telemetry.kafka import rdkafka
 from telemetry.kafka.lean import LeanConsumer
 from telemetry.kafka.records import TopicPartition, Unsupported
 from telemetry.kafka.signing import HEADER, Signer, Verifier, header_signature, unsealed
+from telemetry.process.background import Worker
 from telemetry.process.tls import kafka_options, kafka_security
 
 log = logging.getLogger(__name__)
@@ -174,7 +175,7 @@ class StaticTelemetrySource:
         return None
 
 
-class TopicReader:
+class TopicReader(Worker):
     """A daemon thread reading every partition of a topic, from `lookback_ms` back, batch by batch.
 
     Reconnects by itself after a broker outage. Subclasses say what a batch of message values means
@@ -203,8 +204,7 @@ class TopicReader:
         self.skipped_batches = 0  # batches whose handling raised (a bug, not bad input: that is counted as such)
         self.verifier: Verifier | None = None  # checks signed messages (telemetry.kafka.signing) when set
         self.assigned = threading.Event()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        super().__init__()
         self._riders: list[TopicReader] = []
         self._carried = False
         # "lean" (telemetry.kafka.lean) or "kafka-python", chosen at the first connection by the
@@ -222,14 +222,7 @@ class TopicReader:
     def _start(self) -> None:
         if self._carried:
             return
-        self._thread = threading.Thread(target=self._run, name=self.thread_name, daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
-            self._thread = None
+        self._start_thread()
 
     def _handle(
         self, values: list[bytes], received_ms: float, history: bool | None = None, kids: list[str | None] | None = None

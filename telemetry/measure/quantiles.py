@@ -1,8 +1,9 @@
 """The one quantile helper: nearest rank for every reported figure, a 101-point grid for distributions.
 
 `nearest_rank(values, q)`: the smallest value with at least `q` of the values at or below it (q in
-[0, 1]; 0 for no values): an observed value, never interpolated, so a p99 over 100 answers is the
-99th slowest. Used for reports, benchmarks, node stats, telemetry lag and hedge delays.
+[0, 1]; `empty`, 0 by default, for no values): an observed value, never interpolated, so a p99 over
+100 answers is the 99th slowest. Used for reports, benchmarks, node stats, telemetry lag and hedge
+delays.
 
 `grid_101(samples)`: the 0th..100th percentiles with linear interpolation between order statistics,
 the form in which the simulator's profile stores a measured distribution (sampled by inverse CDF).
@@ -14,11 +15,11 @@ import math
 from collections.abc import Iterable
 
 
-def nearest_rank(values: Iterable[float], q: float, *, presorted: bool = False) -> float:
+def nearest_rank(values: Iterable[float], q: float, *, presorted: bool = False, empty: float = 0.0) -> float:
     ordered = values if presorted and isinstance(values, list) else sorted(values)
     n = len(ordered)
     if n == 0:
-        return 0.0
+        return empty
     return ordered[min(n, max(1, math.ceil(q * n - 1e-9))) - 1]
 
 

@@ -71,7 +71,6 @@ BYTES_MOVED = "x-edgeroute-bytes-moved"
 
 
 # a router's 503 before any node has reported (the simulator answers the same)
-NO_TELEMETRY_YET = "no nodes known yet (no telemetry received)"
 MAX_PRIORITY = 1_000_000  # |priority| a request may carry (telemetry keys its queues by priority)
 
 
@@ -143,6 +142,11 @@ def json_array(data: Any, dtype: np.dtype[Any]) -> np.ndarray:
 
 class MalformedBody(ValueError):
     """An OIP request body that cannot be split or whose JSON head is not an object (a 400)."""
+
+
+def dumps(doc: Any) -> bytes:
+    """A JSON document as bytes (orjson: the router's and nodes' own answers)."""
+    return orjson.dumps(doc)
 
 
 def loads(raw: bytes | str) -> Any:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from router import oip
+from router import director
 from router.app import create_app
 from router.config import parse_config
 from telemetry.kafka.bus import StaticTelemetrySource
@@ -21,7 +21,7 @@ async def test_an_unexpected_error_is_a_json_500_and_the_router_lives_on(monkeyp
         raise RuntimeError("a bug")
 
     async with TestClient(TestServer(app, host="127.0.0.1")) as client:
-        monkeypatch.setattr(oip, "_parse_header", broken)
+        monkeypatch.setattr(director, "_parse_header", broken)
         resp = await client.post("/v2/models/sensor_mlp/infer", data=infer_body())
         assert resp.status == 500 and (await resp.json()) == {"error": "internal router error"}
         monkeypatch.undo()

@@ -12,7 +12,19 @@ import pytest
 
 from policies import RouteRequest, build_policy
 from policies.api import HOLD_POLL_MS
-from router.lifecycle import Answer, Failure, Hold, Lifecycle, LifecycleSettings, Send, classify
+from router.lifecycle import (
+    NO_TELEMETRY_YET,
+    Answer,
+    Attempts,
+    Ended,
+    Failure,
+    Hold,
+    Lifecycle,
+    LifecycleSettings,
+    Next,
+    Send,
+    classify,
+)
 from router.lifecycle.health import HealthConfig
 from router.lifecycle.links import LinkState
 from telemetry.cluster.store import ViewStore
@@ -302,3 +314,88 @@ def test_per_try_timeout_bounds_each_attempt_and_is_retried() -> None:
     assert Failure.TRY_TIMEOUT.retryable and Failure.TRY_TIMEOUT.health is False
     assert isinstance(lc.decide(a, NOW), Send)
     assert lc.retry(a, Failure.TRY_TIMEOUT, 504, "no answer in time"), "another node gets the rest of the budget"
+
+
+# --- the end of an attempt: one step for both drivers --------------------------------------------
+
+
+def _sent(**settings: object) -> tuple[Lifecycle[str], Attempts, Send]:
+    lc, _ = make(**settings)  # type: ignore[arg-type]
+    a = lc.begin(RouteRequest("m", request_id="r"), build_policy("least_outstanding"), NOW, NOW + 100)
+    send = lc.decide(a, NOW)
+    assert isinstance(send, Send)
+    lc.dispatched(send.state)
+    return lc, a, send
+
+
+def test_a_success_ends_the_request_settles_its_node_and_teaches_the_answer_margin() -> None:
+    lc, a, send = _sent()
+    lc.hold(send.state.partition, "held")
+    assert lc.tracker.estimate(lc.store.view.get("a")) == 1  # type: ignore[arg-type]
+    end = lc.ended(a, "a", send.state.partition, 200, "", NOW + 5, transit=(9.0, 4.0))
+    assert end == Ended(Next.ANSWER, "held"), "the freed slot wakes the held request"
+    assert lc.tracker.estimate(lc.store.view.get("a")) == 0  # type: ignore[arg-type]
+    assert lc.margin.margin_ms > 0, "the round trip less the node's own time was learnt"
+
+
+def test_a_refusal_counts_at_the_node_and_is_retried() -> None:
+    lc, a, send = _sent()
+    end = lc.ended(a, "a", send.state.partition, 503, "queue full", NOW + 1)
+    assert end.next is Next.RETRY and a.last_error == (503, "queue full")
+    assert lc.tracker.estimate(lc.store.view.get("a")) >= 1, "a node that refuses does not look idle"  # type: ignore[arg-type]
+
+
+def test_a_retryable_failure_waits_while_its_hedge_twin_is_out() -> None:
+    lc, a, send = _sent()
+    end = lc.ended(a, "a", send.state.partition, 500, "boom", NOW + 1, twin_open=True)
+    assert end.next is Next.WAIT and a.last_error == (500, "boom") and lc.retries == 0
+    assert lc.ended(a, "b", send.state.partition, 200, "", NOW + 2).next is Next.ANSWER
+
+
+def test_an_attempt_that_never_reached_its_link_is_not_settled() -> None:
+    lc, a, _ = _sent()
+    other = lc.begin(RouteRequest("m"), build_policy("least_outstanding"), NOW, NOW + 100)
+    cut = lc.ended(other, "a", "edge-a", 503, "cut", NOW + 1, Failure.CUT, dispatched=False)
+    assert cut.next is Next.RETRY
+    assert lc.tracker.estimate(lc.store.view.get("a")) == 1, "only the dispatched attempt counts"  # type: ignore[arg-type]
+
+
+def test_final_answers_and_exhausted_attempts_end_the_request() -> None:
+    lc, a, send = _sent(max_attempts=1)
+    assert lc.ended(a, "a", send.state.partition, 400, "bad", NOW + 1).next is Next.ANSWER
+    lc, a, send = _sent(max_attempts=1)
+    assert lc.ended(a, "a", send.state.partition, 502, "bad answer", NOW + 1).next is Next.ANSWER
+
+
+def test_no_answer_in_time_is_the_per_try_timeout_only_while_the_deadline_is_away() -> None:
+    lc, a, _ = _sent(try_timeout_ms=20.0)
+    assert lc.timed_out(a, NOW + 20) is Failure.TRY_TIMEOUT
+    assert lc.timed_out(a, NOW + 99.5) is Failure.TIMEOUT, "within 1 ms of the deadline it is the deadline's"
+    lc, a, _ = _sent()
+    assert lc.timed_out(a, NOW + 20) is Failure.TIMEOUT, "no per-try timeout set"
+
+
+def test_unknown_models_are_404_and_503_before_anything_was_heard() -> None:
+    lc, _ = make()
+    assert lc.unknown_model("m") is None
+    assert lc.unknown_model("nope") == Answer(404, "unknown model 'nope'")
+    empty: Lifecycle[str] = Lifecycle(LifecycleSettings(), ViewStore(), lambda e: True)
+    assert empty.unknown_model("m") == Answer(503, NO_TELEMETRY_YET)
+
+
+def test_each_rule_of_an_attempts_end_exists_once() -> None:
+    """Which hedge twin wins, the per-try timeout against the deadline, 429/503 as a refusal, learning
+    the answer margin and unknown models are the lifecycle's (`ended`, `timed_out`, `unknown_model`):
+    both drivers call them, and neither holds its own copy."""
+    drivers = {
+        "router/dispatch.py": ROOT / "router" / "dispatch.py",
+        "scenarios/sim/router.py": ROOT / "scenarios" / "sim" / "router.py",
+    }
+    for name, path in drivers.items():
+        text = path.read_text()
+        for step in (".ended(", ".timed_out(", "twin_open="):
+            assert step in text, f"{name} does not call the lifecycle's {step}"
+        for copy in ("(429, 503)", "try_timeout_ms is not", ".retry(", ".transit(", ".retryable", "unknown model"):
+            assert copy not in text, f"{name} holds its own copy of a lifecycle rule ({copy!r})"
+    assert ".unknown_model(" in (ROOT / "router" / "director.py").read_text()
+    assert ".unknown_model(" in drivers["scenarios/sim/router.py"].read_text()

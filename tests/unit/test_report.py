@@ -1,11 +1,13 @@
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pytest
 
-from scenarios.replay.report import format_table, percentile, summarize
+from scenarios.replay.report import format_table, summarize
 from scenarios.spec.workload import Arrival, Result
+from telemetry.measure.quantiles import nearest_rank
 
 
 def r(status: int | None, ms: float, prio: int = 0, node: str = "a", deadline: float = 100.0) -> Result:
@@ -14,10 +16,11 @@ def r(status: int | None, ms: float, prio: int = 0, node: str = "a", deadline: f
 
 def test_percentile_nearest_rank() -> None:
     values = [float(i) for i in range(1, 101)]
-    assert percentile(values, 50) == 50.0
-    assert percentile(values, 99) == 99.0
-    assert percentile(values, 100) == 100.0
-    assert percentile([], 50) == 0.0
+    assert nearest_rank(values, 0.5, presorted=True) == 50.0
+    assert nearest_rank(values, 0.99, presorted=True) == 99.0
+    assert nearest_rank(values, 1.0, presorted=True) == 100.0
+    assert nearest_rank([], 0.5) == 0.0
+    assert math.isnan(nearest_rank([], 0.5, empty=math.nan)), "a caller may ask for NaN where 0 could be a value"
 
 
 def test_summary_accounts_for_every_request() -> None:

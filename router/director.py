@@ -1,0 +1,244 @@
+"""The router's one path for an inference, whatever front door it came through (HTTP, gRPC).
+
+A front door authenticates and reads its protocol; everything after is here, transport-free:
+`admit` (the client's rate), `precheck` (model and version names, size), then `infer`: the hints
+(priority, deadline, site) read from the OIP body's JSON header and the request's hints, the model
+checked against the view (lifecycle rule: unknown -> 404, nothing heard yet -> 503), the request
+routed by the policy through the lifecycle (router.dispatch) or run as a workflow
+(router.workflows), and one `Outcome`: a node's answer as it came, or the router's own error, with
+the router's headers set. A front door only turns that outcome into its protocol's answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import re
+import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from policies.api import RouteRequest
+from router.dispatch import Outcome
+from router.state import Router
+from router.workflows import WorkflowInputError, WorkflowRunner, decode_inputs
+from telemetry.cluster.schema import NAME_PATTERN
+from telemetry.oip import wire
+
+NAME = re.compile(NAME_PATTERN)
+VERSION_NAME = re.compile(r"^[0-9]{1,9}$")  # model versions are numbers (Triton's repository layout)
+MAX_NAME = 128
+PRIORITY_LABELS = range(-100, 101)  # priorities outside are labelled "<-100" / ">100"
+
+
+@dataclass(frozen=True)
+class InferCall:
+    """One inference request as a front door read it: its model and version, its OIP body in the HTTP
+    form (JSON, or a JSON header and a binary tail; `hints` then carries the header's length), the
+    hints that came beside the body (HTTP headers, or a gRPC call's equivalents), the authenticated
+    client, and when it arrived (ms, the router's clock)."""
+
+    model: str
+    version: str | None
+    body: bytes
+    hints: Mapping[str, str]
+    client: str
+    arrived_ms: float
+
+
+def admit(router: Router, client: str, model: str) -> Outcome | None:
+    """The client's rate (router.admission.RateLimiter): None when it may go on, else its 429."""
+    limited = router.limiter.admit(client, router.clock())
+    if not limited.status:
+        return None
+    count(router, model, 0, "none", 429, router.clock())
+    out = Outcome.error(429, limited.reason)
+    out.headers["Retry-After"] = str(limited.retry_after_s)
+    return out
+
+
+def refuse(router: Router, model: str, status: int, reason: str, arrived_ms: float) -> Outcome:
+    """The router's own error for a request it will not route, counted."""
+    count(router, model, 0, "none", status, arrived_ms)
+    return Outcome.error(status, reason)
+
+
+def precheck(router: Router, model: str, version: str | None, size: int | None, arrived_ms: float) -> Outcome | None:
+    """What a request's names and size alone decide, before its body is read: None, or a 400 for a model
+    or version name that is not one, a 413 for a body over `max_body_bytes`."""
+    if not NAME.match(model) or len(model) > MAX_NAME or (version is not None and not NAME.match(version)):
+        return refuse(
+            router, "unknown", 400, "model and version names are letters, digits and '.', '_', ':' or '-'", arrived_ms
+        )
+    limit = router.config.max_body_bytes
+    if size is not None and size > limit:
+        return refuse(router, model, 413, f"request body of {size} bytes exceeds {limit}", arrived_ms)
+    return None
+
+
+async def infer(router: Router, call: InferCall) -> Outcome:
+    """An inference request read whole, checked, routed by the policy (or run as a workflow), answered."""
+    cfg = router.config
+    model, hints, arrived = call.model, call.hints, call.arrived_ms
+    try:
+        doc = _parse_header(call.body, hints.get(wire.HEADER_LENGTH))
+        params = doc.get("parameters")
+        params = {} if params is None else params
+        if not isinstance(params, dict):
+            raise wire.BadHint("'parameters' must be an object")
+        priority = wire.priority_hint(hints.get(wire.PRIORITY, params.get("priority")))
+        deadline = wire.number_hint(hints.get(wire.DEADLINE_MS, params.get("deadline_ms")), "deadline_ms")
+        if deadline is None and params.get("timeout") is not None:
+            # Triton clients send their request timeout as `parameters.timeout` in microseconds
+            timeout_us = wire.number_hint(params.get("timeout"), "timeout")
+            deadline = None if timeout_us is None else timeout_us / 1000.0
+        if deadline is not None and deadline <= 0:
+            raise wire.BadHint("'deadline_ms' must be positive")
+        site = hints.get(wire.SITE, params.get("site"))
+        if site is not None and not isinstance(site, str):
+            raise wire.BadHint("'site' must be a string")
+        if site is None and cfg.auth is not None:  # the site of the client's key
+            site = cfg.auth.sites.get(call.client)
+        if site is not None and not _known_site(router, site):
+            # sites key per-site state (delay timers, ejection paths): only the fleet's own are taken
+            raise wire.BadHint(f"unknown site '{site[:64]}': not a partition of any node, nor an end of a link")
+        batch = _batch_of(doc)
+    except wire.BadHint as exc:
+        count(router, model, 0, "none", 400, arrived)
+        return Outcome.error(400, str(exc))
+    prio = int(priority or 0)
+    runner = router.workflows.get(model)
+    if runner is not None:
+        return await _run_workflow(router, runner, call, doc, prio, deadline, site)
+    unknown = router.lifecycle.unknown_model(model)
+    if unknown is not None:
+        count(router, model, prio, "none", unknown.status, arrived)
+        out = Outcome.error(unknown.status, unknown.reason)
+        if unknown.status == 503:
+            out.headers["Retry-After"] = "1"
+        return out
+    budget = min(deadline if deadline is not None else cfg.default_deadline_ms, cfg.max_deadline_ms)
+    headers = {"Content-Type": hints.get("Content-Type", "application/json"), wire.PRIORITY: str(prio)}
+    if wire.HEADER_LENGTH in hints:
+        headers[wire.HEADER_LENGTH] = hints[wire.HEADER_LENGTH]
+    outcome = await router.dispatcher.dispatch(
+        RouteRequest(model, prio, budget, site, batch, _request_id(doc)),
+        _infer_path(model, call.version),
+        call.body,
+        headers,
+        arrived + budget,
+    )
+    # counted once the answer is on its way (the next turn of the loop), not before it
+    asyncio.get_running_loop().call_soon(_counted, router, model, prio, outcome, arrived)
+    if outcome.status == 429 and outcome.node == "none":
+        router.metrics.early_rejections.labels(model).inc()
+    out_headers = outcome.headers
+    if outcome.status == 429 and "Retry-After" not in out_headers:
+        out_headers["Retry-After"] = "1"  # refused early: no node could serve it in time
+    out_headers[wire.NODE] = outcome.node
+    out_headers[wire.ATTEMPTS] = str(outcome.attempts)
+    out_headers["Content-Type"] = out_headers.get("Content-Type", "application/json").split(";")[0]
+    return outcome
+
+
+async def _run_workflow(
+    router: Router,
+    runner: WorkflowRunner,
+    call: InferCall,
+    doc: dict[str, Any],
+    priority: int,
+    deadline: float | None,
+    site: str | None,
+) -> Outcome:
+    """A workflow job: every stage routed by the policy, tensors passed between them (router.workflows)."""
+    name = runner.spec.name
+    header_length = call.hints.get(wire.HEADER_LENGTH)
+    tail = call.body[int(header_length) :] if header_length is not None else b""
+    try:
+        inputs = decode_inputs(doc, tail)
+        missing = [n for n in runner.spec.inputs if n not in inputs]
+        if missing:
+            raise WorkflowInputError(f"workflow '{name}' needs input(s) {', '.join(missing)}")
+    except WorkflowInputError as exc:
+        count(router, name, priority, "none", 400, call.arrived_ms)
+        return Outcome.error(400, str(exc))
+    budget = min(deadline if deadline is not None else runner.spec.slo_ms, router.config.max_deadline_ms)
+    job = await runner.run(
+        inputs, priority, budget, site, _request_id(doc), call.arrived_ms, {wire.PRIORITY: str(priority)}
+    )
+    count(router, name, priority, "workflow", job.status, call.arrived_ms)
+    headers = {k: v for k, v in job.headers.items() if k.startswith("x-edgeroute-")}
+    headers.update({wire.NODE: job.node, wire.WORKFLOW: name, "Content-Type": "application/json"})
+    if job.status == 429:
+        headers["Retry-After"] = "1"
+    job.headers = headers
+    return job
+
+
+_ID_PREFIX = secrets.token_hex(4) + "-"  # ids for requests that bring none: unique per process, and cheap
+_ids = itertools.count(1)
+
+
+def _request_id(doc: Mapping[str, Any]) -> str:
+    """The client's own request id, or a new one."""
+    return str(doc.get("id") or f"{_ID_PREFIX}{next(_ids):x}")
+
+
+def _known_site(router: Router, site: str) -> bool:
+    """A partition some node reports, an end of a configured link, or a site given to a client's key."""
+    if router.store.view.has_partition(site) or site in router.lifecycle.links.sites:
+        return True
+    return router.config.auth is not None and site in router.config.auth.sites.values()
+
+
+def _infer_path(model: str, version: str | None) -> str:
+    """The path a request is forwarded on, rebuilt from its validated model and version names (the
+    client's own path may carry encoded slashes that would reach other routes at the node)."""
+    return f"/v2/models/{model}/infer" if version is None else f"/v2/models/{model}/versions/{version}/infer"
+
+
+def _counted(router: Router, model: str, prio: int, outcome: Outcome, arrived: float) -> None:
+    """An answered inference's metrics: its decisions' times, its retries, the answer."""
+    for seconds in router.dispatcher.decision_seconds:
+        router.metrics.decision.observe(seconds)
+    router.dispatcher.decision_seconds.clear()
+    if outcome.attempts > 1:
+        router.metrics.retries.labels(model).inc(outcome.attempts - 1)
+    count(router, model, prio, outcome.node, outcome.status, arrived, served=True)
+
+
+def count(
+    router: Router, model: str, priority: int, node: str, status: int, arrived: float, served: bool = False
+) -> None:
+    """Count one answer. Label values come from clients, so they are bounded: a model no node or
+    workflow serves is "unknown" (`served`: the caller found nodes serving it), a priority outside
+    [-100, 100] is "<-100" or ">100"."""
+    outcome = "ok" if status < 400 else str(status)
+    if not served and model not in router.workflows and not router.store.view.serving(model):
+        model = "unknown"
+    prio = str(priority) if priority in PRIORITY_LABELS else (">100" if priority > 0 else "<-100")
+    now = router.clock()
+    latency_ms = max(0.0, now - arrived)
+    router.metrics.requests.labels(model, prio, node, outcome).inc()
+    router.metrics.latency.labels(model, prio).observe(latency_ms / 1000)
+    router.metrics.recent.add(model, now, latency_ms, status < 400)
+
+
+def _parse_header(body: bytes, header_length: str | None) -> dict[str, Any]:
+    try:
+        doc, _ = wire.split_body(body, header_length)
+    except wire.MalformedBody as exc:
+        raise wire.BadHint(str(exc)) from None
+    inputs = doc.get("inputs")
+    if not isinstance(inputs, list) or not inputs:
+        raise wire.BadHint("'inputs' must be a non-empty list")
+    return doc
+
+
+def _batch_of(doc: dict[str, Any]) -> int:
+    first = doc["inputs"][0]
+    shape = first.get("shape") if isinstance(first, dict) else None
+    if isinstance(shape, list) and shape and isinstance(shape[0], int) and shape[0] > 0:
+        return shape[0]
+    return 1
