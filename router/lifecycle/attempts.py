@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import Generic, NamedTuple, TypeVar
 
 from policies.api import Decision, RouteRequest
 from policies.pipeline import Pipeline
@@ -98,10 +98,9 @@ class Next(enum.Enum):
 T = TypeVar("T")
 
 
-@dataclass(frozen=True, slots=True)
-class Ended(Generic[T]):
+class Ended(NamedTuple, Generic[T]):
     """An attempt's end: what the request does `next`, and the request held for the freed slot that
-    the driver resumes now (`woken`), if any."""
+    the driver resumes now (`woken`), if any. (A tuple: one is made for every attempt.)"""
 
     next: Next
     woken: T | None = None

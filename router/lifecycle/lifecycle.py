@@ -152,7 +152,7 @@ class Lifecycle(Generic[T]):
         unless nothing at all has been heard yet (503: no telemetry, not the client's fault). None: it
         is served; route it."""
         view = self.store.view
-        if view.serving(model):
+        if view.serving_count(model):
             return None
         if not len(view):
             return Answer(503, NO_TELEMETRY_YET)
@@ -368,13 +368,18 @@ class Lifecycle(Generic[T]):
           failure waits while a hedge twin is still out (`twin_open`; its answer decides), else goes
           back to `decide` while attempts are left and the retry budget has room.
         """
-        kind = classify(status) if kind is None else kind
-        woken = self.settled(node_id, partition, status in (429, 503)) if dispatched else None
-        self.answered(a, node_id, kind, now)
+        if dispatched:
+            self.tracker.settle(node_id, status == 429 or status == 503)
+            woken = self.held.wake(partition)
+        else:
+            woken = None
         if status == 200:
+            self.health.success(a.request.site, node_id)
             if transit is not None:
                 self.margin.observe(transit[0] - transit[1])
             return Ended(Next.ANSWER, woken)
+        kind = classify(status) if kind is None else kind
+        self.answered(a, node_id, kind, now)
         if not kind.retryable:
             return Ended(Next.ANSWER, woken)
         if twin_open:

@@ -70,7 +70,9 @@ class FaultModel(SimState):
             node.epoch += 1
             node.seq = 0
             node.ewma.clear()
+            node.ewma_rows.clear()
             node.batched.clear()  # a new process has measured no batch yet
+            node.ewma_moved.update(node.spec.models)
             node.started_ms = self.now + 2000.0
             # start-up (process, sessions) takes about two seconds before the first telemetry
             self.push(self.now + 2000.0, PUBLISH, (node, node.epoch))
@@ -78,6 +80,7 @@ class FaultModel(SimState):
         elif kind == "speed":
             node = self.nodes[action[1]]
             node.speed = node.spec.speed * action[2]
+            node.ewma_moved.update(node.spec.models)  # (a model not measured yet reports its baseline / speed)
             self.fault_log.append((t, f"{node.spec.id} speed x{action[2]:g}"))
         elif kind == "link":
             (a, b), cut = action[1], action[2]

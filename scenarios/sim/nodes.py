@@ -268,7 +268,9 @@ class NodeModel(SimState):
         prev = node.ewma.get(key)
         if running.probe:  # (as the live node: its estimate before the probe, against the probe's time)
             node.sched.probed(running.model, node.sched.exec_ms(running.model, running.rows), service)
-        node.ewma[key] = learn_ms(prev, learnt, self.cfg.ewma_alpha, running.probe)
+        node.ewma[key] = learnt = learn_ms(prev, learnt, self.cfg.ewma_alpha, running.probe)
+        node.ewma_rows.setdefault(running.model, {})[rows] = learnt
+        node.ewma_moved.add(running.model)
         for job in running.jobs:
             node.served += 1
             self._unpin(node, job)

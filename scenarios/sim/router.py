@@ -83,29 +83,32 @@ class RouterDriver(SimState):
         if woken is not None:
             self.push(self.now, RESUME, woken)
 
-    def _end(self, job: Job, status: int, reason: str, kind: Failure | None = None) -> Next:
-        """The lifecycle's verdict on an attempt that ended (Lifecycle.ended), as the live router's."""
+    def _end(self, job: Job, status: int, reason: str, kind: Failure | None = None) -> None:
+        """An attempt ended: the lifecycle's verdict (Lifecycle.ended), as the live router's, carried out:
+        wait for the hedge twin, decide again, or answer (its other attempt dropped)."""
         req = job.req
+        node = job.node.spec
         job.settled = True
-        self.lc.unwatch(req.life, job.node.spec.id, job)
-        transit = None
-        if status == 200:  # the live router's round trip (links excluded) and the node's own time
-            transit = (self.now - job.back_ms - job.sent_at, job.queue_ms + job.exec_ms)
+        life = req.life
+        self.lc.unwatch(life, node.id, job)
+        now = self.now
+        # the live router's round trip (links excluded) and the node's own time
+        transit = (now - job.back_ms - job.sent_at, job.queue_ms + job.exec_ms) if status == 200 else None
+        jobs = req.jobs
+        twin_open = len(jobs) > 1 and any(not j.settled for j in jobs)
         end = self.lc.ended(
-            req.life,
-            job.node.spec.id,
-            job.node.spec.partition,
-            status,
-            reason,
-            self.now,
-            kind,
-            dispatched=job.dispatched,
-            twin_open=any(not j.settled for j in req.jobs),
-            transit=transit,
-        )
+            life, node.id, node.partition, status, reason, now, kind,
+            dispatched=job.dispatched, twin_open=twin_open, transit=transit,
+        )  # fmt: skip
         if end.woken is not None:
-            self.push(self.now, RESUME, end.woken)
-        return end.next
+            self.push(now, RESUME, end.woken)
+        nxt = end.next
+        if nxt is Next.ANSWER:
+            self._drop_others(req, job)
+            self._answer(req, status, reason, now + req.overhead_out, job if status == 200 else None)
+        elif nxt is Next.RETRY:
+            self._decide(req)
+        # (Next.WAIT: the hedge twin may still answer)
 
     def _dispatch(self, req: SimRequest, send: Send, now: float) -> None:
         """Send one attempt (or a hedge) of `req` to the chosen node, across its link."""
@@ -206,17 +209,7 @@ class RouterDriver(SimState):
             # the router already gave up on this attempt; its outlier detector still sees the answer
             self.lc.answered(req.life, job.node.spec.id, kind, self.now)
             return
-        self._carry_out(job, self._end(job, status, reason, kind), status, reason)
-
-    def _carry_out(self, job: Job, nxt: Next, status: int, reason: str) -> None:
-        req = job.req
-        if nxt is Next.WAIT:
-            return  # the hedge twin may still answer
-        if nxt is Next.RETRY:
-            self._decide(req)
-            return
-        self._drop_others(req, job)
-        self._answer(req, status, reason, self.now + req.overhead_out, job if status == 200 else None)
+        self._end(job, status, reason, kind)
 
     def _try_timeout(self, job: Job) -> None:
         """No answer within the per-try timeout: the router stops waiting for this attempt, takes it out
@@ -230,7 +223,7 @@ class RouterDriver(SimState):
             reason = f"node {job.node.spec.id} did not answer within try_timeout_ms"
         else:
             reason = f"deadline passed waiting for node {job.node.spec.id}"
-        self._carry_out(job, self._end(job, 504, reason, kind), 504, reason)
+        self._end(job, 504, reason, kind)
 
     def _router_timeout(self, job: Job) -> None:
         req = job.req
@@ -241,7 +234,7 @@ class RouterDriver(SimState):
             self._drop_others(req, job)
             self._answer(req, 504, reason, self.now + req.overhead_out)
             return
-        self._carry_out(job, self._end(job, 504, reason, Failure.TIMEOUT), 504, reason)
+        self._end(job, 504, reason, Failure.TIMEOUT)
 
     def _answer(self, req: SimRequest, status: int, reason: str, at_ms: float, served: Job | None = None) -> None:
         if req.done:

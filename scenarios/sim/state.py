@@ -186,6 +186,9 @@ class SimNode:
     snapshot_template: dict[str, Any] | None = None
     snapshot_keys: list[tuple[str, tuple[str, int], float, ModelReports]] = field(default_factory=list)
     batched: set[str] = field(default_factory=set)  # models with an EWMA for batches of more than one row
+    # models whose EWMAs moved since the last snapshot (only theirs are read again: TelemetryModel._snapshot)
+    ewma_moved: set[str] = field(default_factory=set)
+    ewma_rows: dict[str, dict[int, float]] = field(default_factory=dict)  # model -> rows -> the EWMA in `ewma`
 
     @property
     def outstanding(self) -> int:

@@ -39,13 +39,14 @@ class TelemetryModel(SimState):
         for b in running:
             in_flight[b.model] = in_flight.get(b.model, 0) + len(b.jobs)
         batched = node.batched
+        moved = node.ewma_moved
         for m, one, baseline, rep in node.snapshot_keys:
-            measured = ewma.get(one)
-            if measured is None or measured != rep.raw or m in batched:
-                # its EWMAs moved (or may have): what it reports for them, rounded as the live node does
+            if m in moved:
+                # its EWMAs moved: what it reports for them, rounded as the live node does
+                measured = ewma.get(one)
                 e = round(baseline / node.speed if measured is None else measured, 2)
                 if m in batched:
-                    by_batch = {str(rows): round(v, 2) for (mm, rows), v in ewma.items() if mm == m}
+                    by_batch = {str(rows): round(v, 2) for rows, v in node.ewma_rows[m].items()}
                     by_batch["1"] = e
                     if by_batch != rep.by_batch:
                         rep.by_batch = by_batch
@@ -66,7 +67,10 @@ class TelemetryModel(SimState):
                     resident=key[2], queued=key[0], in_flight=key[1], ewma_ms_by_batch=rep.by_batch, load_ms=key[3]
                 )
             models[m] = state
-        if sched.mode == "priority" or queued:
+        if not queued and not running:  # idle: every wait is 0 (Scheduler.expected_wait_ms), no queue
+            waits = template["expected_wait_ms"]
+            by_priority = {}
+        elif sched.mode == "priority" or queued:
             left = [time_left_ms(self.now, b.started, b.predicted_end) for b in running]
             prios = {0, spec.high_priority_min, *(p for p, n in sched.queued_by_priority.items() if n)}
             waits = {str(p): round(sched.expected_wait_ms(p, left, spec.slots), 3) for p in sorted(prios)}
@@ -74,6 +78,7 @@ class TelemetryModel(SimState):
         else:
             waits = {}
             by_priority = {}
+        moved.clear()
         values = template.copy()
         values["seq"] = node.seq
         values["sent_at_ms"] = self.now
@@ -90,6 +95,7 @@ class TelemetryModel(SimState):
         the others are placeholders, set per snapshot) and each model's EWMA key and baseline."""
         spec = node.spec
         node.snapshot_keys = [(m, (m, 1), self._baseline[m], ModelReports()) for m in spec.models]
+        node.ewma_moved.update(spec.models)  # (none reported yet)
         template = node.snapshot_template = {
             "schema_": 1,
             "node_id": spec.id,
@@ -101,7 +107,11 @@ class TelemetryModel(SimState):
             "sent_at_ms": 0.0,
             "status": "ready",
             "queued_by_priority": {},
-            "expected_wait_ms": {},
+            # an idle node's waits (the placeholder of the others): none queued or running, so 0 for
+            # the priorities a report always names
+            "expected_wait_ms": (
+                {str(p): 0.0 for p in sorted({0, spec.high_priority_min})} if node.sched.mode == "priority" else {}
+            ),
             "scheduler": node.sched.mode,
             "in_flight": 0,
             "capacity": spec.slots,
