@@ -11,7 +11,7 @@ from nodes.config import NodeConfig
 from nodes.repository import resolve
 from nodes.server import serve
 from telemetry.process import serving
-from telemetry.process.cli import add_common_flags
+from telemetry.process.cli import add_common_flags, missing_extra
 from telemetry.process.configfile import ConfigError, line_of, read_document, validate
 from telemetry.process.settings import with_overrides
 from telemetry.process.tls import set_kafka_security
@@ -40,6 +40,11 @@ def main(argv: list[str] | None = None) -> int:
     add_common_flags(parser)
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        import onnxruntime  # noqa: F401  (what a node needs beyond a router: said before anything starts)
+    except ModuleNotFoundError as exc:
+        print(f"edgeroute node: {missing_extra(exc) or exc}", file=sys.stderr)
+        return 2
     try:
         cfg = load_config(args.config)
     except ConfigError as exc:

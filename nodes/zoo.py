@@ -1,9 +1,10 @@
 """The model zoo: small real architectures with seeded random weights, built at run time.
 
 No model hub is reachable from where edgeroute runs its tests, and weights do not matter for routing,
-so each model is a real graph (the operators and shapes of its family) with deterministic weights from
-`numpy.random.default_rng(seed)`. The same name and seed always give byte-identical ONNX files, built
-into a cache folder (`EDGEROUTE_ZOO_DIR`, default `~/.cache/edgeroute/zoo`) and never committed.
+so each model is a real graph (the operators and shapes of its family, nodes.zoo_graphs) with
+deterministic weights from `numpy.random.default_rng(seed)`. The same name and seed always give
+byte-identical ONNX files, built into a cache folder (`EDGEROUTE_ZOO_DIR`, default
+`~/.cache/edgeroute/zoo`) and never committed.
 
 | name             | family                    | input                         | output                 |
 |------------------|---------------------------|-------------------------------|------------------------|
@@ -13,23 +14,19 @@ into a cache folder (`EDGEROUTE_ZOO_DIR`, default `~/.cache/edgeroute/zoo`) and 
 | resnet_s         | residual CNN              | image FP32 [N,3,64,64]        | probabilities [N,10]   |
 | tiny_transformer | 1-layer encoder           | tokens FP32 [N,16,32]         | logits [N,8]           |
 | detector_head    | detector-style head       | image FP32 [N,3,64,64]        | boxes [N,8,4], scores [N,8] |
+
+The table (`ZOO`) needs no ONNX: what a scenario and the simulator read of a model (its file's size,
+its outputs' shapes) is written here, and `tests/unit/test_zoo.py` checks it against the built graphs.
+Building a model (`build`, `ensure`) needs the `onnx` package (`pip install 'edgeroute[node]'`).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-import numpy as np
-import onnx
-from onnx import TensorProto, helper, numpy_helper
 
 ZOO_VERSION = 2
-OPSET = 17
-IR_VERSION = 9  # readable by every onnxruntime >= 1.15
 
 
 def zoo_dir() -> Path:
@@ -37,199 +34,25 @@ def zoo_dir() -> Path:
     return Path(env) if env else Path.home() / ".cache" / "edgeroute" / "zoo"
 
 
-class _Graph:
-    """A tiny builder: named initializers from a seeded generator, nodes appended in order."""
-
-    def __init__(self, seed: int) -> None:
-        self.rng = np.random.default_rng(seed)
-        self.nodes: list[onnx.NodeProto] = []
-        self.inits: list[onnx.TensorProto] = []
-        self._n = 0
-
-    def name(self, prefix: str) -> str:
-        self._n += 1
-        return f"{prefix}_{self._n}"
-
-    def weight(self, shape: tuple[int, ...], fan_in: int) -> str:
-        name = self.name("w")
-        arr = (self.rng.standard_normal(shape) * np.sqrt(2.0 / fan_in)).astype(np.float32)
-        self.inits.append(numpy_helper.from_array(arr, name))
-        return name
-
-    def const(self, arr: np.ndarray) -> str:
-        name = self.name("c")
-        self.inits.append(numpy_helper.from_array(arr, name))
-        return name
-
-    def op(self, op_type: str, inputs: list[str], n_out: int = 1, **attrs: Any) -> str:
-        outs = [self.name(op_type.lower()) for _ in range(n_out)]
-        self.nodes.append(helper.make_node(op_type, inputs, outs, **attrs))
-        return outs[0]
-
-    def conv(
-        self, x: str, c_in: int, c_out: int, k: int = 3, stride: int = 1, group: int = 1, relu: bool = True
-    ) -> str:
-        w = self.weight((c_out, c_in // group, k, k), fan_in=(c_in // group) * k * k)
-        b = self.const(np.zeros(c_out, np.float32))
-        pad = k // 2
-        y = self.op(
-            "Conv",
-            [x, w, b],
-            kernel_shape=[k, k],
-            strides=[stride, stride],
-            pads=[pad, pad, pad, pad],
-            group=group,
-        )
-        return self.op("Relu", [y]) if relu else y
-
-    def dense(self, x: str, n_in: int, n_out: int, relu: bool = False) -> str:
-        w = self.weight((n_in, n_out), fan_in=n_in)
-        b = self.const(np.zeros(n_out, np.float32))
-        y = self.op("Gemm", [x, w, b])
-        return self.op("Relu", [y]) if relu else y
-
-    def model(
-        self,
-        name: str,
-        inputs: list[onnx.ValueInfoProto],
-        outputs: list[tuple[str, str]],
-        out_info: list[onnx.ValueInfoProto],
-    ) -> onnx.ModelProto:
-        for src, dst in outputs:
-            self.nodes.append(helper.make_node("Identity", [src], [dst]))
-        graph = helper.make_graph(self.nodes, name, inputs, out_info, initializer=self.inits)
-        model = helper.make_model(
-            graph,
-            opset_imports=[helper.make_opsetid("", OPSET)],
-            producer_name="edgeroute-zoo",
-            producer_version=str(ZOO_VERSION),
-        )
-        model.ir_version = IR_VERSION
-        model.doc_string = f"edgeroute zoo model {name} (seeded random weights)"
-        onnx.checker.check_model(model)
-        return model
-
-
-def _fp32(name: str, dims: list[int | str]) -> onnx.ValueInfoProto:
-    return helper.make_tensor_value_info(name, TensorProto.FLOAT, dims)
-
-
-def _echo(seed: int) -> onnx.ModelProto:
-    g = _Graph(seed)
-    return g.model("echo", [_fp32("x", ["N", 4])], [("x", "y")], [_fp32("y", ["N", 4])])
-
-
-def _sensor_mlp(seed: int) -> onnx.ModelProto:
-    g = _Graph(seed)
-    h = g.dense("readings", 16, 64, relu=True)
-    h = g.dense(h, 64, 32, relu=True)
-    h = g.op("Softmax", [g.dense(h, 32, 4)], axis=-1)
-    return g.model(
-        "sensor_mlp",
-        [_fp32("readings", ["N", 16])],
-        [(h, "probabilities")],
-        [_fp32("probabilities", ["N", 4])],
-    )
-
-
-def _head(g: _Graph, x: str, channels: int, classes: int) -> str:
-    pooled = g.op("Flatten", [g.op("GlobalAveragePool", [x])], axis=1)
-    return g.op("Softmax", [g.dense(pooled, channels, classes)], axis=-1)
-
-
-def _mobilenet_s(seed: int) -> onnx.ModelProto:
-    g = _Graph(seed)
-    h = g.conv("image", 3, 16, stride=2)
-    for c_in, c_out, stride in [(16, 32, 1), (32, 64, 2), (64, 64, 1), (64, 128, 2)]:
-        h = g.conv(h, c_in, c_in, stride=stride, group=c_in)  # depthwise
-        h = g.conv(h, c_in, c_out, k=1)  # pointwise
-    out = _head(g, h, 128, 10)
-    return g.model(
-        "mobilenet_s",
-        [_fp32("image", ["N", 3, 64, 64])],
-        [(out, "probabilities")],
-        [_fp32("probabilities", ["N", 10])],
-    )
-
-
-def _resnet_s(seed: int) -> onnx.ModelProto:
-    g = _Graph(seed)
-    h = g.conv("image", 3, 32)
-    for c_in, c_out, stride in [(32, 32, 1), (32, 64, 2), (64, 64, 1), (64, 128, 2)]:
-        y = g.conv(h, c_in, c_out, stride=stride)
-        y = g.conv(y, c_out, c_out, relu=False)
-        skip = h if (c_in == c_out and stride == 1) else g.conv(h, c_in, c_out, k=1, stride=stride, relu=False)
-        h = g.op("Relu", [g.op("Add", [y, skip])])
-    out = _head(g, h, 128, 10)
-    return g.model(
-        "resnet_s",
-        [_fp32("image", ["N", 3, 64, 64])],
-        [(out, "probabilities")],
-        [_fp32("probabilities", ["N", 10])],
-    )
-
-
-def _tiny_transformer(seed: int) -> onnx.ModelProto:
-    g = _Graph(seed)
-    d, ff, seq = 32, 64, 16
-    x = "tokens"
-    pos = g.const((g.rng.standard_normal((seq, d)) * 0.02).astype(np.float32))
-    x = g.op("Add", [x, pos])
-    q = g.op("MatMul", [x, g.weight((d, d), d)])
-    k = g.op("MatMul", [x, g.weight((d, d), d)])
-    v = g.op("MatMul", [x, g.weight((d, d), d)])
-    scores = g.op("MatMul", [q, g.op("Transpose", [k], perm=[0, 2, 1])])
-    scores = g.op("Mul", [scores, g.const(np.array(1.0 / np.sqrt(d), np.float32))])
-    attn = g.op("MatMul", [g.op("Softmax", [scores], axis=-1), v])
-    attn = g.op("MatMul", [attn, g.weight((d, d), d)])
-    ln_scale, ln_bias = g.const(np.ones(d, np.float32)), g.const(np.zeros(d, np.float32))
-    x = g.op("LayerNormalization", [g.op("Add", [x, attn]), ln_scale, ln_bias], axis=-1)
-    h = g.op("Relu", [g.op("MatMul", [x, g.weight((d, ff), d)])])
-    h = g.op("MatMul", [h, g.weight((ff, d), ff)])
-    ln2_scale, ln2_bias = g.const(np.ones(d, np.float32)), g.const(np.zeros(d, np.float32))
-    x = g.op("LayerNormalization", [g.op("Add", [x, h]), ln2_scale, ln2_bias], axis=-1)
-    pooled = g.op("ReduceMean", [x], axes=[1], keepdims=0)
-    logits = g.dense(pooled, d, 8)
-    return g.model(
-        "tiny_transformer",
-        [_fp32("tokens", ["N", seq, d])],
-        [(logits, "logits")],
-        [_fp32("logits", ["N", 8])],
-    )
-
-
-def _detector_head(seed: int) -> onnx.ModelProto:
-    g = _Graph(seed)
-    h = g.conv("image", 3, 16, stride=2)
-    h = g.conv(h, 16, 32, stride=2)
-    pooled = g.op("Flatten", [g.op("GlobalAveragePool", [h])], axis=1)
-    raw_boxes = g.dense(pooled, 32, 8 * 4)
-    boxes = g.op("Sigmoid", [g.op("Reshape", [raw_boxes, g.const(np.array([-1, 8, 4], np.int64))])])
-    scores = g.op("Sigmoid", [g.dense(pooled, 32, 8)])
-    return g.model(
-        "detector_head",
-        [_fp32("image", ["N", 3, 64, 64])],
-        [(boxes, "boxes"), (scores, "scores")],
-        [_fp32("boxes", ["N", 8, 4]), _fp32("scores", ["N", 8])],
-    )
-
-
 @dataclass(frozen=True)
 class ZooEntry:
     name: str
-    build: Callable[[int], onnx.ModelProto]
     description: str
+    file_bytes: int  # the built file's size at seed 0 (ZOO_VERSION)
+    outputs: dict[str, tuple[int, ...]] = field(default_factory=dict)  # FP32 outputs' shapes, -1 the batch
 
 
 ZOO: dict[str, ZooEntry] = {
     e.name: e
     for e in [
-        ZooEntry("echo", _echo, "identity on FP32 [N,4]; router overhead benchmarks"),
-        ZooEntry("sensor_mlp", _sensor_mlp, "IoT sensor classifier, 3-layer MLP"),
-        ZooEntry("mobilenet_s", _mobilenet_s, "MobileNet-style depthwise-separable CNN"),
-        ZooEntry("resnet_s", _resnet_s, "ResNet-style CNN with residual blocks"),
-        ZooEntry("tiny_transformer", _tiny_transformer, "one-layer transformer encoder"),
-        ZooEntry("detector_head", _detector_head, "detector-style head: boxes and scores"),
+        ZooEntry("echo", "identity on FP32 [N,4]; router overhead benchmarks", 146, {"y": (-1, 4)}),
+        ZooEntry("sensor_mlp", "IoT sensor classifier, 3-layer MLP", 13_702, {"probabilities": (-1, 4)}),
+        ZooEntry("mobilenet_s", "MobileNet-style depthwise-separable CNN", 76_547, {"probabilities": (-1, 10)}),
+        ZooEntry("resnet_s", "ResNet-style CNN with residual blocks", 1_529_791, {"probabilities": (-1, 10)}),
+        ZooEntry("tiny_transformer", "one-layer transformer encoder", 37_697, {"logits": (-1, 8)}),
+        ZooEntry(
+            "detector_head", "detector-style head: boxes and scores", 26_623, {"boxes": (-1, 8, 4), "scores": (-1, 8)}
+        ),
     ]
 }
 
@@ -238,7 +61,9 @@ def build(name: str, seed: int = 0) -> bytes:
     """Serialized ONNX bytes for `name` (deterministic in name and seed)."""
     if name not in ZOO:
         raise KeyError(f"unknown zoo model {name!r}; known: {', '.join(sorted(ZOO))}")
-    data: bytes = ZOO[name].build(seed).SerializeToString()
+    from nodes.zoo_graphs import BUILDERS
+
+    data: bytes = BUILDERS[name](seed).SerializeToString()
     return data
 
 

@@ -16,7 +16,7 @@ from scenarios import BUNDLED_DIR
 from scenarios.cli import args as arg
 from scenarios.cli.bench import add_bench_parser
 from scenarios.spec.schema import load_scenario
-from telemetry.process.cli import add_version
+from telemetry.process.cli import add_version, missing_extra
 from telemetry.process.configfile import ConfigError
 
 PACKAGE_DIR = BUNDLED_DIR
@@ -242,8 +242,13 @@ def _zoo(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "node":
-        from nodes.__main__ import main as node_main
-
+        try:
+            from nodes.__main__ import main as node_main
+        except ModuleNotFoundError as exc:
+            if (hint := missing_extra(exc)) is None:
+                raise
+            print(f"edgeroute node: {hint}", file=sys.stderr)
+            return 2
         return node_main(argv[1:])
     if argv and argv[0] == "router":
         from router.__main__ import main as router_main
@@ -366,6 +371,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except ModuleNotFoundError as exc:  # a part installed without its extra: say which to install
+        if (hint := missing_extra(exc)) is None:
+            raise
+        print(f"edgeroute {args.command}: {hint}", file=sys.stderr)
+        return 2
     except Exception as exc:  # a failure the user can act on reads as one line; the traceback on request
         if os.environ.get("EDGEROUTE_TRACEBACK"):
             raise

@@ -22,6 +22,7 @@ from scenarios.spec.workload import mean_rate_rps
 from scenarios.stack.faults import FaultInjector
 from scenarios.stack.launcher import Stack, http_json
 from scenarios.stack.loadgen import UNKNOWN_MODEL_PAYLOAD, Arrival, build_schedule, fetch_payloads, run_load
+from telemetry.process.cli import missing_extra
 
 log = logging.getLogger("edgeroute.replay")
 
@@ -357,9 +358,14 @@ def run_replay(
             report["sim"] = sim
             report["comparison"] = compare(report, sim)
     path = write_report(report, out_dir)
-    from scenarios.replay.render import render
+    try:
+        from scenarios.replay.render import render
 
-    markdown = render(report, out_dir)
+        markdown: Path | str = render(report, out_dir)
+    except ModuleNotFoundError as exc:  # the report stands without its plots and summary page
+        if (hint := missing_extra(exc)) is None:
+            raise
+        markdown = f"none (report.md and its plots {hint})"
     if report.get("host"):
         from scenarios.calibrate.host import format_host
 

@@ -346,26 +346,21 @@ def _declared_load_ms(scenario: Scenario, model: str) -> float:
     return entry.load_ms if entry is not None and entry.load_ms is not None else DEFAULT_LOAD_MS
 
 
-@functools.cache
 def _zoo_file_bytes(arch: str) -> int:
+    """A zoo model's file size, from the zoo's table (nodes.zoo: no ONNX needed to simulate)."""
     from nodes import zoo
 
-    return os.path.getsize(zoo.ensure(arch))
+    return zoo.ZOO[arch].file_bytes
 
 
 @functools.cache
 def output_bytes(arch: str, output: str, batch: int = 1) -> int:
-    """Bytes of one of a zoo model's outputs for `batch` rows (FP32), from its graph."""
-    import onnx
-
+    """Bytes of one of a zoo model's outputs for `batch` rows (FP32), from the zoo's table."""
     from nodes import zoo
 
-    graph = onnx.load_from_string(zoo.build(arch)).graph
-    for out in graph.output:
-        if out.name == output:
-            dims = [d.dim_value if d.dim_value > 0 else batch for d in out.type.tensor_type.shape.dim]
-            return 4 * math.prod(dims)
-    return 0
+    entry = zoo.ZOO.get(arch)
+    dims = None if entry is None else entry.outputs.get(output)
+    return 0 if dims is None else 4 * math.prod(batch if d < 0 else d for d in dims)
 
 
 def stage_model(spec: WorkflowSpec, stage: str) -> str:

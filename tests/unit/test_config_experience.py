@@ -25,22 +25,28 @@ from scenarios.spec.schema import parse_scenario
 from telemetry.process.configfile import ConfigError, env_overlay, safe_yaml
 from tests.helpers import mutated
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
+CONFIGURATION = ROOT / "docs" / "configuration.md"
+SCENARIOS = ROOT / "docs" / "scenarios.md"
 
 
-def readme_block(heading: str) -> str:
-    """The first ```yaml block after a README heading."""
-    text = README.read_text()
+def readme_block(heading: str, page: Path = README, nth: int = 0) -> str:
+    """The `nth` ```yaml block after a heading of a page (the README or a docs page)."""
+    text = page.read_text()
     start = text.index(heading)
-    block = re.search(r"```yaml\n(.*?)```", text[start:], re.S)
-    assert block is not None, heading
-    # the README writes secrets as placeholders
-    return block.group(1).replace("<secret>", "s" * 32).replace("<token>", "t" * 24)
+    blocks = re.findall(r"```yaml\n(.*?)```", text[start:], re.S)
+    assert len(blocks) > nth, heading
+    # the docs write secrets as placeholders
+    return blocks[nth].replace("<secret>", "s" * 32).replace("<token>", "t" * 24)
 
 
-ROUTER_DOC = readme_block("### Router config")
-NODE_DOC = readme_block("### Node config")
-SCENARIO_DOC = readme_block("## Scenarios")
+ROUTER_DOC = readme_block("### Router config", CONFIGURATION)
+NODE_DOC = readme_block("### Node config", CONFIGURATION)
+SCENARIO_DOC = readme_block("## Scenarios", SCENARIOS)
+# the README's own short examples: a router's and a node's config
+README_ROUTER = readme_block("## Configuring")
+README_NODE = readme_block("## Configuring", nth=1)
 
 
 def _load(kind: str, text: str, tmp_path: Path) -> object:
@@ -53,7 +59,16 @@ def _load(kind: str, text: str, tmp_path: Path) -> object:
     return parse_scenario(text, str(path))
 
 
-@pytest.mark.parametrize("kind,doc", [("router", ROUTER_DOC), ("node", NODE_DOC), ("scenario", SCENARIO_DOC)])
+@pytest.mark.parametrize(
+    "kind,doc",
+    [
+        ("router", ROUTER_DOC),
+        ("node", NODE_DOC),
+        ("scenario", SCENARIO_DOC),
+        ("router", README_ROUTER),
+        ("node", README_NODE),
+    ],
+)
 def test_readme_examples_are_valid(kind: str, doc: str, tmp_path: Path) -> None:
     _load(kind, doc, tmp_path)
 
