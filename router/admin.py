@@ -134,6 +134,8 @@ async def get_view(request: web.Request) -> web.Response:
                     "memory": {"used": n.load.memory_used_bytes, "budget": n.load.memory_budget_bytes},
                     "ejected_for": sorted(site or "" for site in ejected.get(n.node_id, ())),
                     "slow_start": round(health.weight(None, n, now), 3),
+                    # how the router knows it: fresh telemetry, its own evidence (answers, probes), out
+                    **router.lifecycle.evidence.state(view, n, now),
                 }
                 for n in sorted(view, key=lambda n: (n.partition, n.node_id))
             ],

@@ -37,6 +37,7 @@ OPEN_PATHS = frozenset({"/", "/v2", "/v2/health/live", "/v2/health/ready", "/met
 ADMIN_PREFIX = "/admin/"
 # loading and unloading models changes what the fleet holds in memory: an operator's act, not a client's
 REPOSITORY_CONTROL = "/v2/repository/models/"
+MAX_PROBES = 64  # node probes under way at once (router.lifecycle.evidence)
 
 
 @web.middleware
@@ -206,6 +207,45 @@ async def _copies(app: web.Application) -> AsyncIterator[None]:
             task.cancel()
 
 
+async def _prober(app: web.Application) -> AsyncIterator[None]:
+    """The router's own evidence for nodes whose telemetry went stale (router.lifecycle.evidence): every
+    half probe interval, the probes the lifecycle asks for, `GET /v2/health/ready` each, at most
+    `MAX_PROBES` under way. Nothing is probed while telemetry is fresh."""
+    router = app[ROUTER]
+    cfg = router.config.probes
+    if not cfg.enabled:
+        yield
+        return
+    lc = router.lifecycle
+    gate = asyncio.Semaphore(MAX_PROBES)
+    under_way: set[asyncio.Task[None]] = set()
+
+    async def probe(node_id: str, endpoint: str) -> None:
+        ok = False
+        try:
+            async with gate:
+                reply = await router.client.get(f"{endpoint}/v2/health/ready", cfg.timeout_ms / 1000.0)
+            ok = reply.status == 200
+        except NodeError:
+            pass
+        lc.probed(node_id, ok, router.clock())
+
+    async def rounds() -> None:
+        while True:
+            await asyncio.sleep(cfg.interval_ms / 2000.0)
+            for node in lc.probes_due(router.clock()):
+                task = asyncio.create_task(probe(node.node_id, node.endpoint), name="probe")
+                under_way.add(task)
+                task.add_done_callback(under_way.discard)
+
+    try:
+        async with running(rounds(), "prober"):
+            yield
+    finally:
+        for task in list(under_way):
+            task.cancel()
+
+
 async def _config_watcher(app: web.Application) -> AsyncIterator[None]:
     router = app[ROUTER]
     path = router.config_path
@@ -266,6 +306,7 @@ def create_app(
     app.cleanup_ctx.append(_peers)
     app.cleanup_ctx.append(_copies)
     app.cleanup_ctx.append(_config_watcher)
+    app.cleanup_ctx.append(_prober)
     http_api.add_routes(app)
     r = app.router
     r.add_get("/metrics", metrics)

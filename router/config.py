@@ -15,6 +15,7 @@ from router.admission import AuthConfig, RateLimitConfig
 from router.lifecycle import LifecycleSettings
 from router.lifecycle.budgets import RetryBudgetConfig
 from router.lifecycle.copies import CopyConfig
+from router.lifecycle.evidence import ProbeConfig
 from router.lifecycle.health import HealthConfig
 from router.lifecycle.links import LinkState
 from router.lifecycle.reroute import RerouteConfig
@@ -71,6 +72,19 @@ class OutlierConfig(BaseModel):
     max_share: float = Field(0.5, ge=0, le=1, description="most of the cluster ejected for one site")
     slow_start_ms: float = Field(3000.0, ge=0, description="ramp for a node back from ejection or restart")
     slow_start_min: float = Field(0.1, gt=0, le=1)
+
+
+class ProbeSettings(BaseModel):
+    """The router's own evidence of life for nodes whose telemetry went stale (router.lifecycle.evidence):
+    answers count, and such a node with no evidence of late is probed (`GET /v2/health/ready`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = Field(True, description="probe nodes whose telemetry went stale")
+    interval_ms: float = Field(500.0, gt=0, le=60_000, description="a stale node with no evidence is probed this often")
+    timeout_ms: float = Field(500.0, gt=0, le=60_000, description="a probe not answered within this fails")
+    fresh_ms: float = Field(2000.0, gt=0, le=600_000, description="an answer or a probe counts this long")
+    max_per_round: int = Field(256, ge=1, le=100_000, description="probes sent at most per round")
 
 
 class PeersConfig(BaseModel):
@@ -218,6 +232,7 @@ class RouterConfig(ServerSettings):
     links: list[LinkConfig] = Field(default_factory=list, description="emulated partition-to-partition links")
     hedging: HedgingConfig | None = None
     outlier: OutlierConfig = Field(default_factory=OutlierConfig)
+    probes: ProbeSettings = Field(default_factory=ProbeSettings)
     peers: PeersConfig = Field(default_factory=PeersConfig)
     auth: AuthConfig | None = None
     rate_limit: RateLimitConfig | None = None
@@ -276,6 +291,7 @@ def lifecycle_settings(config: RouterConfig, seed: int | None = None, router_id:
         copies=config.copies,
         reroute=config.reroute,
         retry_budget=RetryBudgetConfig(**config.retry_budget.model_dump()),
+        probes=ProbeConfig(**config.probes.model_dump()),
         links=tuple(LinkState(**k.model_dump()) for k in config.links),
         seed=config.seed if seed is None else seed,
         router_id=router_id,

@@ -78,14 +78,15 @@ def panic_max_age_ms(pipeline: Pipeline) -> float:
 
 
 def ready(router: Router) -> Answer:
-    """Readiness is "can route": some node is fresh, or, when none is, the policy's panic mode still
-    routes to nodes heard from within its panic age. A router that has heard of no node is not ready;
-    one whose nodes all went briefly quiet stays in the Service, exactly when it should keep serving."""
+    """Readiness is "can route": some node is live (its telemetry fresh, or alive by the router's own
+    answers and probes), or, when none is, the policy's panic mode still routes to nodes heard from
+    within its panic age. A router that has heard of no node is not ready; one whose telemetry stopped
+    stays in the Service while it hears from its nodes itself, exactly when it should keep serving."""
     now = router.clock()
-    view = router.store.view
-    fresh = len(view.fresh_nodes(now))
-    if fresh:
-        return Answer.of({"ready": True, "nodes": fresh, "panic": False})
+    view = router.lifecycle.view()
+    live = len(view.live_nodes(now))
+    if live:
+        return Answer.of({"ready": True, "nodes": live, "panic": False})
     horizon = panic_max_age_ms(router.policies.current)
     recent = sum(1 for n in view if n.ready and view.age_ms(n.node_id, now) <= horizon)
     return Answer.of(
@@ -94,8 +95,8 @@ def ready(router: Router) -> Answer:
 
 
 def model_nodes(router: Router, model: str) -> tuple[list[NodeState], bool]:
-    """(fresh ready nodes serving `model`, whether any node at all ever reported it)."""
-    view = router.store.view
+    """(live ready nodes serving `model`, whether any node at all ever reported it)."""
+    view = router.lifecycle.view()
     nodes = view.models(router.clock()).get(model, [])
     known = bool(nodes) or any(n.serves(model) for n in view)
     return nodes, known
@@ -113,7 +114,7 @@ async def _node_get(router: Router, model: str, suffix: str = "") -> tuple[int, 
     """A serving node's answer to `GET /v2/models/{model}{suffix}` (metadata, a version's readiness,
     configuration), least busy node first."""
     nodes, _ = model_nodes(router, model)
-    view = router.store.view
+    view = router.lifecycle.view()
     for node in sorted(nodes, key=lambda n: (not ((m := n.model(model)) and m.resident), view.outstanding(n))):
         try:
             reply = await router.client.get(f"{node.endpoint}/v2/models/{model}{suffix}", METADATA_TIMEOUT_S)
@@ -214,8 +215,8 @@ async def model_config(router: Router, model: str, version: str | None) -> Answe
 
 
 def _holders(router: Router, model: str | None) -> list[NodeState]:
-    """Fresh ready nodes that serve `model` (any version of it), or every fresh ready node."""
-    nodes = router.store.view.fresh_nodes(router.clock())
+    """Live ready nodes that serve `model` (any version of it), or every live ready node."""
+    nodes = router.lifecycle.view().live_nodes(router.clock())
     if model is None:
         return [n for n in nodes if n.ready]
     versioned = f"{model}:"
@@ -258,7 +259,7 @@ async def model_stats(router: Router, model: str | None, version: str | None) ->
 
 def repository_index(router: Router) -> list[dict[str, str]]:
     """The cluster's repository index: every model a node reports and every workflow, READY where warm."""
-    view = router.store.view
+    view = router.lifecycle.view()
     serving = view.models(router.clock())
     names = sorted({m for n in view for m in n.load.models})
     warm = {m for m, nodes in serving.items() for n in nodes if (st := n.model(m)) is not None and st.resident}
@@ -268,19 +269,20 @@ def repository_index(router: Router) -> list[dict[str, str]]:
             return {"state": "READY"}
         if m in serving:
             return {"state": "UNAVAILABLE", "reason": "not resident on any node; loads on first use"}
-        return {"state": "UNAVAILABLE", "reason": "no fresh ready node serves it"}
+        return {"state": "UNAVAILABLE", "reason": "no live ready node serves it"}
 
     entries = [{"name": m, "version": "1", **state(m)} for m in names]
     for name, runner in router.workflows.items():
         absent = [m for m in runner.models() if m not in serving]
         entries.append({"name": name, "version": "1", "state": "UNAVAILABLE" if absent else "READY",
-                      **({"reason": f"no fresh ready node serves {', '.join(absent)}"} if absent else {})})  # fmt: skip
+                      **({"reason": f"no live ready node serves {', '.join(absent)}"} if absent else {})})  # fmt: skip
     return entries
 
 
 def _fresh_serving(router: Router, model: str) -> list[NodeState]:
     now = router.clock()
-    return [n for n in router.store.view.serving(model) if n.ready and router.store.view.is_fresh(n, now)]
+    view = router.lifecycle.view()
+    return [n for n in view.serving(model) if n.ready and view.is_live(n, now)]
 
 
 async def repository_load(router: Router, model: str, wanted: Any = None) -> tuple[int, dict[str, Any]]:

@@ -19,6 +19,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from router.lifecycle.evidence import MODES
 from telemetry.cluster.store import LAG_BUCKETS_S, ViewStore
 from telemetry.kafka.signing import Verifier
 from telemetry.measure.metering import Counter, Histogram, Meters
@@ -133,6 +134,25 @@ class _LifecycleCollector(Collector):
         yield GaugeMetricFamily(
             "edgeroute_ejected_paths", "(site, node) paths ejected now", value=len(lc.health.state(now)["ejected_now"])
         )
+        ev = lc.evidence
+        probes = CounterMetricFamily(
+            "edgeroute_probes", "probes of nodes whose telemetry went stale, by result", labels=["result"]
+        )
+        probes.add_metric(["ok"], ev.probes_ok)
+        probes.add_metric(["failed"], ev.probes_failed)
+        yield probes
+        view = lc.view()
+        modes = dict.fromkeys(MODES, 0)
+        for node in view:
+            modes[ev.mode(view, node, now)] += 1
+        by_mode = GaugeMetricFamily(
+            "edgeroute_nodes_by_mode",
+            "nodes by how the router knows them: fresh telemetry, its own evidence (answers, probes), or out",
+            labels=["mode"],
+        )
+        for mode, n in modes.items():
+            by_mode.add_metric([mode], n)
+        yield by_mode
         hedges = CounterMetricFamily("edgeroute_hedges", "hedged duplicates, by result", labels=["result"])
         hedges.add_metric(["sent"], lc.hedges_sent)
         hedges.add_metric(["won"], lc.hedge_wins)

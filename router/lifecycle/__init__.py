@@ -12,6 +12,7 @@ imports `policies`, and never the router's aiohttp code.
 - `hedges`: when to send a duplicate
 - `overlay`: this router's in-flight counts per node between reports; loads it set off
 - `health`: outlier ejection and slow start per (site, node)
+- `evidence`: the router's own evidence of a node's life (answers, probes): routable without telemetry
 - `links`: partition links (RTT, jitter, loss, cuts) as emulated
 - `copies`: copy scaling (demand meter and planner)
 - `reroute`: taking queued attempts back from a node and sending them elsewhere

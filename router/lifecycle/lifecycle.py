@@ -40,6 +40,11 @@ For one request (`begin` -> `Attempts`):
 
 Telemetry applied to the store reaches `applied` (the store's `on_applied` hook): the overlay's
 per-report counters reset and restarts start slow start there, never in a read.
+
+Telemetry is advice, not a lifeline: every attempt's end is also evidence of the node's life
+(router.lifecycle.evidence), and nodes whose telemetry went stale with no evidence of late are probed
+(`probes_due`, `probed`: the drivers send the probes), so a node stays routable at any telemetry age
+while the router itself hears from it, and leaves with its first failed answer or probe.
 """
 
 from __future__ import annotations
@@ -54,6 +59,7 @@ from policies.pipeline import Pipeline
 from router.lifecycle.attempts import Answer, Attempts, Ended, Hold, Next, Send
 from router.lifecycle.budgets import AnswerMargin, RetryBudget, RetryBudgetConfig
 from router.lifecycle.copies import CopyConfig, CopyState
+from router.lifecycle.evidence import Evidence, ProbeConfig
 from router.lifecycle.failures import Failure, classify
 from router.lifecycle.health import HealthConfig, OutlierDetector
 from router.lifecycle.hedges import HedgeTimer
@@ -86,6 +92,7 @@ class LifecycleSettings:
     try_timeout_ms: float | None = None  # the longest one attempt is waited for; None: the whole budget
     reroute: RerouteConfig = field(default_factory=RerouteConfig)
     retry_budget: RetryBudgetConfig = field(default_factory=RetryBudgetConfig)
+    probes: ProbeConfig = field(default_factory=ProbeConfig)
 
 
 class Lifecycle(Generic[T]):
@@ -102,6 +109,8 @@ class Lifecycle(Generic[T]):
         self.net_rng = random.Random(settings.seed + 1)  # link jitter and loss; apart from the policies'
         self.health = OutlierDetector(settings.health)
         self.tracker = OutstandingTracker(self.health)
+        self.evidence = Evidence(settings.probes)
+        self.tracker.evidence = self.evidence
         self.links = LinkTable(settings.links)
         self.tracker.links = self.links
         self.hedges = HedgeTimer(settings.hedge_min_priority, settings.hedge_after_ms)
@@ -130,6 +139,15 @@ class Lifecycle(Generic[T]):
         if self._applied_since_prune >= 4096:
             self._applied_since_prune = 0
             self.tracker.forget_missing(self.store.view)
+            self.evidence.forget_missing(self.store.view.nodes)
+
+    def probes_due(self, now: float) -> list[NodeState]:
+        """The nodes to probe now (router.lifecycle.evidence): telemetry stale, no evidence of late."""
+        return self.evidence.due(self.store.view, now)
+
+    def probed(self, node_id: str, ok: bool, now: float) -> None:
+        """A probe's result (the node answered ready, or not)."""
+        self.evidence.probed(node_id, ok, now)
 
     def set_link(self, a: str, b: str, cut: bool) -> None:
         """Cut or restore a link (KeyError for an unknown one); the table is swapped whole."""
@@ -312,10 +330,12 @@ class Lifecycle(Generic[T]):
         return self.held.wake(partition)
 
     def answered(self, a: Attempts, node_id: str, kind: Failure, now: float) -> None:
-        """What an attempt's end says about the node's health on the path from the request's site
-        (`ended` judges every attempt that ends; the simulator also judges an answer it no longer waits
-        for, which the live router's closed connection never sees)."""
+        """What an attempt's end says about the node: its health on the path from the request's site,
+        and the router's own evidence of its life (`ended` judges every attempt that ends; the simulator
+        also judges an answer it no longer waits for, which the live router's closed connection never
+        sees)."""
         effect = kind.health
+        self.evidence.observe(node_id, effect, now)
         if effect is False:
             self.health.failure(a.request.site, node_id, now, len(self.store.view))
         elif effect is True:
@@ -375,6 +395,7 @@ class Lifecycle(Generic[T]):
             woken = None
         if status == 200:
             self.health.success(a.request.site, node_id)
+            self.evidence.observe(node_id, True, now)
             if transit is not None:
                 self.margin.observe(transit[0] - transit[1])
             return Ended(Next.ANSWER, woken)

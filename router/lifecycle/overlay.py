@@ -41,7 +41,7 @@ import numpy as np
 
 from router.lifecycle.health import OutlierDetector
 from telemetry.cluster.table import BoolArray, IntArray, ModelTable
-from telemetry.cluster.view import ClusterView, Links, NodeState
+from telemetry.cluster.view import ClusterView, Evidence, Links, NodeState
 
 NAN = float("nan")
 MAX_REFUSED = 1024  # the refusal penalty of one node at most
@@ -74,6 +74,7 @@ class OutstandingTracker:
         self._loads: dict[str, dict[str, tuple[float, float]]] = {}  # node -> model -> (ready at, load ms)
         self._loader_free_at: dict[str, float] = {}  # a node loads one model at a time: when its loader frees
         self.links: Links | None = None  # attached to every overlaid view (the lifecycle's link table)
+        self.evidence: Evidence | None = None  # attached to every overlaid view (the lifecycle's evidence)
         self._base: tuple[ClusterView, Links | None] | None = None
         self._overlaid: ClusterView | None = None
         self.on_change: Callable[[], None] | None = None  # called after every dispatch and settle
@@ -316,10 +317,10 @@ class OutstandingTracker:
         return 0 if n is None else n.pending
 
     def overlay(self, view: ClusterView) -> ClusterView:
-        """`view` with this router's estimates, health and links attached (computed when asked; the
-        overlaid view is cached per view and link table)."""
+        """`view` with this router's estimates, health, links and evidence attached (computed when asked;
+        the overlaid view is cached per view and link table)."""
         base = self._base
         if base is None or base[0] is not view or base[1] is not self.links or self._overlaid is None:
             self._base = (view, self.links)
-            self._overlaid = view.with_outstanding(self, self.health, self.links)
+            self._overlaid = view.with_outstanding(self, self.health, self.links, self.evidence)
         return self._overlaid

@@ -68,6 +68,8 @@ from scenarios.sim.state import (
     LOADED,
     NODE_ARRIVE,
     POLL,
+    PROBE,
+    PROBED,
     PUBLISH,
     REPLY,
     REROUTE,
@@ -217,6 +219,8 @@ class Simulation(RouterDriver, WorkflowDriver, NodeModel, TelemetryModel, FaultM
             LOADED: self._loaded,
             COPIES: self._copies,
             REROUTE: self._reroute,
+            PROBE: self._probe,
+            PROBED: self._probed,
         }
         last = self.schedule[-1].at_s * 1000.0 if self.schedule else 0.0
         end = horizon_ms if horizon_ms is not None else last + 60_000.0
@@ -227,6 +231,8 @@ class Simulation(RouterDriver, WorkflowDriver, NodeModel, TelemetryModel, FaultM
             self.push(self.lc.copies.cfg.interval_ms, COPIES, None)
         if self.lc.reroute.cfg.enabled:
             self.push(self.lc.reroute.cfg.check_ms, REROUTE, None)
+        if self.lc.settings.probes.enabled:
+            self.push(self.lc.settings.probes.interval_ms / 2, PROBE, None)
         for fault in self.scenario.faults:
             self._schedule_fault(fault)
         # the arrivals are read from the schedule in order, not pushed on the heap: the loop takes one

@@ -13,6 +13,8 @@ from scenarios.sim.state import (
     COPIES,
     HEDGE,
     NODE_ARRIVE,
+    PROBE,
+    PROBED,
     REROUTE,
     RESUME,
     ROUTER_TIMEOUT,
@@ -23,6 +25,8 @@ from scenarios.sim.state import (
     SimWorkflow,
 )
 from scenarios.spec.workload import Arrival, Result
+
+PROBE_MS = 1.0  # a readiness probe's round trip on one machine (the health route does no work)
 
 
 class RouterDriver(SimState):
@@ -257,6 +261,26 @@ class RouterDriver(SimState):
             self.results[req.index] = Result(
                 a, status, at_ms - req.t0, served.node.spec.id, reason, served.exec_ms, served.queue_ms, served.rows
             )
+
+    def _probe(self, _: Any) -> None:
+        """The router's probe round (router.lifecycle.evidence), as the live router's every half interval:
+        each node the lifecycle names answers ready after the way there and back if it is alive and its
+        link stands, else the probe fails at its timeout."""
+        cfg = self.lc.settings.probes
+        now = self.now
+        for state in self.lc.probes_due(now):
+            node = self.nodes.get(state.node_id)
+            crossing = None if node is None or not node.alive else self.lc.cross(None, state.partition)
+            if crossing is None:
+                self.push(now + cfg.timeout_ms, PROBED, (state.node_id, False))
+            else:
+                self.push(now + crossing[0] + crossing[1] + PROBE_MS, PROBED, (state.node_id, True))
+        if self._open > 0:
+            self.push(now + cfg.interval_ms / 2, PROBE, None)
+
+    def _probed(self, payload: tuple[str, bool]) -> None:
+        node_id, ok = payload
+        self.lc.probed(node_id, ok, self.now)
 
     def _copies(self, _: Any) -> None:
         """The router's copy planner (router.lifecycle.copies), on the simulated clock."""

@@ -49,7 +49,9 @@ from telemetry.cluster.store import ViewStore
     COPIES,
     TRY_TIMEOUT,
     REROUTE,
-) = range(16)
+    PROBE,
+    PROBED,
+) = range(18)
 
 _heappush = heapq.heappush
 

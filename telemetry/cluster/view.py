@@ -27,6 +27,7 @@ from telemetry.cluster.table import BoolArray, FloatArray, IntArray, ModelTable
 __all__ = [
     "BoolArray",
     "ClusterView",
+    "Evidence",
     "FloatArray",
     "Health",
     "IntArray",
@@ -144,6 +145,12 @@ class Health(Protocol):
         ...
 
 
+class Evidence(Protocol):
+    """The router's own evidence that a node is alive (answers, probes; router.lifecycle.evidence); a read."""
+
+    def alive(self, node_id: str, now_ms: float) -> bool: ...
+
+
 class Links(Protocol):
     """Partition distances (the router's link table, router.lifecycle.links); a read."""
 
@@ -183,6 +190,7 @@ class ClusterView:
     newest_heard_ms: float = float("-inf")
     links: Links | None = None  # partition distances (the router's link table), attached with the overlay
     health: Health | None = None  # the router's outlier ejection and slow start (router.lifecycle.health)
+    evidence: Evidence | None = None  # the router's own evidence of life (router.lifecycle.evidence)
     _by_model: dict[str, tuple[str, ...]] | None = field(default=None, compare=False, repr=False)
     _partitions: frozenset[str] | None = field(default=None, compare=False, repr=False)
     # per-model column tables (telemetry.cluster.table), built or patched on first use in this view; and where
@@ -207,6 +215,17 @@ class ClusterView:
 
     def is_fresh(self, node: NodeState, now_ms: float) -> bool:
         return now_ms - node.heard_at_ms <= self.stale_after_ms
+
+    def is_live(self, node: NodeState, now_ms: float) -> bool:
+        """Routable as far as liveness goes: its telemetry is fresh, or the router's own evidence (its
+        answers, its probes) says it is alive. Telemetry is advice, not a lifeline."""
+        if now_ms - node.heard_at_ms <= self.stale_after_ms:
+            return True
+        evidence = self.evidence
+        return evidence is not None and evidence.alive(node.node_id, now_ms)
+
+    def live_nodes(self, now_ms: float) -> list[NodeState]:
+        return [n for n in self.nodes.values() if self.is_live(n, now_ms)]
 
     def any_fresh(self, now_ms: float) -> bool:
         return now_ms - self.newest_heard_ms <= self.stale_after_ms
@@ -266,10 +285,10 @@ class ClusterView:
         return len(self._index().get(model, ()))
 
     def models(self, now_ms: float) -> dict[str, list[NodeState]]:
-        """Model name -> fresh, ready nodes that serve it."""
+        """Model name -> live (fresh, or alive by the router's own evidence), ready nodes that serve it."""
         out: dict[str, list[NodeState]] = {}
         for node in self.nodes.values():
-            if node.ready and self.is_fresh(node, now_ms):
+            if node.ready and self.is_live(node, now_ms):
                 for name in node.load.models:
                     out.setdefault(name, []).append(node)
         return out
@@ -357,14 +376,20 @@ class ClusterView:
         )
 
     def with_outstanding(
-        self, overlay: Overlay | Mapping[str, int] | None, health: Health | None = None, links: Links | None = None
+        self,
+        overlay: Overlay | Mapping[str, int] | None,
+        health: Health | None = None,
+        links: Links | None = None,
+        evidence: Evidence | None = None,
     ) -> ClusterView:
         """This view with the router's own state attached for reading: its outstanding estimates, its
-        node health and its link table (None keeps the view's links)."""
+        node health, its link table (None keeps the view's links) and its own evidence of life."""
         if isinstance(overlay, Mapping):
             overlay = FixedOverlay(overlay)
         # same nodes, only the load estimate differs: share the index (building it first if needed)
-        return replace(self, overlay=overlay, health=health, links=links or self.links, _by_model=self._index())
+        return replace(
+            self, overlay=overlay, health=health, links=links or self.links, evidence=evidence, _by_model=self._index()
+        )
 
     @classmethod
     def of(cls, loads: list[NodeLoad], heard_at_ms: float, stale_after_ms: float = 1000.0) -> ClusterView:
