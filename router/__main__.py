@@ -56,9 +56,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"edgeroute router: {exc}", file=sys.stderr)
         return 2
     set_kafka_security(cfg.kafka_security)
-    if cfg.kafka is None:
+    for source in cfg.telemetry_sources or ():
+        if source.security is not None:  # (each cluster its own TLS and SASL settings)
+            set_kafka_security(source.security, source.bootstrap)
+    if cfg.kafka is None and cfg.telemetry_sources is None:
         print(
-            "edgeroute router: no Kafka bootstrap (--kafka HOST:PORT or 'kafka:' in the config)",
+            "edgeroute router: no Kafka bootstrap (--kafka HOST:PORT, 'kafka:' or 'telemetry_sources:' in the config)",
             file=sys.stderr,
         )
         return 2

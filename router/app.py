@@ -20,12 +20,13 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from router import admin, director, grpc_api, http_api
-from router.config import ConfigError, RouterConfig
+from router.config import ConfigError, RouterConfig, telemetry_sources
 from router.node_client import HttpNodeClient, NodeClient, NodeError
 from router.state import CLIENT, ROUTER, Router
 from router.state import json_error as _error
-from telemetry.kafka.bus import KafkaTelemetrySource, TelemetrySource, TopicReader, ensure_topic, now_ms
+from telemetry.kafka.bus import ensure_topic, now_ms
 from telemetry.kafka.peers import PeerLoads, PeerPublisher
+from telemetry.kafka.reader import TelemetrySource, TelemetrySources, TopicReader
 from telemetry.oip import wire
 from telemetry.oip.grpc import start_server as start_grpc
 from telemetry.process.background import running
@@ -96,8 +97,9 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
         )
         router.peers.verifier = router.verifier
         await asyncio.get_running_loop().run_in_executor(None, ensure_topic, router.config.kafka, cfg.topic)
-        if isinstance(router.source, TopicReader) and router.source.bootstrap == router.config.kafka:
-            router.source.carry(router.peers)  # one consumer, one fetch per poll for telemetry and peers
+        carrier = router.source.reader_for(router.config.kafka) if isinstance(router.source, TelemetrySources) else None
+        if carrier is not None:
+            carrier.carry(router.peers)  # one consumer, one fetch per poll for telemetry and peers
         router.peers.start()
     router.dispatcher.attach_to_loop(asyncio.get_running_loop())
     router.source.start(router.store)
@@ -285,11 +287,13 @@ def create_app(
     clock: Callable[[], float] = now_ms,
     config_path: Path | None = None,
 ) -> web.Application:
-    """The router application. Without `source`, telemetry comes from Kafka at `config.kafka`."""
+    """The router application. Without `source`, telemetry comes from Kafka: `telemetry_sources`, else
+    `config.kafka`."""
     if source is None:
-        if config.kafka is None:
-            raise ConfigError("router needs 'kafka' (a bootstrap HOST:PORT) or an explicit telemetry source")
-        source = KafkaTelemetrySource(config.kafka, config.topic, config.lookback_ms, config.fetch_max_wait_ms, clock)
+        clusters = telemetry_sources(config)
+        if not clusters:
+            raise ConfigError("router needs 'kafka' (a bootstrap HOST:PORT), 'telemetry_sources' or a telemetry source")
+        source = TelemetrySources.of(clusters, config.lookback_ms, config.fetch_max_wait_ms, clock)
     if client is None:
         client = HttpNodeClient(
             config.pool_per_node,
@@ -300,7 +304,7 @@ def create_app(
         )
     app = web.Application(client_max_size=config.max_body_bytes, middlewares=[front_door])
     app[ROUTER] = Router(config, source, client, clock, config_path)
-    if isinstance(source, TopicReader):
+    if isinstance(source, (TopicReader, TelemetrySources)):
         source.verifier = app[ROUTER].verifier
     app.cleanup_ctx.append(_lifecycle)
     app.cleanup_ctx.append(_peers)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -72,6 +72,22 @@ class OutlierConfig(BaseModel):
     max_share: float = Field(0.5, ge=0, le=1, description="most of the cluster ejected for one site")
     slow_start_ms: float = Field(3000.0, ge=0, description="ramp for a node back from ejection or restart")
     slow_start_min: float = Field(0.1, gt=0, le=1)
+
+
+TOPIC_NAME = r"^[A-Za-z0-9._-]{1,249}$"  # Kafka's own rule for topic names
+
+
+class TelemetrySource(BaseModel):
+    """One Kafka cluster node telemetry is read from: its bootstrap, its own security settings (default:
+    the router's `kafka_security`) and its topics (default: the router's `topic`; add a mirrored copy
+    such as MirrorMaker 2's `<site>.edgeroute.telemetry` to read it too)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str | None = Field(None, min_length=1, max_length=64, pattern=NAME_PATTERN, description="a label for it")
+    bootstrap: Bootstrap
+    topics: list[Annotated[str, Field(pattern=TOPIC_NAME)]] | None = Field(None, min_length=1, max_length=64)
+    security: KafkaSecurity | None = Field(None, description="this cluster's SSL/SASL settings")
 
 
 class ProbeSettings(BaseModel):
@@ -154,6 +170,13 @@ class RouterConfig(ServerSettings):
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
     kafka: Bootstrap | None = Field(None, description="telemetry bootstrap HOST:PORT[,HOST:PORT...]")
+    telemetry_sources: list[TelemetrySource] | None = Field(
+        None,
+        min_length=1,
+        max_length=64,
+        description="read node telemetry from these clusters (each with its own settings) instead of `kafka` "
+        "alone; `kafka` stays the peers' cluster",
+    )
     telemetry_keys: list[TelemetryKey] | None = Field(
         None,
         description="ID:SECRET keys that telemetry and peer messages must be signed with (telemetry.kafka.signing); "
@@ -274,6 +297,14 @@ def load_config(path: str | Path | None, environ: Mapping[str, str] | None = Non
     """A router config from a YAML file (None: defaults) with `EDGEROUTE_*` environment settings over it."""
     cfg = load_model(RouterConfig, path, environ=environ)
     return _check_policy(cfg, str(path) if path is not None else "environment")
+
+
+def telemetry_sources(config: RouterConfig) -> list[tuple[str, list[str]]]:
+    """(bootstrap, topics) of every cluster node telemetry is read from: `telemetry_sources`, else
+    `topic` on `kafka` (none without either)."""
+    if config.telemetry_sources is not None:
+        return [(s.bootstrap, s.topics or [config.topic]) for s in config.telemetry_sources]
+    return [] if config.kafka is None else [(config.kafka, [config.topic])]
 
 
 def lifecycle_settings(config: RouterConfig, seed: int | None = None, router_id: str = "router") -> LifecycleSettings:

@@ -44,6 +44,7 @@ STORE_COUNTERS = (
     ("malformed", "telemetry messages rejected as malformed"),
     ("skipped", "telemetry messages in batches the reader skipped because handling them failed"),
     ("out_of_order", "telemetry older than the node's last report"),
+    ("duplicates", "reports read a second time (from their own cluster and from a mirror of it)"),
     ("from_future", "telemetry dated too far past its receipt (dropped)"),
     ("evicted", "nodes that left the view after a long silence"),
     ("foreign_endpoint", "reports whose endpoint the node_endpoints allow-list refuses (dropped)"),

@@ -22,8 +22,8 @@ from router.metrics import RouterMetrics
 from router.node_client import NodeClient
 from router.workflows import WorkflowRunner
 from telemetry.cluster.store import ViewStore
-from telemetry.kafka.bus import TelemetrySource
 from telemetry.kafka.peers import PeerLoads
+from telemetry.kafka.reader import TelemetrySource
 from telemetry.process.version import __version__
 
 log = logging.getLogger("edgeroute.router")

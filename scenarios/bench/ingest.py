@@ -38,7 +38,8 @@ from scenarios.bench.decide import node_load
 from scenarios.stack.broker import EmbeddedBroker, terminate
 from telemetry.cluster.store import MAX_NODES, ViewStore
 from telemetry.cluster.view import NodeState
-from telemetry.kafka.bus import KafkaTelemetrySource, ensure_topic, now_ms
+from telemetry.kafka.bus import ensure_topic, now_ms
+from telemetry.kafka.reader import KafkaTelemetrySource
 from telemetry.measure.quantiles import nearest_rank
 from telemetry.process import serving
 from telemetry.process.background import Worker
@@ -201,7 +202,7 @@ def bench_ingest(
     tls: bool = False,
     backlog: bool = False,
 ) -> dict[str, Any]:
-    """`reader`: lean, librdkafka or kafka-python (telemetry.kafka.bus.reader_kind; default: as a router would).
+    """`reader`: lean, librdkafka or kafka-python (telemetry.kafka.reader.reader_kind; default: as a router would).
     `tls`: the embedded broker behind a TLS terminator (scenarios.stack.tlsfront), every client over TLS.
     `backlog`: the publishers run first and the reader starts after them, reading what they left from
     its start (a router restarting behind a backlog): its rate is then the reader's alone, not shared

@@ -46,7 +46,7 @@ from scenarios.spec.workload import Result
 from scenarios.stack.launcher import Stack, http_json
 from scenarios.stack.loadgen import Payload, build_schedule, example_payload, run_load
 from telemetry.cluster.store import ViewStore
-from telemetry.kafka.bus import KafkaTelemetrySource
+from telemetry.kafka.reader import KafkaTelemetrySource
 from telemetry.measure.quantiles import grid_101
 from telemetry.oip import wire
 from telemetry.process.configfile import ConfigError, read_text

@@ -55,6 +55,7 @@ class ViewStore:
         self.malformed = 0
         self.skipped = 0  # messages in batches the reader skipped because handling them raised (a bug)
         self.out_of_order = 0
+        self.duplicates = 0  # reports read a second time (from their own cluster and a mirror)
         self.from_future = 0  # sent more than MAX_CLOCK_AHEAD_MS after receipt: dropped
         self.evicted = 0
         self.foreign_endpoint = 0  # reports whose endpoint the allow-list refuses: dropped
@@ -82,6 +83,7 @@ class ViewStore:
             "malformed": self.malformed,
             "skipped": self.skipped,
             "from_future": self.from_future,
+            "duplicates": self.duplicates,
             "evicted": self.evicted,
             "foreign_endpoint": self.foreign_endpoint,
             "over_capacity": self.over_capacity,
@@ -122,9 +124,13 @@ class ViewStore:
                         self.over_capacity += 1
                         continue
                     added += 1
-                elif msg.sent_at_ms < current.load.sent_at_ms:
-                    self.out_of_order += 1
-                    continue
+                elif msg.sent_at_ms <= current.load.sent_at_ms:
+                    if msg.sent_at_ms < current.load.sent_at_ms or msg.seq < current.load.seq:
+                        self.out_of_order += 1
+                        continue
+                    if msg.seq == current.load.seq:
+                        self.duplicates += 1  # the same report again: read from a mirrored topic too
+                        continue
                 old = history if history is not None else lag >= CATCH_UP_LAG_MS
                 heard_at = min(received_at_ms, msg.sent_at_ms) if old else received_at_ms
                 fresh[msg.node_id] = NodeState(msg, heard_at)

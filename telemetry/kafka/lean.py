@@ -9,7 +9,7 @@ per record, no client thread. It only reads: topics are made and written with ka
 
 It speaks PLAINTEXT and TLS (`tls`: Python's own ssl module on the same blocking sockets); a process
 whose Kafka settings ask for SASL reads with librdkafka (telemetry.kafka.rdkafka; kafka-python without it),
-as does one with `EDGEROUTE_KAFKA_READER` set so (telemetry.kafka.bus.reader_kind). A broker that lacks these
+as does one with `EDGEROUTE_KAFKA_READER` set so (telemetry.kafka.reader.reader_kind). A broker that lacks these
 versions, or a batch in a format older than v2, raises `Unsupported`, and the caller falls back.
 
 What a broker sends is read by telemetry.kafka.records (bounds-checked fields, record batches,

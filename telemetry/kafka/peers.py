@@ -23,7 +23,8 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
-from telemetry.kafka.bus import KafkaSender, TopicReader, now_ms
+from telemetry.kafka.bus import KafkaSender, now_ms
+from telemetry.kafka.reader import TopicReader
 from telemetry.kafka.signing import Signer
 from telemetry.measure.quantiles import nearest_rank
 

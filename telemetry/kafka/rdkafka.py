@@ -45,7 +45,7 @@ def available() -> bool:
 
 def settings(bootstrap: str, client_id: str) -> dict[str, Any]:
     """librdkafka's settings for this process's Kafka security (telemetry.process.tls.kafka_options)."""
-    opts = kafka_options()
+    opts = kafka_options(bootstrap)
     out: dict[str, Any] = {
         "bootstrap.servers": bootstrap,
         "client.id": client_id,

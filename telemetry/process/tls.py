@@ -144,19 +144,30 @@ class KafkaSecurity(BaseModel):
 
 
 _KAFKA: KafkaSecurity | None = None
+_BY_BOOTSTRAP: dict[str, KafkaSecurity | None] = {}  # clusters with settings of their own
 
 
-def set_kafka_security(security: KafkaSecurity | None) -> None:
-    """Set, for this process, what every Kafka client connects with (a node or router does once at start)."""
+def set_kafka_security(security: KafkaSecurity | None, bootstrap: str | None = None) -> None:
+    """Set, for this process, what its Kafka clients connect with (a node or router does once at start):
+    every cluster's (`bootstrap` None), or one cluster's own (a router reading several clusters, each
+    with its own TLS and SASL settings)."""
     global _KAFKA
-    _KAFKA = security
+    if bootstrap is None:
+        _KAFKA = security
+    else:
+        _BY_BOOTSTRAP[bootstrap] = security
 
 
-def kafka_security() -> KafkaSecurity | None:
-    """This process's Kafka security settings (None: plaintext)."""
+def kafka_security(bootstrap: str | None = None) -> KafkaSecurity | None:
+    """The Kafka security settings of the cluster at `bootstrap` (its own, else the process's; None:
+    plaintext)."""
+    if bootstrap is not None and bootstrap in _BY_BOOTSTRAP:
+        return _BY_BOOTSTRAP[bootstrap]
     return _KAFKA
 
 
-def kafka_options() -> dict[str, Any]:
-    """The keyword arguments every kafka-python client of this process adds (none for plaintext)."""
-    return {} if _KAFKA is None or _KAFKA.security_protocol == "PLAINTEXT" else _KAFKA.options()
+def kafka_options(bootstrap: str | None = None) -> dict[str, Any]:
+    """The keyword arguments every kafka-python client of the cluster at `bootstrap` adds (none for
+    plaintext)."""
+    security = kafka_security(bootstrap)
+    return {} if security is None or security.security_protocol == "PLAINTEXT" else security.options()

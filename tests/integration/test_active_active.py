@@ -12,8 +12,9 @@ import pytest
 from scenarios.stack.broker import EmbeddedBroker
 from scenarios.stack.launcher import Stack, http_json
 from telemetry.cluster.store import ViewStore
-from telemetry.kafka.bus import KafkaTelemetrySource, TelemetryPublisher, ensure_topic
+from telemetry.kafka.bus import TelemetryPublisher, ensure_topic
 from telemetry.kafka.peers import PeerLoads, PeerPublisher
+from telemetry.kafka.reader import KafkaTelemetrySource
 from tests.helpers import load
 from tests.integration.conftest import scenario
 

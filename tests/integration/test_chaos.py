@@ -22,7 +22,7 @@ from router.app import create_app
 from router.config import parse_config
 from scenarios.stack.broker import EmbeddedBroker, free_port, terminate, wait_for_port
 from scenarios.stack.launcher import Stack
-from telemetry.kafka.bus import StaticTelemetrySource
+from telemetry.kafka.reader import StaticTelemetrySource
 from tests.helpers import load
 from tests.integration.http import call, infer_body
 from tests.integration.inproc import running_node

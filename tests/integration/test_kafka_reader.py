@@ -18,8 +18,9 @@ from kafka import TopicPartition as KafkaTopicPartition
 from scenarios.stack.broker import EmbeddedBroker
 from telemetry.cluster.store import ViewStore
 from telemetry.kafka import lean as kafkafetch
-from telemetry.kafka.bus import KafkaTelemetrySource, TelemetryPublisher, ensure_topic
+from telemetry.kafka.bus import TelemetryPublisher, ensure_topic
 from telemetry.kafka.lean import LeanConsumer
+from telemetry.kafka.reader import KafkaTelemetrySource
 from telemetry.kafka.records import KafkaWireError, TopicPartition, Unsupported
 from tests.helpers import load
 

@@ -19,7 +19,7 @@ from nodes.config import NodeConfig
 from nodes.server import create_app as node_app
 from router.app import create_app as router_app
 from router.config import parse_config
-from telemetry.kafka.bus import StaticTelemetrySource
+from telemetry.kafka.reader import StaticTelemetrySource
 from tests.helpers import cuda_host, load
 from tests.integration.http import infer_body
 

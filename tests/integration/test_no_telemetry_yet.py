@@ -7,7 +7,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from router.app import create_app
 from router.config import parse_config
-from telemetry.kafka.bus import StaticTelemetrySource
+from telemetry.kafka.reader import StaticTelemetrySource
 from tests.integration.http import infer_body
 
 

@@ -16,7 +16,7 @@ import aiohttp
 from nodes.config import NodeConfig
 from router.app import create_app
 from router.config import parse_config
-from telemetry.kafka.bus import StaticTelemetrySource
+from telemetry.kafka.reader import StaticTelemetrySource
 from telemetry.process.serving import start_site
 from tests.helpers import load
 from tests.integration.inproc import running_node

@@ -13,7 +13,8 @@ from kafka import KafkaProducer
 from scenarios.stack.broker import EmbeddedBroker
 from scenarios.stack.launcher import Stack
 from telemetry.cluster.store import ViewStore
-from telemetry.kafka.bus import KafkaTelemetrySource, TelemetryPublisher, ensure_topic
+from telemetry.kafka.bus import TelemetryPublisher, ensure_topic
+from telemetry.kafka.reader import KafkaTelemetrySource
 from telemetry.kafka.signing import Signer, Verifier
 from tests.helpers import load
 from tests.integration.http import call, infer_body

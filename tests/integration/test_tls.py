@@ -20,7 +20,7 @@ from nodes.config import NodeConfig
 from router.app import create_app
 from router.config import parse_config
 from router.node_client import HttpNodeClient, NodeUnavailable
-from telemetry.kafka.bus import StaticTelemetrySource
+from telemetry.kafka.reader import StaticTelemetrySource
 from telemetry.process.tls import ClientTLS, KafkaSecurity, ServerTLS, kafka_options, set_kafka_security
 from tests.helpers import load
 from tests.integration.http import infer_body

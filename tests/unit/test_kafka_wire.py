@@ -10,8 +10,8 @@ import struct
 import pytest
 from kafka.record.default_records import DefaultRecordBatchBuilder
 
-from telemetry.kafka.bus import reader_kind
 from telemetry.kafka.lean import LeanConsumer
+from telemetry.kafka.reader import reader_kind
 from telemetry.kafka.records import KafkaWireError, Reader, Record, TopicPartition, Unsupported, decode_batches
 
 

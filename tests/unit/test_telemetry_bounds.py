@@ -372,7 +372,7 @@ def test_batches_a_reader_cannot_handle_are_counted_and_their_log_lines_bounded(
     import logging
     from types import SimpleNamespace
 
-    from telemetry.kafka.bus import KafkaTelemetrySource
+    from telemetry.kafka.reader import KafkaTelemetrySource
 
     class Broken(ViewStore):
         def parse(self, raw: bytes) -> NodeLoad | None:
@@ -381,7 +381,7 @@ def test_batches_a_reader_cannot_handle_are_counted_and_their_log_lines_bounded(
     store = Broken()
     source = KafkaTelemetrySource("127.0.0.1:1", "t")
     source._store = store  # (not started: no broker is reached)
-    with caplog.at_level(logging.ERROR, logger="telemetry.kafka.bus"):
+    with caplog.at_level(logging.ERROR, logger="telemetry.kafka.reader"):
         for _ in range(100):
             source._fold([SimpleNamespace(value=b"{}", headers=None)] * 3, NOW, False)
     assert source.skipped_batches == 100 and store.summary()["skipped"] == 300
