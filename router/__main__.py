@@ -25,6 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--policy", help="preset name (overrides the config)")
     parser.add_argument("--reuse-port", action="store_true", help="SO_REUSEPORT, for several routers")
     parser.add_argument("--router-id", help="this router's id among active-active peers (overrides the config)")
+    parser.add_argument("--site", help="the site this router stands in: requests naming none are its (overrides)")
     add_common_flags(parser)
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -39,6 +40,8 @@ def main(argv: list[str] | None = None) -> int:
         updates["kafka"] = args.kafka
     if args.port is not None:
         updates["port"] = args.port
+    if args.site:
+        updates["site"] = args.site
     if args.policy:
         from policies import PolicyConfigError, PolicySpec, build_policy
 

@@ -169,6 +169,13 @@ class RouterConfig(ServerSettings):
 
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
+    site: str | None = Field(
+        None,
+        min_length=1,
+        max_length=64,
+        pattern=NAME_PATTERN,
+        description="the site this router stands in (a router per site): requests that name none are its",
+    )
     kafka: Bootstrap | None = Field(None, description="telemetry bootstrap HOST:PORT[,HOST:PORT...]")
     telemetry_sources: list[TelemetrySource] | None = Field(
         None,

@@ -100,7 +100,9 @@ async def infer(router: Router, call: InferCall) -> Outcome:
             raise wire.BadHint("'site' must be a string")
         if site is None and cfg.auth is not None:  # the site of the client's key
             site = cfg.auth.sites.get(call.client)
-        if site is not None and not _known_site(router, site):
+        if site is None:
+            site = cfg.site  # a router standing in a site: its clients are that site's
+        elif not _known_site(router, site):
             # sites key per-site state (delay timers, ejection paths): only the fleet's own are taken
             raise wire.BadHint(f"unknown site '{site[:64]}': not a partition of any node, nor an end of a link")
         batch = _batch_of(doc)
@@ -186,8 +188,9 @@ def _request_id(doc: Mapping[str, Any]) -> str:
 
 
 def _known_site(router: Router, site: str) -> bool:
-    """A partition some node reports, an end of a configured link, or a site given to a client's key."""
-    if router.store.view.has_partition(site) or site in router.lifecycle.links.sites:
+    """A partition some node reports, an end of a configured link, the router's own site, or a site
+    given to a client's key."""
+    if router.store.view.has_partition(site) or site in router.lifecycle.links.sites or site == router.config.site:
         return True
     return router.config.auth is not None and site in router.config.auth.sites.values()
 

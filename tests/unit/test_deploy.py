@@ -84,6 +84,7 @@ def test_overlay_renders_with_probes_and_references(overlay: str) -> None:
     deployments = [d for d in docs if d["kind"] == "Deployment"]
     assert {d["metadata"]["name"] for d in deployments} == {
         "edgeroute-router",
+        "edgeroute-router-edge-a",
         "edgeroute-node-edge",
         "edgeroute-node-cloud",
     }
@@ -125,6 +126,17 @@ def test_overlay_renders_with_probes_and_references(overlay: str) -> None:
         assert gpu is None and "nvidia.com/gpu" not in str(docs)
     edge = _deployment(docs, "edgeroute-node-edge")["spec"]["template"]["spec"]
     assert edge["nodeSelector"] and edge["tolerations"], "edge pods go to edge boxes by label and taint"
+    # a router per site: on the site's own pool, its clients' site set, its Service keeping them in the site
+    site = _deployment(docs, "edgeroute-router-edge-a")["spec"]["template"]["spec"]
+    assert site["nodeSelector"] == edge["nodeSelector"], "the site's router stands on the site's boxes"
+    env = {e["name"]: e for e in site["containers"][0]["env"]}
+    assert env["EDGEROUTE_SITE"]["value"] == "edge-a"
+    svc = next(d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] == "edgeroute-router-edge-a")
+    assert svc["spec"]["trafficDistribution"] == "PreferClose" and svc["spec"]["externalTrafficPolicy"] == "Local"
+    assert (
+        svc["spec"]["selector"].items()
+        <= _deployment(docs, "edgeroute-router-edge-a")["spec"]["template"]["metadata"]["labels"].items()
+    )
 
 
 def test_shipped_configs_load_as_deployed(tmp_path: Path) -> None:
@@ -150,7 +162,11 @@ def test_shipped_configs_load_as_deployed(tmp_path: Path) -> None:
     }
     cfg = load_router(K8S / "base" / "config" / "router.yaml", environ=env)
     assert cfg.peers.enabled and cfg.peers.router_id == "r-1" and cfg.telemetry_keys and cfg.node_admin_token
+    site = load_router(K8S / "base" / "config" / "router-site.yaml", environ={**env, "EDGEROUTE_SITE": "edge-a"})
+    assert site.site == "edge-a" and site.policy.preset == "edge_first"
     load_router(DOCKER / "router.yaml", environ={})
+    compose_site = load_router(DOCKER / "router-site.yaml", environ={})
+    assert compose_site.site == "edge-b" and len(compose_site.telemetry_sources or []) == 2
 
 
 def _compose() -> list[str] | None:
@@ -167,7 +183,7 @@ def _compose() -> list[str] | None:
 def test_compose_validates_offline() -> None:
     compose = _compose()
     assert compose is not None
-    for profiles in ([], ["--profile", "gpu", "--profile", "loadgen"]):
+    for profiles in ([], ["--profile", "gpu", "--profile", "loadgen", "--profile", "sites"]):
         out = subprocess.run(
             [*compose, "-f", str(DOCKER / "compose.yaml"), *profiles, "config", "-q"],
             capture_output=True,
@@ -196,6 +212,10 @@ def test_compose_file_hangs_together() -> None:
     assert gpu["profiles"] == ["gpu"]
     assert gpu["deploy"]["resources"]["reservations"]["devices"][0]["capabilities"] == ["gpu"]
     assert services["loadgen"]["command"][1:3] == ["--router", "http://router:8000"]
+    # the two-site profile: site edge-b's own cluster, node (publishing there) and router
+    sites = {n for n, svc in services.items() if svc.get("profiles") == ["sites"]}
+    assert sites == {"kafka-edge-b", "node-edge-b", "router-edge-b"}
+    assert services["node-edge-b"]["environment"]["EDGEROUTE_KAFKA"] == "kafka-edge-b:9092"
     prom = yaml.safe_load((DOCKER / "prometheus.yml").read_text())
     targets = {t.split(":")[0] for job in prom["scrape_configs"] for c in job["static_configs"] for t in c["targets"]}
     assert targets <= set(services) and {"router", "node-edge", "node-cloud"} <= targets
