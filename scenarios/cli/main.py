@@ -35,7 +35,7 @@ def _preset(value: str) -> str:
 
 def _up(args: argparse.Namespace) -> int:
     from router.config import RouterConfig
-    from scenarios.stack.launcher import Stack
+    from scenarios.stack.sites import stack_for
 
     scenario = load_scenario(args.scenario or DEFAULT_SCENARIO)
     stopping = []
@@ -47,7 +47,7 @@ def _up(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, on_signal)
     # the router's own default policy (or --policy), not the scenario's first comparison run
     policy = {"preset": args.policy} if args.policy else RouterConfig().policy.model_dump(exclude_none=True)
-    stack = Stack(
+    stack = stack_for(
         scenario,
         kafka=args.kafka,
         router_port=args.port,
@@ -57,6 +57,8 @@ def _up(args: argparse.Namespace) -> int:
     )
     try:
         stack.start()
+        for site, url in (stack.router_urls or {}).items():  # a router per site
+            print(f"router of {site}: {url}", flush=True)
         print(f"router: {stack.router_url}" + (f" ({args.routers} processes)" if args.routers > 1 else ""), flush=True)
         if stack.router is not None and stack.router.grpc:
             print(f"router gRPC: {stack.router.grpc}", flush=True)

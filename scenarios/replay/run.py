@@ -16,12 +16,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from scenarios.replay.partitions import partitions
 from scenarios.replay.report import format_table, node_warm_rates, recovery, series, summarize, write_report
 from scenarios.spec.schema import MAX_DURATION_S, PolicyRun, Scenario
 from scenarios.spec.workload import mean_rate_rps
 from scenarios.stack.faults import FaultInjector
 from scenarios.stack.launcher import Stack, http_json
 from scenarios.stack.loadgen import UNKNOWN_MODEL_PAYLOAD, Arrival, build_schedule, fetch_payloads, run_load
+from scenarios.stack.sites import SiteStack, stack_for
 from telemetry.process.cli import missing_extra
 
 log = logging.getLogger("edgeroute.replay")
@@ -94,12 +96,14 @@ def replay_live(
     models = {a.model for a in schedule} or {m for s in scenario.workload.sites for m in s.models}
     report = _header(scenario, "live", duration, warmup)
     rerouting = any("reroute" in run_router(scenario, run) for run in runs)
-    stack = Stack(scenario, kafka=kafka)
+    stack = stack_for(scenario, kafka=kafka)
     if log_dir is not None:
         stack.log_dir = log_dir
     with stack:
         if echo:
             print(f"router: {stack.router_url}\nkafka: {stack.bootstrap}", flush=True)
+        if isinstance(stack, SiteStack):  # how the sites were kept apart: namespaces, or why not
+            report["isolation"] = stack.isolation
         payloads = asyncio.run(
             fetch_payloads(stack.router_url, models, scenario.seed, stack.client_headers, UNKNOWN_MODEL_PAYLOAD)
         )
@@ -122,7 +126,7 @@ def replay_live(
             injector.start()
             results = asyncio.run(
                 run_load(
-                    stack.router_url,
+                    stack.router_urls or stack.router_url,
                     schedule,
                     payloads,
                     progress=_progress(run.name),
@@ -165,6 +169,8 @@ def replay_live(
             marks = triggers(scenario)
             if marks:
                 summary["recovery"] = recovery(results, marks, duration + warmup)
+            if cuts := partitions(results, scenario):
+                summary["partitions"] = cuts
             report["policies"][run.name] = summary
         status, view = http_json(f"{stack.router_url}/admin/view", headers=stack.admin_headers)
         report["telemetry"] = view["telemetry"] if status == 200 else {}
@@ -458,6 +464,8 @@ def replay_sim(
             summary["reroute"] = _moves_during({}, sim.lc.reroute.as_json())
         summary["overload"] = sim.lc.overload_summary((0, int(duration + warmup) + 1))  # as the live run's
         summary.update(series(results, warmup, duration + warmup))
+        if cuts := partitions(results, scenario):
+            summary["partitions"] = cuts
         marks = triggers(scenario)
         if marks:  # and what the same arrivals get without each trigger (a simulated run each)
             base = {

@@ -140,6 +140,7 @@ class Simulation(RouterDriver, WorkflowDriver, NodeModel, TelemetryModel, FaultM
         self.cfg = config or SimConfig.from_router({**scenario.router, **run.router})
         seed = scenario.seed
         self.policy = policy or build_policy(run.policy)
+        self.policies: dict[str | None, Pipeline] = {None: self.policy}  # each router's own policy object
         self.svc_rng = random.Random(seed + 2)
         self.tel_rng = random.Random(seed + 3)
         # (the scenario's own nodes, however many: the bound is against ids invented on a live topic)
@@ -151,6 +152,22 @@ class Simulation(RouterDriver, WorkflowDriver, NodeModel, TelemetryModel, FaultM
         self.lc: Lifecycle[tuple[SimRequest, int]] = Lifecycle(
             replace(self.cfg.lifecycle, links=links, seed=seed), self.store, _still_held
         )
+        self.lcs = {None: self.lc}
+        self.telemetry_cut = set()
+        if scenario.topology.deployment == "per_site":
+            # a router per site, each with its own view (from the brokers it can reach), evidence and
+            # policy object, as the live stack's; the first site's stands in for `lc` and `store`
+            self.lcs = {}
+            self.policies = {}
+            for i, site in enumerate(scenario.topology.partitions):
+                store = (
+                    self.store
+                    if i == 0
+                    else ViewStore(stale_after_ms=self.cfg.stale_after_ms, max_nodes=self.store.max_nodes)
+                )
+                settings = replace(self.cfg.lifecycle, links=links, seed=seed, router_id=site)
+                self.lcs[site] = self.lc if i == 0 else Lifecycle(settings, store, _still_held)
+                self.policies[site] = self.policy if i == 0 else (policy or build_policy(run.policy))
         self._arch = {m: scenario.architecture(m) for n in scenario.topology.nodes for m in n.models}
         self._size = {m: model_bytes(scenario, m) for m in self._arch}
         self.nodes = {n.id: self._node(n) for n in run.node_specs(scenario.topology.nodes)}
@@ -161,7 +178,7 @@ class Simulation(RouterDriver, WorkflowDriver, NodeModel, TelemetryModel, FaultM
         self.seq = 0
         self.events = 0
         self.now = 0.0
-        self.deliveries: list[tuple[float, int, NodeLoad]] = []
+        self.deliveries: list[tuple[float, int, NodeLoad, ViewStore]] = []
         self.broker_up = True
         self.fault_log: list[tuple[float, str]] = []
         arch = self._arch

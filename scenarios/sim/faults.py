@@ -33,10 +33,22 @@ class FaultModel(SimState):
             self.push(at, FAULT, ("link", f.link, cut))
             if cut and end is not None:
                 self.push(end, FAULT, ("link", f.link, False))
+        elif f.kind == "cut_telemetry":
+            assert f.link is not None
+            self.push(at, FAULT, ("telemetry", f.link, True))
+            if end is not None:
+                self.push(end, FAULT, ("telemetry", f.link, False))
         elif f.kind == "broker_outage":
             self.push(at, FAULT, ("broker", False))
             if end is not None:
                 self.push(end, FAULT, ("broker", True))
+
+    def _telemetry_link(self, a: str, b: str, cut: bool) -> None:
+        pair = frozenset((a, b))
+        if cut:
+            self.telemetry_cut.add(pair)
+        else:
+            self.telemetry_cut.discard(pair)
 
     def _fault(self, action: tuple[Any, ...]) -> None:
         kind = action[0]
@@ -84,8 +96,15 @@ class FaultModel(SimState):
             self.fault_log.append((t, f"{node.spec.id} speed x{action[2]:g}"))
         elif kind == "link":
             (a, b), cut = action[1], action[2]
-            self.lc.set_link(a, b, cut)
+            for lc in self.lcs.values():  # (routers per site: every router's requests)
+                lc.set_link(a, b, cut)
+            if len(self.lcs) > 1:  # ... and the telemetry between the two sites
+                self._telemetry_link(a, b, cut)
             self.fault_log.append((t, f"{'cut' if cut else 'restore'} link {a}-{b}"))
+        elif kind == "telemetry":
+            (a, b), cut = action[1], action[2]
+            self._telemetry_link(a, b, cut)
+            self.fault_log.append((t, f"{'cut' if cut else 'restore'} telemetry {a}-{b}"))
         elif kind == "broker":
             self.broker_up = action[1]
             self.fault_log.append((t, "broker up" if action[1] else "broker down"))

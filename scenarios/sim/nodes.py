@@ -153,7 +153,8 @@ class NodeModel(SimState):
             except NoRoom as exc:
                 for job in node.load_waiters.pop(model, []):
                     self._send_reply(job, 503, f"cannot load model '{model}': {exc.reason}")
-                self.lc.copies.done(model, node.spec.id)
+                for lc in self.lcs.values():
+                    lc.copies.done(model, node.spec.id)
                 continue
             for victim in victims:
                 node.residency.remove(victim)
@@ -170,7 +171,8 @@ class NodeModel(SimState):
         node.peak_memory = max(node.peak_memory, node.residency.used_bytes)
         node.loads += 1
         node.load_ms[model] = self._load_ms[model]
-        self.lc.copies.done(model, node.spec.id)
+        for lc in self.lcs.values():
+            lc.copies.done(model, node.spec.id)
         for job in node.load_waiters.pop(model, []):
             if not job.settled:
                 self._admit(node, job)

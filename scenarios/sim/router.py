@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from policies.api import RouteRequest
-from router.lifecycle import Failure, Hold, Next, Send
+from router.lifecycle import Failure, Hold, Lifecycle, Next, Send
 from router.lifecycle.reroute import Move
 from scenarios.sim.state import (
     COPIES,
@@ -38,29 +38,30 @@ class RouterDriver(SimState):
             self._start_workflow(i, a, spec, t0)
             return
         o = self._overhead[a.model].sample(self.svc_rng)
-        unknown = self.lc.unknown_model(a.model)  # as the live router answers a model no node serves
+        lc = self.router_of(a.site)
+        unknown = lc.unknown_model(a.model)  # as the live router answers a model no node serves
         if unknown is not None:
             self._open -= 1
             self.results[i] = Result(a, unknown.status, o / 2.0, "none", unknown.reason)
             return
         route = RouteRequest(a.model, a.priority, a.deadline_ms, a.site, 1, str(i))
-        life = self.lc.begin(route, self.policy, t0, t0 + a.deadline_ms)
-        req = SimRequest(i, a, t0, t0 + a.deadline_ms, o / 2.0, o / 2.0, life, model=a.model)
+        life = lc.begin(route, self.policy_of(a.site), t0, t0 + a.deadline_ms)
+        req = SimRequest(i, a, t0, t0 + a.deadline_ms, o / 2.0, o / 2.0, life, lc, model=a.model)
         self._decide(req)
 
     def _decide(self, req: SimRequest) -> None:
         """Carry out the lifecycle's next step for `req` (router.lifecycle.Lifecycle.decide)."""
         now = self.now
-        step = self.lc.decide(req.life, now)
+        step = req.lc.decide(req.life, now)
         if isinstance(step, Send):
             req.jobs = []
             self._dispatch(req, step, now)
-            delay = self.lc.hedge_delay_ms(req.life, now)
+            delay = req.lc.hedge_delay_ms(req.life, now)
             if delay is not None:
                 self.push(now + delay, HEDGE, (req, req.life.attempt))
         elif isinstance(step, Hold):  # held at the router, as live: woken by a freed slot or a timeout
             req.hold += 1
-            self.lc.hold(step.partition, (req, req.hold))
+            req.lc.hold(step.partition, (req, req.hold))
             self.push(now + step.wait_ms, RESUME, (req, req.hold))
         else:
             self._answer(req, step.status, step.reason, now + req.overhead_out)
@@ -74,7 +75,7 @@ class RouterDriver(SimState):
         if req.done or hold != req.hold:
             return
         req.hold += 1
-        self.lc.resumed(req.life, self.now)
+        req.lc.resumed(req.life, self.now)
         self._decide(req)
 
     def _drop(self, job: Job, kind: Failure | None = None) -> None:
@@ -82,8 +83,8 @@ class RouterDriver(SimState):
         node, waking the oldest request held there; judged by its answer if one came (`kind`)."""
         settle = job.dispatched and not job.settled
         job.settled = True
-        self.lc.unwatch(job.req.life, job.node.spec.id, job)
-        woken = self.lc.dropped(job.req.life, job.node.spec.id, job.node.spec.partition, self.now, kind, settle)
+        job.req.lc.unwatch(job.req.life, job.node.spec.id, job)
+        woken = job.req.lc.dropped(job.req.life, job.node.spec.id, job.node.spec.partition, self.now, kind, settle)
         if woken is not None:
             self.push(self.now, RESUME, woken)
 
@@ -94,13 +95,13 @@ class RouterDriver(SimState):
         node = job.node.spec
         job.settled = True
         life = req.life
-        self.lc.unwatch(life, node.id, job)
+        req.lc.unwatch(life, node.id, job)
         now = self.now
         # the live router's round trip (links excluded) and the node's own time
         transit = (now - job.back_ms - job.sent_at, job.queue_ms + job.exec_ms) if status == 200 else None
         jobs = req.jobs
         twin_open = len(jobs) > 1 and any(not j.settled for j in jobs)
-        end = self.lc.ended(
+        end = req.lc.ended(
             life, node.id, node.partition, status, reason, now, kind,
             dispatched=job.dispatched, twin_open=twin_open, transit=transit,
         )  # fmt: skip
@@ -118,25 +119,25 @@ class RouterDriver(SimState):
         """Send one attempt (or a hedge) of `req` to the chosen node, across its link."""
         node = self.nodes[send.decision.node_id]
         req.node = node.spec.id
-        crossing = self.lc.cross(req.arrival.site, node.spec.partition)
+        crossing = req.lc.cross(req.arrival.site, node.spec.partition)
         if crossing is None:  # cut link: the connect attempt times out
             job = Job(req, send.attempt, node, 0.0, dispatched=False)
             req.jobs.append(job)
             reply = (job, 503, f"node {node.spec.id} unreachable: link cut", Failure.CUT)
-            self.push_reply(now + self.lc.connect_wait_ms(req.life, now), reply)
+            self.push_reply(now + req.lc.connect_wait_ms(req.life, now), reply)
             return
-        self.lc.dispatched(send.state)
+        req.lc.dispatched(send.state)
         out_ms, back_ms = crossing
         job = Job(req, send.attempt, node, back_ms)
         req.jobs.append(job)
         # as live: the node is told what is left when the request leaves (after the link's way out)
         # less the way back and the answer margin, and counts it from its own arrival
         job.sent_at = now + out_ms
-        budget = max(0.0, self.lc.node_budget_ms(req.life, job.sent_at, back_ms))
+        budget = max(0.0, req.lc.node_budget_ms(req.life, job.sent_at, back_ms))
         job.deadline_at = now + req.overhead_in + out_ms + budget
-        if not send.hedge and self.lc.reroute.cfg.enabled:
-            self.lc.watch(req.life, send, now, job)
-            displaced = self.lc.displace(req.life, send, now)
+        if not send.hedge and req.lc.reroute.cfg.enabled:
+            req.lc.watch(req.life, send, now, job)
+            displaced = req.lc.displace(req.life, send, now)
             if displaced is not None:
                 self._move(displaced)
         arrive = now + req.overhead_in + out_ms
@@ -146,14 +147,15 @@ class RouterDriver(SimState):
         # time, in `_start` if it will finish too late; a queued request's expiry covers the rest.
         if arrive >= req.deadline_at:
             self.push(req.deadline_at, ROUTER_TIMEOUT, job)
-        wait = self.lc.try_wait_ms(req.life, now)
+        wait = req.lc.try_wait_ms(req.life, now)
         if now + wait < req.deadline_at:  # a per-try timeout ends this attempt before the deadline
             self.push(now + wait, TRY_TIMEOUT, job)
 
     def _reroute(self, _: Any) -> None:
-        """Every `reroute.check_ms`, as the live router's loop: the moves the lifecycle asks for."""
-        for move in self.lc.moves(self.now):
-            self._move(move)
+        """Every `reroute.check_ms`, as the live router's loop: the moves each router's lifecycle asks for."""
+        for lc in self.lcs.values():
+            for move in lc.moves(self.now):
+                self._move(move)
         if self._open > 0:
             self.push(self.now + self.lc.reroute.cfg.check_ms, REROUTE, None)
 
@@ -173,7 +175,7 @@ class RouterDriver(SimState):
             and not job.dropped
             and node.sched.remove(job.work)
         )
-        self.lc.taken(move, ok, self.now)
+        req.lc.taken(move, ok, self.now)
         if not ok:
             return
         job.dropped = True
@@ -187,7 +189,7 @@ class RouterDriver(SimState):
         req, attempt = payload
         if req.done or attempt != req.life.attempt or len(req.jobs) != 1:
             return
-        send = self.lc.hedge(req.life, self.now)
+        send = req.lc.hedge(req.life, self.now)
         if send is not None:
             self._dispatch(req, send, self.now)
 
@@ -211,7 +213,7 @@ class RouterDriver(SimState):
         req = job.req
         if req.done or job.attempt != req.life.attempt or job.settled:
             # the router already gave up on this attempt; its outlier detector still sees the answer
-            self.lc.answered(req.life, job.node.spec.id, kind, self.now)
+            req.lc.answered(req.life, job.node.spec.id, kind, self.now)
             return
         self._end(job, status, reason, kind)
 
@@ -222,7 +224,7 @@ class RouterDriver(SimState):
         if req.done or job.settled or job.attempt != req.life.attempt:
             return
         self._unqueue(job)
-        kind = self.lc.timed_out(req.life, self.now)
+        kind = req.lc.timed_out(req.life, self.now)
         if kind is Failure.TRY_TIMEOUT:
             reason = f"node {job.node.spec.id} did not answer within try_timeout_ms"
         else:
@@ -251,7 +253,7 @@ class RouterDriver(SimState):
         if req.stage is None:
             self._open -= 1
         a = req.arrival
-        self.lc.finish(req.life, status, at_ms)
+        req.lc.finish(req.life, status, at_ms)
         if req.stage is not None:
             self._stage_done(req, status, reason, at_ms, served)
             return
@@ -268,30 +270,32 @@ class RouterDriver(SimState):
         link stands, else the probe fails at its timeout."""
         cfg = self.lc.settings.probes
         now = self.now
-        for state in self.lc.probes_due(now):
-            node = self.nodes.get(state.node_id)
-            crossing = None if node is None or not node.alive else self.lc.cross(None, state.partition)
-            if crossing is None:
-                self.push(now + cfg.timeout_ms, PROBED, (state.node_id, False))
-            else:
-                self.push(now + crossing[0] + crossing[1] + PROBE_MS, PROBED, (state.node_id, True))
+        for site, lc in self.lcs.items():  # (every router probes from where it stands)
+            for state in lc.probes_due(now):
+                node = self.nodes.get(state.node_id)
+                crossing = None if node is None or not node.alive else lc.cross(site, state.partition)
+                if crossing is None:
+                    self.push(now + cfg.timeout_ms, PROBED, (lc, state.node_id, False))
+                else:
+                    self.push(now + crossing[0] + crossing[1] + PROBE_MS, PROBED, (lc, state.node_id, True))
         if self._open > 0:
             self.push(now + cfg.interval_ms / 2, PROBE, None)
 
-    def _probed(self, payload: tuple[str, bool]) -> None:
-        node_id, ok = payload
-        self.lc.probed(node_id, ok, self.now)
+    def _probed(self, payload: tuple[Lifecycle[Any], str, bool]) -> None:
+        lc, node_id, ok = payload
+        lc.probed(node_id, ok, self.now)
 
     def _copies(self, _: Any) -> None:
         """The router's copy planner (router.lifecycle.copies), on the simulated clock."""
-        copies = self.lc.copies
-        for model, node_id in copies.plan(self.store.view, self.now):
-            node = self.nodes[node_id]
-            if not node.alive or model in node.residency or model == node.loading or model in node.load_queue:
-                copies.done(model, node_id)  # as the live node answers such a load at once
-                continue
-            node.load_queue.append(model)
-            self._next_load(node)
-        cfg = copies.cfg
+        for lc in self.lcs.values():
+            copies = lc.copies
+            for model, node_id in copies.plan(lc.store.view, self.now):
+                node = self.nodes[node_id]
+                if not node.alive or model in node.residency or model == node.loading or model in node.load_queue:
+                    copies.done(model, node_id)  # as the live node answers such a load at once
+                    continue
+                node.load_queue.append(model)
+                self._next_load(node)
+        cfg = self.lc.copies.cfg
         if self._open > 0:
             self.push(self.now + cfg.interval_ms, COPIES, None)

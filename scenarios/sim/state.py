@@ -67,6 +67,7 @@ class SimRequest:
     overhead_in: float
     overhead_out: float
     life: Attempts  # the lifecycle's state of this request (attempts, tried nodes, holds)
+    lc: Lifecycle[Any]  # the router handling it (its site's, with routers per site)
     jobs: list[Job] = field(default_factory=list)  # live attempts (two while hedged)
     node: str | None = None
     done: bool = False
@@ -231,7 +232,12 @@ class SimState:
     svc_rng: random.Random
     tel_rng: random.Random
     store: ViewStore
-    lc: Lifecycle[tuple[SimRequest, int]]
+    lc: Lifecycle[tuple[SimRequest, int]]  # the central router, or the first site's
+    # every router by the site it stands in (None: the central one); with routers per site, one each
+    lcs: dict[str | None, Lifecycle[tuple[SimRequest, int]]]
+    policies: dict[str | None, Pipeline]
+    # telemetry between sites cut (routers per site: a link cut, or only telemetry's): frozenset pairs
+    telemetry_cut: set[frozenset[str]]
     _arch: dict[str, str]
     _size: dict[str, int]
     nodes: dict[str, SimNode]
@@ -242,7 +248,7 @@ class SimState:
     seq: int
     events: int
     now: float
-    deliveries: list[tuple[float, int, NodeLoad]]  # telemetry on its way: (at, seq, message), a heap
+    deliveries: list[tuple[float, int, NodeLoad, ViewStore]]  # telemetry on its way: (at, seq, message, to), a heap
     broker_up: bool
     fault_log: list[tuple[float, str]]
     _load_ms: dict[str, float]
@@ -254,6 +260,14 @@ class SimState:
     _curves: dict[str, dict[int, float]]
     _device: DeviceInfo
     _open: int
+
+    def router_of(self, site: str | None) -> Lifecycle[tuple[SimRequest, int]]:
+        """The router a request from `site` reaches: its site's, with routers per site; else the central one."""
+        return self.lcs.get(site, self.lc)
+
+    def policy_of(self, site: str | None) -> Pipeline:
+        """That router's own policy object (a router per site: each learns on its own, as live)."""
+        return self.policies.get(site, self.policy)
 
     def push(self, at: float, kind: int, payload: Any) -> None:
         self.seq += 1

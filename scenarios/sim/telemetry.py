@@ -15,6 +15,7 @@ from scenarios.sim.state import (
     SimState,
 )
 from telemetry.cluster.schema import ModelLoad, NodeLoad
+from telemetry.cluster.store import ViewStore
 
 
 class TelemetryModel(SimState):
@@ -128,14 +129,25 @@ class TelemetryModel(SimState):
         if not node.alive:
             return
         msg = self._snapshot(node)
-        if self.broker_up:
-            # a delivery is an event of its own, ordered as every event by (time, kind, seq), kept in a
-            # queue of its own: only the next poll reads what was delivered, so nothing else needs to
-            # see it on the event heap (DELIVER orders before POLL at the same instant: taken by it)
+        if not self.broker_up:
+            return
+        # a delivery is an event of its own, ordered as every event by (time, kind, seq), kept in a
+        # queue of its own: only the next poll reads what was delivered, so nothing else needs to
+        # see it on the event heap (DELIVER orders before POLL at the same instant: taken by it)
+        at = self.now + self.profile.telemetry_lag_ms.sample(self.tel_rng)
+        if len(self.lcs) == 1:
             self.seq += 1
-            heapq.heappush(
-                self.deliveries, (self.now + self.profile.telemetry_lag_ms.sample(self.tel_rng), self.seq, msg)
-            )
+            heapq.heappush(self.deliveries, (at, self.seq, msg, self.store))
+            return
+        # routers per site: the node's report is in its site's broker; each router reads it there
+        # unless telemetry between the two sites is cut
+        here = node.spec.partition
+        cut = self.telemetry_cut
+        for site, lc in self.lcs.items():
+            if site != here and cut and frozenset((here, site)) in cut:
+                continue
+            self.seq += 1
+            heapq.heappush(self.deliveries, (at, self.seq, msg, lc.store))
 
     def _publish(self, payload: tuple[SimNode, int]) -> None:
         node, epoch = payload
@@ -148,10 +160,14 @@ class TelemetryModel(SimState):
         deliveries = self.deliveries
         if deliveries and deliveries[0][0] <= self.now:
             now = self.now
-            arrived = []
+            arrived: dict[ViewStore, list[NodeLoad]] = {}
+            taken = 0
             while deliveries and deliveries[0][0] <= now:
-                arrived.append(heapq.heappop(deliveries)[2])
-            self.events += len(arrived)
-            self.store.apply_many(arrived, now)
+                _, _, msg, store = heapq.heappop(deliveries)
+                arrived.setdefault(store, []).append(msg)
+                taken += 1
+            self.events += taken
+            for store, msgs in arrived.items():
+                store.apply_many(msgs, now)
         if self._open > 0:
             self.push(self.now + self.cfg.poll_ms, POLL, None)

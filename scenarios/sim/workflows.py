@@ -59,8 +59,9 @@ class WorkflowDriver(SimState):
                 stage_deadline_ms=run.latest_at - job.t0, input_node=input_node,
                 input_bytes=sum(produced.values()), next_models=run.next_models, next_bytes=run.next_bytes,
             )  # fmt: skip
-            life = self.lc.begin(route, self.policy, self.now, job.deadline_at)
-            req = SimRequest(job.index, job.arrival, self.now, job.deadline_at, o / 2.0, o / 2.0, life,
+            lc = self.router_of(a.site)
+            life = lc.begin(route, self.policy_of(a.site), self.now, job.deadline_at)
+            req = SimRequest(job.index, job.arrival, self.now, job.deadline_at, o / 2.0, o / 2.0, life, lc,
                              model=st.model, batch=batch, stage=run)  # fmt: skip
             job.running += 1
             self._decide(req)

@@ -128,9 +128,16 @@ MAX_TOPOLOGY_NODES = 10_000  # nodes a scenario may have (the simulator's larges
 
 
 class Topology(_Strict):
+    """Partitions (sites), the links between them, the nodes; and where routers and brokers stand:
+    `central` (one router and one broker for the fleet; link cuts are emulated by the router) or
+    `per_site` (each partition has its own router, beside its clients, and its own broker, which its
+    nodes publish to and every router reads: a site cut off keeps serving what its nodes can; live, in
+    network namespaces where the machine allows, so a cut is a real partition of requests and telemetry)."""
+
     partitions: list[str] = Field(min_length=1)
     links: list[Link] = Field(default_factory=list)
     nodes: list[NodeSpec] = Field(min_length=1, max_length=MAX_TOPOLOGY_NODES)
+    deployment: Literal["central", "per_site"] = "central"
 
     @model_validator(mode="after")
     def _consistent(self) -> Topology:
@@ -166,12 +173,16 @@ class Fault(_Strict):
 
     kill_node (SIGKILL; with `duration_s` it is restarted after that long), restart_node, slow_node
     (`factor` > 1 slows it; with `duration_s`, speed is restored after), cut_link / restore_link
-    (`link: [a, b]`; a cut with `duration_s` is restored after), broker_outage (`duration_s`, default
-    for the rest of the run).
+    (`link: [a, b]`; a cut with `duration_s` is restored after: requests and, with routers per site,
+    telemetry too), cut_telemetry (`link: [a, b]`, routers per site: only telemetry between the two
+    sites, requests still pass), broker_outage (`duration_s`, default for the rest of the run; with
+    routers per site, every site's broker).
     """
 
     at_s: float = Field(ge=0)
-    kind: Literal["kill_node", "restart_node", "slow_node", "cut_link", "restore_link", "broker_outage"]
+    kind: Literal[
+        "kill_node", "restart_node", "slow_node", "cut_link", "restore_link", "cut_telemetry", "broker_outage"
+    ]
     node: str | None = None
     link: tuple[str, str] | None = None
     factor: float | None = Field(None, gt=0)
@@ -182,7 +193,7 @@ class Fault(_Strict):
         needs_node = self.kind in ("kill_node", "restart_node", "slow_node")
         if needs_node and not self.node:
             raise ValueError(f"{self.kind} needs 'node'")
-        if self.kind in ("cut_link", "restore_link") and not self.link:
+        if self.kind in ("cut_link", "restore_link", "cut_telemetry") and not self.link:
             raise ValueError(f"{self.kind} needs 'link: [a, b]'")
         if self.kind == "slow_node" and (self.factor is None or self.factor <= 1):
             raise ValueError("slow_node needs 'factor' > 1")
@@ -305,6 +316,8 @@ class Scenario(_Strict):
                 raise ValueError(f"faults.{i}.node '{f.node}' is not a node of the topology")
             if f.link is not None and frozenset(f.link) not in links:
                 raise ValueError(f"faults.{i}.link {list(f.link)} is not a link of the topology")
+            if f.kind == "cut_telemetry" and self.topology.deployment != "per_site":
+                raise ValueError(f"faults.{i}: cut_telemetry needs routers per site (topology.deployment: per_site)")
         names = [p.name for p in self.policies]
         if len(set(names)) != len(names):
             raise ValueError("policy run names must be unique")

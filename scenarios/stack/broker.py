@@ -49,12 +49,18 @@ class EmbeddedBroker:
     """The Tansu broker, memory storage, on 127.0.0.1:`port` (a free one when 0)."""
 
     def __init__(
-        self, port: int = 0, host: str = "127.0.0.1", log_path: str | None = None, advertised_port: int | None = None
+        self,
+        port: int = 0,
+        host: str = "127.0.0.1",
+        log_path: str | None = None,
+        advertised_port: int | None = None,
+        prefix: list[str] | None = None,
     ) -> None:
         self.host = host
-        self.port = port or free_port(host)
+        self.port = port or free_port("127.0.0.1" if prefix else host)
         self.log_path = log_path
         self.advertised_port = advertised_port  # clients told to connect there (a TLS terminator in front)
+        self.prefix = prefix or []  # run it under this (a site's network namespace: scenarios.stack.netns)
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -71,6 +77,7 @@ class EmbeddedBroker:
         try:
             self.proc = subprocess.Popen(
                 [
+                    *self.prefix,
                     binary,
                     "broker",
                     "--listener-url",

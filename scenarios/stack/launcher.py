@@ -238,6 +238,11 @@ class Stack:
         assert self.router is not None
         return self.router.url
 
+    @property
+    def router_urls(self) -> dict[str, str] | None:
+        """Each site's router, where every site has its own (scenarios.stack.sites); None: one for all."""
+        return None
+
     def start(self, timeout_s: float = 60.0) -> Stack:
         limit, why = live_node_limit()
         count = len(self.scenario.topology.nodes)
@@ -274,12 +279,12 @@ class Stack:
                 return port
         raise RuntimeError("no free port that this stack has not used already")
 
-    def _spawn(self, name: str, args: list[str]) -> Proc:
+    def _spawn(self, name: str, args: list[str], prefix: list[str] | None = None) -> Proc:
         log_path = self.log_dir / f"{name}.log"
         out = open(log_path, "ab")  # noqa: SIM115 - the child owns it after fork
         try:
             popen = subprocess.Popen(
-                [sys.executable, *args],
+                [*(prefix or []), sys.executable, *args],
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -101,14 +102,15 @@ async def fetch_payloads(
 
 
 async def run_load(
-    router_url: str,
+    router_url: str | Mapping[str, str],
     schedule: list[Arrival],
     payloads: dict[str, Payload],
     grace_s: float = 5.0,
     progress: Any = None,
     headers: dict[str, str] | None = None,
 ) -> list[Result]:
-    """Send `schedule` open-loop; one Result per arrival, in schedule order.
+    """Send `schedule` open-loop; one Result per arrival, in schedule order. `router_url` is one router,
+    or each site's own (an arrival goes to its site's router).
 
     The client runs with a server's garbage collector setting (telemetry.process.serving.tuned_gc): what it
     keeps grows with every request sent (results, tasks), and with Python's default setting a full
@@ -124,7 +126,7 @@ async def run_load(
 
 async def _send_all(
     session: aiohttp.ClientSession,
-    router_url: str,
+    router_url: str | Mapping[str, str],
     schedule: list[Arrival],
     payloads: dict[str, Payload],
     results: list[Result | None],
@@ -147,8 +149,9 @@ async def _send_all(
         t0 = time.perf_counter()
         try:
             timeout = aiohttp.ClientTimeout(total=a.deadline_ms / 1000.0 + grace_s)
+            base = router_url if isinstance(router_url, str) else router_url[a.site]
             async with session.post(
-                f"{router_url}/v2/models/{a.model}/infer",
+                f"{base}/v2/models/{a.model}/infer",
                 data=payload.body,
                 headers=headers,
                 timeout=timeout,

@@ -1,0 +1,213 @@
+"""The local stack of a scenario whose sites stand alone (`topology.deployment: per_site`): every site
+has its own Kafka broker, its nodes (publishing to it) and its own router (its site set, reading every
+site's broker: telemetry per site); a site's clients send to their site's router.
+
+Where the machine allows (root, iproute2: scenarios.stack.netns), each site runs in a network namespace
+of its own, joined to the others by veth links, so a `cut_link` fault is a real partition of requests
+*and* telemetry (the WAN link set down), not an emulated one. Elsewhere the sites share the loopback,
+said in one line at start: the routers emulate a cut for requests, and telemetry keeps flowing across it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from scenarios.spec.schema import NodeSpec
+from scenarios.stack import netns
+from scenarios.stack.broker import EmbeddedBroker, terminate, wait_for_port
+from scenarios.stack.launcher import Proc, Stack, http_json, live_node_limit, node_config
+from telemetry.kafka.bus import ensure_topic
+from telemetry.process.configfile import ConfigError
+
+log = logging.getLogger("edgeroute.launcher")
+
+
+@dataclass
+class SiteStack(Stack):
+    """A `Stack` with a broker and a router per site (see the module docstring)."""
+
+    namespaces: bool = True  # run each site in a network namespace where the machine allows it
+    network: netns.SiteNetwork | None = None
+    brokers: dict[str, EmbeddedBroker] = field(default_factory=dict)
+    site_routers: dict[str, Proc] = field(default_factory=dict)
+    isolation: str = ""  # how the sites are kept apart, for reports: "namespaces" or why not
+
+    @property
+    def sites(self) -> list[str]:
+        return list(self.scenario.topology.partitions)
+
+    def host(self, site: str) -> str:
+        return "127.0.0.1" if self.network is None else self.network.address(site)
+
+    def prefix(self, site: str) -> list[str]:
+        return [] if self.network is None else self.network.exec_prefix(site)
+
+    @property
+    def router_urls(self) -> dict[str, str] | None:
+        return {site: proc.url for site, proc in self.site_routers.items()}
+
+    def start(self, timeout_s: float = 60.0) -> SiteStack:
+        limit, why = live_node_limit()
+        count = len(self.scenario.topology.nodes)
+        if count > limit:
+            raise ConfigError(
+                f"scenario {self.scenario.name}: {count} live nodes is more than this machine holds ({why})"
+            )
+        if self.kafka is not None:
+            raise ConfigError("a scenario with routers per site runs its own broker in every site (no --kafka)")
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        reason = netns.available() if self.namespaces else "namespaces turned off"
+        if reason is None:
+            self.isolation = "namespaces"
+        else:
+            self.isolation = f"loopback ({reason})"
+            print(
+                f"edgeroute: sites share the loopback ({reason}): cuts are emulated by the routers for requests; "
+                "telemetry keeps flowing across them",
+                flush=True,
+            )
+        try:
+            if reason is None:
+                self.network = netns.SiteNetwork(self.sites).create()
+            for site in self.sites:
+                broker = EmbeddedBroker(
+                    host=self.host(site), log_path=str(self.log_dir / f"broker-{site}.log"), prefix=self.prefix(site)
+                )
+                self.brokers[site] = broker.start()
+                ensure_topic(broker.bootstrap, self.topic)
+            self.kafka = self.brokers[self.sites[0]].bootstrap
+            for spec in self.scenario.topology.nodes:
+                self.node_specs[spec.id] = spec
+                self.start_node(spec)
+            for site in self.sites:
+                self.start_site_router(site)
+            self.peers = list(self.site_routers.values())
+            self.router = self.peers[0]
+            self.wait_ready(timeout_s)
+        except BaseException:
+            self.stop(clean=False)
+            raise
+        return self
+
+    def start_node(self, spec: NodeSpec, port: int = 0) -> Proc:
+        site = spec.partition
+        port = port or self.free_port()
+        host = self.host(site)
+        extra = {
+            "topic": self.topic,
+            "host": host,
+            "grpc_port": self.free_port(),
+            "endpoint": f"http://{host}:{port}",
+            **self.node_overrides.get(spec.id, {}),
+        }
+        broker = self.brokers[site].bootstrap
+        cfg = node_config(spec, port, broker, self.scenario.seed, extra, self.baselines, self.scenario.models)
+        args = ["-m", "nodes", "--config", json.dumps(cfg), "--log-level", "WARNING"]
+        proc = self._spawn(spec.id, args, self.prefix(site))
+        proc.port, proc.url, proc.grpc = port, f"http://{host}:{port}", f"{host}:{cfg['grpc_port']}"
+        self.nodes[spec.id] = proc
+        return proc
+
+    def start_site_router(self, site: str) -> Proc:
+        port = self.free_port()
+        host = self.host(site)
+        cfg: dict[str, Any] = {
+            "host": host,
+            "port": port,
+            "grpc_port": self.free_port(),
+            "site": site,
+            "telemetry_sources": [{"name": s, "bootstrap": b.bootstrap} for s, b in self.brokers.items()],
+            "topic": self.topic,
+            "seed": self.scenario.seed,
+            "policy": self.scenario.policies[0].policy.model_dump(exclude_none=True),
+            "links": [k.model_dump() for k in self.scenario.topology.links],
+        }
+        cfg.update(self.scenario.router)
+        cfg.update(self.router_overrides)
+        path = self.log_dir / f"router-{site}.yaml"
+        path.write_text(yaml.safe_dump(cfg))
+        args = ["-m", "router", "--config", str(path), "--log-level", "WARNING"]
+        proc = self._spawn(f"router-{site}", args, self.prefix(site))
+        proc.port, proc.url, proc.grpc = port, f"http://{host}:{port}", f"{host}:{cfg['grpc_port']}"
+        self.site_routers[site] = proc
+        self.router_config_path = path
+        return proc
+
+    def wait_ready(self, timeout_s: float) -> None:
+        """Until every site's router sees every node fresh."""
+        deadline = time.monotonic() + timeout_s
+        want = set(self.nodes)
+        pending = dict(self.site_routers)
+        while pending:
+            self._check_alive()
+            for site, proc in list(pending.items()):
+                try:
+                    wait_for_port(self.host(site), proc.port, 0.5)
+                    status, view = http_json(f"{proc.url}/admin/view", timeout_s=2, headers=self.admin_headers)
+                    fresh = {n["node_id"] for n in view["nodes"] if n["fresh"] and n["status"] == "ready"}
+                    if status == 200 and want <= fresh:
+                        del pending[site]
+                except (OSError, TimeoutError, KeyError, TypeError, ValueError):
+                    pass
+            if pending and time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"routers of {sorted(pending)} not ready after {timeout_s:.0f}s; logs in {self.log_dir}"
+                )
+            time.sleep(0.2)
+
+    def _each_router(self, method: str, path: str, body: Any) -> None:
+        for site, proc in self.site_routers.items():
+            status, answer = http_json(f"{proc.url}{path}", method, body, headers=self.admin_headers)
+            if status != 200:
+                raise RuntimeError(f"router of {site} refused {method} {path} {body}: {answer}")
+
+    def set_policy(self, spec: dict[str, Any]) -> None:
+        self._each_router("PUT", "/admin/policy", spec)
+
+    def set_reroute(self, cfg: dict[str, Any]) -> None:
+        self._each_router("PUT", "/admin/reroute", cfg)
+
+    def cut_link(self, a: str, b: str, cut: bool) -> None:
+        """A real partition between the two sites in namespaces; else every router emulates it."""
+        if self.network is not None:
+            self.network.cut(a, b, cut)
+            return
+        self._each_router("PUT", "/admin/links", {"a": a, "b": b, "cut": cut})
+
+    def broker_down(self) -> None:
+        for broker in self.brokers.values():
+            broker.stop()
+
+    def broker_up(self) -> None:
+        for broker in self.brokers.values():
+            if broker.proc is None:
+                broker.start()
+
+    def stop(self, clean: bool = True) -> None:
+        for proc in self.site_routers.values():
+            terminate(proc.popen)
+        self.site_routers = {}
+        self.peers = []
+        self.router = None
+        for broker in self.brokers.values():
+            broker.stop()
+        self.brokers = {}
+        try:
+            super().stop(clean)
+        finally:
+            if self.network is not None:
+                self.network.destroy()
+                self.network = None
+
+
+def stack_for(scenario: Any, **kwargs: Any) -> Stack:
+    """The scenario's local stack: a router and a broker per site, or the central ones."""
+    if scenario.topology.deployment == "per_site":
+        return SiteStack(scenario, **kwargs)
+    return Stack(scenario, **kwargs)
