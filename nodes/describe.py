@@ -105,8 +105,7 @@ async def config(rt: NodeRuntime, name: str) -> Any:
     served_versions = versions(rt, meta["name"])
     declared = None
     if spec.triton_config is not None:  # the policy its config.pbtxt states (the served versions follow it)
-        with contextlib.suppress(ConfigError):
-            declared = pbtxt.read(Path(spec.triton_config), meta["name"], quiet=True).policy
+        declared = await declared_policy(Path(spec.triton_config), meta["name"])
     if declared is not None:
         cfg.version_policy.CopyFrom(declared)
     elif len(served_versions) == 1:
@@ -131,6 +130,44 @@ async def config(rt: NodeRuntime, name: str) -> Any:
     if on_gpu:
         group.gpus.append(0)
     return cfg
+
+
+# (config.pbtxt, its folder's name, mtime, size) -> the version policy it declares (None: none it can),
+# or its parse under way: a file is parsed once per change, in a thread, however many ask
+_DECLARED: dict[tuple[str, str, int, int], Any] = {}  # a Future, or (policy,)
+_DECLARED_MAX = 1024
+
+
+async def declared_policy(path: Path, folder: str) -> Any | None:
+    """The version policy a model's config.pbtxt declares, or None. Parsed off the event loop (a file may
+    be up to pbtxt.MAX_BYTES) and once per change of the file, not per request."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    key = (str(path), folder, st.st_mtime_ns, st.st_size)
+    held = _DECLARED.get(key)
+    if isinstance(held, tuple):
+        return held[0]
+    if held is None or held.get_loop() is not asyncio.get_running_loop():
+
+        def parse() -> Any | None:
+            with contextlib.suppress(ConfigError):
+                return pbtxt.read(path, folder, quiet=True).policy
+            return None
+
+        def settle(done: asyncio.Future[Any]) -> None:
+            if _DECLARED.get(key) is done:
+                if done.cancelled() or done.exception() is not None:
+                    del _DECLARED[key]
+                else:
+                    _DECLARED[key] = (done.result(),)
+
+        if len(_DECLARED) >= _DECLARED_MAX:
+            _DECLARED.clear()
+        held = _DECLARED[key] = asyncio.ensure_future(asyncio.to_thread(parse))
+        held.add_done_callback(settle)
+    return await asyncio.shield(held)
 
 
 def statistics(rt: NodeRuntime, model: str | None, version: str | None) -> Any:

@@ -22,10 +22,12 @@ from nodes.state import VERSION, NodeRuntime
 from telemetry.oip import wire
 from telemetry.oip.grpc import (
     BadMessage,
+    StreamLimits,
     bearer,
     code_of,
     deadline_ms,
-    http_form,
+    http_form_off_loop,
+    peer_host,
     response_from_arrays,
     service_handler,
 )
@@ -118,6 +120,11 @@ class NodeService:
             await _abort(context, 409, f"model '{name}' has {busy} request(s) in progress")
         return pb.RepositoryModelUnloadResponse()
 
+    def stream_client(self, context: Any) -> tuple[int, str, str]:
+        """A stream's admission before its first message (inference is open on a node, as over HTTP):
+        (0, "", the calling host)."""
+        return 0, "", peer_host(context)
+
     async def infer_once(self, request: Any, context: Any) -> tuple[int, str, Any]:
         """One inference over nodes.inference (telemetry.oip.grpc makes ModelInfer and ModelStreamInfer
         of it): (status, error message, response or None). Priority and deadline from the request's
@@ -126,9 +133,9 @@ class NodeService:
 
         async def decode(model: LoadedModel) -> Decoded:
             try:
-                doc, tail = http_form(request)
+                doc, tail = await http_form_off_loop(request, self.rt.config.max_body_bytes)
             except BadMessage as exc:
-                raise Refused(str(exc)) from None
+                raise Refused(str(exc), exc.status) from None
             req = decode_request(doc, tail, model.inputs, model.output_names)
             params = req.parameters
             return Decoded(req, wire.priority_hint(params.get("priority")) or 0, deadline_ms(context, params))
@@ -148,7 +155,7 @@ def add_to(rt: NodeRuntime) -> Any:
     """A function that puts the node's service on a grpc.aio server."""
 
     def add(server: Any) -> None:
-        server.add_generic_rpc_handlers((service_handler(NodeService(rt)),))
+        server.add_generic_rpc_handlers((service_handler(NodeService(rt), StreamLimits.of(rt.config)),))
 
     return add
 

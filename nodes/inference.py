@@ -43,7 +43,12 @@ class Decoded:
 
 
 class Refused(ValueError):
-    """A request that cannot be decoded (answered 400 with this message)."""
+    """A request that cannot be decoded: answered `status` (400, or 413 for one too large) with this
+    message."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 @dataclass(frozen=True)
@@ -129,7 +134,7 @@ async def _run(
     try:
         decoded = await decode(model)
     except (BadRequest, Refused, wire.BadHint) as exc:
-        return answered(Done(400, str(exc), cold_ms=cold_ms))
+        return answered(Done(exc.status if isinstance(exc, Refused) else 400, str(exc), cold_ms=cold_ms))
     read = time.perf_counter()
     req, budget_ms = decoded.request, decoded.budget_ms
     if budget_ms is not None and budget_ms <= 0:

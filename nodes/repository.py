@@ -120,7 +120,10 @@ def scan(root: Path, device: str = "cpu", slots: int = 1) -> dict[str, Repositor
         elif isinstance(wanted, list):
             missing = sorted(set(wanted) - set(versions))
             if missing:
-                raise ConfigError(f"{origin}: versions {missing} have no {MODEL_FILE}")
+                named = ", ".join(str(v) for v in missing[:8]) + (
+                    f" and {len(missing) - 8} more" if len(missing) > 8 else ""
+                )
+                raise ConfigError(f"{origin}: versions {named} have no {MODEL_FILE}")
             served = tuple(sorted(set(wanted)))
             if not served:
                 raise ConfigError(f"{origin}: versions: serve at least one")

@@ -43,7 +43,7 @@ from telemetry.oip import wire
 from telemetry.oip.grpc import start_server as start_grpc
 from telemetry.oip.triton import EXTENSIONS
 from telemetry.process.background import running
-from telemetry.process.serving import read_body, start_site
+from telemetry.process.serving import default_max_connections, read_body, start_site
 
 log = logging.getLogger("edgeroute.node")
 
@@ -218,15 +218,18 @@ async def infer(request: web.Request) -> web.Response:
         return Decoded(req, priority, budget_ms)
 
     info = request.match_info
-    done = await run_inference(
-        rt, info["model"], info.get("version"), decode, _encode, request.headers.get(wire.REQUEST_ID), arrived
-    )
+    rid = request.headers.get(wire.REQUEST_ID)
+    done = await run_inference(rt, info["model"], info.get("version"), decode, _encode, rid, arrived)
+    # the attempt's id goes back with its answer, so a router never takes a late duplicate on a reused
+    # connection for the answer to its next request (router.http1's `echo`)
+    echo = {} if rid is None else {wire.REQUEST_ID: rid}
     if done.status != 200 or done.payload is None:
         # a refusal (queue full, or too late here) is cheap and says when to come back
-        retry = {"Retry-After": "1"} if done.refused else None
-        return _error(done.status, done.reason, retry)
+        retry = {"Retry-After": "1"} if done.refused else {}
+        return _error(done.status, done.reason, {**retry, **echo})
     payload, header_len = done.payload
     headers = {
+        **echo,
         wire.NODE: rt.config.node_id,
         wire.EXEC_MS: f"{done.exec_ms:.3f}",
         wire.QUEUE_MS: f"{done.queue_ms:.3f}",
@@ -376,7 +379,7 @@ async def serve(config: NodeConfig, stop: asyncio.Event, on_bound: Any = None, o
         config.host,
         config.port,
         ssl_context=ssl_context,
-        max_connections=config.max_connections,
+        max_connections=config.connection_limits(default_max_connections())[0],
         idle_timeout_s=config.idle_timeout_s,
     )
     grpc_server = None
@@ -389,12 +392,7 @@ async def serve(config: NodeConfig, stop: asyncio.Event, on_bound: Any = None, o
             on_bound(port)
         if config.grpc_port is not None:
             grpc_server, grpc_port = await start_grpc(
-                grpc_service.add_to(app[RUNTIME]),
-                config.host,
-                config.grpc_port,
-                config.tls,
-                config.max_body_bytes,
-                config.grpc_max_calls,
+                grpc_service.add_to(app[RUNTIME]), config.host, config, config.max_body_bytes
             )
             if on_grpc is not None:
                 on_grpc(grpc_port)

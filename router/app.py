@@ -30,7 +30,7 @@ from telemetry.kafka.reader import TelemetrySource, TelemetrySources, TopicReade
 from telemetry.oip import wire
 from telemetry.oip.grpc import start_server as start_grpc
 from telemetry.process.background import running
-from telemetry.process.serving import start_site
+from telemetry.process.serving import default_max_connections, start_site
 
 log = logging.getLogger("edgeroute.router")
 
@@ -65,6 +65,10 @@ async def front_door(
             limited = director.admit(router, verdict.client, request.match_info.get("model", "unknown"))
             if limited is not None:
                 return http_api.outcome_response(limited)
+        elif request.path.endswith("/stats"):  # statistics ask every node: the client's rate holds for them too
+            refused = router.limiter.admit(verdict.client, router.clock())
+            if refused.status:
+                return _error(refused.status, refused.reason, {"Retry-After": str(refused.retry_after_s)})
         return await handler(request)
     except web.HTTPException as exc:
         if exc.status < 400:
@@ -268,7 +272,7 @@ async def _config_watcher(app: web.Application) -> AsyncIterator[None]:
             current = mtime()
             if current != seen:
                 seen = current
-                router.reload_file()
+                await router.reload_file()
 
     async with running(watch(), "config-watcher"):
         yield
@@ -334,7 +338,7 @@ async def serve(
         config.port,
         ssl_context=None if config.tls is None else config.tls.context(),
         reuse_port=reuse_port,
-        max_connections=config.max_connections,
+        max_connections=config.connection_limits(default_max_connections())[0],
         idle_timeout_s=config.idle_timeout_s,
     )
     app[ROUTER].metrics.watch_connections(cap)
@@ -345,13 +349,7 @@ async def serve(
             on_bound(port)
         if config.grpc_port is not None:
             grpc_server, grpc_port = await start_grpc(
-                grpc_api.add_to(app),
-                config.host,
-                config.grpc_port,
-                config.tls,
-                config.max_body_bytes,
-                config.grpc_max_calls,
-                reuse_port,
+                grpc_api.add_to(app), config.host, config, config.max_body_bytes, reuse_port
             )
             if on_grpc is not None:
                 on_grpc(grpc_port)
@@ -359,7 +357,14 @@ async def serve(
         with contextlib.suppress(NotImplementedError, RuntimeError):
             import signal
 
-            loop.add_signal_handler(signal.SIGHUP, app[ROUTER].reload_file)
+            reloads: set[asyncio.Task[None]] = set()  # (held until done: the loop keeps only weak references)
+
+            def reload() -> None:
+                task = loop.create_task(app[ROUTER].reload_file())
+                reloads.add(task)
+                task.add_done_callback(reloads.discard)
+
+            loop.add_signal_handler(signal.SIGHUP, reload)
         await stop.wait()
     finally:
         if grpc_server is not None:

@@ -35,6 +35,8 @@ from telemetry.oip import wire
 from telemetry.oip.triton import from_json, merge_statistics, pb
 
 STATS_TIMEOUT_S = 2.0
+STATS_FRESH_MS = 1000.0  # statistics one fan-out to the nodes answers for (model_stats)
+STATS_KEYS = 256  # (model, version) pairs whose statistics are held at once
 METADATA_TIMEOUT_S = 2.0
 
 
@@ -234,6 +236,33 @@ async def _node_stats(router: Router, node: NodeState, path: str) -> Any | None:
 
 
 async def model_stats(router: Router, model: str | None, version: str | None) -> Stats:
+    """The fleet's statistics for `model` (every model when None), asked of every node that holds it.
+    One fan-out serves every caller for STATS_FRESH_MS: callers while it runs wait for it, later ones
+    get its result, so statistics polled by many clients cost the nodes one call per node a second."""
+    key = (model, version)
+    cache = router.stats_cache
+    now = router.clock()
+    held = cache.get(key)
+    if held is not None and (isinstance(held, asyncio.Future) or now - held[0] < STATS_FRESH_MS):
+        return await asyncio.shield(held) if isinstance(held, asyncio.Future) else held[1]
+    if len(cache) >= STATS_KEYS:  # keys are names a client chose: the table is bounded
+        for k in [k for k, v in cache.items() if not isinstance(v, asyncio.Future)]:
+            del cache[k]
+    running = asyncio.ensure_future(_fan_out_stats(router, model, version))
+    cache[key] = running
+
+    def settle(done: asyncio.Future[Stats]) -> None:
+        if cache.get(key) is done:
+            if not done.cancelled() and done.exception() is None:
+                cache[key] = (router.clock(), done.result())
+            else:
+                del cache[key]
+
+    running.add_done_callback(settle)
+    return await asyncio.shield(running)
+
+
+async def _fan_out_stats(router: Router, model: str | None, version: str | None) -> Stats:
     if model is not None and router.workflows.get(model) is not None:
         return Stats(404, error=f"'{model}' is a workflow of this router; its models have statistics of their own")
     if version is not None and not VERSION_NAME.match(version):

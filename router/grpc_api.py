@@ -22,11 +22,13 @@ from router.state import ROUTER, VERSION, Router
 from telemetry.oip import wire
 from telemetry.oip.grpc import (
     BadMessage,
+    StreamLimits,
     bearer,
     code_of,
     deadline_ms,
     http_body,
     parameters_of,
+    peer_host,
     response_from_body,
     service_handler,
 )
@@ -43,7 +45,7 @@ class RouterService:
         self.router = router
 
     async def _client(self, context: Any, admin: bool = False) -> str:
-        verdict = self.router.auth.check(bearer(context), admin, str(context.peer())[:128])
+        verdict = self.router.auth.check(bearer(context), admin, peer_host(context))
         if verdict.status:
             await _abort(context, verdict.status, verdict.reason)
         return verdict.client
@@ -92,7 +94,9 @@ class RouterService:
         return pb.ModelConfigResponse(config=await self._typed(doc, mc.ModelConfig(), context))
 
     async def ModelStatistics(self, request: Any, context: Any) -> Any:
-        await self._client(context)
+        refused = self.router.limiter.admit(await self._client(context), self.router.clock())
+        if refused.status:  # statistics ask every node: the client's rate holds for them too
+            await _abort(context, refused.status, refused.reason)
         stats = await fleet.model_stats(self.router, request.name or None, request.version or None)
         if stats.status != 200:
             await _abort(context, stats.status, stats.error)
@@ -123,11 +127,16 @@ class RouterService:
             await _abort(context, status, str(body.get("error", f"unload: {body.get('state', 'failed')}")))
         return pb.RepositoryModelUnloadResponse()
 
+    def stream_client(self, context: Any) -> tuple[int, str, str]:
+        """A stream's authentication, before its first message: (status, reason, client)."""
+        verdict = self.router.auth.check(bearer(context), False, peer_host(context))
+        return verdict.status, verdict.reason, verdict.client
+
     async def infer_once(self, request: Any, context: Any) -> tuple[int, str, Any]:
         """One inference (telemetry.oip.grpc makes ModelInfer and ModelStreamInfer of it)."""
         router = self.router
         arrived = router.clock()
-        verdict = router.auth.check(bearer(context), False, str(context.peer())[:128])
+        verdict = router.auth.check(bearer(context), False, peer_host(context))
         if verdict.status:
             return verdict.status, verdict.reason, None
         model, version = request.model_name, request.model_version or None
@@ -135,11 +144,12 @@ class RouterService:
         if refused is not None:
             return refused.status, refused.reason, None
         try:
-            body, head, params = http_body(request)
+            body, head, params = await http_body(request, router.config.max_body_bytes)
             budget = deadline_ms(context, params)
         except (BadMessage, wire.BadHint) as exc:
-            director.refuse(router, model, 400, str(exc), arrived)
-            return 400, str(exc), None
+            status = exc.status if isinstance(exc, BadMessage) else 400
+            director.refuse(router, model, status, str(exc), arrived)
+            return status, str(exc), None
         refused = director.precheck(router, model, version, len(body), arrived)
         if refused is not None:
             return refused.status, refused.reason, None
@@ -161,6 +171,7 @@ def add_to(app: web.Application) -> Callable[[Any], None]:
     """A function that puts the router's service on a grpc.aio server."""
 
     def add(server: Any) -> None:
-        server.add_generic_rpc_handlers((service_handler(RouterService(app[ROUTER])),))
+        router = app[ROUTER]
+        server.add_generic_rpc_handlers((service_handler(RouterService(router), StreamLimits.of(router.config)),))
 
     return add

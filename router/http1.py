@@ -298,10 +298,13 @@ class Http1Client:
         headers: Mapping[str, str] | None,
         timeout_s: float,
         countdown: str | None = None,
+        echo: str | None = None,
     ) -> HttpReply:
         """One call. `countdown` names a header whose value is a budget in milliseconds: a call that
         had to wait for a free connection sends it lowered by that wait, so the far end is never told
-        it has time that was spent here."""
+        it has time that was spent here. `echo` names a header the far end answers with the value it
+        was sent: an answer that names another value answers another request (a late duplicate on a
+        reused connection) and is a bad answer, its connection closed."""
         if self._closed:
             raise self._unavailable("client closed")
         key, netloc, target = self._split(url)
@@ -358,6 +361,11 @@ class Http1Client:
         finally:
             host.busy -= 1
             host.slots.release()
+        if echo is not None and headers is not None and echo in headers:
+            echoed = answer.headers.get(echo.lower())
+            if echoed is not None and echoed != headers[echo]:
+                conn.abort()
+                raise self._bad(f"{url[:200]}: the answer names request {echoed[:64]!r}, not the one sent")
         if conn.reusable and not conn.closed and not self._closed:
             conn.idle_since = loop.time()
             host.idle.append(conn)

@@ -43,6 +43,7 @@ STORE_COUNTERS = (
     ("messages", "telemetry messages applied or skipped"),
     ("malformed", "telemetry messages rejected as malformed"),
     ("skipped", "telemetry messages in batches the reader skipped because handling them failed"),
+    ("batches_dropped", "record batches dropped unread: corrupt, in a format not read, or past the inflation budget"),
     ("out_of_order", "telemetry older than the node's last report"),
     ("duplicates", "reports read a second time (from their own cluster and from a mirror of it)"),
     ("from_future", "telemetry dated too far past its receipt (dropped)"),

@@ -8,6 +8,8 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
+import orjson
+
 from router.http1 import Http1Client
 from telemetry.oip import wire
 
@@ -20,6 +22,7 @@ PASS_HEADERS = (
     wire.COLD_MS,  # (only on an answer that waited for a load: the workflow's cold stages and the replays count it)
 )
 _PASS = tuple((name, name.lower()) for name in PASS_HEADERS)
+ANSWER_TYPES = ("application/json", "application/octet-stream")  # what a node's answer may be relayed as
 
 
 class NodeError(Exception):
@@ -122,9 +125,19 @@ class HttpNodeClient:
         if admin and self._admin is not None:
             headers = {**(headers or {}), **self._admin}
         # the node's budget counts down while the call waits for a connection to it
-        answer = await self._http.request(method, url, body or b"", headers, timeout_s, wire.DEADLINE_MS)
+        answer = await self._http.request(
+            method, url, body or b"", headers, timeout_s, wire.DEADLINE_MS, wire.REQUEST_ID
+        )
         if 300 <= answer.status < 400:
             raise NodeBadAnswer(f"{url}: answered a redirect ({answer.status}), not followed")
+        media = answer.headers.get("content-type", "application/json").split(";")[0].strip().lower()
+        if media not in ANSWER_TYPES and answer.body:
+            # relayed as it came, text/html from a node would be served from the router's origin
+            if answer.status == 200:
+                raise NodeBadAnswer(f"{url}: answered Content-Type {media[:60]!r}")
+            text = answer.body[:200].decode("utf-8", "replace")
+            body = orjson.dumps({"error": f"node answered {answer.status} ({media[:60]}): {text}"})
+            return NodeReply(answer.status, body, {"Content-Type": "application/json"}, answer.waited_ms)
         got = answer.headers
         passed = {name: got[lower] for name, lower in _PASS if lower in got}
         length = passed.get(wire.HEADER_LENGTH)

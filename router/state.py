@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import socket
@@ -69,6 +70,8 @@ class Router:
         self.auth = Authenticator(config.auth)
         self.peers: PeerLoads | None = None
         self.limiter = RateLimiter(config.rate_limit)
+        # (model, version) -> statistics under way, or (when, statistics) (router.fleet.model_stats)
+        self.stats_cache: dict[tuple[str | None, str | None], Any] = {}
         self.workflows = {w.name: WorkflowRunner(w, self.dispatcher, clock) for w in config.workflows}
         self.copies_log: deque[dict[str, Any]] = deque(maxlen=50)  # the latest copy loads, for /admin/view
         self.metrics.watch_workflows(self.workflows)
@@ -95,15 +98,27 @@ class Router:
         log.info("policy %s applied from %s", policy.name, origin)
         return spec
 
-    def reload_file(self) -> None:
+    async def reload_file(self) -> None:
+        """The config file read again: its policy and re-routing settings applied, or the running ones
+        kept. Read, parsed and checked in a thread (a file may be megabytes of YAML); applied here."""
         if self.config_path is None:
             return
+        path = self.config_path
+
+        def read() -> tuple[RouterConfig, PolicySpec, Pipeline]:
+            cfg = load_config(path)
+            return (cfg, *validate_policy(cfg.policy))
+
         try:
-            cfg = load_config(self.config_path)
-            self.reload_policy(cfg.policy, str(self.config_path))
-            self.lifecycle.set_reroute(cfg.reroute)
-        except (ConfigError, PolicyConfigError) as exc:
+            cfg, spec, policy = await asyncio.to_thread(read)
+        except ConfigError as exc:
             log.warning("config reload rejected, keeping the running policy: %s", exc)
+            return
+        except PolicyConfigError as exc:
+            self.policy_rejected(str(path), exc)
+            return
+        self.apply_policy(spec, policy, str(path))
+        self.lifecycle.set_reroute(cfg.reroute)
 
 
 def validate_policy(raw: Any) -> tuple[PolicySpec, Pipeline]:

@@ -90,6 +90,12 @@ def run_bench(args: argparse.Namespace) -> int:
             max_batch=args.max_batch,
             priority_streams=args.priority_streams,
         )
+    elif args.what == "telemetry-attack":
+        from scenarios.bench.attack import bench_telemetry_attack
+
+        if not 1 <= args.seconds <= 3600 or not 1 <= args.rate_kb <= 100_000 or not 1 <= args.nodes <= 32:
+            return arg.usage("bench telemetry-attack: --seconds 1-3600, --rate-kb 1-100000, --nodes 1-32")
+        bench_telemetry_attack(out, args.seconds, args.rate_kb, args.nodes)
     elif args.what == "triton":
         from scenarios.bench.triton import bench_triton
 
@@ -176,6 +182,14 @@ def add_bench_parser(sub: Any) -> None:
     b.add_argument("--window-ms", type=int, default=1500, help="perf_analyzer measurement window (1500)")
     b.add_argument("--models", help="comma-separated models (default: every zoo model and my_sensor)")
     b.add_argument("--protocols", default="http,grpc", help="http, grpc or both (http,grpc)")
+    b = bsub.add_parser(
+        "telemetry-attack",
+        help="a router's peak memory and its view while the telemetry topic carries bombs in every codec, "
+        "garbage and forged reports",
+    )
+    b.add_argument("--seconds", type=float, default=60.0, help="how long the attack runs (60)")
+    b.add_argument("--rate-kb", type=float, default=1000.0, help="hostile KB/s on the wire (1000)")
+    b.add_argument("--nodes", type=int, default=3, help="nodes publishing real reports (3)")
     for b in bsub.choices.values():
         b.add_argument("--out", default="reports/bench", help="folder for the JSON (reports/bench)")
         b.set_defaults(func=run_bench)

@@ -54,6 +54,7 @@ class ViewStore:
         self.messages = 0
         self.malformed = 0
         self.skipped = 0  # messages in batches the reader skipped because handling them raised (a bug)
+        self.batches_dropped = 0  # record batches the reader dropped unread (telemetry.kafka.records)
         self.out_of_order = 0
         self.duplicates = 0  # reports read a second time (from their own cluster and a mirror)
         self.from_future = 0  # sent more than MAX_CLOCK_AHEAD_MS after receipt: dropped
@@ -153,7 +154,9 @@ class ViewStore:
         except MalformedTelemetry as exc:
             with self._write:
                 self.malformed += 1
-            log.warning("skipping malformed telemetry message: %s", exc)
+                n = self.malformed
+            if n & (n - 1) == 0:  # the 1st, 2nd, 4th...: whoever can write the topic cannot flood the log
+                log.warning("skipping malformed telemetry message (%d so far): %r", n, str(exc)[:300])
             return None
 
     def apply_raw(self, raw: bytes, received_at_ms: float) -> bool:

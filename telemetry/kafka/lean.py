@@ -9,8 +9,10 @@ per record, no client thread. It only reads: topics are made and written with ka
 
 It speaks PLAINTEXT and TLS (`tls`: Python's own ssl module on the same blocking sockets); a process
 whose Kafka settings ask for SASL reads with librdkafka (telemetry.kafka.rdkafka; kafka-python without it),
-as does one with `EDGEROUTE_KAFKA_READER` set so (telemetry.kafka.reader.reader_kind). A broker that lacks these
-versions, or a batch in a format older than v2, raises `Unsupported`, and the caller falls back.
+as does one with `EDGEROUTE_KAFKA_READER` set so (telemetry.kafka.reader.reader_kind). A broker that
+lacks these API versions raises `Unsupported`, and the caller falls back; nothing in the log does: a
+batch this reader cannot read is dropped and counted (telemetry.kafka.records.decode_batches), so no
+record can choose the reader, and with it whether inflation is bounded.
 
 What a broker sends is read by telemetry.kafka.records (bounds-checked fields, record batches,
 bounded inflation); a bad answer raises `KafkaWireError`.
@@ -25,10 +27,10 @@ import struct
 import time
 from collections.abc import Iterable
 
+from telemetry.kafka.codecs import Inflation
 from telemetry.kafka.records import (
     I16,
     I32,
-    MAX_INFLATED,
     KafkaWireError,
     Reader,
     Record,
@@ -156,13 +158,13 @@ class LeanConsumer:
         request_timeout_ms: int = 5000,
         partition_max_bytes: int = 1 << 20,
         client_id: str = "edgeroute-router",
-        max_inflated_bytes: int = MAX_INFLATED,
+        inflation: Inflation | None = None,
         tls: ssl.SSLContext | None = None,
     ) -> None:
         self.bootstrap = bootstrap
         self.tls = tls  # TLS to every broker (security_protocol SSL), else plaintext
-        self.max_inflated = max_inflated_bytes
-        self.dropped_batches = 0  # compressed batches skipped for inflating past max_inflated
+        self.inflation = inflation or Inflation()  # what compressed batches may cost (telemetry.kafka.codecs)
+        self.dropped_batches = 0  # batches dropped: not readable, or past the inflation budget
         self.fetch_max_wait_ms = max(1, fetch_max_wait_ms)
         self.timeout_s = request_timeout_ms / 1000.0
         self.partition_max_bytes = partition_max_bytes
@@ -384,10 +386,12 @@ class LeanConsumer:
                 elif data:
                     records: list[Record] = []
                     dropped: list[str] = []
-                    self.offsets[tp] = decode_batches(data, self.offsets[tp], records, self.max_inflated, dropped)
+                    self.offsets[tp] = decode_batches(data, self.offsets[tp], records, self.inflation, dropped)
                     for reason in dropped:
                         self.dropped_batches += 1
-                        log.warning("%s: record batch dropped: %s", tp, reason)
+                        n = self.dropped_batches
+                        if n & (n - 1) == 0:  # the 1st, 2nd, 4th...: a log full of bad batches cannot flood it
+                            log.warning("%s: record batch dropped (%d so far): %s", tp, n, reason[:300])
                     if records:
                         out[tp] = records
         if reset:

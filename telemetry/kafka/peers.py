@@ -57,6 +57,9 @@ class RouterLoad(BaseModel):
         return {n: d - self.settled.get(n, 0) for n, d in self.dispatched.items() if d > self.settled.get(n, 0)}
 
 
+ROUTER_PREFIX = "router:"  # how a router's id is named to the key bindings (Verifier.may_sign_for)
+
+
 class PeerLoads(TopicReader):
     """The other routers' in-flight per node, from the peers topic (a daemon thread)."""
 
@@ -120,7 +123,9 @@ class PeerLoads(TopicReader):
         self, values: list[bytes], received_ms: float, history: bool | None = None, kids: list[str | None] | None = None
     ) -> None:
         msgs: list[RouterLoad] = []
-        for raw in values:
+        verifier = self.verifier
+        may_sign = verifier.may_sign_for if verifier is not None and verifier.bindings else None
+        for i, raw in enumerate(values):
             try:
                 msg = RouterLoad.model_validate_json(raw)
             except ValidationError:
@@ -128,6 +133,10 @@ class PeerLoads(TopicReader):
                 continue
             if msg.schema_ != PEERS_SCHEMA:
                 self.malformed += 1
+                continue
+            # a key bound to nodes (telemetry_key_nodes) speaks for those nodes only: a router's message
+            # needs a key not bound, or bound to `router:<id>` (a node's key cannot steer other routers)
+            if may_sign is not None and kids is not None and not may_sign(kids[i], f"{ROUTER_PREFIX}{msg.router_id}"):
                 continue
             msgs.append(msg)
         self.messages += len(msgs)

@@ -7,9 +7,10 @@ a reader, plaintext, TLS and SASL alike, behind the interfaces telemetry.kafka.b
   assigned by hand, started from a time offset, CRC checks on; what a broker may send is bounded by
   configuration (`fetch.max.bytes`, `receive.message.max.bytes`, `queued.max.messages.kbytes`
   prefetch, `socket.timeout.ms` per answer). librdkafka inflates gzip and lz4 batches without a bound
-  of its own (its gzip path sizes the output in a first pass and allocates it whole), so plaintext
-  readers keep the lean reader, which bounds inflation; readers that need TLS or SASL, which the lean
-  reader does not speak, read here (before: kafka-python, as unbounded there and three times the CPU).
+  of its own (its gzip path sizes the output in a first pass and allocates it whole), so plaintext and
+  TLS readers keep the lean reader, which bounds inflation; readers that need SASL, which the lean
+  reader does not speak, read here (before: kafka-python, as unbounded there and three times the CPU),
+  and the broker's SASL is then what keeps hostile writers off the topic.
 - kafka-python stays the fallback where confluent-kafka is missing, or with
   `EDGEROUTE_KAFKA_CLIENT=kafka-python`.
 """

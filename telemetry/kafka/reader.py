@@ -154,6 +154,10 @@ class TopicReader(Worker):
         """Count `records` of a skipped batch where the reader's owner shows its counts."""
         return None
 
+    def _dropped(self, batches: int) -> None:
+        """Count record batches the consumer dropped unread (the lean reader's `dropped_batches`)."""
+        return None
+
     def _run(self) -> None:
         readers = {r.topic: r for r in (self, *self._riders)}
         while not self._stop.is_set():
@@ -164,9 +168,13 @@ class TopicReader(Worker):
                 # until the consumer reaches these offsets, then as the live stream (dated by receipt,
                 # so a node whose clock runs behind the router's is still fresh)
                 ends = {tp: end for tp, end in consumer.end_offsets(list(consumer.assignment())).items() if end}
+                dropped = 0
                 while not self._stop.is_set():
                     batches = consumer.poll(timeout_ms=100)
                     received = self.clock()
+                    if getattr(consumer, "dropped_batches", 0) != dropped:
+                        self._dropped(consumer.dropped_batches - dropped)
+                        dropped = consumer.dropped_batches
                     by_topic: dict[tuple[str, bool], list[Any]] = {}
                     for tp, records in batches.items():
                         end = ends.get(tp, 0)
@@ -183,7 +191,7 @@ class TopicReader(Worker):
                         readers[topic]._fold(batch, received, history)
                     for reader in readers.values():
                         reader._tick(received)
-            except Unsupported as exc:
+            except Unsupported as exc:  # the broker's API versions (never the log's content: it is dropped)
                 self.reader = "librdkafka" if rdkafka.available() else "kafka-python"
                 log.warning("%s: %s; reading with %s from now on", self.thread_name, exc, self.reader)
             except Exception as exc:  # noqa: BLE001 - broker outages are survived, not raised
@@ -319,6 +327,10 @@ class KafkaTelemetrySource(TopicReader):
     def _skipped(self, records: int) -> None:
         if self._store is not None:
             self._store.skipped += records
+
+    def _dropped(self, batches: int) -> None:
+        if self._store is not None:
+            self._store.batches_dropped += batches
 
     def _handle(
         self, values: list[bytes], received_ms: float, history: bool | None = None, kids: list[str | None] | None = None

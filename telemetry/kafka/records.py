@@ -3,16 +3,16 @@ their CRC-32C and compression (`decode_batches`), and the `edgeroute-sig` record
 
 Everything a broker sends is checked as it is read: sizes against the bytes there, counts against
 what those bytes can hold, each batch's CRC-32C; a bad answer raises `KafkaWireError`, never an
-index error or a huge allocation. Compressed batches inflate within a bound (`MAX_INFLATED`).
+index error or a huge allocation, and a bad batch in the log is dropped and counted, never retried
+(`decode_batches`). Compressed batches inflate within a bound (telemetry.kafka.codecs).
 """
 
 from __future__ import annotations
 
 import struct
-import zlib
 from typing import NamedTuple
 
-MAX_INFLATED = 16 << 20  # compressed batches of one partition's fetch inflate to this much at most
+from telemetry.kafka.codecs import Inflated, Inflation, Undecodable, inflate
 
 I16 = struct.Struct(">h")
 I32 = struct.Struct(">i")
@@ -114,88 +114,87 @@ def _varint(buf: bytes, pos: int) -> tuple[int, int]:
         shift += 7
 
 
-class Inflated(KafkaWireError):
-    """A compressed record batch that inflates past the bytes allowed for it (a compression bomb)."""
-
-
-def _decompress(codec: int, data: bytes, limit: int) -> bytes:
-    """`data` inflated, never past `limit` bytes: gzip and zstd stop at the limit before allocating more;
-    a bigger result is `Inflated` (snappy cannot grow past about 21x its input, itself bounded by the
-    fetch; lz4's frame decoder takes the same bound)."""
-    if codec == 1:
-        inflater = zlib.decompressobj(47)  # gzip or zlib framing
-        out = inflater.decompress(data, limit + 1)
-    else:
-        from kafka import codec as kc
-
-        if codec == 2 and kc.has_snappy():
-            out = bytes(kc.snappy_decode(data))
-        elif codec == 3 and kc.has_lz4():
-            import lz4.frame  # type: ignore[import-not-found]
-
-            out = lz4.frame.LZ4FrameDecompressor().decompress(data, max_length=limit + 1)
-        elif codec == 4 and kc.has_zstd():
-            import io
-
-            import zstandard  # type: ignore[import-not-found]
-
-            with zstandard.ZstdDecompressor().stream_reader(io.BytesIO(data), read_across_frames=True) as reader:
-                out = reader.read(limit + 1)
-        else:
-            raise Unsupported(f"record batch compressed with codec {codec}, whose library is not installed")
-    if len(out) > limit:
-        raise Inflated(f"a compressed record batch inflates past {limit} bytes")
-    return out
-
-
 def _crc32c(data: memoryview) -> int:
     import crc32c
 
     return int(crc32c.crc32c(data))
 
 
+MAX_DELTA = 1 << 30  # a batch's last offset delta past this is not a real batch's
+
+
 def decode_batches(
     data: memoryview,
     fetch_offset: int,
     out: list[Record],
-    max_inflated: int = MAX_INFLATED,
+    inflation: Inflation | None = None,
     dropped: list[str] | None = None,
 ) -> int:
-    """Append the records at or past `fetch_offset` of the v2 record batches in `data` to `out`; return the
+    """Append the records at or past `fetch_offset` of the record batches in `data` to `out`; return the
     offset to fetch next. A batch cut off at the end (the broker's byte limit) is left for the next
-    fetch; control batches (transaction markers) are skipped; a batch whose CRC does not match raises.
-    Compressed batches inflate to `max_inflated` bytes at most, together: a batch that would go past it
-    is skipped (its offsets passed, the reason appended to `dropped`), not retried forever."""
+    fetch; control batches (transaction markers) are skipped.
+
+    Everything else that is not a readable v2 batch is dropped, its offsets passed and the reason
+    appended to `dropped`, and reading goes on: a batch whose CRC does not match, one whose records do
+    not hold together, one in an older message format, one whose compression does not decode or
+    inflates past what `inflation` allows (every Kafka codec, telemetry.kafka.codecs: at most one
+    fetch's budget for all the batches of this fetch together, within the reader's bytes a second).
+    A header that does not frame a batch ends this fetch past the offset it names. So no content of
+    the log can stall a reader, make it retry the same bytes forever, or change which reader reads."""
+    inflation = inflation or Inflation()
     pos, end, next_offset = 0, len(data), fetch_offset
-    budget = max_inflated
+    budget = None  # inflation allowed for this fetch, asked for at the first compressed batch
+
+    def drop(base: int, after: int, why: str) -> None:
+        if dropped is not None:
+            dropped.append(f"offsets {base}-{after - 1}: {why}")
+
     while end - pos > 16:
-        if data[pos + 16] != 2:  # the magic byte sits here in every message format
-            raise Unsupported(f"record format v{data[pos + 16]}; this reader reads v2 (Kafka 0.11 and later)")
         if end - pos < _BATCH.size:
             break
-        (base, length, _epoch, _magic, crc, attrs, last_delta, _t0, _tmax, _pid, _pe, _seq, n) = _BATCH.unpack_from(
+        (base, length, _epoch, magic, crc, attrs, last_delta, _t0, _tmax, _pid, _pe, _seq, n) = _BATCH.unpack_from(
             data, pos
         )
-        if length < _BATCH.size - 12:
-            raise KafkaWireError("record batch shorter than its header")
         stop = pos + 12 + length
+        sane = 0 <= last_delta < MAX_DELTA
+        after = base + last_delta + 1 if sane else base + 1
+        if length < (_BATCH.size - 12 if magic == 2 else 14) or (magic == 2 and not sane):
+            # nothing after it can be framed: on past it, never back (a broker sending this is broken;
+            # an offset past its log is answered out of range, and reading resumes at the end)
+            drop(base, after, "a record batch header that frames nothing")
+            return int(max(next_offset + 1, after))
         if stop > end:
             break  # cut off by the byte limit: fetched whole next time
+        if magic != 2:  # a v0/v1 message set: (offset, size) frame it, and its last offset is `base`
+            if base >= next_offset:
+                drop(base, base + 1, f"record format v{magic}; this reader reads v2 (Kafka 0.11 and later)")
+            next_offset = max(next_offset, base + 1)
+            pos = stop
+            continue
         if _crc32c(data[pos + 21 : stop]) != crc:
-            raise KafkaWireError(f"record batch at offset {base}: CRC mismatch")
-        after = base + last_delta + 1
-        if after > next_offset and not attrs & 0x20:
+            if after > next_offset:
+                drop(base, after, "CRC mismatch")
+        elif after > next_offset and not attrs & 0x20:
             body = bytes(data[pos + _BATCH.size : stop])
-            if attrs & 7:
-                try:
-                    body = _decompress(attrs & 7, body, budget)
-                except Inflated as exc:
-                    if dropped is not None:
-                        dropped.append(f"offsets {base}-{after - 1}: {exc}")
-                    body = b""
-                    n = 0
-                budget -= len(body)
-            _records(body, base, n, next_offset, out)
+            try:
+                if attrs & 7:
+                    if budget is None:
+                        budget = inflation.available()
+                    if budget <= 0:
+                        raise Inflated("this reader's inflation budget is spent for now")
+                    try:
+                        body = inflate(attrs & 7, body, budget)
+                    except Inflated:
+                        inflation.spend(budget)  # (the work was done up to the limit)
+                        budget = 0
+                        raise
+                    inflation.spend(len(body))
+                    budget -= len(body)
+                found: list[Record] = []
+                _records(body, base, n, next_offset, found)
+                out.extend(found)
+            except (Undecodable, KafkaWireError) as exc:
+                drop(base, after, str(exc))
         next_offset = max(next_offset, after)
         pos = stop
     return next_offset

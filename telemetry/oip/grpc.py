@@ -5,14 +5,22 @@ A gRPC inference request is turned into the HTTP form both sides already check a
 header and a binary tail, `binary_data_size` per input), so it meets exactly the validation, bounds,
 lifecycle and policies an HTTP request meets; answers come back as `raw_output_contents`. Errors map
 HTTP statuses to gRPC codes (`STATUS_CODES`). Messages are bounded by the server's
-`max_receive_message_length` (the HTTP body limit), in-flight calls by `maximum_concurrent_rpcs`.
+`max_receive_message_length` (the HTTP body limit), in-flight calls by `maximum_concurrent_rpcs`,
+connections by `grpc.max_allowed_incoming_connections` and their idle time by
+`grpc.max_connection_idle_ms`. A stream is let in (the servicer's `stream_client`: authentication, the
+client's name) before it holds its slot for long: it must send its first message within
+`body_timeout_s` and each next one within `idle_timeout_s`, and one client holds at most a quarter of
+the server's calls in streams (`StreamLimits`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Any
+from urllib.parse import unquote
 
 import grpc
 import numpy as np
@@ -21,15 +29,19 @@ from google.protobuf.message import DecodeError
 
 from telemetry.oip import wire
 from telemetry.oip.triton import pb
-from telemetry.process.tls import ServerTLS
+from telemetry.process.serving import default_max_connections
+from telemetry.process.settings import ServerSettings
 
 __all__ = [
     "STATUS_CODES",
     "BadMessage",
+    "StreamLimits",
     "bearer",
     "deadline_ms",
     "http_form",
+    "http_form_off_loop",
     "parameters_of",
+    "peer_host",
     "response_from_arrays",
     "response_from_body",
     "service_handler",
@@ -69,11 +81,34 @@ _CONTENTS = {
     "FP32": "fp32_contents",
     "FP64": "fp64_contents",
 }
+# OIP datatype -> (the little-endian type of its binary form, the type its typed field holds)
+_BINARY = {
+    "BOOL": ("<?", "<?"),
+    "INT8": ("<i1", "<i4"),
+    "INT16": ("<i2", "<i4"),
+    "INT32": ("<i4", "<i4"),
+    "INT64": ("<i8", "<i8"),
+    "UINT8": ("<u1", "<u4"),
+    "UINT16": ("<u2", "<u4"),
+    "UINT32": ("<u4", "<u4"),
+    "UINT64": ("<u8", "<u8"),
+    "FP32": ("<f4", "<f4"),
+    "FP64": ("<f8", "<f8"),
+}
+TYPED_ON_LOOP = 1 << 16  # typed values read on the event loop; more are read in a thread (~30 ns each)
+MAX_DIM = (1 << 63) - 1  # a dimension: an int64 in Triton's messages
+MAX_DIMS = 64  # dimensions of one tensor a node's answer may give
 MAX_PARAMETERS = 64  # parameters of one request or tensor (a map: bounded like the HTTP body's objects)
+MAX_STREAMS_PER_CONNECTION = 128  # HTTP/2 streams one connection may have open
 
 
 class BadMessage(ValueError):
-    """A gRPC message that does not make a request (answered INVALID_ARGUMENT)."""
+    """A gRPC message that does not make a request: `status` 400 (INVALID_ARGUMENT), or 413
+    (RESOURCE_EXHAUSTED) for typed contents whose binary form is over the body limit."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 def code_of(status: int) -> grpc.StatusCode:
@@ -92,14 +127,24 @@ def parameters_of(params: Any) -> dict[str, Any]:
     return {str(k)[:256]: _value(v) for k, v in params.items()}
 
 
-def http_form(req: Any) -> tuple[dict[str, Any], bytes]:
+def http_form(req: Any, max_bytes: int) -> tuple[dict[str, Any], bytes]:
     """The OIP HTTP form of a ModelInferRequest: the JSON header (inputs, outputs, id, parameters; every
-    output asked for as binary) and the binary tail. Typed `contents` become JSON `data`; with
-    `raw_input_contents` there is one raw buffer per input, in order."""
+    output asked for as binary) and the binary tail. With `raw_input_contents` there is one raw buffer
+    per input, in order; typed `contents` become the same binary buffers, checked against `max_bytes`
+    before they are made (a varint of one byte can be an INT64 of eight)."""
     raw = req.raw_input_contents
     if raw and len(raw) != len(req.inputs):
         raise BadMessage(f"{len(raw)} raw_input_contents for {len(req.inputs)} inputs")
+    if not raw:
+        size = sum(
+            len(getattr(t.contents, _CONTENTS[t.datatype])) * np.dtype(_BINARY[t.datatype][0]).itemsize
+            for t in req.inputs
+            if t.datatype in _BINARY
+        )
+        if size > max_bytes:
+            raise BadMessage(f"typed contents of {size} bytes in binary form exceed {max_bytes}", 413)
     inputs: list[dict[str, Any]] = []
+    typed: list[bytes] = []
     for i, t in enumerate(req.inputs):
         entry: dict[str, Any] = {"name": t.name, "datatype": t.datatype, "shape": list(t.shape)}
         params = parameters_of(t.parameters)
@@ -108,10 +153,9 @@ def http_form(req: Any) -> tuple[dict[str, Any], bytes]:
                 raise BadMessage(f"input '{t.name[:64]}' has both contents and raw_input_contents")
             params["binary_data_size"] = len(raw[i])
         else:
-            field = _CONTENTS.get(t.datatype)
-            if field is None:
-                raise BadMessage(f"input '{t.name[:64]}' of datatype {t.datatype[:16]!r} needs raw_input_contents")
-            entry["data"] = list(getattr(t.contents, field))
+            blob = _typed_binary(t)
+            params["binary_data_size"] = len(blob)
+            typed.append(blob)
         if params:
             entry["parameters"] = params
         inputs.append(entry)
@@ -123,13 +167,51 @@ def http_form(req: Any) -> tuple[dict[str, Any], bytes]:
     doc["parameters"] = params
     if req.outputs:
         doc["outputs"] = [{"name": o.name, "parameters": {"binary_data": True}} for o in req.outputs]
-    return doc, b"".join(raw)
+    return doc, b"".join(raw or typed)
 
 
-def http_body(req: Any) -> tuple[bytes, int, dict[str, Any]]:
+def _typed_binary(t: Any) -> bytes:
+    """A tensor's typed `contents` in the binary form OIP's HTTP tail carries: never larger than the
+    message that brought them (a value takes at least as many bytes on the wire, varints aside, whose
+    widest binary form is 8 bytes for 10 on the wire), read into one array, not into Python objects.
+    Values outside the datatype's range (typed fields are 32 or 64 bits wide) are a BadMessage."""
+    kinds = _BINARY.get(t.datatype)
+    if kinds is None:
+        raise BadMessage(f"input '{t.name[:64]}' of datatype {t.datatype[:16]!r} needs raw_input_contents")
+    values = getattr(t.contents, _CONTENTS[t.datatype])
+    wanted, held = np.dtype(kinds[0]), np.dtype(kinds[1])
+    array = np.fromiter(values, dtype=held, count=len(values))
+    if wanted != held and wanted.kind in "iu" and array.size:
+        limits = np.iinfo(wanted)
+        if int(array.min()) < limits.min or int(array.max()) > limits.max:
+            raise BadMessage(f"input '{t.name[:64]}': a value out of {t.datatype}'s range")
+    return array.astype(wanted, copy=False).tobytes()
+
+
+def typed_values(req: Any) -> int:
+    """How many typed `contents` values a ModelInferRequest carries."""
+    if req.raw_input_contents:
+        return 0
+    total = 0
+    for t in req.inputs:
+        field = _CONTENTS.get(t.datatype)
+        if field is not None:
+            total += len(getattr(t.contents, field))
+    return total
+
+
+async def http_form_off_loop(req: Any, max_bytes: int) -> tuple[dict[str, Any], bytes]:
+    """http_form, in a thread when the request carries more than TYPED_ON_LOOP typed values, so a
+    message of millions of them never stalls the event loop."""
+    if typed_values(req) > TYPED_ON_LOOP:
+        return await asyncio.to_thread(http_form, req, max_bytes)
+    return http_form(req, max_bytes)
+
+
+async def http_body(req: Any, max_bytes: int) -> tuple[bytes, int, dict[str, Any]]:
     """The HTTP body of a ModelInferRequest, its JSON header's length, and the request's parameters
     as read into it (for the caller's deadline: read once)."""
-    doc, tail = http_form(req)
+    doc, tail = await http_form_off_loop(req, max_bytes)
     try:
         head = orjson.dumps(doc)
     except TypeError as exc:  # (a string parameter that is not UTF-8 cannot reach here: protobuf checks it)
@@ -173,7 +255,7 @@ def response_from_body(body: bytes, header_length: str | None) -> Any:
         dtype = wire.DATATYPES.get(datatype) if isinstance(datatype, str) else None
         if not isinstance(name, str) or dtype is None or not isinstance(shape, list):
             raise BadMessage("node answer with a malformed output")
-        if not all(type(d) is int and d >= 0 for d in shape):
+        if len(shape) > MAX_DIMS or not all(type(d) is int and 0 <= d <= MAX_DIM for d in shape):
             raise BadMessage(f"node answer: output '{name[:64]}' has a bad shape")
         size = math.prod(shape) * dtype.itemsize
         params = out.get("parameters")
@@ -193,6 +275,33 @@ def response_from_body(body: bytes, header_length: str | None) -> Any:
         resp.outputs.add(name=name, datatype=datatype, shape=shape)
         resp.raw_output_contents.append(blob)
     return resp
+
+
+def peer_host(context: Any) -> str:
+    """The calling host, as HTTP's `request.remote` names it: gRPC's peer (`ipv4:10.0.0.5:51234`,
+    `ipv6:[::1]:51234`, percent-encoded in some versions, `unix:/path`) without its port, so a client
+    that opens a channel per call is still one client to a rate limit."""
+    peer = unquote(str(context.peer() or ""))[:256]
+    kind, _, rest = peer.partition(":")
+    if kind in ("ipv4", "ipv6") and ":" in rest:
+        host = rest.rpartition(":")[0].strip("[]")
+    else:
+        host = peer
+    return host[:128] or "unknown"
+
+
+@dataclass(frozen=True)
+class StreamLimits:
+    """What a ModelStreamInfer stream may hold: its first message within `first_s` of opening, each
+    next one within `idle_s` of the last answer, and at most `per_client` streams open per client."""
+
+    first_s: float
+    idle_s: float
+    per_client: int
+
+    @classmethod
+    def of(cls, settings: ServerSettings) -> StreamLimits:
+        return cls(settings.body_timeout_s, settings.idle_timeout_s, max(1, settings.grpc_max_calls // 4))
 
 
 def bearer(context: Any) -> str | None:
@@ -239,40 +348,66 @@ def _infer(infer_once: Any) -> Any:
     return call
 
 
-def _stream(infer_once: Any) -> Any:
-    """ModelStreamInfer: each request of the stream answered in turn; an error is that answer's
-    `error_message` and the stream goes on (a malformed message too)."""
+def _stream(servicer: Any, limits: StreamLimits) -> Any:
+    """ModelStreamInfer: the stream let in first (`servicer.stream_client(context)` -> (status, reason,
+    client): authentication before the stream holds a slot for long), then each request of the stream
+    answered in turn; an error is that answer's `error_message` and the stream goes on (a malformed
+    message too). A stream that stays silent past `limits` ends DEADLINE_EXCEEDED."""
+    open_streams: dict[str, int] = {}
 
     async def call(requests: AsyncIterator[bytes], context: Any) -> AsyncIterator[Any]:
-        async for raw in requests:
-            try:
-                request = pb.ModelInferRequest.FromString(raw)
-            except DecodeError:
-                yield pb.ModelStreamInferResponse(error_message="malformed ModelInferRequest message")
-                continue
-            status, message, response = await infer_once(request, context)
-            if response is None:
-                yield pb.ModelStreamInferResponse(error_message=f"{status}: {message[:1024]}")
-            else:
-                yield pb.ModelStreamInferResponse(infer_response=response)
+        status, reason, client = servicer.stream_client(context)
+        if status:
+            await context.abort(code_of(status), reason[:1024])
+        if open_streams.get(client, 0) >= limits.per_client:
+            await context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED, f"{limits.per_client} streams open from this client already"
+            )
+        open_streams[client] = open_streams.get(client, 0) + 1
+        try:
+            incoming = requests.__aiter__()
+            wait_s = limits.first_s
+            while True:
+                try:
+                    raw = await asyncio.wait_for(incoming.__anext__(), wait_s)
+                except StopAsyncIteration:
+                    return
+                except TimeoutError:
+                    await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, f"no message on the stream for {wait_s:g} s")
+                wait_s = limits.idle_s
+                try:
+                    request = pb.ModelInferRequest.FromString(raw)
+                except DecodeError:
+                    yield pb.ModelStreamInferResponse(error_message="malformed ModelInferRequest message")
+                    continue
+                status, message, response = await servicer.infer_once(request, context)
+                if response is None:
+                    yield pb.ModelStreamInferResponse(error_message=f"{status}: {message[:1024]}")
+                else:
+                    yield pb.ModelStreamInferResponse(infer_response=response)
+        finally:
+            left = open_streams.pop(client) - 1
+            if left:
+                open_streams[client] = left
 
     return call
 
 
-def service_handler(servicer: Any) -> Any:
+def service_handler(servicer: Any, limits: StreamLimits) -> Any:
     """The GRPCInferenceService calls `servicer` implements, as one handler for a grpc.aio server.
 
     Requests arrive as bytes and are parsed here, so a malformed message is INVALID_ARGUMENT (gRPC's
     own deserialisation would make it INTERNAL). `servicer.infer_once(request, context)` -> (status,
-    message, response or None) serves ModelInfer and ModelStreamInfer; other calls are methods named
-    as in the service. Calls it does not implement answer UNIMPLEMENTED."""
+    message, response or None) serves ModelInfer and ModelStreamInfer, `servicer.stream_client` lets
+    streams in (`_stream`); other calls are methods named as in the service. Calls it does not
+    implement answer UNIMPLEMENTED."""
     handlers: dict[str, Any] = {}
     for method in SERVICE.methods:
         request_type = getattr(pb, method.input_type.name)
         response_type = getattr(pb, method.output_type.name)
         if method.name == "ModelStreamInfer":
             handlers[method.name] = grpc.stream_stream_rpc_method_handler(
-                _stream(servicer.infer_once), response_serializer=response_type.SerializeToString
+                _stream(servicer, limits), response_serializer=response_type.SerializeToString
             )
             continue
         impl = _infer(servicer.infer_once) if method.name == "ModelInfer" else getattr(servicer, method.name, None)
@@ -286,24 +421,33 @@ def service_handler(servicer: Any) -> Any:
 async def start_server(
     add: Callable[[Any], None],
     host: str,
-    port: int,
-    tls: ServerTLS | None,
+    settings: ServerSettings,
     max_message_bytes: int,
-    max_rpcs: int,
     reuse_port: bool = False,
 ) -> tuple[Any, int]:
-    """A started grpc.aio server with the servicer `add` puts on it; (server, bound port). `reuse_port`:
-    several router processes share the port (SO_REUSEPORT), as their HTTP sites do."""
+    """A started grpc.aio server with the servicer `add` puts on it, on `settings.grpc_port`; (server,
+    bound port). `reuse_port`: several router processes share the port (SO_REUSEPORT), as their HTTP
+    sites do.
+
+    gRPC's own limits bound what a client can hold: connections (`grpc_max_connections`; HTTP's default
+    leaves them room), a connection's handshake (`body_timeout_s`) and its idle time with no call
+    (`idle_timeout_s`), streams per connection, calls in progress (`grpc_max_calls`), message sizes."""
+    assert settings.grpc_port is not None
     server = grpc.aio.server(
         options=[
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.max_send_message_length", max(max_message_bytes, 64 << 20)),
-            ("grpc.max_concurrent_streams", 1024),
+            ("grpc.max_concurrent_streams", MAX_STREAMS_PER_CONNECTION),
             ("grpc.so_reuseport", 1 if reuse_port else 0),
+            ("grpc.max_allowed_incoming_connections", settings.connection_limits(default_max_connections())[1]),
+            ("grpc.max_connection_idle_ms", int(settings.idle_timeout_s * 1000)),
+            ("grpc.server_handshake_timeout_ms", int(settings.body_timeout_s * 1000)),
         ],
-        maximum_concurrent_rpcs=max_rpcs,
+        maximum_concurrent_rpcs=settings.grpc_max_calls,
     )
     add(server)
+    port = settings.grpc_port
+    tls = settings.tls
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     if tls is None:
         bound = server.add_insecure_port(address)

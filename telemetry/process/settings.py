@@ -52,6 +52,15 @@ def with_overrides(config: Any, updates: dict[str, Any]) -> Any:
 class ServerSettings(BaseModel):
     """The serving settings a router's and a node's configs share (both inherit them)."""
 
+    def connection_limits(self, budget: int) -> tuple[int, int]:
+        """(HTTP's, gRPC's) connection limits out of `budget` (the file limit less a reserve,
+        telemetry.process.serving.default_max_connections): each as set, else gRPC a quarter of the
+        budget when it is on and HTTP the rest, so neither door can take the other's descriptors."""
+        grpc_on = self.grpc_port is not None
+        grpc = self.grpc_max_connections or (max(16, budget // 4) if grpc_on else 0)
+        http = self.max_connections or max(16, budget - (grpc if grpc_on else 0))
+        return http, grpc
+
     tls: ServerTLS | None = Field(
         None, description="serve HTTPS (telemetry.process.tls.ServerTLS); mTLS with client_ca_file"
     )
@@ -74,6 +83,13 @@ class ServerSettings(BaseModel):
     )
     grpc_max_calls: int = Field(
         4096, ge=1, le=1_000_000, description="gRPC calls in progress at once; past it RESOURCE_EXHAUSTED"
+    )
+    grpc_max_connections: int | None = Field(
+        None,
+        ge=1,
+        le=1_000_000,
+        description="open gRPC connections (closed past it); default a quarter of the file limit, and "
+        "HTTP's default max_connections leaves them that room",
     )
     body_timeout_s: float = Field(
         10.0, gt=0, le=3600, description="a request's body must arrive whole within this long of its head (408)"

@@ -120,3 +120,38 @@ def test_two_router_processes_share_one_port_and_each_others_load(broker: Embedd
     finally:
         stack.stop()
     assert procs and all(p.popen.poll() is not None for p in procs), "both router processes stopped"
+
+
+def test_a_nodes_key_cannot_sign_another_routers_load(broker: EmbeddedBroker) -> None:
+    """With keys bound to nodes (telemetry_key_nodes), a peer message `{"router_id": "router-b",
+    "dispatched": {"n2": 1000000}}` signed with node n1's key made n2 look swamped to every router (60 of
+    60 requests then went to n1). A key bound to nodes now speaks for those nodes only; a router's
+    message needs a key that is not, or one bound to `router:<id>`."""
+    from telemetry.kafka.signing import Signer, Verifier
+
+    topic = f"edgeroute.routers.bound{time.time_ns()}"
+    ensure_topic(broker.bootstrap, topic)
+    node_key = "n1key:" + "a" * 32
+    router_key = "routers:" + "b" * 32
+    verifier = Verifier.parse([node_key, router_key])
+    verifier.bindings = {"n1key": ("n1",)}
+    forger = PeerPublisher(broker.bootstrap, "router-b", topic, signer=Signer.parse(node_key))
+    honest = PeerPublisher(broker.bootstrap, "router-c", topic, signer=Signer.parse(router_key))
+    loads = PeerLoads(broker.bootstrap, "router-a", topic, stale_after_ms=5000)
+    loads.verifier = verifier
+    loads.start()
+    try:
+        assert loads.assigned.wait(10)
+        forged = forger.snapshot({"n2": 1_000_000}, {}, time.time() * 1000)
+        real = honest.snapshot({"n2": 3}, {}, time.time() * 1000)
+        assert forged is not None and real is not None
+        forger.submit(forged)
+        honest.submit(real)
+        assert _until(lambda: loads.remote("n2") == 3), f"saw {loads.remote('n2')}"
+        time.sleep(0.5)
+        assert loads.remote("n2") == 3 and loads.peers == 1, "the forged load is not counted"
+        assert verifier.unbound >= 1
+    finally:
+        loads.stop()
+        forger.close()
+        honest.close()

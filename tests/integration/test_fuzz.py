@@ -1,9 +1,12 @@
-"""Generated hostile requests against a real router and real nodes (hypothesis): odd paths and model
-names, encoded slashes, hostile hint headers (huge, negative, NaN, text priorities and deadlines,
-unknown sites, control characters), malformed binary framing, random JSON, tensors whose shapes and
-data disagree, deep nesting, huge numbers, random bytes. Every request gets one answer and none is a
-500 or 502; afterwards every process is alive, no node is ejected, and valid requests succeed on
-every node, directly and through the router, from every site.
+"""Generated hostile requests against a real router and real nodes (hypothesis), through both front
+doors: over HTTP odd paths and model names, encoded slashes, hostile hint headers (huge, negative, NaN,
+text priorities and deadlines, unknown sites, control characters), malformed binary framing, random
+JSON, tensors whose shapes and data disagree, deep nesting, huge numbers, random bytes; over gRPC
+mutated and random inference, metadata, configuration and statistics messages, typed contents of every
+type. Every request gets one answer and none is a 500 or 502 (over gRPC: never UNKNOWN or INTERNAL);
+honest clients on both doors are served within their deadlines all along; afterwards every process is
+alive, its memory within bounds, no node is ejected, and valid requests succeed on every node, directly
+and through the router, from every site.
 
 `make test` runs a slice (EDGEROUTE_FUZZ_EXAMPLES, default 300, deterministic); `make fuzz` runs
 10,000 with a fresh seed each time."""
@@ -14,6 +17,10 @@ import http.client
 import json
 import os
 import re
+import struct
+import threading
+import time
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -140,16 +147,165 @@ def requests(draw: st.DrawFn) -> tuple[str, str, str, bytes, dict[str, str]]:
     return target, method, path, body, headers
 
 
+grpc = pytest.importorskip("grpc")
+from tritonclient.grpc import service_pb2 as pb  # noqa: E402
+
+GRPC_ALLOWED = {
+    grpc.StatusCode.OK,
+    grpc.StatusCode.INVALID_ARGUMENT,
+    grpc.StatusCode.NOT_FOUND,
+    grpc.StatusCode.RESOURCE_EXHAUSTED,
+    grpc.StatusCode.UNAVAILABLE,
+    grpc.StatusCode.DEADLINE_EXCEEDED,
+    grpc.StatusCode.FAILED_PRECONDITION,
+    grpc.StatusCode.UNIMPLEMENTED,
+}
+GRPC_METHODS = [
+    "ModelInfer",
+    "ModelInfer",
+    "ModelInfer",
+    "ModelMetadata",
+    "ModelConfig",
+    "ModelStatistics",
+    "ModelReady",
+]
+TYPED = {
+    "BOOL": "bool_contents",
+    "INT8": "int_contents",
+    "INT32": "int_contents",
+    "INT64": "int64_contents",
+    "UINT8": "uint_contents",
+    "UINT64": "uint64_contents",
+    "FP32": "fp32_contents",
+    "FP64": "fp64_contents",
+}
+
+
+def _good_grpc() -> bytes:
+    req = pb.ModelInferRequest(model_name="sensor_mlp")
+    req.inputs.add(name="readings", datatype="FP32", shape=[1, 16])
+    req.raw_input_contents.append(struct.pack("<16f", *range(16)))
+    return req.SerializeToString()  # type: ignore[no-any-return]
+
+
+GOOD_GRPC = _good_grpc()
+
+
+@st.composite
+def grpc_messages(draw: st.DrawFn) -> tuple[str, str, bytes]:
+    """(target, method, message bytes)."""
+    target = draw(st.sampled_from(["router", "router", "node"]))
+    method = draw(st.sampled_from(GRPC_METHODS))
+    kind = draw(st.sampled_from(["flipped", "random", "typed", "named"]))
+    if kind == "flipped":
+        buf = bytearray(GOOD_GRPC)
+        for at, value in draw(st.lists(st.tuples(st.integers(0, len(buf) - 1), st.integers(0, 255)), max_size=6)):
+            buf[at] = value
+        return target, method, bytes(buf)
+    if kind == "random":
+        return target, method, draw(st.binary(max_size=512))
+    req = pb.ModelInferRequest(
+        model_name=draw(st.one_of(st.sampled_from(MODELS), names)), id=draw(st.text(max_size=64))
+    )
+    if kind == "typed":
+        datatype = draw(st.sampled_from([*TYPED, "FP16", "BYTES", "X"]))
+        shape = draw(st.lists(st.integers(min_value=-(2**63), max_value=2**63 - 1), max_size=4))
+        tensor = req.inputs.add(name=draw(st.sampled_from(["readings", "x", ""])), datatype=datatype, shape=shape)
+        field = TYPED.get(datatype)
+        if field is not None:
+            values = {
+                "bool_contents": st.booleans(),
+                "int_contents": st.integers(-(2**31), 2**31 - 1),
+                "int64_contents": st.integers(-(2**63), 2**63 - 1),
+                "uint_contents": st.integers(0, 2**32 - 1),
+                "uint64_contents": st.integers(0, 2**64 - 1),
+                "fp32_contents": st.floats(width=32),
+                "fp64_contents": st.floats(),
+            }[field]
+            getattr(tensor.contents, field).extend(draw(st.lists(values, max_size=64)))
+    else:
+        req.model_version = draw(st.one_of(st.just("1"), names))
+        for key in draw(st.lists(st.text(max_size=12), max_size=4)):
+            req.parameters[key].string_param = draw(st.text(max_size=20))
+    return target, method, req.SerializeToString()
+
+
+class Honest:
+    """Clients that play by the rules beside the attack: a valid inference over HTTP and one over gRPC
+    to the router every 50 ms, each with a 2 s deadline; what each got and how long it took."""
+
+    DEADLINE_MS = 2000.0
+
+    def __init__(self, stack: Stack) -> None:
+        assert stack.router is not None and stack.router.grpc is not None
+        self.url, self.grpc = stack.router_url, stack.router.grpc
+        self.results: list[tuple[str, object, float]] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        body = infer_body()
+        headers = {wire.DEADLINE_MS: str(self.DEADLINE_MS)}
+        with grpc.insecure_channel(self.grpc) as channel:
+            infer = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
+            while not self.stop.is_set():
+                began = time.monotonic()
+                try:
+                    status: object = call(f"{self.url}/v2/models/sensor_mlp/infer", body, headers=headers)[0]
+                except OSError as exc:
+                    status = repr(exc)
+                self.results.append(("http", status, (time.monotonic() - began) * 1000))
+                began = time.monotonic()
+                try:
+                    infer(GOOD_GRPC, timeout=self.DEADLINE_MS / 1000)
+                    code: object = grpc.StatusCode.OK
+                except grpc.RpcError as exc:
+                    code = exc.code()
+                self.results.append(("grpc", code, (time.monotonic() - began) * 1000))
+                self.stop.wait(0.05)
+
+    def __enter__(self) -> Honest:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join(30)
+
+
+def _rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
 class Targets:
     def __init__(self, stack: Stack) -> None:
-        self.urls = {"router": stack.router_url, "node": next(iter(stack.nodes.values())).url}
+        node = next(iter(stack.nodes.values()))
+        assert stack.router is not None and stack.router.grpc is not None and node.grpc is not None
+        self.urls = {"router": stack.router_url, "node": node.url}
         self.conns: dict[str, http.client.HTTPConnection] = {}
+        self.channels = {
+            name: grpc.insecure_channel(t) for name, t in (("router", stack.router.grpc), ("node", node.grpc))
+        }
         self.sent = 0
 
     def close(self) -> None:
         for conn in self.conns.values():
             conn.close()
         self.conns.clear()
+        for channel in self.channels.values():
+            channel.close()
+
+    def send_grpc(self, target: str, method: str, message: bytes) -> grpc.StatusCode:
+        call = self.channels[target].unary_unary(f"/inference.GRPCInferenceService/{method}")
+        self.sent += 1
+        try:
+            call(message, timeout=15)
+        except grpc.RpcError as exc:
+            return exc.code()  # type: ignore[no-any-return]
+        return grpc.StatusCode.OK
 
     def send(self, target: str, method: str, path: str, body: bytes, headers: dict[str, str]) -> int | None:
         """The answer's status, or None for a request http.client will not put on the wire."""
@@ -194,7 +350,9 @@ def test_hostile_requests_hurt_no_one(own_stack: Any) -> None:
         router={"max_body_bytes": 1 << 20, "outlier": {"consecutive": 3}},
     )
     targets = Targets(stack)
-    seen: dict[int, int] = {}
+    seen: dict[object, int] = {}
+    pids = {p.name: p.popen.pid for p in (stack.router, *stack.nodes.values()) if p is not None}
+    rss_before = {name: _rss_mb(pid) for name, pid in pids.items()}
 
     @settings(
         max_examples=EXAMPLES,
@@ -203,8 +361,14 @@ def test_hostile_requests_hurt_no_one(own_stack: Any) -> None:
         database=None,
         suppress_health_check=list(HealthCheck),
     )
-    @given(requests())
-    def attack(req: tuple[str, str, str, bytes, dict[str, str]]) -> None:
+    @given(st.one_of(requests(), requests(), requests(), grpc_messages()))
+    def attack(req: tuple[Any, ...]) -> None:
+        if len(req) == 3:  # gRPC
+            target, method, message = req
+            code = targets.send_grpc(target, method, message)
+            seen[code.name] = seen.get(code.name, 0) + 1
+            assert code in GRPC_ALLOWED, (code, target, method, message[:300])
+            return
         target, method, path, body, headers = req
         status = targets.send(target, method, path, body, headers)
         assume(status is not None)
@@ -213,11 +377,23 @@ def test_hostile_requests_hurt_no_one(own_stack: Any) -> None:
         assert status in ALLOWED, (status, target, method, path, body[:300], headers)
 
     try:
-        attack()
+        with Honest(stack) as honest:
+            attack()
     finally:
         targets.close()
-    print(f"fuzz: {targets.sent} requests, statuses {dict(sorted(seen.items()))}")
+    print(f"fuzz: {targets.sent} requests, answers {dict(sorted(seen.items(), key=str))}")
     assert targets.sent >= EXAMPLES
+    late = [
+        (door, got, round(ms))
+        for door, got, ms in honest.results
+        if got not in (200, grpc.StatusCode.OK) or ms > Honest.DEADLINE_MS
+    ]
+    assert honest.results and not late, (
+        f"{len(late)} of {len(honest.results)} honest requests failed or were late: {late[:5]}"
+    )
+    grown = {name: round(_rss_mb(pid) - rss_before[name]) for name, pid in pids.items()}
+    print(f"fuzz: {len(honest.results)} honest requests alongside, all in time; memory grown (MB) {grown}")
+    assert all(mb < 200 for mb in grown.values()), grown  # bounded: no input may grow a process without limit
 
     # nobody died, nobody was ejected, and valid requests succeed everywhere
     assert stack.router is not None and stack.router.popen.poll() is None

@@ -306,3 +306,37 @@ def test_the_lean_reader_reads_a_tls_broker(tmp_path, monkeypatch: pytest.Monkey
             consumer.close()
         finally:
             set_kafka_security(before)
+
+
+@pytest.mark.parametrize("codec", ["gzip", "snappy", "lz4", "zstd"])
+def test_a_record_in_any_codec_is_read_by_the_lean_reader_which_stays_the_reader(
+    broker: EmbeddedBroker, codec: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One ordinary record in a codec the lean reader did not decode (lz4) made the router switch to
+    librdkafka "from now on", whose inflation has no bound: a 261 KB gzip record then took it from 96 to
+    608 MB. Every codec Kafka defines is now read by the lean reader, which stays the reader."""
+    from confluent_kafka import Producer
+
+    from telemetry.kafka import rdkafka
+
+    if not rdkafka.available():
+        pytest.skip("confluent-kafka produces the codecs here")
+    monkeypatch.delenv("EDGEROUTE_KAFKA_READER", raising=False)
+    topic = f"edgeroute.test.codec-{codec}"
+    ensure_topic(broker.bootstrap, topic)
+    store = ViewStore(stale_after_ms=60_000)
+    source = KafkaTelemetrySource(broker.bootstrap, topic, lookback_ms=5000)
+    producer = Producer({"bootstrap.servers": broker.bootstrap, "compression.type": codec, "linger.ms": 5})
+    try:
+        source.start(store)
+        assert source.assigned.wait(10)
+        for i in range(20):
+            producer.produce(topic, key=b"n%d" % i, value=load(f"{codec}-{i}", sent_at_ms=time.time() * 1000).to_json())
+        producer.flush(10)
+        deadline = time.monotonic() + 15
+        while len(store.view) < 20:
+            assert time.monotonic() < deadline, len(store.view)
+            time.sleep(0.05)
+        assert source.reader == "lean" and source.errors == 0
+    finally:
+        source.stop()

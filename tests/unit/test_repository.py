@@ -54,7 +54,7 @@ def test_config_yaml_chooses_the_versions(tmp_path: Path, config: str, served: t
 @pytest.mark.parametrize(
     ("config", "needle"),
     [
-        ("versions: [3]\n", "versions [3] have no model.onnx"),
+        ("versions: [3]\n", "versions 3 have no model.onnx"),
         ("versions: []\n", "serve at least one"),
         ("versions: newest\n", "versions"),
         ("max_batch: 0\n", "max_batch"),
