@@ -32,6 +32,7 @@ from telemetry.oip.grpc import (
     service_handler,
 )
 from telemetry.oip.triton import EXTENSIONS, pb
+from telemetry.process import tracing
 
 
 async def _abort(context: Any, status: int, message: str) -> NoReturn:
@@ -140,7 +141,10 @@ class NodeService:
             params = req.parameters
             return Decoded(req, wire.priority_hint(params.get("priority")) or 0, deadline_ms(context, params))
 
-        done = await infer(self.rt, request.model_name, request.model_version or None, decode, _encode, None, arrived)
+        carrier = dict(context.invocation_metadata() or ()) if tracing.TRACER is not None else None
+        done = await infer(
+            self.rt, request.model_name, request.model_version or None, decode, _encode, None, arrived, carrier
+        )
         if done.status != 200 or done.payload is None:
             return done.status, done.reason, None
         return 200, "", done.payload

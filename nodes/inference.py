@@ -16,7 +16,7 @@ from __future__ import annotations
 import hmac
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -26,6 +26,7 @@ from nodes.residency import NoRoom
 from nodes.runtime import LoadedModel
 from nodes.state import LoadFailed, NodeRuntime
 from telemetry.oip import wire
+from telemetry.process import tracing
 
 log = logging.getLogger("edgeroute.node")
 
@@ -88,9 +89,36 @@ async def infer(
     encode: Callable[[LoadedModel, InferRequest, dict[str, Any]], T],
     request_id: str | None,
     arrived: float,
+    carrier: Mapping[str, str] | None = None,
 ) -> Done[T]:
     """One inference, `arrived` on `time.perf_counter()`; `request_id` names it for cancels (a router's
-    attempt id), else the request's own id."""
+    attempt id), else the request's own id. Traced when tracing is on, as the child of the
+    `traceparent` in `carrier` (the request's headers or metadata), with its queueing and its execution
+    as child spans (telemetry.process.tracing)."""
+    if tracing.TRACER is None:
+        return await _infer(rt, model, version, decode, encode, request_id, arrived)
+    with tracing.span(f"infer {model[:64]}", carrier, **{"edgeroute.node": rt.config.node_id}) as span:
+        started_ns = time.time_ns() - int((time.perf_counter() - arrived) * 1e9)
+        done = await _infer(rt, model, version, decode, encode, request_id, arrived)
+        span.set_attributes({"http.response.status_code": done.status, "edgeroute.batch_rows": done.batch_rows})
+        if done.status == 200:
+            end_ns = time.time_ns()
+            exec_ns, queue_ns = int(done.exec_ms * 1e6), int(done.queue_ms * 1e6)
+            ran_ns = end_ns - exec_ns
+            tracing.child("queue", max(started_ns, ran_ns - queue_ns), ran_ns)
+            tracing.child("execute", ran_ns, end_ns, **{"edgeroute.batch_rows": done.batch_rows})
+        return done
+
+
+async def _infer(
+    rt: NodeRuntime,
+    model: str,
+    version: str | None,
+    decode: Callable[[LoadedModel], Awaitable[Decoded]],
+    encode: Callable[[LoadedModel, InferRequest, dict[str, Any]], T],
+    request_id: str | None,
+    arrived: float,
+) -> Done[T]:
     if rt.draining:
         return Done(503, "node is draining")
     try:

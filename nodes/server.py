@@ -42,6 +42,7 @@ from telemetry.measure.quantiles import nearest_rank
 from telemetry.oip import wire
 from telemetry.oip.grpc import start_server as start_grpc
 from telemetry.oip.triton import EXTENSIONS
+from telemetry.process import tracing
 from telemetry.process.background import running
 from telemetry.process.serving import default_max_connections, read_body, start_site
 
@@ -219,7 +220,7 @@ async def infer(request: web.Request) -> web.Response:
 
     info = request.match_info
     rid = request.headers.get(wire.REQUEST_ID)
-    done = await run_inference(rt, info["model"], info.get("version"), decode, _encode, rid, arrived)
+    done = await run_inference(rt, info["model"], info.get("version"), decode, _encode, rid, arrived, request.headers)
     # the attempt's id goes back with its answer, so a router never takes a late duplicate on a reused
     # connection for the answer to its next request (router.http1's `echo`)
     echo = {} if rid is None else {wire.REQUEST_ID: rid}
@@ -372,6 +373,8 @@ def create_app(config: NodeConfig) -> web.Application:
 async def serve(config: NodeConfig, stop: asyncio.Event, on_bound: Any = None, on_grpc: Any = None) -> None:
     """Run the node until `stop` is set; the bound port is reported through `on_bound(port)`, the gRPC
     service's (with `grpc_port` set) through `on_grpc(port)`."""
+    if config.tracing is not None:  # (process-wide: a process that embeds a node sets its own up)
+        tracing.configure(config.tracing, "edgeroute-node")
     app = create_app(config)
     ssl_context = None if config.tls is None else config.tls.context()
     runner, site, _ = await start_site(
@@ -403,3 +406,5 @@ async def serve(config: NodeConfig, stop: asyncio.Event, on_bound: Any = None, o
         if grpc_server is not None:
             await grpc_server.stop(1.0)
         await runner.cleanup()
+        if config.tracing is not None:
+            tracing.shutdown()

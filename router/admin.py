@@ -103,6 +103,42 @@ async def put_reroute(request: web.Request) -> web.Response:
     return web.json_response(router.lifecycle.reroute.as_json())
 
 
+def _cascades_json(router: Any) -> dict[str, Any]:
+    return {
+        name: {
+            "mode": runner.spec.mode,
+            "results": dict(runner.stats.by_result),
+            "audits": runner.stats.audits,
+            "audits_agreed": runner.stats.audits_agreed,
+            "wan_bytes": runner.stats.wan_bytes,
+        }
+        for name, runner in router.cascades.items()
+    }
+
+
+async def get_cascades(request: web.Request) -> web.Response:
+    return web.json_response(_cascades_json(request.app[ROUTER]))
+
+
+async def put_cascades(request: web.Request) -> web.Response:
+    """`{"mode": "cascade" | "first_only" | "second_only"}` for every cascade (comparing a cascade with
+    its halves on one running stack); the counts start again."""
+    router = request.app[ROUTER]
+    try:
+        doc = wire.loads(await read_body(request, router.config.body_timeout_s))
+        mode = doc.get("mode") if isinstance(doc, dict) else None
+        if mode not in ("cascade", "first_only", "second_only"):
+            raise ValueError("'mode' is cascade, first_only or second_only")
+    except (ValueError, UnicodeDecodeError) as exc:
+        return _error(400, f"cascade mode rejected: {str(exc).splitlines()[0]}")
+    for name, runner in list(router.cascades.items()):
+        router.cascades[name] = type(runner)(
+            runner.spec.model_copy(update={"mode": mode}), runner.dispatcher, runner.clock, router.config.seed
+        )
+    log.info("cascade mode %s applied", mode)
+    return web.json_response(_cascades_json(router))
+
+
 async def get_view(request: web.Request) -> web.Response:
     router = request.app[ROUTER]
     now = router.clock()
@@ -162,6 +198,7 @@ async def get_view(request: web.Request) -> web.Response:
                 "lag_ms": {q: round(router.peers.lag_quantile(f), 2) for q, f in (("p50", 0.5), ("p99", 0.99))},
             },
             "workflows": {name: runner.stats.as_json() for name, runner in router.workflows.items()},
+            "cascades": _cascades_json(router),
             "copies": {"loading": sorted(router.lifecycle.copies.loading), "recent": list(router.copies_log)},
             "holds": {
                 "held": router.lifecycle.holds,
@@ -230,4 +267,6 @@ def create_admin_app(router: Router) -> web.Application:
     r.add_put("/links", put_link)
     r.add_get("/reroute", get_reroute)
     r.add_put("/reroute", put_reroute)
+    r.add_get("/cascades", get_cascades)
+    r.add_put("/cascades", put_cascades)
     return sub

@@ -19,7 +19,7 @@ from pathlib import Path
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from router import admin, director, grpc_api, http_api
+from router import admin, director, grpc_api, http_api, mqtt_api
 from router.config import ConfigError, RouterConfig, telemetry_sources
 from router.node_client import HttpNodeClient, NodeClient, NodeError
 from router.state import CLIENT, ROUTER, Router
@@ -29,6 +29,7 @@ from telemetry.kafka.peers import PeerLoads, PeerPublisher
 from telemetry.kafka.reader import TelemetrySource, TelemetrySources, TopicReader
 from telemetry.oip import wire
 from telemetry.oip.grpc import start_server as start_grpc
+from telemetry.process import tracing
 from telemetry.process.background import running
 from telemetry.process.serving import default_max_connections, start_site
 
@@ -315,6 +316,7 @@ def create_app(
     app.cleanup_ctx.append(_copies)
     app.cleanup_ctx.append(_config_watcher)
     app.cleanup_ctx.append(_prober)
+    app.cleanup_ctx.append(mqtt_api.mqtt_door)
     http_api.add_routes(app)
     r = app.router
     r.add_get("/metrics", metrics)
@@ -331,6 +333,8 @@ async def serve(
     reuse_port: bool = False,
     on_grpc: Callable[[int], None] | None = None,
 ) -> None:
+    if config.tracing is not None:  # (process-wide: a process that embeds a router sets its own up)
+        tracing.configure(config.tracing, "edgeroute-router")
     app = create_app(config, config_path=config_path)
     runner, site, cap = await start_site(
         app,
@@ -370,3 +374,5 @@ async def serve(
         if grpc_server is not None:
             await grpc_server.stop(1.0)
         await runner.cleanup()
+        if config.tracing is not None:
+            tracing.shutdown()

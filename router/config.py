@@ -14,6 +14,7 @@ from policies import PolicyConfigError, PolicySpec, build_policy
 from router.admission import AuthConfig, RateLimitConfig
 from router.lifecycle import LifecycleSettings
 from router.lifecycle.budgets import RetryBudgetConfig
+from router.lifecycle.cascade import CascadeSpec
 from router.lifecycle.copies import CopyConfig
 from router.lifecycle.evidence import ProbeConfig
 from router.lifecycle.health import HealthConfig
@@ -26,7 +27,16 @@ from telemetry.process.configfile import ConfigError, load_model, validate
 from telemetry.process.settings import Bootstrap, ServerSettings
 from telemetry.process.tls import ClientTLS, KafkaSecurity
 
-__all__ = ["ConfigError", "CropSpec", "RouterConfig", "StageSpec", "WorkflowSpec", "lifecycle_settings", "load_config"]
+__all__ = [
+    "ConfigError",
+    "CropSpec",
+    "MqttConfig",
+    "RouterConfig",
+    "StageSpec",
+    "WorkflowSpec",
+    "lifecycle_settings",
+    "load_config",
+]
 
 
 class LinkConfig(BaseModel):
@@ -164,6 +174,42 @@ class EndpointAllowList(BaseModel):
         return allowed
 
 
+class MqttConfig(BaseModel):
+    """The MQTT v5 front door (router.mqtt_api): the broker, how to reach it, and what one client may hold."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    url: str = Field(description="the broker: mqtt://HOST:PORT, or mqtts://HOST:PORT for TLS")
+    username: str | None = Field(None, max_length=256)
+    password: str | None = Field(None, max_length=1024, description="default $EDGEROUTE_MQTT_PASSWORD")
+    tls: ClientTLS | None = Field(None, description="CA (and client certificate) for an mqtts:// broker")
+    topic_prefix: str = Field(
+        "edgeroute", pattern=r"^[A-Za-z0-9_.-]{1,64}(/[A-Za-z0-9_.-]{1,64}){0,3}$", description="request topics' root"
+    )
+    group: str = Field(
+        "edgeroute", pattern=NAME_PATTERN, max_length=64, description="shared subscription group: routers split it"
+    )
+    client_id: str | None = Field(None, pattern=NAME_PATTERN, max_length=64, description="default: the router id")
+    receive_maximum: int = Field(
+        256, ge=1, le=65535, description="requests the broker hands this router at once (unacknowledged)"
+    )
+    max_in_flight_per_client: int = Field(
+        64, ge=1, le=65535, description="requests one client (its token, else its response topic) has in flight"
+    )
+    keepalive_s: int = Field(30, ge=5, le=3600)
+    sheddable_retry_ms: float = Field(
+        200.0, gt=0, le=60_000, description="sheddable work with no node to take it is tried again this often"
+    )
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, v: str) -> str:
+        parts = urlsplit(v)
+        if parts.scheme not in ("mqtt", "mqtts") or not parts.hostname or parts.path not in ("", "/"):
+            raise ValueError("mqtt.url: mqtt://HOST:PORT or mqtts://HOST:PORT")
+        return v
+
+
 class RouterConfig(ServerSettings):
     model_config = ConfigDict(extra="forbid")
 
@@ -217,6 +263,7 @@ class RouterConfig(ServerSettings):
     def signer(self) -> Signer | None:
         return signer_for(self.telemetry_key)
 
+    mqtt: MqttConfig | None = Field(None, description="the MQTT v5 front door (router.mqtt_api); none: off")
     node_tls: ClientTLS | None = Field(None, description="CA (and client certificate) for HTTPS nodes")
     kafka_security: KafkaSecurity | None = Field(None, description="Kafka SSL/SASL settings (telemetry.process.tls)")
     node_endpoints: EndpointAllowList | None = Field(
@@ -267,6 +314,9 @@ class RouterConfig(ServerSettings):
     auth: AuthConfig | None = None
     rate_limit: RateLimitConfig | None = None
     workflows: list[WorkflowSpec] = Field(default_factory=list, description="DAG pipelines served as virtual models")
+    cascades: list[CascadeSpec] = Field(
+        default_factory=list, description="confidence cascades served as virtual models (router.lifecycle.cascade)"
+    )
     copies: CopyConfig = Field(default_factory=CopyConfig, description="load warm copies ahead of demand")
     reroute: RerouteConfig = Field(
         default_factory=RerouteConfig, description="take queued requests back from a slow node and send them elsewhere"
@@ -278,9 +328,9 @@ class RouterConfig(ServerSettings):
 
     @model_validator(mode="after")
     def _unique_workflows(self) -> RouterConfig:
-        names = [w.name for w in self.workflows]
+        names = [w.name for w in self.workflows] + [c.name for c in self.cascades]
         if len(set(names)) != len(names):
-            raise ValueError("workflow names must be unique")
+            raise ValueError("workflow and cascade names must be unique")
         return self
 
 

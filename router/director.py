@@ -25,6 +25,7 @@ from router.state import Router
 from router.workflows import WorkflowInputError, WorkflowRunner, decode_inputs
 from telemetry.cluster.schema import NAME_PATTERN
 from telemetry.oip import wire
+from telemetry.process import tracing
 
 NAME = re.compile(NAME_PATTERN)
 VERSION_NAME = re.compile(r"^[0-9]{1,9}$")  # model versions are numbers (Triton's repository layout)
@@ -78,7 +79,27 @@ def precheck(router: Router, model: str, version: str | None, size: int | None, 
 
 
 async def infer(router: Router, call: InferCall) -> Outcome:
-    """An inference request read whole, checked, routed by the policy (or run as a workflow), answered."""
+    """An inference request read whole, checked, routed by the policy (or run as a workflow), answered;
+    traced as one span when tracing is on (telemetry.process.tracing)."""
+    if tracing.TRACER is None:
+        return await _infer(router, call)
+    with tracing.span(f"route {call.model[:64]}", call.hints, **{"edgeroute.model": call.model[:128]}) as span:
+        outcome = await _infer(router, call)
+        span.set_attributes(
+            {
+                "http.response.status_code": outcome.status,
+                "edgeroute.node": outcome.node,
+                "edgeroute.attempts": outcome.attempts,
+            }
+        )
+        if outcome.status >= 500:
+            from opentelemetry.trace import Status, StatusCode
+
+            span.set_status(Status(StatusCode.ERROR, outcome.reason[:200]))
+        return outcome
+
+
+async def _infer(router: Router, call: InferCall) -> Outcome:
     cfg = router.config
     model, hints, arrived = call.model, call.hints, call.arrived_ms
     try:
@@ -113,6 +134,16 @@ async def infer(router: Router, call: InferCall) -> Outcome:
     runner = router.workflows.get(model)
     if runner is not None:
         return await _run_workflow(router, runner, call, doc, prio, deadline, site)
+    cascade = router.cascades.get(model)
+    if cascade is not None:
+        budget = min(deadline if deadline is not None else cascade.spec.slo_ms, cfg.max_deadline_ms)
+        outcome = await cascade.run(call.body, hints, prio, budget, site, _request_id(doc), arrived)
+        count(router, model, prio, outcome.node, outcome.status, arrived, served=True)
+        if outcome.status == 429 and "Retry-After" not in outcome.headers:
+            outcome.headers["Retry-After"] = "1"
+        outcome.headers[wire.NODE] = outcome.node
+        outcome.headers[wire.ATTEMPTS] = str(outcome.attempts)
+        return outcome
     unknown = router.lifecycle.unknown_model(model)
     if unknown is not None:
         count(router, model, prio, "none", unknown.status, arrived)

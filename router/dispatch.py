@@ -34,6 +34,7 @@ from router.node_client import (
 from telemetry.cluster.store import ViewStore
 from telemetry.cluster.view import NodeState
 from telemetry.oip import wire
+from telemetry.process import tracing
 
 log = logging.getLogger("edgeroute.router")
 
@@ -144,6 +145,7 @@ class Dispatcher:
             if isinstance(step, Answer):
                 return Outcome.error(step.status, step.reason, attempts=a.attempt)
             if isinstance(step, Hold):
+                tracing.event("hold", partition=step.partition, wait_ms=step.wait_ms)
                 fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
                 lc.hold(step.partition, fut)
                 try:
@@ -169,6 +171,7 @@ class Dispatcher:
             if nxt is not Next.RETRY:
                 return outcome
             log.info("retrying %s after %s from %s", a.uid, outcome.status, outcome.node)
+            tracing.event("retry", status=outcome.status, node=outcome.node, reason=outcome.reason[:200])
 
     def _end(self, a: Attempts, send: Send, tried: _Tried, twin_open: bool = False) -> Next:
         """The lifecycle's verdict on an attempt that ended (`Lifecycle.ended`); a held request woken by
@@ -362,6 +365,9 @@ class Dispatcher:
             # the node is told what is left less the way back (router.lifecycle.budgets)
             fwd[wire.DEADLINE_MS] = f"{max(0.0, lc.node_budget_ms(a, sent_at, back_ms)):.3f}"
             fwd[wire.REQUEST_ID] = _request_id(a, send)
+            if tracing.TRACER is not None:
+                tracing.event("attempt", node=node_id, attempt=send.attempt, hedge=send.hedge)
+                tracing.inject(fwd)
             wait_ms = lc.try_wait_ms(a, sent_at)
             reply: NodeReply = await self.client.post(send.decision.endpoint + path, body, fwd, wait_ms / 1000.0)
             if reply.status == 200:

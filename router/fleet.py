@@ -25,6 +25,7 @@ from typing import Any
 
 from policies.healthy import Healthy
 from policies.pipeline import Pipeline
+from router.cascade import CascadeRunner
 from router.director import VERSION_NAME
 from router.lifecycle import NO_TELEMETRY_YET
 from router.node_client import NodeBadAnswer, NodeError, NodeTimeout, NodeUnavailable, error_text
@@ -144,11 +145,44 @@ async def relay(router: Router, model: str, version: str | None, tail: str, what
     return Answer(status, body, "" if status == 200 else error_text(body))
 
 
+def _virtual(router: Router, model: str) -> WorkflowRunner | CascadeRunner | None:
+    """The workflow or cascade this router serves as `model`, if it is one."""
+    return router.workflows.get(model) or router.cascades.get(model)
+
+
 async def model_metadata(router: Router, model: str, version: str | None) -> Answer:
     runner = router.workflows.get(model)
     if runner is not None:
         return await _workflow_metadata(router, runner)
+    cascade = router.cascades.get(model)
+    if cascade is not None:
+        return await _cascade_metadata(router, cascade)
     return await relay(router, model, version, "", "metadata for")
+
+
+async def _cascade_metadata(router: Router, runner: CascadeRunner) -> Answer:
+    """The first model's inputs and outputs (the second's are the same), under the cascade's name."""
+    spec = runner.spec
+    model = spec.second if spec.mode == "second_only" else spec.first
+    got = await _node_get(router, model)
+    if got is None or got[0] != 200:
+        return Answer.fail(503, f"cascade '{spec.name}': no node answered metadata for model '{model}'")
+    try:
+        meta = wire.loads(got[1])
+        if not isinstance(meta, dict):
+            raise wire.MalformedBody("not an object")
+    except wire.MalformedBody:
+        return Answer.fail(502, f"cascade '{spec.name}': unreadable metadata for model '{model}'")
+    return Answer.of(
+        {
+            "name": spec.name,
+            "versions": ["1"],
+            "platform": "edgeroute_cascade",
+            "inputs": meta.get("inputs", []),
+            "outputs": meta.get("outputs", []),
+            "parameters": spec.model_dump(mode="json"),
+        }
+    )
 
 
 async def _workflow_metadata(router: Router, runner: WorkflowRunner) -> Answer:
@@ -190,13 +224,13 @@ async def _workflow_metadata(router: Router, runner: WorkflowRunner) -> Answer:
 
 
 async def model_ready(router: Router, model: str, version: str | None) -> Answer:
-    runner = router.workflows.get(model)
+    runner = _virtual(router, model)
     if version is not None and (not VERSION_NAME.match(version) or (runner is not None and version != "1")):
         return Answer.fail(404, f"model '{model}' has no version '{version}'")
     if runner is not None:
         absent = [m for m in runner.models() if not model_nodes(router, m)[0]]
         if absent:
-            return Answer.fail(503, f"workflow '{model}': no ready node serves {', '.join(absent)}")
+            return Answer.fail(503, f"'{model}': no ready node serves {', '.join(absent)}")
         return Answer.of({"name": model, "ready": True, "models": runner.models()})
     nodes, known = model_nodes(router, model)
     if not nodes:
@@ -211,8 +245,10 @@ async def model_ready(router: Router, model: str, version: str | None) -> Answer
 
 
 async def model_config(router: Router, model: str, version: str | None) -> Answer:
-    if router.workflows.get(model) is not None:
-        return Answer.fail(404, f"'{model}' is a workflow of this router; it has no Triton model configuration")
+    if _virtual(router, model) is not None:
+        return Answer.fail(
+            404, f"'{model}' is a workflow or cascade of this router; it has no Triton model configuration"
+        )
     return await relay(router, model, version, "/config", "the configuration of")
 
 
@@ -263,8 +299,10 @@ async def model_stats(router: Router, model: str | None, version: str | None) ->
 
 
 async def _fan_out_stats(router: Router, model: str | None, version: str | None) -> Stats:
-    if model is not None and router.workflows.get(model) is not None:
-        return Stats(404, error=f"'{model}' is a workflow of this router; its models have statistics of their own")
+    if model is not None and _virtual(router, model) is not None:
+        return Stats(
+            404, error=f"'{model}' is a workflow or cascade of this router; its models have statistics of their own"
+        )
     if version is not None and not VERSION_NAME.match(version):
         return Stats(404, error=f"model '{model}' has no version '{version}'")
     nodes = _holders(router, model)
@@ -301,7 +339,8 @@ def repository_index(router: Router) -> list[dict[str, str]]:
         return {"state": "UNAVAILABLE", "reason": "no live ready node serves it"}
 
     entries = [{"name": m, "version": "1", **state(m)} for m in names]
-    for name, runner in router.workflows.items():
+    virtual: list[tuple[str, WorkflowRunner | CascadeRunner]] = [*router.workflows.items(), *router.cascades.items()]
+    for name, runner in virtual:
         absent = [m for m in runner.models() if m not in serving]
         entries.append({"name": name, "version": "1", "state": "UNAVAILABLE" if absent else "READY",
                       **({"reason": f"no live ready node serves {', '.join(absent)}"} if absent else {})})  # fmt: skip

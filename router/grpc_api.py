@@ -33,6 +33,7 @@ from telemetry.oip.grpc import (
     service_handler,
 )
 from telemetry.oip.triton import EXTENSIONS, from_json, mc, pb
+from telemetry.process import tracing
 
 
 async def _abort(context: Any, status: int, message: str) -> NoReturn:
@@ -154,6 +155,10 @@ class RouterService:
         if refused is not None:
             return refused.status, refused.reason, None
         hints = {wire.HEADER_LENGTH: str(head), "Content-Type": "application/octet-stream"}
+        if tracing.TRACER is not None:
+            for key, value in context.invocation_metadata() or ():
+                if key in ("traceparent", "tracestate"):
+                    hints[key] = str(value)
         if budget is not None:
             if budget <= 0:
                 return 504, "deadline passed before the router received the request", None

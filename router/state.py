@@ -17,6 +17,7 @@ from aiohttp import web
 from policies import PolicyConfigError, PolicySpec, build_policy
 from policies.pipeline import Pipeline
 from router.admission import Authenticator, RateLimiter
+from router.cascade import CascadeRunner
 from router.config import ConfigError, RouterConfig, lifecycle_settings, load_config
 from router.dispatch import Dispatcher, PolicyHolder
 from router.metrics import RouterMetrics
@@ -73,6 +74,7 @@ class Router:
         # (model, version) -> statistics under way, or (when, statistics) (router.fleet.model_stats)
         self.stats_cache: dict[tuple[str | None, str | None], Any] = {}
         self.workflows = {w.name: WorkflowRunner(w, self.dispatcher, clock) for w in config.workflows}
+        self.cascades = {c.name: CascadeRunner(c, self.dispatcher, clock, config.seed) for c in config.cascades}
         self.copies_log: deque[dict[str, Any]] = deque(maxlen=50)  # the latest copy loads, for /admin/view
         self.metrics.watch_workflows(self.workflows)
         self.metrics.watch_lifecycle(self.lifecycle, clock)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import struct
 import subprocess
 import sys
@@ -22,11 +23,13 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import yaml
 
 from scenarios.bench.common import interleaved, process_cpu_s, result, save
 from scenarios.spec.schema import Scenario
 from scenarios.stack.broker import free_port, terminate, wait_for_port
 from scenarios.stack.launcher import Stack
+from telemetry.kafka.signing import SIGN_ENV, VERIFY_ENV
 from telemetry.measure.quantiles import nearest_rank
 
 BODY = json.dumps(
@@ -159,17 +162,93 @@ def _floor_process(mode: str, upstream: str = "") -> tuple[subprocess.Popen[byte
     return proc, f"http://127.0.0.1:{port}"
 
 
+def _baseline_router(
+    stack: Stack, checkout: Path, overrides: dict[str, Any] | None = None, name: str = "baseline"
+) -> tuple[subprocess.Popen[bytes], str]:
+    """The router of another checkout of edgeroute (`checkout`: its top folder), run from there with
+    this stack's router settings (and `overrides`) on ports of its own, reading the same telemetry:
+    (process, URL)."""
+    assert stack.router_config_path is not None and stack.router is not None
+    cfg = yaml.safe_load(stack.router_config_path.read_text())
+    port = stack.free_port()
+    cfg.update(port=port, grpc_port=stack.free_port(), **(overrides or {}))
+    path = stack.log_dir / f"router-{name}.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EDGEROUTE_")}
+    env.update({SIGN_ENV: stack.telemetry_key, VERIFY_ENV: stack.telemetry_key, "PYTHONPATH": str(checkout)})
+    log = open(stack.log_dir / f"router-{name}.log", "ab")  # noqa: SIM115 - the child owns it
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "router", "--config", str(path), "--log-level", "WARNING"],
+            cwd=checkout,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
+    finally:
+        log.close()
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:  # until it routes (its view holds the node)
+        if proc.poll() is not None:
+            raise RuntimeError(f"the baseline router exited with {proc.returncode}; see {stack.log_dir}")
+        try:
+            wait_for_port("127.0.0.1", port, 1.0, proc)
+            got = asyncio.run(closed_loop(url + "/v2/models/echo/infer", 1, 1, 0))
+            if not got["failures"]:
+                return proc, url
+        except (OSError, TimeoutError):
+            pass
+        if time.monotonic() > deadline:
+            terminate(proc)
+            raise RuntimeError(f"the baseline router did not route within 60 s; see {stack.log_dir}")
+        time.sleep(0.5)
+
+
+class _NullReceiver:
+    """An OTLP trace receiver (the collector's gRPC service) that answers and keeps nothing."""
+
+    def __init__(self) -> None:
+        from concurrent import futures
+
+        import grpc
+        from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+
+        class Service(trace_service_pb2_grpc.TraceServiceServicer):
+            def Export(self, request: Any, context: Any) -> Any:  # noqa: N802 - the service's name
+                return trace_service_pb2.ExportTraceServiceResponse()
+
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+        trace_service_pb2_grpc.add_TraceServiceServicer_to_server(Service(), self.server)  # type: ignore[no-untyped-call]
+        self.port = self.server.add_insecure_port("127.0.0.1:0")
+        self.server.start()
+
+    def stop(self) -> None:
+        self.server.stop(0)
+
+
+def _null_receiver() -> _NullReceiver:
+    return _NullReceiver()
+
+
 def bench_router(
     out_dir: Path,
     requests: int = 2000,
     concurrencies: tuple[int, ...] = (1, 32),
     kafka: str | None = None,
     rounds: int = 3,
+    baseline: Path | None = None,
+    tracing: tuple[float, ...] = (),
 ) -> dict[str, Any]:
     """The router against the floor, in one run on one machine: a bare aiohttp echo server, the
     edgeroute node (echo model) called directly, a bare aiohttp proxy in front of that node, and the
     router in front of it; at each concurrency, rounds interleaved (the median of each is reported),
-    with the CPU each server process spent per request."""
+    with the CPU each server process spent per request. With `baseline` (another checkout of
+    edgeroute), that checkout's router runs beside this one in front of the same node, in the same
+    interleaved rounds: the comparison of two builds in one harness. With `tracing` (sampling ratios),
+    a router of this checkout per ratio with tracing on, exporting over OTLP to a receiver in this
+    process that keeps nothing: the router's cost of its spans, beside the same router without."""
     scenario = Scenario.model_validate(
         {
             "name": "bench-router",
@@ -192,6 +271,7 @@ def bench_router(
     )
     rows: list[dict[str, Any]] = []
     floors: list[subprocess.Popen[bytes]] = []
+    closers: list[Any] = []
     with Stack(scenario, kafka=kafka) as stack:
         try:
             node = stack.nodes["bench-node"]
@@ -212,6 +292,19 @@ def bench_router(
                 "router_binary": (stack.router_url + path, stack.router.popen.pid, "binary"),
                 "router_grpc": (stack.router.grpc, stack.router.popen.pid, "grpc"),
             }
+            if baseline is not None:
+                base_proc, base_url = _baseline_router(stack, baseline)
+                floors.append(base_proc)
+                targets["router_baseline"] = (base_url + path, base_proc.pid, "json")
+            if tracing:
+                receiver = _null_receiver()
+                closers.append(receiver)
+                for ratio in tracing:
+                    traced = {"tracing": {"endpoint": f"http://127.0.0.1:{receiver.port}", "sample": ratio}}
+                    here = Path(__file__).resolve().parents[2]
+                    proc, traced_url = _baseline_router(stack, here, traced, f"traced-{ratio:g}")
+                    floors.append(proc)
+                    targets[f"router_traced_{ratio:g}"] = (traced_url + path, proc.pid, "json")
             for c in concurrencies:
 
                 def run(target: str, rnd: int, c: int = c) -> dict[str, Any]:
@@ -235,6 +328,8 @@ def bench_router(
         finally:
             for proc in floors:
                 terminate(proc)
+            for closer in closers:
+                closer.stop()
     summary: list[dict[str, Any]] = []
     for c in concurrencies:
 
@@ -258,7 +353,34 @@ def bench_router(
                 "node_grpc_vs_binary_rps": round(fig["node_grpc"]["rps"] / fig["node_binary"]["rps"], 3),
             }
         )
-    doc = result("router", model="echo", requests_per_run=requests, rounds=rounds, runs=rows, summary=summary)
+        for ratio in tracing:
+            t = fig[f"router_traced_{ratio:g}"]
+            summary[-1][f"traced_{ratio:g}"] = {
+                "added_p50_ms": round(t["p50_ms"] - fig["node"]["p50_ms"], 3),
+                "rps_vs_untraced": round(t["rps"] / fig["router"]["rps"], 3),
+                "cpu_vs_untraced": round(
+                    t["server_cpu_us_per_request"] / fig["router"]["server_cpu_us_per_request"], 3
+                ),
+            }
+        if baseline is not None:
+            base_added = fig["router_baseline"]["p50_ms"] - fig["node"]["p50_ms"]
+            summary[-1].update(
+                baseline_added_p50_ms=round(base_added, 3),
+                router_vs_baseline_added_p50=round(router_added / base_added, 2) if base_added > 0 else None,
+                router_vs_baseline_rps=round(fig["router"]["rps"] / fig["router_baseline"]["rps"], 3),
+                router_vs_baseline_cpu=round(
+                    fig["router"]["server_cpu_us_per_request"] / fig["router_baseline"]["server_cpu_us_per_request"], 3
+                ),
+            )
+    doc = result(
+        "router",
+        model="echo",
+        requests_per_run=requests,
+        rounds=rounds,
+        baseline=None if baseline is None else str(baseline),
+        runs=rows,
+        summary=summary,
+    )
     lines = [f"{'c':>3} {'target':<13} {'p50 ms':>8} {'p99 ms':>8} {'req/s':>8} {'cpu us/req':>10}"]
     for srow in summary:
         for t, f in srow["targets"].items():
@@ -272,5 +394,17 @@ def bench_router(
             f"node/bare echo req/s {srow['node_vs_bare_echo_rps']}; gRPC/HTTP binary req/s: router "
             f"{srow['router_grpc_vs_binary_rps']}, node {srow['node_grpc_vs_binary_rps']}"
         )
+        for key, t in srow.items():
+            if key.startswith("traced_"):
+                lines.append(
+                    f"    tracing sampled at {key.removeprefix('traced_')}: req/s {t['rps_vs_untraced']}x the untraced "
+                    f"router's, CPU per request {t['cpu_vs_untraced']}x, adds {t['added_p50_ms']:.3f} ms p50"
+                )
+        if "router_vs_baseline_rps" in srow:
+            lines.append(
+                f"    against the baseline router: req/s {srow['router_vs_baseline_rps']}x, added p50 "
+                f"{srow['router_vs_baseline_added_p50']}x ({srow['router_added_p50_ms']:.3f} against "
+                f"{srow['baseline_added_p50_ms']:.3f} ms), CPU per request {srow['router_vs_baseline_cpu']}x"
+            )
     save(out_dir, doc, lines)
     return doc

@@ -31,8 +31,9 @@ from router.lifecycle.links import LinkTable
 from scenarios.calibrate.profile import measure_level, request_overhead_ms
 from scenarios.spec.schema import NodeSpec, Scenario
 from scenarios.spec.workload import Result, mean_rate_rps
-from scenarios.stack.launcher import Stack, profile_baselines
+from scenarios.stack.launcher import Stack
 from scenarios.stack.loadgen import Payload
+from scenarios.stack.nodeconfig import profile_baselines
 from telemetry.measure.quantiles import grid_101
 
 HOST_SECONDS = 8.0
@@ -76,7 +77,9 @@ def measure_host(
     flows = stage_architectures(scenario)
     if not any(m not in flows for m in mix) or rate_rps <= 0:
         return None
-    arch = {m: scenario.architecture(m) for m in mix if m not in flows}
+    # a cascade is measured in `first_only` mode (the replay sets it): its requests are its first model's
+    first = {c.name: c.first for c in scenario.cascade_specs()}
+    arch = {m: scenario.architecture(first.get(m, m)) for m in mix if m not in flows}
     speeds = {n.id: n.speed for n in specs if n.id in stack.nodes}
     # from a node's own partition: the router emulates a link's delay for requests that cross one, and
     # that delay is the scenario's (the simulator adds it itself), not the host's per-request overhead

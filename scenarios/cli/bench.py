@@ -115,7 +115,18 @@ def run_bench(args: argparse.Namespace) -> int:
 
         if args.rounds < 1:
             return arg.usage("--rounds must be at least 1")
-        bench_router(out, requests=args.requests, kafka=args.kafka, rounds=args.rounds)
+        baseline = None if args.baseline is None else Path(args.baseline)
+        if baseline is not None and not (baseline / "router" / "__main__.py").is_file():
+            return arg.usage(f"--baseline {baseline}: not a checkout of edgeroute (no router/__main__.py)")
+        try:
+            ratios = tuple(float(r) for r in args.tracing.split(",")) if args.tracing else ()
+        except ValueError:
+            return arg.usage("--tracing: comma-separated sampling ratios, e.g. 0.01,1")
+        if any(not 0 <= r <= 1 for r in ratios):
+            return arg.usage("--tracing: ratios from 0 to 1")
+        bench_router(
+            out, requests=args.requests, kafka=args.kafka, rounds=args.rounds, baseline=baseline, tracing=ratios
+        )
     return 0
 
 
@@ -130,6 +141,17 @@ def add_bench_parser(sub: Any) -> None:
     b.add_argument("--requests", type=int, default=2000, help="requests per run (2000)")
     b.add_argument("--rounds", type=int, default=3, help="interleaved rounds; medians reported (3)")
     b.add_argument("--kafka", type=arg.bootstrap, help="external Kafka bootstrap HOST:PORT")
+    b.add_argument(
+        "--baseline",
+        metavar="CHECKOUT",
+        help="another checkout of edgeroute (e.g. a `git worktree` of an earlier commit): its router runs beside "
+        "this one, in the same interleaved rounds",
+    )
+    b.add_argument(
+        "--tracing",
+        metavar="RATIOS",
+        help="also this router with tracing on at each sampling ratio (e.g. 0.01,1), exporting to a receiver here",
+    )
     b = bsub.add_parser("routers", help="active-active routers, with and without shared load, at one offered rate")
     b.add_argument("--nodes", type=int, default=4, help="nodes (4)")
     b.add_argument("--policy", default="least_outstanding", help="preset (least_outstanding)")

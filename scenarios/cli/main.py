@@ -47,6 +47,12 @@ def _up(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, on_signal)
     # the router's own default policy (or --policy), not the scenario's first comparison run
     policy = {"preset": args.policy} if args.policy else RouterConfig().policy.model_dump(exclude_none=True)
+    from scenarios.stack.mosquitto import mosquitto_binary
+
+    mqtt = args.mqtt
+    if mqtt == "auto":  # the MQTT door where Mosquitto is installed
+        mqtt = "embedded" if mosquitto_binary() is not None else None
+    extra = {} if scenario.topology.deployment == "per_site" else {"mqtt": None if mqtt == "off" else mqtt}
     stack = stack_for(
         scenario,
         kafka=args.kafka,
@@ -54,6 +60,7 @@ def _up(args: argparse.Namespace) -> int:
         routers=args.routers,
         share_load=not args.no_share,
         router_overrides={"policy": policy},
+        **extra,
     )
     try:
         stack.start()
@@ -62,6 +69,11 @@ def _up(args: argparse.Namespace) -> int:
         print(f"router: {stack.router_url}" + (f" ({args.routers} processes)" if args.routers > 1 else ""), flush=True)
         if stack.router is not None and stack.router.grpc:
             print(f"router gRPC: {stack.router.grpc}", flush=True)
+        mqtt_url = getattr(stack, "mqtt_url", None)
+        if mqtt_url is not None:
+            print(f"router MQTT: {mqtt_url} (requests on edgeroute/models/<model>/infer)", flush=True)
+        elif args.mqtt == "auto" and not extra.get("mqtt"):
+            print("router MQTT: off (Mosquitto is not installed: apt install mosquitto)", flush=True)
         print(f"kafka: {stack.bootstrap}", flush=True)
         print(f"logs: {stack.log_dir}", flush=True)
         while not stopping:
@@ -269,6 +281,13 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("--routers", type=arg.count, default=1, help="router processes sharing the port (SO_REUSEPORT)")
     up.add_argument("--no-share", action="store_true", help="several routers, but without exchanging load")
     up.add_argument("--policy", type=_preset, help="routing preset (default: the router's default, p2c)")
+    up.add_argument(
+        "--mqtt",
+        default="auto",
+        metavar="URL|embedded|off",
+        help="the MQTT v5 front door: a broker's URL, `embedded` (Mosquitto, started here) or `off` "
+        "(default: embedded where Mosquitto is installed)",
+    )
     up.set_defaults(func=_up)
 
     rp = sub.add_parser("replay", help="replay a scenario once per policy on the live stack")

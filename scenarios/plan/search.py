@@ -204,7 +204,7 @@ class Problem:
 
 
 def problem(scenario: Scenario, workflow: str, rate_rps: float | None, policy: str, duration_s: float) -> Problem:
-    from scenarios.stack.launcher import profile_baselines
+    from scenarios.stack.nodeconfig import profile_baselines
 
     specs = {w.name: w for w in scenario.workflow_specs()}
     if workflow not in specs:

@@ -62,7 +62,28 @@ def summarize(
     out["residency"] = residency(results)
     if nodes is not None:
         out.update(placement(results, nodes, duration_s))
+    if any(r.cascade for r in results):
+        out["cascade"] = cascade_summary(results)
     return out
+
+
+def cascade_summary(results: list[Result]) -> dict[str, Any]:
+    """A cascade's requests: what became of them (sure, escalated, kept, second), the escalation share,
+    the accuracy proxy (the share answered in time by a model that could answer it well: the first
+    model when it was sure, the second otherwise), and the request bytes sent across the WAN."""
+    n = len(results)
+    labels = Counter(r.cascade or "failed" for r in results)
+    in_time = [r for r in results if r.status == 200 and r.latency_ms <= r.arrival.deadline_ms]
+    accurate = sum(1 for r in in_time if r.cascade in ("sure", "escalated", "second"))
+    unsure = labels["escalated"] + labels["kept"]
+    wan = sum(r.bytes_moved for r in results)
+    return {
+        "results": dict(sorted(labels.items())),
+        "escalated_share": round(labels["escalated"] / unsure, 4) if unsure else 0.0,
+        "accuracy_proxy": round(accurate / n, 4) if n else 0.0,
+        "wan_bytes": wan,
+        "wan_bytes_per_request": round(wan / n, 1) if n else 0.0,
+    }
 
 
 def placement(results: list[Result], nodes: Mapping[str, tuple[str, float]], duration_s: float) -> dict[str, Any]:

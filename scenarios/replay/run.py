@@ -104,8 +104,11 @@ def replay_live(
             print(f"router: {stack.router_url}\nkafka: {stack.bootstrap}", flush=True)
         if isinstance(stack, SiteStack):  # how the sites were kept apart: namespaces, or why not
             report["isolation"] = stack.isolation
+        cascades = frozenset(c.name for c in scenario.cascade_specs())
         payloads = asyncio.run(
-            fetch_payloads(stack.router_url, models, scenario.seed, stack.client_headers, UNKNOWN_MODEL_PAYLOAD)
+            fetch_payloads(
+                stack.router_url, models, scenario.seed, stack.client_headers, UNKNOWN_MODEL_PAYLOAD, cascades
+            )
         )
         if calibrate and runs:
             report["host"] = _calibrate(stack, scenario, runs[0], payloads)
@@ -115,6 +118,8 @@ def replay_live(
             stack.set_policy(run.policy.model_dump(exclude_none=True))
             if rerouting:
                 stack.set_reroute(run_router(scenario, run).get("reroute") or {})
+            if cascades:  # the cascade, or one of its halves
+                stack.set_cascade_mode(run.router.get("cascade_mode", "cascade"))
             _wait_idle(stack.router_url, stack.admin_headers)
             moves_before = stack.reroute_stats() if rerouting else {}
             overload_before = _router_overload(stack)
@@ -263,6 +268,8 @@ def _calibrate(stack: Stack, scenario: Scenario, first: PolicyRun, payloads: dic
     specs = first.node_specs(scenario.topology.nodes)
     stack.use_nodes(specs, fresh=bool(scenario.models))
     stack.set_policy(first.policy.model_dump(exclude_none=True))
+    if scenario.cascade_specs():  # a cascade measured as its first model alone: one stage per request
+        stack.set_cascade_mode("first_only")
     _wait_idle(stack.router_url, stack.admin_headers)
     level = measure_host(stack, scenario, specs, offered_rate(scenario), payloads)
     if level is None:
@@ -441,8 +448,11 @@ def replay_sim(
     report["profile"] = "host-calibrated" if host is not None else str(profile_path or "default")
     messages = 0
     telemetry: dict[str, Any] = {}
+    from scenarios.calibrate.cascade import cascade_profiles
+
+    profiles = cascade_profiles(scenario)
     for run in runs:
-        sim = Simulation(scenario, run, schedule, profile)
+        sim = Simulation(scenario, run, schedule, profile, cascade_profiles=profiles)
         started = time.perf_counter()
         results = sim.run()
         wall = time.perf_counter() - started

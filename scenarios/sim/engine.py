@@ -45,7 +45,7 @@ import math
 import random
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
@@ -54,6 +54,7 @@ from policies.pipeline import Pipeline
 from policies.registry import build_policy
 from router.lifecycle import Lifecycle
 from router.lifecycle.overlay import OutstandingTracker
+from scenarios.sim.cascades import CascadeDriver, CascadeProfile
 from scenarios.sim.faults import FaultModel
 from scenarios.sim.nodes import NodeModel
 from scenarios.sim.profile import Profile
@@ -124,7 +125,7 @@ def few_collections() -> Iterator[Callable[[], None]]:
             gc.enable()
 
 
-class Simulation(RouterDriver, WorkflowDriver, NodeModel, TelemetryModel, FaultModel):
+class Simulation(RouterDriver, WorkflowDriver, CascadeDriver, NodeModel, TelemetryModel, FaultModel):
     def __init__(
         self,
         scenario: Scenario,
@@ -133,11 +134,14 @@ class Simulation(RouterDriver, WorkflowDriver, NodeModel, TelemetryModel, FaultM
         profile: Profile,
         config: SimConfig | None = None,
         policy: Pipeline | None = None,
+        cascade_profiles: Mapping[str, CascadeProfile] | None = None,
     ) -> None:
         self.scenario = scenario
         self.schedule = schedule
         self.profile = profile
-        self.cfg = config or SimConfig.from_router({**scenario.router, **run.router})
+        # (a run's cascade mode is applied to the cascades below; the router's config has no such key)
+        overrides = {k: v for k, v in run.router.items() if k != "cascade_mode"}
+        self.cfg = config or SimConfig.from_router({**scenario.router, **overrides})
         seed = scenario.seed
         self.policy = policy or build_policy(run.policy)
         self.policies: dict[str | None, Pipeline] = {None: self.policy}  # each router's own policy object
@@ -184,6 +188,8 @@ class Simulation(RouterDriver, WorkflowDriver, NodeModel, TelemetryModel, FaultM
         arch = self._arch
         self._load_ms = {m: _declared_load_ms(scenario, m) for m in arch}
         self.workflows = {w.name: w for w in scenario.workflow_specs()}
+        self.cascades = {c.name: c for c in scenario.cascade_specs(run)}
+        self.cascade_profiles = dict(cascade_profiles or {})
         self._preds = {
             w.name: {st.name: {a for a, b in w.edges() if b == st.name} for st in w.stages}
             for w in self.workflows.values()
@@ -191,9 +197,11 @@ class Simulation(RouterDriver, WorkflowDriver, NodeModel, TelemetryModel, FaultM
         self._exec = {m: profile.exec_for(a) for m, a in arch.items()}
         # the router's overhead of every model asked for, served or not: a topology cut to fewer nodes
         # (`replay --nodes`, `sweep`) can leave a requested model or a workflow stage's model unserved
-        asked = {m for site in scenario.workload.sites for m in site.models if m not in self.workflows}
+        virtual = self.workflows.keys() | self.cascades.keys()
+        asked = {m for site in scenario.workload.sites for m in site.models if m not in virtual}
         asked |= {st.model for w in self.workflows.values() for st in w.stages}
-        asked |= {a.model for a in schedule if a.model not in self.workflows}  # (a trace names its own)
+        asked |= {m for c in self.cascades.values() for m in (c.first, c.second)}
+        asked |= {a.model for a in schedule if a.model not in virtual}  # (a trace names its own)
         self._overhead = {m: profile.overhead_for(scenario.architecture(m)) for m in asked | arch.keys()}
         self._baseline = {m: profile.baseline_ms(a) for m, a in arch.items()}
         self._curves = {m: profile.curve(a) for m, a in arch.items()}

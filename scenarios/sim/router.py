@@ -37,6 +37,10 @@ class RouterDriver(SimState):
         if spec is not None:
             self._start_workflow(i, a, spec, t0)
             return
+        cascade = self.cascades.get(a.model)
+        if cascade is not None:
+            self._start_cascade(i, a, cascade, t0)
+            return
         o = self._overhead[a.model].sample(self.svc_rng)
         lc = self.router_of(a.site)
         unknown = lc.unknown_model(a.model)  # as the live router answers a model no node serves
@@ -250,12 +254,15 @@ class RouterDriver(SimState):
         # them breaks the request <-> job cycle, so the request is freed by its last event, not left to
         # the simulator's garbage collection (engine.few_collections).
         req.jobs = []
-        if req.stage is None:
+        if req.stage is None and req.cascade is None:
             self._open -= 1
         a = req.arrival
         req.lc.finish(req.life, status, at_ms)
         if req.stage is not None:
             self._stage_done(req, status, reason, at_ms, served)
+            return
+        if req.cascade is not None:
+            self._cascade_done(req, status, reason, at_ms, served)
             return
         if served is None:
             self.results[req.index] = Result(a, status, at_ms - req.t0, "none", reason)

@@ -75,6 +75,7 @@ class SimRequest:
     model: str = ""  # what it runs: the arrival's model, or a workflow stage's
     batch: int = 1
     stage: StageRun | None = None  # set for a workflow stage
+    cascade: Any = None  # set for a cascade's request (scenarios.sim.cascades.SimCascade)
 
 
 @dataclass(slots=True)
@@ -253,6 +254,8 @@ class SimState:
     fault_log: list[tuple[float, str]]
     _load_ms: dict[str, float]
     workflows: dict[str, WorkflowSpec]
+    cascades: dict[str, Any]  # name -> router.lifecycle.cascade.CascadeSpec
+    cascade_profiles: dict[str, Any]  # name -> scenarios.sim.cascades.CascadeProfile
     _preds: dict[str, dict[str, set[str]]]
     _exec: dict[str, Distribution]
     _overhead: dict[str, Distribution]
@@ -330,6 +333,10 @@ class SimState:
         ) -> None: ...
         def _stage_done(self, req: SimRequest, status: int, reason: str, at_ms: float, served: Job | None) -> None: ...
         def _start_workflow(self, index: int, a: Arrival, spec: WorkflowSpec, t0: float) -> None: ...
+        def _start_cascade(self, index: int, a: Arrival, spec: Any, t0: float) -> None: ...
+        def _cascade_done(
+            self, req: SimRequest, status: int, reason: str, at_ms: float, served: Job | None
+        ) -> None: ...
         def _unpin(self, node: SimNode, job: Job) -> None: ...
         def _wake(self, payload: tuple[SimNode, int]) -> None: ...
 

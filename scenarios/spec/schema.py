@@ -21,6 +21,7 @@ from pydantic import (
 
 from policies import PolicyConfigError, PolicySpec, build_policy
 from router.config import RouterConfig, WorkflowSpec
+from router.lifecycle.cascade import CascadeSpec
 from router.lifecycle.links import LinkState
 from router.lifecycle.reroute import RerouteConfig
 from scenarios import BUNDLED_DIR
@@ -200,7 +201,8 @@ class Fault(_Strict):
         return self
 
 
-RUN_ROUTER_KEYS = frozenset({"reroute"})  # router settings swapped live between runs (PUT /admin/reroute)
+# router settings swapped live between runs (PUT /admin/reroute, PUT /admin/cascades)
+RUN_ROUTER_KEYS = frozenset({"reroute", "cascade_mode"})
 
 
 class PolicyRun(_Strict):
@@ -219,6 +221,8 @@ class PolicyRun(_Strict):
         unknown = sorted(set(v) - RUN_ROUTER_KEYS)
         if unknown:
             raise ValueError(f"router settings a run may change are {sorted(RUN_ROUTER_KEYS)}; not {unknown}")
+        if v.get("cascade_mode", "cascade") not in ("cascade", "first_only", "second_only"):
+            raise ValueError("cascade_mode: cascade, first_only or second_only")
         if "reroute" in v:
             try:
                 RerouteConfig.model_validate(v["reroute"])
@@ -303,10 +307,16 @@ class Scenario(_Strict):
             unserved = sorted({st.model for st in w.stages} - served)
             if unserved:
                 raise ValueError(f"router.workflows '{w.name}': no node serves {unserved}")
+        cascades = self.cascade_specs()
+        for c in cascades:
+            unserved = sorted({c.first, c.second} - served)
+            if unserved:
+                raise ValueError(f"router.cascades '{c.name}': no node serves {unserved}")
+        virtual = {w.name for w in workflows} | {c.name for c in cascades}
         for i, site in enumerate(self.workload.sites):
             if site.site not in parts:
                 raise ValueError(f"workload.sites.{i}.site '{site.site}' is not a partition")
-            unserved = sorted(set(site.models) - served - {w.name for w in workflows})
+            unserved = sorted(set(site.models) - served - virtual)
             if unserved:
                 raise ValueError(f"workload.sites.{i}.models: no node serves {unserved}")
         ids = {n.id for n in self.topology.nodes}
@@ -348,6 +358,24 @@ class Scenario(_Strict):
                 where = ".".join(str(x) for x in first["loc"])
                 msg = first["msg"].removeprefix("Value error, ")
                 raise ValueError(f"router.workflows.{i}{'.' + where if where else ''}: {msg}") from None
+        return out
+
+    def cascade_specs(self, run: PolicyRun | None = None) -> list[CascadeSpec]:
+        """The router's cascades (validated as the router validates them), in `run`'s `cascade_mode`."""
+        raw = self.router.get("cascades") or []
+        if not isinstance(raw, list):
+            raise ValueError("router.cascades must be a list")
+        mode = None if run is None else run.router.get("cascade_mode")
+        out = []
+        for i, item in enumerate(raw):
+            try:
+                spec = CascadeSpec.model_validate(item)
+            except ValidationError as exc:
+                first = max(exc.errors(), key=lambda e: len(e["loc"]))
+                where = ".".join(str(x) for x in first["loc"])
+                msg = first["msg"].removeprefix("Value error, ")
+                raise ValueError(f"router.cascades.{i}{'.' + where if where else ''}: {msg}") from None
+            out.append(spec if mode is None else spec.model_copy(update={"mode": mode}))
         return out
 
     def architecture(self, model: str) -> str:

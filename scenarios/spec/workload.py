@@ -41,7 +41,8 @@ class Result:
     stages: int = 1  # executions it took (a workflow's stages run; x-edgeroute-stages)
     cold: int = 0  # of those, how many waited for their model to load (x-edgeroute-cold-ms / -cold-stages)
     bytes_kept: int = 0  # a workflow's intermediate bytes used on the node that made them
-    bytes_moved: int = 0  # ... and those a stage on another node needed
+    bytes_moved: int = 0  # ... and those a stage on another node needed (a cascade: request bytes off-site)
+    cascade: str = ""  # a cascade's request: sure, escalated, kept or second (x-edgeroute-cascade)
 
 
 def mean_rate_rps(site: SiteLoad, duration_s: float) -> float:

@@ -25,9 +25,10 @@ from typing import Any
 
 import yaml
 
-from scenarios.sim.profile import DEFAULT_PROFILE
-from scenarios.spec.schema import ModelEntry, NodeSpec, Scenario
+from scenarios.spec.schema import NodeSpec, Scenario
 from scenarios.stack.broker import EmbeddedBroker, free_port, terminate, wait_for_port
+from scenarios.stack.mosquitto import Mosquitto
+from scenarios.stack.nodeconfig import live_node_limit, node_config, profile_baselines
 from telemetry.cluster.schema import TOPIC
 from telemetry.kafka.bus import ensure_topic
 from telemetry.kafka.signing import SIGN_ENV, VERIFY_ENV, Verifier
@@ -46,23 +47,6 @@ PASS_ENV = frozenset(
         "EDGEROUTE_KAFKA_READER",
     }
 )
-
-NODE_PROCESS_MB = 150  # one live node process with a few zoo models (about 100 MB measured with one)
-
-
-def live_node_limit() -> tuple[int, str]:
-    """How many node processes a live stack may start here, and why: `EDGEROUTE_MAX_LIVE_NODES`, else
-    the memory available (Linux) over `NODE_PROCESS_MB`, at least 4 (64 where it cannot be read)."""
-    env = os.environ.get("EDGEROUTE_MAX_LIVE_NODES", "").strip()
-    if env.isdigit():
-        return int(env), "EDGEROUTE_MAX_LIVE_NODES"
-    try:
-        with open("/proc/meminfo") as f:
-            fields = dict(line.split(":", 1) for line in f if ":" in line)
-        available_mb = int(fields["MemAvailable"].split()[0]) // 1024
-    except (OSError, KeyError, ValueError):
-        return 64, "memory unknown"
-    return max(4, available_mb // NODE_PROCESS_MB), f"{available_mb:,} MB available, ~{NODE_PROCESS_MB} MB a node"
 
 
 def http_json(
@@ -84,70 +68,6 @@ def http_json(
             return exc.code, json.loads(raw)
         except ValueError:
             return exc.code, raw.decode(errors="replace")
-
-
-def profile_baselines() -> dict[str, dict[int, float]]:
-    """Per-model reference execution times by batch size from the default profile (idle medians)."""
-    try:
-        doc = json.loads(DEFAULT_PROFILE.read_text())
-        return {m: {int(b): float(q[50]) for b, q in e["exec_ms"].items()} for m, e in doc["models"].items()}
-    except (OSError, ValueError, KeyError):
-        return {}
-
-
-def _model_config(
-    spec: NodeSpec, model: str, seed: int, baselines: dict[str, Any] | None, entry: ModelEntry | None
-) -> dict[str, Any]:
-    out: dict[str, Any] = {"name": model, "seed": seed}
-    if entry is not None:
-        out.update({k: v for k, v in entry.model_dump().items() if v is not None})
-    curve = (baselines or {}).get(out.get("zoo", model))
-    if curve:
-        out["baseline_ms"] = curve[1]
-        out["baseline_ms_by_batch"] = {b: ms for b, ms in curve.items() if b != 1}
-    batch = spec.batching.get(model)
-    if batch is not None:
-        out.update(
-            max_batch=batch.max_batch, max_queue_delay_ms=batch.max_queue_delay_ms, preferred_batch=batch.preferred
-        )
-    return out
-
-
-def node_config(
-    spec: NodeSpec,
-    port: int,
-    kafka: str,
-    seed: int,
-    extra: dict[str, Any] | None = None,
-    baselines: dict[str, dict[int, float]] | None = None,
-    catalogue: dict[str, ModelEntry] | None = None,
-) -> dict[str, Any]:
-    cfg: dict[str, Any] = {
-        "node_id": spec.id,
-        "partition": spec.partition,
-        "tier": spec.tier,
-        "port": port,
-        "device": spec.device,
-        "slots": spec.slots,
-        "max_queue": spec.max_queue,
-        "speed": spec.speed,
-        "inline_max_ms": spec.inline_max_ms,
-        "memory_budget_bytes": spec.memory_budget_mb << 20,
-        "kafka": kafka,
-        "scheduler": spec.scheduler,
-        "change_threshold": spec.change_threshold,
-        "high_priority_min": spec.high_priority_min,
-        "max_block_ms": spec.max_block_ms,
-        "queue_limits": spec.queue_limits,
-        "admit_by_deadline": spec.admit_by_deadline,
-        "queue_target_ms": spec.queue_target_ms,
-        "queue_interval_ms": spec.queue_interval_ms,
-        "models": [_model_config(spec, m, seed, baselines, (catalogue or {}).get(m)) for m in spec.models],
-    }
-    if spec.model_repository is not None:  # the node serves the names it holds from there (nodes.repository)
-        cfg["model_repository"] = spec.model_repository
-    cfg.update(extra or {})
-    return cfg
 
 
 @dataclass
@@ -178,6 +98,9 @@ class Stack:
     router_port: int = 0
     router_overrides: dict[str, Any] = field(default_factory=dict)
     broker: EmbeddedBroker | None = None
+    # the MQTT v5 front door: "embedded" starts Mosquitto (scenarios.stack.mosquitto), a URL names a broker
+    mqtt: str | None = None
+    mosquitto: Mosquitto | None = None
     nodes: dict[str, Proc] = field(default_factory=dict)
     router: Proc | None = None  # the first router; with `routers` > 1, all of them are in `peers`
     router_config_path: Path | None = None
@@ -260,6 +183,8 @@ class Stack:
                 self.broker = EmbeddedBroker(log_path=str(self.log_dir / "broker.log")).start()
                 self.kafka = self.broker.bootstrap
             ensure_topic(self.bootstrap, self.topic)
+            if self.mqtt == "embedded":
+                self.mosquitto = Mosquitto(log_path=str(self.log_dir / "mosquitto.log")).start()
             for spec in self.scenario.topology.nodes:
                 self.node_specs[spec.id] = spec
                 self.start_node(spec)
@@ -269,6 +194,13 @@ class Stack:
             self.stop(clean=False)
             raise
         return self
+
+    @property
+    def mqtt_url(self) -> str | None:
+        """The MQTT broker the router's MQTT door uses (none: the door is off)."""
+        if self.mosquitto is not None:
+            return self.mosquitto.url
+        return None if self.mqtt in (None, "embedded") else self.mqtt
 
     def free_port(self) -> int:
         """A free loopback port this stack has not handed out before."""
@@ -334,6 +266,8 @@ class Stack:
             "policy": self.scenario.policies[0].policy.model_dump(exclude_none=True),
             "links": [k.model_dump() for k in self.scenario.topology.links],
         }
+        if self.mqtt_url is not None:
+            cfg["mqtt"] = {"url": self.mqtt_url}
         cfg.update(self.scenario.router)
         cfg.update(self.router_overrides)
         if self.routers > 1 and self.share_load:
@@ -393,6 +327,12 @@ class Stack:
         status, body = http_json(f"{self.router_url}/admin/reroute", "PUT", cfg, headers=self.admin_headers)
         if status != 200:
             raise RuntimeError(f"router rejected reroute settings {cfg}: {body}")
+
+    def set_cascade_mode(self, mode: str) -> None:
+        """Every cascade's mode (`PUT /admin/cascades`): the cascade, or one of its halves."""
+        status, body = http_json(f"{self.router_url}/admin/cascades", "PUT", {"mode": mode}, headers=self.admin_headers)
+        if status != 200:
+            raise RuntimeError(f"router rejected cascade mode {mode}: {body}")
 
     def reroute_stats(self) -> dict[str, Any]:
         status, body = http_json(f"{self.router_url}/admin/reroute", headers=self.admin_headers)
@@ -485,6 +425,9 @@ class Stack:
         if self.broker is not None:
             self.broker.stop()
             self.broker = None
+        if self.mosquitto is not None:
+            self.mosquitto.stop()
+            self.mosquitto = None
         if clean and not self.keep_logs and self.log_dir.name.startswith(AUTO_LOGS):
             shutil.rmtree(self.log_dir, ignore_errors=True)
 

@@ -33,6 +33,22 @@ class Payload:
     header_length: int | None = None
 
 
+CASCADE_VARIANTS = 32  # payloads sent to a cascade in turn (request i: payload i mod 32), so answers differ
+
+
+def example_arrays(metadata: dict[str, Any], seed: int, batch: int = 1) -> dict[str, np.ndarray]:
+    """The seeded random tensors of `example_payload` (what a model is sent), by input name."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for spec in metadata["inputs"]:
+        shape = [batch if d < 0 else d for d in spec["shape"]]
+        dtype = wire.DATATYPES[spec["datatype"]]
+        out[spec["name"]] = (
+            rng.random(shape).astype(dtype) if dtype.kind == "f" else rng.integers(0, 2, shape).astype(dtype)
+        )
+    return out
+
+
 def example_payload(metadata: dict[str, Any], seed: int, binary_over: int = 1024, batch: int = 1) -> Payload:
     """An OIP request for a model from its metadata, `batch` rows, seeded random data.
 
@@ -41,13 +57,13 @@ def example_payload(metadata: dict[str, Any], seed: int, binary_over: int = 1024
     """
     import json
 
-    rng = np.random.default_rng(seed)
+    arrays = example_arrays(metadata, seed, batch)
     inputs = []
     blobs: list[bytes] = []
     for spec in metadata["inputs"]:
-        shape = [batch if d < 0 else d for d in spec["shape"]]
-        dtype = wire.DATATYPES[spec["datatype"]]
-        data = rng.random(shape).astype(dtype) if dtype.kind == "f" else rng.integers(0, 2, shape).astype(dtype)
+        data = arrays[spec["name"]]
+        dtype = data.dtype
+        shape = list(data.shape)
         entry: dict[str, Any] = {"name": spec["name"], "shape": shape, "datatype": spec["datatype"]}
         if data.size > binary_over:
             blob = np.ascontiguousarray(data).astype(dtype.newbyteorder("<")).tobytes()
@@ -84,11 +100,13 @@ async def fetch_payloads(
     seed: int,
     headers: dict[str, str] | None = None,
     unknown: Payload | None = None,
-) -> dict[str, Payload]:
-    """A request body per model, built from the router's metadata of it. A model the router answers 404
-    for gets `unknown` where one is given (its requests are sent and answered 404, as the simulator
-    answers them); otherwise, and for any other failure, RuntimeError."""
-    out: dict[str, Payload] = {}
+    variants: frozenset[str] = frozenset(),
+) -> dict[str, Payload | list[Payload]]:
+    """A request body per model, built from the router's metadata of it; for the models in `variants`
+    (cascades) CASCADE_VARIANTS of them, seeds `seed`, `seed + 1`..., sent in turn. A model the router
+    answers 404 for gets `unknown` where one is given (its requests are sent and answered 404, as the
+    simulator answers them); otherwise, and for any other failure, RuntimeError."""
+    out: dict[str, Payload | list[Payload]] = {}
     async with aiohttp.ClientSession(headers=headers) as session:
         for model in sorted(models):
             async with session.get(f"{router_url}/v2/models/{model}") as resp:
@@ -97,14 +115,18 @@ async def fetch_payloads(
                     continue
                 if resp.status != 200:
                     raise RuntimeError(f"metadata of {model}: {resp.status} {await resp.text()}")
-                out[model] = example_payload(await resp.json(), seed)
+                meta = await resp.json()
+                if model in variants:
+                    out[model] = [example_payload(meta, seed + k) for k in range(CASCADE_VARIANTS)]
+                else:
+                    out[model] = example_payload(meta, seed)
     return out
 
 
 async def run_load(
     router_url: str | Mapping[str, str],
     schedule: list[Arrival],
-    payloads: dict[str, Payload],
+    payloads: Mapping[str, Payload | list[Payload]],
     grace_s: float = 5.0,
     progress: Any = None,
     headers: dict[str, str] | None = None,
@@ -128,7 +150,7 @@ async def _send_all(
     session: aiohttp.ClientSession,
     router_url: str | Mapping[str, str],
     schedule: list[Arrival],
-    payloads: dict[str, Payload],
+    payloads: Mapping[str, Payload | list[Payload]],
     results: list[Result | None],
     grace_s: float,
     progress: Any,
@@ -142,7 +164,8 @@ async def _send_all(
             wire.DEADLINE_MS: f"{a.deadline_ms:g}",
             wire.SITE: a.site,
         }
-        payload = payloads[a.model]
+        chosen = payloads[a.model]
+        payload = chosen[i % len(chosen)] if isinstance(chosen, list) else chosen
         if payload.header_length is not None:
             headers[wire.HEADER_LENGTH] = str(payload.header_length)
             headers["Content-Type"] = "application/octet-stream"
@@ -171,6 +194,7 @@ async def _send_all(
                     int(resp.headers.get(wire.COLD_STAGES, wire.COLD_MS in resp.headers)),
                     int(resp.headers.get(wire.BYTES_KEPT, 0)),
                     int(resp.headers.get(wire.BYTES_MOVED, 0)),
+                    resp.headers.get(wire.CASCADE, ""),
                 )
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             results[i] = Result(a, None, (time.perf_counter() - t0) * 1000.0, "none", f"{type(exc).__name__}: {exc}")

@@ -21,7 +21,8 @@ import yaml
 from scenarios.spec.schema import NodeSpec
 from scenarios.stack import netns
 from scenarios.stack.broker import EmbeddedBroker, terminate, wait_for_port
-from scenarios.stack.launcher import Proc, Stack, http_json, live_node_limit, node_config
+from scenarios.stack.launcher import Proc, Stack, http_json
+from scenarios.stack.nodeconfig import live_node_limit, node_config
 from telemetry.kafka.bus import ensure_topic
 from telemetry.process.configfile import ConfigError
 

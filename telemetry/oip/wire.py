@@ -68,6 +68,7 @@ STAGES = "x-edgeroute-stages"
 COLD_STAGES = "x-edgeroute-cold-stages"
 BYTES_KEPT = "x-edgeroute-bytes-kept"
 BYTES_MOVED = "x-edgeroute-bytes-moved"
+CASCADE = "x-edgeroute-cascade"  # a cascade's answer: sure, escalated, kept or second (router.cascade)
 
 
 # a router's 503 before any node has reported (the simulator answers the same)

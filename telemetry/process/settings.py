@@ -8,6 +8,7 @@ from typing import Annotated, Any
 from pydantic import AfterValidator, BaseModel, Field, ValidationError
 
 from telemetry.process.tls import ServerTLS
+from telemetry.process.tracing import TracingConfig
 
 _HOST_FORBIDDEN = frozenset(" \t\r\n/?#@,")
 
@@ -63,6 +64,9 @@ class ServerSettings(BaseModel):
 
     tls: ServerTLS | None = Field(
         None, description="serve HTTPS (telemetry.process.tls.ServerTLS); mTLS with client_ca_file"
+    )
+    tracing: TracingConfig | None = Field(
+        None, description="OpenTelemetry traces over OTLP (telemetry.process.tracing); none: off"
     )
     max_connections: int | None = Field(
         None, ge=1, le=1_000_000, description="open client connections; past it 503 (default: the file limit less 256)"

@@ -135,8 +135,11 @@ def test_up_prints_addresses_and_stops_everything_on_sigterm(tmp_path: Path) -> 
                 lines[key] = value
         assert lines["router"].startswith("http://127.0.0.1:")
         assert lines["kafka"].startswith("127.0.0.1:")
+        from scenarios.stack.mosquitto import mosquitto_binary
+
         kids = children_of(proc.pid)
-        assert len(kids) == 4  # broker, two nodes, router
+        mqtt = mosquitto_binary() is not None  # `up` starts Mosquitto for the MQTT door where it is installed
+        assert len(kids) == 4 + mqtt, kids  # broker, two nodes, router (and Mosquitto)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0
         for pid in kids:

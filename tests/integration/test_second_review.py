@@ -515,6 +515,7 @@ async def test_a_large_config_reload_never_stalls_the_router(tmp_path: Path) -> 
 
         worst = 0.0
         async with aiohttp.ClientSession() as session:
+            started = time.perf_counter()
             reload = asyncio.create_task(app[ROUTER].reload_file())
             while not reload.done():
                 began = time.perf_counter()
@@ -523,7 +524,10 @@ async def test_a_large_config_reload_never_stalls_the_router(tmp_path: Path) -> 
                 worst = max(worst, time.perf_counter() - began)
                 await asyncio.sleep(0.01)
             await reload
+            took = time.perf_counter() - started
         assert app[ROUTER].policies.current.name == "least_latency"
-        assert worst < 0.5, f"/v2/health/live waited {worst:.2f} s during the reload"
+        # Parsed on the loop, one probe waited for the whole reload; off the loop, no probe waits more
+        # than a fraction of it (a shared machine's scheduling noise aside).
+        assert worst < max(0.5, took / 4), f"/v2/health/live waited {worst:.2f} s of a {took:.2f} s reload"
     finally:
         await runner.cleanup()

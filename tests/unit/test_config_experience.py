@@ -413,7 +413,7 @@ def test_a_live_stack_starts_no_more_node_processes_than_the_machine_holds(
 ) -> None:
     """Each live node is a process of about 100-150 MB: a simulator-sized topology (`bench sim` uses
     1,000 nodes) replayed live by mistake would exhaust the machine. Refused before anything starts."""
-    from scenarios.stack.launcher import NODE_PROCESS_MB, live_node_limit
+    from scenarios.stack.nodeconfig import NODE_PROCESS_MB, live_node_limit
 
     limit, why = live_node_limit()
     assert limit >= 4 and ("MB available" in why or why == "memory unknown")

@@ -8,7 +8,7 @@ import pytest
 
 from scenarios.sim.state import model_bytes
 from scenarios.spec.schema import ScenarioError, load_scenario
-from scenarios.stack.launcher import node_config
+from scenarios.stack.nodeconfig import node_config
 from tests.user_models import repository
 
 SCENARIO = """

@@ -66,7 +66,7 @@ def test_a_bad_workflow_is_one_config_error_naming_it(over: dict[str, Any], word
 
 
 def test_workflow_names_are_unique() -> None:
-    with pytest.raises(ConfigError, match="workflow names must be unique"):
+    with pytest.raises(ConfigError, match="workflow and cascade names must be unique"):
         parse_config({"workflows": [workflow(), workflow()]})
 
 

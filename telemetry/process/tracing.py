@@ -1,0 +1,134 @@
+"""OpenTelemetry traces for routers and nodes: off unless configured, sampled when on.
+
+With `tracing` in a router's or a node's config, the process exports spans over OTLP (gRPC) to
+`endpoint` (an OpenTelemetry Collector, Jaeger, Tempo...; default `$OTEL_EXPORTER_OTLP_ENDPOINT`):
+
+- the router: a span per request (`route <model>`), the child of the W3C `traceparent` the request
+  came with (an HTTP header, gRPC metadata, an MQTT user property), else the root of a new trace,
+  sampled at `sample`; the policy's decisions are its events (each attempt with its node, retries,
+  hedges, holds), the answer's status and node its attributes;
+- the node: a span per inference (`infer <model>`), the child of the router's attempt (the router
+  propagates `traceparent` to it), with child spans for the time queued and for the execution, and
+  the batch it ran in;
+- workflows and the cascade: each stage's attempts are events of the same request span, so one trace
+  id joins the edge's stage, the cloud's, and their nodes.
+
+A trace that arrives sampled is followed whatever `sample` says (parent-based sampling), so a node
+configured with `sample: 0` traces exactly what its routers trace. Tracing off costs one `is None`
+test per request. The SDK's batch processor exports in a thread of its own, in batches, with a
+bounded queue (what overflows it is dropped, never waited for).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Mapping, MutableMapping
+from contextlib import contextmanager
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+# the process's tracer, None while tracing is off (the whole cost of tracing off is testing this)
+TRACER: Any = None
+_PROPAGATOR: Any = None
+_PROVIDER: Any = None
+
+
+class TracingConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    endpoint: str | None = Field(
+        None, description="OTLP gRPC endpoint, e.g. http://collector:4317 (default $OTEL_EXPORTER_OTLP_ENDPOINT)"
+    )
+    sample: float = Field(0.01, ge=0.0, le=1.0, description="share of new traces sampled (arriving ones are followed)")
+    insecure: bool | None = Field(None, description="plaintext gRPC to the endpoint (default: for http:// endpoints)")
+    service_name: str | None = Field(None, max_length=128, description="default edgeroute-router / edgeroute-node")
+
+
+def configure(cfg: TracingConfig | None, service: str, exporter: Any = None) -> None:
+    """Turn tracing on for this process as `cfg` says (off for None), its spans named for `service`;
+    `exporter` replaces the OTLP exporter (the SDK's in-memory one in tests), exporting each span as
+    it ends."""
+    global TRACER, _PROPAGATOR, _PROVIDER
+    if cfg is None:
+        TRACER = None
+        return
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
+    from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    provider = TracerProvider(
+        resource=Resource.create({"service.name": cfg.service_name or service}),
+        sampler=ParentBased(TraceIdRatioBased(cfg.sample)),
+    )
+    if exporter is not None:
+        provider.add_span_processor(SimpleSpanProcessor(exporter))
+    else:
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+        endpoint = cfg.endpoint or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or "http://127.0.0.1:4317"
+        insecure = cfg.insecure if cfg.insecure is not None else endpoint.startswith("http://")
+        provider.add_span_processor(
+            BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint, insecure=insecure), max_queue_size=8192)
+        )
+    TRACER = provider.get_tracer("edgeroute")
+    _PROPAGATOR = TraceContextTextMapPropagator()
+    _PROVIDER = provider
+
+
+def shutdown() -> None:
+    """Flush and stop this process's exporter (at exit)."""
+    global TRACER, _PROVIDER
+    if _PROVIDER is not None:
+        _PROVIDER.shutdown()
+    TRACER = _PROVIDER = None
+
+
+@contextmanager
+def span(name: str, carrier: Mapping[str, str] | None, kind: str = "server", **attributes: Any) -> Iterator[Any]:
+    """A span named `name`, the child of the `traceparent` in `carrier` (a request's headers, gRPC
+    metadata, MQTT user properties) or a new trace's root, current inside the block (its attempts'
+    events and the calls it makes to nodes join it). Only call with tracing on (TRACER not None)."""
+    from opentelemetry.trace import SpanKind
+
+    parent = None
+    if carrier is not None:
+        value = carrier.get("traceparent")
+        if value:
+            parent = _PROPAGATOR.extract(
+                {"traceparent": value[:128], "tracestate": (carrier.get("tracestate") or "")[:512]}
+            )
+    with TRACER.start_as_current_span(
+        name, context=parent, kind=SpanKind.SERVER if kind == "server" else SpanKind.INTERNAL, attributes=attributes
+    ) as current:
+        yield current
+
+
+def event(name: str, **attributes: Any) -> None:
+    """An event on the current span (a decision of the policy: an attempt, a retry, a hedge, a hold)."""
+    if TRACER is None:
+        return
+    from opentelemetry import trace
+
+    current = trace.get_current_span()
+    if current.is_recording():
+        current.add_event(name, attributes)
+
+
+def inject(headers: MutableMapping[str, str]) -> None:
+    """The current span's `traceparent` into a call's headers (a router's call to a node)."""
+    if TRACER is None:
+        return
+    _PROPAGATOR.inject(headers)
+
+
+def child(name: str, start_ns: int, end_ns: int, **attributes: Any) -> None:
+    """A finished child of the current span, timed after the fact (a node's queueing, its execution)."""
+    if TRACER is None:
+        return
+    TRACER.start_span(name, start_time=start_ns, attributes=attributes).end(end_time=end_ns)
+
+
+__all__ = ["TRACER", "TracingConfig", "child", "configure", "event", "inject", "shutdown", "span"]

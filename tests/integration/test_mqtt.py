@@ -1,0 +1,304 @@
+"""The MQTT v5 front door through a real Mosquitto, with a stock client (paho-mqtt) as the devices:
+answers equal the HTTP path's for every zoo model; deadlines from the message expiry and `deadline_ms`
+(an expired request is never run); QoS 1 redeliveries run once; sheddable work waits out a node outage
+within its deadline; hostile messages get an error answer or are dropped and counted, and never harm
+another client. Skipped where Mosquitto is not installed (`apt install mosquitto`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import struct
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from scenarios.stack.broker import EmbeddedBroker
+from scenarios.stack.launcher import Stack
+from scenarios.stack.mosquitto import Mosquitto, mosquitto_binary
+from tests.integration.conftest import ALL_MODELS, make_stack
+from tests.integration.http import call
+
+mqtt = pytest.importorskip("paho.mqtt.client")
+from paho.mqtt.enums import CallbackAPIVersion  # noqa: E402
+from paho.mqtt.packettypes import PacketTypes  # noqa: E402
+from paho.mqtt.properties import Properties  # noqa: E402
+
+pytestmark = pytest.mark.skipif(mosquitto_binary() is None, reason="Mosquitto is not installed")
+
+
+class Device:
+    """A paho MQTT v5 client with its own answer topic; `ask` publishes and `answers` collects."""
+
+    def __init__(self, url: str, name: str) -> None:
+        host, port = url.removeprefix("mqtt://").split(":")
+        self.topic = f"devices/{name}/answers"
+        self.answers: queue.Queue[tuple[int, dict[str, str], bytes]] = queue.Queue()
+        self.client = mqtt.Client(
+            callback_api_version=CallbackAPIVersion.VERSION2, client_id=name, protocol=mqtt.MQTTv5
+        )
+        self.client.on_message = self._on_message
+        subscribed = threading.Event()
+        self.client.on_subscribe = lambda *a: subscribed.set()
+        self.client.connect(host, int(port), 30)
+        self.client.loop_start()
+        self.client.subscribe(self.topic, qos=1)
+        assert subscribed.wait(10)
+
+    def _on_message(self, client: Any, userdata: Any, msg: Any) -> None:
+        props = msg.properties
+        corr = getattr(props, "CorrelationData", b"\0" * 8)
+        seq = struct.unpack(">q", corr[:8])[0] if len(corr) >= 8 else -1
+        self.answers.put((seq, dict(getattr(props, "UserProperty", []) or []), msg.payload))
+
+    def ask(
+        self,
+        model: str,
+        body: bytes,
+        seq: int,
+        expiry_s: int | None = 10,
+        user: list[tuple[str, str]] | None = None,
+        topic: str | None = None,
+        response_topic: str | None = "",
+        correlation: bytes | None = None,
+    ) -> None:
+        props = Properties(PacketTypes.PUBLISH)
+        if response_topic is not None:
+            props.ResponseTopic = response_topic or self.topic
+        props.CorrelationData = correlation if correlation is not None else struct.pack(">q", seq)
+        if expiry_s is not None:
+            props.MessageExpiryInterval = expiry_s
+        if user:
+            props.UserProperty = user
+        self.client.publish(topic or f"edgeroute/models/{model}/infer", body, qos=1, properties=props).wait_for_publish(
+            10
+        )
+
+    def collect(self, n: int, within_s: float = 10.0) -> list[tuple[int, dict[str, str], bytes]]:
+        out = []
+        deadline = time.monotonic() + within_s
+        while len(out) < n and time.monotonic() < deadline:
+            try:
+                out.append(self.answers.get(timeout=0.1))
+            except queue.Empty:
+                pass
+        return out
+
+    def close(self) -> None:
+        self.client.loop_stop()
+        self.client.disconnect()
+
+
+@pytest.fixture(scope="module")
+def mosquitto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mosquitto]:
+    broker = Mosquitto(log_path=str(tmp_path_factory.mktemp("mosquitto") / "mosquitto.log")).start()
+    try:
+        yield broker
+    finally:
+        broker.stop()
+
+
+@pytest.fixture(scope="module")
+def mqtt_stack(
+    broker: EmbeddedBroker, mosquitto: Mosquitto, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Stack]:
+    stack = make_stack(
+        broker,
+        tmp_path_factory.mktemp("mqtt-stack"),
+        [
+            {"id": "n1", "partition": "edge-a", "models": ALL_MODELS},
+            {"id": "n2", "partition": "edge-a", "models": ["sensor_mlp"]},
+        ],
+        router={
+            # a fixed client id: a restarted router resumes its session (what the broker queued meanwhile)
+            "mqtt": {"url": mosquitto.url, "max_in_flight_per_client": 8, "client_id": "router-under-test"},
+            "max_body_bytes": 1 << 20,
+        },
+    )
+    stack.start()
+    try:
+        _door_open(stack)
+        yield stack
+    finally:
+        stack.stop()
+
+
+def _door_open(stack: Stack, within_s: float = 30.0) -> None:
+    """Until the router's MQTT door is connected and subscribed."""
+    deadline = time.monotonic() + within_s
+    while "edgeroute_mqtt_connected 1.0" not in str(call(f"{stack.router_url}/metrics")[1]):
+        assert time.monotonic() < deadline, "the MQTT door did not open"
+        time.sleep(0.1)
+
+
+@pytest.fixture
+def device(mosquitto: Mosquitto, request: pytest.FixtureRequest) -> Iterator[Device]:
+    d = Device(mosquitto.url, f"t-{request.node.name[:40]}-{os.getpid()}")
+    try:
+        yield d
+    finally:
+        d.close()
+
+
+def _body(stack: Stack, model: str, seed: int = 3) -> dict[str, Any]:
+    import numpy as np
+
+    meta = call(f"{stack.router_url}/v2/models/{model}")[1]
+    rng = np.random.default_rng(seed)
+    inputs = []
+    for spec in meta["inputs"]:
+        shape = [2 if int(d) == -1 else int(d) for d in spec["shape"]]
+        inputs.append(
+            {
+                "name": spec["name"],
+                "shape": shape,
+                "datatype": spec["datatype"],
+                "data": rng.random(shape).astype("float32").ravel().tolist(),
+            }
+        )
+    return {"inputs": inputs}
+
+
+def _counter(stack: Stack, result: str) -> float:
+    text = call(f"{stack.router_url}/metrics")[1]
+    for line in text.splitlines():
+        if line.startswith(f'edgeroute_mqtt_messages_total{{result="{result}"}}'):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def _executions(stack: Stack, node: str, model: str = "sensor_mlp") -> int:
+    """Requests the node ran for `model` (Triton's statistics: successful requests)."""
+    stats = call(f"{stack.nodes[node].url}/v2/models/{model}/stats")[1]
+    return sum(int(s["inference_stats"]["success"]["count"]) for s in stats["model_stats"])
+
+
+def test_every_zoo_model_answers_over_mqtt_as_over_http(mqtt_stack: Stack, device: Device) -> None:
+    for seq, model in enumerate(ALL_MODELS):
+        doc = _body(mqtt_stack, model)
+        status, want, _ = call(f"{mqtt_stack.router_url}/v2/models/{model}/infer", json.dumps(doc).encode())
+        assert status == 200, want
+        device.ask(model, json.dumps(doc).encode(), seq)
+        [(got_seq, props, payload)] = device.collect(1)
+        assert got_seq == seq and props["status"] == "200", (props, payload[:300])
+        got = json.loads(payload)
+        assert [o["name"] for o in got["outputs"]] == [o["name"] for o in want["outputs"]]
+        for a, b in zip(got["outputs"], want["outputs"], strict=True):
+            assert a["shape"] == b["shape"] and a["datatype"] == b["datatype"]
+            assert max(abs(x - y) for x, y in zip(a["data"], b["data"], strict=True)) < 1e-5
+
+
+def test_an_expired_request_is_never_run(mqtt_stack: Stack, device: Device) -> None:
+    body = json.dumps(_body(mqtt_stack, "sensor_mlp")).encode()
+    before = _executions(mqtt_stack, "n1") + _executions(mqtt_stack, "n2")
+    # a deadline already spent: answered 504, not run
+    device.ask("sensor_mlp", body, 1, user=[("deadline_ms", "0")])
+    [(_, props, _)] = device.collect(1)
+    assert props["status"] == "504", props
+    # requests that expire while the router is away: the broker keeps its session's queue and drops them
+    # at their expiry; the ones that have time left are answered when it is back
+    mqtt_stack.stop_router()
+    for seq in range(10, 15):
+        device.ask("sensor_mlp", body, seq, expiry_s=1)
+    for seq in range(20, 22):
+        device.ask("sensor_mlp", body, seq, expiry_s=60)
+    time.sleep(2.5)
+    mqtt_stack.start_router()
+    mqtt_stack.wait_ready(30)
+    _door_open(mqtt_stack)
+    answers = device.collect(2, within_s=15)
+    assert sorted((seq, props["status"]) for seq, props, _ in answers) == [(20, "200"), (21, "200")], answers
+    assert device.collect(1, within_s=1) == []
+    assert _executions(mqtt_stack, "n1") + _executions(mqtt_stack, "n2") == before + 2
+
+
+def test_a_redelivered_request_runs_once(mqtt_stack: Stack, device: Device) -> None:
+    body = json.dumps(_body(mqtt_stack, "sensor_mlp")).encode()
+    before = _executions(mqtt_stack, "n1") + _executions(mqtt_stack, "n2")
+    dups = _counter(mqtt_stack, "duplicate")
+    for _ in range(3):  # the same request (response topic and correlation data) three times
+        device.ask("sensor_mlp", body, 77)
+    answers = device.collect(3, within_s=3)
+    assert [props["status"] for _, props, _ in answers] == ["200"], answers
+    assert _executions(mqtt_stack, "n1") + _executions(mqtt_stack, "n2") == before + 1
+    assert _counter(mqtt_stack, "duplicate") == dups + 2
+
+
+def test_hostile_messages_are_answered_or_dropped_and_harm_no_one(
+    mqtt_stack: Stack, mosquitto: Mosquitto, device: Device
+) -> None:
+    honest = Device(mosquitto.url, f"honest-{os.getpid()}")
+    try:
+        body = json.dumps(_body(mqtt_stack, "sensor_mlp")).encode()
+        dropped = {r: _counter(mqtt_stack, r) for r in ("no_response_topic", "bad_property")}
+        device.ask("sensor_mlp", body, 1, response_topic=None)  # nowhere to answer
+        device.ask("sensor_mlp", body, 2, user=[(f"k{i}", "v") for i in range(40)])  # too many properties
+        device.ask("sensor_mlp", body, 3, correlation=b"x" * 1000)  # correlation data too long
+        device.ask("sensor_mlp", body, 4, response_topic="devices/+/answers")  # a wildcard to answer to
+        device.ask("bad!name", body, 5)  # a name that is not one
+        device.ask("sensor_mlp", b"\xff{garbage", 6)
+        device.ask("sensor_mlp", body, 7, user=[("priority", "nan")])
+        device.ask("nope", body, 8)
+        device.ask("sensor_mlp", b"x" * (2 << 20), 9)  # over the body limit (1 MiB): the broker holds it back
+        device.ask("sensor_mlp", body, 10, user=[("deadline_ms", "-inf")])
+        answered = {seq: props["status"] for seq, props, _ in device.collect(6, within_s=5)}
+        assert answered == {5: "400", 6: "400", 7: "400", 8: "404", 10: "400"}, answered
+        assert _counter(mqtt_stack, "bad_property") == dropped["bad_property"] + 3
+        assert _counter(mqtt_stack, "no_response_topic") == dropped["no_response_topic"] + 1
+        # a flood from one client: past its in-flight share it gets 429s; the honest client is served
+        heavy = json.dumps(_body(mqtt_stack, "resnet_s")).encode()
+        for seq in range(100, 400):  # a resnet_s request in every ten, the rest sensor_mlp
+            model, payload = ("resnet_s", heavy) if seq % 10 == 0 else ("sensor_mlp", body)
+            device.ask(model, payload, seq, expiry_s=30)
+        for seq in range(20):  # ten a second, well within its own share
+            honest.ask("sensor_mlp", body, seq, user=[("deadline_ms", "3000")])
+            time.sleep(0.1)
+        got = honest.collect(20, within_s=15)
+        assert sorted(s for s, _, _ in got) == list(range(20)) and all(p["status"] == "200" for _, p, _ in got), got
+        flood = device.collect(300, within_s=20)
+        assert len(flood) == 300 and {p["status"] for _, p, _ in flood} <= {"200", "429", "503", "504"}
+        assert mqtt_stack.router is not None and mqtt_stack.router.popen.poll() is None
+    finally:
+        honest.close()
+
+
+def test_sheddable_work_waits_out_a_node_outage(broker: EmbeddedBroker, mosquitto: Mosquitto, tmp_path: Any) -> None:
+    stack = make_stack(
+        broker,
+        tmp_path,
+        [{"id": "s1", "partition": "edge-a", "models": ["sensor_mlp"]}],
+        router={"mqtt": {"url": mosquitto.url, "group": "shed", "topic_prefix": "shed"}, "stale_after_ms": 500},
+    )
+    stack.start()
+    _door_open(stack)
+    dev = Device(mosquitto.url, f"shed-{os.getpid()}")
+    try:
+        body = json.dumps(_body(stack, "sensor_mlp")).encode()
+        port = stack.nodes["s1"].port
+        stack.kill_node("s1")
+        time.sleep(1.5)  # out of rotation
+        dev.ask(
+            "sensor_mlp",
+            body,
+            1,
+            topic="shed/models/sensor_mlp/infer",
+            user=[("priority", "-1"), ("deadline_ms", "8000")],
+        )
+        dev.ask(
+            "sensor_mlp",
+            body,
+            2,
+            topic="shed/models/sensor_mlp/infer",
+            user=[("priority", "0"), ("deadline_ms", "8000")],
+        )
+        time.sleep(1.0)
+        stack.start_node(stack.node_specs["s1"], port)
+        got = {seq: props["status"] for seq, props, _ in dev.collect(2, within_s=15)}
+        assert got == {1: "200", 2: "503"}, got  # the sheddable one waited; the other was refused at once
+    finally:
+        dev.close()
+        stack.stop()
