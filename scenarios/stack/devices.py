@@ -22,6 +22,7 @@ import asyncio
 import json
 import math
 import random
+import socket
 import struct
 import sys
 import time
@@ -119,6 +120,9 @@ class MqttDevice:
 
     # paho on the shared loop: its socket callbacks (they may run in the connecting thread)
     def _socket_open(self, client: mqtt.Client, userdata: Any, sock: Any) -> None:
+        # paho leaves Nagle's algorithm on; a device's publish right after its PUBACK of an answer would
+        # wait for the broker's delayed ACK (tens of ms on the tail)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.loop.call_soon_threadsafe(lambda: self.loop.add_reader(sock, client.loop_read))
 
     def _socket_close(self, client: mqtt.Client, userdata: Any, sock: Any) -> None:
