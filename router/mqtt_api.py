@@ -472,4 +472,3 @@ def no_delay(sock: Any) -> None:
     put 20-40 ms on the tail of answers. Websocket transports have no socket option to set."""
     with contextlib.suppress(OSError, AttributeError, ValueError):
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
