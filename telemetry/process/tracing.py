@@ -15,15 +15,20 @@ With `tracing` in a router's or a node's config, the process exports spans over 
 
 A trace that arrives sampled is followed whatever `sample` says (parent-based sampling), so a node
 configured with `sample: 0` traces exactly what its routers trace. Tracing off costs one `is None`
-test per request. The SDK's batch processor exports in a thread of its own, in batches, with a
+test per request. A request that is not sampled (a new trace beyond the ratio, or one whose
+`traceparent` says its caller did not sample it) costs a random draw and a context variable: it makes
+no span, and passes a `traceparent` flagged unsampled on to its nodes, so they do not sample it either.
+The SDK's batch processor exports in a thread of its own, in batches, with a
 bounded queue (what overflows it is dropped, never waited for).
 """
 
 from __future__ import annotations
 
 import os
+import random
 from collections.abc import Iterator, Mapping, MutableMapping
 from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -32,6 +37,11 @@ from pydantic import BaseModel, ConfigDict, Field
 TRACER: Any = None
 _PROPAGATOR: Any = None
 _PROVIDER: Any = None
+_RATIO = 0.0
+# the traceparent a request that is not sampled passes on (None: sampled, or outside any request)
+_UNSAMPLED: ContextVar[str | None] = ContextVar("edgeroute_unsampled", default=None)
+_draw = random.Random().random
+_bits = random.Random().getrandbits
 
 
 class TracingConfig(BaseModel):
@@ -49,7 +59,7 @@ def configure(cfg: TracingConfig | None, service: str, exporter: Any = None) -> 
     """Turn tracing on for this process as `cfg` says (off for None), its spans named for `service`;
     `exporter` replaces the OTLP exporter (the SDK's in-memory one in tests), exporting each span as
     it ends."""
-    global TRACER, _PROPAGATOR, _PROVIDER
+    global TRACER, _PROPAGATOR, _PROVIDER, _RATIO
     if cfg is None:
         TRACER = None
         return
@@ -74,6 +84,7 @@ def configure(cfg: TracingConfig | None, service: str, exporter: Any = None) -> 
             BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint, insecure=insecure), max_queue_size=8192)
         )
     TRACER = provider.get_tracer("edgeroute")
+    _RATIO = cfg.sample
     _PROPAGATOR = TraceContextTextMapPropagator()
     _PROVIDER = provider
 
@@ -90,25 +101,51 @@ def shutdown() -> None:
 def span(name: str, carrier: Mapping[str, str] | None, kind: str = "server", **attributes: Any) -> Iterator[Any]:
     """A span named `name`, the child of the `traceparent` in `carrier` (a request's headers, gRPC
     metadata, MQTT user properties) or a new trace's root, current inside the block (its attempts'
-    events and the calls it makes to nodes join it). Only call with tracing on (TRACER not None)."""
-    from opentelemetry.trace import SpanKind
+    events and the calls it makes to nodes join it). Only call with tracing on (TRACER not None).
+    A request not sampled gets no span (the block gets a span that records nothing)."""
+    from opentelemetry.trace import INVALID_SPAN, SpanKind
 
+    value = carrier.get("traceparent") if carrier is not None else None
+    if value:
+        value = value[:128]
+        unsampled = _unsampled(value)
+    elif _draw() >= _RATIO:
+        unsampled = f"00-{_bits(128) or 1:032x}-{_bits(64) or 1:016x}-00"
+    else:
+        unsampled = None
+    if unsampled is not None:
+        token = _UNSAMPLED.set(unsampled)
+        try:
+            yield INVALID_SPAN
+        finally:
+            _UNSAMPLED.reset(token)
+        return
     parent = None
-    if carrier is not None:
-        value = carrier.get("traceparent")
-        if value:
-            parent = _PROPAGATOR.extract(
-                {"traceparent": value[:128], "tracestate": (carrier.get("tracestate") or "")[:512]}
-            )
+    if value:
+        parent = _PROPAGATOR.extract({"traceparent": value, "tracestate": (carrier.get("tracestate") or "")[:512]})
     with TRACER.start_as_current_span(
         name, context=parent, kind=SpanKind.SERVER if kind == "server" else SpanKind.INTERNAL, attributes=attributes
     ) as current:
         yield current
 
 
+def _unsampled(value: str) -> str | None:
+    """`value` itself where it is a well-formed W3C traceparent whose caller did not sample it, else
+    None (a sampled one is followed, a malformed one is the SDK's to judge)."""
+    parts = value.split("-")
+    if len(parts) < 4 or len(parts[0]) != 2 or len(parts[1]) != 32 or len(parts[2]) != 16 or len(parts[3]) != 2:
+        return None
+    try:
+        flags = int(parts[3], 16)
+        valid = int(parts[1], 16) != 0 and int(parts[2], 16) != 0 and parts[0] != "ff"
+    except ValueError:
+        return None
+    return value if valid and not flags & 1 else None
+
+
 def event(name: str, **attributes: Any) -> None:
     """An event on the current span (a decision of the policy: an attempt, a retry, a hedge, a hold)."""
-    if TRACER is None:
+    if TRACER is None or _UNSAMPLED.get() is not None:
         return
     from opentelemetry import trace
 
@@ -121,12 +158,16 @@ def inject(headers: MutableMapping[str, str]) -> None:
     """The current span's `traceparent` into a call's headers (a router's call to a node)."""
     if TRACER is None:
         return
+    unsampled = _UNSAMPLED.get()
+    if unsampled is not None:
+        headers["traceparent"] = unsampled
+        return
     _PROPAGATOR.inject(headers)
 
 
 def child(name: str, start_ns: int, end_ns: int, **attributes: Any) -> None:
     """A finished child of the current span, timed after the fact (a node's queueing, its execution)."""
-    if TRACER is None:
+    if TRACER is None or _UNSAMPLED.get() is not None:
         return
     TRACER.start_span(name, start_time=start_ns, attributes=attributes).end(end_time=end_ns)
 
