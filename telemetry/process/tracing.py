@@ -121,7 +121,7 @@ def span(name: str, carrier: Mapping[str, str] | None, kind: str = "server", **a
             _UNSAMPLED.reset(token)
         return
     parent = None
-    if value:
+    if value and carrier is not None:
         parent = _PROPAGATOR.extract({"traceparent": value, "tracestate": (carrier.get("tracestate") or "")[:512]})
     with TRACER.start_as_current_span(
         name, context=parent, kind=SpanKind.SERVER if kind == "server" else SpanKind.INTERNAL, attributes=attributes
