@@ -6,6 +6,7 @@ pid. Any other MQTT v5 broker serves as well by URL (router config `mqtt.url`); 
 
 from __future__ import annotations
 
+import getpass
 import shutil
 import subprocess
 import tempfile
@@ -30,31 +31,52 @@ def mosquitto_binary() -> str | None:
 
 
 class Mosquitto:
-    """Mosquitto on 127.0.0.1:`port` (a free one when 0), anonymous, in memory, with room for a device
-    fleet: no connection limit, 1,000 QoS 1 messages in flight per client, 10,000 queued."""
+    """Mosquitto on 127.0.0.1:`port` (a free one when 0), in memory, with room for a device fleet: no
+    connection limit, 1,000 QoS 1 messages in flight per client, 10,000 queued. Anonymous, unless
+    `users` (name -> password) are given; TLS with `tls` (certificate and key files)."""
 
-    def __init__(self, port: int = 0, host: str = "127.0.0.1", log_path: str | None = None) -> None:
+    def __init__(
+        self,
+        port: int = 0,
+        host: str = "127.0.0.1",
+        log_path: str | None = None,
+        tls: tuple[str, str] | None = None,
+        users: dict[str, str] | None = None,
+    ) -> None:
         self.host = host
         self.port = port or free_port(host)
         self.log_path = log_path
+        self.tls = tls  # (certificate, key): the listener speaks TLS (mqtts://)
+        self.users = users  # name -> password: no anonymous clients
         self.proc: subprocess.Popen[bytes] | None = None
         self._folder: tempfile.TemporaryDirectory[str] | None = None
 
     @property
     def url(self) -> str:
-        return f"mqtt://{self.host}:{self.port}"
+        return f"{'mqtts' if self.tls else 'mqtt'}://{self.host}:{self.port}"
 
     def start(self, timeout_s: float = 10.0) -> Mosquitto:
         binary = mosquitto_binary()
         if binary is None:
             raise RuntimeError("Mosquitto is not installed (apt install mosquitto; brew install mosquitto)")
         self._folder = tempfile.TemporaryDirectory(prefix="edgeroute-mosquitto-")
-        conf = Path(self._folder.name) / "mosquitto.conf"
+        folder = Path(self._folder.name)
+        conf = folder / "mosquitto.conf"
+        secured = []
+        if self.tls is not None:
+            secured += [f"certfile {self.tls[0]}", f"keyfile {self.tls[1]}"]
+        if self.users:
+            secured += [f"password_file {self._password_file(folder)}", "allow_anonymous false"]
+        else:
+            secured.append("allow_anonymous true")
         conf.write_text(
             "\n".join(
                 [
                     f"listener {self.port} {self.host}",
-                    "allow_anonymous true",
+                    *secured,
+                    # started as root, Mosquitto would become the `mosquitto` user, who cannot read the
+                    # files above in a private folder: it stays who started it
+                    f"user {getpass.getuser()}",
                     "persistence false",
                     "max_inflight_messages 1000",
                     "max_queued_messages 10000",
@@ -73,6 +95,14 @@ class Mosquitto:
             self.stop()
             raise
         return self
+
+    def _password_file(self, folder: Path) -> Path:
+        tool = shutil.which("mosquitto_passwd") or str(Path(mosquitto_binary() or "").parent / "mosquitto_passwd")
+        path = folder / "passwd"
+        for i, (name, password) in enumerate((self.users or {}).items()):
+            flags = ["-b", "-c"] if i == 0 else ["-b"]
+            subprocess.run([tool, *flags, str(path), name, password], check=True, capture_output=True, timeout=30)
+        return path
 
     def stop(self) -> None:
         if self.proc is not None:
