@@ -302,3 +302,45 @@ def test_sheddable_work_waits_out_a_node_outage(broker: EmbeddedBroker, mosquitt
     finally:
         dev.close()
         stack.stop()
+
+
+def test_the_door_comes_back_with_a_restarted_broker(broker: EmbeddedBroker, tmp_path: Any) -> None:
+    """A site's broker restarts (a reboot, an upgrade): the door notices (`edgeroute_mqtt_connected` 0),
+    reconnects by itself once the broker is back on its address, subscribes again, and answers; HTTP is
+    served throughout."""
+    first = Mosquitto(log_path=str(tmp_path / "mosquitto-1.log")).start()
+    port = first.port
+    stack = make_stack(
+        broker,
+        tmp_path,
+        [{"id": "b1", "partition": "edge-a", "models": ["sensor_mlp"]}],
+        router={"mqtt": {"url": first.url, "group": "bounce", "topic_prefix": "bounce"}},
+    )
+    stack.start()
+    second: Mosquitto | None = None
+    try:
+        _door_open(stack)
+        body = json.dumps(_body(stack, "sensor_mlp")).encode()
+        dev = Device(first.url, f"bounce-a-{os.getpid()}")
+        dev.ask("sensor_mlp", body, 1, topic="bounce/models/sensor_mlp/infer")
+        assert [(s, p["status"]) for s, p, _ in dev.collect(1)] == [(1, "200")]
+        dev.close()
+        first.stop()
+        deadline = time.monotonic() + 15
+        while "edgeroute_mqtt_connected 0.0" not in str(call(f"{stack.router_url}/metrics")[1]):
+            assert time.monotonic() < deadline, "the door did not notice the broker had gone"
+            time.sleep(0.1)
+        assert call(f"{stack.router_url}/v2/models/sensor_mlp/infer", body)[0] == 200  # HTTP unaffected
+        second = Mosquitto(port=port, log_path=str(tmp_path / "mosquitto-2.log")).start()
+        _door_open(stack, within_s=30)
+        dev = Device(second.url, f"bounce-b-{os.getpid()}")
+        try:
+            dev.ask("sensor_mlp", body, 2, topic="bounce/models/sensor_mlp/infer")
+            assert [(s, p["status"]) for s, p, _ in dev.collect(1)] == [(2, "200")]
+        finally:
+            dev.close()
+    finally:
+        stack.stop()
+        first.stop()
+        if second is not None:
+            second.stop()
