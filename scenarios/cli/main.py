@@ -52,7 +52,7 @@ def _up(args: argparse.Namespace) -> int:
     mqtt = args.mqtt
     if mqtt == "auto":  # the MQTT door where Mosquitto is installed
         mqtt = "embedded" if mosquitto_binary() is not None else None
-    extra = {} if scenario.topology.deployment == "per_site" else {"mqtt": None if mqtt == "off" else mqtt}
+    extra = {"mqtt": None if mqtt == "off" else mqtt}
     stack = stack_for(
         scenario,
         kafka=args.kafka,
@@ -69,8 +69,11 @@ def _up(args: argparse.Namespace) -> int:
         print(f"router: {stack.router_url}" + (f" ({args.routers} processes)" if args.routers > 1 else ""), flush=True)
         if stack.router is not None and stack.router.grpc:
             print(f"router gRPC: {stack.router.grpc}", flush=True)
+        site_mqtt = getattr(stack, "site_mqtt_urls", {})
+        for site, url in site_mqtt.items():  # a broker per site (or one for all)
+            print(f"router MQTT of {site}: {url}", flush=True)
         mqtt_url = getattr(stack, "mqtt_url", None)
-        if mqtt_url is not None:
+        if mqtt_url is not None and not site_mqtt:
             print(f"router MQTT: {mqtt_url} (requests on edgeroute/models/<model>/infer)", flush=True)
         elif args.mqtt == "auto" and not extra.get("mqtt"):
             print("router MQTT: off (Mosquitto is not installed: apt install mosquitto)", flush=True)

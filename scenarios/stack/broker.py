@@ -36,10 +36,19 @@ def wait_for_port(host: str, port: int, timeout_s: float, proc: subprocess.Popen
 
 def terminate(popen: subprocess.Popen[bytes], timeout_s: float = 10.0) -> None:
     """SIGTERM, wait up to `timeout_s`, then SIGKILL; always reaps the child."""
-    if popen.poll() is None:
+    terminate_all([popen], timeout_s)
+
+
+def terminate_all(popens: list[subprocess.Popen[bytes]], timeout_s: float = 10.0) -> None:
+    """SIGTERM to every one at once, then wait for each until `timeout_s` has passed, SIGKILL to what
+    is left; always reaps them. (One after the other, a stack's nodes draining took their sum.)"""
+    alive = [p for p in popens if p.poll() is None]
+    for popen in alive:
         popen.terminate()
+    deadline = time.monotonic() + timeout_s
+    for popen in alive:
         try:
-            popen.wait(timeout=timeout_s)
+            popen.wait(timeout=max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             popen.kill()
             popen.wait(timeout=5)

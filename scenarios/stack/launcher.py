@@ -26,7 +26,7 @@ from typing import Any
 import yaml
 
 from scenarios.spec.schema import NodeSpec, Scenario
-from scenarios.stack.broker import EmbeddedBroker, free_port, terminate, wait_for_port
+from scenarios.stack.broker import EmbeddedBroker, free_port, terminate, terminate_all, wait_for_port
 from scenarios.stack.mosquitto import Mosquitto
 from scenarios.stack.nodeconfig import live_node_limit, node_config, profile_baselines
 from telemetry.cluster.schema import TOPIC
@@ -410,6 +410,11 @@ class Stack:
         proc = self.nodes.pop(node_id)
         terminate(proc.popen)
 
+    def stop_nodes(self) -> None:
+        """Every node at once (each drains: it tells the routers, then ends its work in progress)."""
+        procs = [self.nodes.pop(node_id) for node_id in list(self.nodes)]
+        terminate_all([proc.popen for proc in procs])
+
     def stop_router(self) -> None:
         for proc in self.peers:
             terminate(proc.popen)
@@ -420,8 +425,7 @@ class Stack:
         """Stop every process; an automatic log folder goes too after a clean run (kept on failure)."""
         if self.router is not None:
             self.stop_router()
-        for node_id in list(self.nodes):
-            self.stop_node(node_id)
+        self.stop_nodes()
         if self.broker is not None:
             self.broker.stop()
             self.broker = None

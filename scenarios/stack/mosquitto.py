@@ -42,12 +42,14 @@ class Mosquitto:
         log_path: str | None = None,
         tls: tuple[str, str] | None = None,
         users: dict[str, str] | None = None,
+        prefix: list[str] | None = None,
     ) -> None:
         self.host = host
-        self.port = port or free_port(host)
+        self.port = port or free_port("127.0.0.1" if prefix else host)  # (a namespace's address is not ours)
         self.log_path = log_path
         self.tls = tls  # (certificate, key): the listener speaks TLS (mqtts://)
         self.users = users  # name -> password: no anonymous clients
+        self.prefix = prefix or []  # run it under this (a site's network namespace: scenarios.stack.netns)
         self.proc: subprocess.Popen[bytes] | None = None
         self._folder: tempfile.TemporaryDirectory[str] | None = None
 
@@ -90,7 +92,7 @@ class Mosquitto:
             )
         )
         try:
-            self.proc = spawn([binary, "-c", str(conf)], self.log_path, self.host, self.port, timeout_s)
+            self.proc = spawn([*self.prefix, binary, "-c", str(conf)], self.log_path, self.host, self.port, timeout_s)
         except BaseException:
             self.stop()
             raise

@@ -98,7 +98,8 @@ class SiteNetwork:
                 _run("-n", ns, "link", "set", "lo", "up")
                 _run("-n", ns, "addr", "add", f"{self.address(site)}/32", "dev", "lo")
                 # the access link from this machine: the site's clients and the stack's own calls
-                host_end = f"era{self.pid % 100000}x{i}"
+                host_end = self._host_end(i)
+                _run("link", "del", host_end, check=False)  # (as the namespace above)
                 _run("link", "add", host_end, "type", "veth", "peer", "name", "acc", "netns", ns)
                 _run("addr", "add", f"10.79.{self.block}.{4 * i + 1}/30", "dev", host_end)
                 _run("link", "set", host_end, "up")
@@ -144,8 +145,15 @@ class SiteNetwork:
             a, b = sorted(pair)
             self.cut(a, b, False)
 
+    def _host_end(self, i: int) -> str:
+        """The machine's end of site i's access link."""
+        return f"era{self.pid % 100000}x{i}"
+
     def destroy(self) -> None:
-        """Delete every namespace made (their veths and routes go with them)."""
+        """Delete every namespace made and the machine's ends of their access links (the kernel drops
+        those with their namespace, but not before the next stack of this process may want the names)."""
+        for i in range(len(self.made)):
+            _run("link", "del", self._host_end(i), check=False)
         for ns in self.made:
             out = _run("netns", "del", ns, check=False)
             if out.returncode != 0:

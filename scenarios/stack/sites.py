@@ -22,6 +22,7 @@ from scenarios.spec.schema import NodeSpec
 from scenarios.stack import netns
 from scenarios.stack.broker import EmbeddedBroker, terminate, wait_for_port
 from scenarios.stack.launcher import Proc, Stack, http_json
+from scenarios.stack.mosquitto import Mosquitto
 from scenarios.stack.nodeconfig import live_node_limit, node_config
 from telemetry.kafka.bus import ensure_topic
 from telemetry.process.configfile import ConfigError
@@ -37,6 +38,7 @@ class SiteStack(Stack):
     network: netns.SiteNetwork | None = None
     brokers: dict[str, EmbeddedBroker] = field(default_factory=dict)
     site_routers: dict[str, Proc] = field(default_factory=dict)
+    site_mosquittos: dict[str, Mosquitto] = field(default_factory=dict)  # (mqtt="embedded": one per site)
     isolation: str = ""  # how the sites are kept apart, for reports: "namespaces" or why not
 
     @property
@@ -48,6 +50,19 @@ class SiteStack(Stack):
 
     def prefix(self, site: str) -> list[str]:
         return [] if self.network is None else self.network.exec_prefix(site)
+
+    @property
+    def mqtt_url(self) -> str | None:
+        """One MQTT broker for every site's router (`mqtt` a URL), else None (see `site_mqtt_urls`)."""
+        return None if self.mqtt in (None, "embedded") else self.mqtt
+
+    @property
+    def site_mqtt_urls(self) -> dict[str, str]:
+        """The MQTT broker each site's router serves (its own, with `mqtt` "embedded"; else the one)."""
+        if self.site_mosquittos:
+            return {site: m.url for site, m in self.site_mosquittos.items()}
+        url = self.mqtt_url
+        return {} if url is None else dict.fromkeys(self.sites, url)
 
     @property
     def router_urls(self) -> dict[str, str] | None:
@@ -82,6 +97,10 @@ class SiteStack(Stack):
                 )
                 self.brokers[site] = broker.start()
                 ensure_topic(broker.bootstrap, self.topic)
+                if self.mqtt == "embedded":  # the site's devices publish to their own site's broker
+                    log = str(self.log_dir / f"mosquitto-{site}.log")
+                    mosquitto = Mosquitto(host=self.host(site), log_path=log, prefix=self.prefix(site))
+                    self.site_mosquittos[site] = mosquitto.start()
             self.kafka = self.brokers[self.sites[0]].bootstrap
             for spec in self.scenario.topology.nodes:
                 self.node_specs[spec.id] = spec
@@ -129,6 +148,9 @@ class SiteStack(Stack):
             "policy": self.scenario.policies[0].policy.model_dump(exclude_none=True),
             "links": [k.model_dump() for k in self.scenario.topology.links],
         }
+        mqtt_url = self.site_mqtt_urls.get(site)
+        if mqtt_url is not None:
+            cfg["mqtt"] = {"url": mqtt_url}
         cfg.update(self.scenario.router)
         cfg.update(self.router_overrides)
         path = self.log_dir / f"router-{site}.yaml"
@@ -196,9 +218,13 @@ class SiteStack(Stack):
         self.site_routers = {}
         self.peers = []
         self.router = None
+        self.stop_nodes()  # while their brokers are still there to hear them drain
         for broker in self.brokers.values():
             broker.stop()
         self.brokers = {}
+        for mosquitto in self.site_mosquittos.values():
+            mosquitto.stop()
+        self.site_mosquittos = {}
         try:
             super().stop(clean)
         finally:

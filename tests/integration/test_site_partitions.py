@@ -14,6 +14,7 @@ import pytest
 
 from scenarios.spec.schema import Scenario
 from scenarios.stack import netns
+from scenarios.stack.mosquitto import mosquitto_binary
 from scenarios.stack.sites import SiteStack
 from tests.integration.http import call, infer_body
 
@@ -73,3 +74,33 @@ def test_a_site_cut_off_keeps_serving_from_its_own_router(tmp_path: Path) -> Non
         stack.stop()
     left = [ns for ns in netns._run("netns", "list").stdout.split() if ns.startswith(f"er{os.getpid()}-")]
     assert not left, f"namespaces left behind: {left}"
+
+
+@pytest.mark.skipif(mosquitto_binary() is None, reason="Mosquitto is not installed")
+def test_a_site_cut_off_keeps_answering_its_mqtt_devices(tmp_path: Path) -> None:
+    """With `mqtt` embedded, every site runs its own Mosquitto beside its router; a site's devices
+    publish there, and a cut-off site's devices are still answered by its own node."""
+    from tests.integration.test_mqtt import Device
+
+    stack = SiteStack(two_sites(), log_dir=tmp_path, mqtt="embedded")
+    device = None
+    try:
+        stack.start()
+        brokers = stack.site_mqtt_urls
+        assert set(brokers) == {"site-a", "site-b"} and brokers["site-a"] != brokers["site-b"]
+        router_b = (stack.router_urls or {})["site-b"]
+        deadline = time.monotonic() + 30
+        while "edgeroute_mqtt_connected 1.0" not in str(call(f"{router_b}/metrics")[1]):
+            assert time.monotonic() < deadline, "site-b's router did not connect to site-b's broker"
+            time.sleep(0.1)
+        stack.cut_link("site-a", "site-b", True)
+        time.sleep(1.5)
+        device = Device(brokers["site-b"], f"cam-b-{os.getpid()}")
+        for seq in range(10):
+            device.ask("sensor_mlp", infer_body(), seq, user=[("deadline_ms", "300")])
+        got = sorted((seq, props["status"], props.get("node")) for seq, props, _ in device.collect(10))
+        assert got == [(seq, "200", "b1") for seq in range(10)], got
+    finally:
+        if device is not None:
+            device.close()
+        stack.stop()
