@@ -44,7 +44,7 @@ from telemetry.oip.grpc import start_server as start_grpc
 from telemetry.oip.triton import EXTENSIONS
 from telemetry.process import tracing
 from telemetry.process.background import running
-from telemetry.process.serving import default_max_connections, read_body, start_site
+from telemetry.process.serving import default_max_connections, read_body, start_site, stop_serving
 
 log = logging.getLogger("edgeroute.node")
 
@@ -403,8 +403,4 @@ async def serve(config: NodeConfig, stop: asyncio.Event, on_bound: Any = None, o
         if RUNTIME in app:
             app[RUNTIME].draining = True
     finally:
-        if grpc_server is not None:
-            await grpc_server.stop(1.0)
-        await runner.cleanup()
-        if config.tracing is not None:
-            tracing.shutdown()
+        await stop_serving(runner, grpc_server, config.tracing is not None)

@@ -31,7 +31,7 @@ from telemetry.oip import wire
 from telemetry.oip.grpc import start_server as start_grpc
 from telemetry.process import tracing
 from telemetry.process.background import running
-from telemetry.process.serving import default_max_connections, start_site
+from telemetry.process.serving import default_max_connections, start_site, stop_serving
 
 log = logging.getLogger("edgeroute.router")
 
@@ -371,8 +371,4 @@ async def serve(
             loop.add_signal_handler(signal.SIGHUP, reload)
         await stop.wait()
     finally:
-        if grpc_server is not None:
-            await grpc_server.stop(1.0)
-        await runner.cleanup()
-        if config.tracing is not None:
-            tracing.shutdown()
+        await stop_serving(runner, grpc_server, config.tracing is not None)

@@ -131,6 +131,18 @@ async def start_site(
     return runner, site, cap
 
 
+async def stop_serving(runner: web.AppRunner, grpc_server: Any | None, traced: bool) -> None:
+    """The end of a router's or a node's serving: its gRPC server (a second for calls in progress),
+    its HTTP site, then its span exporter, flushed (telemetry.process.tracing)."""
+    if grpc_server is not None:
+        await grpc_server.stop(1.0)
+    await runner.cleanup()
+    if traced:
+        from telemetry.process import tracing
+
+        tracing.shutdown()
+
+
 def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
     """uvloop's event loop where it is installed (a dependency on Linux and macOS), unless
     `EDGEROUTE_UVLOOP=0`; else None, asyncio's own."""
