@@ -95,11 +95,19 @@ async def infer(
     attempt id), else the request's own id. Traced when tracing is on, as the child of the
     `traceparent` in `carrier` (the request's headers or metadata), with its queueing and its execution
     as child spans (telemetry.process.tracing)."""
+    work = _infer(rt, model, version, decode, encode, request_id, arrived)
     if tracing.TRACER is None:
-        return await _infer(rt, model, version, decode, encode, request_id, arrived)
+        return await work
+    return await _traced(rt, model, carrier, arrived, work)
+
+
+async def _traced(
+    rt: NodeRuntime, model: str, carrier: Mapping[str, str] | None, arrived: float, work: Awaitable[Done[T]]
+) -> Done[T]:
+    """`work` (one inference) in its span, with its queueing and its execution as child spans."""
     with tracing.span(f"infer {model[:64]}", carrier, **{"edgeroute.node": rt.config.node_id}) as span:
         started_ns = time.time_ns() - int((time.perf_counter() - arrived) * 1e9)
-        done = await _infer(rt, model, version, decode, encode, request_id, arrived)
+        done = await work
         span.set_attributes({"http.response.status_code": done.status, "edgeroute.batch_rows": done.batch_rows})
         if done.status == 200:
             end_ns = time.time_ns()

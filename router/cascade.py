@@ -56,7 +56,7 @@ class CascadeRunner:
             values = outputs[self.spec.rule.output].reshape(outputs[self.spec.rule.output].shape[0], -1)
         except (ValueError, KeyError, TypeError, IndexError):
             return True, None
-        rows = [[float(v) for v in row] for row in values]
+        rows = values.astype("float64").tolist()  # (python floats, as the rule reads them)
         top = int(values[0].argmax()) if len(rows) and values.shape[1] else None
         return any(self.spec.rule.unsure(row) for row in rows) or not rows, top
 
