@@ -143,7 +143,7 @@ class Dispatcher:
         while True:
             step = self._decide(a)
             if isinstance(step, Answer):
-                return Outcome.error(step.status, step.reason, attempts=a.attempt)
+                return Outcome.error(step.status, step.reason, attempts=a.attempt, kind=a.last_kind)
             if isinstance(step, Hold):
                 tracing.event("hold", partition=step.partition, wait_ms=step.wait_ms)
                 fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()

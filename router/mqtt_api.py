@@ -65,6 +65,7 @@ from prometheus_client import Counter, Gauge
 from router import director, fleet
 from router.config import MqttConfig
 from router.dispatch import Outcome
+from router.lifecycle.failures import Failure
 from router.state import ROUTER, Router
 from telemetry.oip import wire
 
@@ -409,9 +410,13 @@ class MqttDoor:
             outcome = await director.infer(
                 router, director.InferCall(model, version, bytes(msg.payload), hints, client, arrived)
             )
-            # sheddable work waits out an outage of the node side within its deadline, rather than refused
+            # sheddable work with no node to take it (none in rotation, or those tried unreachable: an
+            # outage of the node side) waits it out within its deadline, rather than refused; a refusal by
+            # a live node (no room, too late to finish) is load, and trying again would add to it
             retry_ms = self.cfg.sheddable_retry_ms
             if outcome.status != 503 or priority >= 0 or budget is None or self.closing:
+                return outcome
+            if outcome.attempts and outcome.kind not in (Failure.CONNECT, Failure.CUT):
                 return outcome
             if budget - (router.clock() - arrived) <= retry_ms:
                 return outcome

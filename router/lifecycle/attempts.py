@@ -15,6 +15,7 @@ from typing import Generic, NamedTuple, TypeVar
 
 from policies.api import Decision, RouteRequest
 from policies.pipeline import Pipeline
+from router.lifecycle.failures import Failure
 from telemetry.cluster.view import NodeState
 
 _NONE_TRIED: frozenset[str] = frozenset()
@@ -30,6 +31,7 @@ class Attempts:
     tried: set[str] = field(default_factory=set)
     attempt: int = 0  # attempts sent (a hedge's duplicate is not one; holding is not one)
     last_error: tuple[int, str] | None = None
+    last_kind: Failure | None = None  # how the last failed attempt failed (a node's refusal, unreachable...)
     held_since_ms: float | None = None
     waited_ms: float = 0.0  # held so far (delay scheduling)
     moves: int = 0  # moves tried for it: taken back from a queue to go elsewhere (router.lifecycle.reroute)

@@ -415,6 +415,7 @@ class Lifecycle(Generic[T]):
         if not kind.retryable:
             return False
         a.last_error = (status, reason)
+        a.last_kind = kind
         return a.attempt < self.settings.max_attempts and self.retry_budget.spend(self._now)
 
     def finish(self, a: Attempts, status: int, at_ms: float) -> None:

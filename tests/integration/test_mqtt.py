@@ -344,3 +344,41 @@ def test_the_door_comes_back_with_a_restarted_broker(broker: EmbeddedBroker, tmp
         first.stop()
         if second is not None:
             second.stop()
+
+
+def test_sheddable_work_a_node_refuses_for_load_is_not_tried_again(
+    broker: EmbeddedBroker, mosquitto: Mosquitto, tmp_path: Any
+) -> None:
+    """Waiting out an outage must not turn into load: sheddable work that a live node refused (it could
+    not finish in time) is answered with that refusal at once, not sent again every
+    `sheddable_retry_ms` until its deadline."""
+    stack = make_stack(
+        broker,
+        tmp_path,
+        [{"id": "slow", "partition": "edge-a", "models": ["resnet_s"], "speed": 0.003}],  # ~2 s a run
+        router={"mqtt": {"url": mosquitto.url, "group": "load", "topic_prefix": "load", "sheddable_retry_ms": 50}},
+    )
+    stack.start()
+    dev = Device(mosquitto.url, f"load-{os.getpid()}")
+    try:
+        _door_open(stack)
+        body = json.dumps(_body(stack, "resnet_s")).encode()
+        began = time.monotonic()
+        dev.ask(
+            "resnet_s", body, 1, topic="load/models/resnet_s/infer", user=[("priority", "-1"), ("deadline_ms", "1500")]
+        )
+        got = dev.collect(1, within_s=10)
+        waited = time.monotonic() - began
+        assert [(seq, props["status"]) for seq, props, _ in got] == [(1, "503")], got
+        text = str(call(f"{stack.nodes['slow'].url}/metrics")[1])
+        refusals = sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith("edgeroute_node_inference_request_failure_total") and 'status="503"' in line
+        )
+        # one routing (the node, tried once, is not tried again), no second round of the door's
+        assert refusals == 1, f"the node refused it {refusals:.0f} times"
+        assert waited < 1.0, f"answered after {waited:.2f} s"
+    finally:
+        dev.close()
+        stack.stop()
