@@ -66,12 +66,14 @@ def configure(cfg: TracingConfig | None, service: str, exporter: Any = None) -> 
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
-    from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+    from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
     provider = TracerProvider(
         resource=Resource.create({"service.name": cfg.service_name or service}),
-        sampler=ParentBased(TraceIdRatioBased(cfg.sample)),
+        # the share of new traces is drawn in `span` (what is not sampled never reaches the SDK): the SDK
+        # keeps every root it is given, and follows a remote parent's decision
+        sampler=ParentBased(ALWAYS_ON),
     )
     if exporter is not None:
         provider.add_span_processor(SimpleSpanProcessor(exporter))
@@ -105,14 +107,14 @@ def span(name: str, carrier: Mapping[str, str] | None, kind: str = "server", **a
     A request not sampled gets no span (the block gets a span that records nothing)."""
     from opentelemetry.trace import INVALID_SPAN, SpanKind
 
-    value = carrier.get("traceparent") if carrier is not None else None
-    if value:
-        value = value[:128]
-        unsampled = _unsampled(value)
-    elif _draw() >= _RATIO:
-        unsampled = f"00-{_bits(128) or 1:032x}-{_bits(64) or 1:016x}-00"
+    raw = carrier.get("traceparent") if carrier is not None else None
+    value = raw[:128] if raw else None
+    sampled = _sampled(value) if value else None  # None: no parent, or one that does not parse
+    if sampled is None:
+        value = None  # a new trace, drawn at the ratio (a garbled traceparent cannot force one)
+        unsampled = None if _draw() < _RATIO else f"00-{_bits(128) or 1:032x}-{_bits(64) or 1:016x}-00"
     else:
-        unsampled = None
+        unsampled = None if sampled else value
     if unsampled is not None:
         token = _UNSAMPLED.set(unsampled)
         try:
@@ -129,9 +131,8 @@ def span(name: str, carrier: Mapping[str, str] | None, kind: str = "server", **a
         yield current
 
 
-def _unsampled(value: str) -> str | None:
-    """`value` itself where it is a well-formed W3C traceparent whose caller did not sample it, else
-    None (a sampled one is followed, a malformed one is the SDK's to judge)."""
+def _sampled(value: str) -> bool | None:
+    """Whether the caller sampled the trace of a well-formed W3C `traceparent`; None if it is not one."""
     parts = value.split("-")
     if len(parts) < 4 or len(parts[0]) != 2 or len(parts[1]) != 32 or len(parts[2]) != 16 or len(parts[3]) != 2:
         return None
@@ -140,7 +141,7 @@ def _unsampled(value: str) -> str | None:
         valid = int(parts[1], 16) != 0 and int(parts[2], 16) != 0 and parts[0] != "ff"
     except ValueError:
         return None
-    return value if valid and not flags & 1 else None
+    return bool(flags & 1) if valid else None
 
 
 def event(name: str, **attributes: Any) -> None:

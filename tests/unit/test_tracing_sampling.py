@@ -66,6 +66,16 @@ def test_every_new_request_is_traced_at_ratio_one(spans: InMemorySpanExporter) -
     assert len({s.context.trace_id for s in spans.get_finished_spans()}) == 5
 
 
+def test_new_requests_are_sampled_at_the_ratio(spans: InMemorySpanExporter) -> None:
+    """The ratio is drawn once: a request the draw keeps is traced (the SDK's own ratio sampler drew
+    again, so 0.5 traced a quarter)."""
+    tracing.configure(tracing.TracingConfig(sample=0.5), "test", exporter=spans)
+    for _ in range(2000):
+        _request(None)
+    traced = len({s.context.trace_id for s in spans.get_finished_spans()})
+    assert 850 <= traced <= 1150, traced  # 2,000 draws at 0.5: 1,000 +- 150 is beyond 6 sigma
+
+
 @pytest.mark.parametrize(
     "value",
     [
@@ -86,3 +96,10 @@ def test_a_malformed_traceparent_starts_a_trace_of_its_own(spans: InMemorySpanEx
 
 def _sampled(traceparent: str) -> bool:
     return bool(int(traceparent.rsplit("-", 1)[1], 16) & 1)  # the SDK may set the random-id flag too
+
+
+def test_a_malformed_traceparent_cannot_force_a_trace(spans: InMemorySpanExporter) -> None:
+    tracing.configure(tracing.TracingConfig(sample=0.0), "test", exporter=spans)
+    for value in ("garbage", "00-" + "0" * 32 + "-00f067aa0ba902b7-01", "00-xyz-abc-01"):
+        assert not _sampled(_request({"traceparent": value})["traceparent"])
+    assert spans.get_finished_spans() == ()
