@@ -35,7 +35,16 @@ class Attempts:
     held_since_ms: float | None = None
     waited_ms: float = 0.0  # held so far (delay scheduling)
     moves: int = 0  # moves tried for it: taken back from a queue to go elsewhere (router.lifecycle.reroute)
-    uid: str = ""  # this router's own id for the request (attempt ids at the nodes; never the client's id)
+    router_id: str = ""  # the router that admitted it ...
+    number: int = 0  # ... and its count there: `uid`, written out when first asked for
+    _uid: str = ""
+
+    @property
+    def uid(self) -> str:
+        """This router's own id for the request (attempt ids at the nodes; never the client's id)."""
+        if not self._uid:
+            self._uid = f"{self.router_id}.{self.number}"
+        return self._uid
 
     def route_request(self, now: float) -> RouteRequest:
         """What the policy sees at `now`: the remaining budget, the nodes tried, what is left of a

@@ -24,11 +24,10 @@ attempt's own answer goes to the client.
 
 from __future__ import annotations
 
-import bisect
 from collections import deque
 from dataclasses import dataclass
 
-from telemetry.measure.quantiles import nearest_rank
+from telemetry.measure.quantiles import nearest_rank_high
 
 WINDOW = 512  # attempts the margin is learnt from
 EVERY = 32  # the quantile is recomputed after this many new samples
@@ -43,8 +42,7 @@ class AnswerMargin:
     """The high quantile of (round trip - node's own time) over the last `WINDOW` successful attempts."""
 
     def __init__(self) -> None:
-        self._samples: deque[float] = deque()  # the window in arrival order
-        self._sorted: list[float] = []  # the same values in order (the quantile is read off it)
+        self._samples: deque[float] = deque(maxlen=WINDOW)  # the window in arrival order
         self._new = 0
         self.margin_ms = MIN_MARGIN_MS
 
@@ -53,16 +51,13 @@ class AnswerMargin:
         Values outside [0, MAX_MARGIN_MS] (clock steps, a lying node) are clamped."""
         if transit_ms != transit_ms:  # NaN
             return
-        value = min(MAX_MARGIN_MS, max(0.0, transit_ms))
-        samples, ordered = self._samples, self._sorted
-        if len(samples) == WINDOW:
-            del ordered[bisect.bisect_left(ordered, samples.popleft())]
-        samples.append(value)
-        bisect.insort(ordered, value)
+        samples = self._samples
+        samples.append(MAX_MARGIN_MS if transit_ms > MAX_MARGIN_MS else transit_ms if transit_ms > 0.0 else 0.0)
         self._new += 1
-        if self._new >= EVERY or len(samples) < EVERY:
+        n = len(samples)
+        if self._new >= EVERY or n < EVERY:
             self._new = 0
-            self.margin_ms = max(MIN_MARGIN_MS, nearest_rank(ordered, QUANTILE, presorted=True))
+            self.margin_ms = max(MIN_MARGIN_MS, nearest_rank_high(samples, QUANTILE))
 
     def node_budget_ms(self, remaining_ms: float, back_ms: float = 0.0) -> float:
         """What to tell the node is left: `remaining_ms` less the link's way back and the margin (the

@@ -183,7 +183,8 @@ class Lifecycle(Generic[T]):
             began = now if req.deadline_ms is None else deadline_at_ms - req.deadline_ms
             stage_at = began + req.stage_deadline_ms
         self._requests += 1
-        return Attempts(req, policy, now, deadline_at_ms, stage_at, uid=f"{self.settings.router_id}.{self._requests}")
+        router_id = self.settings.router_id
+        return Attempts(req, policy, now, deadline_at_ms, stage_at, router_id=router_id, number=self._requests)
 
     def decide(self, a: Attempts, now: float) -> Send | Hold | Answer:
         self._now = now

@@ -91,13 +91,15 @@ from scenarios.spec.workload import Arrival, Result
 from telemetry.cluster.schema import DeviceInfo, NodeLoad
 from telemetry.cluster.store import MAX_NODES, ViewStore
 
-COLLECT_EVERY = 100_000  # events between the simulation's own garbage collections
+COLLECT_EVERY = 100_000  # events between the simulation's own checkpoints
+MAX_SKIPPED = 7  # checkpoints in a row that may skip the collection (see few_collections)
 
 
 @contextmanager
-def few_collections() -> Iterator[Callable[[], None]]:
+def few_collections() -> Iterator[Callable[[], int | None]]:
     """Run a simulation with Python's cyclic garbage collector replaced by checkpoints; yields the
-    checkpoint, which the event loop calls every `COLLECT_EVERY` events.
+    checkpoint, which the event loop calls every `COLLECT_EVERY` events (it returns what it collected,
+    or None where it only froze).
 
     A simulation allocates a handful of objects per request (the request, its attempts, jobs and node
     work, which refer to each other) and keeps every result to the end. With the collector's default
@@ -105,17 +107,30 @@ def few_collections() -> Iterator[Callable[[], None]]:
     are scanned again and again as they age, which took a fifth to a quarter of the run. Instead: the
     automatic collector is off; at each checkpoint one collection frees the cycles of the requests
     answered since the last one and the survivors are frozen (`gc.freeze`: never scanned again), so
-    every object is scanned about once. Memory stays bounded: between checkpoints at most the garbage
-    of `COLLECT_EVERY` events waits. On exit the frozen objects are handed back to the collector and
-    its previous state is restored.
+    every object is scanned about once. A collection that finds no garbage (the usual case: a request
+    breaks its own cycles as it ends) doubles the number of checkpoints that only freeze before the
+    next one collects, up to `MAX_SKIPPED`; one that finds garbage collects at every checkpoint again.
+    Scanning what survives costs as much as the collection itself, and nearly every scanned object
+    survives (the results). Memory stays bounded: at most the cycles of `(MAX_SKIPPED + 1) *
+    COLLECT_EVERY` events wait (frozen with the survivors where a collection was skipped) until the
+    end. On exit the frozen objects are handed back to the collector and its previous state is restored.
     """
     enabled = gc.isenabled()
     gc.disable()
     gc.freeze()  # what existed before the run (the schedule, the nodes, the views): not scanned
 
-    def checkpoint() -> None:
-        gc.collect()
+    gap = skip = 0  # checkpoints to skip after each collection, and left to skip before the next
+
+    def checkpoint() -> int | None:
+        nonlocal gap, skip
+        found = None
+        if skip:
+            skip -= 1
+        else:
+            found = gc.collect()
+            gap = skip = 0 if found else min(MAX_SKIPPED, 2 * gap + 1)
         gc.freeze()
+        return found
 
     try:
         yield checkpoint
@@ -227,8 +242,8 @@ class Simulation(RouterDriver, WorkflowDriver, CascadeDriver, NodeModel, Telemet
         with few_collections() as checkpoint:
             return self._run(horizon_ms, checkpoint)
 
-    def _run(self, horizon_ms: float | None, checkpoint: Callable[[], None]) -> list[Result]:
-        handlers: dict[int, Callable[[Any], None]] = {
+    def _run(self, horizon_ms: float | None, checkpoint: Callable[[], int | None]) -> list[Result]:
+        by_kind: dict[int, Callable[[Any], None]] = {
             FINISH: self._finish,
             NODE_ARRIVE: self._node_arrive,
             EXPIRE: self._expire,
@@ -247,6 +262,7 @@ class Simulation(RouterDriver, WorkflowDriver, CascadeDriver, NodeModel, Telemet
             PROBE: self._probe,
             PROBED: self._probed,
         }
+        handlers: list[Callable[[Any], None] | None] = [by_kind.get(k) for k in range(max(by_kind) + 1)]
         last = self.schedule[-1].at_s * 1000.0 if self.schedule else 0.0
         end = horizon_ms if horizon_ms is not None else last + 60_000.0
         for node in self.nodes.values():
@@ -307,7 +323,7 @@ class Simulation(RouterDriver, WorkflowDriver, CascadeDriver, NodeModel, Telemet
                 arrive_at = schedule[ai].at_s * 1000.0 if ai < count else math.inf
                 arrival((ai - 1, a))
             else:
-                handlers[kind](payload)
+                handlers[kind](payload)  # type: ignore[misc]  # (every kind but ARRIVAL has one)
             if ai == count and self._open == 0:
                 stopped_at = at
                 break

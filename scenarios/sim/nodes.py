@@ -81,51 +81,54 @@ class NodeModel(SimState):
         if not node.alive or epoch != node.epoch:
             self._send_reply(job, 503, f"node {node.spec.id} unavailable: connection refused", 0.0, Failure.CONNECT)
             return
-        req = job.req
         if job.deadline_at - self.now <= 0:
             self._send_reply(job, 504, "deadline passed before the node received the request")
             return
         node.model_requests += 1
-        if req.model not in node.residency:  # the node loads it first (the live node's `ensure`)
+        model = job.req.model
+        if model not in node.residency:  # the node loads it first (the live node's `ensure`)
             node.cold_requests += 1
             job.cold = True
-            waiting = node.load_waiters.setdefault(req.model, [])
+            waiting = node.load_waiters.setdefault(model, [])
             waiting.append(job)
-            if node.loading != req.model and req.model not in node.load_queue:
-                node.load_queue.append(req.model)
+            if node.loading != model and model not in node.load_queue:
+                node.load_queue.append(model)
                 self._next_load(node)
-            if req.deadline_at > self.now:  # the router stops waiting at the deadline
-                self.push(req.deadline_at, ROUTER_TIMEOUT, job)
+            if job.req.deadline_at > self.now:  # the router stops waiting at the deadline
+                self.push(job.req.deadline_at, ROUTER_TIMEOUT, job)
             return
-        node.residency.touch(req.model)
+        node.residency.touch(model)
         self._admit(node, job)
 
     def _admit(self, node: SimNode, job: Job) -> None:
         """Into the node's scheduler (refused, 503/429, when full or, with admit_by_deadline, late)."""
-        req = job.req
-        a = req.arrival
+        now = self.now
         deadline_at = job.deadline_at
-        if deadline_at - self.now <= 0:
+        if deadline_at - now <= 0:
             self._send_reply(job, 504, "deadline passed while the node loaded the model")
             return
-        refusal = node.sched.refuse(a.priority)
+        req = job.req
+        priority = req.arrival.priority
+        model = req.model
+        sched = node.sched
+        running = node.running
+        refusal = sched.refuse(priority)
         if refusal is None:  # (refusal by prediction, as the live node)
-            left = [time_left_ms(self.now, b.started, b.predicted_end) for b in node.running]
-            budget = deadline_at - self.now
-            refusal = node.sched.refuse_late(req.model, req.batch, a.priority, budget, left, node.spec.slots, self.now)
+            left = [time_left_ms(now, b.started, b.predicted_end) for b in running] if running else []
+            refusal = sched.refuse_late(model, req.batch, priority, deadline_at - now, left, node.spec.slots, now)
         if refusal is not None:
             self._send_reply(job, refusal[0], refusal[1])
             return
-        work = Work(job, req.model, a.priority, deadline_at, req.batch, self.now)
+        work = Work(job, model, priority, deadline_at, req.batch, now)
         job.work = work
         job.pinned = True
-        node.residency.pin(req.model)
+        node.residency.pin(model)
         # nothing queued and a slot free: what queueing it and starting the next batch would decide,
         # without the queue (Scheduler.run_now); None when it would wait for a batch to fill
-        free = len(node.running) < node.spec.slots
-        at_once = node.sched.run_now(work, self.now, idle=not node.running) if free else None
+        free = len(running) < node.spec.slots
+        at_once = sched.run_now(work, now, idle=not running) if free else None
         if at_once is None:
-            node.sched.push(work)
+            sched.push(work)
             self._kick(node)
             if not job.started and not job.dropped:  # still queued: it leaves at its deadline
                 self.push(deadline_at, EXPIRE, (job, node.epoch))
@@ -208,77 +211,93 @@ class NodeModel(SimState):
             self._kick(node)
 
     def _start(self, node: SimNode, batch: list[Work], probe: bool = False) -> None:
-        model = batch[0].model
-        rows = batch[0].rows if len(batch) == 1 else sum(w.rows for w in batch)
+        first = batch[0]
+        model = first.model
+        rows = first.rows if len(batch) == 1 else sum(w.rows for w in batch)
+        profile = self.profile
+        rng = self.svc_rng
         # the live node's speed emulation: the slot is held until reference / speed after the run
         # began, the real run absorbed in it (nodes.runtime.LoadedModel.run)
-        real = (
-            self.profile.exec_for(self._arch[model], rows).sample(self.svc_rng)
-            if rows > 1
-            else self._exec[model].sample(self.svc_rng)
-        )
-        curve = self._curve(model, rows)
-        if node.speed < 1.0:  # held; the sleep wakes a little late under load (profiled)
-            service = max(real, curve / node.speed)
-            service += max(0.0, self.profile.emulation_jitter_ms.sample(self.svc_rng))
+        real = profile.exec_for(self._arch[model], rows).sample(rng) if rows > 1 else self._exec[model].sample(rng)
+        curve = batch_curve_ms(self._curves[model], rows)  # (_curve)
+        speed = node.speed
+        if speed < 1.0:  # held; the sleep wakes a little late under load (profiled)
+            service = max(real, curve / speed)
+            service += max(0.0, profile.emulation_jitter_ms.sample(rng))
         else:
             service = real
-        if node.speed >= 1.0 and curve <= node.spec.inline_max_ms:
+        now = self.now
+        if speed >= 1.0 and curve <= node.spec.inline_max_ms:
             node.handoff = False  # short and not emulated: run on the node's event loop, no thread (nodes.executor)
-            begin = self.now
+            begin = now
         elif node.handoff:  # straight from the previous execution: the worker's handoff idles the slot
             node.handoff = False
-            begin = self.now + self.profile.handoff_ms
+            begin = now + profile.handoff_ms
         else:  # an idle slot: a worker thread has to wake up
-            dist = self.profile.wakeup_dist
-            begin = self.now + (self.profile.wakeup_ms if dist is None else dist.sample(self.svc_rng))
-        jobs = [w.handle for w in batch]
+            dist = profile.wakeup_dist
+            begin = now + (profile.wakeup_ms if dist is None else dist.sample(rng))
+        jobs = []
         for w in batch:
             job = w.handle
+            jobs.append(job)
             job.started = True
             job.exec_ms = service
             job.queue_ms = begin - w.enqueued_at_ms
             job.rows = rows
         end = begin + service
-        predicted_end = self.now + node.sched.exec_ms(model, rows)  # as the live node's claim
-        running = SimBatch(model, jobs, rows, end, probe, self.now, predicted_end)
+        predicted_end = now + node.sched.exec_ms(model, rows)  # as the live node's claim
+        running = SimBatch(model, jobs, rows, end, probe, now, predicted_end)
         node.running.append(running)
         node.busy += len(jobs)
         node.starts += 1
         self.push(end, FINISH, (running, node, node.epoch, service))
         for job in jobs:
-            if end + job.back_ms >= job.req.deadline_at:
-                self.push(job.req.deadline_at, ROUTER_TIMEOUT, job)
+            deadline_at = job.req.deadline_at
+            if end + job.back_ms >= deadline_at:
+                self.push(deadline_at, ROUTER_TIMEOUT, job)
 
     def _finish(self, payload: tuple[SimBatch, SimNode, int, float]) -> None:
         running, node, epoch, service = payload
         if epoch != node.epoch:
             return
         node.running.remove(running)
-        node.busy -= len(running.jobs)
+        jobs = running.jobs
+        node.busy -= len(jobs)
         node.busy_ms += service
-        if running.jobs:
-            node.sched.ran(running.jobs[0].req.arrival.priority, service, self.now, node.spec.slots)
-        node.handoff = node.sched.queued > 0
-        rows = running.rows
-        if rows > EXACT_BATCH_KEYS:  # (batch_key: learnt per power of two above)
-            rows = batch_key(rows)
-        learnt = service if rows == running.rows else service * rows / running.rows
-        key = (running.model, rows)
+        sched = node.sched
+        now = self.now
+        if jobs:
+            sched.ran(jobs[0].req.arrival.priority, service, now, node.spec.slots)
+        node.handoff = sched.queued > 0
+        model = running.model
+        ran_rows = running.rows
+        rows = ran_rows if ran_rows <= EXACT_BATCH_KEYS else batch_key(ran_rows)  # (learnt per power of two above)
+        learnt = service if rows == ran_rows else service * rows / ran_rows
+        key = (model, rows)
         if rows != 1:
-            node.batched.add(running.model)  # its reports carry every batch size's EWMA: rebuilt each time
-        prev = node.ewma.get(key)
-        if running.probe:  # (as the live node: its estimate before the probe, against the probe's time)
-            node.sched.probed(running.model, node.sched.exec_ms(running.model, running.rows), service)
-        node.ewma[key] = learnt = learn_ms(prev, learnt, self.cfg.ewma_alpha, running.probe)
-        node.ewma_rows.setdefault(running.model, {})[rows] = learnt
-        node.ewma_moved.add(running.model)
-        for job in running.jobs:
-            node.served += 1
-            self._unpin(node, job)
-            self._send_reply(job, 200, "", kind=Failure.OK)
+            node.batched.add(model)  # its reports carry every batch size's EWMA: rebuilt each time
+        ewma = node.ewma
+        prev = ewma.get(key)
+        probe = running.probe
+        if probe:  # (as the live node: its estimate before the probe, against the probe's time)
+            sched.probed(model, sched.exec_ms(model, ran_rows), service)
+        ewma[key] = learnt = learn_ms(prev, learnt, self.cfg.ewma_alpha, probe)
+        by_rows = node.ewma_rows.get(model)
+        if by_rows is None:
+            by_rows = node.ewma_rows[model] = {}
+        by_rows[rows] = learnt
+        node.ewma_moved.add(model)
+        node.served += len(jobs)
+        reply = self.push_reply
+        residency = node.residency
+        for job in jobs:
+            if job.pinned:  # (_unpin)
+                job.pinned = False
+                residency.unpin(model)
+            reply(now + job.back_ms, (job, 200, "", Failure.OK))  # (_send_reply)
             job.work = None  # it ran: nothing asks for its queue entry again (breaks the job <-> work cycle)
-        self._kick(node)
+        if sched.queued:
+            self._kick(node)
         node.handoff = False
         self._changed(node)
 

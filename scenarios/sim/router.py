@@ -33,39 +33,45 @@ class RouterDriver(SimState):
     def _arrival(self, payload: tuple[int, Arrival]) -> None:
         i, a = payload
         t0 = a.at_s * 1000.0
-        spec = self.workflows.get(a.model)
+        model = a.model
+        spec = self.workflows.get(model)
         if spec is not None:
             self._start_workflow(i, a, spec, t0)
             return
-        cascade = self.cascades.get(a.model)
+        cascade = self.cascades.get(model)
         if cascade is not None:
             self._start_cascade(i, a, cascade, t0)
             return
-        o = self._overhead[a.model].sample(self.svc_rng)
-        lc = self.router_of(a.site)
-        unknown = lc.unknown_model(a.model)  # as the live router answers a model no node serves
+        o = self._overhead[model].sample(self.svc_rng)
+        site = a.site
+        lc = self.lcs.get(site, self.lc)  # (router_of)
+        unknown = lc.unknown_model(model)  # as the live router answers a model no node serves
         if unknown is not None:
             self._open -= 1
             self.results[i] = Result(a, unknown.status, o / 2.0, "none", unknown.reason)
             return
-        route = RouteRequest(a.model, a.priority, a.deadline_ms, a.site, 1, str(i))
-        life = lc.begin(route, self.policy_of(a.site), t0, t0 + a.deadline_ms)
-        req = SimRequest(i, a, t0, t0 + a.deadline_ms, o / 2.0, o / 2.0, life, lc, model=a.model)
-        self._decide(req)
+        deadline_at = t0 + a.deadline_ms
+        route = RouteRequest(model, a.priority, a.deadline_ms, site, 1, str(i))
+        life = lc.begin(route, self.policies.get(site, self.policy), t0, deadline_at)  # (policy_of)
+        half = o / 2.0
+        self._decide(SimRequest(i, a, t0, deadline_at, half, half, life, lc, model=model))
 
     def _decide(self, req: SimRequest) -> None:
         """Carry out the lifecycle's next step for `req` (router.lifecycle.Lifecycle.decide)."""
         now = self.now
-        step = req.lc.decide(req.life, now)
+        lc = req.lc
+        life = req.life
+        step = lc.decide(life, now)
         if isinstance(step, Send):
-            req.jobs = []
+            if req.jobs:
+                req.jobs = []
             self._dispatch(req, step, now)
-            delay = req.lc.hedge_delay_ms(req.life, now)
+            delay = lc.hedge_delay_ms(life, now)
             if delay is not None:
-                self.push(now + delay, HEDGE, (req, req.life.attempt))
+                self.push(now + delay, HEDGE, (req, life.attempt))
         elif isinstance(step, Hold):  # held at the router, as live: woken by a freed slot or a timeout
             req.hold += 1
-            req.lc.hold(step.partition, (req, req.hold))
+            lc.hold(step.partition, (req, req.hold))
             self.push(now + step.wait_ms, RESUME, (req, req.hold))
         else:
             self._answer(req, step.status, step.reason, now + req.overhead_out)
@@ -99,21 +105,23 @@ class RouterDriver(SimState):
         node = job.node.spec
         job.settled = True
         life = req.life
-        req.lc.unwatch(life, node.id, job)
+        lc = req.lc
+        lc.unwatch(life, node.id, job)
         now = self.now
         # the live router's round trip (links excluded) and the node's own time
         transit = (now - job.back_ms - job.sent_at, job.queue_ms + job.exec_ms) if status == 200 else None
         jobs = req.jobs
         twin_open = len(jobs) > 1 and any(not j.settled for j in jobs)
-        end = req.lc.ended(
+        end = lc.ended(
             life, node.id, node.partition, status, reason, now, kind,
             dispatched=job.dispatched, twin_open=twin_open, transit=transit,
         )  # fmt: skip
-        if end.woken is not None:
-            self.push(now, RESUME, end.woken)
-        nxt = end.next
+        woken, nxt = end.woken, end.next
+        if woken is not None:
+            self.push(now, RESUME, woken)
         if nxt is Next.ANSWER:
-            self._drop_others(req, job)
+            if len(jobs) > 1:
+                self._drop_others(req, job)
             self._answer(req, status, reason, now + req.overhead_out, job if status == 200 else None)
         elif nxt is Next.RETRY:
             self._decide(req)
@@ -122,37 +130,41 @@ class RouterDriver(SimState):
     def _dispatch(self, req: SimRequest, send: Send, now: float) -> None:
         """Send one attempt (or a hedge) of `req` to the chosen node, across its link."""
         node = self.nodes[send.decision.node_id]
-        req.node = node.spec.id
-        crossing = req.lc.cross(req.arrival.site, node.spec.partition)
+        spec = node.spec
+        req.node = spec.id
+        lc = req.lc
+        life = req.life
+        crossing = lc.cross(req.arrival.site, spec.partition)
         if crossing is None:  # cut link: the connect attempt times out
             job = Job(req, send.attempt, node, 0.0, dispatched=False)
             req.jobs.append(job)
-            reply = (job, 503, f"node {node.spec.id} unreachable: link cut", Failure.CUT)
-            self.push_reply(now + req.lc.connect_wait_ms(req.life, now), reply)
+            reply = (job, 503, f"node {spec.id} unreachable: link cut", Failure.CUT)
+            self.push_reply(now + lc.connect_wait_ms(life, now), reply)
             return
-        req.lc.dispatched(send.state)
+        lc.dispatched(send.state)
         out_ms, back_ms = crossing
         job = Job(req, send.attempt, node, back_ms)
         req.jobs.append(job)
         # as live: the node is told what is left when the request leaves (after the link's way out)
         # less the way back and the answer margin, and counts it from its own arrival
-        job.sent_at = now + out_ms
-        budget = max(0.0, req.lc.node_budget_ms(req.life, job.sent_at, back_ms))
-        job.deadline_at = now + req.overhead_in + out_ms + budget
-        if not send.hedge and req.lc.reroute.cfg.enabled:
-            req.lc.watch(req.life, send, now, job)
-            displaced = req.lc.displace(req.life, send, now)
+        job.sent_at = sent_at = now + out_ms
+        budget = lc.node_budget_ms(life, sent_at, back_ms)
+        arrive = now + req.overhead_in + out_ms
+        job.deadline_at = arrive + budget if budget > 0.0 else arrive
+        if not send.hedge and lc.reroute.cfg.enabled:
+            lc.watch(life, send, now, job)
+            displaced = lc.displace(life, send, now)
             if displaced is not None:
                 self._move(displaced)
-        arrive = now + req.overhead_in + out_ms
         self.push(arrive, NODE_ARRIVE, (job, node.epoch))
         # The router stops waiting at the deadline (its client timeout is the remaining budget). That
         # event is only pushed where it can matter: here if the request cannot even reach the node in
         # time, in `_start` if it will finish too late; a queued request's expiry covers the rest.
-        if arrive >= req.deadline_at:
-            self.push(req.deadline_at, ROUTER_TIMEOUT, job)
-        wait = req.lc.try_wait_ms(req.life, now)
-        if now + wait < req.deadline_at:  # a per-try timeout ends this attempt before the deadline
+        deadline_at = req.deadline_at
+        if arrive >= deadline_at:
+            self.push(deadline_at, ROUTER_TIMEOUT, job)
+        wait = lc.try_wait_ms(life, now)
+        if now + wait < deadline_at:  # a per-try timeout ends this attempt before the deadline
             self.push(now + wait, TRY_TIMEOUT, job)
 
     def _reroute(self, _: Any) -> None:

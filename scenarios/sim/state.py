@@ -187,7 +187,7 @@ class SimNode:
     starts: int = 0  # executions started (with change_threshold 1, each one is published)
     last_published_starts: int = 0
     # what every telemetry snapshot of this node shares (TelemetryModel._prepare_snapshots)
-    snapshot_template: dict[str, Any] | None = None
+    snapshot_template: NodeLoad | None = None
     snapshot_keys: list[tuple[str, tuple[str, int], float, ModelReports]] = field(default_factory=list)
     batched: set[str] = field(default_factory=set)  # models with an EWMA for batches of more than one row
     # models whose EWMAs moved since the last snapshot (only theirs are read again: TelemetryModel._snapshot)

@@ -6,6 +6,8 @@ from __future__ import annotations
 import heapq
 from typing import Any
 
+from msgspec.structs import replace as replace_struct
+
 from nodes.scheduler import time_left_ms
 from scenarios.sim.state import (
     POLL,
@@ -26,9 +28,9 @@ class TelemetryModel(SimState):
         node.last_published = queued + node.busy
         node.last_published_starts = node.starts
         spec = node.spec
-        template = node.snapshot_template
-        if template is None:
-            template = self._prepare_snapshots(node)
+        base = node.snapshot_template
+        if base is None:
+            base = self._prepare_snapshots(node)
         models = {}
         resident = node.residency
         names = resident.names()
@@ -69,7 +71,7 @@ class TelemetryModel(SimState):
                 )
             models[m] = state
         if not queued and not running:  # idle: every wait is 0 (Scheduler.expected_wait_ms), no queue
-            waits = template["expected_wait_ms"]
+            waits = base.expected_wait_ms
             by_priority = {}
         elif sched.mode == "priority" or queued:
             left = [time_left_ms(self.now, b.started, b.predicted_end) for b in running]
@@ -80,24 +82,25 @@ class TelemetryModel(SimState):
             waits = {}
             by_priority = {}
         moved.clear()
-        values = template.copy()
-        values["seq"] = node.seq
-        values["sent_at_ms"] = self.now
-        values["queued_by_priority"] = by_priority
-        values["expected_wait_ms"] = waits
-        values["in_flight"] = node.busy
-        values["models"] = models
-        values["memory_used_bytes"] = resident.used_bytes
-        values["started_at_ms"] = node.started_ms
-        return NodeLoad(**values)
+        return replace_struct(
+            base,
+            seq=node.seq,
+            sent_at_ms=self.now,
+            queued_by_priority=by_priority,
+            expected_wait_ms=waits,
+            in_flight=node.busy,
+            models=models,
+            memory_used_bytes=resident.used_bytes,
+            started_at_ms=node.started_ms,
+        )
 
-    def _prepare_snapshots(self, node: SimNode) -> dict[str, Any]:
-        """What every snapshot of `node` shares: the fields that never change (in `NodeLoad`'s order;
-        the others are placeholders, set per snapshot) and each model's EWMA key and baseline."""
+    def _prepare_snapshots(self, node: SimNode) -> NodeLoad:
+        """What every snapshot of `node` shares: a report with the fields that never change (the others
+        are placeholders, replaced per snapshot) and each model's EWMA key and baseline."""
         spec = node.spec
         node.snapshot_keys = [(m, (m, 1), self._baseline[m], ModelReports()) for m in spec.models]
         node.ewma_moved.update(spec.models)  # (none reported yet)
-        template = node.snapshot_template = {
+        template: dict[str, Any] = {
             "schema_": 1,
             "node_id": spec.id,
             "endpoint": f"sim://{spec.id}",
@@ -123,7 +126,8 @@ class TelemetryModel(SimState):
             "utilisation": 0.0,
             "started_at_ms": 0.0,
         }
-        return template
+        base = node.snapshot_template = NodeLoad(**template)
+        return base
 
     def _emit(self, node: SimNode) -> None:
         if not node.alive:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import gc
 import weakref
 
-from scenarios.sim.engine import few_collections
+from scenarios.sim.engine import MAX_SKIPPED, few_collections
 
 
 class _Cyclic:
@@ -52,3 +52,27 @@ def test_survivors_frozen_at_a_checkpoint_are_collectable_after_the_run() -> Non
         assert ref() is not None  # frozen objects are not scanned during the run
     gc.collect()
     assert ref() is None
+
+
+def test_after_a_collection_that_found_nothing_checkpoints_may_only_freeze_but_not_for_long() -> None:
+    """A run that makes no cycles skips most collections (scanning its survivors costs as much); a
+    cycle made meanwhile is kept (frozen) to the end, a collection comes within MAX_SKIPPED
+    checkpoints, and one that finds garbage makes the next checkpoint collect again."""
+    with few_collections() as checkpoint:
+        for _ in range(10):  # (until what the test runner left is gone and a checkpoint skips)
+            if checkpoint() is None:
+                break
+        obj = _Cyclic()
+        ref = weakref.ref(obj)
+        del obj
+        assert (checkpoint() or 0) >= 1 and ref() is None, "after one skip, the next checkpoint collects"
+        assert checkpoint() is not None, "that collection found garbage: this one collects too"
+        obj = _Cyclic()
+        skipped = weakref.ref(obj)
+        del obj
+        assert checkpoint() is None and skipped() is not None, "it found none: frozen, not collected"
+        gaps = [checkpoint() is None for _ in range(2 * MAX_SKIPPED + 4)]
+        assert not all(gaps[: MAX_SKIPPED + 1]), "a collection within MAX_SKIPPED checkpoints"
+        assert gaps.count(True) >= MAX_SKIPPED, "while none finds garbage, the skips grow"
+    gc.collect()
+    assert skipped() is None, "the skipped cycle is collectable after the run"
