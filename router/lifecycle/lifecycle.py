@@ -73,6 +73,7 @@ from telemetry.cluster.view import ClusterView, NodeState
 T = TypeVar("T")
 
 NO_TELEMETRY_YET = "no nodes known yet (no telemetry received)"
+_ANSWER: Ended[Any] = Ended(Next.ANSWER)  # (the usual end, nothing woken: one value, not one per attempt)
 
 
 @dataclass(frozen=True)
@@ -399,7 +400,7 @@ class Lifecycle(Generic[T]):
             self.evidence.observe(node_id, True, now)
             if transit is not None:
                 self.margin.observe(transit[0] - transit[1])
-            return Ended(Next.ANSWER, woken)
+            return _ANSWER if woken is None else Ended(Next.ANSWER, woken)
         kind = classify(status) if kind is None else kind
         self.answered(a, node_id, kind, now)
         if not kind.retryable:

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from telemetry.measure.quantiles import grid_101, nearest_rank, nearest_rank_high
+from telemetry.measure.quantiles import grid_101, nearest_rank
 
 
 def test_nearest_rank_is_an_observed_value() -> None:
@@ -18,17 +18,6 @@ def test_nearest_rank_is_an_observed_value() -> None:
     assert nearest_rank(values, 1.0) == 100.0 and nearest_rank(values, 0.0) == 1.0
     assert nearest_rank([], 0.5) == 0.0
     assert nearest_rank([3.0], 0.99) == 3.0
-
-
-def test_the_high_quantile_read_from_the_top_is_the_nearest_rank() -> None:
-    """`nearest_rank_high` (the answer margin's p99 over its window) gives `nearest_rank`'s value for
-    every size and quantile, ties and repeats included."""
-    rng = random.Random(3)
-    assert nearest_rank_high([], 0.99) == 0.0 and nearest_rank_high([], 0.99, empty=-1.0) == -1.0
-    for n in (1, 2, 3, 31, 32, 100, 511, 512, 1000):
-        for values in ([rng.random() for _ in range(n)], [float(rng.randrange(4)) for _ in range(n)]):
-            for q in (0.0, 0.5, 0.9, 0.99, 0.999, 1.0):
-                assert nearest_rank_high(values, q) == nearest_rank(values, q), (n, q)
 
 
 def test_grid_interpolates_between_order_statistics() -> None:
