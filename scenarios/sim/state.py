@@ -156,7 +156,7 @@ class ModelReports:
     states: dict[tuple[int, int, bool, float | None], ModelLoad] = field(default_factory=dict)
 
 
-@dataclass
+@dataclass(slots=True, eq=False)  # (compared by identity: one per node)
 class SimNode:
     spec: NodeSpec
     speed: float
