@@ -192,12 +192,16 @@ class Pipeline:
         """
         source = self._source
         base: Sequence[NodeState] = list(view) if source is None else source.candidates(req, view)
-        admits: list[Callable[[NodeState], bool]] = []
-        for adm in self._admitters:
-            a = adm.admitter(req, view, ctx)
-            if a is not None:
-                admits.append(a)
-        admit = _all_of(admits)
+        admitters = self._admitters
+        if len(admitters) == 1:  # (the usual case: `healthy` alone; none admits all, as _all_of says)
+            admit = admitters[0].admitter(req, view, ctx) or _accept
+        else:
+            admits: list[Callable[[NodeState], bool]] = []
+            for adm in admitters:
+                a = adm.admitter(req, view, ctx)
+                if a is not None:
+                    admits.append(a)
+            admit = _all_of(admits)
 
         rest = self._rest
         nodes: list[NodeState] | None = None
