@@ -27,7 +27,9 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from telemetry.measure.quantiles import nearest_rank
+import numpy as np
+
+from telemetry.measure.quantiles import nearest_rank_index
 
 WINDOW = 512  # attempts the margin is learnt from
 EVERY = 32  # the quantile is recomputed after this many new samples
@@ -42,7 +44,8 @@ class AnswerMargin:
     """The high quantile of (round trip - node's own time) over the last `WINDOW` successful attempts."""
 
     def __init__(self) -> None:
-        self._samples: deque[float] = deque(maxlen=WINDOW)  # the window in arrival order
+        self._window = np.zeros(WINDOW)  # the last WINDOW values, a ring (order does not matter)
+        self._seen = 0
         self._new = 0
         self.margin_ms = MIN_MARGIN_MS
 
@@ -51,13 +54,16 @@ class AnswerMargin:
         Values outside [0, MAX_MARGIN_MS] (clock steps, a lying node) are clamped."""
         if transit_ms != transit_ms:  # NaN
             return
-        samples = self._samples
-        samples.append(MAX_MARGIN_MS if transit_ms > MAX_MARGIN_MS else transit_ms if transit_ms > 0.0 else 0.0)
+        value = MAX_MARGIN_MS if transit_ms > MAX_MARGIN_MS else transit_ms if transit_ms > 0.0 else 0.0
+        self._window[self._seen % WINDOW] = value
+        self._seen += 1
         self._new += 1
-        n = len(samples)
+        n = min(self._seen, WINDOW)
         if self._new >= EVERY or n < EVERY:
             self._new = 0
-            self.margin_ms = max(MIN_MARGIN_MS, nearest_rank(samples, QUANTILE))  # (a sort of 512: ~20 us)
+            # the nearest-rank quantile of the window (telemetry.measure.quantiles), selected, not sorted
+            k = nearest_rank_index(n, QUANTILE)
+            self.margin_ms = max(MIN_MARGIN_MS, float(np.partition(self._window[:n], k)[k]))
 
     def node_budget_ms(self, remaining_ms: float, back_ms: float = 0.0) -> float:
         """What to tell the node is left: `remaining_ms` less the link's way back and the margin (the

@@ -3,7 +3,7 @@
 `nearest_rank(values, q)`: the smallest value with at least `q` of the values at or below it (q in
 [0, 1]; `empty`, 0 by default, for no values): an observed value, never interpolated, so a p99 over
 100 answers is the 99th slowest. Used for reports, benchmarks, node stats, telemetry lag and hedge
-delays.
+delays. `nearest_rank_index(n, q)`: the position of that value among n values in order.
 
 `grid_101(samples)`: the 0th..100th percentiles with linear interpolation between order statistics,
 the form in which the simulator's profile stores a measured distribution (sampled by inverse CDF).
@@ -20,7 +20,13 @@ def nearest_rank(values: Iterable[float], q: float, *, presorted: bool = False, 
     n = len(ordered)
     if n == 0:
         return empty
-    return ordered[min(n, max(1, math.ceil(q * n - 1e-9))) - 1]
+    return ordered[nearest_rank_index(n, q)]
+
+
+def nearest_rank_index(n: int, q: float) -> int:
+    """Where `nearest_rank`'s value sits among `n` values (n >= 1) in ascending order (0-based): for
+    a selection that does not sort them all (numpy's partition)."""
+    return min(n, max(1, math.ceil(q * n - 1e-9))) - 1
 
 
 def grid_101(samples: Iterable[float]) -> list[float]:

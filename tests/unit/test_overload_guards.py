@@ -19,8 +19,17 @@ from nodes.scheduler import (
 )
 from policies import RouteRequest, build_policy
 from router.lifecycle import Failure, Lifecycle, LifecycleSettings, Send
-from router.lifecycle.budgets import MAX_SHARE, MIN_MARGIN_MS, AnswerMargin, RetryBudget, RetryBudgetConfig
+from router.lifecycle.budgets import (
+    EVERY,
+    MAX_SHARE,
+    MIN_MARGIN_MS,
+    WINDOW,
+    AnswerMargin,
+    RetryBudget,
+    RetryBudgetConfig,
+)
 from telemetry.cluster.store import ViewStore
+from telemetry.measure.quantiles import nearest_rank
 from tests.helpers import load
 
 NOW = 1_000.0
@@ -40,6 +49,29 @@ def test_the_margin_is_a_high_quantile_of_what_the_node_did_not_see() -> None:
     for bad in (float("nan"), -5.0, float("inf")):
         m.observe(bad)  # clamped or dropped: never a NaN or negative margin
     assert 0 < m.margin_ms <= 1000.0
+
+
+def test_the_margin_is_the_nearest_rank_p99_of_the_last_window_at_each_recompute() -> None:
+    """The window is a ring read by selection: at every recompute (while it holds fewer than EVERY
+    values, then after each EVERY new ones) the margin is `nearest_rank` of the last WINDOW clamped
+    values, as a sorted window would give; in between it holds."""
+    m = AnswerMargin()
+    rng = random.Random(7)
+    seen: list[float] = []
+    new = recomputes = 0
+    expected = MIN_MARGIN_MS
+    for i in range(3 * WINDOW + 5):
+        u = rng.random()
+        x = -1.0 if u < 0.01 else 2000.0 if u < 0.015 else rng.expovariate(0.5)
+        m.observe(x)
+        seen.append(min(1000.0, max(0.0, x)))
+        new += 1
+        if new >= EVERY or len(seen) < EVERY:
+            new = 0
+            recomputes += 1
+            expected = max(MIN_MARGIN_MS, nearest_rank(seen[-WINDOW:], 0.99))
+        assert m.margin_ms == expected, i
+    assert recomputes > 3 * WINDOW // EVERY and len({m.margin_ms, expected}) == 1
 
 
 def test_the_node_is_told_the_budget_less_the_way_back_and_at_most_a_share_of_it() -> None:
