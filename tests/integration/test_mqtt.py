@@ -382,3 +382,40 @@ def test_sheddable_work_a_node_refuses_for_load_is_not_tried_again(
     finally:
         dev.close()
         stack.stop()
+
+
+def test_devices_are_served_over_mqtt_through_a_kafka_outage(mosquitto: Mosquitto, tmp_path: Any) -> None:
+    """Telemetry is advice over MQTT as over HTTP: with the Kafka broker gone past every staleness
+    bound, the devices' requests are answered 200 on the nodes the router last knew (and its own
+    evidence of their life)."""
+    kafka = EmbeddedBroker(log_path=str(tmp_path / "kafka.log")).start()
+    stack = make_stack(
+        kafka,
+        tmp_path,
+        [
+            {"id": "k1", "partition": "edge-a", "models": ["sensor_mlp"]},
+            {"id": "k2", "partition": "edge-a", "models": ["sensor_mlp"]},
+        ],
+        router={
+            "mqtt": {"url": mosquitto.url, "group": "kafka-out", "topic_prefix": "kafkaout"},
+            "stale_after_ms": 500,
+        },
+    )
+    dev: Device | None = None
+    try:
+        stack.start()
+        _door_open(stack)
+        dev = Device(mosquitto.url, f"kafka-out-{os.getpid()}")
+        body = json.dumps(_body(stack, "sensor_mlp")).encode()
+        kafka.stop()
+        time.sleep(1.5)  # every report is now stale
+        for seq in range(10):
+            dev.ask("sensor_mlp", body, seq, topic="kafkaout/models/sensor_mlp/infer")
+        got = {seq: props["status"] for seq, props, _ in dev.collect(10, within_s=15)}
+        assert got == dict.fromkeys(range(10), "200"), got
+        assert all(proc is not None and proc.popen.poll() is None for proc in [stack.router, *stack.nodes.values()])
+    finally:
+        if dev is not None:
+            dev.close()
+        stack.stop()
+        kafka.stop()
