@@ -81,7 +81,7 @@ class LinkTable:
 
     def crossing(self, a: str | None, b: str | None, rng: random.Random) -> tuple[float, float] | None:
         """(outbound ms, return ms) for a request from partition a to a node in b; None if cut."""
-        link = None if a is None or b is None or a == b else self._ends.get((a, b))  # (get, on every attempt)
+        link = self.get(a, b)
         if link is None:
             return (0.0, 0.0)
         if link.cut:

@@ -219,7 +219,7 @@ class NodeModel(SimState):
         # the live node's speed emulation: the slot is held until reference / speed after the run
         # began, the real run absorbed in it (nodes.runtime.LoadedModel.run)
         real = profile.exec_for(self._arch[model], rows).sample(rng) if rows > 1 else self._exec[model].sample(rng)
-        curve = batch_curve_ms(self._curves[model], rows)  # (_curve)
+        curve = self._curve(model, rows)
         speed = node.speed
         if speed < 1.0:  # held; the sleep wakes a little late under load (profiled)
             service = max(real, curve / speed)
@@ -288,13 +288,9 @@ class NodeModel(SimState):
         by_rows[rows] = learnt
         node.ewma_moved.add(model)
         node.served += len(jobs)
-        reply = self.push_reply
-        residency = node.residency
         for job in jobs:
-            if job.pinned:  # (_unpin)
-                job.pinned = False
-                residency.unpin(model)
-            reply(now + job.back_ms, (job, 200, "", Failure.OK))  # (_send_reply)
+            self._unpin(node, job)
+            self._send_reply(job, 200, "", kind=Failure.OK)
             job.work = None  # it ran: nothing asks for its queue entry again (breaks the job <-> work cycle)
         if sched.queued:
             self._kick(node)

@@ -44,7 +44,7 @@ class RouterDriver(SimState):
             return
         o = self._overhead[model].sample(self.svc_rng)
         site = a.site
-        lc = self.lcs.get(site, self.lc)  # (router_of)
+        lc = self.router_of(site)
         unknown = lc.unknown_model(model)  # as the live router answers a model no node serves
         if unknown is not None:
             self._open -= 1
@@ -52,7 +52,7 @@ class RouterDriver(SimState):
             return
         deadline_at = t0 + a.deadline_ms
         route = RouteRequest(model, a.priority, a.deadline_ms, site, 1, str(i))
-        life = lc.begin(route, self.policies.get(site, self.policy), t0, deadline_at)  # (policy_of)
+        life = lc.begin(route, self.policy_of(site), t0, deadline_at)
         half = o / 2.0
         self._decide(SimRequest(i, a, t0, deadline_at, half, half, life, lc, model=model))
 
