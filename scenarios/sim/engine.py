@@ -78,6 +78,7 @@ from scenarios.sim.state import (
     ROUTER_TIMEOUT,
     TRY_TIMEOUT,
     WAKE,
+    Answers,
     SimConfig,
     SimRequest,
     _declared_load_ms,
@@ -191,6 +192,7 @@ class Simulation(RouterDriver, WorkflowDriver, CascadeDriver, NodeModel, Telemet
         self._size = {m: model_bytes(scenario, m) for m in self._arch}
         self.nodes = {n.id: self._node(n) for n in run.node_specs(scenario.topology.nodes)}
         self.results: list[Result | None] = [None] * len(schedule)
+        self.answers = Answers(len(schedule))
         self.heap: list[tuple[float, int, int, Any]] = []
         self.periodic: deque[tuple[float, int, int, Any]] = deque()
         self.replies: deque[tuple[float, int, int, Any]] = deque()
@@ -331,11 +333,16 @@ class Simulation(RouterDriver, WorkflowDriver, CascadeDriver, NodeModel, Telemet
         # deliveries are events too, kept in their own queue (TelemetryModel._emit): count the ones the
         # run reached and the last poll did not take
         self.events += sum(1 for entry in self.deliveries if entry[0] <= stopped_at)
-        for i, r in enumerate(self.results):  # anything still open at the horizon got no answer
+        answers, self.answers = self.answers, Answers(0)
+        results = self.results
+        for i, r in enumerate(results):
             if r is None:
                 a = self.schedule[i]
-                self.results[i] = Result(a, None, end - a.at_s * 1000.0, "none", "no answer within the horizon")
-        return [r for r in self.results if r is not None]
+                r = answers.result(a, i)
+                if r is None:  # still open at the horizon: no answer
+                    r = Result(a, None, end - a.at_s * 1000.0, "none", "no answer within the horizon")
+                results[i] = r
+        return [r for r in results if r is not None]
 
 
 def simulate(

@@ -268,7 +268,6 @@ class RouterDriver(SimState):
         req.jobs = []
         if req.stage is None and req.cascade is None:
             self._open -= 1
-        a = req.arrival
         req.lc.finish(req.life, status, at_ms)
         if req.stage is not None:
             self._stage_done(req, status, reason, at_ms, served)
@@ -276,12 +275,7 @@ class RouterDriver(SimState):
         if req.cascade is not None:
             self._cascade_done(req, status, reason, at_ms, served)
             return
-        if served is None:
-            self.results[req.index] = Result(a, status, at_ms - req.t0, "none", reason)
-        else:
-            self.results[req.index] = Result(
-                a, status, at_ms - req.t0, served.node.spec.id, reason, served.exec_ms, served.queue_ms, served.rows
-            )
+        self.answers.put(req.index, status, at_ms - req.t0, reason, served)
 
     def _probe(self, _: Any) -> None:
         """The router's probe round (router.lifecycle.evidence), as the live router's every half interval:

@@ -76,3 +76,20 @@ def test_after_a_collection_that_found_nothing_checkpoints_may_only_freeze_but_n
         assert gaps.count(True) >= MAX_SKIPPED, "while none finds garbage, the skips grow"
     gc.collect()
     assert skipped() is None, "the skipped cycle is collectable after the run"
+
+
+def test_answers_give_back_what_was_put() -> None:
+    """A plain request's answer, kept in arrays during the run, comes back as the same `Result`."""
+    from types import SimpleNamespace
+
+    from scenarios.sim.state import Answers
+    from scenarios.spec.workload import Arrival, Result
+
+    answers = Answers(3)
+    arrivals = [Arrival(0.001 * i, "edge-a", "m", 0, 100.0) for i in range(3)]
+    served = SimpleNamespace(node=SimpleNamespace(spec=SimpleNamespace(id="n7")), exec_ms=1.25, queue_ms=0.1, rows=4)
+    answers.put(0, 200, 3.141592653589793, "", served)  # type: ignore[arg-type]
+    answers.put(2, 503, 0.5, "node queue full", None)
+    assert answers.result(arrivals[0], 0) == Result(arrivals[0], 200, 3.141592653589793, "n7", "", 1.25, 0.1, 4)
+    assert answers.result(arrivals[1], 1) is None  # nothing put: no answer here
+    assert answers.result(arrivals[2], 2) == Result(arrivals[2], 503, 0.5, "none", "node queue full")
