@@ -60,6 +60,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 Mode = Literal["fifo", "priority"]
+Judged = tuple[float, bool]  # (ms, probe): Scheduler.judged_ms
 
 
 @dataclass(slots=True)
@@ -240,21 +241,21 @@ class Scheduler:
         running_left_ms: list[float],
         slots: int,
         now_ms: float | None = None,
+        judged: Judged | None = None,
     ) -> tuple[int, str] | None:
         """Refusal by prediction, on arrival. With `admit_by_deadline`: (503, reason) if the request is
         predicted to finish after its budget, so the router can try another node while there is time
         (a 504 later, at the head of the queue, leaves none). The prediction cannot see higher-priority
         work still to arrive, so some requests admitted here still end in a 504 before running. With
         the queue standing (controlled delay): (429, reason) for sheddable work predicted to wait
-        longer than `queue_target_ms`."""
+        longer than `queue_target_ms`. (`judged`: `judged_ms`'s answer, where the caller has it.)"""
         sheddable = self.queue_target_ms > 0 and (self.mode == "fifo" or priority < self.high_priority_min)
         by_deadline = self.admit_by_deadline and budget_ms is not None
         if not sheddable and not by_deadline:
             return None
-        if not running_left_ms and not self.queued:  # idle: a stale estimate gives way to the best case
-            wait, run = 0.0, self.idle_exec_ms(model, rows, now_ms)
-        else:
-            wait, run = self.expected_wait_ms(priority, running_left_ms, slots), self.exec_ms(model, rows)
+        idle = not running_left_ms and not self.queued  # (then every wait is 0)
+        run = (judged or self.judged_ms(model, rows, now_ms, idle))[0]
+        wait = 0.0 if idle else self.expected_wait_ms(priority, running_left_ms, slots)
         if sheddable:
             bound = self.queue_target_ms if self.standing else self.queue_target_ms + self.queue_interval_ms
             if wait > bound:
@@ -301,13 +302,14 @@ class Scheduler:
         else:
             self._stale_after_ms.pop(model, None)
 
-    def idle_exec_ms(self, model: str, rows: int, now_ms: float | None = None) -> float:
-        """The execution time an idle node judges an arrival by: the learnt estimate, or where it is
-        stale the best case if that is lower (see the module docstring: a probe after a stall)."""
+    def judged_ms(self, model: str, rows: int, now_ms: float | None, idle: bool) -> Judged:
+        """(ms, probe): the time work is judged by, and whether running it is a probe: on an `idle` node
+        (no slot running, none queued ahead), a stale estimate's best case where lower (module docstring);
+        else the learnt estimate. Asked once per arrival, it may be passed to `refuse_late` and `run_now`."""
         predicted = self.exec_ms(model, rows)
-        if not self.stale(model, now_ms):
-            return predicted
-        return min(predicted, self.floor_ms(model, rows))  # type: ignore[misc]
+        if idle and self.stale(model, now_ms):
+            return min(predicted, self.floor_ms(model, rows)), True  # type: ignore[misc]
+        return predicted, False
 
     def _same_class(self, p: int, priority: int) -> bool:
         """Requests counted against the same limit: those whose limit entry is the same one."""
@@ -321,16 +323,15 @@ class Scheduler:
         self._queued_kinds[(work.model, work.priority, work.rows)] += 1
         self.queued += 1
 
-    def run_now(self, work: Work, now_ms: float, idle: bool = False) -> NextBatch | None:
+    def run_now(self, work: Work, now_ms: float, idle: bool = False, judged: Judged | None = None) -> NextBatch | None:
         """An arrival while nothing is queued and a slot is free: what `push` then `next` would decide,
         without the queue: `work` runs alone at once, or leaves (it cannot finish by its deadline; the
         caller refuses it with 503), or None when it would wait for a batch to fill (then `push` it).
-        The same rules as `next`; with `idle` (no slot running) judged by `idle_exec_ms`."""
+        The same rules as `next`, judged by `judged_ms` (`idle`: no slot running; `judged`: its answer)."""
         if self.queued:
             return None
         rows = work.rows
-        probe = idle and self.stale(work.model, now_ms)
-        exec_ms = self.idle_exec_ms(work.model, rows, now_ms) if probe else self.exec_ms(work.model, rows)
+        exec_ms, probe = judged or self.judged_ms(work.model, rows, now_ms, idle)
         if work.deadline_at_ms is not None and now_ms + exec_ms > work.deadline_at_ms:
             work.seq, work.done = next(self._seq), True
             return NextBatch(expired=[work])
@@ -414,8 +415,8 @@ class Scheduler:
             batch = self._take(head.model, policy.max_batch, high, now_ms)
             rows = sum(w.rows for w in batch)
             # requests that cannot finish in time even if they start now leave before running
-            probe = idle and self.stale(head.model, now_ms)
-            finish = now_ms + (self.idle_exec_ms(head.model, rows, now_ms) if probe else self.exec_ms(head.model, rows))
+            exec_ms, probe = self.judged_ms(head.model, rows, now_ms, idle)
+            finish = now_ms + exec_ms
             late = [w for w in batch if w.deadline_at_ms is not None and finish > w.deadline_at_ms]
             if late:
                 for w in late:

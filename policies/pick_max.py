@@ -33,6 +33,14 @@ class PickMax:
         return int(ties[0]) if len(ties) == 1 else int(ctx.rng.choice(ties.tolist()))
 
     def pick(self, req: RouteRequest, nodes: list[NodeState], scores: Sequence[float], ctx: Context) -> NodeState:
+        if len(nodes) == 2:  # (power of two choices: the same answer without the lists)
+            a, b = scores
+            tolerance = self.params.tolerance
+            if b < a - tolerance:
+                return nodes[0]
+            if a < b - tolerance:
+                return nodes[1]
+            return ctx.rng.choice(nodes)
         floor = max(scores) - self.params.tolerance
         ties = [n for n, s in zip(nodes, scores, strict=True) if s >= floor]
         return ties[0] if len(ties) == 1 else ctx.rng.choice(ties)

@@ -42,21 +42,24 @@ class Sample:
             return None
         chosen: list[NodeState] = []
         seen: set[int] = set()
-        misses = 0
+        drawn = misses = 0  # (len(seen), counted: this runs on every decision)
+        most = 8 * k + 16
         draw = ctx.rng.random
-        while len(chosen) < k:
-            if len(seen) == n:
+        while k:  # (k: nodes still to choose)
+            if drawn == n:
                 return None
             i = int(draw() * n)
             if i in seen:
                 continue
             seen.add(i)
+            drawn += 1
             node = nodes[i]
             if admit(node):
                 chosen.append(node)
+                k -= 1
             else:
                 misses += 1
-                if misses > 8 * k + 16:
+                if misses > most:
                     return None
         return chosen
 

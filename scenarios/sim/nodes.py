@@ -112,28 +112,31 @@ class NodeModel(SimState):
         model = req.model
         sched = node.sched
         running = node.running
+        rows = req.batch
         refusal = sched.refuse(priority)
-        if refusal is None:  # (refusal by prediction, as the live node)
+        judged = None
+        if refusal is None:  # (refusal by prediction, as the live node; its judgement shared with run_now)
+            judged = sched.judged_ms(model, rows, now, not running and not sched.queued)
             left = [time_left_ms(now, b.started, b.predicted_end) for b in running] if running else []
-            refusal = sched.refuse_late(model, req.batch, priority, deadline_at - now, left, node.spec.slots, now)
+            refusal = sched.refuse_late(model, rows, priority, deadline_at - now, left, node.spec.slots, now, judged)
         if refusal is not None:
             self._send_reply(job, refusal[0], refusal[1])
             return
-        work = Work(job, model, priority, deadline_at, req.batch, now)
+        work = Work(job, model, priority, deadline_at, rows, now)
         job.work = work
         job.pinned = True
         node.residency.pin(model)
         # nothing queued and a slot free: what queueing it and starting the next batch would decide,
         # without the queue (Scheduler.run_now); None when it would wait for a batch to fill
         free = len(running) < node.spec.slots
-        at_once = sched.run_now(work, now, idle=not running) if free else None
+        at_once = sched.run_now(work, now, not running, judged) if free else None
         if at_once is None:
             sched.push(work)
             self._kick(node)
             if not job.started and not job.dropped:  # still queued: it leaves at its deadline
                 self.push(deadline_at, EXPIRE, (job, node.epoch))
-        elif at_once.batch:
-            self._start(node, at_once.batch, at_once.probe)
+        elif at_once.batch:  # (judged by the learnt estimate unless a probe: the node's claim of its end)
+            self._start(node, at_once.batch, at_once.probe, None if judged is None or judged[1] else judged[0])
         else:  # refused on arrival (nodes.executor.REFUSED_LATE): the router may try elsewhere
             job.dropped = True
             self._unpin(node, job)
@@ -210,7 +213,8 @@ class NodeModel(SimState):
             node.wake_at = None
             self._kick(node)
 
-    def _start(self, node: SimNode, batch: list[Work], probe: bool = False) -> None:
+    def _start(self, node: SimNode, batch: list[Work], probe: bool = False, predicted: float | None = None) -> None:
+        """Run `batch` on a free slot (`predicted`: the learnt estimate of its execution, where known)."""
         first = batch[0]
         model = first.model
         rows = first.rows if len(batch) == 1 else sum(w.rows for w in batch)
@@ -245,7 +249,8 @@ class NodeModel(SimState):
             job.queue_ms = begin - w.enqueued_at_ms
             job.rows = rows
         end = begin + service
-        predicted_end = now + node.sched.exec_ms(model, rows)  # as the live node's claim
+        # as the live node's claim
+        predicted_end = now + (node.sched.exec_ms(model, rows) if predicted is None else predicted)
         running = SimBatch(model, jobs, rows, end, probe, now, predicted_end)
         node.running.append(running)
         node.busy += len(jobs)
