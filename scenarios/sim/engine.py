@@ -335,13 +335,11 @@ class Simulation(RouterDriver, WorkflowDriver, CascadeDriver, NodeModel, Telemet
         self.events += sum(1 for entry in self.deliveries if entry[0] <= stopped_at)
         answers, self.answers = self.answers, Answers(0)
         results = self.results
-        for i, r in enumerate(results):
+        answers.fill(results, self.schedule)
+        for i, r in enumerate(results):  # anything still open at the horizon got no answer
             if r is None:
                 a = self.schedule[i]
-                r = answers.result(a, i)
-                if r is None:  # still open at the horizon: no answer
-                    r = Result(a, None, end - a.at_s * 1000.0, "none", "no answer within the horizon")
-                results[i] = r
+                results[i] = Result(a, None, end - a.at_s * 1000.0, "none", "no answer within the horizon")
         return [r for r in results if r is not None]
 
 

@@ -225,7 +225,7 @@ class SimConfig:
 
 class Answers:
     """A run's answers to plain requests (routed and answered; not a workflow's or a cascade's), kept
-    in arrays while the run lasts and made into `Result`s when it ends (`result`). A long run keeps
+    in arrays while the run lasts and made into `Result`s when it ends (`fill`). A long run keeps
     every result: made as objects during the run, they stay behind in the allocator's pools among the
     run's short-lived objects and spread its working set (a million requests ran 4-5% slower for it,
     docs/measurements.md); in arrays they make no object until the end."""
@@ -252,14 +252,13 @@ class Answers:
             self.queue_ms[i] = served.queue_ms
             self.rows[i] = served.rows
 
-    def result(self, a: Arrival, i: int) -> Result | None:
-        """Request `i`'s result (`a`: its arrival), or None: it got no answer here."""
-        status = self.status[i]
-        if not status:
-            return None
-        return Result(
-            a, status, self.latency_ms[i], self.node[i], self.error[i], self.exec_ms[i], self.queue_ms[i], self.rows[i]
-        )
+    def fill(self, results: list[Result | None], schedule: list[Arrival]) -> None:
+        """Every answer kept here made into its `Result` in `results` (by index; `schedule`: the arrivals)."""
+        status, latency, node, error = self.status, self.latency_ms, self.node, self.error
+        exec_ms, queue_ms, rows = self.exec_ms, self.queue_ms, self.rows
+        for i, s in enumerate(status):
+            if s:
+                results[i] = Result(schedule[i], s, latency[i], node[i], error[i], exec_ms[i], queue_ms[i], rows[i])
 
 
 class SimState:

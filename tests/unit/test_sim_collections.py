@@ -90,6 +90,10 @@ def test_answers_give_back_what_was_put() -> None:
     served = SimpleNamespace(node=SimpleNamespace(spec=SimpleNamespace(id="n7")), exec_ms=1.25, queue_ms=0.1, rows=4)
     answers.put(0, 200, 3.141592653589793, "", served)  # type: ignore[arg-type]
     answers.put(2, 503, 0.5, "node queue full", None)
-    assert answers.result(arrivals[0], 0) == Result(arrivals[0], 200, 3.141592653589793, "n7", "", 1.25, 0.1, 4)
-    assert answers.result(arrivals[1], 1) is None  # nothing put: no answer here
-    assert answers.result(arrivals[2], 2) == Result(arrivals[2], 503, 0.5, "none", "node queue full")
+    results: list[Result | None] = [None, None, None]
+    answers.fill(results, arrivals)
+    assert results == [
+        Result(arrivals[0], 200, 3.141592653589793, "n7", "", 1.25, 0.1, 4),
+        None,  # nothing put: no answer here
+        Result(arrivals[2], 503, 0.5, "none", "node queue full"),
+    ]
