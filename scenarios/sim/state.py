@@ -223,6 +223,9 @@ class SimConfig:
         return cfg
 
 
+FILL_CHUNK = 65_536  # answers made into results at a time (Answers.fill)
+
+
 class Answers:
     """A run's answers to plain requests (routed and answered; not a workflow's or a cascade's), kept
     in arrays while the run lasts and made into `Result`s when it ends (`fill`). A long run keeps
@@ -253,12 +256,21 @@ class Answers:
             self.rows[i] = served.rows
 
     def fill(self, results: list[Result | None], schedule: list[Arrival]) -> None:
-        """Every answer kept here made into its `Result` in `results` (by index; `schedule`: the arrivals)."""
-        status, latency, node, error = self.status, self.latency_ms, self.node, self.error
-        exec_ms, queue_ms, rows = self.exec_ms, self.queue_ms, self.rows
-        for i, s in enumerate(status):
-            if s:
-                results[i] = Result(schedule[i], s, latency[i], node[i], error[i], exec_ms[i], queue_ms[i], rows[i])
+        """Every answer kept here made into its `Result` in `results` (by index; `schedule`: the arrivals),
+        emptying this: from the end, a chunk at a time, each chunk's columns cut off once it is made (the
+        results take their room, so the run's peak memory is that of the results alone)."""
+        columns = (self.status, self.latency_ms, self.node, self.error, self.exec_ms, self.queue_ms, self.rows)
+        status, latency, node, error, exec_ms, queue_ms, rows = columns
+        end = len(status)
+        while end:
+            start = max(0, end - FILL_CHUNK)
+            for i in range(start, end):
+                s = status[i]
+                if s:
+                    results[i] = Result(schedule[i], s, latency[i], node[i], error[i], exec_ms[i], queue_ms[i], rows[i])
+            for column in columns:
+                del column[start:]
+            end = start
 
 
 class SimState:

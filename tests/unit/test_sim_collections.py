@@ -5,6 +5,8 @@ from __future__ import annotations
 import gc
 import weakref
 
+import pytest
+
 from scenarios.sim.engine import MAX_SKIPPED, few_collections
 
 
@@ -78,11 +80,15 @@ def test_after_a_collection_that_found_nothing_checkpoints_may_only_freeze_but_n
     assert skipped() is None, "the skipped cycle is collectable after the run"
 
 
-def test_answers_give_back_what_was_put() -> None:
-    """A plain request's answer, kept in arrays during the run, comes back as the same `Result`."""
+def test_answers_give_back_what_was_put(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A plain request's answer, kept in arrays during the run, comes back as the same `Result` (made a
+    chunk at a time from the end, each chunk's columns cut off after it)."""
     from types import SimpleNamespace
 
+    from scenarios.sim import state
     from scenarios.sim.state import Answers
+
+    monkeypatch.setattr(state, "FILL_CHUNK", 2)
     from scenarios.spec.workload import Arrival, Result
 
     answers = Answers(3)
@@ -97,3 +103,4 @@ def test_answers_give_back_what_was_put() -> None:
         None,  # nothing put: no answer here
         Result(arrivals[2], 503, 0.5, "none", "node queue full"),
     ]
+    assert len(answers.status) == len(answers.node) == len(answers.rows) == 0  # emptied as it went
