@@ -87,10 +87,9 @@ def test_answers_give_back_what_was_put(monkeypatch: pytest.MonkeyPatch) -> None
 
     from scenarios.sim import state
     from scenarios.sim.state import Answers
-
-    monkeypatch.setattr(state, "FILL_CHUNK", 2)
     from scenarios.spec.workload import Arrival, Result
 
+    monkeypatch.setattr(state, "FILL_CHUNK", 2)  # (three answers: two chunks)
     answers = Answers(3)
     arrivals = [Arrival(0.001 * i, "edge-a", "m", 0, 100.0) for i in range(3)]
     served = SimpleNamespace(node=SimpleNamespace(spec=SimpleNamespace(id="n7")), exec_ms=1.25, queue_ms=0.1, rows=4)
