@@ -333,9 +333,8 @@ class Simulation(RouterDriver, WorkflowDriver, CascadeDriver, NodeModel, Telemet
         # deliveries are events too, kept in their own queue (TelemetryModel._emit): count the ones the
         # run reached and the last poll did not take
         self.events += sum(1 for entry in self.deliveries if entry[0] <= stopped_at)
-        answers, self.answers = self.answers, Answers(0)
         results = self.results
-        answers.fill(results, self.schedule)
+        self.answers.fill(results, self.schedule)  # (which empties it)
         for i, r in enumerate(results):  # anything still open at the horizon got no answer
             if r is None:
                 a = self.schedule[i]

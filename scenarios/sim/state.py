@@ -236,13 +236,13 @@ class Answers:
     __slots__ = ("status", "latency_ms", "node", "error", "exec_ms", "queue_ms", "rows")
 
     def __init__(self, n: int) -> None:
-        self.status = array("i", bytes(4 * n))  # 0: no answer here (yet)
-        self.latency_ms = array("d", bytes(8 * n))
+        self.status = array("i", [0]) * n  # 0: no answer here (yet)
+        self.latency_ms = array("d", [0.0]) * n
         self.node: list[str] = ["none"] * n
         self.error: list[str] = [""] * n
-        self.exec_ms = array("d", bytes(8 * n))
-        self.queue_ms = array("d", bytes(8 * n))
-        self.rows = array("q", b"\x01\x00\x00\x00\x00\x00\x00\x00" * n)
+        self.exec_ms = array("d", [0.0]) * n
+        self.queue_ms = array("d", [0.0]) * n
+        self.rows = array("q", [1]) * n
 
     def put(self, i: int, status: int, latency_ms: float, reason: str, served: Job | None) -> None:
         """Request `i` answered `status` after `latency_ms` (`served`: the attempt that ran it)."""
@@ -257,8 +257,8 @@ class Answers:
 
     def fill(self, results: list[Result | None], schedule: list[Arrival]) -> None:
         """Every answer kept here made into its `Result` in `results` (by index; `schedule`: the arrivals),
-        emptying this: from the end, a chunk at a time, each chunk's columns cut off once it is made (the
-        results take their room, so the run's peak memory is that of the results alone)."""
+        emptying this: from the end, a chunk at a time, each chunk's columns cut off once it is made (so
+        the columns and the results they become are not all held at once)."""
         columns = (self.status, self.latency_ms, self.node, self.error, self.exec_ms, self.queue_ms, self.rows)
         status, latency, node, error, exec_ms, queue_ms, rows = columns
         end = len(status)

@@ -164,22 +164,14 @@ class TelemetryModel(SimState):
         deliveries = self.deliveries
         if deliveries and deliveries[0][0] <= self.now:
             now = self.now
-            pop = heapq.heappop
-            if len(self.lcs) == 1:  # one router: every delivery is to its store
-                msgs = []
-                while deliveries and deliveries[0][0] <= now:
-                    msgs.append(pop(deliveries)[2])
-                self.events += len(msgs)
-                self.store.apply_many(msgs, now)
-            else:
-                arrived: dict[ViewStore, list[NodeLoad]] = {}
-                taken = 0
-                while deliveries and deliveries[0][0] <= now:
-                    _, _, msg, store = pop(deliveries)
-                    arrived.setdefault(store, []).append(msg)
-                    taken += 1
-                self.events += taken
-                for store, msgs in arrived.items():
-                    store.apply_many(msgs, now)
+            arrived: dict[ViewStore, list[NodeLoad]] = {}
+            taken = 0
+            while deliveries and deliveries[0][0] <= now:
+                _, _, msg, store = heapq.heappop(deliveries)
+                arrived.setdefault(store, []).append(msg)
+                taken += 1
+            self.events += taken
+            for store, msgs in arrived.items():
+                store.apply_many(msgs, now)
         if self._open > 0:
             self.push(self.now + self.cfg.poll_ms, POLL, None)
