@@ -32,9 +32,9 @@ unit: $(STAMP)  ## run the unit tests only (no sockets)
 integration: $(STAMP)  ## run the integration tests only (real broker, nodes, router on loopback)
 	$(PY) -m pytest -q tests/integration
 
-fuzz: $(STAMP)  ## 10,000 generated hostile requests over HTTP and gRPC against a live router and nodes, honest clients alongside
+fuzz: $(STAMP)  ## 10,000 generated hostile requests over HTTP, gRPC and MQTT against a live router and nodes, honest clients alongside
 	EDGEROUTE_FUZZ_EXAMPLES=10000 EDGEROUTE_FUZZ_RANDOM=1 $(PY) -m pytest -q -s tests/integration/test_fuzz.py \
-		tests/integration/test_grpc.py -k "fuzz"
+		tests/integration/test_grpc.py tests/integration/test_mqtt_fuzz.py -k "fuzz or hostile_publishes"
 
 lint: $(STAMP)  ## ruff and mypy
 	$(VENV)/bin/ruff check .

@@ -2,24 +2,14 @@
 
 from __future__ import annotations
 
-import ipaddress
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from telemetry.cluster.schema import NAME_PATTERN, check_endpoint
 from telemetry.kafka.signing import Signer, TelemetryKey, signer_for
-from telemetry.process.settings import Bootstrap, ServerSettings
+from telemetry.process.settings import Bootstrap, ServerSettings, is_loopback
 from telemetry.process.tls import KafkaSecurity
-
-
-def _loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 class ModelSpec(BaseModel):
@@ -224,6 +214,18 @@ class NodeConfig(ServerSettings):
         description="bearer token the router (and operators) send on /admin and the repository API; "
         "required when the node listens beyond loopback; default $EDGEROUTE_ADMIN_TOKEN",
     )
+    infer_token: str | None = Field(
+        None,
+        min_length=16,
+        max_length=256,
+        description="bearer token the routers send with inference (HTTP and gRPC): with it set, inference needs "
+        "it; required when the node listens beyond loopback unless `open_inference`; default $EDGEROUTE_INFER_TOKEN",
+    )
+    open_inference: bool = Field(
+        False,
+        description="serve inference to anyone who reaches the node without `infer_token`, also beyond loopback "
+        "(only where the network admits the routers alone)",
+    )
     telemetry_key: TelemetryKey | None = Field(
         None, description="ID:SECRET signing telemetry (telemetry.kafka.signing); default $EDGEROUTE_TELEMETRY_KEY"
     )
@@ -246,10 +248,16 @@ class NodeConfig(ServerSettings):
 
     @model_validator(mode="after")
     def _admin_locked(self) -> NodeConfig:
-        if self.admin_token is None and not _loopback(self.host):
+        if self.admin_token is None and not is_loopback(self.host):
             raise ValueError(
                 f"admin_token is required when the node listens on {self.host} (its /admin and repository "
                 "routes would be open to the network); set it or $EDGEROUTE_ADMIN_TOKEN"
+            )
+        if self.infer_token is None and not self.open_inference and not is_loopback(self.host):
+            raise ValueError(
+                f"infer_token is required when the node listens on {self.host} (anyone who reaches it could "
+                "run inference past the routers' auth, limits and admission); set it or $EDGEROUTE_INFER_TOKEN "
+                "(the routers' node_token), or open_inference: true"
             )
         return self
 

@@ -122,8 +122,11 @@ class NodeService:
         return pb.RepositoryModelUnloadResponse()
 
     def stream_client(self, context: Any) -> tuple[int, str, str]:
-        """A stream's admission before its first message (inference is open on a node, as over HTTP):
-        (0, "", the calling host)."""
+        """A stream's admission before its first message (the inference token, as over HTTP):
+        (0 or the refusal's status, its reason, the calling host)."""
+        refusal = admin_refusal(self.rt.config.infer_token, bearer(context), "inference")
+        if refusal is not None:
+            return refusal[0], refusal[1], peer_host(context)
         return 0, "", peer_host(context)
 
     async def infer_once(self, request: Any, context: Any) -> tuple[int, str, Any]:
@@ -131,6 +134,11 @@ class NodeService:
         of it): (status, error message, response or None). Priority and deadline from the request's
         parameters, the deadline also from the call's own (`grpc-timeout`), the earlier of the two."""
         arrived = time.perf_counter()
+        token = self.rt.config.infer_token
+        if token is not None:
+            refusal = admin_refusal(token, bearer(context), "inference")
+            if refusal is not None:
+                return refusal[0], refusal[1], None
 
         async def decode(model: LoadedModel) -> Decoded:
             try:

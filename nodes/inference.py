@@ -192,15 +192,16 @@ async def _run(
     return answered(done, req.batch, read - arrived, time.perf_counter() - encoding)
 
 
-def admin_refusal(token: str | None, authorization: str | None) -> tuple[int, str] | None:
-    """The node's admin check, for its `/admin/*` and repository routes and its repository calls over
-    gRPC: with an admin token set, `Authorization: Bearer <token>` (401 without one, 403 for a wrong
-    one, compared in constant time). None: allowed."""
+def admin_refusal(token: str | None, authorization: str | None, what: str = "admin") -> tuple[int, str] | None:
+    """The node's bearer check: its admin token for its `/admin/*` and repository routes and its
+    repository calls over gRPC, its inference token (`what` "inference") for inference over HTTP and
+    gRPC. With the token set, `Authorization: Bearer <token>` (401 without one, 403 for a wrong one,
+    compared in constant time). None: allowed."""
     if token is None:
         return None
     scheme, _, given = (authorization or "").partition(" ")
     if scheme.lower() != "bearer" or not given:
-        return 401, "admin calls need Authorization: Bearer <admin token>"
+        return 401, f"{what} calls need Authorization: Bearer <{what} token>"
     if not hmac.compare_digest(given.strip().encode(), token.encode()):
-        return 403, "wrong admin token"
+        return 403, f"wrong {what} token"
     return None

@@ -229,6 +229,11 @@ async def infer(request: web.Request) -> web.Response:
         retry = {"Retry-After": "1"} if done.refused else {}
         return _error(done.status, done.reason, {**retry, **echo})
     payload, header_len = done.payload
+    limit = _answer_limit(request.headers.get(wire.MAX_ANSWER))
+    if limit is not None and len(payload) > limit:
+        # the router could not carry it: refused here, its bytes never sent (the request's own doing,
+        # not this node's fault; the router answers its client 413)
+        return _error(413, f"the answer is {len(payload)} bytes, over the caller's limit of {limit}", echo)
     headers = {
         **echo,
         wire.NODE: rt.config.node_id,
@@ -242,6 +247,13 @@ async def infer(request: web.Request) -> web.Response:
         return web.Response(body=payload, content_type="application/json", headers=headers)
     headers[wire.HEADER_LENGTH] = str(header_len)
     return web.Response(body=payload, content_type="application/octet-stream", headers=headers)
+
+
+def _answer_limit(value: str | None) -> int | None:
+    """The caller's answer limit (`x-edgeroute-max-answer-bytes`), or None (none, or not a number)."""
+    if value is None or not value.isascii() or not value.isdigit() or len(value) > 15:
+        return None
+    return int(value)
 
 
 def _encode(model: LoadedModel, req: InferRequest, outputs: dict[str, Any]) -> tuple[bytes, int | None]:
@@ -322,17 +334,18 @@ async def put_speed(request: web.Request) -> web.Response:
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def admin_guard(token: str | None) -> Callable[[Handler], Handler]:
-    """Wraps an `/admin/*` or repository handler in the node's admin check (nodes.inference.admin_refusal).
-    Inference, metadata, health and `/metrics` are not wrapped and stay open; being per route, the
-    guard costs inference nothing."""
+def admin_guard(token: str | None, what: str = "admin") -> Callable[[Handler], Handler]:
+    """Wraps an `/admin/*` or repository handler in the node's admin check (nodes.inference.admin_refusal),
+    or, with `what` "inference", an inference handler in the inference token's. Metadata, health and
+    `/metrics` are not wrapped and stay open; being per route, a guard costs what it wraps nothing when
+    its token is not set."""
 
     def wrap(handler: Handler) -> Handler:
         if token is None:
             return handler
 
         async def guarded(request: web.Request) -> web.StreamResponse:
-            refusal = admin_refusal(token, request.headers.get("Authorization"))
+            refusal = admin_refusal(token, request.headers.get("Authorization"), what)
             if refusal is not None:
                 status, reason = refusal
                 return _error(status, reason, {"WWW-Authenticate": "Bearer"} if status == 401 else None)
@@ -354,8 +367,9 @@ def create_app(config: NodeConfig) -> web.Application:
     app.cleanup_ctx.append(_telemetry_ctx)
     guard = admin_guard(config.admin_token)
     # inference first: aiohttp tries the routes in the order they were added
-    app.router.add_post("/v2/models/{model}/infer", infer)
-    app.router.add_post("/v2/models/{model}/versions/{version}/infer", infer)
+    infer_guard = admin_guard(config.infer_token, "inference")
+    app.router.add_post("/v2/models/{model}/infer", infer_guard(infer))
+    app.router.add_post("/v2/models/{model}/versions/{version}/infer", infer_guard(infer))
     app.router.add_get("/v2/health/live", live)
     app.router.add_get("/v2/health/ready", ready)
     app.router.add_get("/v2", server_metadata)

@@ -21,7 +21,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 class AuthConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    tokens: dict[str, str] = Field(default_factory=dict, description="client name -> bearer token")
+    # required: an `auth` section whose tokens never came (a missing secret) must not serve anyone
+    tokens: dict[str, str] = Field(description="client name -> bearer token")
 
     @field_validator("tokens")
     @classmethod
@@ -31,9 +32,25 @@ class AuthConfig(BaseModel):
         return v
 
     admin_clients: list[str] = Field(default_factory=list, description="clients allowed on /admin")
-    sites: dict[str, str] = Field(
-        default_factory=dict, description="client name -> its site, for requests that name none"
+    sites: dict[str, str | list[str]] = Field(
+        default_factory=dict,
+        description="client name -> its site (or sites; '*': any): a request that names none is the first's, "
+        "and a client may name only these (clients not listed: only the router's own site)",
     )
+    answer_topics: dict[str, list[str]] = Field(
+        default_factory=dict,
+        description="client name -> the MQTT topic prefixes its answers may be published on "
+        "(default: devices/<client>/)",
+    )
+
+    @field_validator("answer_topics")
+    @classmethod
+    def _prefixes(cls, v: dict[str, list[str]]) -> dict[str, list[str]]:
+        for client, prefixes in v.items():
+            for prefix in prefixes:
+                if not prefix or "+" in prefix or "#" in prefix or len(prefix) > 256:
+                    raise ValueError(f"answer_topics of '{client}': '{prefix[:60]}' is not a topic prefix")
+        return v
 
 
 class RateLimitConfig(BaseModel):
@@ -51,10 +68,40 @@ class Verdict:
     retry_after_s: int = 0
 
 
+ANY_SITE = "*"
+
+
+def default_answer_topics(client: str) -> list[str]:
+    """Where a client's MQTT answers may go when its config names nowhere: its own devices' topics."""
+    return [f"devices/{client}/"]
+
+
 class Authenticator:
     def __init__(self, cfg: AuthConfig | None) -> None:
         self.tokens = dict(cfg.tokens) if cfg else {}
         self.admins = set(cfg.admin_clients) if cfg else set()
+        self.sites = {c: [s] if isinstance(s, str) else list(s) for c, s in (cfg.sites if cfg else {}).items()}
+        self.answer_topics = {
+            client: tuple(cfg.answer_topics.get(client) or default_answer_topics(client)) if cfg else ()
+            for client in self.tokens
+        }
+
+    def site_of(self, client: str) -> str | None:
+        """The site a client's requests are when they name none (its first), or None."""
+        sites = self.sites.get(client)
+        return sites[0] if sites and sites[0] != ANY_SITE else None
+
+    def may_claim(self, client: str, site: str, own: str | None) -> bool:
+        """Whether an authenticated client may name `site` for its request: one of its sites (any with
+        '*'), or the site of the router it reached. Off without auth (anyone may name any site)."""
+        if not self.enabled or site == own:
+            return True
+        sites = self.sites.get(client, ())
+        return site in sites or ANY_SITE in sites
+
+    def may_answer_on(self, client: str, topic: str) -> bool:
+        """Whether an MQTT answer for `client` may be published on `topic` (with auth on)."""
+        return any(topic.startswith(prefix) for prefix in self.answer_topics.get(client, ()))
 
     @property
     def enabled(self) -> bool:

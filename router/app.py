@@ -305,6 +305,7 @@ def create_app(
             config.connect_timeout_ms / 1000.0,
             max_answer_bytes=config.max_answer_bytes,
             admin_token=config.node_admin_token,
+            node_token=config.node_token,
             ssl_context=None if config.node_tls is None else config.node_tls.context(),
         )
     app = web.Application(client_max_size=config.max_body_bytes, middlewares=[front_door])

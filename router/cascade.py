@@ -76,7 +76,10 @@ class CascadeRunner:
         site: str | None,
         request_id: str,
         arrived_ms: float,
+        charge: Callable[[], bool] | None = None,
     ) -> Outcome:
+        """One request through the cascade. `charge` is asked before an escalation: the second model's
+        call is the client's too, against its rate (False: over it, and the first model's answer is kept)."""
         spec = self.spec
         deadline_at = arrived_ms + budget_ms
         headers = {"Content-Type": hints.get("Content-Type", "application/json"), wire.PRIORITY: str(priority)}
@@ -102,7 +105,7 @@ class CascadeRunner:
                 now = self.clock()
                 view = self.dispatcher.lifecycle.view()
                 label = KEPT
-                if escalate(spec, view, priority, site, deadline_at - now, now):
+                if escalate(spec, view, priority, site, deadline_at - now, now) and (charge is None or charge()):
                     tracing.event("escalate", model=spec.second)
                     second = await self._send(spec.second, priority, site, request_id, body, headers, deadline_at)
                     stages = 2

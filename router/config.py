@@ -24,7 +24,7 @@ from router.lifecycle.stages import CropSpec, StageSpec, WorkflowSpec
 from telemetry.cluster.schema import NAME_PATTERN
 from telemetry.kafka.signing import Signer, TelemetryKey, Verifier, signer_for
 from telemetry.process.configfile import ConfigError, load_model, validate
-from telemetry.process.settings import Bootstrap, ServerSettings
+from telemetry.process.settings import Bootstrap, ServerSettings, is_loopback
 from telemetry.process.tls import ClientTLS, KafkaSecurity
 
 __all__ = [
@@ -186,15 +186,33 @@ class MqttConfig(BaseModel):
     topic_prefix: str = Field(
         "edgeroute", pattern=r"^[A-Za-z0-9_.-]{1,64}(/[A-Za-z0-9_.-]{1,64}){0,3}$", description="request topics' root"
     )
-    group: str = Field(
-        "edgeroute", pattern=NAME_PATTERN, max_length=64, description="shared subscription group: routers split it"
+    group: str | None = Field(
+        None,
+        pattern=NAME_PATTERN,
+        max_length=64,
+        description="shared subscription group routers split the requests in (a secret: anyone who joins it "
+        "takes a share); default: drawn from the broker password, 'edgeroute' without one",
     )
-    client_id: str | None = Field(None, pattern=NAME_PATTERN, max_length=64, description="default: the router id")
+    client_id: str | None = Field(
+        None, pattern=NAME_PATTERN, max_length=64, description="default: the router id and a part no one can guess"
+    )
     receive_maximum: int = Field(
         256, ge=1, le=65535, description="requests the broker hands this router at once (unacknowledged)"
     )
+    max_in_flight: int = Field(
+        512, ge=1, le=1_000_000, description="requests the door runs at once, every client and QoS; past it: 503"
+    )
+    max_in_flight_bytes: int = Field(
+        64 << 20, ge=1024, le=1 << 34, description="their payloads' bytes at most; past it: 503"
+    )
     max_in_flight_per_client: int = Field(
-        64, ge=1, le=65535, description="requests one client (its token, else its response topic) has in flight"
+        64, ge=1, le=65535, description="requests one client (its token; with auth off, the door's one) has in flight"
+    )
+    answer_topics: list[Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[^+#]+$")]] = Field(
+        default_factory=lambda: ["devices/"],
+        max_length=64,
+        description="with auth off, the topic prefixes answers may be published on (auth on: each client's "
+        "`auth.answer_topics`)",
     )
     keepalive_s: int = Field(30, ge=5, le=3600)
     sheddable_retry_ms: float = Field(
@@ -276,6 +294,13 @@ class RouterConfig(ServerSettings):
         description="bearer token for the nodes' /admin and repository routes (cancels, model loads); "
         "default $EDGEROUTE_NODE_ADMIN_TOKEN",
     )
+    node_token: str | None = Field(
+        None,
+        min_length=16,
+        max_length=256,
+        description="bearer token sent with every inference to the nodes (their `infer_token`); "
+        "default $EDGEROUTE_NODE_TOKEN",
+    )
     topic: str = "edgeroute.telemetry"
     policy: PolicySpec = Field(default_factory=lambda: PolicySpec(preset="p2c"))
     seed: int = Field(0, description="seed of the policies' random.Random")
@@ -311,7 +336,12 @@ class RouterConfig(ServerSettings):
     outlier: OutlierConfig = Field(default_factory=OutlierConfig)
     probes: ProbeSettings = Field(default_factory=ProbeSettings)
     peers: PeersConfig = Field(default_factory=PeersConfig)
-    auth: AuthConfig | None = None
+    auth: AuthConfig | None = Field(None, description="bearer tokens (router.admission); required beyond loopback")
+    allow_anonymous: bool = Field(
+        False,
+        description="serve clients without `auth` also when listening beyond loopback (where something in "
+        "front authenticates them)",
+    )
     rate_limit: RateLimitConfig | None = None
     workflows: list[WorkflowSpec] = Field(default_factory=list, description="DAG pipelines served as virtual models")
     cascades: list[CascadeSpec] = Field(
@@ -325,6 +355,16 @@ class RouterConfig(ServerSettings):
         default_factory=lambda: RetryBudgetSettings(),
         description="retries plus hedges at most `ratio` of first tries over `window_s` (router.lifecycle.budgets)",
     )
+
+    @model_validator(mode="after")
+    def _auth_beyond_loopback(self) -> RouterConfig:
+        if self.auth is None and not self.allow_anonymous and not is_loopback(self.host):
+            raise ValueError(
+                f"auth is required when the router listens on {self.host}: anyone who reaches it could run "
+                "inference and use the admin API (policy, links, cascades); set auth.tokens (or "
+                "$EDGEROUTE_AUTH__TOKENS__<CLIENT>), or allow_anonymous: true behind a front that authenticates"
+            )
+        return self
 
     @model_validator(mode="after")
     def _unique_workflows(self) -> RouterConfig:

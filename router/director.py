@@ -119,10 +119,13 @@ async def _infer(router: Router, call: InferCall) -> Outcome:
         site = hints.get(wire.SITE, params.get("site"))
         if site is not None and not isinstance(site, str):
             raise wire.BadHint("'site' must be a string")
-        if site is None and cfg.auth is not None:  # the site of the client's key
-            site = cfg.auth.sites.get(call.client)
-        if site is None:
-            site = cfg.site  # a router standing in a site: its clients are that site's
+        if site is not None and not router.auth.may_claim(call.client, site, cfg.site):
+            # a site keys per-site state (ejection paths, delay timers): with auth on, a client's own
+            # requests may only be those of the sites its key gives it
+            count(router, model, 0, "none", 403, arrived)
+            return Outcome.error(403, f"client '{call.client}' may not send requests for site '{site[:64]}'")
+        if site is None:  # the site of the client's key, else of the router standing in a site
+            site = router.auth.site_of(call.client) or cfg.site
         elif not _known_site(router, site):
             # sites key per-site state (delay timers, ejection paths): only the fleet's own are taken
             raise wire.BadHint(f"unknown site '{site[:64]}': not a partition of any node, nor an end of a link")
@@ -136,14 +139,26 @@ async def _infer(router: Router, call: InferCall) -> Outcome:
         return await _run_workflow(router, runner, call, doc, prio, deadline, site)
     cascade = router.cascades.get(model)
     if cascade is not None:
+        refused = _non_finite(doc, call.body, hints.get(wire.HEADER_LENGTH))
+        if refused is not None:
+            count(router, model, prio, "none", 400, arrived)
+            return Outcome.error(400, refused)
         budget = min(deadline if deadline is not None else cascade.spec.slo_ms, cfg.max_deadline_ms)
-        outcome = await cascade.run(call.body, hints, prio, budget, site, _request_id(doc), arrived)
+
+        def charge() -> bool:  # an escalation is a second call of the client's, against its rate
+            return not router.limiter.admit(call.client, router.clock()).status
+
+        outcome = await cascade.run(call.body, hints, prio, budget, site, _request_id(doc), arrived, charge)
         count(router, model, prio, outcome.node, outcome.status, arrived, served=True)
         if outcome.status == 429 and "Retry-After" not in outcome.headers:
             outcome.headers["Retry-After"] = "1"
         outcome.headers[wire.NODE] = outcome.node
         outcome.headers[wire.ATTEMPTS] = str(outcome.attempts)
         return outcome
+    through = router.cascade_only.get(model)
+    if through is not None:
+        count(router, model, prio, "none", 403, arrived)
+        return Outcome.error(403, f"model '{model}' answers only through the cascade '{through}'")
     unknown = router.lifecycle.unknown_model(model)
     if unknown is not None:
         count(router, model, prio, "none", unknown.status, arrived)
@@ -223,7 +238,7 @@ def _known_site(router: Router, site: str) -> bool:
     given to a client's key."""
     if router.store.view.has_partition(site) or site in router.lifecycle.links.sites or site == router.config.site:
         return True
-    return router.config.auth is not None and site in router.config.auth.sites.values()
+    return any(site in sites for sites in router.auth.sites.values())
 
 
 def _infer_path(model: str, version: str | None) -> str:
@@ -268,6 +283,22 @@ def _parse_header(body: bytes, header_length: str | None) -> dict[str, Any]:
     if not isinstance(inputs, list) or not inputs:
         raise wire.BadHint("'inputs' must be a non-empty list")
     return doc
+
+
+def _non_finite(doc: dict[str, Any], body: bytes, header_length: str | None) -> str | None:
+    """A cascade's request whose inputs are not all finite numbers (a NaN or infinity made every answer
+    unsure, so every request went on to the costly model): the reason it is refused, else None."""
+    import numpy as np
+
+    try:
+        tail = body[int(header_length) :] if header_length is not None else b""
+        inputs = decode_inputs(doc, tail)
+    except (WorkflowInputError, ValueError):
+        return None  # malformed otherwise: the node says how, as for any model
+    for name, arr in inputs.items():
+        if arr.dtype.kind == "f" and not bool(np.isfinite(arr).all()):
+            return f"input '{name[:64]}' holds values that are not finite numbers (NaN or infinity)"
+    return None
 
 
 def _batch_of(doc: dict[str, Any]) -> int:

@@ -23,6 +23,7 @@ from policies.pipeline import Pipeline
 from router.lifecycle import Answer, Attempts, Failure, Hold, Lifecycle, LifecycleSettings, Next, Send, classify
 from router.lifecycle.reroute import Move
 from router.node_client import (
+    NodeAnswerTooLarge,
     NodeBadAnswer,
     NodeClient,
     NodeError,
@@ -381,6 +382,10 @@ class Dispatcher:
             return _Tried(
                 Outcome.error(503, f"node {node_id} unavailable: {exc}", node_id, send.attempt, Failure.CONNECT)
             )
+        except NodeAnswerTooLarge as exc:
+            # the request's doing: any node would answer it alike (no retry, no mark on the node's health)
+            reason = f"the answer to this request is too large for the router to carry: {exc}"
+            return _Tried(Outcome.error(413, reason, node_id, send.attempt, Failure.CLIENT))
         except NodeBadAnswer as exc:
             reason = f"node {node_id} answered badly: {exc}"
             return _Tried(Outcome.error(502, reason, node_id, send.attempt, Failure.NODE_ERROR))

@@ -55,6 +55,10 @@ class _Fault(Exception):
     """Raised inside the parser; becomes the caller's `bad` or `lost` exception."""
 
 
+class _TooLarge(_Fault):
+    """An answer over the size limit (the caller's `too_large`, not a fault of the far end's)."""
+
+
 class _Unasked(Exception):
     """A node sent a second answer to one request (or bytes past its answer)."""
 
@@ -62,13 +66,16 @@ class _Unasked(Exception):
 class _Connection(asyncio.Protocol):
     """One keep-alive connection; `exchange` sends a request and its future gets the answer."""
 
-    def __init__(self, max_body: int, errors: tuple[type[Exception], type[Exception]]) -> None:
+    def __init__(
+        self, max_body: int, errors: tuple[type[Exception], type[Exception]], too_large: type[Exception] | None = None
+    ) -> None:
         self.transport: asyncio.Transport | None = None
         self.closed = False
         self.reusable = True
         self.idle_since = 0.0
         self._max_body = max_body
         self._bad, self._lost = errors
+        self._too_large = too_large or self._bad
         self._waiter: asyncio.Future[HttpReply] | None = None
         self._poller: select.poll | None = None  # the socket, for `quiet` (plain TCP only)
         self._reset()
@@ -117,7 +124,7 @@ class _Connection(asyncio.Protocol):
             waiter, self._waiter = self._waiter, None
             waiter.set_result(answer)
         elif fault is not None:
-            self._fail(self._bad(str(fault)))
+            self._fail((self._too_large if isinstance(fault, _TooLarge) else self._bad)(str(fault)))
 
     def eof_received(self) -> bool | None:
         self.reusable = False
@@ -217,7 +224,7 @@ class _Connection(asyncio.Protocol):
         elif "content-length" in headers:
             self._length = int(headers["content-length"])  # (llhttp checked it: digits, no overflow)
             if self._length > self._max_body:
-                raise _Fault(f"answer of {self._length} bytes is over the {self._max_body}-byte limit")
+                raise _TooLarge(f"answer of {self._length} bytes is over the {self._max_body}-byte limit")
         else:
             self._length = -1  # read to the close
             self.reusable = False
@@ -226,7 +233,7 @@ class _Connection(asyncio.Protocol):
 
     def on_body(self, body: bytes) -> None:
         if len(self._body) + len(body) > self._max_body:
-            raise _Fault(f"answer over {self._max_body} bytes")
+            raise _TooLarge(f"answer over {self._max_body} bytes")
         self._body += body
 
     def on_message_complete(self) -> None:
@@ -257,6 +264,7 @@ class Http1Client:
         unavailable: type[Exception],
         timeout: type[Exception],
         bad_answer: type[Exception],
+        too_large: type[Exception] | None = None,
         keepalive_s: float = 10.0,
     ) -> None:
         self._limit = pool_per_host
@@ -264,6 +272,7 @@ class Http1Client:
         self._max = max_answer_bytes
         self._ssl = ssl_context  # None: the system's trust store, made at the first https connection
         self._unavailable, self._timeout, self._bad = unavailable, timeout, bad_answer
+        self._too_large = too_large or bad_answer
         self._keepalive_s = keepalive_s
         self._hosts: dict[tuple[str, str, int], _Host] = {}
         self._splits: dict[str, tuple[tuple[str, str, int], str, str]] = {}
@@ -304,7 +313,8 @@ class Http1Client:
         had to wait for a free connection sends it lowered by that wait, so the far end is never told
         it has time that was spent here. `echo` names a header the far end answers with the value it
         was sent: an answer that names another value answers another request (a late duplicate on a
-        reused connection) and is a bad answer, its connection closed."""
+        reused connection) and is a bad answer, its connection closed; after an answer that names none,
+        its connection carries no other request."""
         if self._closed:
             raise self._unavailable("client closed")
         key, netloc, target = self._split(url)
@@ -363,7 +373,11 @@ class Http1Client:
             host.slots.release()
         if echo is not None and headers is not None and echo in headers:
             echoed = answer.headers.get(echo.lower())
-            if echoed is not None and echoed != headers[echo]:
+            if echoed is None:
+                # a far end that does not echo: a late duplicate of this answer could not be told from the
+                # answer to the next request sent on this connection, so none is sent on it
+                conn.reusable = False
+            elif echoed != headers[echo]:
                 conn.abort()
                 raise self._bad(f"{url[:200]}: the answer names request {echoed[:64]!r}, not the one sent")
         if conn.reusable and not conn.closed and not self._closed:
@@ -401,7 +415,7 @@ class Http1Client:
             if self._ssl is None:
                 self._ssl = ssl.create_default_context()
             context = self._ssl
-        conn = _Connection(self._max, (self._bad, self._unavailable))
+        conn = _Connection(self._max, (self._bad, self._unavailable), self._too_large)
         try:
             async with asyncio.timeout(max(0.001, budget_s)):
                 await loop.create_connection(

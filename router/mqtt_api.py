@@ -46,26 +46,21 @@ import contextlib
 import hashlib
 import logging
 import math
-import os
-import socket
-import ssl
 from collections import OrderedDict
 from collections.abc import AsyncIterator
 from typing import Any
-from urllib.parse import urlsplit
 
 import paho.mqtt.client as mqtt
 from aiohttp import web
-from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
-from paho.mqtt.subscribeoptions import SubscribeOptions
 from prometheus_client import Counter, Gauge
 
-from router import director, fleet
+from router import director
 from router.config import MqttConfig
 from router.dispatch import Outcome
 from router.lifecycle.failures import Failure
+from router.mqtt_link import BrokerLink
 from router.state import ROUTER, Router
 from telemetry.oip import wire
 
@@ -75,8 +70,11 @@ MAX_CORRELATION = 256  # bytes of correlation data echoed
 MAX_RESPONSE_TOPIC = 512  # a response topic's length
 MAX_USER_PROPERTIES = 32  # user properties read from one request
 MAX_PROPERTY = 4096  # a user property's value
-RECENT = 100_000  # requests remembered for duplicate detection
+RECENT_PER_CLIENT = 100_000  # requests one client has remembered against copies and redeliveries
+RECENT_CLIENTS = 10_000  # clients with requests remembered (auth on: at most the token table's)
 RECENT_MS = 600_000.0  # ... and for how long at most
+REDELIVERY_SLACK_MS = 5_000.0  # a broker's clock and ours: the expiry is counted in whole seconds
+ANONYMOUS = "mqtt"  # the one client every request is with auth off (a request names no one it could be told by)
 RESULTS = (
     "answered",
     "duplicate",
@@ -86,6 +84,9 @@ RESULTS = (
     "bad_property",
     "too_large",
     "client_limit",
+    "door_limit",
+    "unauthenticated",
+    "forbidden_topic",
 )
 HEADER_LENGTH = "inference-header-content-length"
 
@@ -121,169 +122,77 @@ def _user_properties(props: Any) -> dict[str, str] | None:
     return out
 
 
-class MqttDoor:
-    """One router's MQTT front door: its paho client on the router's loop, and the requests in flight."""
+class Recent:
+    """The requests a door remembers against copies and redeliveries, per client: (response topic,
+    correlation data) -> until when (ms). A client's copies are told from its own requests only, never
+    from another's (with auth on, one client cannot have another's requests dropped as duplicates),
+    and each client's memory is bounded on its own (a flood forgets the flooder's oldest, not others')."""
+
+    def __init__(self, per_client: int, clients: int) -> None:
+        self.per_client = per_client
+        self.clients = clients
+        self.by_client: dict[str, OrderedDict[tuple[str, bytes], float]] = {}
+
+    def seen(self, client: str, topic: str, corr: bytes, msg: mqtt.MQTTMessage, now: float, until: float) -> bool:
+        """Whether this request is a copy of one in progress or answered; remembers it if not. Without
+        correlation data only a redelivery the broker flags (DUP, the same payload) is a copy."""
+        mine = self.by_client.get(client)
+        if mine is None:
+            if len(self.by_client) >= self.clients:
+                self._forget_idle(now)
+            mine = self.by_client[client] = OrderedDict()
+        while mine and (len(mine) >= self.per_client or next(iter(mine.values())) < now):
+            mine.popitem(last=False)
+        if corr:
+            key = (topic, corr)
+        else:
+            key = (topic, b"#" + hashlib.blake2b(msg.payload, digest_size=16).digest())
+            if not msg.dup:
+                mine[key] = until
+                return False
+        kept = mine.get(key)
+        if kept is not None and kept >= now:
+            return True
+        mine[key] = until
+        mine.move_to_end(key)
+        return False
+
+    def _forget_idle(self, now: float) -> None:
+        for client, mine in list(self.by_client.items()):
+            while mine and next(iter(mine.values())) < now:
+                mine.popitem(last=False)
+            if not mine:
+                del self.by_client[client]
+        if len(self.by_client) >= self.clients:  # still full: the client remembered longest ago goes
+            del self.by_client[next(iter(self.by_client))]
+
+    def __len__(self) -> int:
+        return sum(len(m) for m in self.by_client.values())
+
+
+class MqttDoor(BrokerLink):
+    """One router's MQTT front door: its link to the broker (router.mqtt_link), and the requests in flight."""
 
     def __init__(self, router: Router, cfg: MqttConfig) -> None:
-        self.router = router
-        self.cfg = cfg
         self.metrics = MqttMetrics(router)
-        self.prefix = cfg.topic_prefix.split("/")
-        self.recent: OrderedDict[tuple[str, bytes], float] = OrderedDict()  # (topic, key) -> expiry ms
-        self.in_flight: dict[str, int] = {}
+        super().__init__(router, cfg, self.metrics.connected)
+        self.recent = Recent(RECENT_PER_CLIENT, RECENT_CLIENTS)
+        self.in_flight: dict[str, int] = {}  # client -> its requests running
+        self.running = 0  # requests running, every client and QoS
+        self.running_bytes = 0  # ... and their payloads' bytes
+        self.answer_topics = tuple(cfg.answer_topics)  # (auth off) where any answer may go
         self.tasks: set[asyncio.Task[None]] = set()
-        self.loop = asyncio.get_running_loop()
-        self.connected = asyncio.Event()
-        self.closing = False
-        self._misc: asyncio.Task[None] | None = None
-        self._reconnect: asyncio.Task[None] | None = None
-        client_id = cfg.client_id or f"edgeroute-{router.router_id}"[:64]
-        client = mqtt.Client(
-            callback_api_version=CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv5
-        )
-        client.manual_ack_set(True)  # acknowledged once answered: QoS 1 redelivers what was not
-        client.max_inflight_messages_set(1024)  # answers on their way
-        client.max_queued_messages_set(10_000)  # answers held while the broker is away (bounded)
-        if cfg.username is not None:
-            client.username_pw_set(cfg.username, cfg.password or os.environ.get("EDGEROUTE_MQTT_PASSWORD"))
-        url = urlsplit(cfg.url)
-        self.host = url.hostname or "127.0.0.1"
-        self.port = url.port or (8883 if url.scheme == "mqtts" else 1883)
-        if url.scheme == "mqtts":
-            context = cfg.tls.context() if cfg.tls is not None else ssl.create_default_context()
-            client.tls_set_context(context)
-        client.on_socket_open = self._socket_open
-        client.on_socket_close = self._socket_close
-        client.on_socket_register_write = self._register_write
-        client.on_socket_unregister_write = self._unregister_write
-        client.on_connect = self._on_connect
-        client.on_disconnect = self._on_disconnect
-        client.on_subscribe = self._on_subscribe
-        client.on_message = self._on_message
-        self.client = client
-
-    # --- paho on the event loop (its callbacks may run in the connecting thread: hand them over) ---------
-
-    def _in_loop(self, fn: Any, *args: Any) -> None:
-        try:
-            running = asyncio.get_running_loop()
-        except RuntimeError:
-            running = None
-        if running is self.loop:
-            fn(*args)
-        else:
-            self.loop.call_soon_threadsafe(fn, *args)
-
-    def _socket_open(self, client: mqtt.Client, userdata: Any, sock: Any) -> None:
-        no_delay(sock)
-        self._in_loop(self.loop.add_reader, sock, client.loop_read)
-
-    def _socket_close(self, client: mqtt.Client, userdata: Any, sock: Any) -> None:
-        self._in_loop(self.loop.remove_reader, sock)
-
-    def _register_write(self, client: mqtt.Client, userdata: Any, sock: Any) -> None:
-        self._in_loop(self.loop.add_writer, sock, client.loop_write)
-
-    def _unregister_write(self, client: mqtt.Client, userdata: Any, sock: Any) -> None:
-        self._in_loop(self.loop.remove_writer, sock)
-
-    def _connect_properties(self) -> Properties:
-        props = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
-        props.ReceiveMaximum = self.cfg.receive_maximum
-        props.MaximumPacketSize = self.router.config.max_body_bytes + 65_536  # the body and its topic and properties
-        props.SessionExpiryInterval = 300  # a router back within 5 min gets what was sent meanwhile
-        return props
-
-    async def _connect_once(self) -> None:
-        await asyncio.to_thread(
-            self.client.connect,
-            self.host,
-            self.port,
-            keepalive=self.cfg.keepalive_s,
-            clean_start=False,
-            properties=self._connect_properties(),
-        )
-
-    async def _keep_connected(self) -> None:
-        delay = 0.2
-        while not self.closing:
-            try:
-                await self._connect_once()
-                return
-            except (OSError, ssl.SSLError, ValueError) as exc:
-                log.warning("mqtt: cannot reach %s:%d (%s); again in %.1f s", self.host, self.port, exc, delay)
-                await asyncio.sleep(delay)
-                delay = min(5.0, delay * 2)
-
-    async def _misc_loop(self) -> None:
-        while not self.closing:
-            self.client.loop_misc()  # keepalive pings, timeouts
-            await asyncio.sleep(1.0)
-
-    def _on_connect(self, client: mqtt.Client, userdata: Any, flags: Any, reason: Any, props: Any) -> None:
-        if reason.is_failure:
-            log.warning("mqtt: broker refused the connection: %s", reason)
-            return
-        base = "/".join(self.prefix)
-        group = self.cfg.group
-        client.subscribe(
-            [
-                (f"$share/{group}/{base}/models/+/infer", SubscribeOptions(qos=1)),
-                (f"$share/{group}/{base}/models/+/versions/+/infer", SubscribeOptions(qos=1)),
-            ]
-        )
-
-    def _on_subscribe(self, client: mqtt.Client, userdata: Any, mid: int, codes: Any, props: Any) -> None:
-        if any(getattr(code, "is_failure", False) for code in codes):
-            log.warning("mqtt: the broker refused the subscription: %s", codes)
-            return
-        self._in_loop(self._connected)
-
-    def _connected(self) -> None:
-        self.metrics.connected.set(1)
-        self.connected.set()
-        log.info("mqtt: connected to %s:%d, requests on %s/models/+/infer", self.host, self.port, self.cfg.topic_prefix)
-
-    def _on_disconnect(self, client: mqtt.Client, userdata: Any, flags: Any, reason: Any, props: Any) -> None:
-        self._in_loop(self._lost, str(reason))
-
-    def _lost(self, reason: str) -> None:
-        self.metrics.connected.set(0)
-        self.connected.clear()
-        if self.closing:
-            return
-        log.warning("mqtt: lost the broker (%s); reconnecting", reason)
-        if self._reconnect is None or self._reconnect.done():
-            self._reconnect = self.loop.create_task(self._keep_connected())
-
-    async def start(self) -> None:
-        self._misc = self.loop.create_task(self._misc_loop())
-        self._reconnect = self.loop.create_task(self._when_ready())
-
-    async def _when_ready(self) -> None:
-        """Connect once the router can route (its readiness): until then the broker holds the requests
-        (in this router's session, or for the other routers of its group) rather than this router
-        refusing them for want of a view."""
-        while fleet.ready(self.router).status != 200:
-            await asyncio.sleep(0.1)
-        await self._keep_connected()
 
     async def stop(self) -> None:
         self.closing = True
-        for task in (self._reconnect, self._misc):
-            if task is not None:
-                task.cancel()
         if self.tasks:
             await asyncio.wait(self.tasks, timeout=5.0)
-        with contextlib.suppress(Exception):
-            self.client.disconnect()
+        await super().stop()
 
     # --- requests ----------------------------------------------------------------------------------------
 
     def _on_message(self, client: mqtt.Client, userdata: Any, msg: mqtt.MQTTMessage) -> None:
-        task = self.loop.create_task(self._handle(msg))
-        self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
+        self._intake(msg)
 
     def _drop(self, msg: mqtt.MQTTMessage, result: str) -> None:
         self.metrics.messages.labels(result).inc()
@@ -298,27 +207,18 @@ class MqttDoor:
             return None
         return parts[n + 1], (parts[n + 3] if len(parts) == n + 5 else None)
 
-    def _seen(self, response_topic: str, corr: bytes, msg: mqtt.MQTTMessage, now: float, until: float) -> bool:
-        """Whether this request is a redelivery of one in progress or answered; remembers it if not."""
-        recent = self.recent
-        while recent and (len(recent) >= RECENT or next(iter(recent.values())) < now):
-            recent.popitem(last=False)
-        if corr:
-            key = (response_topic, corr)
-        else:  # no correlation data: only a redelivery the broker flags can be told from a new request
-            key = (response_topic, b"#" + hashlib.blake2b(msg.payload, digest_size=16).digest())
-            if not msg.dup:
-                recent[key] = until
-                return False
-        if key in recent:
-            return True
-        recent[key] = until
-        return False
-
-    async def _handle(self, msg: mqtt.MQTTMessage) -> None:
+    def _intake(self, msg: mqtt.MQTTMessage) -> None:
+        """What can be decided of a request as it comes, on the loop and before any task or state is
+        made for it: its topic and properties, who sent it (a request that does not authenticate is
+        dropped, never answered: its response topic is the sender's word, not a place it may have the
+        router publish), where its answer may go, the door's own bounds, and whether it is a redelivery
+        of one in progress or answered. What is left runs as a task (`_run`)."""
         router = self.router
         arrived = router.clock()
         props = msg.properties
+        route = self._route(msg.topic)
+        if route is None:
+            return self._drop(msg, "bad_topic")
         response_topic = getattr(props, "ResponseTopic", None)
         if not response_topic:
             return self._drop(msg, "no_response_topic")
@@ -328,10 +228,17 @@ class MqttDoor:
         user = _user_properties(props)
         if user is None or len(corr) > MAX_CORRELATION:
             return self._drop(msg, "bad_property")
-        route = self._route(msg.topic)
-        if route is None:
-            return self._drop(msg, "bad_topic")
-        model, version = route
+        verdict = router.auth.check(user.get("authorization"), False, ANONYMOUS)
+        if verdict.status:
+            return self._drop(msg, "unauthenticated")
+        client = verdict.client
+        allowed = (
+            router.auth.may_answer_on(client, response_topic)
+            if router.auth.enabled
+            else response_topic.startswith(self.answer_topics)
+        )
+        if not allowed:
+            return self._drop(msg, "forbidden_topic")
         expiry = getattr(props, "MessageExpiryInterval", None)
         try:
             given = wire.number_hint(user.get("deadline_ms"), "deadline_ms")
@@ -342,31 +249,63 @@ class MqttDoor:
         if expiry is not None and expiry < 1 and given is None:
             bounds = [0.0]  # less than a second left by the broker's count, and no finer deadline
         budget = min(bounds) if bounds else None
-        until = arrived + (budget if budget is not None else router.config.max_deadline_ms)
-        if self._seen(response_topic, corr, msg, arrived, min(until, arrived + RECENT_MS)):
+        if self.recent.seen(client, response_topic, corr, msg, arrived, self._remember_until(msg, arrived, budget)):
             return self._drop(msg, "duplicate")
         if budget is not None and budget <= 0:
             self.metrics.messages.labels("expired").inc()
             return self._answer(msg, response_topic, corr, Outcome.error(504, "expired before it was run"), arrived, 0)
-        verdict = router.auth.check(user.get("authorization"), False, response_topic[:128])
-        if verdict.status:
-            self.metrics.messages.labels("answered").inc()
-            return self._answer(
-                msg, response_topic, corr, Outcome.error(verdict.status, verdict.reason), arrived, budget
-            )
-        client = verdict.client
+        size = len(msg.payload)
+        if self.running >= self.cfg.max_in_flight or self.running_bytes + size > self.cfg.max_in_flight_bytes:
+            # every QoS counts (QoS 0 is not held back by the broker's receive maximum)
+            self.metrics.messages.labels("door_limit").inc()
+            out = Outcome.error(503, f"the router's MQTT door holds {self.running} requests already")
+            out.headers["Retry-After"] = "1"
+            return self._answer(msg, response_topic, corr, out, arrived, budget)
         held = self.in_flight.get(client, 0)
-        if held >= self.cfg.max_in_flight_per_client:
+        # (with auth off every request is the one client: the door's own cap is its bound)
+        if held >= self.cfg.max_in_flight_per_client and router.auth.enabled:
             self.metrics.messages.labels("client_limit").inc()
             out = Outcome.error(429, f"{held} requests in flight from this client already")
+            out.headers["Retry-After"] = "1"
             return self._answer(msg, response_topic, corr, out, arrived, budget)
         self.in_flight[client] = held + 1
+        self.running += 1
+        self.running_bytes += size
+        task = self.loop.create_task(self._run(msg, route, user, client, response_topic, corr, arrived, budget))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    def _remember_until(self, msg: mqtt.MQTTMessage, arrived: float, budget: float | None) -> float:
+        """How long a request is remembered against its copies: while the broker may still hand it over
+        again (QoS 1: until its expiry, or the longest this door remembers anything, whichever is sooner),
+        and never less than its deadline."""
+        deadline = arrived + (budget if budget is not None else self.router.config.max_deadline_ms)
+        if msg.qos == 0:
+            return min(deadline, arrived + RECENT_MS)
+        expiry = getattr(msg.properties, "MessageExpiryInterval", None)
+        redelivery = arrived + (RECENT_MS if expiry is None else min(RECENT_MS, expiry * 1000.0 + REDELIVERY_SLACK_MS))
+        return min(arrived + RECENT_MS, max(deadline, redelivery))
+
+    async def _run(
+        self,
+        msg: mqtt.MQTTMessage,
+        route: tuple[str, str | None],
+        user: dict[str, str],
+        client: str,
+        response_topic: str,
+        corr: bytes,
+        arrived: float,
+        budget: float | None,
+    ) -> None:
+        model, version = route
         try:
             outcome = await self._infer(msg, model, version, user, client, arrived, budget)
         finally:
             left = self.in_flight.pop(client) - 1
             if left:
                 self.in_flight[client] = left
+            self.running -= 1
+            self.running_bytes -= len(msg.payload)
         self.metrics.messages.labels("too_large" if outcome.status == 413 else "answered").inc()
         self._answer(msg, response_topic, corr, outcome, arrived, budget)
 
@@ -469,11 +408,3 @@ async def mqtt_door(app: web.Application) -> AsyncIterator[None]:
 
 
 __all__ = ["MQTT_DOOR", "MqttDoor", "mqtt_door"]
-
-
-def no_delay(sock: Any) -> None:
-    """Small packets out at once: paho leaves Nagle's algorithm on, so an answer written while the
-    broker had not yet acknowledged the previous packet (a PUBACK, say) waited for its delayed ACK, which
-    put 20-40 ms on the tail of answers. Websocket transports have no socket option to set."""
-    with contextlib.suppress(OSError, AttributeError, ValueError):
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

@@ -39,7 +39,12 @@ class NodeTimeout(NodeError):
 
 class NodeBadAnswer(NodeError):
     """The node answered, but not with something the router may pass on (a redirect, which is never
-    followed; an answer over the size limit); safe to retry elsewhere, and counted against the node."""
+    followed; not HTTP/1.x); safe to retry elsewhere, and counted against the node."""
+
+
+class NodeAnswerTooLarge(NodeError):
+    """The node's answer is over `max_answer_bytes`: the request asked for more than the router carries.
+    The request's doing, not the node's (any node would answer it alike): not retried, no health effect."""
 
 
 MAX_ANSWER_BYTES = 64 << 20
@@ -81,15 +86,18 @@ class HttpNodeClient:
     per node).
 
     A node's answer is hostile input too: redirects are never followed (a forged or broken node could
-    otherwise point the router at any address) and are a `NodeBadAnswer`, as are an answer over
-    `max_answer_bytes` and one that is not HTTP/1.x; a connect that times out, a refused or reset
+    otherwise point the router at any address) and are a `NodeBadAnswer`, as is one that is not HTTP/1.x;
+    an answer over `max_answer_bytes` is a `NodeAnswerTooLarge` (the request's fault: nodes are told the
+    limit and refuse first); a connect that times out, a refused or reset
     connection, one lost before a whole answer and an unusable endpoint are `NodeUnavailable` (retried
     elsewhere, counted against the node); only a node that accepted the request and did not answer in
     time is a `NodeTimeout`.
 
     With `admin_token`, the calls the router makes for a node's admin and repository routes (`admin=True`:
     cancels, model loads and unloads) carry it as a bearer token; nothing else does, whatever its URL
-    (an endpoint announced with a path such as `/admin/` once made every inference carry it).
+    (an endpoint announced with a path such as `/admin/` once made every inference carry it). With
+    `node_token`, every other call (inference, probes) carries that one instead: a node listening beyond
+    loopback serves inference to the routers that hold it only.
     """
 
     def __init__(
@@ -99,6 +107,7 @@ class HttpNodeClient:
         max_answer_bytes: int = MAX_ANSWER_BYTES,
         admin_token: str | None = None,
         ssl_context: ssl.SSLContext | None = None,
+        node_token: str | None = None,
     ) -> None:
         # a connect that takes half a call's budget will not finish in time: the client gives up on it
         # and leaves the rest for a retry on another node
@@ -110,8 +119,14 @@ class HttpNodeClient:
             unavailable=NodeUnavailable,
             timeout=NodeTimeout,
             bad_answer=NodeBadAnswer,
+            too_large=NodeAnswerTooLarge,
         )
         self._admin = {"Authorization": f"Bearer {admin_token}"} if admin_token else None
+        # every other call: the node token, and the largest answer this router carries (a node refuses
+        # a larger one before sending it)
+        self._node = {wire.MAX_ANSWER: str(max_answer_bytes)}
+        if node_token:
+            self._node["Authorization"] = f"Bearer {node_token}"
 
     async def _request(
         self,
@@ -122,8 +137,11 @@ class HttpNodeClient:
         timeout_s: float,
         admin: bool = False,
     ) -> NodeReply:
-        if admin and self._admin is not None:
-            headers = {**(headers or {}), **self._admin}
+        if admin:
+            if self._admin is not None:
+                headers = {**(headers or {}), **self._admin}
+        else:
+            headers = {**headers, **self._node} if headers else self._node
         # the node's budget counts down while the call waits for a connection to it
         answer = await self._http.request(
             method, url, body or b"", headers, timeout_s, wire.DEADLINE_MS, wire.REQUEST_ID

@@ -75,6 +75,8 @@ class Router:
         self.stats_cache: dict[tuple[str | None, str | None], Any] = {}
         self.workflows = {w.name: WorkflowRunner(w, self.dispatcher, clock) for w in config.workflows}
         self.cascades = {c.name: CascadeRunner(c, self.dispatcher, clock, config.seed) for c in config.cascades}
+        # a cascade's second model, where clients may not call it by name: model -> the cascade's name
+        self.cascade_only = {c.second: c.name for c in config.cascades if not c.direct_second}
         self.copies_log: deque[dict[str, Any]] = deque(maxlen=50)  # the latest copy loads, for /admin/view
         self.metrics.watch_workflows(self.workflows)
         self.metrics.watch_lifecycle(self.lifecycle, clock)

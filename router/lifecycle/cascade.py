@@ -85,6 +85,11 @@ class CascadeSpec(BaseModel):
     audit_share: float = Field(0.0, ge=0, le=1, description="share of sure answers also sent to the second model")
     audit_priority: int = Field(-1, le=0, description="the audit's priority (sheddable: it must not crowd the rest)")
     mode: CascadeMode = "cascade"
+    direct_second: bool = Field(
+        False,
+        description="clients may also call the second model by name (by default it answers only through the "
+        "cascade: the costly model is reached the way the cascade rations it)",
+    )
 
     @model_validator(mode="after")
     def _two_models(self) -> CascadeSpec:

@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 from scenarios import BUNDLED_DIR
 from scenarios.cli import args as arg
@@ -60,6 +61,8 @@ def _up(args: argparse.Namespace) -> int:
         routers=args.routers,
         share_load=not args.no_share,
         router_overrides={"policy": policy},
+        auth=True if args.auth else None,
+        devices=args.devices,
         **extra,
     )
     try:
@@ -77,6 +80,7 @@ def _up(args: argparse.Namespace) -> int:
             print(f"router MQTT: {mqtt_url} (requests on edgeroute/models/<model>/infer)", flush=True)
         elif args.mqtt == "auto" and not extra.get("mqtt"):
             print("router MQTT: off (Mosquitto is not installed: apt install mosquitto)", flush=True)
+        _print_credentials(stack)
         print(f"kafka: {stack.bootstrap}", flush=True)
         print(f"logs: {stack.log_dir}", flush=True)
         while not stopping:
@@ -93,6 +97,21 @@ def _up(args: argparse.Namespace) -> int:
         stack.stop()
     print("stopped", flush=True)
     return 0
+
+
+def _print_credentials(stack: Any) -> None:
+    """What a newcomer needs to talk to the stack, said once: the tokens where its auth is on, and the
+    devices' broker accounts (one in full, the rest in the devices file)."""
+    if stack.auth_on:
+        creds = stack.secrets
+        print(f"auth: on (admin token {creds.admin_token}, client token {creds.client_token})", flush=True)
+    if stack.devices_path.exists():
+        name, secret = next(iter(stack.secrets.devices.items()))
+        print(
+            f"MQTT devices: {stack.devices_path} ({len(stack.secrets.devices)} accounts; "
+            f"{name} password {secret}, answers on devices/{name}/...)",
+            flush=True,
+        )
 
 
 def _replay(args: argparse.Namespace) -> int:
@@ -290,6 +309,15 @@ def main(argv: list[str] | None = None) -> int:
         metavar="URL|embedded|off",
         help="the MQTT v5 front door: a broker's URL, `embedded` (Mosquitto, started here) or `off` "
         "(default: embedded where Mosquitto is installed)",
+    )
+    up.add_argument(
+        "--auth",
+        action="store_true",
+        help="the router's auth on with tokens drawn at start and printed once (on by itself where the stack "
+        "listens beyond loopback)",
+    )
+    up.add_argument(
+        "--devices", type=arg.count, default=4, help="device accounts at the MQTT broker (written to devices.yaml)"
     )
     up.set_defaults(func=_up)
 

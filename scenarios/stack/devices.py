@@ -1,8 +1,10 @@
 """A fleet of IoT devices asking for inferences, written with stock clients and nothing of edgeroute's:
 paho-mqtt (MQTT v5) through a broker, or aiohttp over HTTP, on one asyncio loop.
 
-    python -m scenarios.stack.devices --mqtt mqtt://127.0.0.1:1883 --http http://127.0.0.1:8000 \\
+    python -m scenarios.stack.devices --credentials LOGS/devices.yaml --http http://127.0.0.1:8000 \\
         --door mqtt --devices 1000 --rate 200 --seconds 30 --model sensor_mlp --deadline-ms 500
+
+(`--credentials`: the devices file `edgeroute up` writes and prints; or `--mqtt URL` for an open broker)
 
 Every device holds its own connection (an MQTT client each; over HTTP a keep-alive connection each) and
 sends at random (Poisson) moments, `--rate` requests a second across the fleet, each a valid OIP v2
@@ -19,10 +21,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import math
 import random
+import secrets
 import socket
+import ssl
 import struct
 import sys
 import time
@@ -96,20 +101,70 @@ def request_body(inputs: list[dict[str, Any]], rng: random.Random) -> dict[str, 
     return {"inputs": tensors}
 
 
+def _quietly(remove: Any, sock: Any) -> None:
+    """A socket's reader or writer taken off the loop; one paho closed already is gone from it."""
+    with contextlib.suppress(OSError, ValueError):
+        remove(sock)
+
+
+@dataclass(frozen=True)
+class Account:
+    """A device account from a stack's devices file (scenarios.stack.credentials): its broker login and,
+    where the router's auth is on (`bearer`), its token."""
+
+    name: str
+    password: str
+    bearer: bool
+    ca: str | None = None
+
+
+def read_accounts(path: str) -> tuple[list[Account], dict[str, str]]:
+    """The accounts and brokers (site -> URL) of a devices file (read as plain YAML: the fleet uses
+    nothing of edgeroute's)."""
+    import yaml
+
+    with open(path) as f:
+        doc = yaml.safe_load(f)
+    if not isinstance(doc, dict) or not isinstance(doc.get("devices"), list):
+        raise ValueError(f"{path}: not a devices file (no 'devices' list)")
+    bearer, ca = bool(doc.get("router_auth")), doc.get("ca")
+    accounts = [Account(str(d["name"]), str(d["password"]), bearer, ca) for d in doc["devices"]]
+    if not accounts:
+        raise ValueError(f"{path}: no device accounts")
+    return accounts, {str(k): str(v) for k, v in (doc.get("brokers") or {}).items()}
+
+
 class MqttDevice:
     """One device: a paho client on the shared loop (its socket callbacks), answers on its own topic."""
 
-    def __init__(self, index: int, url: str, prefix: str, tally: Tally, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(
+        self,
+        index: int,
+        url: str,
+        prefix: str,
+        tally: Tally,
+        loop: asyncio.AbstractEventLoop,
+        account: Account | None = None,
+    ) -> None:
         self.index = index
         self.tally = tally
         self.loop = loop
         self.prefix = prefix
-        self.answers = f"devices/{index}/answers"
+        self.account = account
+        # a device's answers under its account's own topics (the broker lets it read no others)
+        self.answers = f"devices/{index}/answers" if account is None else f"devices/{account.name}/{index}/answers"
         parts = urlsplit(url)
         self.host, self.port = parts.hostname or "127.0.0.1", parts.port or 1883
+        name = f"device-{index}" if account is None else f"{account.name}-{index}-{secrets.token_hex(4)}"
         self.client = mqtt.Client(
-            callback_api_version=CallbackAPIVersion.VERSION2, client_id=f"device-{index}", protocol=mqtt.MQTTv5
+            callback_api_version=CallbackAPIVersion.VERSION2, client_id=name, protocol=mqtt.MQTTv5
         )
+        if account is not None:
+            self.client.username_pw_set(account.name, account.password)
+            if parts.scheme == "mqtts":
+                context = ssl.create_default_context(cafile=account.ca)
+                self.client.tls_set_context(context)
+        self.auth = [] if account is None or not account.bearer else [("authorization", f"Bearer {account.password}")]
         self.client.on_socket_open = self._socket_open
         self.client.on_socket_close = self._socket_close
         self.client.on_socket_register_write = self._register_write
@@ -126,13 +181,13 @@ class MqttDevice:
         self.loop.call_soon_threadsafe(lambda: self.loop.add_reader(sock, client.loop_read))
 
     def _socket_close(self, client: mqtt.Client, userdata: Any, sock: Any) -> None:
-        self.loop.call_soon_threadsafe(lambda: self.loop.remove_reader(sock))
+        self.loop.call_soon_threadsafe(_quietly, self.loop.remove_reader, sock)
 
     def _register_write(self, client: mqtt.Client, userdata: Any, sock: Any) -> None:
         self.loop.call_soon_threadsafe(lambda: self.loop.add_writer(sock, client.loop_write))
 
     def _unregister_write(self, client: mqtt.Client, userdata: Any, sock: Any) -> None:
-        self.loop.call_soon_threadsafe(lambda: self.loop.remove_writer(sock))
+        self.loop.call_soon_threadsafe(_quietly, self.loop.remove_writer, sock)
 
     def _subscribed(self, client: mqtt.Client, userdata: Any, mid: int, codes: Any, props: Any) -> None:
         self.loop.call_soon_threadsafe(self.subscribed.set)
@@ -154,7 +209,7 @@ class MqttDevice:
         props.CorrelationData = struct.pack(">q", seq)
         props.MessageExpiryInterval = max(1, math.ceil(self.tally.deadline_ms / 1000.0))
         props.ContentType = "application/json"
-        props.UserProperty = [("deadline_ms", f"{self.tally.deadline_ms:g}")]
+        props.UserProperty = [("deadline_ms", f"{self.tally.deadline_ms:g}"), *self.auth]
         self.tally.pending[(self.index, seq)] = time.monotonic()
         self.tally.sent += 1
         self.client.publish(f"{self.prefix}/models/{model}/infer", body, qos=1, properties=props)
@@ -178,6 +233,7 @@ async def run_fleet(
     prefix: str = "edgeroute",
     grace_s: float = 3.0,
     seed: int = 1,
+    accounts: list[Account] | None = None,
 ) -> dict[str, Any]:
     rng = random.Random(seed)
     loop = asyncio.get_running_loop()
@@ -189,7 +245,10 @@ async def run_fleet(
         mqtt_devices: list[MqttDevice] = []
         if door == "mqtt":
             assert mqtt_url is not None
-            mqtt_devices = [MqttDevice(i, mqtt_url, prefix, tally, loop) for i in range(devices)]
+            mqtt_devices = [
+                MqttDevice(i, mqtt_url, prefix, tally, loop, None if not accounts else accounts[i % len(accounts)])
+                for i in range(devices)
+            ]
             for chunk in range(0, devices, 50):  # connect 50 at a time
                 await asyncio.gather(*(d.connect() for d in mqtt_devices[chunk : chunk + 50]))
 
@@ -206,10 +265,13 @@ async def run_fleet(
             doc = {**body_doc, "id": f"{index}-{seq}", "parameters": {"deadline_ms": deadline_ms}}
             tally.pending[(index, seq)] = time.monotonic()
             tally.sent += 1
+            account = accounts[index % len(accounts)] if accounts else None
+            auth = {"Authorization": f"Bearer {account.password}"} if account is not None and account.bearer else {}
             try:
                 async with session.post(
                     f"{http_url}/v2/models/{model}/infer",
                     json=doc,
+                    headers=auth,
                     timeout=aiohttp.ClientTimeout(total=deadline_ms / 1000.0 + grace_s),
                 ) as r:
                     await r.read()
@@ -269,9 +331,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--grace-s", type=float, default=3.0, help="how long past its deadline an answer still counts")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--out", help="write the result as JSON here")
+    p.add_argument(
+        "--credentials",
+        help="a stack's devices file (edgeroute up prints where): the devices log in with its accounts (and "
+        "send their tokens where the router's auth is on); its broker unless --mqtt",
+    )
     args = p.parse_args(argv)
+    accounts: list[Account] | None = None
+    if args.credentials:
+        try:
+            accounts, brokers = read_accounts(args.credentials)
+        except (OSError, ValueError) as exc:
+            p.error(str(exc))
+        args.mqtt = args.mqtt or next(iter(brokers.values()), None)
     if args.door == "mqtt" and not args.mqtt:
-        p.error("--door mqtt needs --mqtt")
+        p.error("--door mqtt needs --mqtt (or --credentials)")
     result = asyncio.run(
         run_fleet(
             args.door,
@@ -285,6 +359,7 @@ def main(argv: list[str] | None = None) -> int:
             args.prefix,
             args.grace_s,
             args.seed,
+            accounts,
         )
     )
     text = json.dumps(result, indent=2)

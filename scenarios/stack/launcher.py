@@ -27,6 +27,7 @@ import yaml
 
 from scenarios.spec.schema import NodeSpec, Scenario
 from scenarios.stack.broker import EmbeddedBroker, free_port, terminate, terminate_all, wait_for_port
+from scenarios.stack.credentials import CLIENT, StackSecrets
 from scenarios.stack.mosquitto import Mosquitto
 from scenarios.stack.nodeconfig import live_node_limit, node_config, profile_baselines
 from telemetry.cluster.schema import TOPIC
@@ -120,6 +121,11 @@ class Stack:
     telemetry_key: str = field(default_factory=lambda: f"stack-{os.getpid()}:{secrets.token_hex(32)}")
     # the nodes' admin and repository routes take this token; the stack's router holds it
     node_admin_token: str = field(default_factory=lambda: secrets.token_urlsafe(24))
+    # the router's auth: on with tokens the stack draws (scenarios.stack.credentials), off, or (None) on
+    # where the stack's services listen beyond loopback
+    auth: bool | None = None
+    devices: int = 4  # device accounts at the stack's MQTT broker (devices.yaml)
+    creds: StackSecrets | None = None  # drawn once, at the first use
     # ports this stack handed out: a port is picked free and then bound by the child that gets it, so
     # two picks before either child binds could otherwise name the same port (the router's HTTP and
     # gRPC ports once did, and the router failed to start)
@@ -135,9 +141,29 @@ class Stack:
         return self.kafka
 
     @property
+    def secrets(self) -> StackSecrets:
+        if self.creds is None:
+            self.creds = StackSecrets.generate(self.devices)
+        return self.creds
+
+    @property
+    def beyond_loopback(self) -> bool:
+        """Whether the stack's services listen on addresses other machines (namespaces) can reach."""
+        return False
+
+    @property
+    def auth_on(self) -> bool:
+        return self.auth if self.auth is not None else self.beyond_loopback
+
+    def router_auth(self) -> dict[str, Any] | None:
+        """The routers' `auth` section: the scenario's, with the stack's tokens where its auth is on."""
+        given = {**self.scenario.router, **self.router_overrides}.get("auth")
+        return self.secrets.router_auth(given) if self.auth_on else given
+
+    @property
     def admin_headers(self) -> dict[str, str]:
-        """A bearer header for the admin API when the router's config turns auth on."""
-        auth = {**self.scenario.router, **self.router_overrides}.get("auth") or {}
+        """A bearer header for the admin API when the router's auth is on."""
+        auth = self.router_auth() or {}
         tokens, admins = auth.get("tokens") or {}, auth.get("admin_clients") or []
         for client in admins:
             if client in tokens:
@@ -151,9 +177,11 @@ class Stack:
 
     @property
     def client_headers(self) -> dict[str, str]:
-        """A bearer header for inference when auth is on (the first configured client)."""
-        auth = {**self.scenario.router, **self.router_overrides}.get("auth") or {}
+        """A bearer header for inference when auth is on (the stack's client, else the first configured)."""
+        auth = self.router_auth() or {}
         tokens = auth.get("tokens") or {}
+        if self.auth_on and CLIENT in tokens and tokens[CLIENT] == self.secrets.client_token:
+            return {"Authorization": f"Bearer {self.secrets.client_token}"}
         return {"Authorization": f"Bearer {next(iter(tokens.values()))}"} if tokens else {}
 
     @property
@@ -177,14 +205,16 @@ class Stack:
         most = max(1, min(limit, 4 * (os.cpu_count() or 1)))  # router processes past 4 a core add nothing
         if not 1 <= self.routers <= most:
             raise ConfigError(f"--routers {self.routers}: 1 to {most} router processes on this machine")
-        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.log_dir.mkdir(parents=True, exist_ok=True, mode=0o700)  # (configs with secrets go there)
         try:
             if self.kafka is None:
                 self.broker = EmbeddedBroker(log_path=str(self.log_dir / "broker.log")).start()
                 self.kafka = self.broker.bootstrap
             ensure_topic(self.bootstrap, self.topic)
             if self.mqtt == "embedded":
-                self.mosquitto = Mosquitto(log_path=str(self.log_dir / "mosquitto.log")).start()
+                mosquitto = Mosquitto(log_path=str(self.log_dir / "mosquitto.log"), devices=self.secrets.devices)
+                self.mosquitto = mosquitto.start()
+                self.secrets.write_devices(self.devices_path, {"": mosquitto.url}, self.auth_on)
             for spec in self.scenario.topology.nodes:
                 self.node_specs[spec.id] = spec
                 self.start_node(spec)
@@ -202,6 +232,17 @@ class Stack:
             return self.mosquitto.url
         return None if self.mqtt in (None, "embedded") else self.mqtt
 
+    @property
+    def devices_path(self) -> Path:
+        """Where the devices' credentials are written (scenarios.stack.credentials)."""
+        return self.log_dir / "devices.yaml"
+
+    def mqtt_config(self, broker: Mosquitto | None, url: str | None) -> dict[str, Any] | None:
+        """A router's `mqtt` section: the stack's own broker with the router account, or a broker by URL."""
+        if broker is not None:
+            return broker.router_config()
+        return None if url is None else {"url": url}
+
     def free_port(self) -> int:
         """A free loopback port this stack has not handed out before."""
         for _ in range(100):
@@ -211,7 +252,13 @@ class Stack:
                 return port
         raise RuntimeError("no free port that this stack has not used already")
 
-    def _spawn(self, name: str, args: list[str], prefix: list[str] | None = None) -> Proc:
+    def _node_tokens(self) -> dict[str, str]:
+        token = self.secrets.node_token
+        return {"EDGEROUTE_INFER_TOKEN": token, "EDGEROUTE_NODE_TOKEN": token}  # nodes', routers'
+
+    def _spawn(
+        self, name: str, args: list[str], prefix: list[str] | None = None, env: dict[str, str] | None = None
+    ) -> Proc:
         log_path = self.log_dir / f"{name}.log"
         out = open(log_path, "ab")  # noqa: SIM115 - the child owns it after fork
         try:
@@ -228,6 +275,9 @@ class Stack:
                     VERIFY_ENV: self.telemetry_key,
                     "EDGEROUTE_ADMIN_TOKEN": self.node_admin_token,  # nodes
                     "EDGEROUTE_NODE_ADMIN_TOKEN": self.node_admin_token,  # routers
+                    # with auth on, inference on the nodes too takes a token only the routers hold
+                    **(self._node_tokens() if self.auth_on else {}),
+                    **(env or {}),
                 },
             )
         finally:
@@ -266,10 +316,13 @@ class Stack:
             "policy": self.scenario.policies[0].policy.model_dump(exclude_none=True),
             "links": [k.model_dump() for k in self.scenario.topology.links],
         }
-        if self.mqtt_url is not None:
-            cfg["mqtt"] = {"url": self.mqtt_url}
+        mqtt = self.mqtt_config(self.mosquitto, self.mqtt_url)
+        if mqtt is not None:
+            cfg["mqtt"] = mqtt
         cfg.update(self.scenario.router)
         cfg.update(self.router_overrides)
+        if self.auth_on:
+            cfg["auth"] = self.router_auth()
         if self.routers > 1 and self.share_load:
             cfg["peers"] = {**cfg.get("peers", {}), "enabled": True, "topic": f"{self.topic}.routers"}
         self.router_config_path = self.log_dir / "router.yaml"

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import secrets
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,6 +26,7 @@ from scenarios.stack.launcher import Proc, Stack, http_json
 from scenarios.stack.mosquitto import Mosquitto
 from scenarios.stack.nodeconfig import live_node_limit, node_config
 from telemetry.kafka.bus import ensure_topic
+from telemetry.kafka.signing import SIGN_ENV, VERIFY_ENV
 from telemetry.process.configfile import ConfigError
 
 log = logging.getLogger("edgeroute.launcher")
@@ -39,11 +41,17 @@ class SiteStack(Stack):
     brokers: dict[str, EmbeddedBroker] = field(default_factory=dict)
     site_routers: dict[str, Proc] = field(default_factory=dict)
     site_mosquittos: dict[str, Mosquitto] = field(default_factory=dict)  # (mqtt="embedded": one per site)
+    node_keys: dict[str, str] = field(default_factory=dict)  # node id -> its own telemetry key (beyond loopback)
     isolation: str = ""  # how the sites are kept apart, for reports: "namespaces" or why not
 
     @property
     def sites(self) -> list[str]:
         return list(self.scenario.topology.partitions)
+
+    @property
+    def beyond_loopback(self) -> bool:
+        """Sites in namespaces listen on their site's address, which every other site reaches."""
+        return self.network is not None
 
     def host(self, site: str) -> str:
         return "127.0.0.1" if self.network is None else self.network.address(site)
@@ -91,6 +99,7 @@ class SiteStack(Stack):
         try:
             if reason is None:
                 self.network = netns.SiteNetwork(self.sites).create()
+            tls = self._mqtt_certs() if self.mqtt == "embedded" and self.beyond_loopback else None
             for site in self.sites:
                 broker = EmbeddedBroker(
                     host=self.host(site), log_path=str(self.log_dir / f"broker-{site}.log"), prefix=self.prefix(site)
@@ -99,8 +108,17 @@ class SiteStack(Stack):
                 ensure_topic(broker.bootstrap, self.topic)
                 if self.mqtt == "embedded":  # the site's devices publish to their own site's broker
                     log = str(self.log_dir / f"mosquitto-{site}.log")
-                    mosquitto = Mosquitto(host=self.host(site), log_path=log, prefix=self.prefix(site))
+                    mosquitto = Mosquitto(
+                        host=self.host(site),
+                        log_path=log,
+                        prefix=self.prefix(site),
+                        devices=self.secrets.devices,
+                        tls=None if tls is None else (tls["cert"], tls["key"]),
+                    )
                     self.site_mosquittos[site] = mosquitto.start()
+            if self.site_mosquittos:
+                brokers = {site: m.url for site, m in self.site_mosquittos.items()}
+                self.secrets.write_devices(self.devices_path, brokers, self.auth_on, None if tls is None else tls["ca"])
             self.kafka = self.brokers[self.sites[0]].bootstrap
             for spec in self.scenario.topology.nodes:
                 self.node_specs[spec.id] = spec
@@ -114,6 +132,24 @@ class SiteStack(Stack):
             self.stop(clean=False)
             raise
         return self
+
+    def _mqtt_certs(self) -> dict[str, str]:
+        """A CA and one certificate for every site's address: the sites' MQTT brokers speak TLS."""
+        from scenarios.stack.tlsfront import make_certs
+
+        folder = self.log_dir / "mqtt-tls"
+        folder.mkdir(mode=0o700, exist_ok=True)
+        return make_certs(folder, tuple(self.host(site) for site in self.sites))
+
+    def node_key(self, node_id: str) -> str:
+        """The telemetry key of one node (ID:SECRET): beyond loopback each node signs with its own, which
+        the routers accept for that node alone (`telemetry_key_nodes`)."""
+        if node_id not in self.node_keys:
+            self.node_keys[node_id] = f"node-{len(self.node_keys) + 1}:{secrets.token_hex(32)}"
+        return self.node_keys[node_id]
+
+    def _node_env(self, node_id: str) -> dict[str, str]:
+        return {SIGN_ENV: self.node_key(node_id)} if self.beyond_loopback else {}
 
     def start_node(self, spec: NodeSpec, port: int = 0) -> Proc:
         site = spec.partition
@@ -129,7 +165,7 @@ class SiteStack(Stack):
         broker = self.brokers[site].bootstrap
         cfg = node_config(spec, port, broker, self.scenario.seed, extra, self.baselines, self.scenario.models)
         args = ["-m", "nodes", "--config", json.dumps(cfg), "--log-level", "WARNING"]
-        proc = self._spawn(spec.id, args, self.prefix(site))
+        proc = self._spawn(spec.id, args, self.prefix(site), self._node_env(spec.id))
         proc.port, proc.url, proc.grpc = port, f"http://{host}:{port}", f"{host}:{cfg['grpc_port']}"
         self.nodes[spec.id] = proc
         return proc
@@ -148,15 +184,26 @@ class SiteStack(Stack):
             "policy": self.scenario.policies[0].policy.model_dump(exclude_none=True),
             "links": [k.model_dump() for k in self.scenario.topology.links],
         }
-        mqtt_url = self.site_mqtt_urls.get(site)
-        if mqtt_url is not None:
-            cfg["mqtt"] = {"url": mqtt_url}
+        mqtt = self.mqtt_config(self.site_mosquittos.get(site), self.site_mqtt_urls.get(site))
+        if mqtt is not None:
+            if self.site_mosquittos and self.site_mosquittos[site].tls is not None:
+                mqtt["tls"] = {"ca_file": str(self.log_dir / "mqtt-tls" / "ca.pem")}
+            cfg["mqtt"] = mqtt
+        env: dict[str, str] = {}
+        if self.beyond_loopback:  # each node's key speaks for that node alone; the routers' for routers
+            env[VERIFY_ENV] = ",".join([self.node_key(n) for n in self.nodes] + [self.telemetry_key])
+            cfg["telemetry_key_nodes"] = {
+                **{self.node_key(n).split(":")[0]: [n] for n in self.nodes},
+                self.telemetry_key.split(":")[0]: ["router:*"],
+            }
         cfg.update(self.scenario.router)
         cfg.update(self.router_overrides)
+        if self.auth_on:
+            cfg["auth"] = self.router_auth()
         path = self.log_dir / f"router-{site}.yaml"
         path.write_text(yaml.safe_dump(cfg))
         args = ["-m", "router", "--config", str(path), "--log-level", "WARNING"]
-        proc = self._spawn(f"router-{site}", args, self.prefix(site))
+        proc = self._spawn(f"router-{site}", args, self.prefix(site), env)
         proc.port, proc.url, proc.grpc = port, f"http://{host}:{port}", f"{host}:{cfg['grpc_port']}"
         self.site_routers[site] = proc
         self.router_config_path = path

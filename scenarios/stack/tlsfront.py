@@ -16,12 +16,14 @@ from pathlib import Path
 from typing import Any
 
 
-def make_certs(folder: Path) -> dict[str, str]:
-    """A CA and a server certificate for 127.0.0.1/localhost signed by it (RuntimeError without openssl)."""
+def make_certs(folder: Path, addresses: tuple[str, ...] = ("127.0.0.1",)) -> dict[str, str]:
+    """A CA and a server certificate for `addresses` (and localhost) signed by it (RuntimeError without
+    openssl)."""
     openssl = shutil.which("openssl")
     if openssl is None:
         raise RuntimeError("the openssl command is needed to make the certificates")
-    (folder / "san.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+    names = ",".join([*(f"IP:{a}" for a in addresses), "DNS:localhost"])
+    (folder / "san.ext").write_text(f"subjectAltName={names}\n")
 
     def run(*args: str) -> None:
         subprocess.run([openssl, *args], cwd=folder, check=True, capture_output=True, timeout=60)

@@ -54,6 +54,7 @@ PRIORITY = "x-edgeroute-priority"
 DEADLINE_MS = "x-edgeroute-deadline-ms"
 SITE = "x-edgeroute-site"
 REQUEST_ID = "x-edgeroute-request-id"  # router -> node: an attempt's id (cancels name it)
+MAX_ANSWER = "x-edgeroute-max-answer-bytes"  # router -> node: the largest answer the router will carry
 
 # answer details (node -> router -> client)
 NODE = "x-edgeroute-node"

@@ -3,6 +3,7 @@ simulator can read router configs without importing the servers."""
 
 from __future__ import annotations
 
+import ipaddress
 from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, Field, ValidationError
@@ -11,6 +12,17 @@ from telemetry.process.tls import ServerTLS
 from telemetry.process.tracing import TracingConfig
 
 _HOST_FORBIDDEN = frozenset(" \t\r\n/?#@,")
+
+
+def is_loopback(host: str) -> bool:
+    """Whether a listening address is the machine's own only (a service bound there is reachable from
+    this machine alone): `localhost` or a loopback address; `0.0.0.0`, `::` and names are not."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def check_bootstrap(text: str) -> str:

@@ -14,7 +14,13 @@ With `tracing` in a router's or a node's config, the process exports spans over 
   id joins the edge's stage, the cloud's, and their nodes.
 
 A trace that arrives sampled is followed whatever `sample` says (parent-based sampling), so a node
-configured with `sample: 0` traces exactly what its routers trace. Tracing off costs one `is None`
+configured with `sample: 0` traces exactly what its routers trace; but at most `follow_rps` of them a
+second (a token bucket), so no client can make a process trace everything it sends (past the rate an
+arriving trace is passed on unsampled). A `traceparent` is read by one parser, the W3C grammar (version
+00 exactly, later versions by their first four fields, lower-case hex, no all-zero ids); anything else
+starts a new trace drawn at the ratio. What is passed on is rebuilt from the parsed fields, never the
+client's text, and a `tracestate` is kept only when every member is well formed (at most 32, 512 bytes
+in all); nothing a client sends is logged. Tracing off costs one `is None`
 test per request. A request that is not sampled (a new trace beyond the ratio, or one whose
 `traceparent` says its caller did not sample it) costs a random draw and a context variable: it makes
 no span, and passes a `traceparent` flagged unsampled on to its nodes, so they do not sample it either.
@@ -26,6 +32,8 @@ from __future__ import annotations
 
 import os
 import random
+import re
+import time
 from collections.abc import Iterator, Mapping, MutableMapping
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -53,6 +61,14 @@ class TracingConfig(BaseModel):
     sample: float = Field(0.01, ge=0.0, le=1.0, description="share of new traces sampled (arriving ones are followed)")
     insecure: bool | None = Field(None, description="plaintext gRPC to the endpoint (default: for http:// endpoints)")
     service_name: str | None = Field(None, max_length=128, description="default edgeroute-router / edgeroute-node")
+    follow_rps: float = Field(
+        100.0,
+        ge=0.0,
+        le=1_000_000.0,
+        allow_inf_nan=False,
+        description="traces that arrive sampled are followed at most this often a second; past it they are "
+        "passed on unsampled (a caller cannot make this process trace all it sends)",
+    )
 
 
 def configure(cfg: TracingConfig | None, service: str, exporter: Any = None) -> None:
@@ -87,6 +103,7 @@ def configure(cfg: TracingConfig | None, service: str, exporter: Any = None) -> 
         )
     TRACER = provider.get_tracer("edgeroute")
     _RATIO = cfg.sample
+    _FOLLOW.configure(cfg.follow_rps)
     _PROPAGATOR = TraceContextTextMapPropagator()
     _PROVIDER = provider
 
@@ -108,13 +125,14 @@ def span(name: str, carrier: Mapping[str, str] | None, kind: str = "server", **a
     from opentelemetry.trace import INVALID_SPAN, SpanKind
 
     raw = carrier.get("traceparent") if carrier is not None else None
-    value = raw[:128] if raw else None
-    sampled = _sampled(value) if value else None  # None: no parent, or one that does not parse
-    if sampled is None:
-        value = None  # a new trace, drawn at the ratio (a garbled traceparent cannot force one)
+    parent = parse_traceparent(raw) if raw else None  # None: no parent, or one that is not W3C's
+    if parent is None:  # a new trace, drawn at the ratio (a garbled traceparent cannot force one)
         unsampled = None if _draw() < _RATIO else f"00-{_bits(128) or 1:032x}-{_bits(64) or 1:016x}-00"
     else:
-        unsampled = None if sampled else value
+        trace_id, span_id, sampled = parent
+        if sampled and not _FOLLOW.take():
+            sampled = False  # past the rate a caller's sampled flag is followed at
+        unsampled = None if sampled else f"00-{trace_id:032x}-{span_id:016x}-00"  # rebuilt, never the text
     if unsampled is not None:
         token = _UNSAMPLED.set(unsampled)
         try:
@@ -122,26 +140,86 @@ def span(name: str, carrier: Mapping[str, str] | None, kind: str = "server", **a
         finally:
             _UNSAMPLED.reset(token)
         return
-    parent = None
-    if value and carrier is not None:
-        parent = _PROPAGATOR.extract({"traceparent": value, "tracestate": (carrier.get("tracestate") or "")[:512]})
+    context = None if parent is None else _remote_parent(parent[0], parent[1], carrier)
     with TRACER.start_as_current_span(
-        name, context=parent, kind=SpanKind.SERVER if kind == "server" else SpanKind.INTERNAL, attributes=attributes
+        name, context=context, kind=SpanKind.SERVER if kind == "server" else SpanKind.INTERNAL, attributes=attributes
     ) as current:
         yield current
 
 
-def _sampled(value: str) -> bool | None:
-    """Whether the caller sampled the trace of a well-formed W3C `traceparent`; None if it is not one."""
-    parts = value.split("-")
-    if len(parts) < 4 or len(parts[0]) != 2 or len(parts[1]) != 32 or len(parts[2]) != 16 or len(parts[3]) != 2:
+_HEX = frozenset("0123456789abcdef")
+_STATE_KEY = re.compile(r"^(?:[a-z][a-z0-9_\-*/]{0,255}|[a-z0-9][a-z0-9_\-*/]{0,240}@[a-z][a-z0-9_\-*/]{0,13})$")
+_STATE_VALUE = re.compile(r"^[\x20-\x2b\x2d-\x3c\x3e-\x7e]{0,255}[\x21-\x2b\x2d-\x3c\x3e-\x7e]$")
+MAX_STATE = 512
+MAX_STATE_MEMBERS = 32
+
+
+def parse_traceparent(value: str) -> tuple[int, int, bool] | None:
+    """(trace id, parent span id, sampled) of a W3C `traceparent`, or None where it is not one: version
+    00 is exactly `00-<32 hex>-<16 hex>-<2 hex>`; a later version (not ff) starts so and may go on after
+    a '-'; hex is lower case; neither id is all zeros."""
+    if len(value) < 55 or (len(value) > 55 and (value[:2] == "00" or value[55] != "-")):
         return None
-    try:
-        flags = int(parts[3], 16)
-        valid = int(parts[1], 16) != 0 and int(parts[2], 16) != 0 and parts[0] != "ff"
-    except ValueError:
+    version, trace, span_, flags = value[0:2], value[3:35], value[36:52], value[53:55]
+    if value[2] != "-" or value[35] != "-" or value[52] != "-" or version == "ff":
         return None
-    return bool(flags & 1) if valid else None
+    if not _HEX.issuperset(version) or not _HEX.issuperset(trace + span_ + flags):
+        return None
+    trace_id, span_id = int(trace, 16), int(span_, 16)
+    if trace_id == 0 or span_id == 0:
+        return None
+    return trace_id, span_id, bool(int(flags, 16) & 1)
+
+
+def parse_tracestate(value: str | None) -> list[tuple[str, str]]:
+    """A W3C `tracestate`'s members, or none at all where any member is malformed or it is too long (the
+    header is then dropped whole, as the spec says, and nothing of it is logged)."""
+    if not value or len(value) > MAX_STATE:
+        return []
+    members = []
+    for part in value.split(","):
+        part = part.strip(" \t")
+        if not part:
+            continue
+        key, eq, val = part.partition("=")
+        if not eq or not _STATE_KEY.match(key) or not _STATE_VALUE.match(val):
+            return []
+        members.append((key, val))
+    return members if len(members) <= MAX_STATE_MEMBERS else []
+
+
+def _remote_parent(trace_id: int, span_id: int, carrier: Mapping[str, str] | None) -> Any:
+    """The parent context of a sampled remote span, built from the parsed fields."""
+    from opentelemetry import trace
+    from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, TraceState
+
+    state = TraceState(parse_tracestate(carrier.get("tracestate") if carrier is not None else None))
+    ctx = SpanContext(trace_id, span_id, is_remote=True, trace_flags=TraceFlags(TraceFlags.SAMPLED), trace_state=state)
+    return trace.set_span_in_context(NonRecordingSpan(ctx))
+
+
+class _Bucket:
+    """A token bucket on the monotonic clock: `take` is whether one more may go now."""
+
+    def __init__(self) -> None:
+        self.rate = 0.0
+        self.tokens = 0.0
+        self.at = 0.0
+
+    def configure(self, rate: float) -> None:
+        self.rate, self.tokens, self.at = rate, max(1.0, rate), time.monotonic()
+
+    def take(self) -> bool:
+        now = time.monotonic()
+        self.tokens = min(max(1.0, self.rate), self.tokens + (now - self.at) * self.rate)
+        self.at = now
+        if self.tokens >= 1.0:
+            self.tokens -= 1.0
+            return True
+        return False
+
+
+_FOLLOW = _Bucket()
 
 
 def event(name: str, **attributes: Any) -> None:
@@ -173,4 +251,15 @@ def child(name: str, start_ns: int, end_ns: int, **attributes: Any) -> None:
     TRACER.start_span(name, start_time=start_ns, attributes=attributes).end(end_time=end_ns)
 
 
-__all__ = ["TRACER", "TracingConfig", "child", "configure", "event", "inject", "shutdown", "span"]
+__all__ = [
+    "TRACER",
+    "TracingConfig",
+    "child",
+    "configure",
+    "event",
+    "inject",
+    "parse_traceparent",
+    "parse_tracestate",
+    "shutdown",
+    "span",
+]

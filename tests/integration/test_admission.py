@@ -69,7 +69,7 @@ def test_loading_and_unloading_models_is_an_admin_act(guarded: Stack) -> None:
     assert status == 200, "listing what is served stays a client's right"
 
 
-def test_a_clients_key_gives_its_site_unless_the_request_names_one(guarded: Stack) -> None:
+def test_a_clients_key_gives_its_site_and_the_sites_it_may_name(guarded: Stack) -> None:
     import time
 
     url = f"{guarded.router_url}/v2/models/sensor_mlp/infer"
@@ -80,8 +80,12 @@ def test_a_clients_key_gives_its_site_unless_the_request_names_one(guarded: Stac
         return (time.perf_counter() - t0) * 1000
 
     assert timed(bearer("tok-kiosk")) >= 60, "the kiosk's key places it at edge-b: the request crosses the link"
-    assert timed({**bearer("tok-kiosk"), "x-edgeroute-site": "edge-a"}) < 60, "a named site wins"
+    assert timed({**bearer("tok-kiosk"), "x-edgeroute-site": "edge-b"}) >= 60, "its own site, named"
     assert timed(bearer("tok-ops")) < 60, "no site for this key: no crossing"
+    # a site keys per-site state (ejection paths, delay timers): a client may name only its key's sites
+    for token, site in (("tok-kiosk", "edge-a"), ("tok-ops", "edge-b")):
+        status, doc, _ = call(url, infer_body(), headers={**bearer(token), "x-edgeroute-site": site})
+        assert status == 403 and "may not send requests for site" in doc["error"], (token, site, status, doc)
 
 
 def test_triton_client_with_a_token_and_the_rate_limit(guarded: Stack) -> None:

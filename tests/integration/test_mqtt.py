@@ -31,16 +31,45 @@ from paho.mqtt.properties import Properties  # noqa: E402
 pytestmark = pytest.mark.skipif(mosquitto_binary() is None, reason="Mosquitto is not installed")
 
 
-class Device:
-    """A paho MQTT v5 client with its own answer topic; `ask` publishes and `answers` collects."""
+# the device accounts of the brokers these tests start (Mosquitto as `edgeroute up` runs it: closed, an
+# account per device, an ACL); with the router's auth on, a device's secret is its token too
+DEVICE_SECRETS = {f"cam-{i}": f"cam-{i}-secret-{os.getpid()}-xyz" for i in range(12)}
+PREFIXES = ("edgeroute", "shed", "load", "kafkaout", "bounce", "third")
 
-    def __init__(self, url: str, name: str) -> None:
-        host, port = url.removeprefix("mqtt://").split(":")
+
+def closed_broker(log_path: str, port: int = 0) -> Mosquitto:
+    return Mosquitto(port=port, log_path=log_path, devices=DEVICE_SECRETS, topic_prefixes=PREFIXES).start()
+
+
+class Device:
+    """A paho MQTT v5 client logged in with a device account, with its own answer topic; `ask`
+    publishes and `answers` collects; `token` goes with each request (`authorization`) when given."""
+
+    def __init__(
+        self,
+        broker: Mosquitto,
+        name: str,
+        token: str | None = None,
+        password: str | None = None,
+        ca: str | None = None,
+    ) -> None:
+        host, port = broker.url.split("://")[1].split(":")
+        self.name = name
+        self.token = token
         self.topic = f"devices/{name}/answers"
         self.answers: queue.Queue[tuple[int, dict[str, str], bytes]] = queue.Queue()
         self.client = mqtt.Client(
-            callback_api_version=CallbackAPIVersion.VERSION2, client_id=name, protocol=mqtt.MQTTv5
+            callback_api_version=CallbackAPIVersion.VERSION2,
+            client_id=f"{name}-{os.urandom(4).hex()}",
+            protocol=mqtt.MQTTv5,
         )
+        secret = password if password is not None else broker.devices.get(name) or broker.users.get(name)
+        if secret is not None:
+            self.client.username_pw_set(name, secret)
+        if broker.url.startswith("mqtts://"):
+            import ssl
+
+            self.client.tls_set_context(ssl.create_default_context(cafile=ca))
         self.client.on_message = self._on_message
         subscribed = threading.Event()
         self.client.on_subscribe = lambda *a: subscribed.set()
@@ -72,6 +101,7 @@ class Device:
         props.CorrelationData = correlation if correlation is not None else struct.pack(">q", seq)
         if expiry_s is not None:
             props.MessageExpiryInterval = expiry_s
+        user = [*(user or []), *([("authorization", f"Bearer {self.token}")] if self.token else [])]
         if user:
             props.UserProperty = user
         self.client.publish(topic or f"edgeroute/models/{model}/infer", body, qos=1, properties=props).wait_for_publish(
@@ -95,11 +125,15 @@ class Device:
 
 @pytest.fixture(scope="module")
 def mosquitto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mosquitto]:
-    broker = Mosquitto(log_path=str(tmp_path_factory.mktemp("mosquitto") / "mosquitto.log")).start()
+    broker = closed_broker(str(tmp_path_factory.mktemp("mosquitto") / "mosquitto.log"))
     try:
         yield broker
     finally:
         broker.stop()
+
+
+HTTP_TOKEN = f"http-client-token-{os.getpid()}"
+AUTH = {"Authorization": f"Bearer {HTTP_TOKEN}"}
 
 
 @pytest.fixture(scope="module")
@@ -114,9 +148,17 @@ def mqtt_stack(
             {"id": "n2", "partition": "edge-a", "models": ["sensor_mlp"]},
         ],
         router={
-            # a fixed client id: a restarted router resumes its session (what the broker queued meanwhile)
-            "mqtt": {"url": mosquitto.url, "max_in_flight_per_client": 8, "client_id": "router-under-test"},
+            # the router's account; a fixed router id, so its client id (drawn from the id and its password)
+            # is the same after a restart, and it resumes its session (what the broker queued meanwhile)
+            "mqtt": {**mosquitto.router_config(), "max_in_flight_per_client": 8},
+            "peers": {"router_id": "router-under-test"},
             "max_body_bytes": 1 << 20,
+            # auth on: each device is a client of its own, its answers only on its own topics
+            "auth": {
+                "tokens": {"http": HTTP_TOKEN, **DEVICE_SECRETS},
+                "sites": {"http": "*"},
+                "admin_clients": ["http"],
+            },
         },
     )
     stack.start()
@@ -135,9 +177,13 @@ def _door_open(stack: Stack, within_s: float = 30.0) -> None:
         time.sleep(0.1)
 
 
+_names = iter(DEVICE_SECRETS)
+
+
 @pytest.fixture
-def device(mosquitto: Mosquitto, request: pytest.FixtureRequest) -> Iterator[Device]:
-    d = Device(mosquitto.url, f"t-{request.node.name[:40]}-{os.getpid()}")
+def device(mosquitto: Mosquitto) -> Iterator[Device]:
+    name = next(_names)
+    d = Device(mosquitto, name, token=DEVICE_SECRETS[name])
     try:
         yield d
     finally:
@@ -147,7 +193,7 @@ def device(mosquitto: Mosquitto, request: pytest.FixtureRequest) -> Iterator[Dev
 def _body(stack: Stack, model: str, seed: int = 3) -> dict[str, Any]:
     import numpy as np
 
-    meta = call(f"{stack.router_url}/v2/models/{model}")[1]
+    meta = call(f"{stack.router_url}/v2/models/{model}", headers=AUTH)[1]
     rng = np.random.default_rng(seed)
     inputs = []
     for spec in meta["inputs"]:
@@ -180,7 +226,9 @@ def _executions(stack: Stack, node: str, model: str = "sensor_mlp") -> int:
 def test_every_zoo_model_answers_over_mqtt_as_over_http(mqtt_stack: Stack, device: Device) -> None:
     for seq, model in enumerate(ALL_MODELS):
         doc = _body(mqtt_stack, model)
-        status, want, _ = call(f"{mqtt_stack.router_url}/v2/models/{model}/infer", json.dumps(doc).encode())
+        status, want, _ = call(
+            f"{mqtt_stack.router_url}/v2/models/{model}/infer", json.dumps(doc).encode(), headers=AUTH
+        )
         assert status == 200, want
         device.ask(model, json.dumps(doc).encode(), seq)
         [(got_seq, props, payload)] = device.collect(1)
@@ -231,7 +279,8 @@ def test_a_redelivered_request_runs_once(mqtt_stack: Stack, device: Device) -> N
 def test_hostile_messages_are_answered_or_dropped_and_harm_no_one(
     mqtt_stack: Stack, mosquitto: Mosquitto, device: Device
 ) -> None:
-    honest = Device(mosquitto.url, f"honest-{os.getpid()}")
+    honest_name = next(_names)
+    honest = Device(mosquitto, honest_name, token=DEVICE_SECRETS[honest_name])
     try:
         body = json.dumps(_body(mqtt_stack, "sensor_mlp")).encode()
         dropped = {r: _counter(mqtt_stack, r) for r in ("no_response_topic", "bad_property")}
@@ -271,11 +320,11 @@ def test_sheddable_work_waits_out_a_node_outage(broker: EmbeddedBroker, mosquitt
         broker,
         tmp_path,
         [{"id": "s1", "partition": "edge-a", "models": ["sensor_mlp"]}],
-        router={"mqtt": {"url": mosquitto.url, "group": "shed", "topic_prefix": "shed"}, "stale_after_ms": 500},
+        router={"mqtt": {**mosquitto.router_config(), "group": "shed", "topic_prefix": "shed"}, "stale_after_ms": 500},
     )
     stack.start()
     _door_open(stack)
-    dev = Device(mosquitto.url, f"shed-{os.getpid()}")
+    dev = Device(mosquitto, next(_names))
     try:
         body = json.dumps(_body(stack, "sensor_mlp")).encode()
         port = stack.nodes["s1"].port
@@ -308,20 +357,20 @@ def test_the_door_comes_back_with_a_restarted_broker(broker: EmbeddedBroker, tmp
     """A site's broker restarts (a reboot, an upgrade): the door notices (`edgeroute_mqtt_connected` 0),
     reconnects by itself once the broker is back on its address, subscribes again, and answers; HTTP is
     served throughout."""
-    first = Mosquitto(log_path=str(tmp_path / "mosquitto-1.log")).start()
+    first = closed_broker(str(tmp_path / "mosquitto-1.log"))
     port = first.port
     stack = make_stack(
         broker,
         tmp_path,
         [{"id": "b1", "partition": "edge-a", "models": ["sensor_mlp"]}],
-        router={"mqtt": {"url": first.url, "group": "bounce", "topic_prefix": "bounce"}},
+        router={"mqtt": {**first.router_config(), "group": "bounce", "topic_prefix": "bounce"}},
     )
     stack.start()
     second: Mosquitto | None = None
     try:
         _door_open(stack)
         body = json.dumps(_body(stack, "sensor_mlp")).encode()
-        dev = Device(first.url, f"bounce-a-{os.getpid()}")
+        dev = Device(first, "cam-0")
         dev.ask("sensor_mlp", body, 1, topic="bounce/models/sensor_mlp/infer")
         assert [(s, p["status"]) for s, p, _ in dev.collect(1)] == [(1, "200")]
         dev.close()
@@ -331,9 +380,15 @@ def test_the_door_comes_back_with_a_restarted_broker(broker: EmbeddedBroker, tmp
             assert time.monotonic() < deadline, "the door did not notice the broker had gone"
             time.sleep(0.1)
         assert call(f"{stack.router_url}/v2/models/sensor_mlp/infer", body)[0] == 200  # HTTP unaffected
-        second = Mosquitto(port=port, log_path=str(tmp_path / "mosquitto-2.log")).start()
+        second = Mosquitto(
+            port=port,
+            log_path=str(tmp_path / "mosquitto-2.log"),
+            devices=DEVICE_SECRETS,
+            topic_prefixes=PREFIXES,
+            routers=dict([first.router_account]),
+        ).start()
         _door_open(stack, within_s=30)
-        dev = Device(second.url, f"bounce-b-{os.getpid()}")
+        dev = Device(second, "cam-1")
         try:
             dev.ask("sensor_mlp", body, 2, topic="bounce/models/sensor_mlp/infer")
             assert [(s, p["status"]) for s, p, _ in dev.collect(1)] == [(2, "200")]
@@ -356,10 +411,12 @@ def test_sheddable_work_a_node_refuses_for_load_is_not_tried_again(
         broker,
         tmp_path,
         [{"id": "slow", "partition": "edge-a", "models": ["resnet_s"], "speed": 0.003}],  # ~2 s a run
-        router={"mqtt": {"url": mosquitto.url, "group": "load", "topic_prefix": "load", "sheddable_retry_ms": 50}},
+        router={
+            "mqtt": {**mosquitto.router_config(), "group": "load", "topic_prefix": "load", "sheddable_retry_ms": 50}
+        },
     )
     stack.start()
-    dev = Device(mosquitto.url, f"load-{os.getpid()}")
+    dev = Device(mosquitto, next(_names))
     try:
         _door_open(stack)
         body = json.dumps(_body(stack, "resnet_s")).encode()
@@ -397,7 +454,7 @@ def test_devices_are_served_over_mqtt_through_a_kafka_outage(mosquitto: Mosquitt
             {"id": "k2", "partition": "edge-a", "models": ["sensor_mlp"]},
         ],
         router={
-            "mqtt": {"url": mosquitto.url, "group": "kafka-out", "topic_prefix": "kafkaout"},
+            "mqtt": {**mosquitto.router_config(), "group": "kafka-out", "topic_prefix": "kafkaout"},
             "stale_after_ms": 500,
         },
     )
@@ -405,7 +462,7 @@ def test_devices_are_served_over_mqtt_through_a_kafka_outage(mosquitto: Mosquitt
     try:
         stack.start()
         _door_open(stack)
-        dev = Device(mosquitto.url, f"kafka-out-{os.getpid()}")
+        dev = Device(mosquitto, next(_names))
         body = json.dumps(_body(stack, "sensor_mlp")).encode()
         kafka.stop()
         time.sleep(1.5)  # every report is now stale

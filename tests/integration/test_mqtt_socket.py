@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import socket
 
-from router.mqtt_api import no_delay
+from router.mqtt_link import no_delay
 
 
 def test_the_door_turns_nagle_off_on_a_tcp_socket() -> None:

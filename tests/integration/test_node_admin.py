@@ -91,4 +91,10 @@ def test_a_node_on_the_network_needs_a_token() -> None:
     with pytest.raises(ValidationError, match="admin_token is required"):
         NodeConfig.model_validate({"node_id": "n", "host": "0.0.0.0", "models": [{"name": "echo"}]})
     NodeConfig.model_validate({"node_id": "n", "host": "::1", "models": [{"name": "echo"}]})
-    NodeConfig.model_validate({"node_id": "n", "host": "0.0.0.0", "admin_token": TOKEN, "models": [{"name": "echo"}]})
+    with pytest.raises(ValidationError, match="infer_token is required"):  # inference open to the network
+        NodeConfig.model_validate(
+            {"node_id": "n", "host": "0.0.0.0", "admin_token": TOKEN, "models": [{"name": "echo"}]}
+        )
+    NodeConfig.model_validate(
+        {"node_id": "n", "host": "0.0.0.0", "admin_token": TOKEN, "infer_token": TOKEN, "models": [{"name": "echo"}]}
+    )

@@ -30,7 +30,8 @@ policies: [p2c]
 def test_replay_against_a_running_router(own_stack: Any, tmp_path: Path) -> None:
     stack: Stack = own_stack(
         [{"id": "a", "partition": "edge-a", "models": ["sensor_mlp"]}],
-        router={"auth": {"tokens": {"ops": TOKEN}, "admin_clients": ["ops"]}},
+        # the load generator names each request's site: its client may send for any ("*")
+        router={"auth": {"tokens": {"ops": TOKEN}, "admin_clients": ["ops"], "sites": {"ops": "*"}}},
     )
     path = tmp_path / "remote.yaml"
     path.write_text(SCENARIO)

@@ -40,10 +40,10 @@ def two_sites() -> Scenario:
     )
 
 
-def served_by(url: str, n: int = 20) -> list[tuple[int, str]]:
+def served_by(url: str, n: int = 20, auth: dict[str, str] | None = None) -> list[tuple[int, str]]:
     out = []
     for _ in range(n):
-        hints = {"x-edgeroute-deadline-ms": "300"}
+        hints = {"x-edgeroute-deadline-ms": "300", **(auth or {})}
         status, _, headers = call(f"{url}/v2/models/sensor_mlp/infer", infer_body(), headers=hints)
         out.append((status, headers.get("x-edgeroute-node", "none")))
     return out
@@ -55,19 +55,22 @@ def test_a_site_cut_off_keeps_serving_from_its_own_router(tmp_path: Path) -> Non
         stack.start()
         assert stack.isolation == "namespaces" and stack.network is not None
         urls = stack.router_urls or {}
-        assert {n for _, n in served_by(urls["site-b"])} == {"a1", "b1"}, "before the cut: both sites serve"
+        # beyond loopback the stack's routers take tokens only (drawn at its start)
+        assert stack.auth_on and call(f"{urls['site-b']}/admin/view")[0] == 401
+        client = stack.client_headers
+        assert {n for _, n in served_by(urls["site-b"], auth=client)} == {"a1", "b1"}, "before the cut: both serve"
         stack.cut_link("site-a", "site-b", True)
         time.sleep(1.5)  # telemetry across the cut is stale by now, and the probes have failed
         for site, own in (("site-a", "a1"), ("site-b", "b1")):
-            answers = served_by(urls[site])
+            answers = served_by(urls[site], auth=client)
             assert answers == [(200, own)] * 20, f"{site} serves from its own node while cut off: {answers}"
-            status, view, _ = call(f"{urls[site]}/admin/view")
+            status, view, _ = call(f"{urls[site]}/admin/view", headers=stack.admin_headers)
             modes = {n["node_id"]: n["mode"] for n in view["nodes"]}
             other = "b1" if own == "a1" else "a1"
             assert modes[own] == "telemetry" and modes[other] == "out", modes
         stack.cut_link("site-a", "site-b", False)
         healed = time.monotonic()
-        while {n for _, n in served_by(urls["site-b"], 10)} != {"a1", "b1"}:
+        while {n for _, n in served_by(urls["site-b"], 10, client)} != {"a1", "b1"}:
             assert time.monotonic() - healed < 5.0, "the WAN serves again within 5 s of the heal"
             time.sleep(0.2)
     finally:
@@ -95,7 +98,11 @@ def test_a_site_cut_off_keeps_answering_its_mqtt_devices(tmp_path: Path) -> None
             time.sleep(0.1)
         stack.cut_link("site-a", "site-b", True)
         time.sleep(1.5)
-        device = Device(brokers["site-b"], f"cam-b-{os.getpid()}")
+        # the site's broker as the stack runs it: a device account, TLS beyond loopback, its token where
+        # the routers' auth is on (sites in namespaces listen beyond loopback)
+        name, secret = next(iter(stack.secrets.devices.items()))
+        ca = str(tmp_path / "mqtt-tls" / "ca.pem") if stack.beyond_loopback else None
+        device = Device(stack.site_mosquittos["site-b"], name, secret if stack.auth_on else None, ca=ca)
         for seq in range(10):
             device.ask("sensor_mlp", infer_body(), seq, user=[("deadline_ms", "300")])
         got = sorted((seq, props["status"], props.get("node")) for seq, props, _ in device.collect(10))

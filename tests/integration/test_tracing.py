@@ -37,6 +37,9 @@ TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT = f"00-{TRACE_ID}-00f067aa0ba902b7-01"  # a client's sampled span
 
 
+TRACER_SECRET = "tracer-device-secret-0123456789"
+
+
 @pytest.fixture
 def spans() -> Iterator[InMemorySpanExporter]:
     exporter = InMemorySpanExporter()
@@ -48,14 +51,12 @@ def spans() -> Iterator[InMemorySpanExporter]:
 
 
 @contextlib.asynccontextmanager
-async def _served(mqtt_url: str | None = None) -> AsyncIterator[tuple[str, str]]:
+async def _served(mqtt: dict[str, str] | None = None) -> AsyncIterator[tuple[str, str]]:
     """A node and a router in this loop: (router URL, router gRPC target)."""
     cfg = NodeConfig.model_validate({"node_id": "n1", "kafka": None, "models": [{"name": "sensor_mlp"}]})
     async with running_node(cfg) as port:
         msg = load("n1", models={"sensor_mlp": 2.0}, sent_at_ms=time.time() * 1000)
-        router_cfg = parse_config(
-            {"kafka": None, "stale_after_ms": 600_000, **({"mqtt": {"url": mqtt_url}} if mqtt_url else {})}
-        )
+        router_cfg = parse_config({"kafka": None, "stale_after_ms": 600_000, **({"mqtt": mqtt} if mqtt else {})})
         app = create_app(router_cfg, source=StaticTelemetrySource([msg.replace(endpoint=f"http://127.0.0.1:{port}")]))
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
@@ -98,9 +99,13 @@ async def test_http_grpc_and_mqtt_requests_are_one_trace_from_router_to_node(
 
     import grpc
 
-    mosquitto = Mosquitto(log_path=str(tmp_path / "mosquitto.log")).start() if mosquitto_binary() else None
+    mosquitto = (
+        Mosquitto(log_path=str(tmp_path / "mosquitto.log"), devices={"tracer": TRACER_SECRET}).start()
+        if mosquitto_binary()
+        else None
+    )
     try:
-        async with _served(None if mosquitto is None else mosquitto.url) as (url, target):
+        async with _served(None if mosquitto is None else mosquitto.router_config()) as (url, target):
             status, doc, _ = await asyncio.to_thread(
                 call, f"{url}/v2/models/sensor_mlp/infer", infer_body(), None, {"traceparent": PARENT}
             )
@@ -151,6 +156,7 @@ def _over_mqtt(broker: str, router_url: str) -> str:
         done.set()
 
     client.on_message = on_message
+    client.username_pw_set("tracer", TRACER_SECRET)
     client.connect(host, int(port))
     client.loop_start()
     try:

@@ -90,7 +90,8 @@ def test_repository_calls_through_the_router_try_every_node_and_answer_a_gateway
 
 def test_the_router_holds_no_node_answer_past_max_answer_bytes(own_stack: Any) -> None:
     """Finding 9: node answers were buffered up to a fixed 64 MiB per request (16 slow clients held 2 GB);
-    `max_answer_bytes` is a router setting, and an answer past it is a 502."""
+    `max_answer_bytes` is a router setting, and an answer past it is refused (413: the request's
+    doing, since the third review; the node is told the limit and refuses first)."""
     from tests.integration.http import infer_body
 
     node = {"id": "n1", "partition": "edge-a", "models": ["echo"]}
@@ -99,7 +100,7 @@ def test_the_router_holds_no_node_answer_past_max_answer_bytes(own_stack: Any) -
     large = infer_body("x", [256, 4], data=[0.5] * 1024)  # a JSON answer of about 6 KB
     assert call(f"{stack.router_url}/v2/models/echo/infer", small, headers=stack.client_headers)[0] == 200
     status, doc, _ = call(f"{stack.router_url}/v2/models/echo/infer", large, headers=stack.client_headers)
-    assert status == 502 and "4096" in doc["error"], doc
+    assert status == 413 and "4096" in doc["error"], doc
 
 
 def _trickle(url: str, body_bytes: int, send: bytes, hold_s: float) -> tuple[bytes, float]:

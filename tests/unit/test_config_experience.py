@@ -291,7 +291,8 @@ def test_environment_sets_top_level_and_nested_fields(tmp_path: Path) -> None:
 
 
 def test_environment_without_a_file(tmp_path: Path) -> None:
-    cfg = load_router(None, environ={"EDGEROUTE_PORT": "7000", "EDGEROUTE_HOST": "0.0.0.0"})
+    environ = {"EDGEROUTE_PORT": "7000", "EDGEROUTE_HOST": "0.0.0.0", "EDGEROUTE_ALLOW_ANONYMOUS": "true"}
+    cfg = load_router(None, environ=environ)
     assert (cfg.host, cfg.port) == ("0.0.0.0", 7000)
 
 

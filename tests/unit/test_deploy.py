@@ -147,26 +147,39 @@ def test_shipped_configs_load_as_deployed(tmp_path: Path) -> None:
         "EDGEROUTE_NODE_ID": "edgeroute-node-edge-7d9f-abc12",
         "EDGEROUTE_ENDPOINT": "http://10.0.0.7:8001",
         "EDGEROUTE_ADMIN_TOKEN": secrets["node-admin-token"],
+        "EDGEROUTE_INFER_TOKEN": secrets["node-token"],
     }
     for name in ("node-edge.yaml", "node-cloud.yaml"):
         cfg = load_node(str(K8S / "base" / "config" / name), environ={**pod_env, "EDGEROUTE_KAFKA": "k:9092"})
         assert cfg.node_id == pod_env["EDGEROUTE_NODE_ID"] and cfg.kafka == "k:9092" and cfg.admin_token
+        assert cfg.infer_token == secrets["node-token"]
         with pytest.raises(ConfigError, match="admin_token is required"):  # listening on 0.0.0.0 unlocked
             load_node(str(K8S / "base" / "config" / name), environ={})
-        load_node(str(DOCKER / name), environ={"EDGEROUTE_ADMIN_TOKEN": "x" * 24})
+        with pytest.raises(ConfigError, match="infer_token is required"):  # inference open to the network
+            load_node(str(K8S / "base" / "config" / name), environ={"EDGEROUTE_ADMIN_TOKEN": "x" * 24})
+        load_node(str(DOCKER / name), environ={"EDGEROUTE_ADMIN_TOKEN": "x" * 24, "EDGEROUTE_INFER_TOKEN": "y" * 24})
     env = {
         "EDGEROUTE_KAFKA": "k:9092",
         "EDGEROUTE_TELEMETRY_KEYS": secrets["telemetry-key"],
         "EDGEROUTE_NODE_ADMIN_TOKEN": secrets["node-admin-token"],
+        "EDGEROUTE_NODE_TOKEN": secrets["node-token"],
+        "EDGEROUTE_AUTH__TOKENS__APP": secrets["client-token"],
+        "EDGEROUTE_AUTH__TOKENS__OPS": secrets["admin-token"],
         "EDGEROUTE_PEERS__ROUTER_ID": "r-1",
     }
     cfg = load_router(K8S / "base" / "config" / "router.yaml", environ=env)
     assert cfg.peers.enabled and cfg.peers.router_id == "r-1" and cfg.telemetry_keys and cfg.node_admin_token
+    assert cfg.auth is not None and set(cfg.auth.tokens) == {"app", "ops"} and cfg.auth.admin_clients == ["ops"]
+    assert cfg.node_token == secrets["node-token"]
     site = load_router(K8S / "base" / "config" / "router-site.yaml", environ={**env, "EDGEROUTE_SITE": "edge-a"})
     assert site.site == "edge-a" and site.policy.preset == "edge_first"
-    load_router(DOCKER / "router.yaml", environ={})
-    compose_site = load_router(DOCKER / "router-site.yaml", environ={})
+    compose = {"EDGEROUTE_AUTH__TOKENS__APP": "c" * 24, "EDGEROUTE_AUTH__TOKENS__OPS": "o" * 24}
+    load_router(DOCKER / "router.yaml", environ=compose)
+    compose_site = load_router(DOCKER / "router-site.yaml", environ=compose)
     assert compose_site.site == "edge-b" and len(compose_site.telemetry_sources or []) == 2
+    for name in ("router.yaml", "router-site.yaml"):  # listening on 0.0.0.0: no tokens, no router
+        with pytest.raises(ConfigError, match="auth"):
+            load_router(DOCKER / name, environ={})
 
 
 def _compose() -> list[str] | None:
