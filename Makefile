@@ -3,21 +3,27 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+RUN    := $(VENV)/.installed-run
 
 .PHONY: help venv demo test unit integration fuzz lint bench profile clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
 
-$(STAMP): pyproject.toml
+# what the demo runs (edgeroute with its node and stack extras), and on top of it the test and lint tools
+$(RUN): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[all]'
+	touch $(RUN)
+
+$(STAMP): $(RUN)
 	$(PY) -m pip install --quiet -e '.[all,test]'
 	touch $(STAMP)
 
 venv: $(STAMP)  ## create .venv and install edgeroute with its test tools
 
-demo: $(STAMP)  ## start the embedded stack, replay scenarios/quickstart.yaml with round_robin and p2c, print the report
+demo: $(RUN)  ## start the embedded stack, replay scenarios/quickstart.yaml with round_robin and p2c, print the report
 	$(VENV)/bin/edgeroute replay scenarios/quickstart.yaml --policy round_robin --policy p2c
 
 test: $(STAMP)  ## run unit and integration tests (the Kafka ones again on kafka-python, the fallback client)
@@ -41,12 +47,12 @@ lint: $(STAMP)  ## ruff and mypy
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 
-bench: $(STAMP)  ## router overhead, decision cost and simulator speed benchmarks (print, and write reports/bench/*.json)
+bench: $(RUN)  ## router overhead, decision cost and simulator speed benchmarks (print, and write reports/bench/*.json)
 	$(VENV)/bin/edgeroute bench router
 	$(VENV)/bin/edgeroute bench decide
 	$(VENV)/bin/edgeroute bench sim
 
-profile: $(STAMP)  ## re-measure the simulator profile of this machine (scenarios/profiles/cpu.json)
+profile: $(RUN)  ## re-measure the simulator profile of this machine (scenarios/profiles/cpu.json)
 	$(VENV)/bin/edgeroute profile --out scenarios/profiles/cpu.json
 
 clean:  ## remove the virtual environment and generated files

@@ -215,7 +215,7 @@ async def infer(request: web.Request) -> web.Response:
         req = decode_request(doc, tail, model.inputs, model.output_names)
         params = req.parameters
         priority = wire.priority_hint(request.headers.get(wire.PRIORITY, params.get("priority"))) or 0
-        budget_ms = wire.number_hint(request.headers.get(wire.DEADLINE_MS, params.get("deadline_ms")), "deadline_ms")
+        budget_ms = wire.deadline_hint(request.headers.get(wire.DEADLINE_MS), params)  # (Triton's timeout too)
         return Decoded(req, priority, budget_ms)
 
     info = request.match_info

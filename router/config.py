@@ -18,6 +18,7 @@ from router.lifecycle.cascade import CascadeSpec
 from router.lifecycle.copies import CopyConfig
 from router.lifecycle.evidence import ProbeConfig
 from router.lifecycle.health import HealthConfig
+from router.lifecycle.intake import IntakeRules
 from router.lifecycle.links import LinkState
 from router.lifecycle.reroute import RerouteConfig
 from router.lifecycle.stages import CropSpec, StageSpec, WorkflowSpec
@@ -215,9 +216,6 @@ class MqttConfig(BaseModel):
         "`auth.answer_topics`)",
     )
     keepalive_s: int = Field(30, ge=5, le=3600)
-    sheddable_retry_ms: float = Field(
-        200.0, gt=0, le=60_000, description="sheddable work with no node to take it is tried again this often"
-    )
 
     @field_validator("url")
     @classmethod
@@ -317,6 +315,13 @@ class RouterConfig(ServerSettings):
     max_deadline_ms: float = Field(60000.0, gt=0)
     max_body_bytes: int = Field(8 << 20, ge=1024)
     max_attempts: int = Field(3, ge=1, le=10, description="dispatches per request, first included")
+    sheddable_retry_ms: float | None = Field(
+        200.0,
+        gt=0,
+        le=60_000,
+        description="sheddable work (priority < 0) that finds no node to take it (none in rotation, or those "
+        "tried unreachable) waits out the outage within its deadline, tried again this often; null: refused",
+    )
     max_held: int = Field(
         1024, ge=0, le=1_000_000, description="requests held for a slot at once per partition; past it: 503"
     )
@@ -420,6 +425,8 @@ def lifecycle_settings(config: RouterConfig, seed: int | None = None, router_id:
         reroute=config.reroute,
         retry_budget=RetryBudgetConfig(**config.retry_budget.model_dump()),
         probes=ProbeConfig(**config.probes.model_dump()),
+        intake=IntakeRules(config.default_deadline_ms, config.max_deadline_ms, config.site),
+        sheddable_retry_ms=config.sheddable_retry_ms,
         links=tuple(LinkState(**k.model_dump()) for k in config.links),
         seed=config.seed if seed is None else seed,
         router_id=router_id,

@@ -21,6 +21,7 @@ from typing import Any
 
 from policies.api import RouteRequest
 from router.dispatch import Outcome
+from router.lifecycle import intake
 from router.state import Router
 from router.workflows import WorkflowInputError, WorkflowRunner, decode_inputs
 from telemetry.cluster.schema import NAME_PATTERN
@@ -46,6 +47,7 @@ class InferCall:
     hints: Mapping[str, str]
     client: str
     arrived_ms: float
+    transport_ms: float | None = None  # what the transport says is left of the budget (gRPC, MQTT)
 
 
 def admit(router: Router, client: str, model: str) -> Outcome | None:
@@ -104,46 +106,38 @@ async def _infer(router: Router, call: InferCall) -> Outcome:
     model, hints, arrived = call.model, call.hints, call.arrived_ms
     try:
         doc = _parse_header(call.body, hints.get(wire.HEADER_LENGTH))
-        params = doc.get("parameters")
-        params = {} if params is None else params
-        if not isinstance(params, dict):
-            raise wire.BadHint("'parameters' must be an object")
-        priority = wire.priority_hint(hints.get(wire.PRIORITY, params.get("priority")))
-        deadline = wire.number_hint(hints.get(wire.DEADLINE_MS, params.get("deadline_ms")), "deadline_ms")
-        if deadline is None and params.get("timeout") is not None:
-            # Triton clients send their request timeout as `parameters.timeout` in microseconds
-            timeout_us = wire.number_hint(params.get("timeout"), "timeout")
-            deadline = None if timeout_us is None else timeout_us / 1000.0
-        if deadline is not None and deadline <= 0:
-            raise wire.BadHint("'deadline_ms' must be positive")
-        site = hints.get(wire.SITE, params.get("site"))
-        if site is not None and not isinstance(site, str):
-            raise wire.BadHint("'site' must be a string")
-        if site is not None and not router.auth.may_claim(call.client, site, cfg.site):
-            # a site keys per-site state (ejection paths, delay timers): with auth on, a client's own
-            # requests may only be those of the sites its key gives it
-            count(router, model, 0, "none", 403, arrived)
-            return Outcome.error(403, f"client '{call.client}' may not send requests for site '{site[:64]}'")
-        if site is None:  # the site of the client's key, else of the router standing in a site
-            site = router.auth.site_of(call.client) or cfg.site
-        elif not _known_site(router, site):
-            # sites key per-site state (delay timers, ejection paths): only the fleet's own are taken
-            raise wire.BadHint(f"unknown site '{site[:64]}': not a partition of any node, nor an end of a link")
-        batch = _batch_of(doc)
+        auth, client = router.auth, call.client
+        taken = intake.take(
+            intake.Hints(
+                hints.get(wire.PRIORITY), hints.get(wire.DEADLINE_MS), hints.get(wire.SITE), call.transport_ms
+            ),
+            doc,
+            router.lifecycle.settings.intake,
+            lambda site: auth.may_claim(client, site, cfg.site),
+            lambda site: _known_site(router, site),
+            auth.site_of(client),
+        )
     except wire.BadHint as exc:
         count(router, model, 0, "none", 400, arrived)
         return Outcome.error(400, str(exc))
-    prio = int(priority or 0)
+    except intake.Refused as exc:
+        count(router, model, 0, "none", exc.status, arrived)
+        reason = f"client '{client}' {exc.reason}" if exc.status == 403 else exc.reason
+        return Outcome.error(exc.status, reason)
+    prio, site, batch = taken.priority, taken.site, taken.batch
+    if taken.deadline_ms is not None and taken.deadline_ms <= 0:  # (only a transport's own says so)
+        count(router, model, prio, "none", 504, arrived)
+        return Outcome.error(504, "expired before it was run")
     runner = router.workflows.get(model)
     if runner is not None:
-        return await _run_workflow(router, runner, call, doc, prio, deadline, site)
+        return await _run_workflow(router, runner, call, doc, prio, taken, site)
     cascade = router.cascades.get(model)
     if cascade is not None:
         refused = _non_finite(doc, call.body, hints.get(wire.HEADER_LENGTH))
         if refused is not None:
             count(router, model, prio, "none", 400, arrived)
             return Outcome.error(400, refused)
-        budget = min(deadline if deadline is not None else cascade.spec.slo_ms, cfg.max_deadline_ms)
+        budget = taken.budget_ms(router.lifecycle.settings.intake, cascade.spec.slo_ms)
 
         def charge() -> bool:  # an escalation is a second call of the client's, against its rate
             return not router.limiter.admit(call.client, router.clock()).status
@@ -166,7 +160,7 @@ async def _infer(router: Router, call: InferCall) -> Outcome:
         if unknown.status == 503:
             out.headers["Retry-After"] = "1"
         return out
-    budget = min(deadline if deadline is not None else cfg.default_deadline_ms, cfg.max_deadline_ms)
+    budget = taken.budget_ms(router.lifecycle.settings.intake)
     headers = {"Content-Type": hints.get("Content-Type", "application/json"), wire.PRIORITY: str(prio)}
     if wire.HEADER_LENGTH in hints:
         headers[wire.HEADER_LENGTH] = hints[wire.HEADER_LENGTH]
@@ -196,7 +190,7 @@ async def _run_workflow(
     call: InferCall,
     doc: dict[str, Any],
     priority: int,
-    deadline: float | None,
+    taken: intake.Intake,
     site: str | None,
 ) -> Outcome:
     """A workflow job: every stage routed by the policy, tensors passed between them (router.workflows)."""
@@ -211,7 +205,7 @@ async def _run_workflow(
     except WorkflowInputError as exc:
         count(router, name, priority, "none", 400, call.arrived_ms)
         return Outcome.error(400, str(exc))
-    budget = min(deadline if deadline is not None else runner.spec.slo_ms, router.config.max_deadline_ms)
+    budget = taken.budget_ms(router.lifecycle.settings.intake, runner.spec.slo_ms)
     job = await runner.run(
         inputs, priority, budget, site, _request_id(doc), call.arrived_ms, {wire.PRIORITY: str(priority)}
     )
@@ -299,11 +293,3 @@ def _non_finite(doc: dict[str, Any], body: bytes, header_length: str | None) -> 
         if arr.dtype.kind == "f" and not bool(np.isfinite(arr).all()):
             return f"input '{name[:64]}' holds values that are not finite numbers (NaN or infinity)"
     return None
-
-
-def _batch_of(doc: dict[str, Any]) -> int:
-    first = doc["inputs"][0]
-    shape = first.get("shape") if isinstance(first, dict) else None
-    if isinstance(shape, list) and shape and isinstance(shape[0], int) and shape[0] > 0:
-        return shape[0]
-    return 1

@@ -25,7 +25,6 @@ from telemetry.oip.grpc import (
     StreamLimits,
     bearer,
     code_of,
-    deadline_ms,
     http_body,
     parameters_of,
     peer_host,
@@ -33,7 +32,6 @@ from telemetry.oip.grpc import (
     service_handler,
 )
 from telemetry.oip.triton import EXTENSIONS, from_json, mc, pb
-from telemetry.process import tracing
 
 
 async def _abort(context: Any, status: int, message: str) -> NoReturn:
@@ -145,31 +143,32 @@ class RouterService:
         if refused is not None:
             return refused.status, refused.reason, None
         try:
-            body, head, params = await http_body(request, router.config.max_body_bytes)
-            budget = deadline_ms(context, params)
-        except (BadMessage, wire.BadHint) as exc:
-            status = exc.status if isinstance(exc, BadMessage) else 400
-            director.refuse(router, model, status, str(exc), arrived)
-            return status, str(exc), None
+            body, head, _ = await http_body(request, router.config.max_body_bytes)
+        except BadMessage as exc:
+            director.refuse(router, model, exc.status, str(exc), arrived)
+            return exc.status, str(exc), None
         refused = director.precheck(router, model, version, len(body), arrived)
         if refused is not None:
             return refused.status, refused.reason, None
         hints = {wire.HEADER_LENGTH: str(head), "Content-Type": "application/octet-stream"}
-        if tracing.TRACER is not None:
-            for key, value in context.invocation_metadata() or ():
-                if key in ("traceparent", "tracestate"):
-                    hints[key] = str(value)
-        if budget is not None:
-            if budget <= 0:
-                return 504, "deadline passed before the router received the request", None
-            hints[wire.DEADLINE_MS] = f"{budget:.3f}"
-        outcome = await director.infer(router, director.InferCall(model, version, body, hints, verdict.client, arrived))
+        for key, value in context.invocation_metadata() or ():
+            # the hints HTTP takes as headers ride as metadata (Triton's clients reserve `priority`
+            # as an unsigned parameter: sheddable work says so here)
+            if key in METADATA_HINTS and isinstance(value, str):
+                hints[key] = value[:512]
+        remaining = context.time_remaining()  # the call's own deadline: the transport's part of intake
+        transport_ms = None if remaining is None else remaining * 1000.0
+        call = director.InferCall(model, version, body, hints, verdict.client, arrived, transport_ms)
+        outcome = await director.infer(router, call)
         if outcome.status != 200:
             return outcome.status, outcome.reason or error_text(outcome.body), None
         try:
             return 200, "", response_from_body(outcome.body, outcome.headers.get(wire.HEADER_LENGTH))
         except BadMessage as exc:
             return 502, str(exc), None
+
+
+METADATA_HINTS = frozenset({wire.PRIORITY, wire.DEADLINE_MS, wire.SITE, "traceparent", "tracestate"})
 
 
 def add_to(app: web.Application) -> Callable[[Any], None]:

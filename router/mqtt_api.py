@@ -23,16 +23,17 @@ and user properties `status` (the HTTP status: errors are OIP error bodies, `{"e
 `node`, `attempts` and, for binary outputs, `inference-header-content-length`. It expires with the
 request's deadline.
 
-Every request goes through router.director, as HTTP's and gRPC's do: authentication, the client's rate,
-names and size, policy, lifecycle, overload. Sheddable work (a negative priority) that finds no node to
-take it waits out a short outage of the node side (tried again every `sheddable_retry_ms`) within its
-deadline instead of being refused. Delivery is QoS 1 with at-most-once execution: a message is
-acknowledged once answered (the broker redelivers one the router did not finish), and a redelivery of
-a request in progress or answered (the same response topic and correlation data; without correlation
-data, a redelivery flagged DUP with the same payload) is not run again. Bounded: the broker sends this
-router at most `receive_maximum` unacknowledged requests and no packet over the body limit (MQTT v5's
-Receive Maximum and Maximum Packet Size), one client holds at most `max_in_flight_per_client`, and
-properties are read within limits; what cannot be answered is dropped and counted
+Every request goes through router.director, as HTTP's and gRPC's do: the client's rate, names and
+size, intake (router.lifecycle.intake), policy, lifecycle, overload; sheddable work that finds no node
+to take it waits out a short outage there, as over every door. Before that, on the loop and before
+anything is kept of it, the door authenticates it (one that does not is dropped, never answered),
+checks where its answer may go, and holds its own bounds: at most `max_in_flight` requests of
+`max_in_flight_bytes` whatever their QoS, `max_in_flight_per_client` per client, the broker's
+`receive_maximum` unacknowledged ones and no packet over the body limit. Delivery is QoS 1 with
+at-most-once execution: a message is acknowledged once answered (the broker redelivers one the router
+did not finish), and a copy of a request in progress or answered (the same client, response topic and
+correlation data; without correlation data, a redelivery flagged DUP with the same payload) is not run
+again for as long as the broker may hand it over. What cannot be answered is dropped and counted
 (`edgeroute_mqtt_messages_total{result}`).
 
 paho-mqtt runs on the router's event loop (its socket callbacks: no thread); the blocking connect runs
@@ -42,7 +43,6 @@ in a thread and reconnects with backoff after the broker is lost.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import logging
 import math
@@ -59,7 +59,6 @@ from prometheus_client import Counter, Gauge
 from router import director
 from router.config import MqttConfig
 from router.dispatch import Outcome
-from router.lifecycle.failures import Failure
 from router.mqtt_link import BrokerLink
 from router.state import ROUTER, Router
 from telemetry.oip import wire
@@ -89,6 +88,15 @@ RESULTS = (
     "forbidden_topic",
 )
 HEADER_LENGTH = "inference-header-content-length"
+# user properties a request's hints ride in, and the HTTP names they go to router.director under
+CARRIED = (
+    ("priority", wire.PRIORITY),
+    ("deadline_ms", wire.DEADLINE_MS),
+    ("site", wire.SITE),
+    (HEADER_LENGTH, wire.HEADER_LENGTH),
+    ("traceparent", "traceparent"),
+    ("tracestate", "tracestate"),
+)
 
 
 class MqttMetrics:
@@ -240,15 +248,13 @@ class MqttDoor(BrokerLink):
         if not allowed:
             return self._drop(msg, "forbidden_topic")
         expiry = getattr(props, "MessageExpiryInterval", None)
+        # the broker's count of what is left (whole seconds: 0 is less than one) and a finer deadline_ms
+        transport_ms = None if expiry is None else expiry * 1000.0
         try:
-            given = wire.number_hint(user.get("deadline_ms"), "deadline_ms")
+            budget = wire.deadline_hint(user.get("deadline_ms"), None, transport_ms)
         except wire.BadHint as exc:
             self.metrics.messages.labels("answered").inc()
             return self._answer(msg, response_topic, corr, Outcome.error(400, str(exc)), arrived, None)
-        bounds = [b for b in (given, None if expiry is None else expiry * 1000.0) if b is not None]
-        if expiry is not None and expiry < 1 and given is None:
-            bounds = [0.0]  # less than a second left by the broker's count, and no finer deadline
-        budget = min(bounds) if bounds else None
         if self.recent.seen(client, response_topic, corr, msg, arrived, self._remember_until(msg, arrived, budget)):
             return self._drop(msg, "duplicate")
         if budget is not None and budget <= 0:
@@ -271,7 +277,9 @@ class MqttDoor(BrokerLink):
         self.in_flight[client] = held + 1
         self.running += 1
         self.running_bytes += size
-        task = self.loop.create_task(self._run(msg, route, user, client, response_topic, corr, arrived, budget))
+        task = self.loop.create_task(
+            self._run(msg, route, user, client, response_topic, corr, arrived, budget, transport_ms)
+        )
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
@@ -296,10 +304,11 @@ class MqttDoor(BrokerLink):
         corr: bytes,
         arrived: float,
         budget: float | None,
+        transport_ms: float | None,
     ) -> None:
         model, version = route
         try:
-            outcome = await self._infer(msg, model, version, user, client, arrived, budget)
+            outcome = await self._infer(msg, model, version, user, client, arrived, transport_ms)
         finally:
             left = self.in_flight.pop(client) - 1
             if left:
@@ -317,8 +326,10 @@ class MqttDoor(BrokerLink):
         user: dict[str, str],
         client: str,
         arrived: float,
-        budget: float | None,
+        transport_ms: float | None,
     ) -> Outcome:
+        """The request, decoded into what every door hands router.director (its hints, the broker's
+        expiry as the transport's deadline): one routing, its intake, holds and attempts in the lifecycle."""
         router = self.router
         refused = director.admit(router, client, model) or director.precheck(
             router, model, version, len(msg.payload), arrived
@@ -327,39 +338,11 @@ class MqttDoor(BrokerLink):
             return refused
         content_type = getattr(msg.properties, "ContentType", None) or "application/json"
         hints: dict[str, str] = {"Content-Type": content_type[:64]}
-        carried = (
-            ("priority", wire.PRIORITY),
-            ("site", wire.SITE),
-            (HEADER_LENGTH, wire.HEADER_LENGTH),
-            ("traceparent", "traceparent"),
-            ("tracestate", "tracestate"),
-        )
-        for name, header in carried:
+        for name, header in CARRIED:
             if name in user:
                 hints[header] = user[name]
-        priority = 0
-        with contextlib.suppress(wire.BadHint):
-            priority = wire.priority_hint(user.get("priority")) or 0
-        while True:
-            if budget is not None:
-                left = budget - (router.clock() - arrived)
-                if left <= 0:
-                    return Outcome.error(504, "deadline passed before a node could take it")
-                hints[wire.DEADLINE_MS] = f"{left:.3f}"
-            outcome = await director.infer(
-                router, director.InferCall(model, version, bytes(msg.payload), hints, client, arrived)
-            )
-            # sheddable work with no node to take it (none in rotation, or those tried unreachable: an
-            # outage of the node side) waits it out within its deadline, rather than refused; a refusal by
-            # a live node (no room, too late to finish) is load, and trying again would add to it
-            retry_ms = self.cfg.sheddable_retry_ms
-            if outcome.status != 503 or priority >= 0 or budget is None or self.closing:
-                return outcome
-            if outcome.attempts and outcome.kind not in (Failure.CONNECT, Failure.CUT):
-                return outcome
-            if budget - (router.clock() - arrived) <= retry_ms:
-                return outcome
-            await asyncio.sleep(retry_ms / 1000.0)
+        call = director.InferCall(model, version, bytes(msg.payload), hints, client, arrived, transport_ms)
+        return await director.infer(router, call)
 
     def _answer(
         self,

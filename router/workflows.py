@@ -48,7 +48,7 @@ from policies.api import RouteRequest
 from policies.budgets import split_budget
 from router.config import CropSpec, StageSpec, WorkflowSpec
 from router.dispatch import Dispatcher, Outcome
-from router.lifecycle.stages import downstream, expected_stage_ms
+from router.lifecycle.stages import StageProgress, downstream, expected_stage_ms, stage_predecessors
 from telemetry.oip import wire
 
 
@@ -213,7 +213,8 @@ class WorkflowRunner:
         self.dispatcher = dispatcher
         self.clock = clock
         self.stats = WorkflowStats()
-        self._preds = {s.name: {a for a, b in spec.edges() if b == s.name} for s in spec.stages}
+        self._preds = stage_predecessors(spec)
+        self._dropping: set[asyncio.Task[tuple[StageResult, Outcome | None]]] = set()
 
     def models(self) -> list[str]:
         return sorted({s.model for s in self.spec.stages})
@@ -235,28 +236,39 @@ class WorkflowRunner:
         shares = split_budget(budget_ms, expected, spec.edges())
         deadline_at = arrived_ms + budget_ms
         results: dict[str, StageResult] = {}
-        pending = {s.name: s for s in spec.stages}
+        progress = StageProgress(spec, self._preds)
         self.stats.jobs += 1
-        while pending:
-            ready = [s for s in pending.values() if self._preds[s.name] <= results.keys()]
-            for s in ready:
-                del pending[s.name]
-            done = await asyncio.gather(
-                *(
+        running: dict[asyncio.Task[tuple[StageResult, Outcome | None]], str] = {}
+        failure: Outcome | None = None
+        while True:
+            for s in progress.startable():  # each stage as soon as its own inputs are ready (as simulated)
+                task = asyncio.create_task(
                     self._stage(
                         s, inputs, results, shares[s.name], priority, site, job_id, arrived_ms, deadline_at, headers
                     )
-                    for s in ready
-                )  # fmt: skip
-            )
-            failures = []
-            for s, (result, failure) in zip(ready, done, strict=True):
-                results[s.name] = result
-                if failure is not None:
-                    failures.append(failure)
-            if failures:
-                failures[0].headers.update(_tally(results))
-                return failures[0]
+                )
+                running[task] = s.name
+            if not running:
+                break
+            try:
+                done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+            except asyncio.CancelledError:
+                for task in running:
+                    task.cancel()
+                raise
+            for task in done:
+                name = running.pop(task)
+                result, failed = task.result()
+                results[name] = result
+                progress.answered(name, failed is None)
+                failure = failure or failed
+            if failure is not None:  # the first failed stage ends the job; the stages still out are dropped
+                for task in running:
+                    task.cancel()
+                    self._dropping.add(task)  # (held until it has ended)
+                    task.add_done_callback(self._dropping.discard)
+                failure.headers.update(_tally(results))
+                return failure
         self.stats.ok += 1
         nodes = ",".join(sorted({r.node for r in results.values() if not r.skipped}))
         headers = {"Content-Type": "application/json", **_tally(results)}

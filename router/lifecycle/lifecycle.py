@@ -12,6 +12,10 @@ For one request (`begin` -> `Attempts`):
    left of the stage's share. A `Defer` holds the request (`Hold`: not an attempt) for at most
    min(the deferral's wait, `HOLD_POLL_MS`, the remaining budget); a `Rejection` ends it with the last
    attempt's error if there was one, else the rejection; a `Decision` is attempt n (`Send`).
+   Sheddable work (priority < 0) that finds no node to take it (a 503 rejection: none in rotation, or
+   those tried unreachable) is held instead (`OUTAGE`) and decides again every `sheddable_retry_ms`
+   while its deadline allows, the nodes it tried no longer excluded: a short outage of the node side
+   costs it latency, not its answer, and it is one request with its attempts whatever its door.
 2. **Cross** (`cross`): a request from a site to a node in another partition pays the link's emulated
    delay each way, or finds the link cut: then the attempt fails as a connect would, after
    `connect_wait_ms` = min(connect timeout, remaining / 2), leaving half the budget for a retry.
@@ -64,6 +68,7 @@ from router.lifecycle.failures import Failure, classify
 from router.lifecycle.health import HealthConfig, OutlierDetector
 from router.lifecycle.hedges import HedgeTimer
 from router.lifecycle.holds import HoldQueue
+from router.lifecycle.intake import IntakeRules
 from router.lifecycle.links import LinkState, LinkTable
 from router.lifecycle.overlay import OutstandingTracker
 from router.lifecycle.reroute import Move, RerouteConfig, Rerouter
@@ -73,6 +78,8 @@ from telemetry.cluster.view import ClusterView, NodeState
 T = TypeVar("T")
 
 NO_TELEMETRY_YET = "no nodes known yet (no telemetry received)"
+OUTAGE = "(outage)"  # the hold queue of sheddable work waiting out an outage (no partition is named so)
+UNREACHABLE = frozenset({Failure.CONNECT, Failure.CUT})  # attempts that never reached a live node
 _ANSWER: Ended[Any] = Ended(Next.ANSWER)  # (the usual end, nothing woken: one value, not one per attempt)
 
 
@@ -94,6 +101,10 @@ class LifecycleSettings:
     reroute: RerouteConfig = field(default_factory=RerouteConfig)
     retry_budget: RetryBudgetConfig = field(default_factory=RetryBudgetConfig)
     probes: ProbeConfig = field(default_factory=ProbeConfig)
+    intake: IntakeRules = field(default_factory=IntakeRules)  # what a request is (router.lifecycle.intake)
+    # sheddable work that finds no node to take it (none in rotation, or those tried unreachable) waits
+    # out the outage within its deadline, deciding again this often (None: refused at once)
+    sheddable_retry_ms: float | None = 200.0
 
 
 class Lifecycle(Generic[T]):
@@ -124,6 +135,7 @@ class Lifecycle(Generic[T]):
         self.retries = 0
         self.holds = 0  # requests held at least once
         self.hold_refusals = 0  # deferrals refused because max_held requests already waited
+        self.outage_holds = 0  # holds of sheddable work waiting out an outage of the node side
         self.held_ms_total = 0.0
         self.hedges_sent = self.hedge_wins = self.hedge_cancels = 0
         self._requests = 0
@@ -204,6 +216,8 @@ class Lifecycle(Generic[T]):
                 self.holds += 1
             return Hold(choice.partition, min(choice.wait_ms, HOLD_POLL_MS, remaining))
         if isinstance(choice, Rejection):
+            if choice.status == 503 and self._waits_out(a, remaining):
+                return self._outage_hold(a, now)
             if a.last_error is not None:
                 return Answer(*a.last_error)
             return Answer(choice.status, choice.reason)
@@ -217,6 +231,33 @@ class Lifecycle(Generic[T]):
         a.tried.add(choice.node_id)
         self.tracker.sent_model(state, a.request.model, now)
         return Send(choice, state, a.attempt)
+
+    def _waits_out(self, a: Attempts, remaining: float) -> bool:
+        """Whether a request that found no node to take it waits the outage out rather than being
+        refused: sheddable work, with time for another try, that has not been refused by a live node
+        (no attempt yet, or the last one could not reach its node)."""
+        retry_ms = self.settings.sheddable_retry_ms
+        return (
+            retry_ms is not None
+            and a.request.priority < 0
+            and remaining > retry_ms
+            and (a.attempt == 0 or a.last_kind in UNREACHABLE)
+        )
+
+    def _outage_hold(self, a: Attempts, now: float) -> Hold | Answer:
+        """Hold a sheddable request through an outage of the node side (`OUTAGE`: no slot wakes it; it
+        decides again after `sheddable_retry_ms`, the nodes it tried no longer excluded). One request,
+        its attempts counted as attempts, whatever door it came through."""
+        if self.held.queued(OUTAGE) >= self.settings.max_held:
+            self.hold_refusals += 1
+            return Answer(503, "too many requests already wait out the outage")
+        a.tried.clear()
+        if a.held_since_ms is None:
+            a.held_since_ms = now
+            self.holds += 1
+        self.outage_holds += 1
+        assert self.settings.sheddable_retry_ms is not None
+        return Hold(OUTAGE, self.settings.sheddable_retry_ms)
 
     def resumed(self, a: Attempts, now: float) -> None:
         """A hold ended (woken or timed out): the request has waited since it was first held."""
@@ -418,7 +459,10 @@ class Lifecycle(Generic[T]):
             return False
         a.last_error = (status, reason)
         a.last_kind = kind
-        return a.attempt < self.settings.max_attempts and self.retry_budget.spend(self._now)
+        if a.attempt < self.settings.max_attempts and self.retry_budget.spend(self._now):
+            return True
+        # sheddable work whose nodes could not be reached decides again (and waits the outage out there)
+        return kind in UNREACHABLE and self._waits_out(a, a.deadline_at_ms - self._now)
 
     def finish(self, a: Attempts, status: int, at_ms: float) -> None:
         """The request's answer left at `at_ms`: feed the hedge timer and a learning policy."""

@@ -1,6 +1,7 @@
 """Workflow stages: their config (`workflows:` of the router config) and, as the router and the simulator
-both plan them, which later stages take a stage's
-output (and how many bytes of crops), and a stage's expected time from telemetry (for the SLO split)."""
+both plan and run them, which stages may start (`StageProgress`: each as soon as its own inputs are
+ready), which later stages take a stage's output (and how many bytes of crops), and a stage's expected
+time from telemetry (for the SLO split)."""
 
 from __future__ import annotations
 
@@ -111,6 +112,52 @@ def downstream(
         if uses:
             models.append(st.model)
     return tuple(models), nbytes
+
+
+class StageProgress:
+    """One workflow job's stages as a DAG, as the router and the simulator both run it: a stage starts as
+    soon as its own predecessors have answered (not when a whole wave of stages has), and the job ends at
+    its first failed stage or when its last stage answers. `preds`: each stage's predecessors (what
+    `WorkflowSpec.edges` gives), computed once per workflow."""
+
+    __slots__ = ("answered_ok", "failed", "pending", "preds", "running", "stages")
+
+    def __init__(self, spec: WorkflowSpec, preds: dict[str, set[str]]) -> None:
+        self.stages = spec.stages
+        self.preds = preds
+        self.pending = {st.name for st in spec.stages}
+        self.running = 0
+        self.answered_ok: set[str] = set()
+        self.failed = False
+
+    def startable(self) -> list[StageSpec]:
+        """The stages that may start now (their predecessors all answered), in the workflow's order;
+        each is counted as running from here."""
+        if self.failed:
+            return []
+        ready = [st for st in self.stages if st.name in self.pending and self.preds[st.name] <= self.answered_ok]
+        for st in ready:
+            self.pending.discard(st.name)
+        self.running += len(ready)
+        return ready
+
+    def answered(self, stage: str, ok: bool) -> None:
+        """A stage's answer came: a success lets its successors start; a failure ends the job."""
+        self.running -= 1
+        if ok:
+            self.answered_ok.add(stage)
+        else:
+            self.failed = True
+
+    @property
+    def finished(self) -> bool:
+        return self.failed or (not self.pending and self.running == 0)
+
+
+def stage_predecessors(spec: WorkflowSpec) -> dict[str, set[str]]:
+    """Each stage's predecessors (the stages whose outputs it takes)."""
+    edges = spec.edges()
+    return {st.name: {a for a, b in edges if b == st.name} for st in spec.stages}
 
 
 def expected_stage_ms(view: ClusterView, model: str, default_ms: float = 5.0) -> float:

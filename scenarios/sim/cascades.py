@@ -43,8 +43,8 @@ class SimCascade:
 
 
 class CascadeDriver(SimState):
-    def _start_cascade(self, index: int, a: Arrival, spec: CascadeSpec, t0: float) -> None:
-        job = SimCascade(index, a, spec, t0, t0 + a.deadline_ms)
+    def _start_cascade(self, index: int, a: Arrival, spec: CascadeSpec, t0: float, budget_ms: float) -> None:
+        job = SimCascade(index, a, spec, t0, t0 + budget_ms)
         if spec.mode == "second_only":
             job.phase = "second"
             self._cascade_send(job, spec.second, a.priority)

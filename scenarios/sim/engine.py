@@ -54,6 +54,7 @@ from policies.pipeline import Pipeline
 from policies.registry import build_policy
 from router.lifecycle import Lifecycle
 from router.lifecycle.overlay import OutstandingTracker
+from router.lifecycle.stages import stage_predecessors
 from scenarios.sim.cascades import CascadeDriver, CascadeProfile
 from scenarios.sim.faults import FaultModel
 from scenarios.sim.nodes import NodeModel
@@ -185,12 +186,19 @@ class Simulation(RouterDriver, WorkflowDriver, CascadeDriver, NodeModel, Telemet
                     if i == 0
                     else ViewStore(stale_after_ms=self.cfg.stale_after_ms, max_nodes=self.store.max_nodes)
                 )
-                settings = replace(self.cfg.lifecycle, links=links, seed=seed, router_id=site)
+                settings = replace(
+                    self.cfg.lifecycle,
+                    links=links,
+                    seed=seed,
+                    router_id=site,
+                    intake=replace(self.cfg.lifecycle.intake, site=site),  # (a router standing in its site)
+                )
                 self.lcs[site] = self.lc if i == 0 else Lifecycle(settings, store, _still_held)
                 self.policies[site] = self.policy if i == 0 else (policy or build_policy(run.policy))
         self._arch = {m: scenario.architecture(m) for n in scenario.topology.nodes for m in n.models}
         self._size = {m: model_bytes(scenario, m) for m in self._arch}
         self.nodes = {n.id: self._node(n) for n in run.node_specs(scenario.topology.nodes)}
+        self._intakes = {}
         self.results: list[Result | None] = [None] * len(schedule)
         self.answers = Answers(len(schedule))
         self.heap: list[tuple[float, int, int, Any]] = []
@@ -207,10 +215,7 @@ class Simulation(RouterDriver, WorkflowDriver, CascadeDriver, NodeModel, Telemet
         self.workflows = {w.name: w for w in scenario.workflow_specs()}
         self.cascades = {c.name: c for c in scenario.cascade_specs(run)}
         self.cascade_profiles = dict(cascade_profiles or {})
-        self._preds = {
-            w.name: {st.name: {a for a, b in w.edges() if b == st.name} for st in w.stages}
-            for w in self.workflows.values()
-        }
+        self._preds = {w.name: stage_predecessors(w) for w in self.workflows.values()}
         self._exec = {m: profile.exec_for(a) for m, a in arch.items()}
         # the router's overhead of every model asked for, served or not: a topology cut to fewer nodes
         # (`replay --nodes`, `sweep`) can leave a requested model or a workflow stage's model unserved

@@ -8,6 +8,7 @@ from typing import Any
 
 from policies.api import RouteRequest
 from router.lifecycle import Failure, Hold, Lifecycle, Next, Send
+from router.lifecycle.intake import Refused
 from router.lifecycle.reroute import Move
 from scenarios.sim.state import (
     COPIES,
@@ -34,24 +35,30 @@ class RouterDriver(SimState):
         i, a = payload
         t0 = a.at_s * 1000.0
         model = a.model
+        site = a.site
+        lc = self.router_of(site)
+        taken = self.intake_of(a, lc.settings.intake)  # what the live door's intake makes of it
+        if isinstance(taken, Refused):
+            self._open -= 1
+            self.results[i] = Result(a, taken.status, 0.0, "none", taken.reason)
+            return
         spec = self.workflows.get(model)
         if spec is not None:
-            self._start_workflow(i, a, spec, t0)
+            self._start_workflow(i, a, spec, t0, taken.budget_ms(lc.settings.intake, spec.slo_ms))
             return
         cascade = self.cascades.get(model)
         if cascade is not None:
-            self._start_cascade(i, a, cascade, t0)
+            self._start_cascade(i, a, cascade, t0, taken.budget_ms(lc.settings.intake, cascade.slo_ms))
             return
         o = self._overhead[model].sample(self.svc_rng)
-        site = a.site
-        lc = self.router_of(site)
         unknown = lc.unknown_model(model)  # as the live router answers a model no node serves
         if unknown is not None:
             self._open -= 1
             self.results[i] = Result(a, unknown.status, o / 2.0, "none", unknown.reason)
             return
-        deadline_at = t0 + a.deadline_ms
-        route = RouteRequest(model, a.priority, a.deadline_ms, site, 1, str(i))
+        budget = taken.budget_ms(lc.settings.intake)
+        deadline_at = t0 + budget
+        route = RouteRequest(model, taken.priority, budget, site, taken.batch, str(i))
         life = lc.begin(route, self.policy_of(site), t0, deadline_at)
         half = o / 2.0
         self._decide(SimRequest(i, a, t0, deadline_at, half, half, life, lc, model=model))

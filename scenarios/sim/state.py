@@ -24,6 +24,8 @@ from nodes.scheduler import Scheduler, Work
 from policies.pipeline import Pipeline
 from router.config import WorkflowSpec
 from router.lifecycle import Attempts, Failure, Lifecycle, LifecycleSettings
+from router.lifecycle.intake import Hints, Intake, IntakeRules, Refused, take
+from router.lifecycle.stages import StageProgress
 from scenarios.sim.profile import Distribution, Profile
 from scenarios.spec.schema import Fault, NodeSpec, Scenario
 from scenarios.spec.workload import Arrival, Result
@@ -89,9 +91,8 @@ class SimWorkflow:
     t0: float
     deadline_at: float
     shares: dict[str, tuple[float, float]]
+    progress: StageProgress  # which stages may start, which answered (router.lifecycle.stages)
     nodes: dict[str, str] = field(default_factory=dict)  # stage -> node that ran it
-    pending: set[str] = field(default_factory=set)
-    running: int = 0
     done: bool = False
     stages: int = 0
     cold: int = 0
@@ -316,6 +317,27 @@ class SimState:
     _device: DeviceInfo
     _open: int
 
+    _intakes: dict[tuple[int, float, str, str | None], Intake | Refused]
+
+    def intake_of(self, a: Arrival, rules: IntakeRules) -> Intake | Refused:
+        """The arrival's intake, as the live router's door would take it (router.lifecycle.intake: the
+        priority, the deadline capped at `max_deadline_ms`, the site checked against the fleet's): taken
+        once per (priority, deadline, site) a workload draws, the same for every arrival alike."""
+        key = (a.priority, a.deadline_ms, a.site, rules.site)
+        found = self._intakes.get(key)
+        if found is None:
+            try:
+                found = take(Hints(a.priority, a.deadline_ms, a.site), None, rules, known_site=self._known_site)
+            except Refused as exc:
+                found = exc
+            self._intakes[key] = found
+        return found
+
+    def _known_site(self, site: str) -> bool:
+        """A site some node stands in or a link ends at (what the live router's intake accepts)."""
+        topo = self.scenario.topology
+        return site in topo.partitions or any(site in (k.a, k.b) for k in topo.links)
+
     def router_of(self, site: str | None) -> Lifecycle[tuple[SimRequest, int]]:
         """The router a request from `site` reaches: its site's, with routers per site; else the central one."""
         return self.lcs.get(site, self.lc)
@@ -384,8 +406,8 @@ class SimState:
             self, job: Job, status: int, reason: str, back: float | None = None, kind: Failure | None = None
         ) -> None: ...
         def _stage_done(self, req: SimRequest, status: int, reason: str, at_ms: float, served: Job | None) -> None: ...
-        def _start_workflow(self, index: int, a: Arrival, spec: WorkflowSpec, t0: float) -> None: ...
-        def _start_cascade(self, index: int, a: Arrival, spec: Any, t0: float) -> None: ...
+        def _start_workflow(self, index: int, a: Arrival, spec: WorkflowSpec, t0: float, budget_ms: float) -> None: ...
+        def _start_cascade(self, index: int, a: Arrival, spec: Any, t0: float, budget_ms: float) -> None: ...
         def _cascade_done(
             self, req: SimRequest, status: int, reason: str, at_ms: float, served: Job | None
         ) -> None: ...

@@ -6,7 +6,7 @@ from __future__ import annotations
 from policies.api import RouteRequest
 from policies.budgets import split_budget
 from router.config import CropSpec, WorkflowSpec
-from router.lifecycle.stages import downstream, expected_stage_ms
+from router.lifecycle.stages import StageProgress, downstream, expected_stage_ms
 from scenarios.sim.state import (
     RESUME,
     Job,
@@ -21,19 +21,15 @@ from scenarios.spec.workload import Arrival, Result
 
 
 class WorkflowDriver(SimState):
-    def _start_workflow(self, index: int, a: Arrival, spec: WorkflowSpec, t0: float) -> None:
+    def _start_workflow(self, index: int, a: Arrival, spec: WorkflowSpec, t0: float, budget_ms: float) -> None:
         view = self.store.view
         expected = {st.name: expected_stage_ms(view, st.model) for st in spec.stages}
-        shares = split_budget(a.deadline_ms, expected, spec.edges())
-        job = SimWorkflow(index, a, spec, t0, t0 + a.deadline_ms, shares, pending={st.name for st in spec.stages})
+        shares = split_budget(budget_ms, expected, spec.edges())
+        job = SimWorkflow(index, a, spec, t0, t0 + budget_ms, shares, StageProgress(spec, self._preds[spec.name]))
         self._launch_ready(job)
 
     def _launch_ready(self, job: SimWorkflow) -> None:
-        preds = self._preds[job.spec.name]
-        for st in job.spec.stages:
-            if st.name not in job.pending or not preds[st.name] <= job.nodes.keys():
-                continue
-            job.pending.discard(st.name)
+        for st in job.progress.startable():  # (router.lifecycle.stages: as the live router starts them)
             produced: dict[str, int] = {}
             batch = 1
             for src in st.inputs.values():
@@ -63,16 +59,15 @@ class WorkflowDriver(SimState):
             life = lc.begin(route, self.policy_of(a.site), self.now, job.deadline_at)
             req = SimRequest(job.index, job.arrival, self.now, job.deadline_at, o / 2.0, o / 2.0, life, lc,
                              model=st.model, batch=batch, stage=run)  # fmt: skip
-            job.running += 1
             self._decide(req)
 
     def _stage_done(self, req: SimRequest, status: int, reason: str, at_ms: float, served: Job | None) -> None:
         run = req.stage
         assert run is not None
         job = run.job
-        job.running -= 1
         if job.done:
             return
+        job.progress.answered(run.name, status == 200)
         if served is not None:
             job.stages += 1
             job.cold += served.cold
@@ -91,7 +86,7 @@ class WorkflowDriver(SimState):
             return
         assert served is not None
         job.nodes[run.name] = served.node.spec.id
-        if not job.pending and job.running == 0:
+        if job.progress.finished:
             job.done = True
             self._finish_workflow(job, 200, "", at_ms)
             return

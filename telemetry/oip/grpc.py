@@ -329,14 +329,7 @@ def deadline_ms(context: Any, params: dict[str, Any]) -> float | None:
     (or Triton's `timeout`, microseconds) parameter; None when neither is set. wire.BadHint for a
     parameter that is not a number."""
     remaining = context.time_remaining()
-    budgets = [] if remaining is None else [remaining * 1000.0]
-    given = wire.number_hint(params.get("deadline_ms"), "deadline_ms")
-    if given is None and params.get("timeout") is not None:
-        timeout_us = wire.number_hint(params.get("timeout"), "timeout")
-        given = None if timeout_us is None else timeout_us / 1000.0
-    if given is not None:
-        budgets.append(given)
-    return min(budgets) if budgets else None
+    return wire.deadline_hint(None, params, None if remaining is None else remaining * 1000.0)
 
 
 def _unary(method: Any, request_type: Any) -> Any:

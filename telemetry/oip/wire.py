@@ -7,6 +7,7 @@ package every other one may import; see the design card's dependency rules).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -105,6 +106,24 @@ def priority_hint(value: Any) -> int | None:
     if abs(priority) > MAX_PRIORITY:
         raise BadHint(f"'priority' must be within -{MAX_PRIORITY:,} and {MAX_PRIORITY:,}")
     return int(priority)
+
+
+def deadline_hint(
+    header: Any, params: Mapping[str, Any] | None = None, transport_ms: float | None = None
+) -> float | None:
+    """A request's latency budget in ms from every place a client can give one, the earliest winning:
+    the `x-edgeroute-deadline-ms` header (or an MQTT user property of the name), else the body's
+    `parameters.deadline_ms`, else Triton's `parameters.timeout` (microseconds); and what its transport
+    says is left (a gRPC call's deadline, an MQTT message's expiry). None when none is given; BadHint
+    for one that is not a number. Routers and nodes read it alike, over every door."""
+    params = params or {}
+    given = number_hint(header if header is not None else params.get("deadline_ms"), "deadline_ms")
+    if given is None and params.get("timeout") is not None:
+        timeout_us = number_hint(params.get("timeout"), "timeout")
+        given = None if timeout_us is None else timeout_us / 1000.0
+    if transport_ms is not None and (given is None or transport_ms < given):
+        return transport_ms
+    return given
 
 
 def json_array(data: Any, dtype: np.dtype[Any]) -> np.ndarray:

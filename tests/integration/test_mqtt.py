@@ -412,7 +412,8 @@ def test_sheddable_work_a_node_refuses_for_load_is_not_tried_again(
         tmp_path,
         [{"id": "slow", "partition": "edge-a", "models": ["resnet_s"], "speed": 0.003}],  # ~2 s a run
         router={
-            "mqtt": {**mosquitto.router_config(), "group": "load", "topic_prefix": "load", "sheddable_retry_ms": 50}
+            "mqtt": {**mosquitto.router_config(), "group": "load", "topic_prefix": "load"},
+            "sheddable_retry_ms": 50,
         },
     )
     stack.start()

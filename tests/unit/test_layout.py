@@ -30,7 +30,9 @@ MAY_IMPORT: dict[str, set[str]] = {
     **KERNEL,
     "policies": {"telemetry.cluster"},
     "nodes": ALL_KERNEL,
-    "router.lifecycle": {"policies", "telemetry.cluster", "telemetry.measure"},
+    # (telemetry.oip for intake's reading of hints: wire is pure, and importing the lifecycle loads no
+    # asyncio, aiohttp or Kafka, which tests/unit/test_lifecycle.py checks)
+    "router.lifecycle": {"policies", "telemetry.cluster", "telemetry.measure", "telemetry.oip"},
     "router": {"router.lifecycle", "policies"} | ALL_KERNEL,
     "scenarios": set(),
 }
