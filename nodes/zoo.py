@@ -63,7 +63,9 @@ def build(name: str, seed: int = 0) -> bytes:
         raise KeyError(f"unknown zoo model {name!r}; known: {', '.join(sorted(ZOO))}")
     from nodes.zoo_graphs import BUILDERS
 
-    data: bytes = BUILDERS[name](seed).SerializeToString()
+    model = BUILDERS[name](seed)
+    model.producer_version = str(ZOO_VERSION)  # (the graphs do not import this module back)
+    data: bytes = model.SerializeToString()
     return data
 
 

@@ -10,8 +10,6 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from nodes.zoo import ZOO_VERSION
-
 OPSET = 17
 IR_VERSION = 9  # readable by every onnxruntime >= 1.15
 
@@ -80,8 +78,7 @@ class _Graph:
         model = helper.make_model(
             graph,
             opset_imports=[helper.make_opsetid("", OPSET)],
-            producer_name="edgeroute-zoo",
-            producer_version=str(ZOO_VERSION),
+            producer_name="edgeroute-zoo",  # (its version: nodes.zoo.build sets it)
         )
         model.ir_version = IR_VERSION
         model.doc_string = f"edgeroute zoo model {name} (seeded random weights)"
