@@ -38,8 +38,9 @@ from nodes.runtime import cuda_available
 from scenarios.bench.common import process_cpu_s, result, save
 from scenarios.bench.load import NONE, collect_load, start_load
 from scenarios.spec.schema import Scenario
-from scenarios.stack.launcher import Stack, http_json
+from scenarios.stack.launcher import Stack
 from scenarios.stack.loadgen import example_payload
+from scenarios.stack.procs import http_json
 from telemetry.measure.quantiles import nearest_rank
 from telemetry.oip import wire
 

@@ -60,8 +60,8 @@ def routers_scenario(nodes: int, rate_rps: float, duration_s: float, policy: str
 
 def _routers_round(scenario: Scenario, routers: int, share: bool, schedule: list[Any]) -> dict[str, Any]:
     """One run of the bursts through `routers` router processes: the answers, node figures and CPU."""
-    from scenarios.stack.launcher import http_json
     from scenarios.stack.loadgen import fetch_payloads, run_load
+    from scenarios.stack.procs import http_json
 
     stack = Stack(scenario, routers=routers, share_load=share)
     with stack:

@@ -43,8 +43,9 @@ from pydantic import ValidationError
 from scenarios.sim.profile import DEFAULT_PROFILE, ProfileDoc
 from scenarios.spec.schema import NodeSpec, Scenario, Workload
 from scenarios.spec.workload import Result
-from scenarios.stack.launcher import Stack, http_json
+from scenarios.stack.launcher import Stack
 from scenarios.stack.loadgen import Payload, build_schedule, example_payload, run_load
+from scenarios.stack.procs import http_json
 from telemetry.cluster.store import ViewStore
 from telemetry.kafka.reader import KafkaTelemetrySource
 from telemetry.measure.quantiles import grid_101

@@ -63,6 +63,7 @@ def _up(args: argparse.Namespace) -> int:
         router_overrides={"policy": policy},
         auth=True if args.auth else None,
         devices=args.devices,
+        tracing=None if args.trace is None else {"endpoint": args.trace, "sample": args.trace_sample},
         **extra,
     )
     try:
@@ -319,6 +320,13 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument(
         "--devices", type=arg.count, default=4, help="device accounts at the MQTT broker (written to devices.yaml)"
     )
+    up.add_argument(
+        "--trace",
+        metavar="URL",
+        help="traces of the router and every node to this OTLP endpoint (gRPC, e.g. http://127.0.0.1:4317, or "
+        "HTTP, e.g. http://127.0.0.1:4318/v1/traces)",
+    )
+    up.add_argument("--trace-sample", type=arg.share, default=0.01, help="share of new requests traced (with --trace)")
     up.set_defaults(func=_up)
 
     rp = sub.add_parser("replay", help="replay a scenario once per policy on the live stack")

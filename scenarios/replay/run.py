@@ -21,8 +21,9 @@ from scenarios.replay.report import format_table, node_warm_rates, recovery, ser
 from scenarios.spec.schema import MAX_DURATION_S, PolicyRun, Scenario
 from scenarios.spec.workload import mean_rate_rps
 from scenarios.stack.faults import FaultInjector
-from scenarios.stack.launcher import Stack, http_json
+from scenarios.stack.launcher import Stack
 from scenarios.stack.loadgen import UNKNOWN_MODEL_PAYLOAD, Arrival, build_schedule, fetch_payloads, run_load
+from scenarios.stack.procs import http_json
 from scenarios.stack.sites import SiteStack, stack_for
 from telemetry.process.cli import missing_extra
 

@@ -32,6 +32,7 @@ from scenarios.spec.traffic import SiteLoad as SiteLoad
 from scenarios.spec.traffic import Strict as _Strict
 from scenarios.spec.traffic import Workload as Workload
 from telemetry.process.configfile import ConfigError, error_line, is_file, read_text, safe_yaml
+from telemetry.process.tracing import TracingConfig
 
 
 class ScenarioError(ConfigError):
@@ -256,6 +257,9 @@ class Scenario(_Strict):
     topology: Topology
     workload: Workload
     router: dict[str, Any] = Field(default_factory=dict, description="RouterConfig overrides")
+    tracing: TracingConfig | None = Field(
+        None, description="traces of the whole stack a live replay starts: its router and every node"
+    )
     models: dict[str, ModelEntry] = Field(default_factory=dict, description="model catalogue (default: zoo names)")
     faults: list[Fault] = Field(default_factory=list)
     policies: list[PolicyRun] = Field(min_length=1)

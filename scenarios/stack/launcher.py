@@ -14,10 +14,7 @@ import secrets
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -30,6 +27,7 @@ from scenarios.stack.broker import EmbeddedBroker, free_port, terminate, termina
 from scenarios.stack.credentials import CLIENT, StackSecrets
 from scenarios.stack.mosquitto import Mosquitto
 from scenarios.stack.nodeconfig import live_node_limit, node_config, profile_baselines
+from scenarios.stack.procs import AUTO_LOGS, Proc, auto_log_dir, http_json
 from telemetry.cluster.schema import TOPIC
 from telemetry.kafka.bus import ensure_topic
 from telemetry.kafka.signing import SIGN_ENV, VERIFY_ENV, Verifier
@@ -50,51 +48,13 @@ PASS_ENV = frozenset(
 )
 
 
-def http_json(
-    url: str,
-    method: str = "GET",
-    body: Any = None,
-    timeout_s: float = 5.0,
-    headers: dict[str, str] | None = None,
-) -> tuple[int, Any]:
-    data = None if body is None else json.dumps(body).encode()
-    hdrs = {"Content-Type": "application/json", **(headers or {})}
-    req = urllib.request.Request(url, data=data, method=method, headers=hdrs)
-    try:
-        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
-            return resp.status, json.loads(resp.read() or b"null")
-    except urllib.error.HTTPError as exc:
-        raw = exc.read()
-        try:
-            return exc.code, json.loads(raw)
-        except ValueError:
-            return exc.code, raw.decode(errors="replace")
-
-
-@dataclass
-class Proc:
-    name: str
-    popen: subprocess.Popen[bytes]
-    log_path: Path
-    url: str = ""
-    port: int = 0
-    grpc: str = ""  # HOST:PORT of its gRPC service ("" without one)
-
-
-AUTO_LOGS = "edgeroute-run-"
-
-
-def _auto_log_dir() -> Path:
-    return Path(tempfile.gettempdir()) / f"{AUTO_LOGS}{os.getpid()}-{time.time_ns()}"
-
-
 @dataclass
 class Stack:
     """A running local stack for one scenario."""
 
     scenario: Scenario
     kafka: str | None = None
-    log_dir: Path = field(default_factory=lambda: _auto_log_dir())  # created by start()
+    log_dir: Path = field(default_factory=lambda: auto_log_dir())  # created by start()
     keep_logs: bool = False  # an automatic log folder is removed after a clean stop unless this is set
     router_port: int = 0
     router_overrides: dict[str, Any] = field(default_factory=dict)
@@ -125,6 +85,9 @@ class Stack:
     # where the stack's services listen beyond loopback
     auth: bool | None = None
     devices: int = 4  # device accounts at the stack's MQTT broker (devices.yaml)
+    # traces of the whole stack, router and nodes (telemetry.process.tracing.TracingConfig as a mapping);
+    # default: the scenario's `tracing`
+    tracing: dict[str, Any] | None = None
     creds: StackSecrets | None = None  # drawn once, at the first use
     # ports this stack handed out: a port is picked free and then bound by the child that gets it, so
     # two picks before either child binds could otherwise name the same port (the router's HTTP and
@@ -139,6 +102,19 @@ class Stack:
     def bootstrap(self) -> str:
         assert self.kafka is not None
         return self.kafka
+
+    @property
+    def traced(self) -> dict[str, Any] | None:
+        """The stack's tracing settings (its own, else the scenario's), for the router and every node."""
+        if self.tracing is not None:
+            return self.tracing
+        given = self.scenario.tracing
+        return None if given is None else given.model_dump(exclude_none=True)
+
+    def node_extra(self, spec: NodeSpec) -> dict[str, Any]:
+        """What a node's config takes from the stack beyond its spec: tracing, then the node's overrides."""
+        traced = self.traced
+        return {**({"tracing": traced} if traced is not None else {}), **self.node_overrides.get(spec.id, {})}
 
     @property
     def secrets(self) -> StackSecrets:
@@ -291,7 +267,7 @@ class Stack:
             port,
             self.bootstrap,
             self.scenario.seed,
-            {"topic": self.topic, "grpc_port": self.free_port(), **self.node_overrides.get(spec.id, {})},
+            {"topic": self.topic, "grpc_port": self.free_port(), **self.node_extra(spec)},
             self.baselines,
             self.scenario.models,
         )
@@ -319,6 +295,8 @@ class Stack:
         mqtt = self.mqtt_config(self.mosquitto, self.mqtt_url)
         if mqtt is not None:
             cfg["mqtt"] = mqtt
+        if self.traced is not None:
+            cfg["tracing"] = self.traced
         cfg.update(self.scenario.router)
         cfg.update(self.router_overrides)
         if self.auth_on:

@@ -22,9 +22,10 @@ import yaml
 from scenarios.spec.schema import NodeSpec
 from scenarios.stack import netns
 from scenarios.stack.broker import EmbeddedBroker, terminate, wait_for_port
-from scenarios.stack.launcher import Proc, Stack, http_json
+from scenarios.stack.launcher import Stack
 from scenarios.stack.mosquitto import Mosquitto
 from scenarios.stack.nodeconfig import live_node_limit, node_config
+from scenarios.stack.procs import Proc, http_json
 from telemetry.kafka.bus import ensure_topic
 from telemetry.kafka.signing import SIGN_ENV, VERIFY_ENV
 from telemetry.process.configfile import ConfigError
@@ -160,7 +161,7 @@ class SiteStack(Stack):
             "host": host,
             "grpc_port": self.free_port(),
             "endpoint": f"http://{host}:{port}",
-            **self.node_overrides.get(spec.id, {}),
+            **self.node_extra(spec),
         }
         broker = self.brokers[site].bootstrap
         cfg = node_config(spec, port, broker, self.scenario.seed, extra, self.baselines, self.scenario.models)
@@ -189,6 +190,8 @@ class SiteStack(Stack):
             if self.site_mosquittos and self.site_mosquittos[site].tls is not None:
                 mqtt["tls"] = {"ca_file": str(self.log_dir / "mqtt-tls" / "ca.pem")}
             cfg["mqtt"] = mqtt
+        if self.traced is not None:
+            cfg["tracing"] = self.traced
         env: dict[str, str] = {}
         if self.beyond_loopback:  # each node's key speaks for that node alone; the routers' for routers
             env[VERIFY_ENV] = ",".join([self.node_key(n) for n in self.nodes] + [self.telemetry_key])

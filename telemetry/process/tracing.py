@@ -1,7 +1,8 @@
 """OpenTelemetry traces for routers and nodes: off unless configured, sampled when on.
 
-With `tracing` in a router's or a node's config, the process exports spans over OTLP (gRPC) to
-`endpoint` (an OpenTelemetry Collector, Jaeger, Tempo...; default `$OTEL_EXPORTER_OTLP_ENDPOINT`):
+With `tracing` in a router's or a node's config, the process exports spans over OTLP, gRPC or HTTP
+(`protocol`), to `endpoint` (an OpenTelemetry Collector, Jaeger, Tempo...; default
+`$OTEL_EXPORTER_OTLP_ENDPOINT`):
 
 - the router: a span per request (`route <model>`), the child of the W3C `traceparent` the request
   came with (an HTTP header, gRPC metadata, an MQTT user property), else the root of a new trace,
@@ -37,7 +38,8 @@ import time
 from collections.abc import Iterator, Mapping, MutableMapping
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import Any
+from typing import Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -56,7 +58,15 @@ class TracingConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     endpoint: str | None = Field(
-        None, description="OTLP gRPC endpoint, e.g. http://collector:4317 (default $OTEL_EXPORTER_OTLP_ENDPOINT)"
+        None,
+        max_length=1024,
+        description="OTLP endpoint: gRPC, e.g. http://collector:4317, or HTTP, e.g. http://collector:4318/v1/traces "
+        "(default $OTEL_EXPORTER_OTLP_ENDPOINT)",
+    )
+    protocol: Literal["grpc", "http"] | None = Field(
+        None,
+        description="OTLP over gRPC or over HTTP (protobuf); default: http for an endpoint whose path ends in "
+        "/v1/traces or whose port is 4318, else grpc",
     )
     sample: float = Field(0.01, ge=0.0, le=1.0, description="share of new traces sampled (arriving ones are followed)")
     insecure: bool | None = Field(None, description="plaintext gRPC to the endpoint (default: for http:// endpoints)")
@@ -94,18 +104,37 @@ def configure(cfg: TracingConfig | None, service: str, exporter: Any = None) -> 
     if exporter is not None:
         provider.add_span_processor(SimpleSpanProcessor(exporter))
     else:
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
-
         endpoint = cfg.endpoint or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or "http://127.0.0.1:4317"
-        insecure = cfg.insecure if cfg.insecure is not None else endpoint.startswith("http://")
-        provider.add_span_processor(
-            BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint, insecure=insecure), max_queue_size=8192)
-        )
+        if otlp_protocol(endpoint, cfg.protocol) == "http":
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
+
+            url = endpoint if urlsplit(endpoint).path.rstrip("/").endswith("/v1/traces") else endpoint.rstrip("/")
+            url = url if url.endswith("/v1/traces") else f"{url}/v1/traces"
+            exporter_: Any = HttpExporter(endpoint=url)
+        else:
+            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+            insecure = cfg.insecure if cfg.insecure is not None else endpoint.startswith("http://")
+            exporter_ = OTLPSpanExporter(endpoint=endpoint, insecure=insecure)
+        provider.add_span_processor(BatchSpanProcessor(exporter_, max_queue_size=8192))
     TRACER = provider.get_tracer("edgeroute")
     _RATIO = cfg.sample
     _FOLLOW.configure(cfg.follow_rps)
     _PROPAGATOR = TraceContextTextMapPropagator()
     _PROVIDER = provider
+
+
+def otlp_protocol(endpoint: str, given: str | None = None) -> str:
+    """ "grpc" or "http": as given, else http for an endpoint whose path ends in /v1/traces or whose port
+    is 4318 (OTLP/HTTP's), else grpc."""
+    if given is not None:
+        return given
+    parts = urlsplit(endpoint)
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    return "http" if parts.path.rstrip("/").endswith("/v1/traces") or port == 4318 else "grpc"
 
 
 def shutdown() -> None:

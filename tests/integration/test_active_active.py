@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from scenarios.stack.broker import EmbeddedBroker
-from scenarios.stack.launcher import Stack, http_json
+from scenarios.stack.launcher import Stack
+from scenarios.stack.procs import http_json
 from telemetry.cluster.store import ViewStore
 from telemetry.kafka.bus import TelemetryPublisher, ensure_topic
 from telemetry.kafka.peers import PeerLoads, PeerPublisher

@@ -7,8 +7,8 @@ import asyncio
 from typing import Any
 
 from scenarios.calibrate.profile import measure_level
-from scenarios.stack.launcher import http_json
 from scenarios.stack.loadgen import fetch_payloads
+from scenarios.stack.procs import http_json
 
 
 def test_a_level_measures_overhead_per_model_and_the_wake_up_distribution(own_stack: Any) -> None:

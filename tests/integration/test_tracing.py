@@ -230,3 +230,73 @@ def test_router_and_node_processes_export_one_trace_over_otlp(broker: EmbeddedBr
     finally:
         stack.stop()
         receiver.stop()
+
+
+class _HttpReceiver:
+    """An OTLP/HTTP trace receiver (POST /v1/traces, protobuf): keeps every span it is sent."""
+
+    def __init__(self) -> None:
+        import http.server
+        import threading
+
+        from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
+
+        receiver = self
+        self.spans: list[tuple[str, str, str, str]] = []
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - the handler's name
+                body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+                request = trace_service_pb2.ExportTraceServiceRequest.FromString(body)
+                for rs in request.resource_spans:
+                    service = next(
+                        (a.value.string_value for a in rs.resource.attributes if a.key == "service.name"), ""
+                    )
+                    for ss in rs.scope_spans:
+                        for sp in ss.spans:
+                            receiver.spans.append((service, sp.name, sp.trace_id.hex(), sp.parent_span_id.hex()))
+                answer = trace_service_pb2.ExportTraceServiceResponse().SerializeToString()
+                self.send_response(200 if self.path == "/v1/traces" else 404)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.send_header("Content-Length", str(len(answer)))
+                self.end_headers()
+                self.wfile.write(answer)
+
+            def log_message(self, *args: Any) -> None:
+                return
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_one_setting_traces_the_whole_stack(broker: EmbeddedBroker, tmp_path: Path, protocol: str) -> None:
+    """`edgeroute up --trace URL` (a stack's `tracing`, or a scenario's): the router and every node
+    export to one endpoint, over OTLP's gRPC or HTTP, and one request is one trace across them (the
+    nodes follow the router's sampled traces)."""
+    receiver: Any = _Receiver() if protocol == "grpc" else _HttpReceiver()
+    endpoint = f"http://127.0.0.1:{receiver.port}" + ("" if protocol == "grpc" else "/v1/traces")
+    stack = make_stack(broker, tmp_path, [{"id": "w1", "partition": "edge-a", "models": ["sensor_mlp"]}])
+    stack.tracing = {"endpoint": endpoint, "sample": 1.0}
+    try:
+        stack.start()
+        status, doc, _ = call(
+            f"{stack.router_url}/v2/models/sensor_mlp/infer", infer_body(), headers={"traceparent": PARENT}
+        )
+        assert status == 200, doc
+        wanted = {("edgeroute-router", "route sensor_mlp"), ("edgeroute-node", "infer sensor_mlp")}
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if wanted <= {(svc, name) for svc, name, trace, _ in receiver.spans if trace == TRACE_ID}:
+                break
+            time.sleep(0.2)
+        assert wanted <= {(s[0], s[1]) for s in receiver.spans if s[2] == TRACE_ID}, receiver.spans
+    finally:
+        stack.stop()
+        receiver.stop()

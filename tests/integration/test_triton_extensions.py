@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from scenarios.stack.launcher import Stack, http_json
+from scenarios.stack.launcher import Stack
+from scenarios.stack.procs import http_json
 from tests.integration.conftest import ALL_MODELS
 
 httpclient = pytest.importorskip("tritonclient.http")

@@ -103,3 +103,11 @@ def test_a_malformed_traceparent_cannot_force_a_trace(spans: InMemorySpanExporte
     for value in ("garbage", "00-" + "0" * 32 + "-00f067aa0ba902b7-01", "00-xyz-abc-01"):
         assert not _sampled(_request({"traceparent": value})["traceparent"])
     assert spans.get_finished_spans() == ()
+
+
+def test_the_otlp_protocol_is_as_set_else_told_by_the_endpoint() -> None:
+    assert tracing.otlp_protocol("http://collector:4317") == "grpc"
+    assert tracing.otlp_protocol("http://collector:4318") == "http"
+    assert tracing.otlp_protocol("https://otel.example.net/v1/traces") == "http"
+    assert tracing.otlp_protocol("http://collector:4318", "grpc") == "grpc"
+    assert tracing.otlp_protocol("not a url:xx") == "grpc"
