@@ -17,6 +17,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from scenarios.replay.trust import warnings  # noqa: E402
+
 STYLES = ["-", "--", ":", "-."]
 
 
@@ -140,6 +142,9 @@ def _table(report: dict[str, Any]) -> list[str]:
             f"{lat['p95']:.1f} | {lat['p99']:.1f} | {p['slo_attainment'] * 100:.1f}% | "
             f"{p.get('throughput_rps', 0):.1f} |"
         )
+    starved = warnings(report)
+    if starved:
+        lines += ["", *(f"**{line}**" for line in starved)]
     lines += [
         "",
         "By priority (p99 ms / SLO attainment):",

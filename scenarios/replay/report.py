@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from scenarios.replay.trust import warnings
 from scenarios.stack.loadgen import Result
 from telemetry.measure.quantiles import nearest_rank
 
@@ -288,6 +289,7 @@ def format_table(report: dict[str, Any]) -> str:
             f"{lat['p50']:>8.1f} {lat['p95']:>8.1f} {lat['p99']:>8.1f} "
             f"{p['slo_attainment'] * 100:>6.1f}% {top:>11.1f} {off:>8} {cost:>7}  {nodes}"
         )
+    lines += warnings(report)
     tel = report.get("telemetry")
     if tel:
         lines.append(

@@ -18,6 +18,7 @@ from typing import Any
 
 from scenarios.replay.partitions import partitions
 from scenarios.replay.report import format_table, node_warm_rates, recovery, series, summarize, write_report
+from scenarios.replay.trust import HostWatch, verdict
 from scenarios.spec.schema import MAX_DURATION_S, PolicyRun, Scenario
 from scenarios.spec.workload import mean_rate_rps
 from scenarios.stack.faults import FaultInjector
@@ -130,15 +131,15 @@ def replay_live(
             started = time.monotonic()
             t0_ms = time.time() * 1000.0  # the router's clock
             injector.start()
+            lags: list[float] = []
+            watch = HostWatch(stack.pids)
+            watch.start()
+            urls = stack.router_urls or stack.router_url
+            hdrs = stack.client_headers
             results = asyncio.run(
-                run_load(
-                    stack.router_urls or stack.router_url,
-                    schedule,
-                    payloads,
-                    progress=_progress(run.name),
-                    headers=stack.client_headers,
-                )
+                run_load(urls, schedule, payloads, progress=_progress(run.name), headers=hdrs, lags_ms=lags)
             )
+            trust = verdict(lags, watch.stop())  # (figures from a starved host say so)
             wall = time.monotonic() - started
             injector.stop()
             if scenario.faults:
@@ -148,6 +149,7 @@ def replay_live(
             summary = summarize(measured, duration, _node_costs(scenario, run))
             summary["warmup_requests"] = len(results) - len(measured)
             summary["wall_s"] = round(wall, 2)
+            summary["trust"] = trust
             summary["faults"] = injector.events
             summary["node_stats"] = {
                 n: http_json(f"{p.url}/admin/stats?executed=1", headers=stack.node_headers)[1]

@@ -103,6 +103,12 @@ class Stack:
         assert self.kafka is not None
         return self.kafka
 
+    def pids(self) -> list[int]:
+        """The stack's processes: routers, nodes, brokers (what a replay's own CPU is counted over)."""
+        procs = [p.popen for p in (*self.peers, *self.nodes.values())]
+        procs += [b.proc for b in (self.broker, self.mosquitto) if b is not None and b.proc is not None]
+        return [p.pid for p in procs if p is not None]
+
     @property
     def traced(self) -> dict[str, Any] | None:
         """The stack's tracing settings (its own, else the scenario's), for the router and every node."""

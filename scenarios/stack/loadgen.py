@@ -130,9 +130,11 @@ async def run_load(
     grace_s: float = 5.0,
     progress: Any = None,
     headers: dict[str, str] | None = None,
+    lags_ms: list[float] | None = None,
 ) -> list[Result]:
     """Send `schedule` open-loop; one Result per arrival, in schedule order. `router_url` is one router,
-    or each site's own (an arrival goes to its site's router).
+    or each site's own (an arrival goes to its site's router). `lags_ms` gets how late each request left
+    against its schedule (the load generator's own lag: scenarios.replay.trust).
 
     The client runs with a server's garbage collector setting (telemetry.process.serving.tuned_gc): what it
     keeps grows with every request sent (results, tasks), and with Python's default setting a full
@@ -142,7 +144,7 @@ async def run_load(
     connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30)
     with tuned_gc():
         async with aiohttp.ClientSession(connector=connector, headers=headers) as session:
-            await _send_all(session, router_url, schedule, payloads, results, grace_s, progress)
+            await _send_all(session, router_url, schedule, payloads, results, grace_s, progress, lags_ms)
     return [r for r in results if r is not None]
 
 
@@ -154,6 +156,7 @@ async def _send_all(
     results: list[Result | None],
     grace_s: float,
     progress: Any,
+    lags_ms: list[float] | None = None,
 ) -> None:
     """Each arrival's request at its time (as a task), its answer into `results[i]`."""
 
@@ -206,6 +209,8 @@ async def _send_all(
         delay = start + a.at_s - loop.time()
         if delay > 0:
             await asyncio.sleep(delay)
+        if lags_ms is not None:
+            lags_ms.append((loop.time() - start - a.at_s) * 1000.0)
         tasks.append(asyncio.create_task(send(i, a)))
         if progress is not None:
             progress(i + 1, len(schedule))

@@ -49,6 +49,11 @@ class SiteStack(Stack):
     def sites(self) -> list[str]:
         return list(self.scenario.topology.partitions)
 
+    def pids(self) -> list[int]:
+        """Every site's router, nodes and brokers."""
+        procs = [b.proc for b in self.brokers.values()] + [m.proc for m in self.site_mosquittos.values()]
+        return super().pids() + [p.pid for p in procs if p is not None]
+
     @property
     def beyond_loopback(self) -> bool:
         """Sites in namespaces listen on their site's address, which every other site reaches."""
