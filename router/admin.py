@@ -184,7 +184,10 @@ async def get_view(request: web.Request) -> web.Response:
                 "cancelled": router.lifecycle.hedge_cancels,
             },
             "reroute": router.lifecycle.reroute.as_json(),
-            "overload": overload_summary(router.lifecycle, request.query.get("since_s")),
+            "overload": {
+                **overload_summary(router.lifecycle, request.query.get("since_s")),
+                "saturation": {"lag_ms": round(router.saturation.lag_ms, 2), "refused": router.saturation.refused},
+            },
             "health": router.lifecycle.health.state(now),
             "router_id": router.router_id,
             "peers": None

@@ -21,6 +21,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from router import admin, director, grpc_api, http_api, mqtt_api
 from router.config import ConfigError, RouterConfig, telemetry_sources
+from router.lifecycle.saturation import TICK_MS
 from router.node_client import HttpNodeClient, NodeClient, NodeError
 from router.state import CLIENT, ROUTER, Router
 from router.state import json_error as _error
@@ -89,6 +90,28 @@ async def front_door(
         return _error(500, "internal router error")
 
 
+class _LagTicker:
+    """How late the loop gets to a timer due every TICK_MS (router.lifecycle.saturation): one
+    `call_at` chain, no task; a tick costs a few microseconds."""
+
+    def __init__(self, router: Router, loop: asyncio.AbstractEventLoop) -> None:
+        self.router = router
+        self.loop = loop
+        self.due = loop.time() + TICK_MS / 1000.0
+        self.handle: asyncio.TimerHandle | None = loop.call_at(self.due, self.tick)
+
+    def tick(self) -> None:
+        now = self.loop.time()
+        self.router.saturation.tick((now - self.due) * 1000.0)
+        self.due = now + TICK_MS / 1000.0
+        self.handle = self.loop.call_at(self.due, self.tick)
+
+    def stop(self) -> None:
+        if self.handle is not None:
+            self.handle.cancel()
+            self.handle = None
+
+
 async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     router = app[ROUTER]
     if router.config.kafka is not None:
@@ -108,10 +131,12 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
         router.peers.start()
     router.dispatcher.attach_to_loop(asyncio.get_running_loop())
     router.source.start(router.store)
+    lag = _LagTicker(router, asyncio.get_running_loop())
     try:
         async with running(router.dispatcher.reroute_loop(), "reroute"):
             yield
     finally:
+        lag.stop()
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, router.source.stop)
         if router.peers is not None:

@@ -21,6 +21,7 @@ from router.lifecycle.health import HealthConfig
 from router.lifecycle.intake import IntakeRules
 from router.lifecycle.links import LinkState
 from router.lifecycle.reroute import RerouteConfig
+from router.lifecycle.saturation import SaturationConfig
 from router.lifecycle.stages import CropSpec, StageSpec, WorkflowSpec
 from telemetry.cluster.schema import NAME_PATTERN
 from telemetry.kafka.signing import Signer, TelemetryKey, Verifier, signer_for
@@ -355,6 +356,11 @@ class RouterConfig(ServerSettings):
     copies: CopyConfig = Field(default_factory=CopyConfig, description="load warm copies ahead of demand")
     reroute: RerouteConfig = Field(
         default_factory=RerouteConfig, description="take queued requests back from a slow node and send them elsewhere"
+    )
+    saturation: SaturationConfig = Field(
+        default_factory=SaturationConfig,
+        description="shed sheddable, then bulk work at the door while the router itself is behind "
+        "(router.lifecycle.saturation)",
     )
     retry_budget: RetryBudgetSettings = Field(
         default_factory=lambda: RetryBudgetSettings(),

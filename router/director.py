@@ -161,6 +161,12 @@ async def _infer(router: Router, call: InferCall) -> Outcome:
             out.headers["Retry-After"] = "1"
         return out
     budget = taken.budget_ms(router.lifecycle.settings.intake)
+    saturated = router.saturation.refuse(prio, budget)
+    if saturated is not None:  # the router itself is behind: its capacity goes to what it admits
+        count(router, model, prio, "none", 503, arrived)
+        out = Outcome.error(503, saturated)
+        out.headers["Retry-After"] = "1"
+        return out
     headers = {"Content-Type": hints.get("Content-Type", "application/json"), wire.PRIORITY: str(prio)}
     if wire.HEADER_LENGTH in hints:
         headers[wire.HEADER_LENGTH] = hints[wire.HEADER_LENGTH]

@@ -20,6 +20,7 @@ from router.admission import Authenticator, RateLimiter
 from router.cascade import CascadeRunner
 from router.config import ConfigError, RouterConfig, lifecycle_settings, load_config
 from router.dispatch import Dispatcher, PolicyHolder
+from router.lifecycle.saturation import Saturation
 from router.metrics import RouterMetrics
 from router.node_client import NodeClient
 from router.workflows import WorkflowRunner
@@ -71,6 +72,7 @@ class Router:
         self.auth = Authenticator(config.auth)
         self.peers: PeerLoads | None = None
         self.limiter = RateLimiter(config.rate_limit)
+        self.saturation = Saturation(config.saturation)  # fed by the app's loop-lag ticker
         # (model, version) -> statistics under way, or (when, statistics) (router.fleet.model_stats)
         self.stats_cache: dict[tuple[str | None, str | None], Any] = {}
         self.workflows = {w.name: WorkflowRunner(w, self.dispatcher, clock) for w in config.workflows}

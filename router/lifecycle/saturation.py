@@ -1,0 +1,73 @@
+"""The router's own saturation as an input to admission: when the router, not the nodes, is the
+bottleneck, shed sheddable and then bulk work at the door, so critical work stays in time.
+
+The drivers measure how late the router gets to what it was due to do (the live router: its event
+loop's lag, how late a timer due every `TICK_MS` fires; the simulator has no loop to fall behind). A
+request the router cannot look at in time has waited that long already, in the socket, the broker or
+the loop's backlog, before any rule saw it. `Saturation` keeps the lag's floor over a short window
+(the least lag of the last `window` ticks): one late tick (a collection, a long callback) is a spike,
+not saturation; a loop late on every tick is behind. `refuse` decides at intake, for every door:
+
+- a request whose budget is less than the lag: 503 (it cannot be answered in time);
+- sheddable work (priority < 0) while the lag's floor is at least `shed_lag_ms`: 503;
+- bulk work (priority below `critical_priority`) while it is at least `bulk_lag_ms`: 503;
+- critical work: never refused for it.
+
+A refusal costs the router a fraction of what serving costs (no node call, no answer body), so under
+saturation the router's capacity goes to what it admits. Pure: no asyncio, no clock; the driver feeds
+`tick` with what it measured.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from pydantic import BaseModel, ConfigDict, Field
+
+TICK_MS = 10.0  # how often the live router measures its loop's lag
+
+
+class SaturationConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = Field(True, description="shed sheddable, then bulk work while the router itself is behind")
+    shed_lag_ms: float = Field(15.0, gt=0, le=10_000, description="lag at which sheddable work is refused")
+    bulk_lag_ms: float = Field(40.0, gt=0, le=10_000, description="lag at which bulk work is refused too")
+    critical_priority: int = Field(1, description="priorities at or above this are never refused for it")
+    window: int = Field(5, ge=1, le=1000, description="ticks the lag's floor is taken over")
+
+
+class Saturation:
+    """How far behind the router is (`lag_ms`: the floor of the recent ticks' lateness) and the rule on
+    what it admits."""
+
+    def __init__(self, cfg: SaturationConfig) -> None:
+        self.cfg = cfg
+        self._recent: deque[float] = deque(maxlen=cfg.window)
+        self.lag_ms = 0.0
+        self.refused = 0
+
+    def tick(self, late_ms: float) -> None:
+        """A tick due `late_ms` ago fired now."""
+        recent = self._recent
+        recent.append(max(0.0, late_ms))
+        self.lag_ms = min(recent) if len(recent) == recent.maxlen else 0.0
+
+    def refuse(self, priority: int, budget_ms: float) -> str | None:
+        """Why a request is refused at the door for the router's own saturation (a 503), or None."""
+        cfg, lag = self.cfg, self.lag_ms
+        if not cfg.enabled or lag <= 0.0:
+            return None
+        if lag >= budget_ms:
+            why = f"the router is {lag:.0f} ms behind, more than the request's {budget_ms:.0f} ms budget"
+        elif priority < 0 and lag >= cfg.shed_lag_ms:
+            why = f"the router is {lag:.0f} ms behind: sheddable work is refused"
+        elif priority < cfg.critical_priority and lag >= cfg.bulk_lag_ms:
+            why = f"the router is {lag:.0f} ms behind: only critical work is taken"
+        else:
+            return None
+        self.refused += 1
+        return why
+
+
+__all__ = ["TICK_MS", "Saturation", "SaturationConfig"]

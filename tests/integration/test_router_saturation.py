@@ -1,0 +1,68 @@
+"""The router's own saturation at the door: with its event loop behind on every tick (here a callback
+that holds it 30 ms in every 30, as a router past its own capacity is), sheddable work is refused at
+once (503, Retry-After) while bulk and critical work are served; the view says how far behind it is.
+With the loop free again it refuses nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from aiohttp import web
+
+from router.app import create_app
+from router.config import parse_config
+from telemetry.kafka.reader import StaticTelemetrySource
+from telemetry.oip import wire
+from tests.helpers import load
+from tests.integration.http import call, infer_body
+
+
+async def test_a_router_behind_sheds_sheddable_work_first() -> None:
+    async def answer(request: web.Request) -> web.Response:
+        await request.read()
+        return web.json_response({"model_name": "sensor_mlp", "outputs": []})
+
+    node = web.Application()
+    node.router.add_post("/v2/models/sensor_mlp/infer", answer)
+    node_runner = web.AppRunner(node, access_log=None)
+    await node_runner.setup()
+    await web.TCPSite(node_runner, "127.0.0.1", 0).start()
+    port = node_runner.addresses[0][1]
+    now = time.time() * 1000
+    msg = load("n1", models={"sensor_mlp": 1.0}, sent_at_ms=now).replace(endpoint=f"http://127.0.0.1:{port}")
+    app = create_app(parse_config({"kafka": None, "stale_after_ms": 600_000}), source=StaticTelemetrySource([msg]))
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    loop = asyncio.get_running_loop()
+    hogging = True
+
+    def hog() -> None:  # the loop held 30 ms in every 30: a router past its own capacity
+        if hogging:
+            time.sleep(0.03)
+            loop.call_later(0.0, hog)
+
+    def ask(priority: int) -> tuple[int, dict[str, str], object]:
+        hints = {wire.PRIORITY: str(priority), wire.DEADLINE_MS: "5000"}
+        status, doc, headers = call(f"{url}/v2/models/sensor_mlp/infer", infer_body(), headers=hints)
+        return status, headers, doc
+
+    try:
+        assert (await asyncio.to_thread(ask, -1))[0] == 200  # free: served
+        loop.call_later(0.0, hog)
+        await asyncio.sleep(0.3)
+        shed = await asyncio.to_thread(ask, -1)
+        assert shed[0] == 503 and "behind" in str(shed[2]) and shed[1]["Retry-After"] == "1", shed
+        assert (await asyncio.to_thread(ask, 0))[0] == 200  # bulk: not yet (the lag is under bulk_lag_ms)
+        assert (await asyncio.to_thread(ask, 10))[0] == 200  # critical: never
+        view = (await asyncio.to_thread(call, f"{url}/admin/view"))[1]
+        assert view["overload"]["saturation"]["lag_ms"] >= 15 and view["overload"]["saturation"]["refused"] >= 1
+        hogging = False
+        await asyncio.sleep(0.3)
+        assert (await asyncio.to_thread(ask, -1))[0] == 200  # free again: nothing refused
+    finally:
+        hogging = False
+        await runner.cleanup()
+        await node_runner.cleanup()
