@@ -21,6 +21,7 @@ from typing import Any
 from aiohttp import web
 
 from policies import PolicyConfigError, PolicySpec
+from router.capture_app import get_capture
 from router.lifecycle import Lifecycle
 from router.lifecycle.reroute import RerouteConfig
 from router.state import ROUTER, Router, validate_policy
@@ -271,5 +272,6 @@ def create_admin_app(router: Router) -> web.Application:
     r.add_get("/reroute", get_reroute)
     r.add_put("/reroute", put_reroute)
     r.add_get("/cascades", get_cascades)
+    r.add_get("/capture", get_capture)
     r.add_put("/cascades", put_cascades)
     return sub

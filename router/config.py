@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from policies import PolicyConfigError, PolicySpec, build_policy
 from router.admission import AuthConfig, RateLimitConfig
+from router.capture import CaptureConfig
 from router.lifecycle import LifecycleSettings
 from router.lifecycle.budgets import RetryBudgetConfig
 from router.lifecycle.cascade import CascadeSpec
@@ -356,6 +357,9 @@ class RouterConfig(ServerSettings):
     copies: CopyConfig = Field(default_factory=CopyConfig, description="load warm copies ahead of demand")
     reroute: RerouteConfig = Field(
         default_factory=RerouteConfig, description="take queued requests back from a slow node and send them elsewhere"
+    )
+    capture: CaptureConfig = Field(
+        default_factory=CaptureConfig, description="record what the router serves, for replays (router.capture)"
     )
     saturation: SaturationConfig = Field(
         default_factory=SaturationConfig,

@@ -48,6 +48,7 @@ class InferCall:
     client: str
     arrived_ms: float
     transport_ms: float | None = None  # what the transport says is left of the budget (gRPC, MQTT)
+    door: str = "http"  # http | grpc | mqtt
 
 
 def admit(router: Router, client: str, model: str) -> Outcome | None:
@@ -80,13 +81,59 @@ def precheck(router: Router, model: str, version: str | None, size: int | None, 
     return None
 
 
+@dataclass(slots=True)
+class Trail:
+    """What intake made of a request, for its capture record (router.capture)."""
+
+    priority: int = 0
+    site: str | None = None
+    budget_ms: float | None = None
+    arm: str | None = None  # the canary arm that served it (router.lifecycle.canary), if any
+
+
 async def infer(router: Router, call: InferCall) -> Outcome:
     """An inference request read whole, checked, routed by the policy (or run as a workflow), answered;
-    traced as one span when tracing is on (telemetry.process.tracing)."""
+    traced as one span when tracing is on (telemetry.process.tracing); recorded when capture is on."""
+    trail = Trail()
     if tracing.TRACER is None:
-        return await _infer(router, call)
+        outcome = await _infer(router, call, trail)
+    else:
+        outcome = await _traced(router, call, trail)
+    capture = router.capture
+    if capture is not None:
+        headers = outcome.headers
+        capture.request(
+            "r",
+            call.arrived_ms,
+            call.door,
+            trail.site,
+            call.client,
+            call.model,
+            call.version,
+            trail.priority,
+            trail.budget_ms,
+            len(call.body),
+            outcome.status,
+            round(router.clock() - call.arrived_ms, 3),
+            outcome.node,
+            outcome.attempts,
+            _float(headers.get(wire.QUEUE_MS)),
+            _float(headers.get(wire.EXEC_MS)),
+            trail.arm,
+        )
+    return outcome
+
+
+def _float(value: str | None) -> float | None:
+    try:
+        return None if value is None else round(float(value), 3)
+    except ValueError:
+        return None
+
+
+async def _traced(router: Router, call: InferCall, trail: Trail) -> Outcome:
     with tracing.span(f"route {call.model[:64]}", call.hints, **{"edgeroute.model": call.model[:128]}) as span:
-        outcome = await _infer(router, call)
+        outcome = await _infer(router, call, trail)
         span.set_attributes(
             {
                 "http.response.status_code": outcome.status,
@@ -101,7 +148,7 @@ async def infer(router: Router, call: InferCall) -> Outcome:
         return outcome
 
 
-async def _infer(router: Router, call: InferCall) -> Outcome:
+async def _infer(router: Router, call: InferCall, trail: Trail) -> Outcome:
     cfg = router.config
     model, hints, arrived = call.model, call.hints, call.arrived_ms
     try:
@@ -125,11 +172,13 @@ async def _infer(router: Router, call: InferCall) -> Outcome:
         reason = f"client '{client}' {exc.reason}" if exc.status == 403 else exc.reason
         return Outcome.error(exc.status, reason)
     prio, site, batch = taken.priority, taken.site, taken.batch
+    trail.priority, trail.site = prio, site
     if taken.deadline_ms is not None and taken.deadline_ms <= 0:  # (only a transport's own says so)
         count(router, model, prio, "none", 504, arrived)
         return Outcome.error(504, "expired before it was run")
     runner = router.workflows.get(model)
     if runner is not None:
+        trail.budget_ms = taken.budget_ms(router.lifecycle.settings.intake, runner.spec.slo_ms)
         return await _run_workflow(router, runner, call, doc, prio, taken, site)
     cascade = router.cascades.get(model)
     if cascade is not None:
@@ -137,7 +186,7 @@ async def _infer(router: Router, call: InferCall) -> Outcome:
         if refused is not None:
             count(router, model, prio, "none", 400, arrived)
             return Outcome.error(400, refused)
-        budget = taken.budget_ms(router.lifecycle.settings.intake, cascade.spec.slo_ms)
+        budget = trail.budget_ms = taken.budget_ms(router.lifecycle.settings.intake, cascade.spec.slo_ms)
 
         def charge() -> bool:  # an escalation is a second call of the client's, against its rate
             return not router.limiter.admit(call.client, router.clock()).status
@@ -160,7 +209,7 @@ async def _infer(router: Router, call: InferCall) -> Outcome:
         if unknown.status == 503:
             out.headers["Retry-After"] = "1"
         return out
-    budget = taken.budget_ms(router.lifecycle.settings.intake)
+    budget = trail.budget_ms = taken.budget_ms(router.lifecycle.settings.intake)
     saturated = router.saturation.refuse(prio, budget)
     if saturated is not None:  # the router itself is behind: its capacity goes to what it admits
         count(router, model, prio, "none", 503, arrived)

@@ -158,7 +158,7 @@ class RouterService:
                 hints[key] = value[:512]
         remaining = context.time_remaining()  # the call's own deadline: the transport's part of intake
         transport_ms = None if remaining is None else remaining * 1000.0
-        call = director.InferCall(model, version, body, hints, verdict.client, arrived, transport_ms)
+        call = director.InferCall(model, version, body, hints, verdict.client, arrived, transport_ms, "grpc")
         outcome = await director.infer(router, call)
         if outcome.status != 200:
             return outcome.status, outcome.reason or error_text(outcome.body), None

@@ -341,7 +341,7 @@ class MqttDoor(BrokerLink):
         for name, header in CARRIED:
             if name in user:
                 hints[header] = user[name]
-        call = director.InferCall(model, version, bytes(msg.payload), hints, client, arrived, transport_ms)
+        call = director.InferCall(model, version, bytes(msg.payload), hints, client, arrived, transport_ms, "mqtt")
         return await director.infer(router, call)
 
     def _answer(

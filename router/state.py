@@ -17,6 +17,7 @@ from aiohttp import web
 from policies import PolicyConfigError, PolicySpec, build_policy
 from policies.pipeline import Pipeline
 from router.admission import Authenticator, RateLimiter
+from router.capture import Capture
 from router.cascade import CascadeRunner
 from router.config import ConfigError, RouterConfig, lifecycle_settings, load_config
 from router.dispatch import Dispatcher, PolicyHolder
@@ -73,6 +74,7 @@ class Router:
         self.peers: PeerLoads | None = None
         self.limiter = RateLimiter(config.rate_limit)
         self.saturation = Saturation(config.saturation)  # fed by the app's loop-lag ticker
+        self.capture: Capture | None = None  # router.capture, while capture is on (its cleanup context)
         # (model, version) -> statistics under way, or (when, statistics) (router.fleet.model_stats)
         self.stats_cache: dict[tuple[str | None, str | None], Any] = {}
         self.workflows = {w.name: WorkflowRunner(w, self.dispatcher, clock) for w in config.workflows}

@@ -240,6 +240,7 @@ def bench_router(
     rounds: int = 3,
     baseline: Path | None = None,
     tracing: tuple[float, ...] = (),
+    capture: bool = False,
 ) -> dict[str, Any]:
     """The router against the floor, in one run on one machine: a bare aiohttp echo server, the
     edgeroute node (echo model) called directly, a bare aiohttp proxy in front of that node, and the
@@ -248,7 +249,9 @@ def bench_router(
     edgeroute), that checkout's router runs beside this one in front of the same node, in the same
     interleaved rounds: the comparison of two builds in one harness. With `tracing` (sampling ratios),
     a router of this checkout per ratio with tracing on, exporting over OTLP to a receiver in this
-    process that keeps nothing: the router's cost of its spans, beside the same router without."""
+    process that keeps nothing: the router's cost of its spans, beside the same router without. With
+    `capture`, the same two routers of this checkout beside each other, capture off and on (every
+    request recorded to disk): capture's cost, and its bytes per request."""
     scenario = Scenario.model_validate(
         {
             "name": "bench-router",
@@ -305,6 +308,14 @@ def bench_router(
                     proc, traced_url = _baseline_router(stack, here, traced, f"traced-{ratio:g}")
                     floors.append(proc)
                     targets[f"router_traced_{ratio:g}"] = (traced_url + path, proc.pid, "json")
+            capture_dir = stack.log_dir / "capture"
+            if capture:  # (both started alike, so only capture tells them apart)
+                here = Path(__file__).resolve().parents[2]
+                on = {"capture": {"enabled": True, "dir": str(capture_dir)}}
+                for name, overrides in (("plain", {}), ("captured", on)):
+                    proc, url = _baseline_router(stack, here, overrides, name)
+                    floors.append(proc)
+                    targets[f"router_{name}"] = (url + path, proc.pid, "json")
             for c in concurrencies:
 
                 def run(target: str, rnd: int, c: int = c) -> dict[str, Any]:
@@ -362,6 +373,12 @@ def bench_router(
                     t["server_cpu_us_per_request"] / fig["router"]["server_cpu_us_per_request"], 3
                 ),
             }
+        if capture:
+            plain, recorded = fig["router_plain"], fig["router_captured"]
+            summary[-1]["captured"] = {
+                "rps_vs_plain": round(recorded["rps"] / plain["rps"], 3),
+                "cpu_vs_plain": round(recorded["server_cpu_us_per_request"] / plain["server_cpu_us_per_request"], 3),
+            }
         if baseline is not None:
             base_added = fig["router_baseline"]["p50_ms"] - fig["node"]["p50_ms"]
             summary[-1].update(
@@ -372,8 +389,14 @@ def bench_router(
                     fig["router"]["server_cpu_us_per_request"] / fig["router_baseline"]["server_cpu_us_per_request"], 3
                 ),
             )
+    capture_bytes = None
+    if capture:  # on disk, gzip'd: every record the captured router wrote, over the requests it served
+        served = sum(r["requests"] for r in rows if r["target"] == "router_captured")
+        written = sum(p.stat().st_size for p in capture_dir.glob("*.jsonl.gz")) if capture_dir.is_dir() else 0
+        capture_bytes = round(written / served, 1) if served else None
     doc = result(
         "router",
+        capture_bytes_per_request=capture_bytes,
         model="echo",
         requests_per_run=requests,
         rounds=rounds,
@@ -400,6 +423,12 @@ def bench_router(
                     f"    tracing sampled at {key.removeprefix('traced_')}: req/s {t['rps_vs_untraced']}x the untraced "
                     f"router's, CPU per request {t['cpu_vs_untraced']}x, adds {t['added_p50_ms']:.3f} ms p50"
                 )
+        if "captured" in srow:
+            cap = srow["captured"]
+            lines.append(
+                f"    capture on: req/s {cap['rps_vs_plain']}x the same router without, CPU per request "
+                f"{cap['cpu_vs_plain']}x; {capture_bytes} bytes a request on disk (gzip'd)"
+            )
         if "router_vs_baseline_rps" in srow:
             lines.append(
                 f"    against the baseline router: req/s {srow['router_vs_baseline_rps']}x, added p50 "

@@ -125,7 +125,13 @@ def run_bench(args: argparse.Namespace) -> int:
         if any(not 0 <= r <= 1 for r in ratios):
             return arg.usage("--tracing: ratios from 0 to 1")
         bench_router(
-            out, requests=args.requests, kafka=args.kafka, rounds=args.rounds, baseline=baseline, tracing=ratios
+            out,
+            requests=args.requests,
+            kafka=args.kafka,
+            rounds=args.rounds,
+            baseline=baseline,
+            tracing=ratios,
+            capture=args.capture,
         )
     return 0
 
@@ -151,6 +157,9 @@ def add_bench_parser(sub: Any) -> None:
         "--tracing",
         metavar="RATIOS",
         help="also this router with tracing on at each sampling ratio (e.g. 0.01,1), exporting to a receiver here",
+    )
+    b.add_argument(
+        "--capture", action="store_true", help="also this router twice, capture off and on: capture's cost per request"
     )
     b = bsub.add_parser("routers", help="active-active routers, with and without shared load, at one offered rate")
     b.add_argument("--nodes", type=int, default=4, help="nodes (4)")

@@ -16,6 +16,7 @@ from typing import Any
 from scenarios import BUNDLED_DIR
 from scenarios.cli import args as arg
 from scenarios.cli.bench import add_bench_parser
+from scenarios.cli.capture import add_capture_parser
 from scenarios.spec.schema import load_scenario
 from telemetry.process.cli import add_version, missing_extra
 from telemetry.process.configfile import ConfigError
@@ -363,6 +364,7 @@ def main(argv: list[str] | None = None) -> int:
     rp.set_defaults(func=_replay)
 
     add_bench_parser(sub)
+    add_capture_parser(sub)
 
     sw = sub.add_parser("sweep", help="fewest nodes per policy that keep the target share within deadline (sim)")
     sw.add_argument("scenario", help="scenario YAML, or a bundled one by name")

@@ -290,6 +290,7 @@ def format_table(report: dict[str, Any]) -> str:
             f"{p['slo_attainment'] * 100:>6.1f}% {top:>11.1f} {off:>8} {cost:>7}  {nodes}"
         )
     lines += warnings(report)
+    lines += format_recorded(report)
     tel = report.get("telemetry")
     if tel:
         lines.append(
@@ -297,3 +298,24 @@ def format_table(report: dict[str, Any]) -> str:
             f"{tel['lag_ms']['p50']:.1f} ms p99 {tel['lag_ms']['p99']:.1f} ms"
         )
     return "\n".join(lines)
+
+
+def format_recorded(report: dict[str, Any]) -> list[str]:
+    """The table's lines for a capture's replay: what was recorded, and each run against it."""
+    rec = report.get("recorded")
+    if not rec:
+        return []
+    lat = rec["latency_ms"]
+    lines = [
+        f"recorded (under {rec.get('policy') or 'its policy'}): {rec['sent']} requests, SLO "
+        f"{rec['slo_attainment'] * 100:.1f}%, p50 {lat['p50']:.1f} ms, p99 {lat['p99']:.1f} ms"
+    ]
+    for name, run in report.get("policies", {}).items():
+        v = run.get("vs_recorded")
+        if v:
+            ratio = " ".join(f"{q} x{v[f'{q}_ratio']:.2f}" for q in ("p50", "p99") if v[f"{q}_ratio"] is not None)
+            lines.append(
+                f"  {name} vs recorded: SLO {v['slo_points']:+.1f} points, {ratio}, "
+                f"node shares within {v['node_share_points']:.1f} points"
+            )
+    return lines

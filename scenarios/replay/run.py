@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from scenarios.replay.capture import attach_recorded, recorded_host
 from scenarios.replay.partitions import partitions
 from scenarios.replay.report import format_table, node_warm_rates, recovery, series, summarize, write_report
 from scenarios.replay.trust import HostWatch, verdict
@@ -364,8 +365,9 @@ def run_replay(
     router_url, token = kwargs.pop("router_url", None), kwargs.pop("token", None)
     if router_url is not None:
         report = replay_remote(scenario, router_url, token, kwargs.get("duration_s"))
-    elif mode == "sim":
-        report = replay_sim(scenario, runs, duration_s=kwargs.get("duration_s"), profile_path=profile_path)
+    elif mode == "sim":  # (a capture's replay runs on the host it recorded)
+        host = recorded_host(scenario)
+        report = replay_sim(scenario, runs, duration_s=kwargs.get("duration_s"), profile_path=profile_path, host=host)
     else:
         report = replay_live(scenario, runs, calibrate=calibrate, **kwargs)
         if mode == "both":
@@ -373,6 +375,8 @@ def run_replay(
             sim = replay_sim(scenario, runs, duration_s=kwargs.get("duration_s"), profile_path=profile_path, host=host)
             report["sim"] = sim
             report["comparison"] = compare(report, sim)
+    if scenario.recorded is not None:  # a capture's replay: what was recorded, beside every run
+        attach_recorded(scenario, report)
     path = write_report(report, out_dir)
     try:
         from scenarios.replay.render import render

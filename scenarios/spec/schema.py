@@ -257,6 +257,12 @@ class Scenario(_Strict):
     topology: Topology
     workload: Workload
     router: dict[str, Any] = Field(default_factory=dict, description="RouterConfig overrides")
+    recorded: str | None = Field(
+        None,
+        max_length=4096,
+        description="what a capture recorded (recorded.json beside the file, edgeroute capture writes it): a "
+        "replay puts it beside every run",
+    )
     tracing: TracingConfig | None = Field(
         None, description="traces of the whole stack a live replay starts: its router and every node"
     )
@@ -461,7 +467,11 @@ def parse_scenario(text: str, origin: str = "<scenario>", base_dir: Path | None 
 
 
 def load_scenario(path: str | Path) -> Scenario:
+    """A scenario file, a folder holding one (`scenario.yaml`: what `edgeroute capture` writes), or the
+    name of a shipped one."""
     p = Path(path)
+    if p.is_dir() and (p / "scenario.yaml").is_file():
+        p = p / "scenario.yaml"
     if not is_file(p):
         bundled = BUNDLED_DIR / p.name if p.suffix else BUNDLED_DIR / f"{p}.yaml"
         if bundled.exists():

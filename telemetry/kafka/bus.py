@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from telemetry.cluster.schema import TOPIC, NodeLoad
@@ -69,8 +70,17 @@ class KafkaSender:
     peers cannot hear from it.
     """
 
-    def __init__(self, bootstrap: str, topic: str, client_id: str, what: str, signer: Signer | None = None) -> None:
+    def __init__(
+        self,
+        bootstrap: str,
+        topic: str,
+        client_id: str,
+        what: str,
+        signer: Signer | None = None,
+        on_failure: Callable[[bytes], None] | None = None,
+    ) -> None:
         self.bootstrap = bootstrap
+        self.on_failure = on_failure  # told each message queued but then not delivered (its value)
         self.topic = topic
         self.signer = signer  # seals every message (telemetry.kafka.signing) when set
         self.client_id = client_id
@@ -81,7 +91,7 @@ class KafkaSender:
 
     def _connect(self) -> Any:
         if rdkafka.available():  # librdkafka: a send queues in its own thread, in microseconds
-            return rdkafka.RdProducer(self.bootstrap, self.client_id)
+            return rdkafka.RdProducer(self.bootstrap, self.client_id, self.on_failure)
         from kafka import KafkaProducer
 
         return KafkaProducer(
@@ -103,7 +113,10 @@ class KafkaSender:
             headers = None
             if self.signer is not None:  # the value stays plain JSON; the signature rides in a header
                 headers = [(HEADER, self.signer.signature(self.topic, value, now_ms()))]
-            self._producer.send(self.topic, key=key, value=value, timestamp_ms=timestamp_ms, headers=headers)
+            sent = self._producer.send(self.topic, key=key, value=value, timestamp_ms=timestamp_ms, headers=headers)
+            if self.on_failure is not None and sent is not None:  # (kafka-python: a future)
+                on_failure = self.on_failure
+                sent.add_errback(lambda exc: on_failure(value))
             self.sent += 1
             return True
         except Exception as exc:  # noqa: BLE001 - any broker fault must not take the process down
@@ -111,6 +124,12 @@ class KafkaSender:
             if self.failed == 1 or self.failed % 100 == 0:
                 log.warning("%s publish failed (%d so far): %s", self.what, self.failed, exc)
             return False
+
+    def poll(self) -> None:
+        """Delivery reports of sends queued earlier (librdkafka's come when polled)."""
+        poll = getattr(self._producer, "poll", None)
+        if poll is not None and isinstance(self._producer, rdkafka.RdProducer):
+            poll()
 
     def close(self) -> None:
         if self._producer is not None:

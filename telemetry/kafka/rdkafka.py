@@ -22,6 +22,7 @@ import logging
 import os
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from telemetry.kafka.records import Record, TopicPartition
@@ -99,7 +100,7 @@ def ensure_topic(bootstrap: str, topic: str, partitions: int, timeout_s: float) 
 class RdProducer:
     """A librdkafka producer with kafka-python's `send`/`flush`/`close` shape (telemetry.kafka.bus.KafkaSender)."""
 
-    def __init__(self, bootstrap: str, client_id: str) -> None:
+    def __init__(self, bootstrap: str, client_id: str, on_failure: Callable[[bytes], None] | None = None) -> None:
         from confluent_kafka import Producer
 
         self._producer = Producer(
@@ -113,10 +114,13 @@ class RdProducer:
             }
         )
         self.failed_deliveries = 0
+        self.on_failure = on_failure  # told each message that could not be delivered (its value)
 
     def _delivered(self, err: Any, msg: Any) -> None:
         if err is not None:
             self.failed_deliveries += 1
+            if self.on_failure is not None:
+                self.on_failure(msg.value() or b"")
 
     def send(
         self,
@@ -136,6 +140,10 @@ class RdProducer:
             on_delivery=self._delivered,
         )
         self._producer.poll(0)  # delivery reports, without waiting
+
+    def poll(self) -> None:
+        """Delivery reports of what was queued, without waiting (failures reach `on_failure`)."""
+        self._producer.poll(0)
 
     def flush(self, timeout: float = 10.0) -> None:
         self._producer.flush(timeout)

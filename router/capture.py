@@ -1,0 +1,274 @@
+"""Capture: the router's record of what it served, for replays of the fleet's own traffic.
+
+With `capture.enabled`, every request (or a `share` of them, drawn per request) is recorded as it is
+answered, and now and then what the router knows of the fleet. On the request path a record is one
+tuple appended to a bounded queue (no file I/O, no encoding on the event loop; past `queue` records
+waiting, new ones are dropped and counted); a thread of the router's own drains it every 200 ms,
+encodes each record as one JSON line and writes it:
+
+- to the in-memory ring (`ring_bytes` of the newest lines), which `GET /admin/capture?since_ms=T`
+  hands over (admin only) and `edgeroute capture --router URL` reads;
+- to gzip'd segment files under `dir` (`capture-<router>-<start ms>.jsonl.gz`, a new one past
+  `segment_bytes`, the oldest deleted past `max_bytes` in all), when `dir` is set;
+- to the Kafka topic `kafka_topic` (beside the telemetry, a message per batch keyed by router id),
+  when set: several routers' captures merge there, and `edgeroute capture --kafka` reads them.
+
+A full disk or an unreachable topic never blocks serving: what cannot be written is dropped and
+counted (`edgeroute_capture_records_total{result}`: captured, sampled_out, dropped_queue, dropped_disk,
+dropped_kafka).
+
+The record format (docs/guides.md, "Capture"), one JSON object a line, `k` its kind:
+
+- `{"k": "router", "router": ID, "policy": NAME, "spec": {...}, "site": S, "version": V, "t": MS}`:
+  who captured, with what policy (written at the start of every segment and batch, and on a swap);
+- `{"k": "r", "t": MS, "door", "site", "client", "model", "version", "prio", "deadline_ms", "bytes",
+  "status", "ms", "node", "attempts", "queue_ms", "exec_ms", "arm"}`: one request, `t` its arrival
+  (epoch ms), `ms` the latency the router saw; no payloads;
+- `{"k": "node", "t": MS, "id", "site", "tier", "slots", "status", "mode", "models": {M: [ewma ms at
+  batch 1, resident]}}`: each node as the router sees it, every `fleet_every_s`, and when one joins or
+  leaves (`"status": "gone"`).
+
+A request's record is about 230 bytes as JSON and 40-60 bytes gzip'd (docs/benchmarks.md).
+"""
+
+from __future__ import annotations
+
+import gzip
+import logging
+import os
+import random
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field
+
+from telemetry.cluster.view import ClusterView
+
+log = logging.getLogger("edgeroute.router")
+
+DRAIN_S = 0.2
+RESULTS = ("captured", "sampled_out", "dropped_queue", "dropped_disk", "dropped_kafka")
+
+
+class CaptureConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = False
+    share: float = Field(1.0, gt=0, le=1, description="the share of requests recorded (drawn per request)")
+    dir: str | None = Field(None, max_length=4096, description="write gzip'd segments here (none: memory only)")
+    segment_bytes: int = Field(16 << 20, ge=64 << 10, le=1 << 34, description="a segment's size (compressed)")
+    max_bytes: int = Field(1 << 30, ge=64 << 10, le=1 << 42, description="the segments' bytes in all; oldest go")
+    ring_bytes: int = Field(16 << 20, ge=64 << 10, le=1 << 31, description="the newest records kept in memory")
+    queue: int = Field(100_000, ge=100, le=10_000_000, description="records waiting for the writer at most")
+    kafka_topic: str | None = Field(
+        None, pattern=r"^[A-Za-z0-9._-]{1,249}$", description="also publish the records here (the router's kafka)"
+    )
+    fleet_every_s: float = Field(5.0, gt=0, le=3600, description="the fleet as seen, recorded this often")
+
+
+class Capture:
+    """One router's capture: `request` on the loop, the writer in a thread (`start`, `stop`)."""
+
+    def __init__(
+        self,
+        cfg: CaptureConfig,
+        router_id: str,
+        header: Callable[[], dict[str, Any]],
+        sender: Any = None,
+    ) -> None:
+        self.cfg = cfg
+        self.router_id = router_id
+        self.header = header  # the current "router" record (policy, site, version)
+        self.sender = sender  # a KafkaSender for kafka_topic, or None
+        self.counts = dict.fromkeys(RESULTS, 0)
+        self._queue: deque[tuple[Any, ...] | dict[str, Any]] = deque()
+        self._draw = random.Random().random
+        self._ring: deque[tuple[float, bytes]] = deque()
+        self._ring_bytes = 0
+        self._lock = threading.Lock()  # the ring (read by the admin route, written by the thread)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._segment: Any = None
+        self._segment_path: Path | None = None
+        self._known: dict[str, str] = {}  # node id -> its last recorded status (joins and leaves)
+        self._last_fleet = 0.0
+
+    # --- on the event loop ------------------------------------------------------------------------
+
+    def request(self, *fields: Any) -> None:
+        """One answered request's fields, in the order of `REQUEST_FIELDS` (cheap: a tuple appended)."""
+        if self.cfg.share < 1.0 and self._draw() >= self.cfg.share:
+            self.counts["sampled_out"] += 1
+            return
+        if len(self._queue) >= self.cfg.queue:
+            self.counts["dropped_queue"] += 1
+            return
+        self._queue.append(fields)
+
+    def fleet(self, view: ClusterView, modes: Callable[[Any], str], now_ms: float) -> None:
+        """The fleet as seen now, when `fleet_every_s` has passed or a node joined or left."""
+        ids = {n.node_id for n in view}
+        changed = ids != set(self._known) or any(self._known.get(n.node_id) != n.load.status for n in view)
+        if not changed and now_ms - self._last_fleet < self.cfg.fleet_every_s * 1000.0:
+            return
+        self._last_fleet = now_ms
+        for node_id in set(self._known) - ids:
+            self._queue.append({"k": "node", "t": now_ms, "id": node_id, "status": "gone"})
+        self._known = {n.node_id: n.load.status for n in view}
+        for n in view:
+            models = {name: [round(ml.ewma_ms(1) or 0.0, 3), bool(ml.resident)] for name, ml in n.load.models.items()}
+            self._queue.append(
+                {
+                    "k": "node",
+                    "t": now_ms,
+                    "id": n.node_id,
+                    "site": n.partition,
+                    "tier": n.load.tier,
+                    "slots": n.capacity,
+                    "status": n.load.status,
+                    "mode": modes(n),
+                    "endpoint": n.endpoint,
+                    "models": models,
+                }
+            )
+
+    def recent(self, since_ms: float, limit_bytes: int = 64 << 20) -> bytes:
+        """The ring's lines newer than `since_ms` (its header first), at most `limit_bytes`."""
+        head = orjson.dumps(self.header()) + b"\n"
+        out = [head]
+        size = len(head)
+        with self._lock:
+            for t, line in self._ring:
+                if t > since_ms:
+                    size += len(line)
+                    if size > limit_bytes:
+                        break
+                    out.append(line)
+        return b"".join(out)
+
+    # --- the writer thread ------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="edgeroute-capture", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5)
+        self._drain()
+        self._close_segment()
+        if self.sender is not None:
+            self.sender.close()
+
+    def _run(self) -> None:
+        while not self._stop.wait(DRAIN_S):
+            try:
+                self._drain()
+            except Exception:  # noqa: BLE001 - the capture must never take the router down
+                log.exception("capture: a batch could not be written")
+
+    def _drain(self) -> None:
+        queue = self._queue
+        if self.sender is not None:
+            self.sender.poll()  # (the topic's delivery reports: what could not be delivered is counted)
+        if not queue:
+            return
+        lines: list[bytes] = []
+        stamps: list[float] = []
+        while queue:
+            item = queue.popleft()
+            record = item if isinstance(item, dict) else dict(zip(REQUEST_FIELDS, item, strict=True))
+            lines.append(orjson.dumps(record) + b"\n")
+            stamps.append(float(record.get("t", 0.0)))
+        self.counts["captured"] += sum(1 for line in lines if line.startswith(b'{"k":"r"'))
+        self._to_ring(stamps, lines)
+        batch = b"".join(lines)
+        if self.cfg.dir is not None:
+            self._to_disk(batch)
+        if self.sender is not None:
+            head = orjson.dumps(self.header()) + b"\n"
+            if not self.sender.send(self.router_id.encode(), head + batch, int(time.time() * 1000)):
+                self.counts["dropped_kafka"] += len(lines)
+
+    def _to_ring(self, stamps: list[float], lines: list[bytes]) -> None:
+        with self._lock:
+            for t, line in zip(stamps, lines, strict=True):
+                self._ring.append((t, line))
+                self._ring_bytes += len(line)
+            while self._ring and self._ring_bytes > self.cfg.ring_bytes:
+                self._ring_bytes -= len(self._ring.popleft()[1])
+
+    def _to_disk(self, batch: bytes) -> None:
+        try:
+            if self._segment is None or self._segment.fileobj.tell() >= self.cfg.segment_bytes:
+                self._open_segment()
+            assert self._segment is not None
+            self._segment.write(batch)
+            self._segment.flush()  # (each batch readable on disk: a router that dies loses 200 ms at most)
+        except OSError as exc:  # a full disk, a folder gone: drop, count, keep serving
+            dropped = batch.count(b"\n")
+            self.counts["dropped_disk"] += dropped
+            if self.counts["dropped_disk"] == dropped:
+                log.warning("capture: cannot write to %s (%s); dropping what cannot be written", self.cfg.dir, exc)
+            self._close_segment()
+
+    def _open_segment(self) -> None:
+        self._close_segment()
+        assert self.cfg.dir is not None
+        folder = Path(self.cfg.dir)
+        folder.mkdir(parents=True, exist_ok=True)
+        self._prune(folder)
+        path = folder / f"capture-{self.router_id}-{int(time.time() * 1000)}.jsonl.gz"
+        self._segment = gzip.open(path, "wb", compresslevel=3)  # noqa: SIM115 - closed by _close_segment
+        self._segment_path = path
+        self._segment.write(orjson.dumps(self.header()) + b"\n")
+
+    def _close_segment(self) -> None:
+        if self._segment is not None:
+            try:
+                self._segment.close()
+            except OSError:
+                pass
+            self._segment = None
+
+    def _prune(self, folder: Path) -> None:
+        """Delete the oldest segments while they hold more than `max_bytes` less one segment's room."""
+        segments = sorted(folder.glob(f"capture-{self.router_id}-*.jsonl.gz"), key=lambda p: p.stat().st_mtime)
+        total = sum(p.stat().st_size for p in segments)
+        while segments and total + self.cfg.segment_bytes > self.cfg.max_bytes:
+            oldest = segments.pop(0)
+            total -= oldest.stat().st_size
+            try:
+                os.remove(oldest)
+            except OSError:
+                break
+
+
+REQUEST_FIELDS = (
+    "k",
+    "t",
+    "door",
+    "site",
+    "client",
+    "model",
+    "version",
+    "prio",
+    "deadline_ms",
+    "bytes",
+    "status",
+    "ms",
+    "node",
+    "attempts",
+    "queue_ms",
+    "exec_ms",
+    "arm",
+)
+
+
+__all__ = ["REQUEST_FIELDS", "RESULTS", "Capture", "CaptureConfig"]

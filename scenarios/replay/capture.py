@@ -1,0 +1,429 @@
+"""A capture (router.capture's records: JSON lines, gzip'd or not, from files, a router or Kafka) made
+into a scenario folder that `edgeroute replay DIR` runs with no editing:
+
+    DIR/scenario.yaml      the fleet as observed: its sites, its nodes (tier, slots, models, a speed
+                           measured against this machine's profile), the links as observed latencies,
+                           the router's policy as it was; the workload is the captured arrivals
+    DIR/traces/<site>.csv  each site's arrivals, `at_s,model,priority,deadline_ms` (today's trace
+                           format; the columns after it, what the router recorded, are read by nothing
+                           but people: site, door, client, status, latency_ms, node, attempts)
+    DIR/recorded.json      what the capture recorded, summarised as a replay summarises a run
+                           (scenarios.replay.report.summarize): a replay puts it beside every run
+
+Everything in a capture crossed a process boundary: each line is checked (its kind, every field's type
+and bounds; a line over `MAX_LINE` bytes, a truncated gzip member, a first line that is not a router's
+header) and a bad one refused with its file and line (`CaptureError`).
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import io
+import json
+import math
+import re
+import statistics
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+import yaml
+
+from scenarios.replay.report import summarize
+from scenarios.spec.workload import Arrival, Result
+from scenarios.stack.nodeconfig import profile_baselines
+from telemetry.cluster.schema import NAME_PATTERN
+from telemetry.measure.quantiles import grid_101
+from telemetry.oip.wire import MAX_PRIORITY
+
+MAX_LINE = 64 << 10  # a capture line's bytes at most (a request's is about 230)
+MAX_RECORDS = 10_000_000  # requests read from one capture at most
+NAME = re.compile(NAME_PATTERN)
+DOORS = ("http", "grpc", "mqtt")
+
+
+class CaptureError(ValueError):
+    """A capture that cannot be read: where (file and line) and why."""
+
+
+@dataclass
+class Captured:
+    routers: dict[str, dict[str, Any]] = field(default_factory=dict)  # router id -> its latest header
+    requests: list[dict[str, Any]] = field(default_factory=list)
+    nodes: dict[str, dict[str, Any]] = field(default_factory=dict)  # node id -> its latest record
+    gone: set[str] = field(default_factory=set)
+
+
+def _name(value: Any, what: str, optional: bool = False) -> str | None:
+    if value is None and optional:
+        return None
+    if not isinstance(value, str) or len(value) > 128 or not NAME.fullmatch(value):
+        raise ValueError(f"{what} is not a name")
+    return value
+
+
+def _number(value: Any, what: str, low: float = 0.0, optional: bool = False) -> float | None:
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < low:
+        raise ValueError(f"{what} must be a finite number of at least {low:g}")
+    return float(value)
+
+
+def _request(doc: dict[str, Any]) -> dict[str, Any]:
+    prio = doc.get("prio", 0)
+    if isinstance(prio, bool) or not isinstance(prio, int) or abs(prio) > MAX_PRIORITY:
+        raise ValueError("prio must be an integer within the priority range")
+    status = doc.get("status")
+    if isinstance(status, bool) or not isinstance(status, int) or not 100 <= status <= 599:
+        raise ValueError("status must be an HTTP status")
+    door = doc.get("door", "http")
+    if door not in DOORS:
+        raise ValueError(f"door must be one of {', '.join(DOORS)}")
+    client = doc.get("client")
+    if client is not None and (not isinstance(client, str) or len(client) > 256):
+        raise ValueError("client must be text of at most 256 characters")
+    node = doc.get("node", "none")
+    if not isinstance(node, str) or len(node) > 256:
+        raise ValueError("node must be text of at most 256 characters")
+    return {
+        "t": _number(doc.get("t"), "t"),
+        "door": door,
+        "site": _name(doc.get("site"), "site", optional=True),
+        "client": client,
+        "model": _name(doc.get("model"), "model"),
+        "prio": prio,
+        "deadline_ms": _number(doc.get("deadline_ms"), "deadline_ms", 0.001, optional=True),
+        "status": status,
+        "ms": _number(doc.get("ms"), "ms"),
+        "node": node,
+        "attempts": int(_number(doc.get("attempts", 0), "attempts") or 0),
+        "queue_ms": _number(doc.get("queue_ms"), "queue_ms", optional=True),
+        "exec_ms": _number(doc.get("exec_ms"), "exec_ms", optional=True),
+    }
+
+
+def _node(doc: dict[str, Any]) -> dict[str, Any]:
+    node_id = _name(doc.get("id"), "id")
+    if doc.get("status") == "gone":
+        return {"id": node_id, "status": "gone", "t": _number(doc.get("t"), "t")}
+    models = doc.get("models")
+    if not isinstance(models, dict) or len(models) > 4096:
+        raise ValueError("models must be an object of at most 4096 models")
+    seen = {}
+    for name, entry in models.items():
+        _name(name, "a model name")
+        if not isinstance(entry, list) or len(entry) != 2:
+            raise ValueError(f"models.{name[:64]} must be [ewma ms, resident]")
+        seen[name] = (_number(entry[0], "ewma ms"), bool(entry[1]))
+    slots = doc.get("slots", 1)
+    if isinstance(slots, bool) or not isinstance(slots, int) or not 1 <= slots <= 1024:
+        raise ValueError("slots must be an integer from 1 to 1024")
+    tier = doc.get("tier", "edge")
+    if tier not in ("edge", "cloud"):
+        raise ValueError("tier must be edge or cloud")
+    return {
+        "id": node_id,
+        "t": _number(doc.get("t"), "t"),
+        "site": _name(doc.get("site"), "site"),
+        "tier": tier,
+        "slots": slots,
+        "status": str(doc.get("status", "ready"))[:16],
+        "models": seen,
+    }
+
+
+def read_lines(lines: Iterable[bytes], origin: str, into: Captured) -> Captured:
+    """Read a capture's lines into `into` (CaptureError naming `origin` and the line for a bad one)."""
+    lineno = 0
+    try:
+        for lineno, raw in enumerate(lines, 1):
+            if len(raw) > MAX_LINE:
+                raise CaptureError(f"{origin}:{lineno}: a line over {MAX_LINE} bytes")
+            if not raw.strip():
+                continue
+            try:
+                doc = orjson.loads(raw)
+            except orjson.JSONDecodeError:
+                raise CaptureError(f"{origin}:{lineno}: not a JSON line") from None
+            if not isinstance(doc, dict):
+                raise CaptureError(f"{origin}:{lineno}: not a JSON object")
+            kind = doc.get("k")
+            if lineno == 1 and kind != "router":
+                raise CaptureError(f"{origin}:1: not an edgeroute capture (its first line is not a router's header)")
+            try:
+                if kind == "router":
+                    router_id = _name(doc.get("router"), "router")
+                    assert router_id is not None
+                    into.routers[router_id] = {k: doc.get(k) for k in ("policy", "spec", "site", "version", "t")}
+                elif kind == "r":
+                    if len(into.requests) >= MAX_RECORDS:
+                        raise CaptureError(f"{origin}:{lineno}: more than {MAX_RECORDS:,} requests")
+                    into.requests.append(_request(doc))
+                elif kind == "node":
+                    node = _node(doc)
+                    if node["status"] == "gone":
+                        into.gone.add(node["id"])
+                    else:
+                        into.nodes[node["id"]] = node
+                        into.gone.discard(node["id"])
+                else:
+                    raise ValueError(f"unknown record kind {str(kind)[:32]!r}")
+            except ValueError as exc:
+                if isinstance(exc, CaptureError):
+                    raise
+                raise CaptureError(f"{origin}:{lineno}: {exc}") from None
+    except (EOFError, gzip.BadGzipFile, OSError) as exc:
+        raise CaptureError(f"{origin}:{lineno + 1}: truncated or not gzip ({type(exc).__name__})") from None
+    return into
+
+
+def _file_lines(path: Path) -> Iterator[bytes]:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rb") as fh:
+        while True:
+            line = fh.readline(MAX_LINE + 1)
+            if not line:
+                return
+            yield line
+
+
+def read_files(paths: Iterable[Path], into: Captured | None = None) -> Captured:
+    """Several captures (files of segments, or folders of them) merged: several routers' into one."""
+    into = into if into is not None else Captured()
+    for path in paths:
+        files = sorted(path.glob("*.jsonl*")) if path.is_dir() else [path]
+        if not files:
+            raise CaptureError(f"{path}: no capture files (*.jsonl, *.jsonl.gz)")
+        for f in files:
+            read_lines(_file_lines(f), str(f), into)
+    return into
+
+
+def results_of(c: Captured, since_ms: float, default_deadline_ms: float) -> list[Result]:
+    """The captured requests as a replay's results, arrivals timed from `since_ms`."""
+    out = []
+    for r in sorted((r for r in c.requests if r["t"] >= since_ms), key=lambda r: r["t"]):
+        deadline = r["deadline_ms"] if r["deadline_ms"] is not None else default_deadline_ms
+        arrival = Arrival((r["t"] - since_ms) / 1000.0, r["site"] or "", r["model"], r["prio"], deadline)
+        rows = Result(arrival, r["status"], r["ms"], r["node"] if r["status"] == 200 else "none")
+        rows.exec_ms, rows.queue_ms = r["exec_ms"] or 0.0, r["queue_ms"] or 0.0
+        out.append(rows)
+    return out
+
+
+def _speed(node: dict[str, Any], measured: dict[str, list[float]], baselines: dict[str, dict[int, float]]) -> float:
+    """A node's speed against this machine's profile: the median, over its models, of the profile's
+    batch-1 time over the time measured there (the requests' own execution times, else telemetry's
+    EWMA); 1.0 where nothing can be compared."""
+    ratios = []
+    for model, (ewma, _) in node["models"].items():
+        ref = baselines.get(model, {}).get(1)
+        seen = measured.get(model)
+        ms = statistics.median(seen) if seen else ewma
+        if ref and ms and ms > 0:
+            ratios.append(ref / ms)
+    return round(min(1000.0, max(0.001, statistics.median(ratios))), 4) if ratios else 1.0
+
+
+def _links(c: Captured, sites: list[str]) -> list[dict[str, Any]]:
+    """Links as observed: for requests a site's clients sent to a node in another partition, the
+    median of (latency - the node's queue wait and execution) less the same for the site's own nodes,
+    as the round trip."""
+    partition = {n["id"]: n["site"] for n in c.nodes.values()}
+    transit: dict[tuple[str, str], list[float]] = defaultdict(list)
+    for r in c.requests:
+        if r["status"] != 200 or r["site"] is None or r["node"] not in partition:
+            continue
+        transit[(r["site"], partition[r["node"]])].append(r["ms"] - (r["queue_ms"] or 0.0) - (r["exec_ms"] or 0.0))
+    out = []
+    for (a, b), seen in sorted(transit.items()):
+        if a == b or a not in sites or b not in sites:
+            continue
+        local = transit.get((a, a)) or transit.get((b, b)) or [0.0]
+        rtt = max(0.0, statistics.median(seen) - statistics.median(local))
+        out.append({"a": a, "b": b, "rtt_ms": round(rtt, 2)})
+    return out
+
+
+def scenario_of(
+    c: Captured, name: str, minutes: float | None = None, default_deadline_ms: float = 2000.0
+) -> tuple[dict[str, Any], dict[str, str], dict[str, Any]]:
+    """(the scenario document, each site's trace CSV, what the capture recorded) for the last `minutes`
+    of a capture (all of it for None). CaptureError when it holds no request or no node."""
+    if not c.requests:
+        raise CaptureError("the capture holds no request")
+    if not c.nodes:
+        raise CaptureError("the capture holds no node (capture.fleet_every_s records them)")
+    end = max(r["t"] for r in c.requests)
+    start = min(r["t"] for r in c.requests) if minutes is None else end - minutes * 60_000.0
+    start = max(start, min(r["t"] for r in c.requests))
+    results = results_of(c, start, default_deadline_ms)
+    duration = max(1.0, math.ceil((end - start) / 1000.0) + 1.0)
+    nodes = [n for n in c.nodes.values() if n["id"] not in c.gone]
+    sites = sorted({n["site"] for n in nodes} | {r.arrival.site for r in results if r.arrival.site})
+    baselines = profile_baselines()
+    measured: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for r in c.requests:
+        if r["status"] == 200 and r["exec_ms"] is not None:
+            measured[r["node"]][r["model"]].append(r["exec_ms"])
+    header = next(iter(sorted(c.routers.items(), key=lambda kv: kv[1].get("t") or 0.0, reverse=True)), (None, {}))[1]
+    policy = header.get("spec") if isinstance(header.get("spec"), dict) else {"preset": "p2c"}
+    traces: dict[str, str] = {}
+    load = []
+    by_site: dict[str, list[Result]] = defaultdict(list)
+    for res in results:
+        by_site[res.arrival.site or sites[0]].append(res)
+    for site, rows in sorted(by_site.items()):
+        buf = io.StringIO()
+        out = csv.writer(buf, lineterminator="\n")
+        out.writerow(["at_s", "model", "priority", "deadline_ms", "status", "latency_ms", "node"])
+        for res in rows:
+            a = res.arrival
+            at, deadline, ms = f"{a.at_s:.6f}", f"{a.deadline_ms:g}", f"{res.latency_ms:.3f}"
+            out.writerow([at, a.model, a.priority, deadline, res.status, ms, res.node])
+        traces[site] = buf.getvalue()
+        mix = Counter(res.arrival.model for res in rows)
+        load.append({"site": site, "arrival": "trace", "trace": f"traces/{site}.csv", "models": dict(mix)})
+    links = _links(c, sites)
+    doc: dict[str, Any] = {
+        "name": name,
+        "description": f"captured from {', '.join(sorted(c.routers)) or 'a router'}: {len(results)} requests "
+        f"over {duration:.0f} s",
+        "topology": {
+            "partitions": sites,
+            "links": links,
+            "nodes": [
+                {
+                    "id": n["id"],
+                    "partition": n["site"],
+                    "tier": n["tier"],
+                    "slots": n["slots"],
+                    "speed": _speed(n, measured.get(n["id"], {}), baselines),
+                    "models": sorted(n["models"]),
+                }
+                for n in sorted(nodes, key=lambda n: n["id"])
+            ],
+        },
+        "workload": {
+            "duration_s": duration,
+            "max_requests": max(1, len(results)),
+            "default_deadline_ms": default_deadline_ms,
+            "sites": load,
+        },
+        "router": {"site": header["site"]} if header.get("site") else {},
+        "recorded": "recorded.json",
+        "policies": [{"name": "recorded", "policy": policy}],
+    }
+    recorded = {
+        "routers": sorted(c.routers),
+        "policy": header.get("policy"),
+        **summarize(results, duration),
+        "host_level": host_level(c, results, links, duration),
+    }
+    return doc, traces, recorded
+
+
+def host_level(
+    c: Captured, results: list[Result], links: list[dict[str, Any]], duration_s: float
+) -> dict[str, Any] | None:
+    """The host as the capture saw it, as a profile's load level (scenarios.calibrate.host): the
+    per-request overhead (latency less the node's queue wait and execution and the link's round trip),
+    pooled and per model, at the rate offered. The replay's simulation runs on it: the calibration
+    check on the fleet's own traffic. None with fewer than 20 answers to learn it from."""
+    partition = {n["id"]: n["site"] for n in c.nodes.values()}
+    rtt = {(k["a"], k["b"]): k["rtt_ms"] for k in links} | {(k["b"], k["a"]): k["rtt_ms"] for k in links}
+    pooled: list[float] = []
+    by_model: dict[str, list[float]] = defaultdict(list)
+    for r in results:
+        if r.status != 200 or r.node not in partition:
+            continue
+        link = rtt.get((r.arrival.site, partition[r.node]), 0.0)
+        o = max(0.0, r.latency_ms - r.queue_ms - r.exec_ms - link)
+        pooled.append(o)
+        by_model[r.arrival.model].append(o)
+    if len(pooled) < 20:
+        return None
+    return {
+        "rate_rps": round(len(results) / duration_s, 3),
+        "overhead_ms": grid_101(pooled),
+        "overhead_ms_by_model": {m: grid_101(v) for m, v in by_model.items() if len(v) >= 20},
+        "exec_ms": {},
+        "from": "capture",
+    }
+
+
+def recorded_host(scenario: Any) -> dict[str, Any] | None:
+    """A capture's replay: the host level it recorded, for the simulation to run on (None otherwise)."""
+    if scenario.recorded is None:
+        return None
+    try:
+        level = json.loads((scenario.base_dir / scenario.recorded).read_text()).get("host_level")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return {"level": level} if isinstance(level, dict) else None
+
+
+def write_folder(out: Path, doc: dict[str, Any], traces: dict[str, str], recorded: dict[str, Any]) -> Path:
+    """The scenario folder (`scenario.yaml`, `traces/`, `recorded.json`); its scenario file's path."""
+    (out / "traces").mkdir(parents=True, exist_ok=True)
+    for site, text in traces.items():
+        (out / "traces" / f"{site}.csv").write_text(text)
+    (out / "recorded.json").write_text(json.dumps(recorded, indent=1) + "\n")
+    path = out / "scenario.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def vs_recorded(recorded: dict[str, Any], run: dict[str, Any]) -> dict[str, Any]:
+    """How a replayed run stands against what the capture recorded: SLO attainment in points, p50 and
+    p99 as ratios, and the largest difference in any node's share of the answers, in points."""
+
+    def shares(summary: dict[str, Any]) -> dict[str, float]:
+        by_node = summary.get("by_node") or {}
+        total = sum(by_node.values()) or 1
+        return {n: c / total for n, c in by_node.items()}
+
+    rec, got = shares(recorded), shares(run)
+    nodes = set(rec) | set(got)
+    rl, gl = recorded["latency_ms"], run["latency_ms"]
+    return {
+        "slo_points": round((run["slo_attainment"] - recorded["slo_attainment"]) * 100, 2),
+        "p50_ratio": round(gl["p50"] / rl["p50"], 3) if rl["p50"] else None,
+        "p99_ratio": round(gl["p99"] / rl["p99"], 3) if rl["p99"] else None,
+        "node_share_points": round(max((abs(got.get(n, 0) - rec.get(n, 0)) * 100 for n in nodes), default=0.0), 2),
+    }
+
+
+def attach_recorded(scenario: Any, report: dict[str, Any]) -> None:
+    """A capture's replay report: `recorded` (what the capture recorded) and each run's `vs_recorded`,
+    in the live report and its simulated one alike."""
+    path = scenario.base_dir / scenario.recorded
+    try:
+        recorded = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise CaptureError(f"{path}: cannot read what the capture recorded: {exc}") from None
+    for part in (report, report.get("sim")):
+        if not part:
+            continue
+        part["recorded"] = {k: recorded.get(k) for k in ("policy", "sent", "slo_attainment", "latency_ms", "by_node")}
+        for run in part.get("policies", {}).values():
+            run["vs_recorded"] = vs_recorded(recorded, run)
+
+
+__all__ = [
+    "CaptureError",
+    "Captured",
+    "attach_recorded",
+    "read_files",
+    "read_lines",
+    "results_of",
+    "recorded_host",
+    "scenario_of",
+    "vs_recorded",
+    "write_folder",
+]

@@ -1,0 +1,145 @@
+"""Capture (router.capture) and a capture made into a scenario (scenarios.replay.capture): bounded in
+memory and on disk, never blocking on a full disk, sampled at its share; a truncated, foreign or
+hostile capture refused with its file and line; a synthetic fleet's capture made into a scenario the
+simulator runs, with what it recorded beside the run."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import random
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from router.capture import REQUEST_FIELDS, Capture, CaptureConfig
+from scenarios.replay.capture import Captured, CaptureError, read_files, read_lines, scenario_of, write_folder
+from scenarios.spec.schema import load_scenario
+
+
+def _header() -> dict[str, Any]:
+    return {"k": "router", "router": "r1", "policy": "p2c", "spec": {"preset": "p2c"}, "site": None, "t": 0.0}
+
+
+def _req(t: float, node: str = "n1", model: str = "sensor_mlp", ms: float = 3.0, status: int = 200) -> tuple[Any, ...]:
+    return ("r", t, "http", "edge-a", "app", model, None, 0, 100.0, 300, status, ms, node, 1, 0.2, 0.5, None)
+
+
+def test_records_go_to_the_ring_and_to_rotating_segments_within_the_budget(tmp_path: Path) -> None:
+    cfg = CaptureConfig(
+        enabled=True, dir=str(tmp_path), segment_bytes=64 << 10, max_bytes=256 << 10, ring_bytes=64 << 10
+    )
+    cap = Capture(cfg, "r1", _header)
+    rng = random.Random(1)
+    for i in range(40_000):  # ~9 MB of JSON
+        cap.request(*_req(i, node=f"n{rng.randrange(9)}", ms=rng.random() * 50))
+        if i % 2000 == 0:
+            cap._drain()
+    cap.stop()
+    segments = list(tmp_path.glob("capture-r1-*.jsonl.gz"))
+    assert len(segments) >= 2 and sum(p.stat().st_size for p in segments) <= 256 << 10
+    assert cap.counts["captured"] == 40_000
+    recent = cap.recent(since_ms=39_000).splitlines()
+    assert json.loads(recent[0])["k"] == "router" and all(json.loads(x)["t"] > 39_000 for x in recent[1:])
+    assert 0 < len(recent) - 1 <= 999 and cap._ring_bytes <= 64 << 10
+    line = orjson.loads(recent[-1])
+    assert list(line) == list(REQUEST_FIELDS) and line["t"] == 39_999
+
+
+def test_a_full_disk_or_a_full_queue_drops_and_counts_never_raises(tmp_path: Path) -> None:
+    blocked = tmp_path / "file"
+    blocked.write_text("not a folder")
+    cap = Capture(CaptureConfig(enabled=True, dir=str(blocked / "sub"), queue=100), "r1", _header)
+    for i in range(150):
+        cap.request(*_req(i))
+    cap._drain()
+    assert cap.counts["dropped_queue"] == 50 and cap.counts["dropped_disk"] == 100
+    assert len(cap.recent(-1).splitlines()) == 101  # (still in memory)
+
+
+def test_a_share_samples_the_requests() -> None:
+    cap = Capture(CaptureConfig(enabled=True, share=0.25), "r1", _header)
+    for i in range(8000):
+        cap.request(*_req(i))
+    cap._drain()
+    assert 1700 <= cap.counts["captured"] <= 2300 and cap.counts["captured"] + cap.counts["sampled_out"] == 8000
+
+
+def _lines(*docs: dict[str, Any]) -> list[bytes]:
+    return [orjson.dumps(d) + b"\n" for d in docs]
+
+
+@pytest.mark.parametrize(
+    ("lines", "where"),
+    [
+        (_lines({"k": "r", "t": 1}), ":1: not an edgeroute capture"),
+        ([b"not json\n"], ":1: not a JSON line"),
+        (_lines(_header(), {"k": "r", "t": 1.0, "model": "../x", "status": 200, "ms": 1}), ":2: model is not a name"),
+        (_lines(_header(), {"k": "r", "t": "now", "model": "m", "status": 200, "ms": 1}), ":2: t must be"),
+        (_lines(_header(), {"k": "r", "t": 1.0, "model": "m", "status": 99, "ms": 1}), ":2: status"),
+        (
+            _lines(_header(), {"k": "r", "t": 1.0, "model": "m", "status": 200, "ms": float("inf") if False else -1}),
+            "ms",
+        ),
+        (_lines(_header(), {"k": "weird"}), ":2: unknown record kind"),
+        (_lines(_header()) + [b"{" + b'"x": 1,' * 20_000 + b'"y": 2}\n'], ":2: a line over"),
+        (_lines(_header(), {"k": "node", "id": "n1", "t": 1.0, "site": "a", "models": {"m": "fast"}}), "[ewma ms"),
+    ],
+)
+def test_a_foreign_or_hostile_capture_is_refused_with_its_line(lines: list[bytes], where: str) -> None:
+    with pytest.raises(CaptureError, match=__import__("re").escape(where)):
+        read_lines(lines, "cap.jsonl", Captured())
+
+
+def test_a_truncated_segment_is_refused(tmp_path: Path) -> None:
+    whole = gzip.compress(
+        b"".join(
+            _lines(_header(), *({"k": "r", "t": float(i), "model": "m", "status": 200, "ms": 1.0} for i in range(2000)))
+        )
+    )
+    path = tmp_path / "capture-r1-1.jsonl.gz"
+    path.write_bytes(whole[: len(whole) // 2])
+    with pytest.raises(CaptureError, match="truncated or not gzip"):
+        read_files([path])
+
+
+def _fleet_capture(n: int = 3000) -> Captured:
+    rng = random.Random(5)
+    docs: list[dict[str, Any]] = [_header()]
+    for node, site in (("e1", "edge-a"), ("c1", "cloud")):
+        docs.append({"k": "node", "t": 0.0, "id": node, "site": site, "tier": "edge" if site == "edge-a" else "cloud",
+                     "slots": 1, "status": "ready", "models": {"sensor_mlp": [0.2, True]}})  # fmt: skip
+    for i in range(n):
+        node = "e1" if rng.random() < 0.6 else "c1"
+        ms = 2.0 + rng.random() * 2 + (20.0 if node == "c1" else 0.0)
+        docs.append(dict(zip(REQUEST_FIELDS, _req(1_000_000 + i * 10.0, node=node, ms=ms), strict=True)))
+    return read_lines(_lines(*docs), "fleet", Captured())
+
+
+def test_a_capture_is_a_scenario_the_simulator_replays_beside_what_it_recorded(tmp_path: Path) -> None:
+    doc, traces, recorded = scenario_of(_fleet_capture(), "fleet")
+    assert doc["topology"]["partitions"] == ["cloud", "edge-a"] and {n["id"] for n in doc["topology"]["nodes"]} == {
+        "e1",
+        "c1",
+    }
+    assert doc["topology"]["links"][0]["a"] == "edge-a" and 19 <= doc["topology"]["links"][0]["rtt_ms"] <= 21
+    assert recorded["sent"] == 3000 and recorded["slo_attainment"] == 1.0 and recorded["host_level"]
+    folder = tmp_path / "fleet"
+    write_folder(folder, doc, traces, recorded)
+    scenario = load_scenario(folder)
+    assert scenario.recorded == "recorded.json" and scenario.policies[0].name == "recorded"
+    from scenarios.replay.run import run_replay
+
+    report_path = run_replay(scenario, list(scenario.policies), tmp_path / "report", mode="sim")
+    report = json.loads(report_path.read_text())
+    assert report["recorded"]["sent"] == 3000
+    assert set(report["policies"]["recorded"]["vs_recorded"]) == {
+        "slo_points",
+        "p50_ratio",
+        "p99_ratio",
+        "node_share_points",
+    }
+    assert os.path.isfile(tmp_path / "report" / "report.json")
