@@ -21,6 +21,7 @@ from typing import Any
 from aiohttp import web
 
 from policies import PolicyConfigError, PolicySpec
+from router.canary_app import delete_canary, get_canary, start_from_request
 from router.capture_app import get_capture
 from router.lifecycle import Lifecycle
 from router.lifecycle.reroute import RerouteConfig
@@ -59,6 +60,10 @@ async def put_policy(request: web.Request) -> web.Response:
         raw = wire.loads(body)
     except (ValueError, UnicodeDecodeError) as exc:
         return _error(400, str(exc))
+    if isinstance(raw, dict) and "canary" in raw:  # a candidate on a share of traffic (router.canary_app)
+        if len(raw) != 1:
+            return _error(400, 'a canary is {"canary": {...}} alone')
+        return await start_from_request(request, raw["canary"])
     try:
         spec, policy = await asyncio.to_thread(validate_policy, raw)
     except PolicyConfigError as exc:
@@ -204,6 +209,7 @@ async def get_view(request: web.Request) -> web.Response:
             "workflows": {name: runner.stats.as_json() for name, runner in router.workflows.items()},
             "cascades": _cascades_json(router),
             "copies": {"loading": sorted(router.lifecycle.copies.loading), "recent": list(router.copies_log)},
+            "canary": router.canaries.state(),
             "holds": {
                 "held": router.lifecycle.holds,
                 "refused": router.lifecycle.hold_refusals,
@@ -273,5 +279,7 @@ def create_admin_app(router: Router) -> web.Application:
     r.add_put("/reroute", put_reroute)
     r.add_get("/cascades", get_cascades)
     r.add_get("/capture", get_capture)
+    r.add_get("/canary", get_canary)
+    r.add_delete("/canary", delete_canary)
     r.add_put("/cascades", put_cascades)
     return sub

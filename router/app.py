@@ -20,6 +20,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from router import admin, director, grpc_api, http_api, mqtt_api
+from router.canary_app import canary_ctx
 from router.capture_app import capture_ctx
 from router.config import ConfigError, RouterConfig, telemetry_sources
 from router.lifecycle.saturation import TICK_MS
@@ -344,6 +345,7 @@ def create_app(
     app.cleanup_ctx.append(_config_watcher)
     app.cleanup_ctx.append(_prober)
     app.cleanup_ctx.append(capture_ctx)  # (before the MQTT door: its last answers are recorded too)
+    app.cleanup_ctx.append(canary_ctx)
     app.cleanup_ctx.append(mqtt_api.mqtt_door)
     http_api.add_routes(app)
     r = app.router

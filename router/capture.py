@@ -11,7 +11,9 @@ encodes each record as one JSON line and writes it:
 - to gzip'd segment files under `dir` (`capture-<router>-<start ms>.jsonl.gz`, a new one past
   `segment_bytes`, the oldest deleted past `max_bytes` in all), when `dir` is set;
 - to the Kafka topic `kafka_topic` (beside the telemetry, a message per batch keyed by router id),
-  when set: several routers' captures merge there, and `edgeroute capture --kafka` reads them.
+  when set: several routers' captures merge there, and `edgeroute capture --kafka` reads them. The
+  topic has a thread of its own and at most `KAFKA_BATCHES` batches waiting (the oldest dropped past
+  it), so a broker that is gone never delays the ring or the disk.
 
 A full disk or an unreachable topic never blocks serving: what cannot be written is dropped and
 counted (`edgeroute_capture_records_total{result}`: captured, sampled_out, dropped_queue, dropped_disk,
@@ -45,30 +47,15 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field
 
+from router.config import CaptureConfig
 from telemetry.cluster.view import ClusterView
 
 log = logging.getLogger("edgeroute.router")
 
 DRAIN_S = 0.2
+KAFKA_BATCHES = 64  # batches waiting for the topic at most (12.8 s of batches); past it the oldest are dropped
 RESULTS = ("captured", "sampled_out", "dropped_queue", "dropped_disk", "dropped_kafka")
-
-
-class CaptureConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    enabled: bool = False
-    share: float = Field(1.0, gt=0, le=1, description="the share of requests recorded (drawn per request)")
-    dir: str | None = Field(None, max_length=4096, description="write gzip'd segments here (none: memory only)")
-    segment_bytes: int = Field(16 << 20, ge=64 << 10, le=1 << 34, description="a segment's size (compressed)")
-    max_bytes: int = Field(1 << 30, ge=64 << 10, le=1 << 42, description="the segments' bytes in all; oldest go")
-    ring_bytes: int = Field(16 << 20, ge=64 << 10, le=1 << 31, description="the newest records kept in memory")
-    queue: int = Field(100_000, ge=100, le=10_000_000, description="records waiting for the writer at most")
-    kafka_topic: str | None = Field(
-        None, pattern=r"^[A-Za-z0-9._-]{1,249}$", description="also publish the records here (the router's kafka)"
-    )
-    fleet_every_s: float = Field(5.0, gt=0, le=3600, description="the fleet as seen, recorded this often")
 
 
 class Capture:
@@ -93,6 +80,11 @@ class Capture:
         self._lock = threading.Lock()  # the ring (read by the admin route, written by the thread)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        # the topic's own thread and queue: a broker that is gone (a send blocks up to its max_block_ms)
+        # never delays the ring or the disk
+        self._outbox: deque[bytes] = deque()
+        self._outbox_ready = threading.Condition()
+        self._sender_thread: threading.Thread | None = None
         self._segment: Any = None
         self._segment_path: Path | None = None
         self._known: dict[str, str] = {}  # node id -> its last recorded status (joins and leaves)
@@ -156,6 +148,9 @@ class Capture:
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="edgeroute-capture", daemon=True)
         self._thread.start()
+        if self.sender is not None:
+            self._sender_thread = threading.Thread(target=self._send_run, name="edgeroute-capture-kafka", daemon=True)
+            self._sender_thread.start()
 
     def stop(self) -> None:
         self._stop.set()
@@ -163,7 +158,12 @@ class Capture:
             self._thread.join(5)
         self._drain()
         self._close_segment()
+        with self._outbox_ready:
+            self._outbox_ready.notify()
+        if self._sender_thread is not None:
+            self._sender_thread.join(5)
         if self.sender is not None:
+            self._send_all()
             self.sender.close()
 
     def _run(self) -> None:
@@ -175,8 +175,6 @@ class Capture:
 
     def _drain(self) -> None:
         queue = self._queue
-        if self.sender is not None:
-            self.sender.poll()  # (the topic's delivery reports: what could not be delivered is counted)
         if not queue:
             return
         lines: list[bytes] = []
@@ -193,8 +191,32 @@ class Capture:
             self._to_disk(batch)
         if self.sender is not None:
             head = orjson.dumps(self.header()) + b"\n"
-            if not self.sender.send(self.router_id.encode(), head + batch, int(time.time() * 1000)):
-                self.counts["dropped_kafka"] += len(lines)
+            with self._outbox_ready:
+                if len(self._outbox) >= KAFKA_BATCHES:
+                    self.counts["dropped_kafka"] += self._outbox.popleft().count(b"\n") - 1
+                self._outbox.append(head + batch)
+                self._outbox_ready.notify()
+
+    def _send_run(self) -> None:
+        while not self._stop.is_set():
+            with self._outbox_ready:
+                if not self._outbox:
+                    self._outbox_ready.wait(DRAIN_S * 5)
+            try:
+                self.sender.poll()  # (delivery reports: what could not be delivered is counted)
+                self._send_all()
+            except Exception:  # noqa: BLE001 - the capture must never take the router down
+                log.exception("capture: a batch could not be sent")
+
+    def _send_all(self) -> None:
+        assert self.sender is not None
+        while True:
+            with self._outbox_ready:
+                if not self._outbox:
+                    return
+                body = self._outbox.popleft()
+            if not self.sender.send(self.router_id.encode(), body, int(time.time() * 1000)):
+                self.counts["dropped_kafka"] += body.count(b"\n") - 1
 
     def _to_ring(self, stamps: list[float], lines: list[bytes]) -> None:
         with self._lock:
@@ -205,12 +227,15 @@ class Capture:
                 self._ring_bytes -= len(self._ring.popleft()[1])
 
     def _to_disk(self, batch: bytes) -> None:
+        """A batch as one gzip member of its own, appended: a segment is whole at every batch's end, so
+        a router's open segment (or one it left when it died) reads as it is; only a write cut short is
+        a truncated member."""
         try:
-            if self._segment is None or self._segment.fileobj.tell() >= self.cfg.segment_bytes:
+            if self._segment is None or self._segment.tell() >= self.cfg.segment_bytes:
                 self._open_segment()
             assert self._segment is not None
-            self._segment.write(batch)
-            self._segment.flush()  # (each batch readable on disk: a router that dies loses 200 ms at most)
+            self._segment.write(gzip.compress(batch, compresslevel=6, mtime=0))
+            self._segment.flush()
         except OSError as exc:  # a full disk, a folder gone: drop, count, keep serving
             dropped = batch.count(b"\n")
             self.counts["dropped_disk"] += dropped
@@ -225,9 +250,9 @@ class Capture:
         folder.mkdir(parents=True, exist_ok=True)
         self._prune(folder)
         path = folder / f"capture-{self.router_id}-{int(time.time() * 1000)}.jsonl.gz"
-        self._segment = gzip.open(path, "wb", compresslevel=3)  # noqa: SIM115 - closed by _close_segment
+        self._segment = open(path, "ab")  # noqa: SIM115 - closed by _close_segment
         self._segment_path = path
-        self._segment.write(orjson.dumps(self.header()) + b"\n")
+        self._segment.write(gzip.compress(orjson.dumps(self.header()) + b"\n", compresslevel=6, mtime=0))
 
     def _close_segment(self) -> None:
         if self._segment is not None:

@@ -12,9 +12,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from policies import PolicyConfigError, PolicySpec, build_policy
 from router.admission import AuthConfig, RateLimitConfig
-from router.capture import CaptureConfig
 from router.lifecycle import LifecycleSettings
 from router.lifecycle.budgets import RetryBudgetConfig
+from router.lifecycle.canary import CanarySpec
 from router.lifecycle.cascade import CascadeSpec
 from router.lifecycle.copies import CopyConfig
 from router.lifecycle.evidence import ProbeConfig
@@ -228,6 +228,22 @@ class MqttConfig(BaseModel):
         return v
 
 
+class CaptureConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = False
+    share: float = Field(1.0, gt=0, le=1, description="the share of requests recorded (drawn per request)")
+    dir: str | None = Field(None, max_length=4096, description="write gzip'd segments here (none: memory only)")
+    segment_bytes: int = Field(16 << 20, ge=64 << 10, le=1 << 34, description="a segment's size (compressed)")
+    max_bytes: int = Field(1 << 30, ge=64 << 10, le=1 << 42, description="the segments' bytes in all; oldest go")
+    ring_bytes: int = Field(16 << 20, ge=64 << 10, le=1 << 31, description="the newest records kept in memory")
+    queue: int = Field(100_000, ge=100, le=10_000_000, description="records waiting for the writer at most")
+    kafka_topic: str | None = Field(
+        None, pattern=r"^[A-Za-z0-9._-]{1,249}$", description="also publish the records here (the router's kafka)"
+    )
+    fleet_every_s: float = Field(5.0, gt=0, le=3600, description="the fleet as seen, recorded this often")
+
+
 class RouterConfig(ServerSettings):
     model_config = ConfigDict(extra="forbid")
 
@@ -358,6 +374,12 @@ class RouterConfig(ServerSettings):
     reroute: RerouteConfig = Field(
         default_factory=RerouteConfig, description="take queued requests back from a slow node and send them elsewhere"
     )
+    canary: CanarySpec | None = Field(
+        None, description="a policy canary started with the router (router.lifecycle.canary; PUT /admin/policy too)"
+    )
+    canary_topic: str | None = Field(
+        None, pattern=TOPIC_NAME, description="audit every canary step on this Kafka topic (the router's kafka)"
+    )
     capture: CaptureConfig = Field(
         default_factory=CaptureConfig, description="record what the router serves, for replays (router.capture)"
     )
@@ -394,6 +416,11 @@ def _check_policy(cfg: RouterConfig, origin: str) -> RouterConfig:
         build_policy(cfg.policy)
     except PolicyConfigError as exc:
         raise ConfigError(f"{origin}: policy: {exc}") from None
+    if cfg.canary is not None:
+        try:
+            build_policy(cfg.canary.candidate)
+        except PolicyConfigError as exc:
+            raise ConfigError(f"{origin}: canary.candidate: {exc}") from None
     return cfg
 
 

@@ -219,13 +219,23 @@ async def _infer(router: Router, call: InferCall, trail: Trail) -> Outcome:
     headers = {"Content-Type": hints.get("Content-Type", "application/json"), wire.PRIORITY: str(prio)}
     if wire.HEADER_LENGTH in hints:
         headers[wire.HEADER_LENGTH] = hints[wire.HEADER_LENGTH]
+    request_id = _request_id(doc)
+    policy = None
+    canaries = router.canaries
+    if canaries.canary is not None:  # a policy canary: the request's arm, by its client, site or id
+        by = canaries.canary.spec.by
+        key = call.client if by == "client" else (site or "") if by == "site" else request_id
+        trail.arm, policy = canaries.arm(key)
     outcome = await router.dispatcher.dispatch(
-        RouteRequest(model, prio, budget, site, batch, _request_id(doc)),
+        RouteRequest(model, prio, budget, site, batch, request_id),
         _infer_path(model, call.version),
         call.body,
         headers,
         arrived + budget,
+        policy,
     )
+    if trail.arm is not None:
+        canaries.observe(trail.arm, outcome.status, router.clock() - arrived, budget)
     # counted once the answer is on its way (the next turn of the loop), not before it
     asyncio.get_running_loop().call_soon(_counted, router, model, prio, outcome, arrived)
     if outcome.status == 429 and outcome.node == "none":

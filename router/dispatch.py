@@ -123,10 +123,17 @@ class Dispatcher:
         return len(self.lifecycle.held)
 
     async def dispatch(
-        self, req: RouteRequest, path: str, body: bytes, headers: Mapping[str, str], deadline_at_ms: float
+        self,
+        req: RouteRequest,
+        path: str,
+        body: bytes,
+        headers: Mapping[str, str],
+        deadline_at_ms: float,
+        policy: Pipeline | None = None,
     ) -> Outcome:
+        """One request through the lifecycle, routed by `policy` (a canary's candidate) or the current one."""
         lc = self.lifecycle
-        a = lc.begin(req, self.policies.current, self.clock(), deadline_at_ms)
+        a = lc.begin(req, policy or self.policies.current, self.clock(), deadline_at_ms)
         outcome = await self._run(a, path, body, headers)
         if a.waited_ms > 0:
             outcome.headers[wire.HELD_MS] = f"{a.waited_ms:.3f}"

@@ -17,6 +17,7 @@ from aiohttp import web
 from policies import PolicyConfigError, PolicySpec, build_policy
 from policies.pipeline import Pipeline
 from router.admission import Authenticator, RateLimiter
+from router.canary import CanaryHolder
 from router.capture import Capture
 from router.cascade import CascadeRunner
 from router.config import ConfigError, RouterConfig, lifecycle_settings, load_config
@@ -75,6 +76,8 @@ class Router:
         self.limiter = RateLimiter(config.rate_limit)
         self.saturation = Saturation(config.saturation)  # fed by the app's loop-lag ticker
         self.capture: Capture | None = None  # router.capture, while capture is on (its cleanup context)
+        self.canaries = CanaryHolder()  # a policy canary, when one runs (router.canary_app)
+        self.file_canary = config.canary  # the config file's canary (a reload starts it when it changes)
         # (model, version) -> statistics under way, or (when, statistics) (router.fleet.model_stats)
         self.stats_cache: dict[tuple[str | None, str | None], Any] = {}
         self.workflows = {w.name: WorkflowRunner(w, self.dispatcher, clock) for w in config.workflows}
@@ -99,8 +102,11 @@ class Router:
         self.metrics.policy_swaps.labels("rejected").inc()
         log.warning("policy reload from %s rejected, keeping %s: %s", origin, self.policies.current.name, exc)
 
-    def apply_policy(self, spec: PolicySpec, policy: Pipeline, origin: str) -> PolicySpec:
-        """Swap a validated policy in (event loop)."""
+    def apply_policy(self, spec: PolicySpec, policy: Pipeline, origin: str, *, by_canary: bool = False) -> PolicySpec:
+        """Swap a validated policy in (event loop). A canary running against the policy it replaces is
+        rolled back first: its control arm is gone (unless it is the canary's own promotion)."""
+        if not by_canary and self.canaries.canary is not None and spec != self.policies.spec:
+            self.canaries.stop(self, f"the policy it was compared with was replaced ({origin})")
         self.policies.swap(policy, spec)
         self.metrics.policy_swaps.labels("applied").inc()
         log.info("policy %s applied from %s", policy.name, origin)
@@ -127,6 +133,9 @@ class Router:
             return
         self.apply_policy(spec, policy, str(path))
         self.lifecycle.set_reroute(cfg.reroute)
+        if cfg.canary is not None and cfg.canary != self.file_canary:  # a canary new to the file starts
+            self.canaries.start(self, cfg.canary, str(path))
+        self.file_canary = cfg.canary
 
 
 def validate_policy(raw: Any) -> tuple[PolicySpec, Pipeline]:

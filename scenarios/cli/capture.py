@@ -23,6 +23,8 @@ from typing import Any
 
 from scenarios.cli import args as arg
 
+CAPTURE_TOPIC = "edgeroute.capture"  # the topic `edgeroute up --capture` publishes to and --kafka reads
+
 
 def add_capture_parser(sub: Any) -> None:
     p = sub.add_parser(
@@ -32,7 +34,7 @@ def add_capture_parser(sub: Any) -> None:
     src.add_argument("--router", metavar="URL", help="a router with capture on: its newest records")
     src.add_argument("--kafka", type=arg.bootstrap, help="the capture topic's Kafka bootstrap HOST:PORT")
     src.add_argument("--files", nargs="+", metavar="PATH", help="capture segments (or folders of them) to merge")
-    p.add_argument("--topic", default="edgeroute.capture", help="the capture topic (with --kafka)")
+    p.add_argument("--topic", default=CAPTURE_TOPIC, help="the capture topic (with --kafka)")
     p.add_argument("--token", help="an admin token for --router (default $EDGEROUTE_ADMIN_TOKEN)")
     p.add_argument("--minutes", type=arg.positive, help="the last N minutes (default: all there is)")
     p.add_argument("--out", required=True, help="the scenario folder to write")

@@ -16,7 +16,7 @@ from typing import Any
 from scenarios import BUNDLED_DIR
 from scenarios.cli import args as arg
 from scenarios.cli.bench import add_bench_parser
-from scenarios.cli.capture import add_capture_parser
+from scenarios.cli.capture import CAPTURE_TOPIC, add_capture_parser
 from scenarios.spec.schema import load_scenario
 from telemetry.process.cli import add_version, missing_extra
 from telemetry.process.configfile import ConfigError
@@ -55,18 +55,24 @@ def _up(args: argparse.Namespace) -> int:
     if mqtt == "auto":  # the MQTT door where Mosquitto is installed
         mqtt = "embedded" if mosquitto_binary() is not None else None
     extra = {"mqtt": None if mqtt == "off" else mqtt}
+    overrides: dict[str, Any] = {"policy": policy}
+    if args.capture is not None:  # (the folder is set below, under the stack's logs by default)
+        overrides["capture"] = {"enabled": True, "kafka_topic": CAPTURE_TOPIC}
     stack = stack_for(
         scenario,
         kafka=args.kafka,
         router_port=args.port,
         routers=args.routers,
         share_load=not args.no_share,
-        router_overrides={"policy": policy},
+        router_overrides=overrides,
         auth=True if args.auth else None,
         devices=args.devices,
         tracing=None if args.trace is None else {"endpoint": args.trace, "sample": args.trace_sample},
         **extra,
     )
+    if args.capture is not None:
+        folder = Path(args.capture).resolve() if args.capture else stack.log_dir / "capture"
+        overrides["capture"]["dir"] = str(folder)
     try:
         stack.start()
         for site, url in (stack.router_urls or {}).items():  # a router per site
@@ -84,6 +90,12 @@ def _up(args: argparse.Namespace) -> int:
             print("router MQTT: off (Mosquitto is not installed: apt install mosquitto)", flush=True)
         _print_credentials(stack)
         print(f"kafka: {stack.bootstrap}", flush=True)
+        if args.capture is not None:
+            print(
+                f"capture: {overrides['capture']['dir']} and the topic {CAPTURE_TOPIC} (edgeroute capture "
+                f"--router {stack.router_url} or --kafka {stack.bootstrap} --minutes N --out DIR)",
+                flush=True,
+            )
         print(f"logs: {stack.log_dir}", flush=True)
         while not stopping:
             time.sleep(0.2)
@@ -328,6 +340,14 @@ def main(argv: list[str] | None = None) -> int:
         "HTTP, e.g. http://127.0.0.1:4318/v1/traces)",
     )
     up.add_argument("--trace-sample", type=arg.share, default=0.01, help="share of new requests traced (with --trace)")
+    up.add_argument(
+        "--capture",
+        nargs="?",
+        const="",
+        metavar="DIR",
+        help="capture every request (segments in DIR, default LOGS/capture, and on the topic edgeroute.capture) "
+        "for `edgeroute capture` to make a scenario of",
+    )
     up.set_defaults(func=_up)
 
     rp = sub.add_parser("replay", help="replay a scenario once per policy on the live stack")

@@ -17,6 +17,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from scenarios.replay.report import format_canaries, format_recorded  # noqa: E402
 from scenarios.replay.trust import warnings  # noqa: E402
 
 STYLES = ["-", "--", ":", "-."]
@@ -145,6 +146,9 @@ def _table(report: dict[str, Any]) -> list[str]:
     starved = warnings(report)
     if starved:
         lines += ["", *(f"**{line}**" for line in starved)]
+    noted = format_recorded(report) + format_canaries(report)
+    if noted:
+        lines += ["", *(f"- {line.strip()}" for line in noted)]
     lines += [
         "",
         "By priority (p99 ms / SLO attainment):",

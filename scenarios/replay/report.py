@@ -290,7 +290,7 @@ def format_table(report: dict[str, Any]) -> str:
             f"{p['slo_attainment'] * 100:>6.1f}% {top:>11.1f} {off:>8} {cost:>7}  {nodes}"
         )
     lines += warnings(report)
-    lines += format_recorded(report)
+    lines += format_recorded(report) + format_canaries(report)
     tel = report.get("telemetry")
     if tel:
         lines.append(
@@ -319,3 +319,44 @@ def format_recorded(report: dict[str, Any]) -> list[str]:
                 f"node shares within {v['node_share_points']:.1f} points"
             )
     return lines
+
+
+def format_canaries(report: dict[str, Any]) -> list[str]:
+    """The table's lines for runs with a canary: each verdict, when and why."""
+    lines = []
+    for name, p in report.get("policies", {}).items():
+        for step in (p.get("canary") or {}).get("decisions", []):
+            if step["step"] == "start":
+                continue
+            worse = (step.get("figures") or {}).get("answered_worse")
+            cost = (
+                f" ({worse} answered worse, {worse / p['sent'] * 100:.2f}% of the run)" if worse and p["sent"] else ""
+            )
+            lines.append(f"canary of {name}: {step['step']} at {step['at_s']:.1f} s: {step['why']}{cost}")
+    return lines
+
+
+def format_comparison(comparison: dict[str, Any]) -> str:
+    lines = [
+        "sim vs live            p50 live   p50 sim    err   p99 live   p99 sim    err   SLO live  SLO sim  points"
+        "   exec ms live/sim   overhead ms live/sim",
+    ]
+    for name, row in comparison.items():
+        p50, p99, slo = row["p50"], row["p99"], row["slo_attainment"]
+        # the per-request time outside the node's queue and execution (host, network, router), at
+        # p50: where a fast scenario's p50 moves with the host from one run to the next
+        cells = [
+            f"{v['live']:>6.2f} / {v['sim']:<6.2f}" if v else "n/a        "
+            for v in (row.get("exec_mean"), row.get("overhead_p50"))
+        ]
+        lines.append(
+            f"{name:<21} {p50['live']:>9.1f} {p50['sim']:>9.1f} {_pct(p50['rel_err']):>6} "
+            f"{p99['live']:>9.1f} {p99['sim']:>9.1f} {_pct(p99['rel_err']):>6} "
+            f"{slo['live'] * 100:>8.1f}% {slo['sim'] * 100:>7.1f}% {slo['points']:>+7.1f}   {cells[0]}"
+            f"     {cells[1]}"
+        )
+    return "\n".join(lines)
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{x * 100:+.0f}%"

@@ -16,9 +16,18 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from scenarios.replay.canary import canary_steps
 from scenarios.replay.capture import attach_recorded, recorded_host
 from scenarios.replay.partitions import partitions
-from scenarios.replay.report import format_table, node_warm_rates, recovery, series, summarize, write_report
+from scenarios.replay.report import (
+    format_comparison,
+    format_table,
+    node_warm_rates,
+    recovery,
+    series,
+    summarize,
+    write_report,
+)
 from scenarios.replay.trust import HostWatch, verdict
 from scenarios.spec.schema import MAX_DURATION_S, PolicyRun, Scenario
 from scenarios.spec.workload import mean_rate_rps
@@ -119,6 +128,9 @@ def replay_live(
             # with a model catalogue what is resident matters: every run starts from the start-up set
             stack.use_nodes(run.node_specs(scenario.topology.nodes), fresh=bool(scenario.models))
             stack.set_policy(run.policy.model_dump(exclude_none=True))
+            canary = run_router(scenario, run).get("canary")
+            if canary:  # a candidate on a share of the run's traffic, judged by the router itself
+                stack.set_policy({"canary": canary})
             if rerouting:
                 stack.set_reroute(run_router(scenario, run).get("reroute") or {})
             if cascades:  # the cascade, or one of its halves
@@ -172,6 +184,8 @@ def replay_live(
             status, view = http_json(f"{stack.router_url}/admin/view{since}", headers=stack.admin_headers)
             if status == 200 and "overload" in view:
                 summary["overload"] = _overload_during(overload_before, view["overload"])
+            if canary:
+                summary["canary"] = canary_steps(stack, t0_ms)
             if injector.errors:
                 summary["fault_errors"] = injector.errors
             summary.update(series(results, warmup, duration + warmup))
@@ -398,32 +412,6 @@ def run_replay(
     return path
 
 
-def format_comparison(comparison: dict[str, Any]) -> str:
-    lines = [
-        "sim vs live            p50 live   p50 sim    err   p99 live   p99 sim    err   SLO live  SLO sim  points"
-        "   exec ms live/sim   overhead ms live/sim",
-    ]
-    for name, row in comparison.items():
-        p50, p99, slo = row["p50"], row["p99"], row["slo_attainment"]
-        # the per-request time outside the node's queue and execution (host, network, router), at
-        # p50: where a fast scenario's p50 moves with the host from one run to the next
-        cells = [
-            f"{v['live']:>6.2f} / {v['sim']:<6.2f}" if v else "n/a        "
-            for v in (row.get("exec_mean"), row.get("overhead_p50"))
-        ]
-        lines.append(
-            f"{name:<21} {p50['live']:>9.1f} {p50['sim']:>9.1f} {_pct(p50['rel_err']):>6} "
-            f"{p99['live']:>9.1f} {p99['sim']:>9.1f} {_pct(p99['rel_err']):>6} "
-            f"{slo['live'] * 100:>8.1f}% {slo['sim'] * 100:>7.1f}% {slo['points']:>+7.1f}   {cells[0]}"
-            f"     {cells[1]}"
-        )
-    return "\n".join(lines)
-
-
-def _pct(x: float | None) -> str:
-    return "n/a" if x is None else f"{x * 100:+.0f}%"
-
-
 def offered_rate(scenario: Scenario) -> float:
     """Mean offered request rate of the workload over the run (requests per second; a site counts for
     the share of the run it is active)."""
@@ -474,6 +462,8 @@ def replay_sim(
             node_warm_rates(*(sum(getattr(n, k) for n in sim.nodes.values()) for k in NODE_RESIDENCY_COUNTERS))
         )
         summary["faults"] = sim.fault_log
+        if sim.canary is not None:
+            summary["canary"] = sim.canary.report()
         served = sum(n.served for n in sim.nodes.values())
         ok = sum(r.stages for r in results if r.status == 200)
         summary["executions"] = {"executions": served, "wasted_executions": max(0, served - ok)}

@@ -53,8 +53,10 @@ from typing import Any
 from policies.pipeline import Pipeline
 from policies.registry import build_policy
 from router.lifecycle import Lifecycle
+from router.lifecycle.canary import CanarySpec
 from router.lifecycle.overlay import OutstandingTracker
 from router.lifecycle.stages import stage_predecessors
+from scenarios.sim.canary import SimCanary
 from scenarios.sim.cascades import CascadeDriver, CascadeProfile
 from scenarios.sim.faults import FaultModel
 from scenarios.sim.nodes import NodeModel
@@ -162,6 +164,8 @@ class Simulation(RouterDriver, WorkflowDriver, CascadeDriver, NodeModel, Telemet
         seed = scenario.seed
         self.policy = policy or build_policy(run.policy)
         self.policies: dict[str | None, Pipeline] = {None: self.policy}  # each router's own policy object
+        canary = {**scenario.router, **overrides}.get("canary")  # a policy canary, as the live router runs it
+        self.canary = None if canary is None else SimCanary(CanarySpec.model_validate(canary))
         self.svc_rng = random.Random(seed + 2)
         self.tel_rng = random.Random(seed + 3)
         # (the scenario's own nodes, however many: the bound is against ids invented on a live topic)

@@ -59,9 +59,13 @@ class RouterDriver(SimState):
         budget = taken.budget_ms(lc.settings.intake)
         deadline_at = t0 + budget
         route = RouteRequest(model, taken.priority, budget, site, taken.batch, str(i))
-        life = lc.begin(route, self.policy_of(site), t0, deadline_at)
+        policy, arm = self.policy_of(site), None
+        if self.canary is not None:  # a policy canary: the arm's policy (scenarios.sim.canary)
+            arm, candidate = self.canary.choose(i, a, site if site in self.lcs else None)
+            policy = candidate or policy
+        life = lc.begin(route, policy, t0, deadline_at)
         half = o / 2.0
-        self._decide(SimRequest(i, a, t0, deadline_at, half, half, life, lc, model=model))
+        self._decide(SimRequest(i, a, t0, deadline_at, half, half, life, lc, model=model, arm=arm))
 
     def _decide(self, req: SimRequest) -> None:
         """Carry out the lifecycle's next step for `req` (router.lifecycle.Lifecycle.decide)."""
@@ -283,6 +287,12 @@ class RouterDriver(SimState):
             self._cascade_done(req, status, reason, at_ms, served)
             return
         self.answers.put(req.index, status, at_ms - req.t0, reason, served)
+        if req.arm is not None and self.canary is not None:
+            verdict = self.canary.observe(req.arm, status, at_ms - req.t0, req.deadline_at - req.t0, at_ms)
+            if verdict == "promote":  # every router's policy is the candidate from now on
+                for site in self.policies:
+                    self.policies[site] = self.canary.candidate_for(site)
+                self.policy = self.policies.get(None, self.policy)
 
     def _probe(self, _: Any) -> None:
         """The router's probe round (router.lifecycle.evidence), as the live router's every half interval:

@@ -79,6 +79,7 @@ class SimRequest:
     batch: int = 1
     stage: StageRun | None = None  # set for a workflow stage
     cascade: Any = None  # set for a cascade's request (scenarios.sim.cascades.SimCascade)
+    arm: str | None = None  # a canary's arm (scenarios.sim.canary)
 
 
 @dataclass(slots=True)
@@ -318,6 +319,7 @@ class SimState:
     _open: int
 
     _intakes: dict[tuple[int, float, str, str | None], Intake | Refused]
+    canary: Any  # scenarios.sim.canary.SimCanary, or None
 
     def intake_of(self, a: Arrival, rules: IntakeRules) -> Intake | Refused:
         """The arrival's intake, as the live router's door would take it (router.lifecycle.intake: the

@@ -21,6 +21,7 @@ from pydantic import (
 
 from policies import PolicyConfigError, PolicySpec, build_policy
 from router.config import RouterConfig, WorkflowSpec
+from router.lifecycle.canary import CanarySpec
 from router.lifecycle.cascade import CascadeSpec
 from router.lifecycle.links import LinkState
 from router.lifecycle.reroute import RerouteConfig
@@ -203,7 +204,7 @@ class Fault(_Strict):
 
 
 # router settings swapped live between runs (PUT /admin/reroute, PUT /admin/cascades)
-RUN_ROUTER_KEYS = frozenset({"reroute", "cascade_mode"})
+RUN_ROUTER_KEYS = frozenset({"reroute", "cascade_mode", "canary"})
 
 
 class PolicyRun(_Strict):
@@ -224,6 +225,12 @@ class PolicyRun(_Strict):
             raise ValueError(f"router settings a run may change are {sorted(RUN_ROUTER_KEYS)}; not {unknown}")
         if v.get("cascade_mode", "cascade") not in ("cascade", "first_only", "second_only"):
             raise ValueError("cascade_mode: cascade, first_only or second_only")
+        if "canary" in v:
+            try:
+                CanarySpec.model_validate(v["canary"])
+            except ValidationError as exc:
+                first = exc.errors()[0]
+                raise ValueError(f"{'.'.join(str(p) for p in ('canary', *first['loc']))}: {first['msg']}") from None
         if "reroute" in v:
             try:
                 RerouteConfig.model_validate(v["reroute"])

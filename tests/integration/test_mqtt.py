@@ -34,7 +34,7 @@ pytestmark = pytest.mark.skipif(mosquitto_binary() is None, reason="Mosquitto is
 # the device accounts of the brokers these tests start (Mosquitto as `edgeroute up` runs it: closed, an
 # account per device, an ACL); with the router's auth on, a device's secret is its token too
 DEVICE_SECRETS = {f"cam-{i}": f"cam-{i}-secret-{os.getpid()}-xyz" for i in range(12)}
-PREFIXES = ("edgeroute", "shed", "load", "kafkaout", "bounce", "third")
+PREFIXES = ("edgeroute", "shed", "load", "kafkaout", "bounce", "third", "canary")
 
 
 def closed_broker(log_path: str, port: int = 0) -> Mosquitto:

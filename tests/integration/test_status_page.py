@@ -6,8 +6,10 @@ Debian's chromium)."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +73,20 @@ def test_status_page_in_headless_chromium(own_stack: Any, tmp_path: Path) -> Non
     model = dom[dom.index('data-model="sensor_mlp"') :].split("</tr>")[0]
     assert '<td class="num">0</td>' in model  # no errors
     assert "ejections 0" in dom and '<p id="error" class="err"></p>' in dom
+
+    assert '<p id="canary-state" class="muted">no canary running</p>' in dom
+    # a canary running: its arms in words, its chart drawn, its start in the log; policy state as a table
+    admin = {"Authorization": f"Bearer {ADMIN}"}
+    canary = {"canary": {"candidate": {"preset": "round_robin"}, "share": 0.5, "by": "request",
+                         "guard": {"interval_s": 0.5, "min_requests": 100000, "min_rollback": 100000}}}  # fmt: skip
+    assert call(f"{url}/admin/policy", json.dumps(canary).encode(), "PUT", headers=admin)[0] == 200
+    for _ in range(40):
+        assert call(f"{url}/v2/models/sensor_mlp/infer", infer_body(), headers=headers)[0] == 200
+    time.sleep(1.5)
+    dom = chromium(tmp_path / "p3", "--dump-dom", f"{url}/#token={ADMIN}").stdout
+    assert "candidate {" in dom and "round_robin" in dom and "by request" in dom, dom[-3000:]
+    assert 'id="canary-chart"' in dom and 'style="display: block;' in dom.split('id="canary-chart"')[1][:200]
+    assert "<td>start</td>" in dom and '<table id="policy-state">' in dom
 
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     shot = SCREENSHOTS / "status_page.png"

@@ -106,6 +106,19 @@ def test_a_truncated_segment_is_refused(tmp_path: Path) -> None:
         read_files([path])
 
 
+def test_a_segment_still_being_written_reads_as_it_is(tmp_path: Path) -> None:
+    """Each batch is a gzip member of its own: a router's open segment (or one it left when it died)
+    is whole at every batch's end, so `edgeroute capture --files` reads a live router's folder."""
+    cap = Capture(CaptureConfig(enabled=True, dir=str(tmp_path)), "r1", _header)
+    for batch in range(3):
+        for i in range(100):
+            cap.request(*_req(batch * 100 + i))
+        cap._drain()  # (the writer's turn; the segment stays open)
+    assert cap._segment is not None and not cap._segment.closed
+    assert len(read_files([tmp_path]).requests) == 300
+    cap.stop()
+
+
 def _fleet_capture(n: int = 3000) -> Captured:
     rng = random.Random(5)
     docs: list[dict[str, Any]] = [_header()]

@@ -150,7 +150,8 @@ def test_the_comparison_shows_the_host_overhead_beside_the_latencies() -> None:
     """A fast scenario's p50 moves with the host's per-request overhead from one run to the next, so
     the live-against-simulated comparison gives that overhead, live and simulated, beside the latencies
     it explains (and says n/a where a side lacks it)."""
-    from scenarios.replay.run import compare, format_comparison
+    from scenarios.replay.report import format_comparison
+    from scenarios.replay.run import compare
 
     def side(p50: float, overhead: float | None) -> dict[str, Any]:
         node_ms: dict[str, float] = {"exec_mean": 2.4, "queue_mean": 0.5}

@@ -1,0 +1,120 @@
+"""A policy canary on the live router (the rule, shared with the simulator, is router.lifecycle.canary).
+
+- Start: `PUT /admin/policy` with `{"canary": {"candidate": {...}, "share": 0.1, "by": "client",
+  "guard": {...}}}`, or `canary:` in the config file (a reload starts it). A malformed spec is refused
+  with the field named (400), and the live policy stays as it was.
+- Per request (router.director): its arm from its client, site or id; the candidate's requests
+  routed by the candidate policy; each answer observed on its arm.
+- Judged every second (`judge_loop`): a promotion swaps the candidate in as the policy; a rollback
+  drops it. `DELETE /admin/canary` rolls back by hand; `GET /admin/canary` is its state.
+- Audited: every step (start, promote, rollback, why, the figures it was taken on) in the router's log,
+  in `/admin/view` (`canary.log`), and on the Kafka topic `canary_topic` where set, so an operator and
+  the other routers see it. Metrics: `edgeroute_canary_answers_total{arm,outcome}`.
+
+Requests in flight finish on the policy they started with: a promotion or rollback changes what the
+next request is routed by, never one under way, over HTTP, gRPC and MQTT alike.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+from aiohttp import web
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+from pydantic import ValidationError
+
+from policies import PolicyConfigError, build_policy
+from router.canary import CanaryHolder
+from router.lifecycle.canary import CanarySpec
+from router.state import ROUTER
+from router.state import json_error as _error
+
+log = logging.getLogger("edgeroute.router")
+
+
+class CanaryCollector(Collector):
+    def __init__(self, holder: CanaryHolder) -> None:
+        self.holder = holder
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        answers = CounterMetricFamily(
+            "edgeroute_canary_answers", "answers of a canary's arms, by outcome", labels=["arm", "outcome"]
+        )
+        for (arm, outcome), n in self.holder.outcomes.items():
+            answers.add_metric([arm, outcome], n)
+        yield answers
+        running = GaugeMetricFamily("edgeroute_canary_share", "the candidate's share while a canary runs (else 0)")
+        running.add_metric([], 0.0 if self.holder.canary is None else self.holder.canary.spec.share)
+        yield running
+
+
+def parse_canary(raw: Any) -> CanarySpec:
+    """A canary spec, or ValueError naming the field and why (the live policy is left as it is)."""
+    try:
+        spec = CanarySpec.model_validate(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "canary"
+        raise ValueError(f"canary.{where}: {first['msg']}") from None
+    try:
+        build_policy(spec.candidate)
+    except PolicyConfigError as exc:
+        raise ValueError(f"canary.candidate: {str(exc).splitlines()[0]}") from None
+    return spec
+
+
+async def start_from_request(request: web.Request, raw: Any) -> web.Response:
+    """`PUT /admin/policy` with a `canary`: validated, then started."""
+    router = request.app[ROUTER]
+    try:
+        spec = await asyncio.to_thread(parse_canary, raw)
+    except ValueError as exc:
+        return _error(400, f"canary rejected, keeping '{router.policies.current.name}': {exc}")
+    router.canaries.start(router, spec, "PUT /admin/policy")
+    return web.json_response({"name": router.policies.current.name, "canary": router.canaries.state()["running"]})
+
+
+async def get_canary(request: web.Request) -> web.Response:
+    return web.json_response(request.app[ROUTER].canaries.state())
+
+
+async def delete_canary(request: web.Request) -> web.Response:
+    router = request.app[ROUTER]
+    if router.canaries.canary is None:
+        return _error(404, "no canary is running")
+    router.canaries.stop(router, "DELETE /admin/canary")
+    return web.json_response(router.canaries.state())
+
+
+async def canary_ctx(app: web.Application) -> AsyncIterator[None]:
+    """The canary's judge (every second), its metrics and audit topic, and the config's own canary."""
+    router = app[ROUTER]
+    holder = router.canaries
+    router.metrics.registry.register(CanaryCollector(holder))
+    topic = router.config.canary_topic
+    if topic is not None and router.config.kafka is not None:
+        from telemetry.kafka.bus import KafkaSender
+
+        holder.sender = KafkaSender(router.config.kafka, topic, f"edgeroute-canary-{router.router_id}", "canary")
+    if router.config.canary is not None:
+        holder.start(router, router.config.canary, "config")
+
+    async def judge_loop() -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            holder.judge(router)
+
+    task = asyncio.get_running_loop().create_task(judge_loop())
+    try:
+        yield
+    finally:
+        task.cancel()
+        if holder.sender is not None:
+            await asyncio.to_thread(holder.sender.close)
+
+
+__all__ = ["canary_ctx", "delete_canary", "get_canary", "parse_canary", "start_from_request"]
