@@ -70,6 +70,13 @@ class ModelSpec(BaseModel):
     queue_timeout_override: bool = Field(
         False, description="a request's own deadline replaces queue_timeout_ms (Triton's allow_timeout_override)"
     )
+    fail_share: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="fault injection: this share of executions fail (500), for drills of a canary's guard and "
+        "of the routers' health rules; 0 in service",
+    )
     triton_config: str | None = Field(
         None,
         min_length=1,

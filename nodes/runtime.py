@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import platform
+import random
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -64,6 +65,10 @@ def session_device(name: str, requested: list[str], actual: list[str], device: s
     return "cpu"
 
 
+class InjectedFailure(RuntimeError):
+    """A run failed on purpose (ModelSpec.fail_share): answered 500 like any failing model."""
+
+
 @dataclass
 class LoadedModel:
     """One served model: its session, tensor specs, and the counters telemetry reports."""
@@ -86,6 +91,7 @@ class LoadedModel:
     # the model's second session, on a high-priority CUDA stream, for high-priority batches (FIKIT:
     # the GPU runs their kernels ahead of bulk work's); None on the CPU or with priority_streams off
     high_session: Any = None
+    fail_share: float = 0.0  # fault injection (ModelSpec.fail_share): this share of runs fail
     output_names: list[str] = field(init=False, repr=False)  # in the session's order (what `run` asks for)
     _rows_set_work: tuple[object, bool] = field(init=False, repr=False)  # (the inputs it was worked out for, answer)
 
@@ -149,6 +155,8 @@ class LoadedModel:
             left = self.baseline_for(target) * stretch / 1000.0 - (time.perf_counter() - start)
             if left > 0:
                 time.sleep(left)
+        if self.fail_share and random.random() < self.fail_share:  # (after its time: a failing run costs it)
+            raise InjectedFailure(f"injected failure (fail_share {self.fail_share})")
         elapsed_ms = (time.perf_counter() - start) * 1000.0
         return dict(zip(self.output_names, values, strict=True)), elapsed_ms
 
@@ -338,6 +346,7 @@ def load_model(
     if spec.load_ms is not None:  # emulated: a GPU-sized model takes this long to copy in
         time.sleep(max(0.0, spec.load_ms / 1000.0 - (time.perf_counter() - start)))
     model.load_ms = (time.perf_counter() - start) * 1000.0  # what a request waiting for it pays: session + warm-up
+    model.fail_share = spec.fail_share  # (after the warm-up runs, which must not fail)
     return model
 
 

@@ -21,7 +21,7 @@ from typing import Any
 from aiohttp import web
 
 from policies import PolicyConfigError, PolicySpec
-from router.canary_app import delete_canary, get_canary, start_from_request
+from router.canary_app import delete_canary, delete_model_canary, get_canary, put_model_canary, start_from_request
 from router.capture_app import get_capture
 from router.lifecycle import Lifecycle
 from router.lifecycle.reroute import RerouteConfig
@@ -281,5 +281,7 @@ def create_admin_app(router: Router) -> web.Application:
     r.add_get("/capture", get_capture)
     r.add_get("/canary", get_canary)
     r.add_delete("/canary", delete_canary)
+    r.add_put("/canary/models/{model}", put_model_canary)
+    r.add_delete("/canary/models/{model}", delete_model_canary)
     r.add_put("/cascades", put_cascades)
     return sub

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import deque
+import random
+from collections import Counter, deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from policies import build_policy
 from policies.pipeline import Pipeline
-from router.lifecycle.canary import ARMS, CANDIDATE, Canary, CanarySpec, Verdict
+from router.lifecycle.canary import ARMS, CANDIDATE, Canary, CanarySpec, ModelCanarySpec, Verdict
 from telemetry.oip import wire
 
 if TYPE_CHECKING:
@@ -18,6 +20,45 @@ if TYPE_CHECKING:
 log = logging.getLogger("edgeroute.router")
 
 AUDIT = 100  # canary steps kept for /admin/view
+OUTCOMES = ("in_time", "late", "error")
+SHADOW_RESULTS = ("agreed", "disagreed", "failed", "skipped")
+
+
+def outcome_of(status: int, latency_ms: float, deadline_ms: float | None) -> str:
+    late = deadline_ms is not None and latency_ms > deadline_ms
+    return "error" if status >= 500 else ("in_time" if status == 200 and not late else "late")
+
+
+class ModelCanary:
+    """One model's canary of a version: its arms, its shadow copies under way, what they came to."""
+
+    def __init__(self, spec: ModelCanarySpec, now_ms: float, totals: Counter[tuple[str, ...]] | None = None) -> None:
+        self.spec = spec
+        self.canary = Canary(spec, now_ms)
+        self.candidate_model = f"{spec.model}:{spec.version}"  # (the name nodes report it under)
+        self.outcomes = {(arm, o): 0 for arm in ARMS for o in OUTCOMES}
+        self.shadow = dict.fromkeys(SHADOW_RESULTS, 0)
+        self.shadow_in_flight = 0
+        self.totals: Counter[tuple[str, ...]] = Counter() if totals is None else totals  # (the metrics': cumulative)
+        self._draw = random.Random().random
+
+    def counted(self, arm: str, outcome: str) -> None:
+        self.outcomes[(arm, outcome)] += 1
+        self.totals[("answer", self.spec.model, arm, outcome)] += 1
+
+    def shadowed(self, result: str) -> None:
+        self.shadow[result] += 1
+        self.totals[("shadow", self.spec.model, result)] += 1
+
+    def shadow_due(self) -> bool:
+        """Whether this control answer is mirrored: its share drawn, and room under `max_in_flight`."""
+        shadow = self.spec.shadow
+        if shadow is None or self._draw() >= shadow.share:
+            return False
+        if self.shadow_in_flight >= shadow.max_in_flight:
+            self.shadowed("skipped")
+            return False
+        return True
 
 
 class CanaryHolder:
@@ -27,8 +68,11 @@ class CanaryHolder:
         self.canary: Canary | None = None
         self.candidate: Pipeline | None = None
         self.log: deque[dict[str, Any]] = deque(maxlen=AUDIT)
-        self.outcomes = {(arm, o): 0 for arm in ARMS for o in ("in_time", "late", "error")}
+        self.outcomes = {(arm, o): 0 for arm in ARMS for o in OUTCOMES}
         self.sender: Any = None  # a KafkaSender for the audit topic, or None
+        self.models: dict[str, ModelCanary] = {}  # model -> its version canary under way
+        self.model_totals: Counter[tuple[str, ...]] = Counter()  # every model canary's answers and copies
+        self.pinned: dict[str, str] = {}  # model -> the version a promotion sends its unversioned requests to
 
     def start(self, router: Router, spec: CanarySpec, origin: str) -> None:
         """Start `spec` (validated: its candidate builds), replacing a running canary."""
@@ -55,19 +99,72 @@ class CanaryHolder:
         if self.canary is None:
             return
         self.canary.observe(arm, status, latency_ms, deadline_ms)
-        late = deadline_ms is not None and latency_ms > deadline_ms
-        outcome = "error" if status >= 500 else ("in_time" if status == 200 and not late else "late")
-        self.outcomes[(arm, outcome)] += 1
+        self.outcomes[(arm, outcome_of(status, latency_ms, deadline_ms))] += 1
+
+    # --- model versions ---------------------------------------------------------------------------
+
+    def start_model(self, router: Router, spec: ModelCanarySpec, origin: str) -> None:
+        """Start a version canary of `spec.model`, replacing one under way for that model."""
+        self.models[spec.model] = ModelCanary(spec, router.clock(), self.model_totals)
+        self.audit(router, "start", origin, {"model": spec.model, "version": spec.version, "share": spec.share,
+                                               "by": spec.by, "shadow": spec.shadow is not None})  # fmt: skip
+
+    def stop_model(self, router: Router, model: str, why: str) -> bool:
+        """Roll `model`'s canary back (True), or, with none under way, undo a promotion's pin (True);
+        False when there was neither."""
+        run = self.models.pop(model, None)
+        if run is not None:
+            self.audit(
+                router, "rollback", why, {"model": model, "version": run.spec.version, **run.canary.state()["arms"]}
+            )
+            return True
+        if self.pinned.pop(model, None) is not None:
+            self.audit(router, "unpin", why, {"model": model})
+            return True
+        return False
+
+    def route_model(self, model: str, key: Callable[[str], str]) -> tuple[ModelCanary | None, str | None, str]:
+        """(the model's canary, the request's arm, the version it goes to) for a request of `model` that
+        names no version: the candidate's arm to the candidate version, a promoted version's pin, else
+        the model's own ("": the node's default). `key(by)` is the request's client, site or id."""
+        run = self.models.get(model)
+        if run is None:
+            return None, None, self.pinned.get(model, "")
+        arm = run.canary.arm(key(run.spec.by))
+        return run, arm, (run.spec.version if arm == CANDIDATE else self.pinned.get(model, ""))
+
+    def observe_model(
+        self, run: ModelCanary, arm: str, status: int, latency_ms: float, deadline_ms: float | None
+    ) -> None:
+        if self.models.get(run.spec.model) is not run:  # (ended while the request was under way)
+            return
+        run.canary.observe(arm, status, latency_ms, deadline_ms)
+        run.counted(arm, outcome_of(status, latency_ms, deadline_ms))
+
+    def _judge_models(self, router: Router) -> None:
+        now = router.clock()
+        for model, run in list(self.models.items()):
+            verdict = run.canary.judge(now)
+            if verdict is None:
+                continue
+            del self.models[model]
+            if verdict.action == "promote":
+                self.pinned[model] = run.spec.version
+            self.audit(router, verdict.action, verdict.why, {"model": model, "version": run.spec.version,
+                                                             **verdict.figures})  # fmt: skip
 
     def judge(self, router: Router) -> Verdict | None:
+        if self.models:
+            self._judge_models(router)
         canary = self.canary
         if canary is None:
             return None
         verdict = canary.judge(router.clock())
         if verdict is None:
             return None
-        if verdict.action == "promote" and self.candidate is not None:
-            router.apply_policy(canary.spec.candidate, self.candidate, "canary promoted", by_canary=True)
+        spec = canary.spec
+        if verdict.action == "promote" and self.candidate is not None and isinstance(spec, CanarySpec):
+            router.apply_policy(spec.candidate, self.candidate, "canary promoted", by_canary=True)
         self.audit(router, verdict.action, verdict.why, verdict.figures)
         self.canary = self.candidate = None
         return verdict
@@ -81,7 +178,15 @@ class CanaryHolder:
             asyncio.get_running_loop().run_in_executor(None, self.sender.send, router.router_id.encode(), body, 0)
 
     def state(self) -> dict[str, Any]:
-        return {"running": None if self.canary is None else self.canary.state(), "log": list(self.log)}
+        return {
+            "running": None if self.canary is None else self.canary.state(),
+            "models": {
+                m: {**run.canary.state(), "shadow": {**run.shadow, "in_flight": run.shadow_in_flight}}
+                for m, run in self.models.items()
+            },
+            "pinned": dict(self.pinned),
+            "log": list(self.log),
+        }
 
 
-__all__ = ["AUDIT", "CanaryHolder"]
+__all__ = ["AUDIT", "CanaryHolder", "ModelCanary", "outcome_of"]

@@ -29,11 +29,15 @@ from pydantic import ValidationError
 
 from policies import PolicyConfigError, build_policy
 from router.canary import CanaryHolder
-from router.lifecycle.canary import CanarySpec
+from router.lifecycle.canary import CanarySpec, ModelCanarySpec
 from router.state import ROUTER
 from router.state import json_error as _error
+from telemetry.oip import wire
+from telemetry.process.serving import read_body
 
 log = logging.getLogger("edgeroute.router")
+
+MAX_SPEC_BYTES = 64 << 10  # a canary spec is a few hundred bytes
 
 
 class CanaryCollector(Collector):
@@ -50,6 +54,67 @@ class CanaryCollector(Collector):
         running = GaugeMetricFamily("edgeroute_canary_share", "the candidate's share while a canary runs (else 0)")
         running.add_metric([], 0.0 if self.holder.canary is None else self.holder.canary.spec.share)
         yield running
+        models = CounterMetricFamily(
+            "edgeroute_model_canary_answers",
+            "answers of a model version canary's arms, by outcome",
+            labels=["model", "arm", "outcome"],
+        )
+        shadows = CounterMetricFamily(
+            "edgeroute_model_canary_shadow",
+            "mirrored copies of a model canary, by what they came to",
+            labels=["model", "result"],
+        )
+        for key, n in sorted(self.holder.model_totals.items()):
+            if key[0] == "answer":
+                models.add_metric(list(key[1:]), n)
+            else:
+                shadows.add_metric(list(key[1:]), n)
+        yield models
+        yield shadows
+
+
+def parse_model_canary(model: str, raw: Any) -> ModelCanarySpec:
+    """A model version canary's spec (the model from the path), or ValueError naming the field."""
+    if not isinstance(raw, dict):
+        raise ValueError('canary: a model canary is an object: {"version": V, "share": ..., ...}')
+    if "model" in raw and raw["model"] != model:
+        raise ValueError(f"canary.model: '{raw['model']}' is not the model of the path ('{model}')")
+    try:
+        return ModelCanarySpec.model_validate({**raw, "model": model})
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "canary"
+        raise ValueError(f"canary.{where}: {first['msg']}") from None
+
+
+async def put_model_canary(request: web.Request) -> web.Response:
+    """`PUT /admin/canary/models/{model}`: a candidate version of the model on a share of its requests."""
+    router = request.app[ROUTER]
+    model = request.match_info["model"]
+    body = await read_body(request, router.config.body_timeout_s)
+    if len(body) > MAX_SPEC_BYTES:
+        return _error(413, f"a canary spec is at most {MAX_SPEC_BYTES} bytes")
+    try:
+        spec = parse_model_canary(model, wire.loads(body))
+    except (ValueError, UnicodeDecodeError) as exc:
+        return _error(400, f"canary rejected: {exc}")
+    view = router.store.view
+    if not view.serving_count(model):
+        return _error(404, f"unknown model '{model}'")
+    if not view.serving_count(f"{model}:{spec.version}"):
+        return _error(409, f"no node serves model '{model}' version {spec.version} (beside its default)")
+    router.canaries.start_model(router, spec, f"PUT /admin/canary/models/{model}")
+    return web.json_response(router.canaries.state()["models"][model])
+
+
+async def delete_model_canary(request: web.Request) -> web.Response:
+    """`DELETE /admin/canary/models/{model}`: its canary rolled back, or (none under way) a promotion's
+    pin undone: the model's requests go to the nodes' default version again."""
+    router = request.app[ROUTER]
+    model = request.match_info["model"]
+    if not router.canaries.stop_model(router, model, f"DELETE /admin/canary/models/{model}"):
+        return _error(404, f"no canary and no promoted version for model '{model}'")
+    return web.json_response(router.canaries.state())
 
 
 def parse_canary(raw: Any) -> CanarySpec:
@@ -102,6 +167,8 @@ async def canary_ctx(app: web.Application) -> AsyncIterator[None]:
         holder.sender = KafkaSender(router.config.kafka, topic, f"edgeroute-canary-{router.router_id}", "canary")
     if router.config.canary is not None:
         holder.start(router, router.config.canary, "config")
+    for spec in router.config.model_canaries:
+        holder.start_model(router, spec, "config")
 
     async def judge_loop() -> None:
         while True:
@@ -117,4 +184,13 @@ async def canary_ctx(app: web.Application) -> AsyncIterator[None]:
             await asyncio.to_thread(holder.sender.close)
 
 
-__all__ = ["canary_ctx", "delete_canary", "get_canary", "parse_canary", "start_from_request"]
+__all__ = [
+    "canary_ctx",
+    "delete_canary",
+    "delete_model_canary",
+    "get_canary",
+    "parse_canary",
+    "parse_model_canary",
+    "put_model_canary",
+    "start_from_request",
+]

@@ -14,7 +14,7 @@ from policies import PolicyConfigError, PolicySpec, build_policy
 from router.admission import AuthConfig, RateLimitConfig
 from router.lifecycle import LifecycleSettings
 from router.lifecycle.budgets import RetryBudgetConfig
-from router.lifecycle.canary import CanarySpec
+from router.lifecycle.canary import CanarySpec, ModelCanarySpec
 from router.lifecycle.cascade import CascadeSpec
 from router.lifecycle.copies import CopyConfig
 from router.lifecycle.evidence import ProbeConfig
@@ -376,6 +376,11 @@ class RouterConfig(ServerSettings):
     )
     canary: CanarySpec | None = Field(
         None, description="a policy canary started with the router (router.lifecycle.canary; PUT /admin/policy too)"
+    )
+    model_canaries: list[ModelCanarySpec] = Field(
+        default_factory=list,
+        max_length=64,
+        description="model version canaries started with the router (PUT /admin/canary/models/{model} too)",
     )
     canary_topic: str | None = Field(
         None, pattern=TOPIC_NAME, description="audit every canary step on this Kafka topic (the router's kafka)"

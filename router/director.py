@@ -20,8 +20,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from policies.api import RouteRequest
+from router import shadow
 from router.dispatch import Outcome
 from router.lifecycle import intake
+from router.lifecycle.canary import CONTROL
 from router.state import Router
 from router.workflows import WorkflowInputError, WorkflowRunner, decode_inputs
 from telemetry.cluster.schema import NAME_PATTERN
@@ -89,6 +91,7 @@ class Trail:
     site: str | None = None
     budget_ms: float | None = None
     arm: str | None = None  # the canary arm that served it (router.lifecycle.canary), if any
+    version: str | None = None  # the model version it went to, where it named one or a canary chose
 
 
 async def infer(router: Router, call: InferCall) -> Outcome:
@@ -109,7 +112,7 @@ async def infer(router: Router, call: InferCall) -> Outcome:
             trail.site,
             call.client,
             call.model,
-            call.version,
+            trail.version or call.version,
             trail.priority,
             trail.budget_ms,
             len(call.body),
@@ -226,9 +229,21 @@ async def _infer(router: Router, call: InferCall, trail: Trail) -> Outcome:
         by = canaries.canary.spec.by
         key = call.client if by == "client" else (site or "") if by == "site" else request_id
         trail.arm, policy = canaries.arm(key)
+    route_model, version, run, model_arm = model, call.version, None, None
+    if version is None:
+        if canaries.models or canaries.pinned:  # a version canary, or a version a canary promoted
+
+            def keyed(by: str) -> str:
+                return call.client if by == "client" else (site or "") if by == "site" else request_id
+
+            run, model_arm, pinned = canaries.route_model(model, keyed)
+            if pinned:
+                route_model, version = f"{model}:{pinned}", pinned
+    elif router.store.view.serving_count(f"{model}:{version}"):  # a version nodes serve beside the default
+        route_model = f"{model}:{version}"
     outcome = await router.dispatcher.dispatch(
-        RouteRequest(model, prio, budget, site, batch, request_id),
-        _infer_path(model, call.version),
+        RouteRequest(route_model, prio, budget, site, batch, request_id),
+        _infer_path(model, version),
         call.body,
         headers,
         arrived + budget,
@@ -236,6 +251,12 @@ async def _infer(router: Router, call: InferCall, trail: Trail) -> Outcome:
     )
     if trail.arm is not None:
         canaries.observe(trail.arm, outcome.status, router.clock() - arrived, budget)
+    if run is not None and model_arm is not None:
+        canaries.observe_model(run, model_arm, outcome.status, router.clock() - arrived, budget)
+        trail.arm = trail.arm or model_arm
+        if model_arm == CONTROL and outcome.status == 200 and run.shadow_due():
+            shadow.start(router, run, call.body, headers, outcome, site, request_id, arrived + budget)
+    trail.version = version
     # counted once the answer is on its way (the next turn of the loop), not before it
     asyncio.get_running_loop().call_soon(_counted, router, model, prio, outcome, arrived)
     if outcome.status == 429 and outcome.node == "none":

@@ -53,16 +53,56 @@ class GuardSpec(BaseModel):
     max_duration_s: float = Field(3600.0, gt=0, le=604_800, description="no verdict by then: rolled back")
 
 
-class CanarySpec(BaseModel):
-    """A canary of a policy: `PUT /admin/policy` with `{"canary": {...}}`, or the config's `canary`."""
+class ArmsSpec(BaseModel):
+    """What every canary has: the candidate's share, what a request's arm is drawn by, the guard."""
 
     model_config = ConfigDict(extra="forbid")
 
-    candidate: PolicySpec
     share: float = Field(0.1, gt=0, lt=1, description="the share of keys (clients, sites, requests) on the candidate")
     by: Literal["client", "site", "request"] = "client"
     guard: GuardSpec = Field(default_factory=GuardSpec)
     salt: str = Field("", max_length=64, description="the arms' hash salt (routers that share it agree on arms)")
+
+    def describe(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+
+class CanarySpec(ArmsSpec):
+    """A canary of a policy: `PUT /admin/policy` with `{"canary": {...}}`, or the config's `canary`."""
+
+    candidate: PolicySpec
+
+    def describe(self) -> dict[str, Any]:
+        return self.candidate.model_dump(exclude_none=True)
+
+
+class ShadowSpec(BaseModel):
+    """Mirrored requests: a copy of a share of the control arm's answered requests run on the candidate
+    version, its answer compared with the one the client got and dropped. Sheddable and only where a
+    node has a free slot, at most `max_in_flight` at once: it fills gaps, never takes capacity."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    share: float = Field(0.2, gt=0, le=1, description="the share of the control arm's answers mirrored")
+    max_in_flight: int = Field(4, ge=1, le=1024, description="copies under way at once, per router")
+    min_agreement: float = Field(0.95, ge=0, le=1, description="the least share of copies that agree (top class)")
+    min_compared: int = Field(50, ge=10, le=10_000_000, description="copies compared before agreement counts")
+
+
+VERSION = r"^[0-9]{1,9}$"
+
+
+class ModelCanarySpec(ArmsSpec):
+    """A canary of a model version: `PUT /admin/canary/models/{model}` or the config's `model_canaries`.
+    The candidate arm's requests (those that name no version) go to `version`, which nodes serve beside
+    the model's current one (a repository version, or `model: NAME, version: V` in a node's models)."""
+
+    model: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.-]+$")
+    version: str = Field(pattern=VERSION, description="the candidate version")
+    shadow: ShadowSpec | None = None
+
+    def describe(self) -> dict[str, Any]:
+        return {"model": self.model, "version": self.version, "shadow": self.shadow is not None}
 
 
 @dataclass
@@ -71,6 +111,8 @@ class ArmStats:
     in_time: int = 0
     errors: int = 0
     latencies: deque[float] = field(default_factory=lambda: deque(maxlen=LATENCIES))
+    compared: int = 0  # mirrored copies compared with the control's answer (a model canary's shadow)
+    agreed: int = 0
 
     def p99(self) -> float:
         return nearest_rank(list(self.latencies), 0.99) if self.latencies else 0.0
@@ -82,6 +124,7 @@ class ArmStats:
             "in_time_share": round(self.in_time / self.answers, 4) if self.answers else None,
             "errors": self.errors,
             "p99_ms": round(self.p99(), 2),
+            **({"compared": self.compared, "agreed": self.agreed} if self.compared else {}),
         }
 
 
@@ -96,7 +139,7 @@ class Verdict:
 class Canary:
     """One canary under way: arms, their answers, the guard's verdict."""
 
-    def __init__(self, spec: CanarySpec, started_ms: float) -> None:
+    def __init__(self, spec: ArmsSpec, started_ms: float) -> None:
         self.spec = spec
         self.started_ms = started_ms
         self.arms = {arm: ArmStats() for arm in ARMS}
@@ -118,6 +161,29 @@ class Canary:
             stats.errors += status >= 500
             stats.in_time += status == 200 and (deadline_ms is None or latency_ms <= deadline_ms)
             stats.latencies.append(latency_ms)
+
+    def compared(self, agreed: bool) -> None:
+        """A mirrored copy's answer on the candidate, compared with the control's: did it agree?"""
+        for stats in (self.arms[CANDIDATE], self._interval[CANDIDATE]):
+            stats.compared += 1
+            stats.agreed += agreed
+
+    def _agreement(self, z: float) -> tuple[str | None, bool]:
+        """(why the candidate disagrees too often, or None; whether agreement allows a promotion)."""
+        shadow = getattr(self.spec, "shadow", None)
+        if shadow is None:
+            return None, True
+        cand = self.arms[CANDIDATE]
+        if cand.compared < shadow.min_compared:
+            return None, False
+        p = (cand.agreed + 1) / (cand.compared + 2)
+        se = math.sqrt(p * (1 - p) / (cand.compared + 2))
+        if p + z * se < shadow.min_agreement:
+            return (
+                f"the candidate's answers agree with the current version's on {p * 100:.1f}% of "
+                f"{cand.compared} mirrored requests: below {shadow.min_agreement * 100:.1f}%"
+            ), False
+        return None, p - z * se >= shadow.min_agreement
 
     def judge(self, now_ms: float) -> Verdict | None:
         """The guard's verdict when one is due and reached (at most once), else None."""
@@ -147,7 +213,10 @@ class Canary:
                 0, round(cand.answers * control.in_time / control.answers - cand.in_time) if control.answers else 0
             ),
         }
-        if cand.answers >= guard.min_rollback and worse - z * se > guard.margin:
+        disagrees, agreement_allows = self._agreement(z)
+        if disagrees is not None:
+            self.verdict = Verdict("rollback", now_ms, disagrees, figures)
+        elif cand.answers >= guard.min_rollback and worse - z * se > guard.margin:
             why = (
                 f"the candidate answers in time {p_t * 100:.1f}% against {p_c * 100:.1f}%: worse by more than "
                 f"{guard.margin * 100:.1f} points at {guard.confidence * 100:.0f}% confidence"
@@ -157,6 +226,7 @@ class Canary:
             min(control.answers, cand.answers) >= guard.min_requests
             and now_ms - self.started_ms >= guard.promote_after_s * 1000.0
             and worse + z * se < guard.margin
+            and agreement_allows
         ):
             why = (
                 f"the candidate answers in time {p_t * 100:.1f}% against {p_c * 100:.1f}%: not worse by "
@@ -169,7 +239,7 @@ class Canary:
 
     def state(self) -> dict[str, Any]:
         return {
-            "candidate": self.spec.candidate.model_dump(exclude_none=True),
+            "candidate": self.spec.describe(),
             "share": self.spec.share,
             "by": self.spec.by,
             "started_ms": self.started_ms,
@@ -179,4 +249,15 @@ class Canary:
         }
 
 
-__all__ = ["ARMS", "CANDIDATE", "CONTROL", "Canary", "CanarySpec", "GuardSpec", "Verdict"]
+__all__ = [
+    "ARMS",
+    "CANDIDATE",
+    "CONTROL",
+    "ArmsSpec",
+    "Canary",
+    "CanarySpec",
+    "GuardSpec",
+    "ModelCanarySpec",
+    "ShadowSpec",
+    "Verdict",
+]

@@ -240,11 +240,13 @@ def _links(c: Captured, sites: list[str]) -> list[dict[str, Any]]:
         if r["status"] != 200 or r["site"] is None or r["node"] not in partition:
             continue
         transit[(r["site"], partition[r["node"]])].append(r["ms"] - (r["queue_ms"] or 0.0) - (r["exec_ms"] or 0.0))
+    pairs: dict[tuple[str, str], list[float]] = defaultdict(list)  # a link is both ways: one per pair
+    for (a, b), seen in transit.items():
+        if a != b and a in sites and b in sites:
+            pairs[(min(a, b), max(a, b))].extend(seen)
     out = []
-    for (a, b), seen in sorted(transit.items()):
-        if a == b or a not in sites or b not in sites:
-            continue
-        local = transit.get((a, a)) or transit.get((b, b)) or [0.0]
+    for (a, b), seen in sorted(pairs.items()):
+        local = transit.get((a, a), []) + transit.get((b, b), []) or [0.0]
         rtt = max(0.0, statistics.median(seen) - statistics.median(local))
         out.append({"a": a, "b": b, "rtt_ms": round(rtt, 2)})
     return out

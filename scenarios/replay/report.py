@@ -325,14 +325,18 @@ def format_canaries(report: dict[str, Any]) -> list[str]:
     """The table's lines for runs with a canary: each verdict, when and why."""
     lines = []
     for name, p in report.get("policies", {}).items():
+        if (p.get("canary") or {}).get("note"):
+            lines.append(f"canary of {name}: {p['canary']['note']}")
         for step in (p.get("canary") or {}).get("decisions", []):
             if step["step"] == "start":
                 continue
-            worse = (step.get("figures") or {}).get("answered_worse")
+            figures = step.get("figures") or {}
+            worse = figures.get("answered_worse")
             cost = (
                 f" ({worse} answered worse, {worse / p['sent'] * 100:.2f}% of the run)" if worse and p["sent"] else ""
             )
-            lines.append(f"canary of {name}: {step['step']} at {step['at_s']:.1f} s: {step['why']}{cost}")
+            what = f" ({figures['model']} version {figures.get('version')})" if "model" in figures else ""
+            lines.append(f"canary of {name}{what}: {step['step']} at {step['at_s']:.1f} s: {step['why']}{cost}")
     return lines
 
 

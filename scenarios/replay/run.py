@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from scenarios.replay.canary import canary_steps
+from scenarios.replay.canary import canary_steps, start_canaries
 from scenarios.replay.capture import attach_recorded, recorded_host
 from scenarios.replay.partitions import partitions
 from scenarios.replay.report import (
@@ -128,9 +128,7 @@ def replay_live(
             # with a model catalogue what is resident matters: every run starts from the start-up set
             stack.use_nodes(run.node_specs(scenario.topology.nodes), fresh=bool(scenario.models))
             stack.set_policy(run.policy.model_dump(exclude_none=True))
-            canary = run_router(scenario, run).get("canary")
-            if canary:  # a candidate on a share of the run's traffic, judged by the router itself
-                stack.set_policy({"canary": canary})
+            canaries = start_canaries(stack, run_router(scenario, run))  # (policy and model canaries)
             if rerouting:
                 stack.set_reroute(run_router(scenario, run).get("reroute") or {})
             if cascades:  # the cascade, or one of its halves
@@ -184,8 +182,8 @@ def replay_live(
             status, view = http_json(f"{stack.router_url}/admin/view{since}", headers=stack.admin_headers)
             if status == 200 and "overload" in view:
                 summary["overload"] = _overload_during(overload_before, view["overload"])
-            if canary:
-                summary["canary"] = canary_steps(stack, t0_ms)
+            if canaries is not None:
+                summary["canary"] = canary_steps(stack, t0_ms, canaries)
             if injector.errors:
                 summary["fault_errors"] = injector.errors
             summary.update(series(results, warmup, duration + warmup))
@@ -464,6 +462,8 @@ def replay_sim(
         summary["faults"] = sim.fault_log
         if sim.canary is not None:
             summary["canary"] = sim.canary.report()
+        elif run_router(scenario, run).get("model_canaries"):  # (said, not left out silently)
+            summary["canary"] = {"decisions": [], "note": "model canaries run live only"}
         served = sum(n.served for n in sim.nodes.values())
         ok = sum(r.stages for r in results if r.status == 200)
         summary["executions"] = {"executions": served, "wasted_executions": max(0, served - ok)}

@@ -7,7 +7,6 @@ Errors come out as one line naming the field path and, where the YAML parser kno
 
 from __future__ import annotations
 
-from collections import Counter
 from pathlib import Path
 from typing import Any, Literal
 
@@ -21,11 +20,16 @@ from pydantic import (
 
 from policies import PolicyConfigError, PolicySpec, build_policy
 from router.config import RouterConfig, WorkflowSpec
-from router.lifecycle.canary import CanarySpec
+from router.lifecycle.canary import CanarySpec, ModelCanarySpec
 from router.lifecycle.cascade import CascadeSpec
-from router.lifecycle.links import LinkState
 from router.lifecycle.reroute import RerouteConfig
 from scenarios import BUNDLED_DIR
+from scenarios.spec.topology import MAX_TOPOLOGY_NODES as MAX_TOPOLOGY_NODES
+from scenarios.spec.topology import BatchSpec as BatchSpec
+from scenarios.spec.topology import Link as Link
+from scenarios.spec.topology import ModelEntry as ModelEntry
+from scenarios.spec.topology import NodeSpec as NodeSpec
+from scenarios.spec.topology import Topology as Topology
 from scenarios.spec.traffic import MAX_DURATION_S as MAX_DURATION_S
 from scenarios.spec.traffic import MAX_REQUESTS as MAX_REQUESTS
 from scenarios.spec.traffic import Repeat as Repeat
@@ -38,137 +42,6 @@ from telemetry.process.tracing import TracingConfig
 
 class ScenarioError(ConfigError):
     """A scenario mistake, as one line naming the file, field and line."""
-
-
-class BatchSpec(_Strict):
-    max_batch: int = Field(1, ge=1, le=1024)
-    max_queue_delay_ms: float = Field(0.0, ge=0)
-    preferred: list[int] = Field(default_factory=list)
-
-
-class NodeSpec(_Strict):
-    id: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
-    partition: str
-    tier: Literal["edge", "cloud"] = "edge"
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    slots: int = Field(1, ge=1, le=64)
-    max_queue: int = Field(64, ge=0)
-    memory_budget_mb: int = Field(2048, ge=1)
-    speed: float = Field(1.0, gt=0, le=1000)
-    inline_max_ms: float = Field(
-        0.2, ge=0, le=5, description="runs measured this short execute on the node's event loop (NodeConfig)"
-    )
-    cost_per_s: float = Field(0.0, ge=0, description="cost of one node-second")
-    models: list[str] = Field(min_length=1)
-    scheduler: Literal["fifo", "priority"] = "priority"
-    change_threshold: int = Field(4, ge=1, description="publish telemetry at once when outstanding moves this much")
-    high_priority_min: int = 1
-    max_block_ms: float = Field(10.0, gt=0)
-    queue_limits: dict[int, int] = Field(default_factory=dict)
-    admit_by_deadline: bool = True
-    queue_target_ms: float = Field(50.0, ge=0, le=60_000, description="controlled delay target (NodeConfig)")
-    queue_interval_ms: float = Field(100.0, gt=0, le=60_000)
-    batching: dict[str, BatchSpec] = Field(default_factory=dict, description="model -> dynamic batching")
-    model_repository: str | None = Field(
-        None,
-        min_length=1,
-        description="a Triton-style repository of the user's ONNX models (nodes.repository); `models` may name "
-        "the models in it (relative to the scenario's folder)",
-    )
-
-    @model_validator(mode="after")
-    def _batching_models(self) -> NodeSpec:
-        unknown = sorted(set(self.batching) - set(self.models))
-        if unknown:
-            raise ValueError(f"batching for models the node does not serve: {unknown}")
-        return self
-
-
-class ModelEntry(_Strict):
-    """A model served under its name: a zoo architecture (default: the name itself) with its own seed
-    (a fleet's fine-tuned variants), and optionally the memory it holds resident and the least time
-    its load takes: on a CPU machine the zoo models are small and load in milliseconds, so GPU-sized
-    models are emulated by declaring these (the node accounts the size and holds the load that long)."""
-
-    zoo: str | None = None
-    path: str | None = Field(
-        None,
-        min_length=1,
-        description="the user's own ONNX file instead of a zoo architecture (live runs; the simulator needs "
-        "a profile that measured it: `edgeroute profile`)",
-    )
-    seed: int | None = None
-    size_mb: float | None = Field(None, gt=0)
-    load_ms: float | None = Field(None, ge=0)
-
-    @model_validator(mode="after")
-    def _one_source(self) -> ModelEntry:
-        if self.zoo is not None and self.path is not None:
-            raise ValueError("a model is either a zoo architecture (`zoo`) or a file (`path`), not both")
-        return self
-
-    @field_validator("zoo")
-    @classmethod
-    def _known(cls, v: str | None) -> str | None:
-        from nodes.zoo import ZOO
-
-        if v is not None and v not in ZOO:
-            raise ValueError(f"'{v}' is not a zoo model ({', '.join(sorted(ZOO))})")
-        return v
-
-
-class Link(_Strict):
-    """A network path between two partitions; emulated by the router live, modelled by the simulator."""
-
-    a: str
-    b: str
-    rtt_ms: float = Field(ge=0, le=10_000)
-    jitter_ms: float = Field(0.0, ge=0, le=10_000)
-    loss: float = Field(0.0, ge=0, lt=1)
-
-
-MAX_TOPOLOGY_NODES = 10_000  # nodes a scenario may have (the simulator's largest views; live, far fewer)
-
-
-class Topology(_Strict):
-    """Partitions (sites), the links between them, the nodes; and where routers and brokers stand:
-    `central` (one router and one broker for the fleet; link cuts are emulated by the router) or
-    `per_site` (each partition has its own router, beside its clients, and its own broker, which its
-    nodes publish to and every router reads: a site cut off keeps serving what its nodes can; live, in
-    network namespaces where the machine allows, so a cut is a real partition of requests and telemetry)."""
-
-    partitions: list[str] = Field(min_length=1)
-    links: list[Link] = Field(default_factory=list)
-    nodes: list[NodeSpec] = Field(min_length=1, max_length=MAX_TOPOLOGY_NODES)
-    deployment: Literal["central", "per_site"] = "central"
-
-    @model_validator(mode="after")
-    def _consistent(self) -> Topology:
-        known = set(self.partitions)
-        if len(known) != len(self.partitions):
-            raise ValueError("partition names must be unique")
-        ids = [n.id for n in self.nodes]
-        if len(set(ids)) != len(ids):
-            raise ValueError(f"node ids must be unique: {sorted(i for i, n in Counter(ids).items() if n > 1)}")
-        for n in self.nodes:
-            if n.partition not in known:
-                raise ValueError(f"node {n.id}: partition '{n.partition}' is not in topology.partitions")
-        pairs = set()
-        for i, link in enumerate(self.links):
-            for end in (link.a, link.b):
-                if end not in known:
-                    raise ValueError(f"links.{i}: partition '{end}' is not in topology.partitions")
-            if link.a == link.b:
-                raise ValueError(f"links.{i}: a link joins two different partitions")
-            pair = frozenset((link.a, link.b))
-            if pair in pairs:
-                raise ValueError(f"links.{i}: {link.a}-{link.b} is given twice")
-            pairs.add(pair)
-        return self
-
-    def link_states(self) -> tuple[LinkState, ...]:
-        """The links as the router's and the simulator's link table takes them (none cut)."""
-        return tuple(LinkState(k.a, k.b, k.rtt_ms, k.jitter_ms, k.loss) for k in self.links)
 
 
 class Fault(_Strict):
@@ -204,7 +77,7 @@ class Fault(_Strict):
 
 
 # router settings swapped live between runs (PUT /admin/reroute, PUT /admin/cascades)
-RUN_ROUTER_KEYS = frozenset({"reroute", "cascade_mode", "canary"})
+RUN_ROUTER_KEYS = frozenset({"reroute", "cascade_mode", "canary", "model_canaries"})
 
 
 class PolicyRun(_Strict):
@@ -231,6 +104,13 @@ class PolicyRun(_Strict):
             except ValidationError as exc:
                 first = exc.errors()[0]
                 raise ValueError(f"{'.'.join(str(p) for p in ('canary', *first['loc']))}: {first['msg']}") from None
+        for i, item in enumerate(v.get("model_canaries") or []):
+            try:
+                ModelCanarySpec.model_validate(item)
+            except ValidationError as exc:
+                first = exc.errors()[0]
+                where = ".".join(str(p) for p in ("model_canaries", i, *first["loc"]))
+                raise ValueError(f"{where}: {first['msg']}") from None
         if "reroute" in v:
             try:
                 RerouteConfig.model_validate(v["reroute"])

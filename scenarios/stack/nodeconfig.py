@@ -42,11 +42,12 @@ def _model_config(
 ) -> dict[str, Any]:
     out: dict[str, Any] = {"name": model, "seed": seed}
     if entry is not None:
-        out.update({k: v for k, v in entry.model_dump().items() if v is not None})
+        out.update(entry.node_fields())
     curve = (baselines or {}).get(out.get("zoo", model))
     if curve:
-        out["baseline_ms"] = curve[1]
-        out["baseline_ms_by_batch"] = {b: ms for b, ms in curve.items() if b != 1}
+        slower = entry.slower if entry is not None else 1.0  # (a slower version: its reference times stretched)
+        out["baseline_ms"] = curve[1] * slower
+        out["baseline_ms_by_batch"] = {b: ms * slower for b, ms in curve.items() if b != 1}
     batch = spec.batching.get(model)
     if batch is not None:
         out.update(

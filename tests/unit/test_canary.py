@@ -5,8 +5,9 @@ worse, no verdict before the figures allow one; and the shipped policy-canary sc
 from __future__ import annotations
 
 import random
+from typing import Any
 
-from router.lifecycle.canary import CANDIDATE, CONTROL, Canary, CanarySpec
+from router.lifecycle.canary import CANDIDATE, CONTROL, Canary, CanarySpec, ModelCanarySpec
 from scenarios.replay.run import replay_sim
 from scenarios.spec.schema import load_scenario
 
@@ -65,3 +66,94 @@ def test_the_policy_canary_scenario_rolls_back_the_worse_and_promotes_the_better
     assert [d["step"] for d in worse] == ["rollback"] and worse[0]["at_s"] < 30
     assert [d["step"] for d in better] == ["promote"]
     assert report["policies"]["worse"]["lost"] == 0 and report["policies"]["better"]["lost"] == 0
+
+
+def _model_spec(**kw: object) -> ModelCanarySpec:
+    shadow = {"share": 1.0, "min_compared": 40, "min_agreement": 0.95}
+    return ModelCanarySpec.model_validate(
+        {"model": "classifier", "version": "2", "share": 0.2, "guard": GUARD, "shadow": shadow, **kw}
+    )
+
+
+def _feed_shadow(c: Canary, agree_share: float, seconds: float) -> str | None:
+    """Both arms answer well; the candidate's mirrored copies agree `agree_share` of the time."""
+    rng = random.Random(4)
+    t = 0.0
+    while t < seconds * 1000:
+        t += 10.0
+        arm = c.arm(str(rng.random()))
+        c.observe(arm, 200, 10.0, 50.0)
+        if arm == CONTROL:
+            c.compared(rng.random() < agree_share)
+        verdict = c.judge(t)
+        if verdict is not None:
+            return f"{verdict.action}@{t / 1000:.1f}: {verdict.why}"
+    return None
+
+
+def test_a_version_whose_mirrored_answers_disagree_is_rolled_back_and_a_faithful_one_promoted() -> None:
+    unfaithful = _feed_shadow(Canary(_model_spec(), 0.0), 0.1, 60)
+    assert unfaithful is not None and unfaithful.startswith("rollback@") and "agree" in unfaithful
+    assert float(unfaithful.split("@")[1].split(":")[0]) < 5  # (50 copies at 80 a second: within a second or two)
+    faithful = _feed_shadow(Canary(_model_spec(), 0.0), 1.0, 60)
+    assert faithful is not None and faithful.startswith("promote@"), faithful
+    # without copies compared a shadowed canary is not promoted (agreement not shown): none reach it
+    silent = Canary(_model_spec(), 0.0)
+    assert _feed(silent, {CONTROL: 0.99, CANDIDATE: 0.995}, 60) is None
+
+
+def test_a_model_canary_spec_names_its_version_and_refuses_nonsense() -> None:
+    import pytest
+    from pydantic import ValidationError
+
+    assert _model_spec().describe() == {"model": "classifier", "version": "2", "shadow": True}
+    for bad in ({"version": "v2"}, {"model": "a/b"}, {"shadow": {"share": 0}}, {"shadow": {"max_in_flight": 0}}):
+        with pytest.raises(ValidationError):
+            _model_spec(**bad)
+
+
+def test_route_model_sends_the_candidate_arm_to_its_version_and_a_promotion_pins_it() -> None:
+    from router.canary import CanaryHolder
+
+    class _Router:  # what the holder reads of a router: its clock and id (audits)
+        router_id = "r1"
+        now = 0.0
+
+        def clock(self) -> float:
+            return self.now
+
+    router: Any = _Router()
+    holder = CanaryHolder()
+    holder.start_model(router, _model_spec(shadow=None, share=0.5, by="client"), "test")
+    seen = {holder.route_model("classifier", lambda by, i=i: f"client-{i}")[1:] for i in range(200)}
+    assert seen == {(CONTROL, ""), (CANDIDATE, "2")}
+    assert holder.route_model("other", lambda by: "x") == (None, None, "")
+    run = holder.models["classifier"]
+    for i in range(400):  # both arms as good: promoted once the guard allows
+        arm = run.canary.arm(f"k{i}")
+        holder.observe_model(run, arm, 200, 5.0, 50.0)
+    router.now = 60_000.0
+    holder.judge(router)
+    assert "classifier" not in holder.models and holder.pinned == {"classifier": "2"}
+    assert holder.route_model("classifier", lambda by: "anyone") == (None, None, "2")
+    assert holder.stop_model(router, "classifier", "by hand") and holder.pinned == {}
+    assert [e["step"] for e in holder.log] == ["start", "promote", "unpin"]
+
+
+def test_shadow_compares_top_classes_of_every_output_both_answers_carry() -> None:
+    import json
+
+    from router.dispatch import Outcome
+    from router.shadow import agree, top_classes
+
+    def answer(rows: list[list[float]], status: int = 200) -> Outcome:
+        doc = {"outputs": [{"name": "probs", "datatype": "FP32", "shape": [len(rows), len(rows[0])],
+                            "data": [x for r in rows for x in r]}]}  # fmt: skip
+        return Outcome(status, json.dumps(doc).encode(), {"Content-Type": "application/json"})
+
+    a = top_classes(answer([[0.1, 0.9], [0.8, 0.2]]))
+    assert a == {"probs": [1, 0]}
+    assert agree(a, {"probs": [1, 0]}) is True and agree(a, {"probs": [1, 1]}) is False
+    assert agree(a, {"other": [0]}) is None
+    assert top_classes(answer([[0.1, 0.9]], status=503)) is None
+    assert top_classes(Outcome(200, b"not json", {})) is None
