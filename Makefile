@@ -4,6 +4,10 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 RUN    := $(VENV)/.installed-run
+# the suite's worker processes (pytest-xdist, a test file to a worker): most tests wait on processes,
+# sockets and timers, so three share two cores well
+TEST_WORKERS ?= 3
+PYTEST := $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 .PHONY: help venv demo test unit integration fuzz lint bench profile clean
 
@@ -27,16 +31,16 @@ demo: $(RUN)  ## start the embedded stack, replay scenarios/quickstart.yaml with
 	$(VENV)/bin/edgeroute replay scenarios/quickstart.yaml --policy round_robin --policy p2c
 
 test: $(STAMP)  ## run unit and integration tests (the Kafka ones again on kafka-python, the fallback client)
-	$(PY) -m pytest -q tests
-	EDGEROUTE_KAFKA_CLIENT=kafka-python $(PY) -m pytest -q tests/unit/test_kafka_wire.py \
+	$(PYTEST) tests
+	EDGEROUTE_KAFKA_CLIENT=kafka-python $(PYTEST) tests/unit/test_kafka_wire.py \
 		tests/integration/test_kafka_reader.py tests/integration/test_telemetry_flow.py \
 		tests/integration/test_broker_outage.py
 
 unit: $(STAMP)  ## run the unit tests only (no sockets)
-	$(PY) -m pytest -q tests/unit
+	$(PYTEST) tests/unit
 
 integration: $(STAMP)  ## run the integration tests only (real broker, nodes, router on loopback)
-	$(PY) -m pytest -q tests/integration
+	$(PYTEST) tests/integration
 
 fuzz: $(STAMP)  ## 10,000 generated hostile requests over HTTP, gRPC and MQTT against a live router and nodes, honest clients alongside
 	EDGEROUTE_FUZZ_EXAMPLES=10000 EDGEROUTE_FUZZ_RANDOM=1 $(PY) -m pytest -q -s tests/integration/test_fuzz.py \

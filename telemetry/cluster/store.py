@@ -57,6 +57,7 @@ class ViewStore:
         self.batches_dropped = 0  # record batches the reader dropped unread (telemetry.kafka.records)
         self.out_of_order = 0
         self.duplicates = 0  # reports read a second time (from their own cluster and a mirror)
+        self.from_history = 0  # reports published before the reader started, read from the lookback
         self.from_future = 0  # sent more than MAX_CLOCK_AHEAD_MS after receipt: dropped
         self.evicted = 0
         self.foreign_endpoint = 0  # reports whose endpoint the allow-list refuses: dropped
@@ -85,6 +86,7 @@ class ViewStore:
             "skipped": self.skipped,
             "from_future": self.from_future,
             "duplicates": self.duplicates,
+            "from_history": self.from_history,
             "evicted": self.evicted,
             "foreign_endpoint": self.foreign_endpoint,
             "over_capacity": self.over_capacity,
@@ -133,6 +135,7 @@ class ViewStore:
                         self.duplicates += 1  # the same report again: read from a mirrored topic too
                         continue
                 old = history if history is not None else lag >= CATCH_UP_LAG_MS
+                self.from_history += old
                 heard_at = min(received_at_ms, msg.sent_at_ms) if old else received_at_ms
                 fresh[msg.node_id] = NodeState(msg, heard_at)
             if fresh:
