@@ -383,22 +383,40 @@ def write_folder(out: Path, doc: dict[str, Any], traces: dict[str, str], recorde
 
 def vs_recorded(recorded: dict[str, Any], run: dict[str, Any]) -> dict[str, Any]:
     """How a replayed run stands against what the capture recorded: SLO attainment in points, p50 and
-    p99 as ratios, and the largest difference in any node's share of the answers, in points."""
+    p99 as ratios, and the largest difference in any node's share of the answers, in points; the same
+    (but the shares) for each site and each priority both hold (`by_site`, `by_priority`)."""
 
     def shares(summary: dict[str, Any]) -> dict[str, float]:
         by_node = summary.get("by_node") or {}
         total = sum(by_node.values()) or 1
         return {n: c / total for n, c in by_node.items()}
 
+    def against(rec: dict[str, Any], got: dict[str, Any]) -> dict[str, Any]:
+        rl, gl = rec["latency_ms"], got["latency_ms"]
+        return {
+            "sent": got["sent"],
+            "slo_points": round((got["slo_attainment"] - rec["slo_attainment"]) * 100, 2),
+            "p50_ratio": round(gl["p50"] / rl["p50"], 3) if rl["p50"] else None,
+            "p99_ratio": round(gl["p99"] / rl["p99"], 3) if rl["p99"] else None,
+        }
+
     rec, got = shares(recorded), shares(run)
     nodes = set(rec) | set(got)
-    rl, gl = recorded["latency_ms"], run["latency_ms"]
-    return {
-        "slo_points": round((run["slo_attainment"] - recorded["slo_attainment"]) * 100, 2),
-        "p50_ratio": round(gl["p50"] / rl["p50"], 3) if rl["p50"] else None,
-        "p99_ratio": round(gl["p99"] / rl["p99"], 3) if rl["p99"] else None,
-        "node_share_points": round(max((abs(got.get(n, 0) - rec.get(n, 0)) * 100 for n in nodes), default=0.0), 2),
-    }
+    out = against(recorded, run)
+    del out["sent"]
+    out["node_share_points"] = round(max((abs(got.get(n, 0) - rec.get(n, 0)) * 100 for n in nodes), default=0.0), 2)
+    # what changes for each site and each priority (the parts both hold)
+    for part in ("by_site", "by_priority"):
+        mine, theirs = run.get(part) or {}, recorded.get(part) or {}
+        both = {}
+        for k in sorted(mine):
+            try:
+                both[k] = against(theirs[k], mine[k])
+            except (KeyError, TypeError, ZeroDivisionError):  # (not in the recording, or not as a replay writes it)
+                continue
+        if both:
+            out[part] = both
+    return out
 
 
 def attach_recorded(scenario: Any, report: dict[str, Any]) -> None:

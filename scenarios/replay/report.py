@@ -2,7 +2,9 @@
 
 `{"scenario", "mode", "policies": {NAME: {"sent", "completed", "errors": {STATUS: n}, "lost",
 "latency_ms": {"p50","p95","p99","max"}, "slo_attainment", "by_priority": {P: {...}},
-"by_node": {NODE: n}}}, "telemetry": {"messages", "malformed", "lag_ms": {"p50","p99"}}}`.
+"by_node": {NODE: n}, "by_site": {SITE: {...}} (more than one site), "local_in_time_share" (with
+placement: answered in time by a node of the request's own site, of all sent)}}, "telemetry":
+{"messages", "malformed", "lag_ms": {"p50","p99"}}}`.
 Later work adds fields and never renames. `sent == completed + sum(errors.values())`: a lost request
 (no answer at all) is counted in `lost` and also under `errors["lost"]`, so the identity always holds
 and a loss is impossible to miss.
@@ -53,6 +55,9 @@ def summarize(
     out["throughput_rps"] = round(out["completed"] / duration_s, 2) if duration_s > 0 else 0.0
     prios = sorted({r.arrival.priority for r in results})
     out["by_priority"] = {str(p): _summary([r for r in results if r.arrival.priority == p]) for p in prios}
+    sites = sorted({r.arrival.site for r in results})
+    if len(sites) > 1:
+        out["by_site"] = {s: _summary([r for r in results if r.arrival.site == s]) for s in sites}
     out["by_node"] = dict(sorted(Counter(r.node for r in results if r.status == 200).items()))
     reasons = Counter(r.error[:120] for r in results if r.status not in (200, None))
     out["error_reasons"] = dict(reasons.most_common(5))
@@ -96,10 +101,15 @@ def placement(results: list[Result], nodes: Mapping[str, tuple[str, float]], dur
     """
     served = [r for r in results if r.status == 200 and r.node in nodes]
     off = sum(1 for r in served if nodes[r.node][0] != r.arrival.site)
+    local_in_time = sum(
+        1 for r in served if nodes[r.node][0] == r.arrival.site and r.latency_ms <= r.arrival.deadline_ms
+    )
     busy = sum(r.exec_ms / max(1, r.rows) / 1000.0 * nodes[r.node][1] for r in served)
     by_partition: Counter[str] = Counter(nodes[r.node][0] for r in served)
     return {
         "off_site_share": round(off / len(served), 4) if served else 0.0,
+        # in-time local work: the requests answered in time by a node of their own site, of all sent
+        "local_in_time_share": round(local_in_time / len(results), 4) if results else 0.0,
         "by_partition": dict(sorted(by_partition.items())),
         "cost": {
             "busy": round(busy, 3),
@@ -290,7 +300,7 @@ def format_table(report: dict[str, Any]) -> str:
             f"{p['slo_attainment'] * 100:>6.1f}% {top:>11.1f} {off:>8} {cost:>7}  {nodes}"
         )
     lines += warnings(report)
-    lines += format_recorded(report) + format_canaries(report)
+    lines += format_recorded(report) + format_canaries(report) + format_delays(report)
     tel = report.get("telemetry")
     if tel:
         lines.append(
@@ -318,6 +328,14 @@ def format_recorded(report: dict[str, Any]) -> list[str]:
                 f"  {name} vs recorded: SLO {v['slo_points']:+.1f} points, {ratio}, "
                 f"node shares within {v['node_share_points']:.1f} points"
             )
+            for part, label in (("by_site", "site"), ("by_priority", "priority")):
+                cells = [
+                    f"{key} {d['slo_points']:+.1f}"
+                    + (f" p99 x{d['p99_ratio']:.2f}" if d["p99_ratio"] is not None else "")
+                    for key, d in (v.get(part) or {}).items()
+                ]
+                if len(cells) > 1:
+                    lines.append(f"    by {label} (SLO points): " + "; ".join(cells))
     return lines
 
 
@@ -337,6 +355,26 @@ def format_canaries(report: dict[str, Any]) -> list[str]:
             )
             what = f" ({figures['model']} version {figures.get('version')})" if "model" in figures else ""
             lines.append(f"canary of {name}{what}: {step['step']} at {step['at_s']:.1f} s: {step['why']}{cost}")
+    return lines
+
+
+def format_delays(report: dict[str, Any]) -> list[str]:
+    """The table's lines for runs whose policy holds requests for a local slot (`delay_spill`): each
+    site's wait where the run ended, and the share of requests its own site answered in time."""
+    lines = []
+    for name, p in report.get("policies", {}).items():
+        state = (p.get("policy_state") or {}).get("delay_spill")
+        if not state:
+            continue
+        local = p.get("local_in_time_share")
+        share = f"; in time locally {local * 100:.1f}%" if local is not None else ""
+        for site, s in state.get("sites", {}).items():
+            held = s.get("deferred", 0)
+            tuned = f" (target {s['target_ms']:.1f} ms)" if s.get("target_ms") is not None else ""
+            lines.append(
+                f"delay timer of {name} at {site}: {s['delay_ms']:.1f} ms{tuned}; {held} held, "
+                f"{s.get('local_after_wait', 0)} found a local slot{share}"
+            )
     return lines
 
 

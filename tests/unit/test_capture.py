@@ -16,7 +16,16 @@ import orjson
 import pytest
 
 from router.capture import REQUEST_FIELDS, Capture, CaptureConfig
-from scenarios.replay.capture import Captured, CaptureError, read_files, read_lines, scenario_of, write_folder
+from scenarios.replay.capture import (
+    Captured,
+    CaptureError,
+    read_files,
+    read_lines,
+    scenario_of,
+    vs_recorded,
+    write_folder,
+)
+from scenarios.replay.report import format_recorded
 from scenarios.spec.schema import load_scenario
 
 
@@ -150,10 +159,33 @@ def test_a_capture_is_a_scenario_the_simulator_replays_beside_what_it_recorded(t
     report_path = run_replay(scenario, list(scenario.policies), tmp_path / "report", mode="sim")
     report = json.loads(report_path.read_text())
     assert report["recorded"]["sent"] == 3000
-    assert set(report["policies"]["recorded"]["vs_recorded"]) == {
-        "slo_points",
-        "p50_ratio",
-        "p99_ratio",
-        "node_share_points",
-    }
+    against = report["policies"]["recorded"]["vs_recorded"]
+    assert {"slo_points", "p50_ratio", "p99_ratio", "node_share_points"} <= set(against)
+    assert set(against["by_priority"]) == {"0"} and against["by_priority"]["0"]["sent"] == 3000
     assert os.path.isfile(tmp_path / "report" / "report.json")
+
+
+def _part(sent: int, slo: float, p50: float, p99: float) -> dict[str, Any]:
+    return {"sent": sent, "slo_attainment": slo, "latency_ms": {"p50": p50, "p99": p99}}
+
+
+def test_a_replay_says_what_changes_for_each_site_and_priority_against_the_recording() -> None:
+    recorded = _part(300, 0.95, 10.0, 40.0) | {
+        "by_node": {"e1": 200, "c1": 100},
+        "by_site": {"edge-a": _part(200, 0.99, 8.0, 30.0), "edge-b": _part(100, 0.87, 12.0, 60.0)},
+        "by_priority": {"0": _part(250, 0.94, 10.0, 40.0), "10": "not a summary"},
+    }
+    run = _part(300, 0.97, 11.0, 36.0) | {
+        "by_node": {"e1": 150, "c1": 150},
+        "by_site": {"edge-a": _part(200, 0.97, 9.0, 33.0), "edge-b": _part(100, 0.97, 12.0, 30.0)},
+        "by_priority": {"0": _part(250, 0.96, 11.0, 36.0), "10": _part(50, 1.0, 9.0, 20.0)},
+    }
+    v = vs_recorded(recorded, run)
+    assert v["slo_points"] == 2.0 and v["p99_ratio"] == 0.9 and v["node_share_points"] == pytest.approx(16.67)
+    assert v["by_site"]["edge-a"] == {"sent": 200, "slo_points": -2.0, "p50_ratio": 1.125, "p99_ratio": 1.1}
+    assert v["by_site"]["edge-b"]["slo_points"] == 10.0 and v["by_site"]["edge-b"]["p99_ratio"] == 0.5
+    # a part the recording does not hold as a replay writes it is left out, never a crash
+    assert set(v["by_priority"]) == {"0"} and v["by_priority"]["0"]["slo_points"] == 2.0
+    report = {"recorded": recorded | {"policy": "p2c"}, "policies": {"slo_priority": {"vs_recorded": v}}}
+    lines = format_recorded(report)
+    assert any("by site" in line and "edge-a -2.0 p99 x1.10" in line and "edge-b +10.0" in line for line in lines)

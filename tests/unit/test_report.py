@@ -174,3 +174,25 @@ def test_the_comparison_shows_the_host_overhead_beside_the_latencies() -> None:
     assert "overhead ms live/sim" in table.splitlines()[0]
     assert "2.00 / 2.50" in table.splitlines()[1]
     assert "n/a" in format_comparison(compare(side(4.0, None), side(4.8, 2.5))).splitlines()[1]
+
+
+def test_in_time_local_work_by_site_and_the_delay_timer_line() -> None:
+    def at(site: str, status: int | None, ms: float, node: str) -> Result:
+        return Result(Arrival(0.0, site, "m", 0, 100.0), status, ms, node)
+
+    results = [
+        at("store", 200, 20, "box"),  # local, in time
+        at("store", 200, 120, "box"),  # local, late
+        at("store", 200, 40, "cloud-1"),  # in time, but not local
+        at("store", 503, 1, "none"),
+        at("cloud", 200, 10, "cloud-1"),  # local to its own site
+    ]
+    nodes = {"box": ("store", 0.0), "cloud-1": ("cloud", 1.0)}
+    s = summarize(results, 1.0, nodes)
+    assert s["local_in_time_share"] == 0.4  # 2 of 5 sent
+    assert set(s["by_site"]) == {"cloud", "store"} and s["by_site"]["store"]["sent"] == 4
+    s["policy_state"] = {
+        "delay_spill": {"sites": {"store": {"delay_ms": 12.5, "deferred": 9, "local_after_wait": 4}}, "history": []}
+    }
+    table = format_table({"scenario": "x", "mode": "sim", "policies": {"edge_first": s}})
+    assert "delay timer of edge_first at store: 12.5 ms; 9 held, 4 found a local slot; in time locally 40.0%" in table
