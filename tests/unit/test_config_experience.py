@@ -47,6 +47,8 @@ SCENARIO_DOC = readme_block("## Scenarios", SCENARIOS)
 # the README's own short examples: a router's and a node's config
 README_ROUTER = readme_block("## Configuring")
 README_NODE = readme_block("## Configuring", nth=1)
+README_SITE_ROUTER = readme_block("### A router per site")
+README_MQTT = readme_block("### The MQTT door")
 
 
 def _load(kind: str, text: str, tmp_path: Path) -> object:
@@ -67,6 +69,8 @@ def _load(kind: str, text: str, tmp_path: Path) -> object:
         ("scenario", SCENARIO_DOC),
         ("router", README_ROUTER),
         ("node", README_NODE),
+        ("router", README_SITE_ROUTER),
+        ("router", README_MQTT),
     ],
 )
 def test_readme_examples_are_valid(kind: str, doc: str, tmp_path: Path) -> None:
