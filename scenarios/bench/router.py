@@ -341,6 +341,8 @@ def bench_router(
                 terminate(proc)
             for closer in closers:
                 closer.stop()
+        # on disk, gzip'd: every record the captured router wrote (read before the stack's folder goes)
+        written = sum(p.stat().st_size for p in capture_dir.glob("*.jsonl.gz")) if capture_dir.is_dir() else 0
     summary: list[dict[str, Any]] = []
     for c in concurrencies:
 
@@ -390,9 +392,8 @@ def bench_router(
                 ),
             )
     capture_bytes = None
-    if capture:  # on disk, gzip'd: every record the captured router wrote, over the requests it served
+    if capture:  # over the requests it served
         served = sum(r["requests"] for r in rows if r["target"] == "router_captured")
-        written = sum(p.stat().st_size for p in capture_dir.glob("*.jsonl.gz")) if capture_dir.is_dir() else 0
         capture_bytes = round(written / served, 1) if served else None
     doc = result(
         "router",
