@@ -8,15 +8,12 @@ is cut short so that the best remote node can still meet the deadline after it: 
 deadline leaves no slack over the remote round trip spills at once, as does one whose partition has no
 node up. Requests without a site, or whose partition has room, pass as they are.
 
-D is tuned per site every `tune_every_ms` from what the waits achieved (delay scheduling with
-self-tuning timers, as in network-sensitive GPU cluster scheduling):
-
-- if fewer than `slo_target` of the requests that waited met their deadline, waiting costs deadlines:
-  D halves;
-- else if fewer than half of the waits ended in a local slot, waiting rarely helps: D shrinks by a
-  quarter;
-- else D moves halfway towards 1.5x the 90th percentile of the waits that found a slot (enough to
-  catch most of them, no more).
+D is tuned per site every `tune_every_ms` (delay scheduling with self-tuned timers, as in
+network-sensitive GPU cluster scheduling) by `policies.delay_tuner`: over the site's last `pool` holds,
+each joined with its answer, what each candidate wait would have won in in-time local answers and cost
+in misses; the wait that wins most, with the misses it adds over not waiting held to `1 - slo_target`
+of the site's answers. One hold in `1 / probe_share` is a probe, allowed up to the cap within its
+deadline, so the evidence always reaches past D. D moves halfway to the chosen wait each step.
 
 D stays within [`min_ms`, `max_ms`]; `max_ms` defaults to the RTT to the nearest other partition
 (waiting longer than the trip to a remote node costs more than going there). The timer's history is
@@ -25,7 +22,8 @@ kept for the reports (`state()`, `/admin/policy/state`).
 Inputs: partition, queued_by_priority, in_flight, capacity, expected_wait_ms, models.ewma_ms_by_batch.
 Parameters: `max_load` and `margin` (room, as `locality`), `initial_ms` (default half
 of `max_ms`), `min_ms` (default 0.5), `max_ms`, `tune` (default true), `tune_every_ms` (default 1000),
-`slo_target` (default 0.99), `min_samples` (default 10), `default_exec_ms` (default 5).
+`slo_target` (default 0.99), `min_samples` (default 10: judged on twice as many holds at least),
+`probe_share` (default 0.125), `pool` (default 512), `default_exec_ms` (default 5).
 """
 
 from __future__ import annotations
@@ -40,6 +38,7 @@ from pydantic import Field
 from policies.api import ClusterView, Columns, Context, Defer, NodeState, Params, RouteRequest
 from policies.columns import all_rows, any_row
 from policies.completion import predicted_completion_ms
+from policies.delay_tuner import HoldBook
 from policies.locality import has_room, room_rows
 
 
@@ -53,24 +52,26 @@ class DelaySpillParams(Params):
     tune_every_ms: float = Field(1000.0, gt=0)
     slo_target: float = Field(0.99, gt=0, le=1)
     min_samples: int = Field(10, ge=1)
+    probe_share: float = Field(0.125, ge=0, le=1)
+    pool: int = Field(512, ge=8, le=65536)
     default_exec_ms: float = Field(5.0, gt=0)
 
 
 @dataclass
 class SiteTimer:
-    """One site's delay timer and what the current window saw."""
+    """One site's delay timer and the holds it is tuned on."""
 
     delay_ms: float
     cap_ms: float
     window_start_ms: float
-    waits_ok: list[float] = field(default_factory=list)  # waits that ended in a local slot
-    timeouts: int = 0  # waits that ran out and spilled
-    waited_met: int = 0  # answered requests that had waited, within their deadline
-    waited_answered: int = 0
+    book: HoldBook
+    probes: dict[str, None] = field(default_factory=dict)  # requests held as probes, until resolved
     deferred: int = 0  # totals, for the state
+    probed: int = 0
     local_after_wait: int = 0
     spilled: int = 0
     spilled_at_once: int = 0
+    target_ms: float | None = None  # the tuner's last choice
 
 
 class DelaySpill:
@@ -107,7 +108,7 @@ class DelaySpill:
         local = [n for n in nodes if n.partition == site]
         if len(local) == len(nodes):  # nothing remote to spill to, or `locality` kept local nodes with room
             if req.waited_ms > 0:
-                self._found_slot(site, req.waited_ms, ctx.now_ms)
+                self._found_slot(site, req, ctx.now_ms)
             return nodes
         p = self.params
         timer = self._timer(
@@ -120,7 +121,7 @@ class DelaySpill:
         roomy = [n for n in local if has_room(view, n, req, now, p.max_load, p.margin, p.default_exec_ms)]
         if roomy:
             if req.waited_ms > 0:
-                self._found_slot(site, req.waited_ms, now)
+                self._found_slot(site, req, now)
             return roomy
         best_remote = None
         if req.deadline_ms is not None:
@@ -139,7 +140,7 @@ class DelaySpill:
         local = cols.of(frame.in_partition(site))
         if all_rows(local):
             if req.waited_ms > 0:
-                self._found_slot(site, req.waited_ms, ctx.now_ms)
+                self._found_slot(site, req, ctx.now_ms)
             return cols
         p = self.params
         timer = self._timer(site, lambda: cols.of(frame.rtt_ms())[~local].tolist(), ctx.now_ms)
@@ -150,7 +151,7 @@ class DelaySpill:
         roomy = local & cols.of(room_rows(frame, req, p.max_load, p.margin, p.default_exec_ms))
         if any_row(roomy):
             if req.waited_ms > 0:
-                self._found_slot(site, req.waited_ms, now)
+                self._found_slot(site, req, now)
             return cols.keep(roomy)
         best_remote = None
         if req.deadline_ms is not None:
@@ -161,17 +162,27 @@ class DelaySpill:
     def _hold(self, site: str, timer: SiteTimer, req: RouteRequest, best_remote: float | None) -> Defer | None:
         """No local room: hold the request (Defer), or spill it (None)."""
         p = self.params
-        hold = timer.delay_ms - req.waited_ms
+        probe = req.request_id in timer.probes
+        if req.waited_ms == 0 and p.tune and p.probe_share > 0 and req.request_id and not probe:
+            # one hold in 1/probe_share may wait up to the cap: evidence of waits longer than D
+            probe = (timer.deferred + 1) * p.probe_share % 1.0 < p.probe_share
+        hold = (timer.cap_ms if probe else timer.delay_ms) - req.waited_ms
         if req.deadline_ms is not None and best_remote is not None:
             # hold only while spilling afterwards can still make the deadline
             hold = min(hold, req.deadline_ms * (1.0 - p.margin) - best_remote)
         if hold >= 0.5:
             if req.waited_ms == 0:
                 timer.deferred += 1
+                if probe:
+                    timer.probed += 1
+                    timer.probes[req.request_id] = None
+                    if len(timer.probes) > 4096:  # (requests that never came back: forgotten, oldest first)
+                        del timer.probes[next(iter(timer.probes))]
             return Defer(hold, site, f"holding for a slot in {site} (delay {timer.delay_ms:.1f} ms)")
+        timer.probes.pop(req.request_id, None)
         if req.waited_ms > 0:
-            timer.timeouts += 1
             timer.spilled += 1
+            timer.book.resolved(req.request_id, req.waited_ms, False)
         else:
             timer.spilled_at_once += 1
         return None
@@ -179,20 +190,21 @@ class DelaySpill:
     # --- learning ----------------------------------------------------------------------------------
 
     def observe(self, req: RouteRequest, latency_ms: float, met_deadline: bool, ctx: Context) -> None:
-        if req.site is None or req.waited_ms <= 0:
+        if req.site is None:
             return
         timer = self.sites.get(req.site)
         if timer is None:
             return
-        timer.waited_answered += 1
-        timer.waited_met += int(met_deadline)
-        self._maybe_tune(req.site, timer, ctx.now_ms)
+        timer.book.answered(req.request_id, latency_ms, met_deadline, req.deadline_ms)
+        if req.waited_ms > 0:
+            self._maybe_tune(req.site, timer, ctx.now_ms)
 
-    def _found_slot(self, site: str, waited_ms: float, now_ms: float) -> None:
+    def _found_slot(self, site: str, req: RouteRequest, now_ms: float) -> None:
         timer = self.sites.get(site)
         if timer is None:
             return
-        timer.waits_ok.append(waited_ms)
+        timer.probes.pop(req.request_id, None)
+        timer.book.resolved(req.request_id, req.waited_ms, True)
         timer.local_after_wait += 1
         self._maybe_tune(site, timer, now_ms)
 
@@ -208,7 +220,7 @@ class DelaySpill:
         if timer is None:
             cap = self._cap_ms(remote_rtts)
             start = self.params.initial_ms if self.params.initial_ms is not None else cap / 2.0
-            timer = SiteTimer(max(self.params.min_ms, min(start, cap)), cap, now_ms)
+            timer = SiteTimer(max(self.params.min_ms, min(start, cap)), cap, now_ms, HoldBook(self.params.pool))
             self.sites[site] = timer
             self.history.append((now_ms, site, timer.delay_ms))
         else:
@@ -219,25 +231,20 @@ class DelaySpill:
         p = self.params
         if not p.tune or now_ms - timer.window_start_ms < p.tune_every_ms:
             return
-        resolved = len(timer.waits_ok) + timer.timeouts
-        d = timer.delay_ms
-        if timer.waited_answered >= p.min_samples and timer.waited_met / timer.waited_answered < p.slo_target:
-            d *= 0.5
-        elif resolved >= p.min_samples:
-            if len(timer.waits_ok) < resolved / 2:
-                d *= 0.75
-            else:
-                waits = sorted(timer.waits_ok)
-                p90 = waits[min(len(waits) - 1, int(0.9 * len(waits)))]
-                d = 0.5 * d + 0.5 * 1.5 * p90
-        d = max(p.min_ms, min(d, timer.cap_ms))
-        if d != timer.delay_ms:
+        if timer.book.fresh < p.min_samples:  # (judged again once there is something new to judge on)
+            return
+        timer.window_start_ms = now_ms
+        lo, hi = max(p.min_ms, 0.25), timer.cap_ms
+        steps = 24
+        candidates = sorted({round(lo * (hi / lo) ** (i / steps), 3) for i in range(steps + 1)})
+        judged = timer.book.judge(candidates, p.slo_target, 2 * p.min_samples)
+        if judged is None:
+            return
+        timer.target_ms = judged[0]
+        d = max(p.min_ms, min(timer.delay_ms + 0.5 * (judged[0] - timer.delay_ms), timer.cap_ms))
+        if abs(d - timer.delay_ms) >= 0.01:
             timer.delay_ms = d
             self.history.append((now_ms, site, round(d, 3)))
-        timer.window_start_ms = now_ms
-        timer.waits_ok.clear()
-        timer.timeouts = 0
-        timer.waited_met = timer.waited_answered = 0
 
     def state(self) -> dict[str, Any]:
         return {
@@ -245,6 +252,8 @@ class DelaySpill:
                 s: {
                     "delay_ms": round(t.delay_ms, 3),
                     "deferred": t.deferred,
+                    "probed": t.probed,
+                    "target_ms": t.target_ms,
                     "local_after_wait": t.local_after_wait,
                     "spilled_after_wait": t.spilled,
                     "spilled_at_once": t.spilled_at_once,

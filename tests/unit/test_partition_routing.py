@@ -93,24 +93,79 @@ def test_a_held_request_that_finds_room_is_counted_and_stays_local() -> None:
     assert sites["deferred"] == 1 and sites["local_after_wait"] == 1
 
 
-def test_delay_tuner_shrinks_when_waits_miss_deadlines_and_follows_successful_waits() -> None:
-    p = DelaySpillParams(initial_ms=20, max_ms=40, tune_every_ms=1000, min_samples=5)
-    gate = DelaySpill(p)
-    full = view(node("a1", "edge-a", wait0=200, queued=20), node("c1", "cloud"))
-    free = view(node("a1", "edge-a"), node("c1", "cloud"))
-    gate.gate(req(), full, list(full), ctx())
-    for i in range(10):  # waits that missed their deadline
-        gate.observe(req(waited=5), 400.0, False, ctx(NOW + i))
-    gate.gate(req(), full, list(full), ctx(NOW + 1001))  # the window closes
-    assert gate.sites["edge-a"].delay_ms == pytest.approx(10), "halved"
-    # next window: every wait found a local slot within ~12 ms, all in time
-    for i in range(10):
-        gate.gate(req(waited=12.0), free, list(free), ctx(NOW + 1100 + i))
-        gate.observe(req(waited=12.0), 30.0, True, ctx(NOW + 1100 + i))
-    gate.gate(req(), full, list(full), ctx(NOW + 2200))
-    assert gate.sites["edge-a"].delay_ms == pytest.approx(0.5 * 10 + 0.5 * 1.5 * 12), "towards 1.5 x p90"
-    times = [t for t, _, _ in gate.history]
-    assert times == sorted(times) and len(gate.history) == 3
+FULL = view(node("a1", "edge-a", wait0=100_000, queued=20), node("c1", "cloud"))  # (full for the whole test)
+FREE = view(node("a1", "edge-a"), node("c1", "cloud"))
+
+
+def _held(rid: str, waited: float) -> RouteRequest:
+    return RouteRequest("m", 0, 150.0 - waited, "edge-a", request_id=rid, waited_ms=waited)
+
+
+def _holds(gate: DelaySpill, at: float, n: int, slot_at: float, tag: str) -> float:
+    """`n` requests held from `at`, each answered: a slot frees `slot_at` ms into each hold, so those
+    the timer holds that long find it (local, in time, 20 ms later); the rest run out and spill (in
+    time, 45 ms later)."""
+    for i in range(n):
+        rid = f"{tag}{i}"
+        first = gate.gate(_held(rid, 0.0), FULL, list(FULL), ctx(at))
+        assert isinstance(first, Defer)
+        if first.wait_ms >= slot_at:
+            kept = gate.gate(_held(rid, slot_at), FREE, list(FREE), ctx(at + slot_at))
+            assert [n.node_id for n in kept] == ["a1"]  # type: ignore[union-attr]
+            waited, trip = slot_at, 20.0
+        else:
+            waited, trip = first.wait_ms, 45.0
+            out = gate.gate(_held(rid, waited), FULL, list(FULL), ctx(at + waited))
+            assert isinstance(out, list) and {n.node_id for n in out} == {"a1", "c1"}, "ran out: spills"
+        answered = RouteRequest("m", 0, 150.0, "edge-a", request_id=rid, waited_ms=waited)
+        gate.observe(answered, waited + trip, True, ctx(at + waited + trip))
+        at += 1.0
+    return at
+
+
+def test_a_delay_that_shrank_grows_back_when_the_probes_find_slots_past_it() -> None:
+    """No ratchet to the floor: holds that run out at a short D say nothing of longer waits, but the
+    probes (one hold in eight, allowed up to the cap) find the slots that free at 12 ms, and D follows."""
+    gate = DelaySpill(DelaySpillParams(initial_ms=1, max_ms=40))
+    at, seen = NOW, []
+    for window in range(10):
+        at = _holds(gate, at, 40, 12.0, f"w{window}-")
+        at = max(at, NOW + 1001 * (window + 1))
+        gate.gate(req(), FULL, list(FULL), ctx(at))  # the window closes
+        seen.append(gate.sites["edge-a"].delay_ms)
+    assert seen[0] > 1.0 and seen == sorted(seen), seen
+    assert 12.0 <= seen[-1] <= 14.0, seen
+    state = gate.state()["sites"]["edge-a"]
+    assert state["probed"] == 10 * 40 // 8 and 12.0 <= state["target_ms"] <= 14.0
+
+
+def test_a_wait_that_makes_held_requests_late_is_given_up() -> None:
+    """Slots that free only after 30 ms come too late (the answer misses its deadline): holding for them
+    adds misses and wins nothing, so D stays short of them however long it started."""
+    gate = DelaySpill(DelaySpillParams(initial_ms=35, max_ms=40))
+    at = NOW
+    for window in range(6):
+        for i in range(40):
+            rid = f"w{window}-{i}"
+            assert isinstance(gate.gate(_held(rid, 0.0), FULL, list(FULL), ctx(at)), Defer)
+            hold = gate.sites["edge-a"].delay_ms
+            if hold >= 30.0:  # found at 30 ms, answered late
+                gate.gate(_held(rid, 30.0), FREE, list(FREE), ctx(at + 30))
+                gate.observe(
+                    RouteRequest("m", 0, 150.0, "edge-a", request_id=rid, waited_ms=30.0), 160.0, False, ctx(at + 190)
+                )
+            else:
+                gate.gate(_held(rid, hold), FULL, list(FULL), ctx(at + hold))
+                gate.observe(
+                    RouteRequest("m", 0, 150.0, "edge-a", request_id=rid, waited_ms=hold),
+                    hold + 45.0,
+                    True,
+                    ctx(at + 60),
+                )
+            at += 1.0
+        at = max(at, NOW + 1001 * (window + 1))
+        gate.gate(req(), FULL, list(FULL), ctx(at))
+    assert gate.sites["edge-a"].delay_ms < 30.0, gate.state()
 
 
 def test_delay_never_exceeds_the_rtt_to_the_nearest_remote_partition() -> None:
