@@ -46,7 +46,13 @@ def test_hedged_loser_is_cancelled_at_its_node(broker: EmbeddedBroker, tmp_path:
         ]
         for t in blockers:
             t.start()
-        time.sleep(0.02)
+        # (until node a holds all three: on a busy host the threads' requests may not have landed yet)
+        until = time.monotonic() + 5.0
+        while True:
+            busy = call(f"{node_a}/admin/stats", headers=stack.node_headers)[1]
+            if busy["queued"] + busy["in_flight"] >= 3 or time.monotonic() > until:
+                break
+            time.sleep(0.002)
         t0 = time.perf_counter()
         status, _, headers = call(
             f"{stack.router_url}/v2/models/sensor_mlp/infer",
