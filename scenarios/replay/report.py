@@ -125,9 +125,14 @@ def residency(results: list[Result]) -> dict[str, Any]:
     for a load. The warm hit rate over every request that reached a node, answered or not, is added
     from the nodes' own counters (`node_warm_rates`)."""
     ran = [r for r in results if r.status == 200]
+    cold: Counter[str] = Counter()
+    for r in ran:
+        if r.cold:
+            cold[r.arrival.model] += r.cold
     return {
         "answered_executions": sum(r.stages for r in ran),
         "answered_cold": sum(r.cold for r in ran),
+        "answered_cold_by_model": dict(sorted(cold.items())),  # (the request's model: a workflow's, its name)
         "bytes_kept": sum(r.bytes_kept for r in results),
         "bytes_moved": sum(r.bytes_moved for r in results),
     }

@@ -196,3 +196,14 @@ def test_in_time_local_work_by_site_and_the_delay_timer_line() -> None:
     }
     table = format_table({"scenario": "x", "mode": "sim", "policies": {"edge_first": s}})
     assert "delay timer of edge_first at store: 12.5 ms; 9 held, 4 found a local slot; in time locally 40.0%" in table
+
+
+def test_cold_starts_are_counted_per_model() -> None:
+    def ran(model: str, cold: int, status: int = 200) -> Result:
+        out = Result(Arrival(0.0, "s", model, 0, 100.0), status, 10.0, "a" if status == 200 else "none")
+        out.cold = cold
+        return out
+
+    s = summarize([ran("big", 1), ran("big", 1), ran("small", 0), ran("big", 1, status=503), ran("pipe", 2)], 1.0)
+    assert s["residency"]["answered_cold"] == 4
+    assert s["residency"]["answered_cold_by_model"] == {"big": 2, "pipe": 2}
