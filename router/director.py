@@ -1,4 +1,4 @@
-"""The router's one path for an inference, whatever front door it came through (HTTP, gRPC).
+"""The router's one path for an inference, whatever front door it came through (HTTP, gRPC, MQTT).
 
 A front door authenticates and reads its protocol; everything after is here, transport-free:
 `admit` (the client's rate), `precheck` (model and version names, size), then `infer`: the hints

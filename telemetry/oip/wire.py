@@ -2,7 +2,7 @@
 and the `x-edgeroute-*` headers that carry routing hints and answer details.
 
 The one home for these spellings: the router, the nodes and the tools import them from here (the
-package every other one may import; see the design card's dependency rules).
+package every other one may import; docs/architecture.md gives the dependency rules).
 """
 
 from __future__ import annotations

@@ -112,7 +112,7 @@ def test_perf_analyzer_measures_a_node_and_the_router(shared_stack: Stack, model
 
     binary = find_perf_analyzer()
     if binary is None:
-        pytest.skip("perf_analyzer is not installed (../shared/tools/perf_analyzer.sh installs it)")
+        pytest.skip("perf_analyzer is not installed (docs/guides.md says where it comes from)")
     lib = str(Path(binary).parent / "lib")
     env = {**os.environ, "LD_LIBRARY_PATH": f"{lib}:{os.environ.get('LD_LIBRARY_PATH', '')}"}
     for url in (shared_stack.nodes["n1"].url, shared_stack.router_url):

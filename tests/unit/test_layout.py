@@ -1,4 +1,4 @@
-"""The layout the design card fixes, checked on the source: the rooms of the code (packages and the
+"""The project's layout (docs/architecture.md), checked on the source: the rooms of the code (packages and the
 shared kernel's and the scenario tools' sub-packages) depend one way, the router's image holds all the
 router imports, no module imports itself back through others, and no module passes 500 lines. (That
 the simulator loads none of the live I/O stack is tests/unit/test_lifecycle.py's.)"""
@@ -12,10 +12,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("telemetry", "policies", "nodes", "router", "scenarios")
-# The rooms of the code, each a package or a sub-package, and which others each may import (DESIGN.md,
-# "Dependencies point one way"): the shared kernel's sub-packages first, then the packages on it, then
-# the scenario tools, each layer on the ones before it. A module belongs to the longest room its name
-# starts with.
+# The rooms of the code, each a package or a sub-package, and which others each may import
+# (docs/architecture.md: dependencies point one way): the shared kernel's sub-packages first, then
+# the packages on it, then the scenario tools, each layer on the ones before it. A module belongs to
+# the longest room its name starts with.
 KERNEL = {
     "telemetry.process": set(),  # serving, TLS, settings, config files, CLI flags
     "telemetry.measure": set(),  # quantiles, cheap metrics
