@@ -34,6 +34,7 @@ from router.state import ROUTER
 from router.state import json_error as _error
 from telemetry.oip import wire
 from telemetry.process.serving import read_body
+from telemetry.process.settings import first_error
 
 log = logging.getLogger("edgeroute.router")
 
@@ -82,9 +83,7 @@ def parse_model_canary(model: str, raw: Any) -> ModelCanarySpec:
     try:
         return ModelCanarySpec.model_validate({**raw, "model": model})
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "canary"
-        raise ValueError(f"canary.{where}: {first['msg']}") from None
+        raise ValueError(first_error(exc, "canary")) from None
 
 
 async def put_model_canary(request: web.Request) -> web.Response:
@@ -122,9 +121,7 @@ def parse_canary(raw: Any) -> CanarySpec:
     try:
         spec = CanarySpec.model_validate(raw)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "canary"
-        raise ValueError(f"canary.{where}: {first['msg']}") from None
+        raise ValueError(first_error(exc, "canary")) from None
     try:
         build_policy(spec.candidate)
     except PolicyConfigError as exc:

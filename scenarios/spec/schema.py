@@ -37,6 +37,7 @@ from scenarios.spec.traffic import SiteLoad as SiteLoad
 from scenarios.spec.traffic import Strict as _Strict
 from scenarios.spec.traffic import Workload as Workload
 from telemetry.process.configfile import ConfigError, error_line, is_file, read_text, safe_yaml
+from telemetry.process.settings import first_error
 from telemetry.process.tracing import TracingConfig
 
 
@@ -102,22 +103,17 @@ class PolicyRun(_Strict):
             try:
                 CanarySpec.model_validate(v["canary"])
             except ValidationError as exc:
-                first = exc.errors()[0]
-                raise ValueError(f"{'.'.join(str(p) for p in ('canary', *first['loc']))}: {first['msg']}") from None
+                raise ValueError(first_error(exc, "canary")) from None
         for i, item in enumerate(v.get("model_canaries") or []):
             try:
                 ModelCanarySpec.model_validate(item)
             except ValidationError as exc:
-                first = exc.errors()[0]
-                where = ".".join(str(p) for p in ("model_canaries", i, *first["loc"]))
-                raise ValueError(f"{where}: {first['msg']}") from None
+                raise ValueError(first_error(exc, "model_canaries", i)) from None
         if "reroute" in v:
             try:
                 RerouteConfig.model_validate(v["reroute"])
             except ValidationError as exc:  # (named from `reroute` down: pydantic would drop that step)
-                first = exc.errors()[0]
-                where = ".".join(str(p) for p in ("reroute", *first["loc"]))
-                raise ValueError(f"{where}: {first['msg']}") from None
+                raise ValueError(first_error(exc, "reroute")) from None
         return v
 
     @field_validator("nodes")

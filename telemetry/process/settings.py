@@ -47,6 +47,12 @@ def check_bootstrap(text: str) -> str:
 Bootstrap = Annotated[str, AfterValidator(check_bootstrap)]
 
 
+def first_error(exc: ValidationError, *prefix: str | int) -> str:
+    """`a.b.c: why` for a validation error's first error, its field path under `prefix`."""
+    first = exc.errors()[0]
+    return f"{'.'.join(str(p) for p in (*prefix, *first['loc']))}: {first['msg']}"
+
+
 def with_overrides(config: Any, updates: dict[str, Any]) -> Any:
     """A copy of `config` (a pydantic model) with `updates` set, each validated as the config file's own
     value would be (a command-line override must not get past the checks the file gets: `--port
