@@ -32,7 +32,7 @@ def test_hedged_loser_is_cancelled_at_its_node(broker: EmbeddedBroker, tmp_path:
         tmp_path,
         [
             # on the CPU: on a GPU the priority lane would run the critical request beside the blockers
-            {"id": "a", "partition": "site", "speed": 0.001, "device": "cpu", "models": ["sensor_mlp"]},
+            {"id": "a", "partition": "site", "speed": 0.0003, "device": "cpu", "models": ["sensor_mlp"]},
             {"id": "b", "partition": "site", "models": ["sensor_mlp"]},
         ],
         router={"hedging": {"min_priority": 10, "after_ms": 20}, "policy": {"preset": "round_robin"}},
@@ -40,7 +40,8 @@ def test_hedged_loser_is_cancelled_at_its_node(broker: EmbeddedBroker, tmp_path:
     try:
         stack.start()
         node_a = stack.nodes["a"].url
-        # keep node a busy: three low-priority requests straight to it (about 70 ms each)
+        # keep node a busy: three low-priority requests straight to it (about 230 ms each: the cancel of the
+        # duplicate sent there must land before the one running ends, on a loaded host too)
         blockers = [
             threading.Thread(target=call, args=(f"{node_a}/v2/models/sensor_mlp/infer", infer_body())) for _ in range(3)
         ]
