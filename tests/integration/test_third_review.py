@@ -29,6 +29,7 @@ from nodes.config import NodeConfig
 from router.app import create_app
 from router.config import parse_config
 from scenarios.stack import netns
+from scenarios.stack.mosquitto import mosquitto_binary
 from telemetry.kafka.reader import StaticTelemetrySource
 from telemetry.oip import wire
 from tests.helpers import load
@@ -244,6 +245,7 @@ async def test_a_large_bool_message_does_not_stall_the_event_loop() -> None:
 
 
 @pytest.mark.skipif(netns.available() is not None, reason="needs network namespaces (root, iproute2)")
+@pytest.mark.skipif(mosquitto_binary() is None, reason="Mosquitto is not installed (the stack's MQTT broker)")
 def test_a_per_site_stack_serves_nothing_to_a_stranger(tmp_path: Path) -> None:
     """From outside a site (here: the host, which reaches every site's address), against a `per_site`
     stack: its routers' admin API and inference, its nodes' inference over HTTP and gRPC, its MQTT
