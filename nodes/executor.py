@@ -20,59 +20,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
+from nodes.batches import InferResult, Pending, Ran, Running, feeds
 from nodes.config import NodeConfig
+from nodes.estimates import time_left_ms
 from nodes.protocol import InferRequest
 from nodes.runtime import LoadedModel
-from nodes.scheduler import REFUSED_LATE, BatchPolicy, NextBatch, Scheduler, Work, time_left_ms
+from nodes.scheduler import REFUSED_LATE, BatchPolicy, NextBatch, Scheduler, Work
 
 log = logging.getLogger("edgeroute.node")
 
 EXECUTED_KEPT = 65_536
 INLINE_PER_KICK = 4  # batches one `kick` may run on the event loop before handing the rest to threads
-
-
-@dataclass
-class InferResult:
-    status: int
-    outputs: dict[str, np.ndarray] | None = None
-    reason: str = ""
-    exec_ms: float = 0.0
-    queue_ms: float = 0.0
-    batch_rows: int = 0
-
-
-@dataclass
-class _Pending:
-    request: InferRequest
-    future: asyncio.Future[InferResult] | None  # None: run at once on arrival, answered directly
-    queued_at: float  # perf_counter seconds
-    timer: asyncio.TimerHandle | None = None
-    request_id: str | None = None
-
-
-@dataclass
-class Running:
-    model: str
-    priority: int
-    rows: int
-    count: int  # requests in the batch
-    ends_at_ms: float  # predicted
-    started_ms: float = 0.0  # claimed (the node's clock)
-    probe: bool = False  # judged by the best case (a stale estimate): its time replaces the estimate
-    high: bool = False  # a high-priority batch (runs on the model's high-priority stream where it has one)
-
-
-@dataclass(slots=True)
-class _Ran:
-    """One batch's run: its outputs (or the error it raised), slot time, start and rows."""
-
-    results: dict[str, np.ndarray]
-    exec_ms: float
-    started: float  # perf_counter seconds
-    rows: int
-    error: Exception | None
 
 
 @dataclass
@@ -204,7 +162,7 @@ class Executor:
             if not self._may_start_now() or not self._inline_ok(model, req.batch):
                 return None
             deadline = None if budget_ms is None else now + budget_ms
-            handle = _Pending(req, None, now / 1000.0, request_id=request_id)
+            handle = Pending(req, None, now / 1000.0, request_id=request_id)
             work = Work(handle, model, priority, deadline, req.batch, now)
             at_once = scheduler.run_now(work, now, idle=not self.running)
             if at_once is None:  # it waits for a batch to fill
@@ -229,7 +187,7 @@ class Executor:
         now = self.now_ms()
         deadline = None if budget_ms is None else now + budget_ms
         loop = asyncio.get_running_loop()
-        pending = _Pending(req, loop.create_future(), time.perf_counter(), request_id=request_id)
+        pending = Pending(req, loop.create_future(), time.perf_counter(), request_id=request_id)
         work = Work(pending, model, priority, deadline, req.batch, now)
         started: NextBatch | None = None
         slot: Running | None = None
@@ -288,7 +246,7 @@ class Executor:
 
     @staticmethod
     def _resolve(work: Work, outcome: InferResult) -> None:
-        pending: _Pending = work.handle
+        pending: Pending = work.handle
         if pending.future is not None and not pending.future.done():
             pending.future.set_result(outcome)
 
@@ -389,17 +347,17 @@ class Executor:
             self._settle(model, slot, ran, batch[0].priority)
         return self._answers(batch, model, ran)
 
-    def _execute(self, model: LoadedModel, batch: list[Work], slot: Running, stretch: float) -> _Ran:
+    def _execute(self, model: LoadedModel, batch: list[Work], slot: Running, stretch: float) -> Ran:
         """Run `batch` (a slot thread, or the loop for a short one); a failure is kept, not raised."""
-        feeds = self._feeds(model, batch)
+        inputs = feeds(model, batch)
         started = time.perf_counter()
         try:
-            results, exec_ms = model.run(feeds, stretch, slot.rows, slot.high)
+            results, exec_ms = model.run(inputs, stretch, slot.rows, slot.high)
         except Exception as exc:  # noqa: BLE001 - a failing model answers 500, the node lives on
-            return _Ran({}, 0.0, started, slot.rows, exc)
-        return _Ran(results, exec_ms, started, slot.rows, None)
+            return Ran({}, 0.0, started, slot.rows, exc)
+        return Ran(results, exec_ms, started, slot.rows, None)
 
-    def _settle(self, model: LoadedModel, slot: Running, ran: _Ran, priority: int) -> None:
+    def _settle(self, model: LoadedModel, slot: Running, ran: Ran, priority: int) -> None:
         """Free the slot and learn the run's time (lock held)."""
         self.running.remove(slot)
         self._in_flight -= slot.count
@@ -409,15 +367,6 @@ class Executor:
             model.observe(slot.rows, ran.exec_ms, self.config.ewma_alpha, slot.probe)
             self.busy_ms += ran.exec_ms
             self.scheduler.ran(priority, ran.exec_ms, time.perf_counter() * 1000.0, self.config.slots)
-
-    @staticmethod
-    def _feeds(model: LoadedModel, batch: list[Work]) -> dict[str, np.ndarray]:
-        """The batch's inputs: one request's own, or all of them concatenated along the batch axis."""
-        if len(batch) == 1:
-            alone: dict[str, np.ndarray] = batch[0].handle.request.inputs
-            return alone
-        requests = [w.handle.request for w in batch]
-        return {name: np.concatenate([r.inputs[name] for r in requests], axis=0) for name in model.inputs}
 
     def _claim(self, batch: list[Work], now: float, probe: bool = False) -> Running:
         """Book a slot for `batch` (lock held)."""
@@ -463,7 +412,7 @@ class Executor:
             except RuntimeError:  # the loop is closed: the node is shutting down
                 return
 
-    def _answers(self, batch: list[Work], model: LoadedModel, ran: _Ran) -> list[InferResult]:
+    def _answers(self, batch: list[Work], model: LoadedModel, ran: Ran) -> list[InferResult]:
         """Event loop, after a batch ran: its accounting and each request's answer (its slice of the outputs)."""
         if ran.error is not None:
             log.error("model %s failed: %s", model.name, ran.error)
@@ -474,7 +423,7 @@ class Executor:
         answers = []
         offset = 0
         for w in batch:
-            pending: _Pending = w.handle
+            pending: Pending = w.handle
             n = w.rows
             outputs = ran.results if len(batch) == 1 else {k: v[offset : offset + n] for k, v in ran.results.items()}
             offset += n
@@ -485,9 +434,7 @@ class Executor:
             answers.append(InferResult(200, outputs, exec_ms=exec_ms, queue_ms=queue_ms, batch_rows=rows))
         return answers
 
-    def _deliver(
-        self, batch: list[Work], model: LoadedModel, ran: _Ran, decision: NextBatch | None, idle: bool
-    ) -> None:
+    def _deliver(self, batch: list[Work], model: LoadedModel, ran: Ran, decision: NextBatch | None, idle: bool) -> None:
         """Event loop: answer the batch's requests (and any the scheduler expired), then refill slots."""
         for work, outcome in zip(batch, self._answers(batch, model, ran), strict=True):
             self._resolve(work, outcome)

@@ -15,8 +15,8 @@ import numpy as np
 
 from nodes import zoo
 from nodes.config import ModelSpec
+from nodes.estimates import batch_curve_ms, batch_key, learn_ms
 from nodes.protocol import TensorSpec
-from nodes.scheduler import batch_curve_ms, batch_key, learn_ms
 from telemetry.oip.wire import DATATYPES, ORT_TO_OIP
 from telemetry.process.configfile import is_file
 
@@ -121,7 +121,7 @@ class LoadedModel:
 
     def observe(self, batch: int, exec_ms: float, alpha: float, probe: bool = False) -> None:
         """Learn a run of `batch` rows (under its bucket, then its `batch_key`: a bounded table whatever
-        rows arrive), by `nodes.scheduler.learn_ms` (a slowdown registers faster than a speed-up; a
+        rows arrive), by `nodes.estimates.learn_ms` (a slowdown registers faster than a speed-up; a
         probe replaces)."""
         batch = self.bucket(batch)
         key = batch_key(batch)

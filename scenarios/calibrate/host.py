@@ -26,7 +26,7 @@ import copy
 from collections.abc import Mapping
 from typing import Any
 
-from nodes.scheduler import batch_curve_ms
+from nodes.estimates import batch_curve_ms
 from router.lifecycle.links import LinkTable
 from scenarios.calibrate.profile import measure_level, request_overhead_ms
 from scenarios.spec.schema import NodeSpec, Scenario

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nodes.scheduler import batch_curve_ms
+from nodes.estimates import batch_curve_ms
 from router.lifecycle.stages import CropSpec, WorkflowSpec
 from scenarios.spec.schema import BatchSpec, NodeSpec, Scenario
 

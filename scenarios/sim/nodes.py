@@ -3,18 +3,9 @@
 
 from __future__ import annotations
 
+from nodes.estimates import EXACT_BATCH_KEYS, batch_curve_ms, batch_key, learn_ms, time_left_ms
 from nodes.residency import NoRoom, Residency
-from nodes.scheduler import (
-    EXACT_BATCH_KEYS,
-    REFUSED_LATE,
-    BatchPolicy,
-    Scheduler,
-    Work,
-    batch_curve_ms,
-    batch_key,
-    learn_ms,
-    time_left_ms,
-)
+from nodes.scheduler import REFUSED_LATE, BatchPolicy, Scheduler, Work
 from router.lifecycle import Failure, classify
 from scenarios.sim.state import (
     EXPIRE,

@@ -144,7 +144,7 @@ class SimBatch:
     ends_at: float
     probe: bool = False  # judged by the best case (nodes.scheduler): its time replaces the estimate
     started: float = 0.0  # when the live node would have claimed its slot
-    predicted_end: float = 0.0  # all the node itself knows of its end (nodes.scheduler.time_left_ms)
+    predicted_end: float = 0.0  # all the node itself knows of its end (nodes.estimates.time_left_ms)
 
 
 @dataclass(slots=True)

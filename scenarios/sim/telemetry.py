@@ -8,7 +8,7 @@ from typing import Any
 
 from msgspec.structs import replace as replace_struct
 
-from nodes.scheduler import time_left_ms
+from nodes.estimates import time_left_ms
 from scenarios.sim.state import (
     POLL,
     PUBLISH,

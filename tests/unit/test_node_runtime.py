@@ -135,7 +135,8 @@ async def test_short_measured_runs_execute_on_the_loop_and_answer_as_the_threads
 async def test_a_queue_of_short_runs_is_drained_inline_a_few_at_a_time() -> None:
     """Requests that queued behind a busy slot run inline when the loop gets to them, at most
     INLINE_PER_KICK per kick; the rest go to a slot thread, and every request is answered once."""
-    from nodes.executor import INLINE_PER_KICK, Running
+    from nodes.batches import Running
+    from nodes.executor import INLINE_PER_KICK
 
     rt = runtime(inline_max_ms=3.0, max_queue=64, models=[{"name": "m", "max_batch": 1}])
     engine = rt.engine

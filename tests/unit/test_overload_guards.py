@@ -8,14 +8,13 @@ import random
 
 import pytest
 
+from nodes.estimates import RISE_ALPHA, learn_ms
 from nodes.scheduler import (
     MAX_STALE_AFTER_MS,
     REFUSED_LATE,
-    RISE_ALPHA,
     STALE_AFTER_MS,
     Scheduler,
     Work,
-    learn_ms,
 )
 from policies import RouteRequest, build_policy
 from router.lifecycle import Failure, Lifecycle, LifecycleSettings, Send

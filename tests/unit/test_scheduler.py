@@ -200,7 +200,7 @@ def test_max_block_bound_holds_over_seeded_runs(seed: int) -> None:
 
 
 def test_batch_curve_interpolates_between_measured_sizes() -> None:
-    from nodes.scheduler import batch_curve_ms
+    from nodes.estimates import batch_curve_ms
 
     curve = {1: 2.0, 2: 3.0, 4: 5.0, 8: 9.0}
     assert [batch_curve_ms(curve, r) for r in (1, 3, 6, 16)] == [2.0, 4.0, 7.0, 18.0]
