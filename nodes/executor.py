@@ -25,7 +25,7 @@ from nodes.config import NodeConfig
 from nodes.estimates import time_left_ms
 from nodes.protocol import InferRequest
 from nodes.runtime import LoadedModel
-from nodes.scheduler import REFUSED_LATE, BatchPolicy, NextBatch, Scheduler, Work
+from nodes.scheduler import PUSHED_OUT, REFUSED_LATE, BatchPolicy, NextBatch, Scheduler, Work
 
 log = logging.getLogger("edgeroute.node")
 
@@ -137,33 +137,52 @@ class Executor:
         return await self.wait_queued(model, req, priority, budget_ms, request_id)
 
     def decide_now(
-        self, model: str, req: InferRequest, priority: int, budget_ms: float | None, request_id: str | None = None
+        self,
+        model: str,
+        req: InferRequest,
+        priority: int,
+        budget_ms: float | None,
+        request_id: str | None = None,
+        tenant: tuple[str, float] = ("", 1.0),
     ) -> InferResult | None:
         """The outcome of a request that is decided on arrival, without a queue, future or timer: refused
         (its queue is full, or with `admit_by_deadline` it would finish late), or a short run on an idle
         node (`_inline_ok`) run and answered here, or 504 when that run could not meet the deadline.
-        None when it must queue (`wait_queued`)."""
+        None when it must queue (`wait_queued`). `tenant`: (name, weight) as the router said: a full queue
+        makes room for a tenant below its share by pushing out one of the tenant furthest over its own
+        (answered 429; nodes.fairshare)."""
         now = time.perf_counter() * 1000.0
         scheduler = self.scheduler
         policy = self.queue_policies.get(model) if self.queue_policies else None
         if policy is not None:
             budget_ms = self.queue_budget(model, req.batch, budget_ms)
+        name, weight = tenant
+        pushed_out = None
         with self.lock:
             refusal = scheduler.refuse(priority)
+            if refusal is not None and name:
+                pushed_out = scheduler.make_room(priority, name, weight)
+                if pushed_out is not None:
+                    refusal = None
             if policy is not None and policy[0] is not None and scheduler.queued_by_model[model] >= policy[0]:
                 refusal = (503, f"model '{model}' has {policy[0]} requests queued (its max_queue_size)")
             if refusal is None:  # (refusal by prediction: cheap when neither rule is on)
                 left = [time_left_ms(now, r.started_ms, r.ends_at_ms) for r in self.running]
+                slots = self._slots_for(priority)
                 refusal = scheduler.refuse_late(
-                    model, req.batch, priority, budget_ms, left, self._slots_for(priority), now
+                    model, req.batch, priority, budget_ms, left, slots, now, None, name, weight
                 )
             if refusal is not None:
+                if pushed_out is not None:  # (its place was made, but it is refused all the same)
+                    self._resolve(pushed_out, InferResult(429, reason=PUSHED_OUT))
                 return InferResult(refusal[0], reason=refusal[1])
+            if pushed_out is not None:
+                self._resolve(pushed_out, InferResult(429, reason=PUSHED_OUT))
             if not self._may_start_now() or not self._inline_ok(model, req.batch):
                 return None
             deadline = None if budget_ms is None else now + budget_ms
             handle = Pending(req, None, now / 1000.0, request_id=request_id)
-            work = Work(handle, model, priority, deadline, req.batch, now)
+            work = Work(handle, model, priority, deadline, req.batch, now, tenant=name, weight=weight)
             at_once = scheduler.run_now(work, now, idle=not self.running)
             if at_once is None:  # it waits for a batch to fill
                 return None
@@ -177,7 +196,13 @@ class Executor:
         return outcome
 
     async def wait_queued(
-        self, model: str, req: InferRequest, priority: int, budget_ms: float | None, request_id: str | None = None
+        self,
+        model: str,
+        req: InferRequest,
+        priority: int,
+        budget_ms: float | None,
+        request_id: str | None = None,
+        tenant: tuple[str, float] = ("", 1.0),
     ) -> InferResult:
         """Queue the request (admitted by `decide_now`), or start it on a slot thread at once when nothing
         is queued and a slot is free, and wait for its outcome: run in a batch, 503 when it cannot finish
@@ -188,7 +213,7 @@ class Executor:
         deadline = None if budget_ms is None else now + budget_ms
         loop = asyncio.get_running_loop()
         pending = Pending(req, loop.create_future(), time.perf_counter(), request_id=request_id)
-        work = Work(pending, model, priority, deadline, req.batch, now)
+        work = Work(pending, model, priority, deadline, req.batch, now, tenant=tenant[0], weight=tenant[1])
         started: NextBatch | None = None
         slot: Running | None = None
         run: list[Work] = []

@@ -41,6 +41,8 @@ class Decoded:
     request: InferRequest
     priority: int
     budget_ms: float | None
+    tenant: str = ""  # the router's word for whose work it is (its fair share at the node); "" none
+    weight: float = 1.0
 
 
 class Refused(ValueError):
@@ -180,9 +182,10 @@ async def _run(
         if budget_ms <= 0:
             return answered(Done(504, "deadline passed while the node read the request", cold_ms=cold_ms))
     rid = request_id if request_id is not None else req.id
-    outcome = rt.engine.decide_now(model.name, req, decoded.priority, budget_ms, rid)
+    tenant = (decoded.tenant, decoded.weight)
+    outcome = rt.engine.decide_now(model.name, req, decoded.priority, budget_ms, rid, tenant)
     if outcome is None:
-        outcome = await rt.engine.wait_queued(model.name, req, decoded.priority, budget_ms, rid)
+        outcome = await rt.engine.wait_queued(model.name, req, decoded.priority, budget_ms, rid, tenant)
     if outcome.status != 200 or outcome.outputs is None:
         refused = outcome.status in (429, 503)
         return answered(Done(outcome.status, outcome.reason, cold_ms=cold_ms, refused=refused))

@@ -31,23 +31,20 @@ deadline would otherwise have the node refuse everything and never run the reque
 it again. Such a run is a probe (`NextBatch.probe`): its measured time replaces the stale estimate
 rather than being blended into it, so one fast run after the stall ends restores the node.
 
-Controlled delay (after CoDel and Facebook's server queues), with `queue_target_ms` > 0: the node
-watches the queueing delay of sheddable work (below `high_priority_min`; all work in FIFO mode) as
-batches leave the queue. Once every delay has stayed above the target for `queue_interval_ms` (CoDel's
-first-above time: a standing queue, not a burst that drains), the queue is *standing*, and a
-sheddable arrival predicted to wait longer than the target is refused at once with 429 (cheap, and
-the router may try another node) instead of joining a queue that only adds delay. Whether standing
-or not, a sheddable arrival predicted to wait longer than target + interval is refused the same way:
-a good queue drains within an interval, and a burst past that (traffic swinging back to a node, a
-surge before the queue counts as standing) would otherwise queue up to its deadline. High-priority
-work is never refused for either. The standing state ends when the queue is found empty, or after a whole
-interval in which it refused nothing (the load no longer exceeds what the target admits), so the
-node recovers by itself when the load falls; while the overload lasts it holds the queue near the
-target instead of letting it refill.
+Controlled delay (nodes.codel), with `queue_target_ms` > 0: the queueing delay of sheddable work
+(below `high_priority_min`; all work in FIFO mode) is measured as batches leave the queue; a sheddable
+arrival predicted to wait past its bound (the target while the queue stands, target + interval
+otherwise) is refused at once with 429 (cheap, and the router may try another node) instead of
+joining a queue that only adds delay. High-priority work is never refused for it. The node recovers
+by itself when the load falls; while the overload lasts it holds the queue near the target.
 
 Admission: per-priority queue limits (`queue_limits`: the entry with the largest priority <= the
 request's applies; `max_queue` otherwise). Over the limit, a request of priority <= 0 gets 429 (it
 may retry later or elsewhere); a higher one gets 503.
+
+Tenants (nodes.fairshare): inside a band, tenants share by weight (least virtual time first; waits
+predicted alike; a full queue pushes out the tenant furthest over its share, `make_room`). Work of no
+tenant is scheduled exactly as above.
 """
 
 from __future__ import annotations
@@ -58,6 +55,9 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
+
+from nodes.codel import ControlledDelay
+from nodes.fairshare import FairShare
 
 Mode = Literal["fifo", "priority"]
 Judged = tuple[float, bool]  # (ms, probe): Scheduler.judged_ms
@@ -75,6 +75,8 @@ class Work:
     enqueued_at_ms: float
     seq: int = 0
     done: bool = False  # taken out (ran, expired, cancelled); lazily dropped from the heaps
+    tenant: str = ""  # whose work it is, as the router said (nodes.fairshare); "" none
+    weight: float = 1.0  # the tenant's weight, as the router said
 
     def sort_key(self, mode: Mode) -> tuple[float, ...]:
         if mode == "fifo":
@@ -103,6 +105,7 @@ class NextBatch:
 STALE_AFTER_MS = 250.0  # a model that started nothing for this long has a stale estimate (a probe may run)
 MAX_STALE_AFTER_MS = 4000.0
 REFUSED_LATE = "deadline cannot be met here: it would finish too late"  # the 503 of a refused arrival
+PUSHED_OUT = "node queue full: pushed out for a tenant below its share (its own is over its share)"  # a 429
 _NOTHING = NextBatch()  # shared, never mutated: the answer when nothing is queued
 _NO_BATCHING = BatchPolicy()
 
@@ -129,11 +132,7 @@ class Scheduler:
         self.admit_by_deadline = admit_by_deadline
         self.queue_target_ms = queue_target_ms  # 0: controlled delay off
         self.queue_interval_ms = queue_interval_ms
-        self.standing = False  # the sheddable queue's delay stayed above the target a whole interval
-        self.standing_refusals = 0
-        self._first_above_ms: float | None = None  # since when every delay was above the target
-        self._checked_ms = 0.0  # the standing state's last interval check
-        self._refusals_at_check = 0
+        self.codel = ControlledDelay(queue_target_ms, queue_interval_ms)  # the sheddable queue's (nodes.codel)
         self.floor_ms = floor_ms  # the best case (model, rows) -> ms, for an idle node's probe
         self.last_start_ms: dict[str, float] = {}  # per model (served models only: bounded)
         self._stale_after_ms: dict[str, float] = {}  # per model: doubles while probes find it still slow
@@ -147,7 +146,9 @@ class Scheduler:
         self.max_block_ms = max_block_ms
         self.max_queue = max_queue
         self.queue_limits = dict(sorted((queue_limits or {}).items()))
-        self._queues: dict[str, list[tuple[tuple[float, ...], Work]]] = {}
+        # model -> its queue (of no tenant); (model, tenant) -> that tenant's
+        self._queues: dict[str | tuple[str, str], list[tuple[tuple[float, ...], Work]]] = {}
+        self.fair: FairShare | None = None  # made when the first work of a tenant arrives
         self._seq = itertools.count()
         self.queued_by_priority: Counter[int] = Counter()
         self.queued_by_model: Counter[str] = Counter()
@@ -189,25 +190,29 @@ class Scheduler:
         slots: int,
         now_ms: float | None = None,
         judged: Judged | None = None,
+        tenant: str = "",
+        weight: float = 1.0,
     ) -> tuple[int, str] | None:
-        """Refusal by prediction, on arrival. With `admit_by_deadline`: (503, reason) if the request is
-        predicted to finish after its budget, so the router can try another node while there is time
-        (a 504 later, at the head of the queue, leaves none). The prediction cannot see higher-priority
-        work still to arrive, so some requests admitted here still end in a 504 before running. With
-        the queue standing (controlled delay): (429, reason) for sheddable work predicted to wait
-        longer than `queue_target_ms`. (`judged`: `judged_ms`'s answer, where the caller has it.)"""
+        """Refusal by prediction, on arrival (a tenant's by its fair share's wait). With
+        `admit_by_deadline`: (503, reason) if the request is predicted to finish after its budget, so
+        the router can try another node while there is time (a 504 later, at the head of the queue,
+        leaves none). The prediction cannot see higher-priority work still to arrive, so some requests
+        admitted here still end in a 504 before running. With the queue standing (controlled delay):
+        (429, reason) for sheddable work predicted to wait longer than `queue_target_ms`. (`judged`:
+        `judged_ms`'s answer, where the caller has it.)"""
         sheddable = self.queue_target_ms > 0 and (self.mode == "fifo" or priority < self.high_priority_min)
         by_deadline = self.admit_by_deadline and budget_ms is not None
         if not sheddable and not by_deadline:
             return None
         idle = not running_left_ms and not self.queued  # (then every wait is 0)
         run = (judged or self.judged_ms(model, rows, now_ms, idle))[0]
-        wait = 0.0 if idle else self.expected_wait_ms(priority, running_left_ms, slots)
-        if sheddable:
-            bound = self.queue_target_ms if self.standing else self.queue_target_ms + self.queue_interval_ms
+        wait = 0.0 if idle else self.expected_wait_ms(priority, running_left_ms, slots, tenant, weight)
+        if sheddable:  # (a tenant's own controlled delay where tenants share the queue: FQ-CoDel's)
+            codel = self.codel if self.fair is None or not tenant else self.fair.codel(tenant, self.codel)
+            bound = codel.bound_ms()
             if wait > bound:
-                self.standing_refusals += 1
-                what = "target of a standing queue" if self.standing else "target and interval"
+                codel.refusals += 1
+                what = "target of a standing queue" if codel.standing else "target and interval"
                 return 429, f"node overloaded: predicted queueing {wait:.0f} ms over the {bound:.0f} ms {what}"
         if by_deadline and wait + run > budget_ms:  # type: ignore[operator]
             return 503, f"deadline cannot be met here: predicted {wait + run:.0f} ms, {budget_ms:.0f} ms left"
@@ -215,21 +220,25 @@ class Scheduler:
 
     def queue_delay(self, delay_ms: float, now_ms: float) -> None:
         """A sheddable batch left the queue after `delay_ms` (0: it ran on arrival): controlled delay's
-        measurement (see the module docstring)."""
-        if self.queue_target_ms <= 0:
-            return
-        if delay_ms > self.queue_target_ms:
-            if self._first_above_ms is None:
-                self._first_above_ms = now_ms
-            elif not self.standing and now_ms - self._first_above_ms >= self.queue_interval_ms:
-                self.standing = True
-                self._checked_ms, self._refusals_at_check = now_ms, self.standing_refusals
-        else:
-            self._first_above_ms = None
-        if self.standing and now_ms - self._checked_ms >= self.queue_interval_ms:
-            # it ends after an interval that needed no refusal
-            self.standing = self.standing_refusals > self._refusals_at_check
-            self._checked_ms, self._refusals_at_check = now_ms, self.standing_refusals
+        measurement (nodes.codel)."""
+        self.codel.delay(delay_ms, now_ms)
+
+    @property
+    def standing(self) -> bool:
+        """The sheddable queue stands (nodes.codel)."""
+        return self.codel.standing
+
+    @standing.setter
+    def standing(self, value: bool) -> None:
+        self.codel.standing = value
+
+    @property
+    def _checked_ms(self) -> float:
+        return self.codel.checked_ms
+
+    @_checked_ms.setter
+    def _checked_ms(self, value: float) -> None:
+        self.codel.checked_ms = value
 
     def stale(self, model: str, now_ms: float | None) -> bool:
         """The model's estimate is stale: it started no run for `STALE_AFTER_MS` (one that never ran
@@ -264,7 +273,12 @@ class Scheduler:
 
     def push(self, work: Work) -> None:
         work.seq = next(self._seq)
-        heapq.heappush(self._queues.setdefault(work.model, []), (work.sort_key(self.mode), work))
+        key: str | tuple[str, str] = (work.model, work.tenant) if work.tenant else work.model
+        heapq.heappush(self._queues.setdefault(key, []), (work.sort_key(self.mode), work))
+        if work.tenant or self.fair is not None:  # (from the first tenant's work on, all of it counts)
+            if self.fair is None:
+                self.fair = FairShare.over(self.mode == "fifo", self.pending(), self._queues)
+            self.fair.pushed(work)
         self.queued_by_priority[work.priority] += 1
         self.queued_by_model[work.model] += 1
         self._queued_kinds[(work.model, work.priority, work.rows)] += 1
@@ -288,9 +302,13 @@ class Scheduler:
             if self._batch_delay([work], rows, policy, high) is not None:
                 return None
         work.seq, work.done = next(self._seq), True
-        if self.queue_target_ms > 0:
-            self.standing, self._first_above_ms = False, None  # the queue is empty: nothing stands
+        if self.queue_target_ms > 0:  # the queue is empty: nothing stands
+            self.codel.emptied()
+            if self.fair is not None:
+                self.fair.emptied()
         self.last_start_ms[work.model] = now_ms
+        if self.fair is not None:
+            self.fair.started(work, exec_ms)
         return NextBatch(batch=[work], probe=probe)
 
     def remove(self, work: Work) -> bool:
@@ -307,7 +325,21 @@ class Scheduler:
         else:
             del self._queued_kinds[kind]  # (kinds come and go with the requests: the table stays small)
         self.queued -= 1
+        if self.fair is not None:
+            self.fair.removed(work)
         return True
+
+    def make_room(self, priority: int, tenant: str, weight: float) -> Work | None:
+        """With the queue full for `priority` (`refuse` said so): the request pushed out (taken out; the
+        caller answers it 429) so `tenant`, below its share, may queue, or None (nodes.fairshare)."""
+        fair = self.fair
+        if fair is None or not tenant:
+            return None
+        same = {p for p, n in self.queued_by_priority.items() if n and self._same_class(p, priority)}
+        victim = fair.victim(self._queues, same, tenant, weight, self.limit_for(priority))
+        if victim is not None:
+            self.remove(victim)  # type: ignore[arg-type]
+        return victim  # type: ignore[return-value]
 
     def pending(self) -> Iterator[Work]:
         """The requests still queued (call under the executor's lock)."""
@@ -322,17 +354,21 @@ class Scheduler:
         for w in out:
             self.remove(w)
         self._queues.clear()
+        self.fair = None
         return out
 
     # --- choosing the next batch ------------------------------------------------------------------
 
-    def _head(self, model: str) -> Work | None:
-        q = self._queues.get(model)
+    def _head(self, key: str | tuple[str, str]) -> Work | None:
+        q = self._queues.get(key)
         while q and q[0][1].done:
             heapq.heappop(q)
         return q[0][1] if q else None
 
     def _most_urgent(self) -> Work | None:
+        fair = self.fair
+        if fair is not None and len(fair.tenants) > 1:
+            return fair.most_urgent(self._queues)  # type: ignore[return-value]
         best: tuple[tuple[float, ...], Work] | None = None
         for q in self._queues.values():
             while q and q[0][1].done:
@@ -359,7 +395,7 @@ class Scheduler:
             if high_only and not high:
                 return decision
             policy = self.batching.get(head.model, _NO_BATCHING)
-            batch = self._take(head.model, policy.max_batch, high, now_ms)
+            batch = self._take(head, policy.max_batch, high, now_ms)
             rows = sum(w.rows for w in batch)
             # requests that cannot finish in time even if they start now leave before running
             exec_ms, probe = self.judged_ms(head.model, rows, now_ms, idle)
@@ -376,18 +412,28 @@ class Scheduler:
                 return decision
             for w in batch:
                 self.remove(w)
+            if self.fair is not None:
+                for w in batch:
+                    self.fair.started(w, exec_ms * w.rows / rows if rows else exec_ms)
             if self.queue_target_ms > 0 and (self.mode == "fifo" or not high):
                 self.queue_delay(now_ms - min(w.enqueued_at_ms for w in batch), now_ms)
+                if self.fair is not None:
+                    self.fair.delays(batch, now_ms, self.codel)
             self.last_start_ms[head.model] = now_ms
             decision.batch, decision.probe = batch, probe
             return decision
 
-    def _take(self, model: str, max_rows: int, high: bool, now_ms: float) -> list[Work]:
-        """Up to `max_rows` rows of the model's queue, in queue order, without taking them out."""
+    def _take(self, first: Work, max_rows: int, high: bool, now_ms: float) -> list[Work]:
+        """Up to `max_rows` rows of `first`'s model's queue, in queue order (with tenants: `first`'s
+        tenant's first, then by the tenants' virtual times), without taking them out."""
+        model = first.model
         if max_rows <= 1:
-            head = self._head(model)
+            head = self._head((model, first.tenant) if first.tenant else model)
             return [head] if head is not None else []
-        q = sorted((item for item in self._queues[model] if not item[1].done), key=lambda it: it[0])
+        if self.fair is None:
+            q = sorted((item for item in self._queues[model] if not item[1].done), key=lambda it: it[0])
+        else:
+            q = self.fair.in_order(self._queues, first)
         batch: list[Work] = []
         rows = 0
         for _, w in q:
@@ -428,15 +474,20 @@ class Scheduler:
             self.high_share = 0.5 * self.high_share + 0.5 * share
             self._window_start_ms, self._window_high_ms = now_ms, 0.0
 
-    def expected_wait_ms(self, priority: int, running_left_ms: list[float], slots: int) -> float:
-        """Predicted wait for a slot of a new request of `priority`: the work queued ahead of it,
-        spread over the slots, after the earliest running execution ends; on a priority node, a
+    def expected_wait_ms(
+        self, priority: int, running_left_ms: list[float], slots: int, tenant: str = "", weight: float = 1.0
+    ) -> float:
+        """Predicted wait for a slot of a new request of `priority` (of `tenant`): the work queued ahead
+        of it, spread over the slots, after the earliest running execution ends; on a priority node, a
         low-priority wait is stretched by the recent share of high-priority work, which will keep
-        overtaking it."""
+        overtaking it. Of other tenants' work in its band, only what the fair share serves first."""
         ahead = 0.0
         fifo = self.mode == "fifo"
+        shared = self.fair is not None and self.fair.shared(priority, tenant)
+        if shared:  # its own band by the fair share, the bands above it whole
+            ahead = self.fair.ahead_ms(priority, tenant, weight, self.exec_ms)  # type: ignore[union-attr]
         for (model, p, rows), count in self._queued_kinds.items():
-            if fifo or p >= priority:
+            if (not fifo and p > priority) if shared else (fifo or p >= priority):
                 ahead += count * self.exec_ms(model, rows)
         free = slots - len(running_left_ms)
         first = 0.0 if free > 0 else min(running_left_ms, default=0.0)

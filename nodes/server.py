@@ -216,7 +216,10 @@ async def infer(request: web.Request) -> web.Response:
         params = req.parameters
         priority = wire.priority_hint(request.headers.get(wire.PRIORITY, params.get("priority"))) or 0
         budget_ms = wire.deadline_hint(request.headers.get(wire.DEADLINE_MS), params)  # (Triton's timeout too)
-        return Decoded(req, priority, budget_ms)
+        tenant = wire.tenant_hint(request.headers.get(wire.TENANT))  # the router's only, never the body's
+        if tenant is None:
+            return Decoded(req, priority, budget_ms)
+        return Decoded(req, priority, budget_ms, tenant, wire.weight_hint(request.headers.get(wire.TENANT_WEIGHT)))
 
     info = request.match_info
     rid = request.headers.get(wire.REQUEST_ID)

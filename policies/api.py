@@ -76,6 +76,7 @@ class RouteRequest:
     # the stages that will take this one's output: their models, and how much will go to them
     next_models: tuple[str, ...] = ()
     next_bytes: int = 0
+    tenant: str = ""  # whose traffic it is (router.lifecycle.tenants); "" with tenants off
 
     @property
     def budget_ms(self) -> float | None:

@@ -2,7 +2,8 @@
 
 Routes: `GET/PUT /admin/policy` (validated, then swapped whole), `GET /admin/view` (nodes, overlay,
 health, holds, hedges, moves, copies, workflows), `GET/PUT /admin/links` (cut or restore an emulated
-link), `GET/PUT /admin/reroute` (the re-routing settings, validated, then swapped whole).
+link), `GET/PUT /admin/reroute` (the re-routing settings, validated, then swapped whole),
+`GET/PUT /admin/tenants` (the tenants: weights, clients, quotas; validated, then swapped in).
 The sub-application has its own authentication middleware: every route needs an admin token when
 auth is configured. The status page (`/`) is rendered from `templates/status.html`.
 """
@@ -19,18 +20,21 @@ from string import Template
 from typing import Any
 
 from aiohttp import web
+from pydantic import ValidationError
 
 from policies import PolicyConfigError, PolicySpec
 from router.canary_app import delete_canary, delete_model_canary, get_canary, put_model_canary, start_from_request
 from router.capture_app import get_capture
 from router.lifecycle import Lifecycle
 from router.lifecycle.reroute import RerouteConfig
+from router.lifecycle.tenants import TenantsConfig
 from router.state import ROUTER, Router, validate_policy
 from router.state import json_error as _error
 from telemetry.cluster.store import ViewStore
 from telemetry.kafka.signing import Verifier
 from telemetry.oip import wire
 from telemetry.process.serving import read_body
+from telemetry.process.settings import first_error
 
 log = logging.getLogger("edgeroute.router")
 
@@ -107,6 +111,33 @@ async def put_reroute(request: web.Request) -> web.Response:
     router.lifecycle.set_reroute(cfg)
     log.info("reroute settings applied: %s", cfg.model_dump())
     return web.json_response(router.lifecycle.reroute.as_json())
+
+
+async def get_tenants(request: web.Request) -> web.Response:
+    router = request.app[ROUTER]
+    tenants = router.lifecycle.tenants
+    if not tenants.enabled:
+        return web.json_response({"enabled": False})
+    cfg = tenants.cfg.model_dump() if tenants.cfg is not None else None
+    return web.json_response({"enabled": True, "config": cfg, **tenants.as_json(router.clock())})
+
+
+async def put_tenants(request: web.Request) -> web.Response:
+    """The whole `tenants` section (router.lifecycle.tenants.TenantsConfig), swapped in live: tenants
+    still configured keep their buckets, counts and requests in flight. A mistake is a 400 with the
+    field named, and the tenants as they were."""
+    router = request.app[ROUTER]
+    try:
+        cfg = TenantsConfig.model_validate(wire.loads(await read_body(request, router.config.body_timeout_s)))
+    except (ValueError, UnicodeDecodeError) as exc:
+        return _error(400, f"tenants rejected: {_first_error(exc)}")
+    router.lifecycle.tenants.configure(cfg)
+    log.info("tenants applied: %d named, default %s", len(cfg.named), cfg.default)
+    return await get_tenants(request)
+
+
+def _first_error(exc: Exception) -> str:
+    return first_error(exc, "tenants") if isinstance(exc, ValidationError) else str(exc).splitlines()[0]
 
 
 def _cascades_json(router: Any) -> dict[str, Any]:
@@ -210,6 +241,7 @@ async def get_view(request: web.Request) -> web.Response:
             "cascades": _cascades_json(router),
             "copies": {"loading": sorted(router.lifecycle.copies.loading), "recent": list(router.copies_log)},
             "canary": router.canaries.state(),
+            "tenants": router.lifecycle.tenants.as_json(now) if router.lifecycle.tenants.enabled else None,
             "holds": {
                 "held": router.lifecycle.holds,
                 "refused": router.lifecycle.hold_refusals,
@@ -277,6 +309,8 @@ def create_admin_app(router: Router) -> web.Application:
     r.add_put("/links", put_link)
     r.add_get("/reroute", get_reroute)
     r.add_put("/reroute", put_reroute)
+    r.add_get("/tenants", get_tenants)
+    r.add_put("/tenants", put_tenants)
     r.add_get("/cascades", get_cascades)
     r.add_get("/capture", get_capture)
     r.add_get("/canary", get_canary)

@@ -77,12 +77,16 @@ class CascadeRunner:
         request_id: str,
         arrived_ms: float,
         charge: Callable[[], bool] | None = None,
+        tenant: Mapping[str, str] | None = None,
     ) -> Outcome:
         """One request through the cascade. `charge` is asked before an escalation: the second model's
-        call is the client's too, against its rate (False: over it, and the first model's answer is kept)."""
+        call is the client's too, against its rate (False: over it, and the first model's answer is kept).
+        `tenant`: the router's tenant headers for the nodes (router.director), if any."""
         spec = self.spec
         deadline_at = arrived_ms + budget_ms
         headers = {"Content-Type": hints.get("Content-Type", "application/json"), wire.PRIORITY: str(priority)}
+        if tenant:
+            headers.update(tenant)
         if wire.HEADER_LENGTH in hints:
             headers[wire.HEADER_LENGTH] = hints[wire.HEADER_LENGTH]
         first_model = spec.second if spec.mode == "second_only" else spec.first
@@ -130,7 +134,15 @@ class CascadeRunner:
         headers: Mapping[str, str],
         deadline_at: float,
     ) -> Outcome:
-        req = RouteRequest(model, priority, deadline_at - self.clock(), site, 1, f"{request_id}.{model}")
+        req = RouteRequest(
+            model,
+            priority,
+            deadline_at - self.clock(),
+            site,
+            1,
+            f"{request_id}.{model}",
+            tenant=headers.get(wire.TENANT, ""),
+        )
         return await self.dispatcher.dispatch(req, f"/v2/models/{model}/infer", body, headers, deadline_at)
 
     def _audit(

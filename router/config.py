@@ -24,6 +24,7 @@ from router.lifecycle.links import LinkState
 from router.lifecycle.reroute import RerouteConfig
 from router.lifecycle.saturation import SaturationConfig
 from router.lifecycle.stages import CropSpec, StageSpec, WorkflowSpec
+from router.lifecycle.tenants import TenantsConfig
 from telemetry.cluster.schema import NAME_PATTERN
 from telemetry.kafka.signing import Signer, TelemetryKey, Verifier, signer_for
 from telemetry.process.configfile import ConfigError, load_model, validate
@@ -366,6 +367,9 @@ class RouterConfig(ServerSettings):
         "front authenticates them)",
     )
     rate_limit: RateLimitConfig | None = None
+    tenants: TenantsConfig | None = Field(
+        None, description="whose traffic each request is: weights, quotas, fair shares (router.lifecycle.tenants)"
+    )
     workflows: list[WorkflowSpec] = Field(default_factory=list, description="DAG pipelines served as virtual models")
     cascades: list[CascadeSpec] = Field(
         default_factory=list, description="confidence cascades served as virtual models (router.lifecycle.cascade)"
@@ -469,6 +473,7 @@ def lifecycle_settings(config: RouterConfig, seed: int | None = None, router_id:
         probes=ProbeConfig(**config.probes.model_dump()),
         intake=IntakeRules(config.default_deadline_ms, config.max_deadline_ms, config.site),
         sheddable_retry_ms=config.sheddable_retry_ms,
+        tenants=config.tenants,
         links=tuple(LinkState(**k.model_dump()) for k in config.links),
         seed=config.seed if seed is None else seed,
         router_id=router_id,

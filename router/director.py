@@ -2,7 +2,8 @@
 
 A front door authenticates and reads its protocol; everything after is here, transport-free:
 `admit` (the client's rate), `precheck` (model and version names, size), then `infer`: the hints
-(priority, deadline, site) read from the OIP body's JSON header and the request's hints, the model
+(priority, deadline, site) read from the OIP body's JSON header and the request's hints, its tenant
+and the tenant's quotas (router.lifecycle.tenants: in flight until answered), the model
 checked against the view (lifecycle rule: unknown -> 404, nothing heard yet -> 503), the request
 routed by the policy through the lifecycle (router.dispatch) or run as a workflow
 (router.workflows), and one `Outcome`: a node's answer as it came, or the router's own error, with
@@ -51,6 +52,7 @@ class InferCall:
     arrived_ms: float
     transport_ms: float | None = None  # what the transport says is left of the budget (gRPC, MQTT)
     door: str = "http"  # http | grpc | mqtt
+    subject: str | None = None  # the verified client certificate's tenant field, where tenants read it
 
 
 def admit(router: Router, client: str, model: str) -> Outcome | None:
@@ -92,6 +94,7 @@ class Trail:
     budget_ms: float | None = None
     arm: str | None = None  # the canary arm that served it (router.lifecycle.canary), if any
     version: str | None = None  # the model version it went to, where it named one or a canary chose
+    tenant: str = ""  # whose traffic (router.lifecycle.tenants); "" with tenants off
 
 
 async def infer(router: Router, call: InferCall) -> Outcome:
@@ -154,12 +157,18 @@ async def _traced(router: Router, call: InferCall, trail: Trail) -> Outcome:
 async def _infer(router: Router, call: InferCall, trail: Trail) -> Outcome:
     cfg = router.config
     model, hints, arrived = call.model, call.hints, call.arrived_ms
+    tenants = router.lifecycle.tenants
     try:
         doc = _parse_header(call.body, hints.get(wire.HEADER_LENGTH))
         auth, client = router.auth, call.client
+        tenant_hint = hints.get(tenants.cfg.header) if tenants.cfg is not None else None
         taken = intake.take(
             intake.Hints(
-                hints.get(wire.PRIORITY), hints.get(wire.DEADLINE_MS), hints.get(wire.SITE), call.transport_ms
+                hints.get(wire.PRIORITY),
+                hints.get(wire.DEADLINE_MS),
+                hints.get(wire.SITE),
+                call.transport_ms,
+                tenant_hint,
             ),
             doc,
             router.lifecycle.settings.intake,
@@ -174,15 +183,44 @@ async def _infer(router: Router, call: InferCall, trail: Trail) -> Outcome:
         count(router, model, 0, "none", exc.status, arrived)
         reason = f"client '{client}' {exc.reason}" if exc.status == 403 else exc.reason
         return Outcome.error(exc.status, reason)
-    prio, site, batch = taken.priority, taken.site, taken.batch
+    prio, site = taken.priority, taken.site
     trail.priority, trail.site = prio, site
     if taken.deadline_ms is not None and taken.deadline_ms <= 0:  # (only a transport's own says so)
         count(router, model, prio, "none", 504, arrived)
         return Outcome.error(504, "expired before it was run")
+    if not tenants.enabled:
+        return await _admitted(router, call, trail, doc, taken)
+    tenant = trail.tenant = tenants.of(client, taken.tenant, auth.enabled, call.subject)
+    over = tenants.admit(tenant, arrived)
+    if over is not None:  # the tenant's quota: refused before anything is routed
+        count(router, model, prio, "none", 429, arrived)
+        out = Outcome.error(429, over.reason)
+        out.headers["Retry-After"] = str(over.retry_after_s)
+        return out
+    outcome = Outcome.error(500, "the request ended before its answer")  # (what a cancellation leaves)
+    try:
+        outcome = await _admitted(router, call, trail, doc, taken)
+    finally:
+        headers = outcome.headers
+        rows = max(1, int(_float(headers.get(wire.BATCH_ROWS)) or 1))
+        exec_ms = (_float(headers.get(wire.EXEC_MS)) or 0.0) * taken.batch / rows
+        waited = (_float(headers.get(wire.QUEUE_MS)) or 0.0) + (_float(headers.get(wire.HELD_MS)) or 0.0)
+        latency = router.clock() - arrived
+        tenants.done(tenant, outcome.status, latency, trail.budget_ms, exec_ms, waited)
+    return outcome
+
+
+async def _admitted(
+    router: Router, call: InferCall, trail: Trail, doc: dict[str, Any], taken: intake.Intake
+) -> Outcome:
+    """A request intake took (and its tenant's quotas let in): a workflow, a cascade, or one request
+    routed by the policy through the lifecycle."""
+    model, hints, arrived = call.model, call.hints, call.arrived_ms
+    prio, site, batch, tenant = taken.priority, taken.site, taken.batch, trail.tenant
     runner = router.workflows.get(model)
     if runner is not None:
         trail.budget_ms = taken.budget_ms(router.lifecycle.settings.intake, runner.spec.slo_ms)
-        return await _run_workflow(router, runner, call, doc, prio, taken, site)
+        return await _run_workflow(router, runner, call, doc, prio, taken, site, tenant)
     cascade = router.cascades.get(model)
     if cascade is not None:
         refused = _non_finite(doc, call.body, hints.get(wire.HEADER_LENGTH))
@@ -194,7 +232,10 @@ async def _infer(router: Router, call: InferCall, trail: Trail) -> Outcome:
         def charge() -> bool:  # an escalation is a second call of the client's, against its rate
             return not router.limiter.admit(call.client, router.clock()).status
 
-        outcome = await cascade.run(call.body, hints, prio, budget, site, _request_id(doc), arrived, charge)
+        outcome = await cascade.run(
+            call.body, hints, prio, budget, site, _request_id(doc), arrived, charge,
+            _tenant_headers(router, tenant) if tenant else None,
+        )  # fmt: skip
         count(router, model, prio, outcome.node, outcome.status, arrived, served=True)
         if outcome.status == 429 and "Retry-After" not in outcome.headers:
             outcome.headers["Retry-After"] = "1"
@@ -213,7 +254,9 @@ async def _infer(router: Router, call: InferCall, trail: Trail) -> Outcome:
             out.headers["Retry-After"] = "1"
         return out
     budget = trail.budget_ms = taken.budget_ms(router.lifecycle.settings.intake)
-    saturated = router.saturation.refuse(prio, budget)
+    sat = router.saturation
+    over = bool(tenant) and sat.lag_ms >= sat.cfg.tenant_lag_ms and router.lifecycle.tenants.over_share(tenant, arrived)
+    saturated = sat.refuse(prio, budget, over)
     if saturated is not None:  # the router itself is behind: its capacity goes to what it admits
         count(router, model, prio, "none", 503, arrived)
         out = Outcome.error(503, saturated)
@@ -222,6 +265,8 @@ async def _infer(router: Router, call: InferCall, trail: Trail) -> Outcome:
     headers = {"Content-Type": hints.get("Content-Type", "application/json"), wire.PRIORITY: str(prio)}
     if wire.HEADER_LENGTH in hints:
         headers[wire.HEADER_LENGTH] = hints[wire.HEADER_LENGTH]
+    if tenant:  # the node's fair share: the router's word on whose work it is, never the client's
+        headers.update(_tenant_headers(router, tenant))
     request_id = _request_id(doc)
     policy = None
     canaries = router.canaries
@@ -242,7 +287,7 @@ async def _infer(router: Router, call: InferCall, trail: Trail) -> Outcome:
     elif router.store.view.serving_count(f"{model}:{version}"):  # a version nodes serve beside the default
         route_model = f"{model}:{version}"
     outcome = await router.dispatcher.dispatch(
-        RouteRequest(route_model, prio, budget, site, batch, request_id),
+        RouteRequest(route_model, prio, budget, site, batch, request_id, tenant=tenant),
         _infer_path(model, version),
         call.body,
         headers,
@@ -278,6 +323,7 @@ async def _run_workflow(
     priority: int,
     taken: intake.Intake,
     site: str | None,
+    tenant: str = "",
 ) -> Outcome:
     """A workflow job: every stage routed by the policy, tensors passed between them (router.workflows)."""
     name = runner.spec.name
@@ -292,9 +338,10 @@ async def _run_workflow(
         count(router, name, priority, "none", 400, call.arrived_ms)
         return Outcome.error(400, str(exc))
     budget = taken.budget_ms(router.lifecycle.settings.intake, runner.spec.slo_ms)
-    job = await runner.run(
-        inputs, priority, budget, site, _request_id(doc), call.arrived_ms, {wire.PRIORITY: str(priority)}
-    )
+    fwd = {wire.PRIORITY: str(priority)}
+    if tenant:
+        fwd.update(_tenant_headers(router, tenant))
+    job = await runner.run(inputs, priority, budget, site, _request_id(doc), call.arrived_ms, fwd)
     count(router, name, priority, "workflow", job.status, call.arrived_ms)
     headers = {k: v for k, v in job.headers.items() if k.startswith("x-edgeroute-")}
     headers.update({wire.NODE: job.node, wire.WORKFLOW: name, "Content-Type": "application/json"})
@@ -311,6 +358,11 @@ _ids = itertools.count(1)
 def _request_id(doc: Mapping[str, Any]) -> str:
     """The client's own request id, or a new one."""
     return str(doc.get("id") or f"{_ID_PREFIX}{next(_ids):x}")
+
+
+def _tenant_headers(router: Router, tenant: str) -> dict[str, str]:
+    """What a node is told of a request's tenant (nodes.fairshare)."""
+    return {wire.TENANT: tenant, wire.TENANT_WEIGHT: f"{router.lifecycle.tenants.weight(tenant):g}"}
 
 
 def _known_site(router: Router, site: str) -> bool:

@@ -155,7 +155,7 @@ class Dispatcher:
             if isinstance(step, Hold):
                 tracing.event("hold", partition=step.partition, wait_ms=step.wait_ms)
                 fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-                lc.hold(step.partition, fut)
+                lc.hold(step.partition, fut, a.request.tenant)
                 try:
                     await asyncio.wait_for(fut, step.wait_ms / 1000.0)
                 except TimeoutError:

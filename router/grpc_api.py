@@ -151,10 +151,12 @@ class RouterService:
         if refused is not None:
             return refused.status, refused.reason, None
         hints = {wire.HEADER_LENGTH: str(head), "Content-Type": "application/octet-stream"}
+        tenants = router.lifecycle.tenants.cfg
+        tenant_key = tenants.header if tenants is not None else None
         for key, value in context.invocation_metadata() or ():
             # the hints HTTP takes as headers ride as metadata (Triton's clients reserve `priority`
-            # as an unsigned parameter: sheddable work says so here)
-            if key in METADATA_HINTS and isinstance(value, str):
+            # as an unsigned parameter: sheddable work says so here); the tenants' header too
+            if (key in METADATA_HINTS or key == tenant_key) and isinstance(value, str):
                 hints[key] = value[:512]
         remaining = context.time_remaining()  # the call's own deadline: the transport's part of intake
         transport_ms = None if remaining is None else remaining * 1000.0

@@ -13,7 +13,7 @@ from aiohttp import web
 
 from router import director, fleet
 from router.dispatch import Outcome
-from router.state import CLIENT, ROUTER, VERSION
+from router.state import CLIENT, ROUTER, VERSION, Router
 from router.state import json_error as _error
 from telemetry.oip import wire
 from telemetry.oip.triton import EXTENSIONS, to_json
@@ -87,8 +87,24 @@ async def infer(request: web.Request) -> web.Response:
     except web.HTTPException as exc:  # 408 (body too slow), 400 (client gone): counted, then answered
         director.count(router, model, 0, "none", exc.status, arrived)
         raise
-    call = director.InferCall(model, version, body, request.headers, request.get(CLIENT, ""), arrived)
+    subject = _certificate_tenant(request, router)
+    call = director.InferCall(model, version, body, request.headers, request.get(CLIENT, ""), arrived, subject=subject)
     return outcome_response(await director.infer(router, call))
+
+
+def _certificate_tenant(request: web.Request, router: Router) -> str | None:
+    """The verified client certificate's subject field that names tenants (`tenants.from_certificate`),
+    where the connection has one (mTLS: the server required and checked it); else None."""
+    tenants = router.lifecycle.tenants.cfg
+    if tenants is None or tenants.from_certificate is None or request.transport is None:
+        return None
+    cert = request.transport.get_extra_info("peercert")
+    field = {"O": "organizationName", "OU": "organizationalUnitName", "CN": "commonName"}[tenants.from_certificate]
+    for rdn in (cert or {}).get("subject", ()):
+        for key, value in rdn:
+            if key == field and isinstance(value, str):
+                return value[:64]
+    return None
 
 
 async def repository_index(request: web.Request) -> web.Response:

@@ -27,6 +27,7 @@ from telemetry.measure.quantiles import nearest_rank
 
 if TYPE_CHECKING:
     from router.lifecycle import Lifecycle
+    from router.lifecycle.tenants import TenantTable
     from router.workflows import WorkflowRunner
     from telemetry.process.serving import ConnectionCap
 
@@ -244,6 +245,45 @@ class RecentRequests:
         return out
 
 
+class _TenantCollector(Collector):
+    """Per tenant (router.lifecycle.tenants), read from the table at scrape time: answers by outcome,
+    refusals by reason, in flight, execution seconds. The label is the tenant's name, at most
+    MAX_LABELS of them over the process's life (then `other`): bounded whatever the config swaps."""
+
+    def __init__(self, tenants: TenantTable) -> None:
+        self.tenants = tenants
+
+    def collect(self) -> Iterator[Metric]:
+        answers: dict[tuple[str, str], float] = {}
+        refused: dict[tuple[str, str], float] = {}
+        execution: dict[str, float] = {}
+        flight: dict[str, float] = {}
+        for st in self.tenants.states.values():
+            for outcome, n in (("in_time", st.in_time), ("late", st.late), ("failed", st.failed)):
+                answers[(st.label, outcome)] = answers.get((st.label, outcome), 0) + n
+            for reason, n in st.refused.items():
+                refused[(st.label, reason)] = refused.get((st.label, reason), 0) + n
+            execution[st.label] = execution.get(st.label, 0.0) + st.exec_ms / 1000.0
+            flight[st.label] = flight.get(st.label, 0) + st.in_flight
+        a = CounterMetricFamily(
+            "edgeroute_tenant_requests", "admitted requests by outcome", labels=["tenant", "outcome"]
+        )
+        r = CounterMetricFamily("edgeroute_tenant_refusals", "refused requests by reason", labels=["tenant", "reason"])
+        e = CounterMetricFamily(
+            "edgeroute_tenant_exec_seconds", "execution at the nodes (its share)", labels=["tenant"]
+        )
+        f = GaugeMetricFamily("edgeroute_tenant_in_flight", "requests in flight", labels=["tenant"])
+        for key, value in answers.items():
+            a.add_metric(list(key), value)
+        for key, value in refused.items():
+            r.add_metric(list(key), value)
+        for label, value in execution.items():
+            e.add_metric([label], value)
+        for label, value in flight.items():
+            f.add_metric([label], value)
+        yield from (a, r, e, f)
+
+
 class RouterMetrics:
     def __init__(self, store: ViewStore, clock: Callable[[], float] = lambda: time.time() * 1000) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
@@ -294,6 +334,10 @@ class RouterMetrics:
 
     def watch_lifecycle(self, lifecycle: Lifecycle[Any], clock: Callable[[], float]) -> None:
         self.registry.register(_LifecycleCollector(lifecycle, clock))
+
+    def watch_tenants(self, tenants: TenantTable) -> None:
+        """Per-tenant series (none while tenants are off; a live change turns them on)."""
+        self.registry.register(_TenantCollector(tenants))
 
     def watch_workflows(self, runners: Mapping[str, WorkflowRunner]) -> None:
         if runners:

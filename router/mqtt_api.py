@@ -341,6 +341,9 @@ class MqttDoor(BrokerLink):
         for name, header in CARRIED:
             if name in user:
                 hints[header] = user[name]
+        tenants = router.lifecycle.tenants.cfg
+        if tenants is not None and "tenant" in user:  # (taken only with auth off: router.lifecycle.tenants)
+            hints[tenants.header] = user["tenant"]
         call = director.InferCall(model, version, bytes(msg.payload), hints, client, arrived, transport_ms, "mqtt")
         return await director.infer(router, call)
 

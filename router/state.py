@@ -87,6 +87,7 @@ class Router:
         self.copies_log: deque[dict[str, Any]] = deque(maxlen=50)  # the latest copy loads, for /admin/view
         self.metrics.watch_workflows(self.workflows)
         self.metrics.watch_lifecycle(self.lifecycle, clock)
+        self.metrics.watch_tenants(self.lifecycle.tenants)
         self.metrics.watch_verifier(self.verifier)
 
     def reload_policy(self, raw: Any, origin: str) -> PolicySpec:
@@ -133,6 +134,8 @@ class Router:
             return
         self.apply_policy(spec, policy, str(path))
         self.lifecycle.set_reroute(cfg.reroute)
+        if cfg.tenants is not None and cfg.tenants != self.lifecycle.tenants.cfg:  # a change of the file's
+            self.lifecycle.tenants.configure(cfg.tenants)
         if cfg.canary is not None and cfg.canary != self.file_canary:  # a canary new to the file starts
             self.canaries.start(self, cfg.canary, str(path))
         self.file_canary = cfg.canary

@@ -324,6 +324,7 @@ class WorkflowRunner:
             input_bytes=sum(produced.values()),
             next_models=next_models,
             next_bytes=next_bytes,
+            tenant=headers.get(wire.TENANT, ""),  # (the router's own header: router.director)
         )
         body, head_len = binary_body(req.request_id, feeds)
         fwd = {**headers, "Content-Type": "application/octet-stream", wire.HEADER_LENGTH: str(head_len)}

@@ -65,6 +65,7 @@ class Attempts:
             req.input_bytes,
             req.next_models,
             req.next_bytes,
+            req.tenant,
         )
 
 

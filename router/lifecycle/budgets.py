@@ -19,7 +19,9 @@ unbounded, they multiply an overload (every refusal tried at every other node). 
 them. Here: retries plus hedges at most `ratio` of the first tries counted over a sliding window of
 `window_s` one-second buckets, and `min_retries` in a window whatever the ratio (as Envoy's
 `min_retry_concurrency`: a router with little traffic still retries a dead node); past it, the
-attempt's own answer goes to the client.
+attempt's own answer goes to the client. With tenants (router.lifecycle.tenants), each tenant's
+retries and hedges are held to its own first tries (`RetryBudgets`): one tenant's refusals cannot
+spend the retries of another; the router-wide budget still counts them all, for reports.
 """
 
 from __future__ import annotations
@@ -130,6 +132,11 @@ class RetryBudget:
         self._extra += 1
         return True
 
+    def charge(self, now_ms: float) -> None:
+        """Count one retry or hedge another budget allowed (a tenant's own), without a check."""
+        self._bucket(now_ms)[2] += 1
+        self._extra += 1
+
     def worst_window(self, from_s: int, to_s: int) -> dict[str, float | int]:
         """Over every window of `window_s` consecutive seconds within [from_s, to_s] (seconds on the
         drivers' clock): the highest ratio of retries and hedges to first tries, and the counts of the
@@ -158,3 +165,34 @@ class RetryBudget:
             "retries_and_hedges": self._extra,
             "refused": self.refused,
         }
+
+
+class RetryBudgets:
+    """The router-wide retry budget (`all`) and, for requests of a tenant, one per tenant."""
+
+    def __init__(self, cfg: RetryBudgetConfig) -> None:
+        self.cfg = cfg
+        self.all = RetryBudget(cfg)
+        self._tenants: dict[str, RetryBudget] = {}  # tenant -> its own (bounded by the tenants' config)
+
+    def first_try(self, tenant: str, now_ms: float) -> None:
+        self.all.first_try(now_ms)
+        if tenant:
+            self._of(tenant).first_try(now_ms)
+
+    def spend(self, tenant: str, now_ms: float) -> bool:
+        """One retry or hedge of a request of `tenant` ("": none): against the tenant's own first tries
+        where it has one, else against everyone's; counted router-wide either way."""
+        if not tenant:
+            return self.all.spend(now_ms)
+        if not self._of(tenant).spend(now_ms):
+            self.all.refused += 1
+            return False
+        self.all.charge(now_ms)
+        return True
+
+    def _of(self, tenant: str) -> RetryBudget:
+        budget = self._tenants.get(tenant)
+        if budget is None:
+            budget = self._tenants[tenant] = RetryBudget(self.cfg)
+        return budget

@@ -15,7 +15,10 @@ them into an `Intake` (or refuses the request, `Refused`):
   its key gives it (403, router.admission); a site no node stands in and no link ends at is a 400
   (sites key per-site state: ejection paths, delay timers); none named: the client's key's site, else
   the router's own;
-- **batch**: the rows of the first input (its shape's first dimension), 1 when it says none.
+- **batch**: the rows of the first input (its shape's first dimension), 1 when it says none;
+- **tenant hint**: the hint (the tenants' header, gRPC metadata, MQTT user property), else the body's
+  `parameters.tenant`, where it is a tenant's name; whether it is taken is the tenants' rule
+  (router.lifecycle.tenants: never where auth is on).
 
 Pure: no asyncio, aiohttp or clock; what it needs of the router (who may claim which site, which sites
 exist) comes in as functions.
@@ -47,6 +50,7 @@ class Hints:
     deadline_ms: Any = None
     site: Any = None
     transport_ms: float | None = None  # what the transport says is left: a gRPC deadline, an MQTT expiry
+    tenant: Any = None  # the tenant a request names (router.lifecycle.tenants decides whether it counts)
 
 
 @dataclass(frozen=True)
@@ -55,6 +59,7 @@ class Intake:
     deadline_ms: float | None  # the client's own budget (None: it gave none)
     site: str | None
     batch: int
+    tenant: str | None = None  # the tenant the request named, if a name (router.lifecycle.tenants)
 
     def budget_ms(self, rules: IntakeRules, default_ms: float | None = None) -> float:
         """The request's budget: its own, else `default_ms` (the router's default), capped."""
@@ -112,7 +117,8 @@ def take(
         site = key_site or rules.site
     elif not known_site(site):
         raise Refused(400, f"unknown site '{site[:64]}': not a partition of any node, nor an end of a link")
-    return Intake(priority, deadline, site, _batch_of(doc))
+    tenant = wire.tenant_hint(hints.tenant if hints.tenant is not None else params.get("tenant"))
+    return Intake(priority, deadline, site, _batch_of(doc), tenant)
 
 
 def _batch_of(doc: Mapping[str, Any] | None) -> int:

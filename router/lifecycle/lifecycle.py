@@ -61,7 +61,7 @@ from typing import Any, Generic, TypeVar
 from policies.api import HOLD_POLL_MS, Context, Defer, Rejection, RouteRequest
 from policies.pipeline import Pipeline
 from router.lifecycle.attempts import Answer, Attempts, Ended, Hold, Next, Send
-from router.lifecycle.budgets import AnswerMargin, RetryBudget, RetryBudgetConfig
+from router.lifecycle.budgets import AnswerMargin, RetryBudgetConfig, RetryBudgets
 from router.lifecycle.copies import CopyConfig, CopyState
 from router.lifecycle.evidence import Evidence, ProbeConfig
 from router.lifecycle.failures import Failure, classify
@@ -72,6 +72,7 @@ from router.lifecycle.intake import IntakeRules
 from router.lifecycle.links import LinkState, LinkTable
 from router.lifecycle.overlay import OutstandingTracker
 from router.lifecycle.reroute import Move, RerouteConfig, Rerouter
+from router.lifecycle.tenants import TenantsConfig, TenantTable
 from telemetry.cluster.store import ViewStore
 from telemetry.cluster.view import ClusterView, NodeState
 
@@ -105,6 +106,7 @@ class LifecycleSettings:
     # sheddable work that finds no node to take it (none in rotation, or those tried unreachable) waits
     # out the outage within its deadline, deciding again this often (None: refused at once)
     sheddable_retry_ms: float | None = 200.0
+    tenants: TenantsConfig | None = None  # whose traffic, quotas, fair shares (router.lifecycle.tenants)
 
 
 class Lifecycle(Generic[T]):
@@ -130,7 +132,9 @@ class Lifecycle(Generic[T]):
         self.held: HoldQueue[T] = HoldQueue(waiting)
         self.reroute = Rerouter(settings.reroute)
         self.margin = AnswerMargin()
-        self.retry_budget = RetryBudget(settings.retry_budget)
+        self.budgets = RetryBudgets(settings.retry_budget)  # router-wide, and per tenant with tenants
+        self.retry_budget = self.budgets.all
+        self.tenants = TenantTable(settings.tenants)
         self._now = 0.0  # the latest clock a step was given (the retry budget's time)
         self.retries = 0
         self.holds = 0  # requests held at least once
@@ -208,7 +212,8 @@ class Lifecycle(Generic[T]):
         view = self.view()
         choice = a.policy.choose(a.route_request(now), view, Context(now, self.rng))
         if isinstance(choice, Defer):
-            if self.held.queued(choice.partition) >= self.settings.max_held:
+            tenant = a.request.tenant
+            if self.held.full(choice.partition, self.settings.max_held, tenant, self.tenants.weight(tenant)):
                 self.hold_refusals += 1
                 return Answer(503, f"too many requests already wait for a slot in '{choice.partition}'")
             if a.held_since_ms is None:
@@ -227,7 +232,7 @@ class Lifecycle(Generic[T]):
         if a.attempt > 1:
             self.retries += 1
         else:
-            self.retry_budget.first_try(now)
+            self.budgets.first_try(a.request.tenant, now)
         a.tried.add(choice.node_id)
         self.tracker.sent_model(state, a.request.model, now)
         return Send(choice, state, a.attempt)
@@ -248,7 +253,8 @@ class Lifecycle(Generic[T]):
         """Hold a sheddable request through an outage of the node side (`OUTAGE`: no slot wakes it; it
         decides again after `sheddable_retry_ms`, the nodes it tried no longer excluded). One request,
         its attempts counted as attempts, whatever door it came through."""
-        if self.held.queued(OUTAGE) >= self.settings.max_held:
+        tenant = a.request.tenant
+        if self.held.full(OUTAGE, self.settings.max_held, tenant, self.tenants.weight(tenant)):
             self.hold_refusals += 1
             return Answer(503, "too many requests already wait out the outage")
         a.tried.clear()
@@ -278,7 +284,7 @@ class Lifecycle(Generic[T]):
             return None
         view = self.view()
         choice = a.policy.choose(a.route_request(now), view, Context(now, self.rng))
-        if isinstance(choice, (Rejection, Defer)) or not self.retry_budget.spend(now):
+        if isinstance(choice, (Rejection, Defer)) or not self.budgets.spend(a.request.tenant, now):
             return None
         state = view.get(choice.node_id)
         assert state is not None, "a policy chose a node that is not in its view"
@@ -359,9 +365,13 @@ class Lifecycle(Generic[T]):
         is then decided again, that node excluded), else it keeps waiting where it is."""
         self.reroute.taken(move, ok, now)
 
-    def hold(self, partition: str, entry: T) -> None:
-        """A request deferred for a slot in `partition` waits as `entry` (the driver times it out)."""
-        self.held.hold(partition, entry)
+    def hold(self, partition: str, entry: T, tenant: str = "") -> None:
+        """A request (of `tenant`) deferred for a slot in `partition` waits as `entry` (the driver times
+        it out); with tenants, a freed slot wakes the tenant furthest behind its share (holds)."""
+        if tenant:
+            self.held.hold(partition, entry, tenant, self.tenants.weight(tenant))
+        else:
+            self.held.hold(partition, entry)
 
     def settled(self, node_id: str, partition: str, refused: bool = False) -> T | None:
         """This router stopped waiting for an attempt at `node_id`: the slot it held frees, waking the
@@ -459,7 +469,7 @@ class Lifecycle(Generic[T]):
             return False
         a.last_error = (status, reason)
         a.last_kind = kind
-        if a.attempt < self.settings.max_attempts and self.retry_budget.spend(self._now):
+        if a.attempt < self.settings.max_attempts and self.budgets.spend(a.request.tenant, self._now):
             return True
         # sheddable work whose nodes could not be reached decides again (and waits the outage out there)
         return kind in UNREACHABLE and self._waits_out(a, a.deadline_at_ms - self._now)

@@ -11,6 +11,9 @@ not saturation; a loop late on every tick is behind. `refuse` decides at intake,
 - a request whose budget is less than the lag: 503 (it cannot be answered in time);
 - sheddable work (priority < 0) while the lag's floor is at least `shed_lag_ms`: 503;
 - bulk work (priority below `critical_priority`) while it is at least `bulk_lag_ms`: 503;
+- with tenants, non-critical work of a tenant whose recent intake is above its weighted share
+  (router.lifecycle.tenants.over_share) while the lag is at least `tenant_lag_ms`: 503, so the tenant
+  that floods the router is shed before anyone else's work is;
 - critical work: never refused for it.
 
 A refusal costs the router a fraction of what serving costs (no node call, no answer body), so under
@@ -35,6 +38,9 @@ class SaturationConfig(BaseModel):
     bulk_lag_ms: float = Field(40.0, gt=0, le=10_000, description="lag at which bulk work is refused too")
     critical_priority: int = Field(1, description="priorities at or above this are never refused for it")
     window: int = Field(5, ge=1, le=1000, description="ticks the lag's floor is taken over")
+    tenant_lag_ms: float = Field(
+        8.0, gt=0, le=10_000, description="lag at which a tenant over its share of intake is refused first"
+    )
 
 
 class Saturation:
@@ -53,8 +59,9 @@ class Saturation:
         recent.append(max(0.0, late_ms))
         self.lag_ms = min(recent) if len(recent) == recent.maxlen else 0.0
 
-    def refuse(self, priority: int, budget_ms: float) -> str | None:
-        """Why a request is refused at the door for the router's own saturation (a 503), or None."""
+    def refuse(self, priority: int, budget_ms: float, over_share: bool = False) -> str | None:
+        """Why a request is refused at the door for the router's own saturation (a 503), or None
+        (`over_share`: its tenant's intake is above its share)."""
         cfg, lag = self.cfg, self.lag_ms
         if not cfg.enabled or lag <= 0.0:
             return None
@@ -64,6 +71,8 @@ class Saturation:
             why = f"the router is {lag:.0f} ms behind: sheddable work is refused"
         elif priority < cfg.critical_priority and lag >= cfg.bulk_lag_ms:
             why = f"the router is {lag:.0f} ms behind: only critical work is taken"
+        elif over_share and priority < cfg.critical_priority and lag >= cfg.tenant_lag_ms:
+            why = f"the router is {lag:.0f} ms behind: a tenant over its share is refused first"
         else:
             return None
         self.refused += 1

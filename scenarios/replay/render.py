@@ -18,6 +18,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from scenarios.replay.report import format_canaries, format_recorded  # noqa: E402
+from scenarios.replay.tenants import format_tenants  # noqa: E402
 from scenarios.replay.trust import warnings  # noqa: E402
 
 STYLES = ["-", "--", ":", "-."]
@@ -146,7 +147,7 @@ def _table(report: dict[str, Any]) -> list[str]:
     starved = warnings(report)
     if starved:
         lines += ["", *(f"**{line}**" for line in starved)]
-    noted = format_recorded(report) + format_canaries(report)
+    noted = format_recorded(report) + format_canaries(report) + format_tenants(report)
     if noted:
         lines += ["", *(f"- {line.strip()}" for line in noted)]
     lines += [

@@ -3,7 +3,8 @@
 `{"scenario", "mode", "policies": {NAME: {"sent", "completed", "errors": {STATUS: n}, "lost",
 "latency_ms": {"p50","p95","p99","max"}, "slo_attainment", "by_priority": {P: {...}},
 "by_node": {NODE: n}, "by_site": {SITE: {...}} (more than one site), "local_in_time_share" (with
-placement: answered in time by a node of the request's own site, of all sent)}}, "telemetry":
+placement: answered in time by a node of the request's own site, of all sent), "by_tenant": {TENANT:
+{...}} and "fairness" (with tenants: scenarios.replay.tenants)}}, "telemetry":
 {"messages", "malformed", "lag_ms": {"p50","p99"}}}`.
 Later work adds fields and never renames. `sent == completed + sum(errors.values())`: a lost request
 (no answer at all) is counted in `lost` and also under `errors["lost"]`, so the identity always holds
@@ -19,6 +20,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from scenarios.replay.tenants import fairness, format_tenants
 from scenarios.replay.trust import warnings
 from scenarios.stack.loadgen import Result
 from telemetry.measure.quantiles import nearest_rank
@@ -47,14 +49,22 @@ def _summary(results: list[Result]) -> dict[str, Any]:
 
 
 def summarize(
-    results: list[Result], duration_s: float, nodes: Mapping[str, tuple[str, float]] | None = None
+    results: list[Result],
+    duration_s: float,
+    nodes: Mapping[str, tuple[str, float]] | None = None,
+    tenant_weights: Mapping[str, float] | None = None,
 ) -> dict[str, Any]:
     """The per-policy summary; with `nodes` (id -> (partition, cost per node-second)) also where the
-    requests were served and what the serving cost."""
+    requests were served and what the serving cost; with tenants, each tenant's figures and the run's
+    fairness (weights: `tenant_weights`, 1 for the unlisted)."""
     out = _summary(results)
     out["throughput_rps"] = round(out["completed"] / duration_s, 2) if duration_s > 0 else 0.0
     prios = sorted({r.arrival.priority for r in results})
     out["by_priority"] = {str(p): _summary([r for r in results if r.arrival.priority == p]) for p in prios}
+    tenants = sorted({r.arrival.tenant for r in results})
+    if any(tenants):
+        out["by_tenant"] = {t or "(none)": _summary([r for r in results if r.arrival.tenant == t]) for t in tenants}
+        out["fairness"] = fairness(results, duration_s, tenant_weights)
     sites = sorted({r.arrival.site for r in results})
     if len(sites) > 1:
         out["by_site"] = {s: _summary([r for r in results if r.arrival.site == s]) for s in sites}
@@ -305,7 +315,7 @@ def format_table(report: dict[str, Any]) -> str:
             f"{p['slo_attainment'] * 100:>6.1f}% {top:>11.1f} {off:>8} {cost:>7}  {nodes}"
         )
     lines += warnings(report)
-    lines += format_recorded(report) + format_canaries(report) + format_delays(report)
+    lines += format_recorded(report) + format_canaries(report) + format_delays(report) + format_tenants(report)
     tel = report.get("telemetry")
     if tel:
         lines.append(

@@ -28,6 +28,7 @@ from scenarios.replay.report import (
     summarize,
     write_report,
 )
+from scenarios.replay.tenants import compare_tenants, tenant_header, tenant_weights
 from scenarios.replay.trust import HostWatch, verdict
 from scenarios.spec.schema import MAX_DURATION_S, PolicyRun, Scenario
 from scenarios.spec.workload import mean_rate_rps
@@ -131,6 +132,8 @@ def replay_live(
             canaries = start_canaries(stack, run_router(scenario, run))  # (policy and model canaries)
             if rerouting:
                 stack.set_reroute(run_router(scenario, run).get("reroute") or {})
+            if any("tenants" in r.router for r in runs):  # (the scenario has its own: the schema checks)
+                stack.set_tenants(run_router(scenario, run)["tenants"])
             if cascades:  # the cascade, or one of its halves
                 stack.set_cascade_mode(run.router.get("cascade_mode", "cascade"))
             _wait_idle(stack.router_url, stack.admin_headers)
@@ -148,7 +151,7 @@ def replay_live(
             urls = stack.router_urls or stack.router_url
             hdrs = stack.client_headers
             results = asyncio.run(
-                run_load(urls, schedule, payloads, progress=_progress(run.name), headers=hdrs, lags_ms=lags)
+                run_load(urls, schedule, payloads, 5.0, _progress(run.name), hdrs, lags, tenant_header(scenario.router))
             )
             trust = verdict(lags, watch.stop())  # (figures from a starved host say so)
             wall = time.monotonic() - started
@@ -157,7 +160,7 @@ def replay_live(
                 stack.restore()
                 stack.wait_ready(60)
             measured = [r for r in results if r.arrival.at_s >= warmup]
-            summary = summarize(measured, duration, _node_costs(scenario, run))
+            summary = summarize(measured, duration, _node_costs(scenario, run), tenant_weights(scenario.router))
             summary["warmup_requests"] = len(results) - len(measured)
             summary["wall_s"] = round(wall, 2)
             summary["trust"] = trust
@@ -325,6 +328,9 @@ def compare(live: dict[str, Any], sim: dict[str, Any]) -> dict[str, Any]:
                 row[key] = {"live": lv, "sim": sv, "rel_err": round((sv - lv) / lv, 4) if lv else None}
         ls, ss = lp["slo_attainment"], sp["slo_attainment"]
         row["slo_attainment"] = {"live": ls, "sim": ss, "points": round((ss - ls) * 100, 2)}
+        by_tenant = compare_tenants(lp, sp)
+        if by_tenant:
+            row["by_tenant"] = by_tenant
         out[name] = row
     return out
 
@@ -450,7 +456,7 @@ def replay_sim(
         results = sim.run()
         wall = time.perf_counter() - started
         measured = [r for r in results if r.arrival.at_s >= warmup]
-        summary = summarize(measured, duration, _node_costs(scenario, run))
+        summary = summarize(measured, duration, _node_costs(scenario, run), tenant_weights(scenario.router))
         if sim.policy.state():
             summary["policy_state"] = _relative(sim.policy.state(), 0.0)
         summary["warmup_requests"] = len(results) - len(measured)

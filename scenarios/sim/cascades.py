@@ -55,7 +55,8 @@ class CascadeDriver(SimState):
         a = job.arrival
         lc = self.router_of(a.site)
         o = self._overhead[model].sample(self.svc_rng)
-        route = RouteRequest(model, priority, job.deadline_at - self.now, a.site, 1, f"{job.index}.{model}")
+        left = job.deadline_at - self.now
+        route = RouteRequest(model, priority, left, a.site, 1, f"{job.index}.{model}", tenant=self.tenant_of(lc, a))
         life = lc.begin(route, self.policy_of(a.site), self.now, job.deadline_at)
         req = SimRequest(job.index, a, self.now, job.deadline_at, o / 2.0, o / 2.0, life, lc, model=model, cascade=job)
         self._decide(req)
@@ -116,6 +117,8 @@ class CascadeDriver(SimState):
     def _cascade_finish(self, job: SimCascade, result: Result, label: str, at_ms: float | None = None) -> None:
         self._open -= 1
         latency = result.latency_ms if at_ms is None else at_ms - job.t0
+        a = job.arrival
+        self.tenant_done(self.router_of(a.site), a, result.status or 0, latency, job.deadline_at - job.t0)
         self.results[job.index] = Result(
             job.arrival,
             result.status,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from nodes.estimates import EXACT_BATCH_KEYS, batch_curve_ms, batch_key, learn_ms, time_left_ms
 from nodes.residency import NoRoom, Residency
-from nodes.scheduler import REFUSED_LATE, BatchPolicy, Scheduler, Work
+from nodes.scheduler import PUSHED_OUT, REFUSED_LATE, BatchPolicy, Scheduler, Work
 from router.lifecycle import Failure, classify
 from scenarios.sim.state import (
     EXPIRE,
@@ -104,16 +104,26 @@ class NodeModel(SimState):
         sched = node.sched
         running = node.running
         rows = req.batch
+        tenant = req.life.request.tenant  # (as the router tells the live node)
+        weight = req.lc.tenants.weight(tenant) if tenant else 1.0
         refusal = sched.refuse(priority)
+        pushed_out = sched.make_room(priority, tenant, weight) if refusal is not None and tenant else None
+        if pushed_out is not None:
+            refusal = None
         judged = None
         if refusal is None:  # (refusal by prediction, as the live node; its judgement shared with run_now)
             judged = sched.judged_ms(model, rows, now, not running and not sched.queued)
             left = [time_left_ms(now, b.started, b.predicted_end) for b in running] if running else []
-            refusal = sched.refuse_late(model, rows, priority, deadline_at - now, left, node.spec.slots, now, judged)
+            slots = node.spec.slots
+            refusal = sched.refuse_late(
+                model, rows, priority, deadline_at - now, left, slots, now, judged, tenant, weight
+            )
+        if pushed_out is not None:  # answered as the live node answers it
+            self._pushed_out(node, pushed_out.handle)
         if refusal is not None:
             self._send_reply(job, refusal[0], refusal[1])
             return
-        work = Work(job, model, priority, deadline_at, rows, now)
+        work = Work(job, model, priority, deadline_at, rows, now, tenant=tenant, weight=weight)
         job.work = work
         job.pinned = True
         node.residency.pin(model)
@@ -197,6 +207,13 @@ class NodeModel(SimState):
         job.dropped = True
         self._unpin(node, job)
         self._send_reply(job, 503, REFUSED_LATE)  # (before its deadline: another node may still make it)
+
+    def _pushed_out(self, node: SimNode, job: Job) -> None:
+        """The node's full queue made room for a tenant below its share: `job` of one over its own goes."""
+        job.dropped = True
+        self._unpin(node, job)
+        self._send_reply(job, 429, PUSHED_OUT)
+        self._changed(node)
 
     def _wake(self, payload: tuple[SimNode, int]) -> None:
         node, epoch = payload

@@ -42,6 +42,14 @@ class RouterDriver(SimState):
             self._open -= 1
             self.results[i] = Result(a, taken.status, 0.0, "none", taken.reason)
             return
+        tenant = ""
+        if lc.tenants.enabled:  # its tenant's quotas, as the live director takes them
+            tenant = self.tenant_of(lc, a)
+            over = lc.tenants.admit(tenant, t0)
+            if over is not None:
+                self._open -= 1
+                self.results[i] = Result(a, 429, 0.0, "none", over.reason)
+                return
         spec = self.workflows.get(model)
         if spec is not None:
             self._start_workflow(i, a, spec, t0, taken.budget_ms(lc.settings.intake, spec.slo_ms))
@@ -58,7 +66,7 @@ class RouterDriver(SimState):
             return
         budget = taken.budget_ms(lc.settings.intake)
         deadline_at = t0 + budget
-        route = RouteRequest(model, taken.priority, budget, site, taken.batch, str(i))
+        route = RouteRequest(model, taken.priority, budget, site, taken.batch, str(i), tenant=tenant)
         policy, arm = self.policy_of(site), None
         if self.canary is not None:  # a policy canary: the arm's policy (scenarios.sim.canary)
             arm, candidate = self.canary.choose(i, a, site if site in self.lcs else None)
@@ -82,7 +90,7 @@ class RouterDriver(SimState):
                 self.push(now + delay, HEDGE, (req, life.attempt))
         elif isinstance(step, Hold):  # held at the router, as live: woken by a freed slot or a timeout
             req.hold += 1
-            lc.hold(step.partition, (req, req.hold))
+            lc.hold(step.partition, (req, req.hold), life.request.tenant)
             self.push(now + step.wait_ms, RESUME, (req, req.hold))
         else:
             self._answer(req, step.status, step.reason, now + req.overhead_out)
@@ -287,6 +295,10 @@ class RouterDriver(SimState):
             self._cascade_done(req, status, reason, at_ms, served)
             return
         self.answers.put(req.index, status, at_ms - req.t0, reason, served)
+        if req.lc.tenants.enabled:
+            exec_ms = 0.0 if served is None else served.exec_ms * req.batch / max(1, served.rows)
+            waited = req.life.waited_ms + (0.0 if served is None else served.queue_ms)
+            self.tenant_done(req.lc, req.arrival, status, at_ms - req.t0, req.deadline_at - req.t0, exec_ms, waited)
         if req.arm is not None and self.canary is not None:
             verdict = self.canary.observe(req.arm, status, at_ms - req.t0, req.deadline_at - req.t0, at_ms)
             if verdict == "promote":  # every router's policy is the candidate from now on

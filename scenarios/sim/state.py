@@ -340,6 +340,18 @@ class SimState:
         topo = self.scenario.topology
         return site in topo.partitions or any(site in (k.a, k.b) for k in topo.links)
 
+    def tenant_of(self, lc: Lifecycle[Any], a: Arrival) -> str:
+        """The arrival's tenant as its router takes it (router.lifecycle.tenants: the hint, with auth off
+        in a simulated fleet), "" with tenants off."""
+        tenants = lc.tenants
+        return tenants.of("", a.tenant or None, False) if tenants.enabled else ""
+
+    def tenant_done(self, lc: Lifecycle[Any], a: Arrival, status: int, latency_ms: float, budget_ms: float,
+                    exec_ms: float = 0.0, waited_ms: float = 0.0) -> None:  # fmt: skip
+        """An admitted arrival answered: out of its tenant's flight, counted (as the live director does)."""
+        if lc.tenants.enabled:
+            lc.tenants.done(self.tenant_of(lc, a), status, latency_ms, budget_ms, exec_ms, waited_ms)
+
     def router_of(self, site: str | None) -> Lifecycle[tuple[SimRequest, int]]:
         """The router a request from `site` reaches: its site's, with routers per site; else the central one."""
         return self.lcs.get(site, self.lc)

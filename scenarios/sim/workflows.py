@@ -54,6 +54,7 @@ class WorkflowDriver(SimState):
                 st.model, a.priority, job.deadline_at - job.t0, a.site, batch, f"{job.index}.{run.name}",
                 stage_deadline_ms=run.latest_at - job.t0, input_node=input_node,
                 input_bytes=sum(produced.values()), next_models=run.next_models, next_bytes=run.next_bytes,
+                tenant=self.tenant_of(self.router_of(a.site), a),
             )  # fmt: skip
             lc = self.router_of(a.site)
             life = lc.begin(route, self.policy_of(a.site), self.now, job.deadline_at)
@@ -101,6 +102,8 @@ class WorkflowDriver(SimState):
 
     def _finish_workflow(self, job: SimWorkflow, status: int, reason: str, at_ms: float) -> None:
         self._open -= 1
+        a = job.arrival
+        self.tenant_done(self.router_of(a.site), a, status, at_ms - job.t0, job.deadline_at - job.t0, job.exec_ms)
         nodes = ",".join(sorted(set(job.nodes.values()))) or "none"
         self.results[job.index] = Result(
             job.arrival, status, at_ms - job.t0, nodes if status == 200 else "none", reason, job.exec_ms,

@@ -78,7 +78,7 @@ class Fault(_Strict):
 
 
 # router settings swapped live between runs (PUT /admin/reroute, PUT /admin/cascades)
-RUN_ROUTER_KEYS = frozenset({"reroute", "cascade_mode", "canary", "model_canaries"})
+RUN_ROUTER_KEYS = frozenset({"reroute", "cascade_mode", "canary", "model_canaries", "tenants"})
 
 
 class PolicyRun(_Strict):
@@ -225,6 +225,9 @@ class Scenario(_Strict):
         if len(set(names)) != len(names):
             raise ValueError("policy run names must be unique")
         for p in self.policies:
+            if "tenants" in p.router and "tenants" not in self.router:
+                # (a live router keeps its tenants from run to run: each run must name its own)
+                raise ValueError(f"policies '{p.name}': router.tenants needs the scenario's own router.tenants")
             try:
                 build_policy(p.policy)
             except PolicyConfigError as exc:

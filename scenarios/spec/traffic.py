@@ -10,6 +10,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from telemetry.oip.wire import TENANT_NAME
+
 
 class Strict(BaseModel):
     """A section of the scenario file: unknown keys are mistakes, values are read once."""
@@ -23,9 +25,11 @@ class SiteLoad(Strict):
 
     Arrival processes: `poisson` at `rate_rps`; `bursty`, on-off: `rate_rps` for `on_s`, then
     `off_rate_rps` for `off_s`, repeating; `diurnal`: a sinusoid between `min_rate_rps` and `rate_rps`
-    with period `period_s` (starting at the minimum); `trace`: rows of `at_s,model,priority,deadline_ms`
-    from the CSV file `trace` (relative to the scenario file). `start_s`/`stop_s` bound the site's
-    traffic within the run.
+    with period `period_s` (starting at the minimum); `trace`: rows of
+    `at_s,model,priority,deadline_ms[,tenant]` from the CSV file `trace` (relative to the scenario
+    file). `start_s`/`stop_s` bound the site's traffic within the run. `tenant`: whose traffic it is (the
+    router's `tenants`; sent as the tenant's header), for every request of this stream that its trace
+    does not give one.
     """
 
     site: str
@@ -43,6 +47,14 @@ class SiteLoad(Strict):
     models: dict[str, float] = Field(min_length=1, description="model -> share of this site's requests")
     priorities: dict[int, float] = Field(default_factory=lambda: {0: 1.0})
     deadline_ms: dict[int, float] = Field(default_factory=dict, description="per priority class")
+    tenant: str | None = Field(None, description="whose traffic (router.tenants), sent as the tenant header")
+
+    @field_validator("tenant")
+    @classmethod
+    def _tenant(cls, v: str | None) -> str | None:
+        if v is not None and not TENANT_NAME.match(v):
+            raise ValueError(f"'{v[:60]}' is not a tenant name (letters, digits, '.', '_', ':', '-'; 64 at most)")
+        return v
 
     @field_validator("models", "priorities")
     @classmethod

@@ -15,7 +15,7 @@ from pathlib import Path
 from scenarios.spec.schema import ScenarioError
 from scenarios.spec.traffic import SiteLoad, Workload
 from telemetry.cluster.schema import NAME_PATTERN
-from telemetry.oip.wire import MAX_PRIORITY
+from telemetry.oip.wire import MAX_PRIORITY, tenant_hint
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,6 +26,7 @@ class Arrival:
     priority: int
     deadline_ms: float
     source: int = 0  # which of the workload's sites (its index in `sites`) drew it
+    tenant: str = ""  # whose traffic (the router's tenants); "" none
 
 
 @dataclass(slots=True)
@@ -127,16 +128,19 @@ class _BadRow(ValueError):
     """A trace row's mistake (read_trace names the file and line)."""
 
 
-def _trace_row(row: list[str], site: SiteLoad, default_deadline_ms: float) -> tuple[float, str, int, float]:
-    """One trace row's (at_s, model, priority, deadline_ms), or _BadRow: what the router would refuse
-    (400) or no schedule can place is the trace's mistake."""
+def _trace_row(row: list[str], site: SiteLoad, default_deadline_ms: float) -> tuple[float, str, int, float, str]:
+    """One trace row's (at_s, model, priority, deadline_ms, tenant), or _BadRow: what the router would
+    refuse (400) or no schedule can place is the trace's mistake."""
     try:
         at = float(row[0])
         model = row[1].strip()
         prio = int(row[2]) if len(row) > 2 and row[2].strip() else 0
         deadline = float(row[3]) if len(row) > 3 and row[3].strip() else site.deadline_ms.get(prio, default_deadline_ms)
     except (ValueError, IndexError):
-        raise _BadRow("expected at_s,model,priority,deadline_ms") from None
+        raise _BadRow("expected at_s,model,priority,deadline_ms[,tenant]") from None
+    tenant = row[4].strip() if len(row) > 4 and row[4].strip() else (site.tenant or "")
+    if tenant and not tenant_hint(tenant):
+        raise _BadRow(f"{tenant[:64]!r} is not a tenant name")
     if not MODEL_NAME.fullmatch(model):
         raise _BadRow(f"{model[:64]!r} is not a model name ({NAME_PATTERN})")
     if not math.isfinite(at):
@@ -145,7 +149,7 @@ def _trace_row(row: list[str], site: SiteLoad, default_deadline_ms: float) -> tu
         raise _BadRow(f"priority must be within -{MAX_PRIORITY:,} and {MAX_PRIORITY:,}")
     if not 0 < deadline < math.inf:
         raise _BadRow("deadline_ms must be a finite number above 0")
-    return at, model, prio, deadline
+    return at, model, prio, deadline, tenant
 
 
 def read_trace(
@@ -156,7 +160,8 @@ def read_trace(
     limit: int | None = None,
     source: int = 0,
 ) -> list[Arrival]:
-    """Rows `at_s,model,priority,deadline_ms` (header optional; priority and deadline may be blank),
+    """Rows `at_s,model,priority,deadline_ms[,tenant]` (header optional; priority, deadline and tenant may
+    be blank),
     in file order. With `limit`, only the `limit` earliest (by time, then file order) are kept while
     reading, so a trace longer than the run's `max_requests` costs no more memory than that."""
     kept: list[tuple[float, int, Arrival]] = []  # a max-heap on (at, line) when limited: (-at, -line, arrival)
@@ -167,12 +172,12 @@ def read_trace(
                 if not row or row[0].strip().startswith("#") or (lineno == 1 and row[0].strip() == "at_s"):
                     continue
                 try:
-                    at, model, prio, deadline = _trace_row(row, site, default_deadline_ms)
+                    at, model, prio, deadline, tenant = _trace_row(row, site, default_deadline_ms)
                 except _BadRow as exc:
                     raise ScenarioError(f"{path}:{lineno}: {exc}") from None
                 if not site.start_s <= at < min(horizon_s, site.stop_s or horizon_s):
                     continue
-                entry = (-at, -lineno, Arrival(at, site.site, model, prio, deadline, source))
+                entry = (-at, -lineno, Arrival(at, site.site, model, prio, deadline, source, tenant))
                 if limit is None:
                     kept.append(entry)
                 elif len(kept) < limit:
@@ -216,10 +221,11 @@ def build_schedule(
             continue
         models, model_w = list(site.models), list(site.models.values())
         prios, prio_w = list(site.priorities), list(site.priorities.values())
+        tenant = site.tenant or ""
         for t in arrival_times(site, horizon, rng, workload.max_requests):
             prio = rng.choices(prios, prio_w)[0]
             deadline = site.deadline_ms.get(prio, workload.default_deadline_ms)
-            out.append(Arrival(t, site.site, rng.choices(models, model_w)[0], prio, deadline, source))
+            out.append(Arrival(t, site.site, rng.choices(models, model_w)[0], prio, deadline, source, tenant))
         if len(out) > 2 * workload.max_requests:  # many sites: keep the earliest so far (same result)
             out = _earliest(out, workload.max_requests)
     for rep in workload.repeat:  # in order: a later repeat copies what an earlier one put in place

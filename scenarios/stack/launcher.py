@@ -365,6 +365,14 @@ class Stack:
         if status != 200:
             raise RuntimeError(f"router rejected reroute settings {cfg}: {body}")
 
+    def set_tenants(self, cfg: dict[str, Any]) -> None:
+        """The router's tenants (`PUT /admin/tenants`: weights, clients, quotas)."""
+        if self.routers > 1:
+            raise RuntimeError("with several routers, set tenants in the router config file")
+        status, body = http_json(f"{self.router_url}/admin/tenants", "PUT", cfg, headers=self.admin_headers)
+        if status != 200:
+            raise RuntimeError(f"router rejected tenants {cfg}: {body}")
+
     def set_cascade_mode(self, mode: str) -> None:
         """Every cascade's mode (`PUT /admin/cascades`): the cascade, or one of its halves."""
         status, body = http_json(f"{self.router_url}/admin/cascades", "PUT", {"mode": mode}, headers=self.admin_headers)

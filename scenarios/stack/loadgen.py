@@ -131,10 +131,12 @@ async def run_load(
     progress: Any = None,
     headers: dict[str, str] | None = None,
     lags_ms: list[float] | None = None,
+    tenant_header: str = wire.TENANT,
 ) -> list[Result]:
     """Send `schedule` open-loop; one Result per arrival, in schedule order. `router_url` is one router,
     or each site's own (an arrival goes to its site's router). `lags_ms` gets how late each request left
-    against its schedule (the load generator's own lag: scenarios.replay.trust).
+    against its schedule (the load generator's own lag: scenarios.replay.trust). An arrival of a tenant
+    names it in `tenant_header` (the router's `tenants.header`).
 
     The client runs with a server's garbage collector setting (telemetry.process.serving.tuned_gc): what it
     keeps grows with every request sent (results, tasks), and with Python's default setting a full
@@ -144,7 +146,7 @@ async def run_load(
     connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30)
     with tuned_gc():
         async with aiohttp.ClientSession(connector=connector, headers=headers) as session:
-            await _send_all(session, router_url, schedule, payloads, results, grace_s, progress, lags_ms)
+            await _send_all(session, router_url, schedule, payloads, results, grace_s, progress, lags_ms, tenant_header)
     return [r for r in results if r is not None]
 
 
@@ -157,6 +159,7 @@ async def _send_all(
     grace_s: float,
     progress: Any,
     lags_ms: list[float] | None = None,
+    tenant_header: str = wire.TENANT,
 ) -> None:
     """Each arrival's request at its time (as a task), its answer into `results[i]`."""
 
@@ -167,6 +170,8 @@ async def _send_all(
             wire.DEADLINE_MS: f"{a.deadline_ms:g}",
             wire.SITE: a.site,
         }
+        if a.tenant:
+            headers[tenant_header] = a.tenant
         chosen = payloads[a.model]
         payload = chosen[i % len(chosen)] if isinstance(chosen, list) else chosen
         if payload.header_length is not None:

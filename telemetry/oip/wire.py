@@ -7,6 +7,7 @@ package every other one may import; docs/architecture.md gives the dependency ru
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -56,6 +57,10 @@ DEADLINE_MS = "x-edgeroute-deadline-ms"
 SITE = "x-edgeroute-site"
 REQUEST_ID = "x-edgeroute-request-id"  # router -> node: an attempt's id (cancels name it)
 MAX_ANSWER = "x-edgeroute-max-answer-bytes"  # router -> node: the largest answer the router will carry
+# whose traffic a request is: a client names its tenant only where auth is off (router.lifecycle.tenants);
+# router -> node: the tenant the router resolved, and its weight, for the node's fair share
+TENANT = "x-edgeroute-tenant"
+TENANT_WEIGHT = "x-edgeroute-tenant-weight"
 
 # answer details (node -> router -> client)
 NODE = "x-edgeroute-node"
@@ -94,6 +99,30 @@ def number_hint(value: Any, key: str) -> float | None:
     if out != out or out in (float("inf"), float("-inf")):
         raise BadHint(f"'{key}' must be finite")
     return out
+
+
+TENANT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$")  # a tenant's name: 64 characters at most
+MIN_WEIGHT, MAX_WEIGHT = 0.001, 1000.0
+
+
+def tenant_hint(value: Any) -> str | None:
+    """A tenant's name as a request or a router gives it: letters, digits and '.', '_', ':' or '-', 64
+    characters at most; None if absent or not one (a name that is not one is no tenant's)."""
+    if not isinstance(value, str) or not TENANT_NAME.match(value):
+        return None
+    return value
+
+
+def weight_hint(value: Any) -> float:
+    """A tenant's weight as a router tells its nodes: a number within [MIN_WEIGHT, MAX_WEIGHT], 1.0 when
+    absent or not a number (a node never trusts a weight outside the bounds)."""
+    try:
+        weight = float(value) if value is not None else 1.0
+    except (TypeError, ValueError, OverflowError):
+        return 1.0
+    if weight != weight:
+        return 1.0
+    return min(MAX_WEIGHT, max(MIN_WEIGHT, weight))
 
 
 def priority_hint(value: Any) -> int | None:
