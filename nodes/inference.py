@@ -31,6 +31,7 @@ from telemetry.process import tracing
 log = logging.getLogger("edgeroute.node")
 
 T = TypeVar("T")
+TENANTS_SEEN = 256  # tenant names a node counts requests under (GET /admin/stats), then "(other)"
 
 
 @dataclass(frozen=True)
@@ -182,6 +183,9 @@ async def _run(
         if budget_ms <= 0:
             return answered(Done(504, "deadline passed while the node read the request", cold_ms=cold_ms))
     rid = request_id if request_id is not None else req.id
+    if decoded.tenant:
+        seen = rt.tenant_requests
+        seen[decoded.tenant if decoded.tenant in seen or len(seen) < TENANTS_SEEN else "(other)"] += 1
     tenant = (decoded.tenant, decoded.weight)
     outcome = rt.engine.decide_now(model.name, req, decoded.priority, budget_ms, rid, tenant)
     if outcome is None:

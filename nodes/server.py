@@ -299,6 +299,11 @@ async def stats(request: web.Request) -> web.Response:
         "scheduler": engine.scheduler.mode,
         "device": rt.device_now().summary(),
         "model_devices": {name: m.device for name, m in rt.models.items()},  # where each session really runs
+        # the tenants the router named (its fair share here, nodes.fairshare): requests seen, queued now
+        "tenants": {
+            "requests": dict(rt.tenant_requests),
+            "queued": dict(engine.scheduler.fair.tenants) if engine.scheduler.fair is not None else {},
+        },
     }
     if request.query.get("samples") == "1":
         body["wakeup_samples_ms"] = [round(v, 4) for v in engine.wakeup_recent]

@@ -7,6 +7,7 @@ import asyncio
 import functools
 import logging
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -54,6 +55,8 @@ class NodeRuntime:
     loads: int = 0  # models loaded on demand (after start-up)
     model_requests: int = 0  # inference requests for a model this node serves
     cold_requests: int = 0  # ... of which found it not resident (waited for a load, or failed to)
+    # requests per tenant the router named (the first TENANTS_SEEN names; the rest as "(other)")
+    tenant_requests: Counter[str] = field(default_factory=Counter)
     evictions: int = 0
     load_ms_total: float = 0.0
     load_ms: dict[str, float] = field(default_factory=dict)  # last measured load time per model

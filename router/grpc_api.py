@@ -141,6 +141,7 @@ class RouterService:
         model, version = request.model_name, request.model_version or None
         refused = director.admit(router, verdict.client, model)
         if refused is not None:
+            context.set_trailing_metadata((("retry-after", refused.headers.get("Retry-After", "1")),))
             return refused.status, refused.reason, None
         try:
             body, head, _ = await http_body(request, router.config.max_body_bytes)
@@ -163,6 +164,9 @@ class RouterService:
         call = director.InferCall(model, version, body, hints, verdict.client, arrived, transport_ms, "grpc")
         outcome = await director.infer(router, call)
         if outcome.status != 200:
+            retry_after = outcome.headers.get("Retry-After")
+            if retry_after is not None:  # (a refusal says when to come back, as HTTP's Retry-After does)
+                context.set_trailing_metadata((("retry-after", retry_after),))
             return outcome.status, outcome.reason or error_text(outcome.body), None
         try:
             return 200, "", response_from_body(outcome.body, outcome.headers.get(wire.HEADER_LENGTH))

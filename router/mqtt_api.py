@@ -366,6 +366,8 @@ class MqttDoor(BrokerLink):
             pairs += [("node", outcome.node), ("attempts", str(outcome.attempts))]
         if wire.HEADER_LENGTH in headers:
             pairs.append((HEADER_LENGTH, headers[wire.HEADER_LENGTH]))
+        if "Retry-After" in headers:  # (a refusal says when to come back, as HTTP's does)
+            pairs.append(("retry_after", headers["Retry-After"]))
         props.UserProperty = pairs
         if budget is not None:  # an answer past its request's deadline is of use to nobody
             left_s = (budget - (self.router.clock() - arrived)) / 1000.0

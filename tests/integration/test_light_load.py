@@ -53,3 +53,41 @@ def test_no_preset_refuses_anything_at_light_load(broker: EmbeddedBroker, tmp_pa
             assert set(statuses) == {200}, f"{preset} answered {dict(statuses)} at light load"
     finally:
         stack.stop()
+
+
+def test_tenants_refuse_nothing_at_light_load(broker: EmbeddedBroker, tmp_path: Path) -> None:
+    """The same check with tenants configured (three of them, one with quotas well above what it sends):
+    the fair share and the quotas cost nothing below capacity."""
+    scenario = load_scenario(ROOT / "scenarios" / "quickstart.yaml")
+    stack = Stack(scenario, kafka=broker.bootstrap, log_dir=tmp_path, topic="edgeroute.telemetry.light-tenants")
+    try:
+        stack.start()
+        stack.set_tenants(
+            {
+                "named": {
+                    "north": {"weight": 1},
+                    "south": {"weight": 2},
+                    "east": {"quota": {"rps": 100_000, "in_flight": 1000, "gpu_s_per_s": 1000}},
+                }
+            }
+        )
+        payload = asyncio.run(fetch_payloads(stack.router_url, {"sensor_mlp"}, 1, stack.client_headers))["sensor_mlp"]
+        url = f"{stack.router_url}/v2/models/sensor_mlp/infer"
+        seen: dict[str, Counter[int]] = {}
+        for preset in ("p2c", "slo_priority", "edge_first", "least_latency"):
+            stack.set_policy({"preset": preset})
+            statuses: Counter[int] = Counter()
+            for tenant in ("north", "south", "east"):
+                headers = {**stack.client_headers, "x-edgeroute-tenant": tenant}
+                statuses += asyncio.run(closed_loop(url, payload.body, headers))
+            seen[preset] = statuses
+        for preset, statuses in seen.items():
+            assert sum(statuses.values()) > 100, (preset, statuses)
+            assert set(statuses) == {200}, f"{preset} with tenants answered {dict(statuses)} at light load"
+        from scenarios.stack.procs import http_json
+
+        view = http_json(f"{stack.router_url}/admin/tenants", headers=stack.admin_headers)[1]
+        admitted = {name: t["admitted"] for name, t in view["tenants"].items()}
+        assert sum(admitted.values()) >= sum(sum(s.values()) for s in seen.values()), admitted
+    finally:
+        stack.stop()

@@ -87,6 +87,16 @@ def test_status_page_in_headless_chromium(own_stack: Any, tmp_path: Path) -> Non
     assert "candidate {" in dom and "round_robin" in dom and "by request" in dom, dom[-3000:]
     assert 'id="canary-chart"' in dom and 'style="display: block;' in dom.split('id="canary-chart"')[1][:200]
     assert "<td>start</td>" in dom and '<table id="policy-state">' in dom
+    assert '<p id="tenants-off" class="muted">no tenants configured</p>' in dom
+
+    # tenants turned on live: each one's row, with what it was admitted and refused
+    tenants = {"named": {"cams": {"clients": ["cams"], "quota": {"rps": 2, "burst": 2}}}}
+    assert call(f"{url}/admin/tenants", json.dumps(tenants).encode(), "PUT", headers=admin)[0] == 200
+    statuses = [call(f"{url}/v2/models/sensor_mlp/infer", infer_body(), headers=headers)[0] for _ in range(6)]
+    assert statuses.count(429) >= 3, statuses
+    dom = chromium(tmp_path / "p4", "--dump-dom", f"{url}/#token={ADMIN}").stdout
+    row = dom[dom.index('data-tenant="cams"') :].split("</tr>")[0]
+    assert "quota_rps" in row and "rps 2" in row, row
 
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     shot = SCREENSHOTS / "status_page.png"
