@@ -197,17 +197,35 @@ async def _infer(router: Router, call: InferCall, trail: Trail) -> Outcome:
         out = Outcome.error(429, over.reason)
         out.headers["Retry-After"] = str(over.retry_after_s)
         return out
-    outcome = Outcome.error(500, "the request ended before its answer")  # (what a cancellation leaves)
+    outcome: Outcome | None = None
     try:
         outcome = await _admitted(router, call, trail, doc, taken)
-    finally:
-        headers = outcome.headers
-        rows = max(1, int(_float(headers.get(wire.BATCH_ROWS)) or 1))
-        exec_ms = (_float(headers.get(wire.EXEC_MS)) or 0.0) * taken.batch / rows
-        waited = (_float(headers.get(wire.QUEUE_MS)) or 0.0) + (_float(headers.get(wire.HELD_MS)) or 0.0)
-        latency = router.clock() - arrived
-        tenants.done(tenant, outcome.status, latency, trail.budget_ms, exec_ms, waited)
+    finally:  # (a request cancelled on the way, its client gone, still leaves its tenant's flight)
+        if outcome is None:
+            tenants.done(tenant, 499, router.clock() - arrived, trail.budget_ms)
+        else:
+            _tenant_done(router, tenant, outcome, taken.batch, arrived, trail.budget_ms)
     return outcome
+
+
+def _tenant_done(
+    router: Router, tenant: str, outcome: Outcome, rows: int, arrived: float, budget: float | None
+) -> None:
+    """An admitted request's answer, for its tenant: its share of the batch's execution, its wait."""
+    exec_ms = waited = 0.0
+    if outcome.status == 200:
+        get = outcome.headers.get
+        try:  # (a node's figures: a malformed one counts as none)
+            exec_ms = float(get(wire.EXEC_MS) or 0.0)
+            batch_rows = int(get(wire.BATCH_ROWS) or rows)
+            if batch_rows != rows and batch_rows > 0:  # its share of the batch
+                exec_ms *= rows / batch_rows
+            waited = float(get(wire.QUEUE_MS) or 0.0) + float(get(wire.HELD_MS) or 0.0)
+        except ValueError:
+            exec_ms = waited = 0.0
+        if not (exec_ms >= 0.0 and waited >= 0.0 and exec_ms < 1e9 and waited < 1e9):  # (NaN, negative, huge)
+            exec_ms = waited = 0.0
+    router.lifecycle.tenants.done(tenant, outcome.status, router.clock() - arrived, budget, exec_ms, waited)
 
 
 async def _admitted(
@@ -361,8 +379,9 @@ def _request_id(doc: Mapping[str, Any]) -> str:
 
 
 def _tenant_headers(router: Router, tenant: str) -> dict[str, str]:
-    """What a node is told of a request's tenant (nodes.fairshare)."""
-    return {wire.TENANT: tenant, wire.TENANT_WEIGHT: f"{router.lifecycle.tenants.weight(tenant):g}"}
+    """What a node is told of a request's tenant (nodes.fairshare): its name and weight."""
+    st = router.lifecycle.tenants.states.get(tenant)
+    return {} if st is None else st.node_headers
 
 
 def _known_site(router: Router, site: str) -> bool:

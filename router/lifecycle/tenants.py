@@ -50,7 +50,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from telemetry.oip.wire import MAX_WEIGHT, MIN_WEIGHT, TENANT, TENANT_NAME
+from telemetry.oip.wire import MAX_WEIGHT, MIN_WEIGHT, TENANT, TENANT_NAME, TENANT_WEIGHT
 
 MAX_TENANTS = 1000  # configured tenants at most
 MAX_LABELS = 1024  # distinct tenant labels a process puts on metrics, over every config it is given
@@ -168,6 +168,7 @@ class TenantState:
     weight: float
     quota: TenantQuota | None
     label: str
+    node_headers: dict[str, str] = field(default_factory=dict)  # what nodes are told (wire.TENANT, weight)
     tokens: float = 0.0
     tokens_at: float | None = None
     gpu_ms: float = 0.0
@@ -198,6 +199,7 @@ class TenantTable:
         self._over: frozenset[str] = frozenset()
         self._over_at = -math.inf
         self.unknown_hints = 0  # hints that named no configured tenant (folded into the default)
+        self._default = "default"
         if cfg is not None:
             self.configure(cfg)
 
@@ -207,16 +209,18 @@ class TenantTable:
         """Swap the tenants in (a live change): tenants still configured keep their buckets, counts and
         requests in flight; removed ones are forgotten (their requests in flight end uncounted)."""
         self.cfg, self.enabled = cfg, True
+        self._default = cfg.default
         specs = dict(cfg.named)
         specs.setdefault(cfg.default, TenantSpec())
         states: dict[str, TenantState] = {}
         for name, spec in specs.items():
             old = self.states.get(name)
             if old is None:
-                states[name] = TenantState(name, spec.weight, spec.quota, self._label(name))
+                old = TenantState(name, spec.weight, spec.quota, self._label(name))
             else:
                 old.weight, old.quota = spec.weight, spec.quota
-                states[name] = old
+            old.node_headers = {TENANT: name, TENANT_WEIGHT: f"{spec.weight:g}"}
+            states[name] = old
         self.states = states
         self._exact = {c: name for name, spec in cfg.named.items() for c in spec.clients if not _is_pattern(c)}
         self._patterns = [(c, name) for name, spec in cfg.named.items() for c in spec.clients if _is_pattern(c)]
@@ -236,8 +240,6 @@ class TenantTable:
     def of(self, client: str, hint: str | None, authenticated: bool, subject: str | None = None) -> str:
         """The request's tenant (module docstring): the certificate's, the authenticated client's, the
         hint's with auth off, else the default."""
-        cfg = self.cfg
-        assert cfg is not None, "tenants are off"
         if subject is not None and subject in self.states:
             return subject
         if authenticated:
@@ -246,7 +248,7 @@ class TenantTable:
             if hint in self.states:
                 return hint
             self.unknown_hints += 1
-        return cfg.default
+        return self._default
 
     def _of_client(self, client: str) -> str:
         found = self._clients.get(client)

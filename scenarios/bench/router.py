@@ -232,6 +232,18 @@ def _null_receiver() -> _NullReceiver:
     return _NullReceiver()
 
 
+# a router's tenants for `bench_router(tenants=True)`: three tenants, the requests (no tenant named)
+# the default's, under quotas of every kind too high to refuse any of them
+BENCH_TENANTS = {
+    "default": "public",
+    "named": {
+        "public": {"quota": {"rps": 1_000_000, "in_flight": 100_000, "gpu_s_per_s": 100_000}},
+        "acme": {"weight": 2},
+        "beta": {},
+    },
+}
+
+
 def bench_router(
     out_dir: Path,
     requests: int = 2000,
@@ -241,6 +253,7 @@ def bench_router(
     baseline: Path | None = None,
     tracing: tuple[float, ...] = (),
     capture: bool = False,
+    tenants: bool = False,
 ) -> dict[str, Any]:
     """The router against the floor, in one run on one machine: a bare aiohttp echo server, the
     edgeroute node (echo model) called directly, a bare aiohttp proxy in front of that node, and the
@@ -251,7 +264,9 @@ def bench_router(
     a router of this checkout per ratio with tracing on, exporting over OTLP to a receiver in this
     process that keeps nothing: the router's cost of its spans, beside the same router without. With
     `capture`, the same two routers of this checkout beside each other, capture off and on (every
-    request recorded to disk): capture's cost, and its bytes per request."""
+    request recorded to disk): capture's cost, and its bytes per request. With `tenants`, a router of
+    this checkout with tenants on (its requests the default tenant's, under quotas of every kind set
+    too high to refuse, so every check runs) beside the plain one: the tenants' cost per request."""
     scenario = Scenario.model_validate(
         {
             "name": "bench-router",
@@ -309,10 +324,13 @@ def bench_router(
                     floors.append(proc)
                     targets[f"router_traced_{ratio:g}"] = (traced_url + path, proc.pid, "json")
             capture_dir = stack.log_dir / "capture"
-            if capture:  # (both started alike, so only capture tells them apart)
+            variants: list[tuple[str, dict[str, Any]]] = [
+                *([("captured", {"capture": {"enabled": True, "dir": str(capture_dir)}})] if capture else []),
+                *([("tenanted", {"tenants": BENCH_TENANTS})] if tenants else []),
+            ]
+            if variants:  # (all started alike, so only the variant's setting tells them apart)
                 here = Path(__file__).resolve().parents[2]
-                on = {"capture": {"enabled": True, "dir": str(capture_dir)}}
-                for name, overrides in (("plain", {}), ("captured", on)):
+                for name, overrides in [("plain", {}), *variants]:
                     proc, url = _baseline_router(stack, here, overrides, name)
                     floors.append(proc)
                     targets[f"router_{name}"] = (url + path, proc.pid, "json")
@@ -375,11 +393,11 @@ def bench_router(
                     t["server_cpu_us_per_request"] / fig["router"]["server_cpu_us_per_request"], 3
                 ),
             }
-        if capture:
-            plain, recorded = fig["router_plain"], fig["router_captured"]
-            summary[-1]["captured"] = {
-                "rps_vs_plain": round(recorded["rps"] / plain["rps"], 3),
-                "cpu_vs_plain": round(recorded["server_cpu_us_per_request"] / plain["server_cpu_us_per_request"], 3),
+        for name in [n for n, on in (("captured", capture), ("tenanted", tenants)) if on]:
+            plain, varied = fig["router_plain"], fig[f"router_{name}"]
+            summary[-1][name] = {
+                "rps_vs_plain": round(varied["rps"] / plain["rps"], 3),
+                "cpu_vs_plain": round(varied["server_cpu_us_per_request"] / plain["server_cpu_us_per_request"], 3),
             }
         if baseline is not None:
             base_added = fig["router_baseline"]["p50_ms"] - fig["node"]["p50_ms"]
@@ -429,6 +447,12 @@ def bench_router(
             lines.append(
                 f"    capture on: req/s {cap['rps_vs_plain']}x the same router without, CPU per request "
                 f"{cap['cpu_vs_plain']}x; {capture_bytes} bytes a request on disk (gzip'd)"
+            )
+        if "tenanted" in srow:
+            ten = srow["tenanted"]
+            lines.append(
+                f"    tenants on: req/s {ten['rps_vs_plain']}x the same router without, CPU per request "
+                f"{ten['cpu_vs_plain']}x"
             )
         if "router_vs_baseline_rps" in srow:
             lines.append(

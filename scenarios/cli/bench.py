@@ -96,6 +96,12 @@ def run_bench(args: argparse.Namespace) -> int:
         if not 1 <= args.seconds <= 3600 or not 1 <= args.rate_kb <= 100_000 or not 1 <= args.nodes <= 32:
             return arg.usage("bench telemetry-attack: --seconds 1-3600, --rate-kb 1-100000, --nodes 1-32")
         bench_telemetry_attack(out, args.seconds, args.rate_kb, args.nodes)
+    elif args.what == "quota":
+        from scenarios.bench.quota import bench_quota
+
+        if not 1 <= args.seconds <= 3600 or not 1 <= args.rps <= 1000:
+            return arg.usage("bench quota: --seconds 1-3600, --rps 1-1000")
+        bench_quota(out, args.rps, args.seconds, args.kafka)
     elif args.what == "triton":
         from scenarios.bench.triton import bench_triton
 
@@ -132,6 +138,7 @@ def run_bench(args: argparse.Namespace) -> int:
             baseline=baseline,
             tracing=ratios,
             capture=args.capture,
+            tenants=args.tenants,
         )
     return 0
 
@@ -160,6 +167,9 @@ def add_bench_parser(sub: Any) -> None:
     )
     b.add_argument(
         "--capture", action="store_true", help="also this router twice, capture off and on: capture's cost per request"
+    )
+    b.add_argument(
+        "--tenants", action="store_true", help="also this router with tenants on (quotas checked): their cost"
     )
     b = bsub.add_parser("routers", help="active-active routers, with and without shared load, at one offered rate")
     b.add_argument("--nodes", type=int, default=4, help="nodes (4)")
@@ -221,6 +231,13 @@ def add_bench_parser(sub: Any) -> None:
     b.add_argument("--seconds", type=float, default=60.0, help="how long the attack runs (60)")
     b.add_argument("--rate-kb", type=float, default=1000.0, help="hostile KB/s on the wire (1000)")
     b.add_argument("--nodes", type=int, default=3, help="nodes publishing real reports (3)")
+    b = bsub.add_parser(
+        "quota",
+        help="a tenant's request quota over HTTP, gRPC and MQTT in turn, each offered twice the quota",
+    )
+    b.add_argument("--rps", type=float, default=50.0, help="the tenant's quota, requests/s (50)")
+    b.add_argument("--seconds", type=float, default=60.0, help="seconds per door (60)")
+    b.add_argument("--kafka", help="bootstrap of a running broker (default: the embedded one)")
     for b in bsub.choices.values():
         b.add_argument("--out", default="reports/bench", help="folder for the JSON (reports/bench)")
         b.set_defaults(func=run_bench)

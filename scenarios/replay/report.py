@@ -62,8 +62,14 @@ def summarize(
     prios = sorted({r.arrival.priority for r in results})
     out["by_priority"] = {str(p): _summary([r for r in results if r.arrival.priority == p]) for p in prios}
     tenants = sorted({r.arrival.tenant for r in results})
-    if any(tenants):
-        out["by_tenant"] = {t or "(none)": _summary([r for r in results if r.arrival.tenant == t]) for t in tenants}
+    if any(tenants):  # each tenant's, and its classes apart where it has several (critical work among bulk)
+        out["by_tenant"] = {}
+        for t in tenants:
+            mine = [r for r in results if r.arrival.tenant == t]
+            entry = out["by_tenant"][t or "(none)"] = _summary(mine)
+            own = sorted({r.arrival.priority for r in mine})
+            if len(own) > 1:
+                entry["by_priority"] = {str(p): _summary([r for r in mine if r.arrival.priority == p]) for p in own}
         out["fairness"] = fairness(results, duration_s, tenant_weights)
     sites = sorted({r.arrival.site for r in results})
     if len(sites) > 1:

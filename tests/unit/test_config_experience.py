@@ -49,6 +49,7 @@ README_ROUTER = readme_block("## Configuring")
 README_NODE = readme_block("## Configuring", nth=1)
 README_SITE_ROUTER = readme_block("### A router per site")
 README_MQTT = readme_block("### The MQTT door")
+README_TENANTS = readme_block("### Tenants")
 
 
 def _load(kind: str, text: str, tmp_path: Path) -> object:
@@ -71,6 +72,7 @@ def _load(kind: str, text: str, tmp_path: Path) -> object:
         ("node", README_NODE),
         ("router", README_SITE_ROUTER),
         ("router", README_MQTT),
+        ("router", README_TENANTS),
     ],
 )
 def test_readme_examples_are_valid(kind: str, doc: str, tmp_path: Path) -> None:

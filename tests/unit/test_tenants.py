@@ -308,3 +308,37 @@ def test_fairness_compares_each_tenants_goodput_with_its_fair_share() -> None:
     fair = fairness(rows, 1.0)
     assert fair["tenants"]["quiet"]["of_fair"] == 1.0 and fair["tenants"]["noisy"]["of_fair"] == 1.0
     assert fair["wants_more"] == ["noisy"] and fair["jain_over_share"] is None and fair["jain"] == 1.0
+
+
+# --- the simulator: the same rules on virtual time ------------------------------------------------
+
+
+def _two_floods(tenants: dict | None) -> dict:
+    from scenarios.replay.run import replay_sim
+    from scenarios.spec.schema import Scenario
+
+    def stream(tenant: str, rate: float) -> dict:
+        return {"site": "s", "tenant": tenant, "rate_rps": rate, "models": {"mobilenet_s": 1.0},
+                "priorities": {0: 1.0}, "deadline_ms": {0: 250}}  # fmt: skip
+
+    node = {"partition": "s", "slots": 1, "speed": 0.01, "models": ["mobilenet_s"]}
+    doc = {
+        "name": "two-floods",
+        "seed": 3,
+        "topology": {"partitions": ["s"], "nodes": [{"id": "b1", **node}, {"id": "b2", **node}]},
+        "router": {} if tenants is None else {"tenants": tenants},
+        "workload": {"duration_s": 12, "warmup_s": 2, "sites": [stream("a", 300), stream("b", 300), stream("c", 15)]},
+        "policies": ["p2c"],
+    }
+    s = Scenario.model_validate(doc)
+    return replay_sim(s, list(s.policies))["policies"]["p2c"]
+
+
+def test_two_flooding_tenants_split_what_is_left_by_weight_and_a_quiet_one_keeps_its_answers() -> None:
+    fair = _two_floods({"named": {"a": {"weight": 2}, "b": {"weight": 1}, "c": {}}})
+    by = fair["fairness"]["tenants"]
+    assert by["a"]["goodput_rps"] / by["b"]["goodput_rps"] == pytest.approx(2.0, rel=0.1), by
+    assert fair["fairness"]["wants_more"] == ["a", "b"] and fair["fairness"]["jain_over_share"] >= 0.95
+    assert fair["by_tenant"]["c"]["slo_attainment"] >= 0.99
+    plain = _two_floods(None)
+    assert plain["by_tenant"]["c"]["slo_attainment"] < 0.8, "without tenants the quiet one is refused with the rest"
