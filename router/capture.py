@@ -293,6 +293,7 @@ REQUEST_FIELDS = (
     "queue_ms",
     "exec_ms",
     "arm",
+    "tenant",
 )
 
 

@@ -64,6 +64,7 @@ async def capture_ctx(app: web.Application) -> AsyncIterator[None]:
             "policy": router.policies.current.name,
             "spec": spec.model_dump(exclude_none=True) if hasattr(spec, "model_dump") else None,
             "site": router.config.site,
+            "tenants": router.lifecycle.tenants.cfg.model_dump() if router.lifecycle.tenants.cfg else None,
             "version": __version__,
             "t": router.clock(),
         }

@@ -126,6 +126,7 @@ async def infer(router: Router, call: InferCall) -> Outcome:
             _float(headers.get(wire.QUEUE_MS)),
             _float(headers.get(wire.EXEC_MS)),
             trail.arm,
+            trail.tenant or None,
         )
     return outcome
 

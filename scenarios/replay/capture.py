@@ -5,8 +5,9 @@ into a scenario folder that `edgeroute replay DIR` runs with no editing:
                            measured against this machine's profile), the links as observed latencies,
                            the router's policy as it was; the workload is the captured arrivals
     DIR/traces/<site>.csv  each site's arrivals, `at_s,model,priority,deadline_ms` (today's trace
-                           format; the columns after it, what the router recorded, are read by nothing
-                           but people: site, door, client, status, latency_ms, node, attempts)
+                           format), then what the router recorded (status, latency_ms, node: read by
+                           nothing but people) and each arrival's `tenant` (where tenants were on;
+                           a replay sends it as the tenant's header)
     DIR/recorded.json      what the capture recorded, summarised as a replay summarises a run
                            (scenarios.replay.report.summarize): a replay puts it beside every run
 
@@ -32,13 +33,16 @@ from typing import Any
 
 import orjson
 import yaml
+from pydantic import ValidationError
 
+from router.lifecycle.tenants import TenantsConfig
 from scenarios.replay.report import summarize
 from scenarios.spec.workload import Arrival, Result
 from scenarios.stack.nodeconfig import profile_baselines
 from telemetry.cluster.schema import NAME_PATTERN
 from telemetry.measure.quantiles import grid_101
-from telemetry.oip.wire import MAX_PRIORITY
+from telemetry.oip.wire import MAX_PRIORITY, tenant_hint
+from telemetry.process.settings import first_error
 
 MAX_LINE = 64 << 10  # a capture line's bytes at most (a request's is about 230)
 MAX_RECORDS = 10_000_000  # requests read from one capture at most
@@ -90,6 +94,9 @@ def _request(doc: dict[str, Any]) -> dict[str, Any]:
     node = doc.get("node", "none")
     if not isinstance(node, str) or len(node) > 256:
         raise ValueError("node must be text of at most 256 characters")
+    tenant = doc.get("tenant")
+    if tenant is not None and tenant_hint(tenant) is None:
+        raise ValueError("tenant is not a tenant's name")
     return {
         "t": _number(doc.get("t"), "t"),
         "door": door,
@@ -104,6 +111,7 @@ def _request(doc: dict[str, Any]) -> dict[str, Any]:
         "attempts": int(_number(doc.get("attempts", 0), "attempts") or 0),
         "queue_ms": _number(doc.get("queue_ms"), "queue_ms", optional=True),
         "exec_ms": _number(doc.get("exec_ms"), "exec_ms", optional=True),
+        "tenant": tenant or "",
     }
 
 
@@ -160,6 +168,12 @@ def read_lines(lines: Iterable[bytes], origin: str, into: Captured) -> Captured:
                     router_id = _name(doc.get("router"), "router")
                     assert router_id is not None
                     into.routers[router_id] = {k: doc.get(k) for k in ("policy", "spec", "site", "version", "t")}
+                    if doc.get("tenants") is not None:  # (checked as the router's own config is)
+                        try:
+                            tenants = TenantsConfig.model_validate(doc["tenants"])
+                        except ValidationError as exc:
+                            raise ValueError(first_error(exc, "tenants")) from None
+                        into.routers[router_id]["tenants"] = tenants.model_dump()
                 elif kind == "r":
                     if len(into.requests) >= MAX_RECORDS:
                         raise CaptureError(f"{origin}:{lineno}: more than {MAX_RECORDS:,} requests")
@@ -209,7 +223,9 @@ def results_of(c: Captured, since_ms: float, default_deadline_ms: float) -> list
     out = []
     for r in sorted((r for r in c.requests if r["t"] >= since_ms), key=lambda r: r["t"]):
         deadline = r["deadline_ms"] if r["deadline_ms"] is not None else default_deadline_ms
-        arrival = Arrival((r["t"] - since_ms) / 1000.0, r["site"] or "", r["model"], r["prio"], deadline)
+        arrival = Arrival(
+            (r["t"] - since_ms) / 1000.0, r["site"] or "", r["model"], r["prio"], deadline, 0, r["tenant"]
+        )
         rows = Result(arrival, r["status"], r["ms"], r["node"] if r["status"] == 200 else "none")
         rows.exec_ms, rows.queue_ms = r["exec_ms"] or 0.0, r["queue_ms"] or 0.0
         out.append(rows)
@@ -283,11 +299,11 @@ def scenario_of(
     for site, rows in sorted(by_site.items()):
         buf = io.StringIO()
         out = csv.writer(buf, lineterminator="\n")
-        out.writerow(["at_s", "model", "priority", "deadline_ms", "status", "latency_ms", "node"])
+        out.writerow(["at_s", "model", "priority", "deadline_ms", "status", "latency_ms", "node", "tenant"])
         for res in rows:
             a = res.arrival
             at, deadline, ms = f"{a.at_s:.6f}", f"{a.deadline_ms:g}", f"{res.latency_ms:.3f}"
-            out.writerow([at, a.model, a.priority, deadline, res.status, ms, res.node])
+            out.writerow([at, a.model, a.priority, deadline, res.status, ms, res.node, a.tenant])
         traces[site] = buf.getvalue()
         mix = Counter(res.arrival.model for res in rows)
         load.append({"site": site, "arrival": "trace", "trace": f"traces/{site}.csv", "models": dict(mix)})
@@ -317,7 +333,10 @@ def scenario_of(
             "default_deadline_ms": default_deadline_ms,
             "sites": load,
         },
-        "router": {"site": header["site"]} if header.get("site") else {},
+        "router": {
+            **({"site": header["site"]} if header.get("site") else {}),
+            **({"tenants": header["tenants"]} if header.get("tenants") else {}),
+        },
         "recorded": "recorded.json",
         "policies": [{"name": "recorded", "policy": policy}],
     }
@@ -384,7 +403,7 @@ def write_folder(out: Path, doc: dict[str, Any], traces: dict[str, str], recorde
 def vs_recorded(recorded: dict[str, Any], run: dict[str, Any]) -> dict[str, Any]:
     """How a replayed run stands against what the capture recorded: SLO attainment in points, p50 and
     p99 as ratios, and the largest difference in any node's share of the answers, in points; the same
-    (but the shares) for each site and each priority both hold (`by_site`, `by_priority`)."""
+    (but the shares) for each site, priority and tenant both hold (`by_site`, `by_priority`, `by_tenant`)."""
 
     def shares(summary: dict[str, Any]) -> dict[str, float]:
         by_node = summary.get("by_node") or {}
@@ -405,8 +424,8 @@ def vs_recorded(recorded: dict[str, Any], run: dict[str, Any]) -> dict[str, Any]
     out = against(recorded, run)
     del out["sent"]
     out["node_share_points"] = round(max((abs(got.get(n, 0) - rec.get(n, 0)) * 100 for n in nodes), default=0.0), 2)
-    # what changes for each site and each priority (the parts both hold)
-    for part in ("by_site", "by_priority"):
+    # what changes for each site, priority and tenant (the parts both hold)
+    for part in ("by_site", "by_priority", "by_tenant"):
         mine, theirs = run.get(part) or {}, recorded.get(part) or {}
         both = {}
         for k in sorted(mine):

@@ -349,7 +349,7 @@ def format_recorded(report: dict[str, Any]) -> list[str]:
                 f"  {name} vs recorded: SLO {v['slo_points']:+.1f} points, {ratio}, "
                 f"node shares within {v['node_share_points']:.1f} points"
             )
-            for part, label in (("by_site", "site"), ("by_priority", "priority")):
+            for part, label in (("by_site", "site"), ("by_priority", "priority"), ("by_tenant", "tenant")):
                 cells = [
                     f"{key} {d['slo_points']:+.1f}"
                     + (f" p99 x{d['p99_ratio']:.2f}" if d["p99_ratio"] is not None else "")

@@ -25,9 +25,9 @@ class SiteLoad(Strict):
 
     Arrival processes: `poisson` at `rate_rps`; `bursty`, on-off: `rate_rps` for `on_s`, then
     `off_rate_rps` for `off_s`, repeating; `diurnal`: a sinusoid between `min_rate_rps` and `rate_rps`
-    with period `period_s` (starting at the minimum); `trace`: rows of
-    `at_s,model,priority,deadline_ms[,tenant]` from the CSV file `trace` (relative to the scenario
-    file). `start_s`/`stop_s` bound the site's traffic within the run. `tenant`: whose traffic it is (the
+    with period `period_s` (starting at the minimum); `trace`: rows of `at_s,model,priority,deadline_ms`
+    from the CSV file `trace` (relative to the scenario file; a header may add columns, `tenant` among
+    them). `start_s`/`stop_s` bound the site's traffic within the run. `tenant`: whose traffic it is (the
     router's `tenants`; sent as the tenant's header), for every request of this stream that its trace
     does not give one.
     """

@@ -128,17 +128,24 @@ class _BadRow(ValueError):
     """A trace row's mistake (read_trace names the file and line)."""
 
 
-def _trace_row(row: list[str], site: SiteLoad, default_deadline_ms: float) -> tuple[float, str, int, float, str]:
+TENANT_COLUMN = "tenant"  # a trace's optional column (named in its header) of each arrival's tenant
+
+
+def _trace_row(
+    row: list[str], site: SiteLoad, default_deadline_ms: float, tenant_at: int | None = None
+) -> tuple[float, str, int, float, str]:
     """One trace row's (at_s, model, priority, deadline_ms, tenant), or _BadRow: what the router would
-    refuse (400) or no schedule can place is the trace's mistake."""
+    refuse (400) or no schedule can place is the trace's mistake. `tenant_at`: the column a header named
+    `tenant`, if any (else the stream's own tenant)."""
     try:
         at = float(row[0])
         model = row[1].strip()
         prio = int(row[2]) if len(row) > 2 and row[2].strip() else 0
         deadline = float(row[3]) if len(row) > 3 and row[3].strip() else site.deadline_ms.get(prio, default_deadline_ms)
     except (ValueError, IndexError):
-        raise _BadRow("expected at_s,model,priority,deadline_ms[,tenant]") from None
-    tenant = row[4].strip() if len(row) > 4 and row[4].strip() else (site.tenant or "")
+        raise _BadRow("expected at_s,model,priority,deadline_ms") from None
+    given = row[tenant_at].strip() if tenant_at is not None and len(row) > tenant_at else ""
+    tenant = given or (site.tenant or "")
     if tenant and not tenant_hint(tenant):
         raise _BadRow(f"{tenant[:64]!r} is not a tenant name")
     if not MODEL_NAME.fullmatch(model):
@@ -160,19 +167,24 @@ def read_trace(
     limit: int | None = None,
     source: int = 0,
 ) -> list[Arrival]:
-    """Rows `at_s,model,priority,deadline_ms[,tenant]` (header optional; priority, deadline and tenant may
-    be blank),
+    """Rows `at_s,model,priority,deadline_ms` (header optional; priority and deadline may be blank; a
+    header may name more columns, among them `tenant`),
     in file order. With `limit`, only the `limit` earliest (by time, then file order) are kept while
     reading, so a trace longer than the run's `max_requests` costs no more memory than that."""
     kept: list[tuple[float, int, Arrival]] = []  # a max-heap on (at, line) when limited: (-at, -line, arrival)
+    tenant_at: int | None = None
     lineno = 0
     try:
         with path.open(newline="", encoding="utf-8-sig") as fh:  # (a spreadsheet's byte-order mark is not data)
             for lineno, row in enumerate(csv.reader(fh), 1):
-                if not row or row[0].strip().startswith("#") or (lineno == 1 and row[0].strip() == "at_s"):
+                if not row or row[0].strip().startswith("#"):
+                    continue
+                if lineno == 1 and row[0].strip() == "at_s":  # a header: the tenant's column, if it names one
+                    names = [c.strip() for c in row]
+                    tenant_at = names.index(TENANT_COLUMN) if TENANT_COLUMN in names else None
                     continue
                 try:
-                    at, model, prio, deadline, tenant = _trace_row(row, site, default_deadline_ms)
+                    at, model, prio, deadline, tenant = _trace_row(row, site, default_deadline_ms, tenant_at)
                 except _BadRow as exc:
                     raise ScenarioError(f"{path}:{lineno}: {exc}") from None
                 if not site.start_s <= at < min(horizon_s, site.stop_s or horizon_s):

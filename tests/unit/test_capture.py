@@ -34,7 +34,7 @@ def _header() -> dict[str, Any]:
 
 
 def _req(t: float, node: str = "n1", model: str = "sensor_mlp", ms: float = 3.0, status: int = 200) -> tuple[Any, ...]:
-    return ("r", t, "http", "edge-a", "app", model, None, 0, 100.0, 300, status, ms, node, 1, 0.2, 0.5, None)
+    return ("r", t, "http", "edge-a", "app", model, None, 0, 100.0, 300, status, ms, node, 1, 0.2, 0.5, None, None)
 
 
 def test_records_go_to_the_ring_and_to_rotating_segments_within_the_budget(tmp_path: Path) -> None:
@@ -96,6 +96,8 @@ def _lines(*docs: dict[str, Any]) -> list[bytes]:
         (_lines(_header(), {"k": "weird"}), ":2: unknown record kind"),
         (_lines(_header()) + [b"{" + b'"x": 1,' * 20_000 + b'"y": 2}\n'], ":2: a line over"),
         (_lines(_header(), {"k": "node", "id": "n1", "t": 1.0, "site": "a", "models": {"m": "fast"}}), "[ewma ms"),
+        (_lines(_header(), {"k": "r", "t": 1.0, "model": "m", "status": 200, "ms": 1, "tenant": "a b"}), ":2: tenant"),
+        (_lines({**_header(), "tenants": {"named": {"a": {"weight": -1}}}}), ":1: tenants.named.a.weight"),
     ],
 )
 def test_a_foreign_or_hostile_capture_is_refused_with_its_line(lines: list[bytes], where: str) -> None:
@@ -163,6 +165,28 @@ def test_a_capture_is_a_scenario_the_simulator_replays_beside_what_it_recorded(t
     assert {"slo_points", "p50_ratio", "p99_ratio", "node_share_points"} <= set(against)
     assert set(against["by_priority"]) == {"0"} and against["by_priority"]["0"]["sent"] == 3000
     assert os.path.isfile(tmp_path / "report" / "report.json")
+
+
+def test_a_capture_with_tenants_replays_each_tenant_under_the_tenants_it_had(tmp_path: Path) -> None:
+    tenants = {"default": "public", "named": {"acme": {"weight": 2}, "beta": {}}}
+    docs: list[dict[str, Any]] = [{**_header(), "tenants": tenants}]
+    docs.append({"k": "node", "t": 0.0, "id": "e1", "site": "edge-a", "tier": "edge", "slots": 1, "status": "ready",
+                 "models": {"sensor_mlp": [0.2, True]}})  # fmt: skip
+    for i in range(600):
+        fields = (*_req(1_000_000 + i * 10.0)[:-1], "acme" if i % 3 else "beta")
+        docs.append(dict(zip(REQUEST_FIELDS, fields, strict=True)))
+    doc, traces, recorded = scenario_of(read_lines(_lines(*docs), "cap", Captured()), "tenanted")
+    assert doc["router"]["tenants"]["named"]["acme"]["weight"] == 2
+    assert "tenant" in traces["edge-a"].splitlines()[0] and traces["edge-a"].count(",beta\n") == 200
+    assert set(recorded["by_tenant"]) == {"acme", "beta"}
+    folder = tmp_path / "tenanted"
+    write_folder(folder, doc, traces, recorded)
+    scenario = load_scenario(folder)
+    from scenarios.replay.run import run_replay
+
+    report = json.loads(run_replay(scenario, list(scenario.policies), tmp_path / "r", mode="sim").read_text())
+    assert set(report["policies"]["recorded"]["by_tenant"]) == {"acme", "beta"}
+    assert set(report["policies"]["recorded"]["vs_recorded"]["by_tenant"]) == {"acme", "beta"}
 
 
 def _part(sent: int, slo: float, p50: float, p99: float) -> dict[str, Any]:
