@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from scenarios import BUNDLED_DIR as BUNDLED
 from scenarios.cli import args as arg
 from scenarios.spec.schema import MAX_REQUESTS, MAX_TOPOLOGY_NODES
 
@@ -96,6 +97,22 @@ def run_bench(args: argparse.Namespace) -> int:
         if not 1 <= args.seconds <= 3600 or not 1 <= args.rate_kb <= 100_000 or not 1 <= args.nodes <= 32:
             return arg.usage("bench telemetry-attack: --seconds 1-3600, --rate-kb 1-100000, --nodes 1-32")
         bench_telemetry_attack(out, args.seconds, args.rate_kb, args.nodes)
+    elif args.what == "ray":
+        from scenarios.bench.ray import bench_ray
+        from scenarios.plan.sweep import parse_counts
+
+        try:
+            import ray  # noqa: F401
+        except ImportError:
+            print("edgeroute: bench ray: Ray is not installed: pip install 'edgeroute[ray]'", file=sys.stderr)
+            return 2
+        try:
+            counts = parse_counts(args.nodes_counts)
+        except ValueError as exc:
+            return arg.usage(f"bench ray: {exc}")
+        if not 1 <= args.seeds <= 100 or args.rounds < 1 or args.jobs < 0:
+            return arg.usage("bench ray: --seeds 1-100, --rounds at least 1, --jobs at least 0")
+        bench_ray(out, Path(args.scenario), counts, args.seeds, args.duration, args.jobs, args.rounds)
     elif args.what == "quota":
         from scenarios.bench.quota import bench_quota
 
@@ -231,6 +248,13 @@ def add_bench_parser(sub: Any) -> None:
     b.add_argument("--seconds", type=float, default=60.0, help="how long the attack runs (60)")
     b.add_argument("--rate-kb", type=float, default=1000.0, help="hostile KB/s on the wire (1000)")
     b.add_argument("--nodes", type=int, default=3, help="nodes publishing real reports (3)")
+    b = bsub.add_parser("ray", help="one sweep on local processes and as Ray tasks on the same cores")
+    b.add_argument("--scenario", default=str(BUNDLED / "quickstart.yaml"), help="the sweep's scenario (quickstart)")
+    b.add_argument("--nodes-counts", default="2-7", help="node counts (2-7)")
+    b.add_argument("--seeds", type=int, default=2, help="seeds per count (2)")
+    b.add_argument("--duration", type=float, default=4.0, help="simulated seconds per cell (4)")
+    b.add_argument("--jobs", type=int, default=0, help="cores for both (0: all)")
+    b.add_argument("--rounds", type=int, default=2, help="rounds, alternating which goes first (2)")
     b = bsub.add_parser(
         "quota",
         help="a tenant's request quota over HTTP, gRPC and MQTT in turn, each offered twice the quota",

@@ -35,13 +35,13 @@ import itertools
 import json
 import time
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from nodes.estimates import batch_curve_ms
 from router.lifecycle.stages import CropSpec, WorkflowSpec
+from scenarios.sim.cells import run_cells
 from scenarios.spec.schema import BatchSpec, NodeSpec, Scenario
 
 NODES = (1, 2, 3)
@@ -239,7 +239,7 @@ def problem(scenario: Scenario, workflow: str, rate_rps: float | None, policy: s
 
 def evaluate(p: Problem, configs: tuple[StageConfig, ...]) -> float:
     """Simulated SLO attainment of the workflow on `configs` (jobs answered within their deadline)."""
-    from scenarios.replay.run import replay_sim
+    from scenarios.replay.simulated import replay_sim
 
     cand = p.candidate(configs)
     report = replay_sim(cand, cand.policies)
@@ -300,16 +300,12 @@ def astar(p: Problem, target: float, evaluate_fn: Callable[[tuple[StageConfig, .
     return SearchResult(None, None, None, evaluated, expanded, time.perf_counter() - t0, pruned)
 
 
-def grid(p: Problem, target: float, jobs: int) -> dict[str, Any]:
+def grid(p: Problem, target: float, jobs: int, ray: str | None = None) -> dict[str, Any]:
     """Every configuration of the space simulated: its size, time, and the cheapest that reaches `target`."""
     t0 = time.perf_counter()
     space = stage_space()
     configs = list(itertools.product(space, repeat=len(p.stages)))
-    if jobs > 1:
-        with ProcessPoolExecutor(max_workers=jobs) as pool:
-            slos = list(pool.map(_evaluate_job, [(p, c) for c in configs], chunksize=4))
-    else:
-        slos = [evaluate(p, c) for c in configs]
+    slos = run_cells(_evaluate_job, [(p, c) for c in configs], jobs, ray, label="search grid", chunksize=4)
     passing = [(p.cost(c), c, s) for c, s in zip(configs, slos, strict=True) if s >= target]
     best = min(passing, key=lambda t: t[0]) if passing else None
     return {
@@ -348,6 +344,7 @@ def run_search(
     with_grid: bool = True,
     confirm: bool = False,
     jobs: int = 1,
+    ray: str | None = None,
     echo: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     p = problem(scenario, workflow, rate_rps, policy, duration_s)
@@ -379,7 +376,7 @@ def run_search(
         for name, c in doc["chosen"].items():
             echo(f"  {name}: {c}")
     if with_grid:
-        g = grid(p, target, jobs)
+        g = grid(p, target, jobs, ray)
         doc["grid"] = g
         echo(
             f"grid: {g['size']} configurations in {g['seconds']} s, {g['passing']} reach the target, "

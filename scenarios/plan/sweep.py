@@ -9,22 +9,21 @@ at its own end point (or at the largest count when it never reached the target),
 while live misses the target, so the simulated answer is checked on real nodes.
 Writes sweep.json, sweep.md and sweep.png to the output folder.
 
-The simulations run on every core (`--jobs`, default all): each (count, seed, policy) cell is one
-independent simulation seeded from the scenario, so a process pool gives exactly the serial result
-(the cells are put back in order; tests/unit/test_sweep_parallel.py checks the equality).
+The simulations run on every core (`--jobs`, default all), or as Ray tasks on a cluster (`--ray`,
+scenarios.sim.cells): each (count, seed, policy) cell is one independent simulation seeded from the
+scenario, so a process pool or a cluster gives exactly the serial result (the cells are put back in
+order; tests/unit/test_sweep_parallel.py and tests/unit/test_cells.py check the equality).
 """
 
 from __future__ import annotations
 
 import json
-import multiprocessing
-import os
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
+from scenarios.sim.cells import run_cells
 from scenarios.spec.schema import MAX_TOPOLOGY_NODES, NodeSpec, PolicyRun, Scenario, ScenarioError, SiteLoad
 
 
@@ -126,22 +125,11 @@ Cell = tuple[int, int, Scenario, PolicyRun, float | None, Path | None, list[str]
 
 def _simulate_cell(cell: Cell) -> dict[str, Any]:
     """One policy at one node count and seed, simulated (a worker process runs this)."""
-    from scenarios.replay.run import replay_sim
+    from scenarios.replay.simulated import replay_sim
 
     _, _, scenario, run, duration_s, profile_path, workflows = cell
     report = replay_sim(scenario, [run], duration_s=duration_s, profile_path=profile_path)
     return _row(report["policies"][run.name], workflows)
-
-
-def _run_cells(cells: list[Cell], jobs: int) -> list[dict[str, Any]]:
-    """Every cell's row, in the cells' order: serially with `jobs` 1, else on a pool of `jobs` processes
-    (0: one per core). Worker processes are spawned, never forked, so no lock or thread of this
-    process is copied into them."""
-    workers = min(len(cells), jobs if jobs > 0 else (os.cpu_count() or 1))
-    if workers <= 1:
-        return [_simulate_cell(c) for c in cells]
-    with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-        return list(pool.map(_simulate_cell, cells))
 
 
 def sweep(
@@ -154,11 +142,13 @@ def sweep(
     echo: bool = True,
     seeds: int = 3,
     jobs: int = 0,
+    ray: str | None = None,
 ) -> dict[str, Any]:
     """Each count is simulated with `seeds` seeds (the scenario's and the next ones); a count is
     enough for a policy only if every seed keeps `target`: placements that just fit can go either
     way, and one lucky seed is not an answer. The grid shows the worst seed, and the mean SLO.
-    The simulations run on `jobs` processes (0: every core; 1: in this process)."""
+    The simulations run on `jobs` processes (0: every core; 1: in this process), or on Ray (`ray`:
+    scenarios.sim.cells)."""
     grid: dict[str, dict[int, dict[str, Any]]] = {r.name: {} for r in runs}
     workflows = sorted(w.name for w in scenario.workflow_specs())
     cells: list[Cell] = []
@@ -168,7 +158,7 @@ def sweep(
             seeded = sized.model_copy(update={"seed": scenario.seed + k})
             seeded._base_dir = scenario.base_dir
             cells += [(n, k, seeded, run, duration_s, profile_path, workflows) for run in runs]
-    rows = _run_cells(cells, jobs)
+    rows = run_cells(_simulate_cell, cells, jobs, ray, label=f"sweep {scenario.name}")
     per_count: dict[int, dict[str, list[dict[str, Any]]]] = {n: {r.name: [] for r in runs} for n in counts}
     for (n, _, _, run, *_), row in zip(cells, rows, strict=True):  # cells in order: seeds ascending
         per_count[n][run.name].append(row)

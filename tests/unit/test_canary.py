@@ -8,7 +8,7 @@ import random
 from typing import Any
 
 from router.lifecycle.canary import CANDIDATE, CONTROL, Canary, CanarySpec, ModelCanarySpec
-from scenarios.replay.run import replay_sim
+from scenarios.replay.simulated import replay_sim
 from scenarios.spec.schema import load_scenario
 
 GUARD = {"interval_s": 1, "min_requests": 100, "min_rollback": 30, "promote_after_s": 10, "margin": 0.02}

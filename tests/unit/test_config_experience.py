@@ -482,7 +482,7 @@ def test_sizes_past_what_the_machine_or_a_scenario_holds_are_one_line(capsys: py
 
 
 def test_a_replay_is_planned_within_a_workloads_bounds() -> None:
-    from scenarios.replay.run import _plan
+    from scenarios.replay.common import plan as _plan
     from scenarios.spec.schema import load_scenario
 
     scenario = load_scenario("quickstart")

@@ -45,7 +45,7 @@ def level(rate: float = 160.0, overhead: float = 8.0) -> dict[str, object]:
 def test_the_mix_counts_each_site_for_the_share_of_the_run_it_is_active_and_keeps_workflows() -> None:
     """camera-pipeline's two camera classes each run part of the minute (50 req/s for 40 s, then for
     20 s): the host is measured at the 80 req/s the run offers, not 130, with the camera jobs in it."""
-    from scenarios.replay.run import offered_rate
+    from scenarios.replay.common import offered_rate
     from scenarios.spec.schema import load_scenario
 
     cams = load_scenario("camera-pipeline")

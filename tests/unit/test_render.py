@@ -6,7 +6,8 @@ import json
 from pathlib import Path
 
 from scenarios.replay.render import render
-from scenarios.replay.run import compare, replay_sim
+from scenarios.replay.run import compare
+from scenarios.replay.simulated import replay_sim
 from tests.unit.test_sim import scenario
 
 

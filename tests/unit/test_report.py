@@ -50,8 +50,8 @@ def test_summary_accounts_for_every_request() -> None:
 def test_recovery_compares_the_level_before_a_trigger_with_the_level_after_it_settles() -> None:
     from pathlib import Path
 
+    from scenarios.replay.common import triggers
     from scenarios.replay.report import recovery
-    from scenarios.replay.run import triggers
     from scenarios.spec.schema import load_scenario
 
     def at(t: float, status: int, ms: float) -> Result:
@@ -84,8 +84,8 @@ def test_recovery_against_the_same_arrivals_without_the_trigger() -> None:
     """An after-window that holds a burst of its own arrivals has a higher p99 than the window before
     the trigger whatever the trigger left behind; the same arrivals without the trigger tell the two
     apart: the ratio against them is 1 when nothing outlived the trigger."""
+    from scenarios.replay.common import untriggered
     from scenarios.replay.report import recovery
-    from scenarios.replay.run import untriggered
     from scenarios.spec.schema import load_scenario
     from scenarios.spec.workload import build_schedule
 

@@ -14,7 +14,8 @@ from policies.api import Decision
 from router.config import parse_config
 from router.lifecycle import Attempts, Lifecycle, LifecycleSettings, Send
 from router.lifecycle.reroute import RerouteConfig
-from scenarios.replay.run import execution_check, replay_sim
+from scenarios.replay.run import execution_check
+from scenarios.replay.simulated import replay_sim
 from scenarios.spec.schema import Scenario, load_scenario
 from telemetry.cluster.store import ViewStore
 from tests.helpers import load

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from scenarios.replay.run import replay_sim
+from scenarios.replay.simulated import replay_sim
 from scenarios.sim import Distribution, Profile, Simulation
 from scenarios.spec.schema import Scenario
 from scenarios.spec.workload import build_schedule
@@ -406,7 +406,7 @@ def test_generated_scenarios_that_load_also_simulate(fixed_seed: int) -> None:
     import yaml
 
     from scenarios.calibrate.profile import load_profile
-    from scenarios.replay.run import _plan
+    from scenarios.replay.common import plan as _plan
     from scenarios.spec.schema import ScenarioError, parse_scenario
     from tests.helpers import mutated
 

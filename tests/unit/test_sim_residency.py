@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from scenarios.plan.sweep import parse_counts, sweep, with_nodes
-from scenarios.replay.run import replay_sim
+from scenarios.replay.simulated import replay_sim
 from scenarios.sim import Profile, Simulation, output_bytes
 from scenarios.spec.schema import Scenario, load_scenario
 from scenarios.spec.workload import build_schedule
@@ -62,7 +62,7 @@ def camera(nodes: int = 2, rate: float = 20.0, classifiers: int = 3, **over: Any
 
 def simulate(s: Scenario, policy: str) -> Simulation:
     from scenarios.calibrate.profile import load_profile
-    from scenarios.replay.run import _plan
+    from scenarios.replay.common import plan as _plan
 
     _, _, schedule = _plan(s, None)
     sim = Simulation(s, s.policy(policy), schedule, Profile.from_json(load_profile(None)))
@@ -243,7 +243,7 @@ class CheckedReports(Simulation):
 @pytest.mark.parametrize("policy", ["p2c", "compass"])
 def test_every_report_shows_the_node_as_it_is_each_batch_sizes_ewma_included(policy: str) -> None:
     from scenarios.calibrate.profile import load_profile
-    from scenarios.replay.run import _plan
+    from scenarios.replay.common import plan as _plan
 
     s = camera(rate=40.0)
     _, _, schedule = _plan(s, None)

@@ -314,7 +314,7 @@ def test_fairness_compares_each_tenants_goodput_with_its_fair_share() -> None:
 
 
 def _two_floods(tenants: dict | None) -> dict:
-    from scenarios.replay.run import replay_sim
+    from scenarios.replay.simulated import replay_sim
     from scenarios.spec.schema import Scenario
 
     def stream(tenant: str, rate: float) -> dict:
