@@ -140,6 +140,18 @@ def _first_error(exc: Exception) -> str:
     return first_error(exc, "tenants") if isinstance(exc, ValidationError) else str(exc).splitlines()[0]
 
 
+def _scaling_json(router: Router, now: float) -> list[dict[str, Any]] | None:
+    """Each pool's scaling signal (router.lifecycle.scaling), as the metric gives it."""
+    lc, cfg = router.lifecycle, router.config.scaling
+    if lc.demand is None or cfg is None:
+        return None
+    from dataclasses import asdict
+
+    from router.lifecycle.scaling import signals
+
+    return [asdict(s) for s in signals(lc.store.view, lc.demand, cfg, now)]
+
+
 def _cascades_json(router: Any) -> dict[str, Any]:
     return {
         name: {
@@ -242,6 +254,7 @@ async def get_view(request: web.Request) -> web.Response:
             "copies": {"loading": sorted(router.lifecycle.copies.loading), "recent": list(router.copies_log)},
             "canary": router.canaries.state(),
             "tenants": router.lifecycle.tenants.as_json(now) if router.lifecycle.tenants.enabled else None,
+            "scaling": _scaling_json(router, now),
             "holds": {
                 "held": router.lifecycle.holds,
                 "refused": router.lifecycle.hold_refusals,

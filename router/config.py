@@ -23,6 +23,7 @@ from router.lifecycle.intake import IntakeRules
 from router.lifecycle.links import LinkState
 from router.lifecycle.reroute import RerouteConfig
 from router.lifecycle.saturation import SaturationConfig
+from router.lifecycle.scaling import ScalingConfig
 from router.lifecycle.stages import CropSpec, StageSpec, WorkflowSpec
 from router.lifecycle.tenants import TenantsConfig
 from telemetry.cluster.schema import NAME_PATTERN
@@ -367,6 +368,10 @@ class RouterConfig(ServerSettings):
         "front authenticates them)",
     )
     rate_limit: RateLimitConfig | None = None
+    scaling: ScalingConfig | None = Field(
+        default_factory=ScalingConfig,
+        description="scaling signals: the nodes each pool needs for its traffic (router.lifecycle.scaling); null: off",
+    )
     tenants: TenantsConfig | None = Field(
         None, description="whose traffic each request is: weights, quotas, fair shares (router.lifecycle.tenants)"
     )
@@ -474,6 +479,7 @@ def lifecycle_settings(config: RouterConfig, seed: int | None = None, router_id:
         intake=IntakeRules(config.default_deadline_ms, config.max_deadline_ms, config.site),
         sheddable_retry_ms=config.sheddable_retry_ms,
         tenants=config.tenants,
+        scaling=config.scaling,
         links=tuple(LinkState(**k.model_dump()) for k in config.links),
         seed=config.seed if seed is None else seed,
         router_id=router_id,

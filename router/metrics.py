@@ -27,6 +27,7 @@ from telemetry.measure.quantiles import nearest_rank
 
 if TYPE_CHECKING:
     from router.lifecycle import Lifecycle
+    from router.lifecycle.scaling import ScalingConfig
     from router.lifecycle.tenants import TenantTable
     from router.workflows import WorkflowRunner
     from telemetry.process.serving import ConnectionCap
@@ -284,6 +285,32 @@ class _TenantCollector(Collector):
         yield from (a, r, e, f)
 
 
+class _ScalingCollector(Collector):
+    """The scaling signals (router.lifecycle.scaling), worked out at scrape time from the view and the
+    demand this router saw: per pool (site, tier) and model, and for the pool as a whole (model "*")."""
+
+    def __init__(self, lifecycle: Lifecycle[Any], cfg: ScalingConfig, clock: Callable[[], float]) -> None:
+        self.lifecycle = lifecycle
+        self.cfg = cfg
+        self.clock = clock
+
+    def collect(self) -> Iterator[Metric]:
+        from router.lifecycle.scaling import signals
+
+        lc = self.lifecycle
+        labels = ["site", "tier", "model"]
+        needed = GaugeMetricFamily("edgeroute_pool_nodes_needed", "nodes the pool needs for its traffic", labels=labels)
+        nodes = GaugeMetricFamily("edgeroute_pool_nodes", "nodes of the pool in rotation", labels=labels)
+        demand = GaugeMetricFamily("edgeroute_pool_demand_rps", "requests/s this router sends the pool", labels=labels)
+        if lc.demand is not None:
+            for sig in signals(lc.store.view, lc.demand, self.cfg, self.clock()):
+                key = [sig.site, sig.tier, sig.model]
+                needed.add_metric(key, sig.needed)
+                nodes.add_metric(key, sig.nodes)
+                demand.add_metric(key, sig.demand_rps)
+        yield from (needed, nodes, demand)
+
+
 class RouterMetrics:
     def __init__(self, store: ViewStore, clock: Callable[[], float] = lambda: time.time() * 1000) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
@@ -334,6 +361,10 @@ class RouterMetrics:
 
     def watch_lifecycle(self, lifecycle: Lifecycle[Any], clock: Callable[[], float]) -> None:
         self.registry.register(_LifecycleCollector(lifecycle, clock))
+
+    def watch_scaling(self, lifecycle: Lifecycle[Any], cfg: ScalingConfig | None, clock: Callable[[], float]) -> None:
+        if cfg is not None:
+            self.registry.register(_ScalingCollector(lifecycle, cfg, clock))
 
     def watch_tenants(self, tenants: TenantTable) -> None:
         """Per-tenant series (none while tenants are off; a live change turns them on)."""

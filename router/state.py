@@ -88,6 +88,7 @@ class Router:
         self.metrics.watch_workflows(self.workflows)
         self.metrics.watch_lifecycle(self.lifecycle, clock)
         self.metrics.watch_tenants(self.lifecycle.tenants)
+        self.metrics.watch_scaling(self.lifecycle, config.scaling, clock)
         self.metrics.watch_verifier(self.verifier)
 
     def reload_policy(self, raw: Any, origin: str) -> PolicySpec:

@@ -72,6 +72,7 @@ from router.lifecycle.intake import IntakeRules
 from router.lifecycle.links import LinkState, LinkTable
 from router.lifecycle.overlay import OutstandingTracker
 from router.lifecycle.reroute import Move, RerouteConfig, Rerouter
+from router.lifecycle.scaling import Demand, ScalingConfig
 from router.lifecycle.tenants import TenantsConfig, TenantTable
 from telemetry.cluster.store import ViewStore
 from telemetry.cluster.view import ClusterView, NodeState
@@ -107,6 +108,7 @@ class LifecycleSettings:
     # out the outage within its deadline, deciding again this often (None: refused at once)
     sheddable_retry_ms: float | None = 200.0
     tenants: TenantsConfig | None = None  # whose traffic, quotas, fair shares (router.lifecycle.tenants)
+    scaling: ScalingConfig | None = None  # demand per pool for scaling signals (router.lifecycle.scaling)
 
 
 class Lifecycle(Generic[T]):
@@ -135,6 +137,7 @@ class Lifecycle(Generic[T]):
         self.budgets = RetryBudgets(settings.retry_budget)  # router-wide, and per tenant with tenants
         self.retry_budget = self.budgets.all
         self.tenants = TenantTable(settings.tenants)
+        self.demand = None if settings.scaling is None else Demand(settings.scaling.window_s)
         self._now = 0.0  # the latest clock a step was given (the retry budget's time)
         self.retries = 0
         self.holds = 0  # requests held at least once
@@ -223,6 +226,8 @@ class Lifecycle(Generic[T]):
         if isinstance(choice, Rejection):
             if choice.status == 503 and self._waits_out(a, remaining):
                 return self._outage_hold(a, now)
+            if self.demand is not None and a.attempt == 0:  # unmet demand: its own site's edge pool's
+                self.demand.record(a.request.site, "edge", a.request.model, a.request.deadline_ms, now)
             if a.last_error is not None:
                 return Answer(*a.last_error)
             return Answer(choice.status, choice.reason)
@@ -233,6 +238,8 @@ class Lifecycle(Generic[T]):
             self.retries += 1
         else:
             self.budgets.first_try(a.request.tenant, now)
+            if self.demand is not None:
+                self.demand.record(state.partition, state.load.tier, a.request.model, a.request.deadline_ms, now)
         a.tried.add(choice.node_id)
         self.tracker.sent_model(state, a.request.model, now)
         return Send(choice, state, a.attempt)

@@ -148,6 +148,8 @@ def replay_live(
             measured = [r for r in results if r.arrival.at_s >= warmup]
             summary = summarize(measured, duration, node_costs(scenario, run), tenant_weights(scenario.router))
             summary["warmup_requests"] = len(results) - len(measured)
+            if scenario.autoscale is not None and run.autoscale:  # (said, not left out silently)
+                summary["autoscale"] = {"note": "the autoscaler runs in the simulator; live, every node ran"}
             summary["wall_s"] = round(wall, 2)
             summary["trust"] = trust
             summary["faults"] = injector.events

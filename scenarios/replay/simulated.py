@@ -113,4 +113,18 @@ def simulate_run(cell: Cell) -> tuple[dict[str, Any], int, dict[str, Any]]:
             for name, (without, arrivals) in untriggered(scenario, schedule).items()
         }
         summary["recovery"] = recovery(results, marks, duration + warmup, base)
+    scaled = sim.autoscale_report((duration + warmup) * 1000.0)
+    if scaled is not None:
+        summary["autoscale"] = scaled | _first_rise(scaled, summary["timeline"], sim.cfg.lifecycle.scaling)
     return summary, sim.store.messages, sim.store.summary()
+
+
+def _first_rise(scaled: dict[str, Any], timeline: dict[str, Any], cfg: Any) -> dict[str, Any]:
+    """When the signal first asked for more nodes than a pool had, and when the run's in-time share
+    first fell below the signal's target (its per-second timeline): the signal should come first."""
+    rises = [t for pool in scaled["pools"] for t, needed, up in pool["ticks"] if needed > up]
+    target = cfg.target if cfg is not None else 0.99
+    bucket, warmup = timeline["bucket_s"], timeline["warmup_s"]
+    slos = timeline["slo_attainment"]
+    misses = [i * bucket for i, slo in enumerate(slos) if slo is not None and slo < target and i * bucket >= warmup]
+    return {"first_rise_s": min(rises) if rises else None, "first_slo_miss_s": misses[0] if misses else None}

@@ -56,6 +56,7 @@ from router.lifecycle import Lifecycle
 from router.lifecycle.canary import CanarySpec
 from router.lifecycle.overlay import OutstandingTracker
 from router.lifecycle.stages import stage_predecessors
+from scenarios.sim.autoscale import AutoscaleModel
 from scenarios.sim.canary import SimCanary
 from scenarios.sim.cascades import CascadeDriver, CascadeProfile
 from scenarios.sim.faults import FaultModel
@@ -64,6 +65,7 @@ from scenarios.sim.profile import Profile
 from scenarios.sim.router import RouterDriver
 from scenarios.sim.state import (
     ARRIVAL,
+    AUTOSCALE,
     COPIES,
     EXPIRE,
     FAULT,
@@ -144,7 +146,7 @@ def few_collections() -> Iterator[Callable[[], int | None]]:
             gc.enable()
 
 
-class Simulation(RouterDriver, WorkflowDriver, CascadeDriver, NodeModel, TelemetryModel, FaultModel):
+class Simulation(RouterDriver, WorkflowDriver, CascadeDriver, NodeModel, TelemetryModel, FaultModel, AutoscaleModel):
     def __init__(
         self,
         scenario: Scenario,
@@ -161,6 +163,14 @@ class Simulation(RouterDriver, WorkflowDriver, CascadeDriver, NodeModel, Telemet
         # (a run's cascade mode is applied to the cascades below; the router's config has no such key)
         overrides = {k: v for k, v in run.router.items() if k != "cascade_mode"}
         self.cfg = config or SimConfig.from_router({**scenario.router, **overrides})
+        # the autoscaler in the loop, where the scenario has one and this run keeps it; the router's
+        # demand for its signal is measured only then (it changes no routing)
+        self.autoscale = scenario.autoscale if run.autoscale else None
+        self.below_since, self.scaling_log = {}, []
+        if self.autoscale is None:
+            self.cfg.lifecycle = replace(self.cfg.lifecycle, scaling=None)
+        elif self.cfg.lifecycle.scaling is None:
+            raise ValueError("autoscale needs the router's scaling signals (router.scaling must not be null)")
         seed = scenario.seed
         self.policy = policy or build_policy(run.policy)
         self.policies: dict[str | None, Pipeline] = {None: self.policy}  # each router's own policy object
@@ -272,6 +282,7 @@ class Simulation(RouterDriver, WorkflowDriver, CascadeDriver, NodeModel, Telemet
             REROUTE: self._reroute,
             PROBE: self._probe,
             PROBED: self._probed,
+            AUTOSCALE: self._autoscale,
         }
         handlers: list[Callable[[Any], None] | None] = [by_kind.get(k) for k in range(max(by_kind) + 1)]
         last = self.schedule[-1].at_s * 1000.0 if self.schedule else 0.0
@@ -287,6 +298,7 @@ class Simulation(RouterDriver, WorkflowDriver, CascadeDriver, NodeModel, Telemet
             self.push(self.lc.settings.probes.interval_ms / 2, PROBE, None)
         for fault in self.scenario.faults:
             self._schedule_fault(fault)
+        self._autoscale_start()
         # the arrivals are read from the schedule in order, not pushed on the heap: the loop takes one
         # when it comes first by (time, kind) (no other event is of its kind, so no tie needs a seq)
         schedule = self.schedule

@@ -59,6 +59,9 @@ class FaultModel(SimState):
                 return
             node.alive = False
             node.epoch += 1
+            if node.up_since is not None:
+                node.up_total_ms += self.now - node.up_since
+                node.up_since = None
             # a crash resets every connection: running and queued requests fail at once
             jobs = [j for b in node.running for j in b.jobs] + [w.handle for w in node.sched.drain()]
             for job in jobs:
@@ -79,6 +82,7 @@ class FaultModel(SimState):
             if node.alive:
                 return
             node.alive = True
+            node.starting, node.up_since = False, self.now
             node.epoch += 1
             node.seq = 0
             node.ewma.clear()

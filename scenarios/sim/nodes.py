@@ -75,6 +75,9 @@ class NodeModel(SimState):
         if job.deadline_at - self.now <= 0:
             self._send_reply(job, 504, "deadline passed before the node received the request")
             return
+        if node.draining:  # (as the live node answers while it drains)
+            self._send_reply(job, 503, "node is draining")
+            return
         node.model_requests += 1
         model = job.req.model
         if model not in node.residency:  # the node loads it first (the live node's `ensure`)

@@ -54,7 +54,8 @@ from telemetry.cluster.store import ViewStore
     REROUTE,
     PROBE,
     PROBED,
-) = range(18)
+    AUTOSCALE,
+) = range(19)
 
 _heappush = heapq.heappush
 
@@ -196,10 +197,19 @@ class SimNode:
     # models whose EWMAs moved since the last snapshot (only theirs are read again: TelemetryModel._snapshot)
     ewma_moved: set[str] = field(default_factory=set)
     ewma_rows: dict[str, dict[int, float]] = field(default_factory=dict)  # model -> rows -> the EWMA in `ewma`
+    # the autoscaler's (scenarios.sim.autoscale): leaving rotation, asked for, and its time up
+    draining: bool = False
+    starting: bool = False
+    up_since: float | None = 0.0
+    up_total_ms: float = 0.0
 
     @property
     def outstanding(self) -> int:
         return self.sched.queued + self.busy
+
+    def up_ms(self, horizon_ms: float) -> float:
+        """Its time up (node-seconds' worth) until `horizon_ms`."""
+        return self.up_total_ms + (0.0 if self.up_since is None else max(0.0, horizon_ms - self.up_since))
 
     def in_flight_of(self, model: str) -> int:
         return sum(len(b.jobs) for b in self.running if b.model == model)
@@ -297,6 +307,9 @@ class SimState:
     nodes: dict[str, SimNode]
     results: list[Result | None]  # (a plain request's answer is in `answers` until the run ends)
     answers: Answers
+    autoscale: Any  # the scenario's Autoscale when this run has it, else None (scenarios.sim.autoscale)
+    below_since: dict[int, tuple[float, int] | None]  # a pool's signal below its nodes since, and its most then
+    scaling_log: list[tuple[float, int, int, int]]
     heap: list[tuple[float, int, int, Any]]
     periodic: deque[tuple[float, int, int, Any]]  # events of one fixed period, in order (`push_periodic`)
     replies: deque[tuple[float, int, int, Any]]  # node answers on their way back, in order (`push_reply`)

@@ -92,6 +92,7 @@ class TelemetryModel(SimState):
             models=models,
             memory_used_bytes=resident.used_bytes,
             started_at_ms=node.started_ms,
+            status="draining" if node.draining else "ready",
         )
 
     def _prepare_snapshots(self, node: SimNode) -> NodeLoad:

@@ -78,7 +78,29 @@ class Fault(_Strict):
 
 
 # router settings swapped live between runs (PUT /admin/reroute, PUT /admin/cascades)
-RUN_ROUTER_KEYS = frozenset({"reroute", "cascade_mode", "canary", "model_canaries", "tenants"})
+RUN_ROUTER_KEYS = frozenset({"reroute", "cascade_mode", "canary", "model_canaries", "tenants", "scaling"})
+
+
+class AutoscalePool(_Strict):
+    """A pool the simulated autoscaler sizes: its site and tier, and its nodes (of the topology) in the
+    order they are added; the first `min_nodes` always run."""
+
+    site: str
+    tier: Literal["edge", "cloud"] = "edge"
+    nodes: list[str] = Field(min_length=1)
+    min_nodes: int = Field(1, ge=0)
+
+
+class Autoscale(_Strict):
+    """An autoscaler in the loop (simulated): every `interval_s` it reads each pool's scaling signal
+    (router.lifecycle.scaling, the metric KEDA reads live) and asks for a node more when the signal is
+    above the nodes it has (serving `up_delay_s` later: scheduling, image, start) or, after the signal
+    stayed below them for `down_after_s`, drains one (it leaves rotation, finishes what it holds, stops)."""
+
+    pools: list[AutoscalePool] = Field(min_length=1)
+    interval_s: float = Field(5.0, gt=0, le=3600)
+    up_delay_s: float = Field(10.0, ge=0, le=3600)
+    down_after_s: float = Field(60.0, ge=0, le=86_400)
 
 
 class PolicyRun(_Strict):
@@ -90,6 +112,7 @@ class PolicyRun(_Strict):
     policy: PolicySpec
     nodes: dict[str, Any] = Field(default_factory=dict)
     router: dict[str, Any] = Field(default_factory=dict, description="router settings for this run (reroute)")
+    autoscale: bool = Field(True, description="with the scenario's autoscale: this run has it (false: every node up)")
 
     @field_validator("router")
     @classmethod
@@ -151,6 +174,7 @@ class Scenario(_Strict):
     )
     models: dict[str, ModelEntry] = Field(default_factory=dict, description="model catalogue (default: zoo names)")
     faults: list[Fault] = Field(default_factory=list)
+    autoscale: Autoscale | None = Field(None, description="an autoscaler in the loop (simulated)")
     policies: list[PolicyRun] = Field(min_length=1)
     _base_dir: Path = PrivateAttr(default_factory=Path.cwd)
 
@@ -169,9 +193,9 @@ class Scenario(_Strict):
             if isinstance(item, str):
                 out.append({"name": item, "policy": {"preset": item}})
             elif isinstance(item, dict) and "policy" not in item:
-                rest = {k: val for k, val in item.items() if k not in ("name", "nodes", "router")}
+                rest = {k: val for k, val in item.items() if k not in ("name", "nodes", "router", "autoscale")}
                 entry = {"name": item.get("name"), "policy": rest or {"preset": item.get("name")}}
-                for key in ("nodes", "router"):
+                for key in ("nodes", "router", "autoscale"):
                     if key in item:
                         entry[key] = item[key]
                 out.append(entry)
@@ -221,6 +245,19 @@ class Scenario(_Strict):
                 raise ValueError(f"faults.{i}.link {list(f.link)} is not a link of the topology")
             if f.kind == "cut_telemetry" and self.topology.deployment != "per_site":
                 raise ValueError(f"faults.{i}: cut_telemetry needs routers per site (topology.deployment: per_site)")
+        if self.autoscale is not None:
+            by_id = {n.id: n for n in self.topology.nodes}
+            claimed: set[str] = set()
+            for i, pool in enumerate(self.autoscale.pools):
+                for node_id in pool.nodes:
+                    n = by_id.get(node_id)
+                    if n is None or n.partition != pool.site or n.tier != pool.tier:
+                        raise ValueError(f"autoscale.pools.{i}: '{node_id}' is not a {pool.tier} node of {pool.site}")
+                    if node_id in claimed:
+                        raise ValueError(f"autoscale.pools.{i}: '{node_id}' is in two pools")
+                    claimed.add(node_id)
+                if pool.min_nodes > len(pool.nodes):
+                    raise ValueError(f"autoscale.pools.{i}.min_nodes: more than the pool's {len(pool.nodes)} nodes")
         names = [p.name for p in self.policies]
         if len(set(names)) != len(names):
             raise ValueError("policy run names must be unique")

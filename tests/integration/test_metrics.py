@@ -10,6 +10,7 @@ import re
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
@@ -138,3 +139,24 @@ async def test_every_dashboard_query_names_an_exported_metric(node: TestClient) 
                 queried.add(name)
     assert queried and not (queried - exported), sorted(queried - exported)
     assert {"edgeroute_stale_nodes", "edgeroute_node_utilization", "edgeroute_ejections"} <= queried
+
+
+def test_the_router_says_what_each_pool_needs_for_the_traffic_it_sends(shared_stack: Any) -> None:
+    """The scaling signal (router.lifecycle.scaling) on /metrics: per pool (site, tier) and model, and
+    for the pool as a whole, the nodes it needs, the nodes it has and the demand this router sent it."""
+    from tests.integration.http import call, infer_body
+
+    url = shared_stack.router_url
+    for _ in range(30):
+        assert call(f"{url}/v2/models/sensor_mlp/infer", infer_body(), headers=shared_stack.client_headers)[0] == 200
+    time.sleep(1.1)  # (demand is counted in whole seconds: the one these requests came in has ended)
+    fams = families(call(f"{url}/metrics")[1])
+    needed = {
+        (labels["site"], labels["tier"], labels["model"]): v for _, labels, v in fams["edgeroute_pool_nodes_needed"]
+    }
+    pools = {key[:2] for key in needed}
+    assert pools <= {("edge-a", "edge"), ("cloud", "cloud")} and pools, needed
+    for site, tier in pools:
+        assert needed[(site, tier, "*")] >= 1 and needed[(site, tier, "*")] >= needed.get((site, tier, "sensor_mlp"), 0)
+    demand = sum(v for _, labels, v in fams["edgeroute_pool_demand_rps"] if labels["model"] == "sensor_mlp")
+    assert demand > 0

@@ -260,3 +260,25 @@ def test_the_router_runs_from_the_router_images_tree_alone(tmp_path: Path) -> No
     out = subprocess.run([sys.executable, "-S", "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert "run the inference router" in out.stdout
+
+
+def test_each_node_pool_scales_on_the_routers_signal_for_its_own_site_and_tier() -> None:
+    """docker/k8s/keda: a KEDA ScaledObject per node pool, aimed at the pool's Deployment, reading the
+    routers' `edgeroute_pool_nodes_needed` for the site and tier its nodes' config gives them."""
+    import re
+
+    docs = [d for d in yaml.safe_load_all((K8S / "keda" / "scaledobjects.yaml").read_text()) if d]
+    assert yaml.safe_load((K8S / "keda" / "kustomization.yaml").read_text())["resources"] == ["scaledobjects.yaml"]
+    deployments = {d["metadata"]["name"] for d in render("cpu") if d["kind"] == "Deployment"}
+    pools = {"edgeroute-node-edge": "node-edge.yaml", "edgeroute-node-cloud": "node-cloud.yaml"}
+    assert {d["spec"]["scaleTargetRef"]["name"] for d in docs} == set(pools)
+    for d in docs:
+        target = d["spec"]["scaleTargetRef"]["name"]
+        assert d["kind"] == "ScaledObject" and target in deployments
+        node = yaml.safe_load((K8S / "base" / "config" / pools[target]).read_text())
+        (trigger,) = d["spec"]["triggers"]
+        query = trigger["metadata"]["query"]
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', query))
+        assert query.startswith("max(edgeroute_pool_nodes_needed{") and labels["model"] == "*"
+        assert labels["site"] == node["partition"] and labels["tier"] == node.get("tier", "edge")
+        assert trigger["metricType"] == "AverageValue" and trigger["metadata"]["threshold"] == "1"

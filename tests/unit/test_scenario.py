@@ -134,7 +134,7 @@ def test_load_by_bare_name() -> None:
         (
             QUICK.replace("  - p2c\n", "  - {name: p2c, router: {hedging: {}}}\n"),
             "policies.1.router (line 26): router settings a run may change are ['canary', 'cascade_mode', "
-            "'model_canaries', 'reroute', 'tenants']; not ['hedging']",
+            "'model_canaries', 'reroute', 'scaling', 'tenants']; not ['hedging']",
         ),
     ],
 )
