@@ -1,8 +1,19 @@
-"""The router's canary holder (router.canary_app serves it; router.lifecycle.canary has the rule)."""
+"""The router's canary holder (router.canary_app serves it; router.lifecycle.canary has the rule).
+
+Several routers share one decision: every step a router takes is audited with the canary's digest (a
+hash of its spec) on `canary_topic`, and each router reads the topic (router.canary_app); a verdict
+(promote, roll back) another router took for the canary this one runs, the same digest, since this one
+started it, is this router's verdict too (`adopt`): the first router to decide decides for them all,
+and an operator's rollback at one router rolls every router back. What a message can do is bounded by
+what the router already runs: it can end the canary this router has, the way the peer ended it (a
+promotion applies this router's own candidate), never start one or name a policy; messages are signed
+and checked where telemetry keys are configured.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import random
 from collections import Counter, deque
@@ -41,6 +52,8 @@ class ModelCanary:
         self.shadow_in_flight = 0
         self.totals: Counter[tuple[str, ...]] = Counter() if totals is None else totals  # (the metrics': cumulative)
         self._draw = random.Random().random
+        self.digest = digest(spec)
+        self.started_ms = now_ms
 
     def counted(self, arm: str, outcome: str) -> None:
         self.outcomes[(arm, outcome)] += 1
@@ -61,6 +74,14 @@ class ModelCanary:
         return True
 
 
+def digest(spec: CanarySpec | ModelCanarySpec) -> str:
+    """A canary's name across routers: a hash of its spec (routers given the same spec agree on it)."""
+    return hashlib.sha256(wire.dumps(spec.model_dump(mode="json"))).hexdigest()[:16]
+
+
+VERDICTS = ("promote", "rollback")
+
+
 class CanaryHolder:
     """The router's canary: the running one (if any), its candidate policy, the audit trail."""
 
@@ -73,19 +94,23 @@ class CanaryHolder:
         self.models: dict[str, ModelCanary] = {}  # model -> its version canary under way
         self.model_totals: Counter[tuple[str, ...]] = Counter()  # every model canary's answers and copies
         self.pinned: dict[str, str] = {}  # model -> the version a promotion sends its unversioned requests to
+        self.digest: str | None = None  # the running policy canary's (`digest`)
+        self.started_ms = 0.0
+        self.adopted = 0  # verdicts other routers took, taken here (`adopt`)
 
     def start(self, router: Router, spec: CanarySpec, origin: str) -> None:
         """Start `spec` (validated: its candidate builds), replacing a running canary."""
         candidate = build_policy(spec.candidate)
         self.canary = Canary(spec, router.clock())
         self.candidate = candidate
+        self.digest, self.started_ms = digest(spec), router.clock()
         self.audit(router, "start", origin, {"candidate": spec.candidate.model_dump(exclude_none=True),
                                                "share": spec.share, "by": spec.by})  # fmt: skip
 
     def stop(self, router: Router, why: str) -> None:
         if self.canary is not None:
             self.audit(router, "rollback", why, self.canary.state()["arms"])
-        self.canary = self.candidate = None
+        self.canary = self.candidate = self.digest = None
 
     def arm(self, key: str) -> tuple[str | None, Pipeline | None]:
         """(the arm, the policy to route by: None for the current one) of a request keyed `key`."""
@@ -105,18 +130,18 @@ class CanaryHolder:
 
     def start_model(self, router: Router, spec: ModelCanarySpec, origin: str) -> None:
         """Start a version canary of `spec.model`, replacing one under way for that model."""
-        self.models[spec.model] = ModelCanary(spec, router.clock(), self.model_totals)
-        self.audit(router, "start", origin, {"model": spec.model, "version": spec.version, "share": spec.share,
-                                               "by": spec.by, "shadow": spec.shadow is not None})  # fmt: skip
+        run = self.models[spec.model] = ModelCanary(spec, router.clock(), self.model_totals)
+        figures = {"model": spec.model, "version": spec.version, "share": spec.share, "by": spec.by,
+                   "shadow": spec.shadow is not None}  # fmt: skip
+        self.audit(router, "start", origin, figures, run.digest)
 
     def stop_model(self, router: Router, model: str, why: str) -> bool:
         """Roll `model`'s canary back (True), or, with none under way, undo a promotion's pin (True);
         False when there was neither."""
         run = self.models.pop(model, None)
         if run is not None:
-            self.audit(
-                router, "rollback", why, {"model": model, "version": run.spec.version, **run.canary.state()["arms"]}
-            )
+            figures = {"model": model, "version": run.spec.version, **run.canary.state()["arms"]}
+            self.audit(router, "rollback", why, figures, run.digest)
             return True
         if self.pinned.pop(model, None) is not None:
             self.audit(router, "unpin", why, {"model": model})
@@ -151,7 +176,7 @@ class CanaryHolder:
             if verdict.action == "promote":
                 self.pinned[model] = run.spec.version
             self.audit(router, verdict.action, verdict.why, {"model": model, "version": run.spec.version,
-                                                             **verdict.figures})  # fmt: skip
+                                                             **verdict.figures}, run.digest)  # fmt: skip
 
     def judge(self, router: Router) -> Verdict | None:
         if self.models:
@@ -166,11 +191,48 @@ class CanaryHolder:
         if verdict.action == "promote" and self.candidate is not None and isinstance(spec, CanarySpec):
             router.apply_policy(spec.candidate, self.candidate, "canary promoted", by_canary=True)
         self.audit(router, verdict.action, verdict.why, verdict.figures)
-        self.canary = self.candidate = None
+        self.canary = self.candidate = self.digest = None
         return verdict
 
-    def audit(self, router: Router, step: str, why: str, figures: dict[str, Any]) -> None:
+    def adopt(self, router: Router, entry: dict[str, Any]) -> bool:
+        """Another router's step for a canary (a checked `canary_topic` record, router.canary_app): a
+        verdict for the canary this router runs, taken since it started it, is taken here too (module
+        docstring). True when it was."""
+        if entry["router"] == router.router_id or entry["step"] not in VERDICTS:
+            return False
+        why = f"adopted from router {entry['router']}: {entry['why']}"[:512]
+        model = entry.get("model")
+        if model is None:
+            canary = self.canary
+            if canary is None or self.digest != entry["canary"] or entry["at_ms"] < self.started_ms - 1000.0:
+                return False
+            spec = canary.spec
+            if entry["step"] == "promote" and self.candidate is not None and isinstance(spec, CanarySpec):
+                router.apply_policy(spec.candidate, self.candidate, why, by_canary=True)
+                self.audit(router, "promote", why, canary.state()["arms"])
+                self.canary = self.candidate = self.digest = None
+            else:
+                self.stop(router, why)
+        else:
+            run = self.models.get(model)
+            if run is None or run.digest != entry["canary"] or entry["at_ms"] < run.started_ms - 1000.0:
+                return False
+            del self.models[model]
+            if entry["step"] == "promote":
+                self.pinned[model] = run.spec.version
+            self.audit(router, entry["step"], why, {"model": model, "version": run.spec.version}, run.digest)
+        self.adopted += 1
+        return True
+
+    def audit(self, router: Router, step: str, why: str, figures: dict[str, Any], canary: str | None = None) -> None:
+        """Record a step (the log, the audit topic); a version canary's names `canary`, its digest."""
         entry = {"at_ms": router.clock(), "router": router.router_id, "step": step, "why": why, "figures": figures}
+        model = figures.get("model")
+        if isinstance(model, str):  # (a version canary's step: named by its model and its spec's digest)
+            entry["model"] = model
+            entry["canary"] = canary or ""
+        elif self.digest is not None:
+            entry["canary"] = self.digest
         self.log.append(entry)
         log.warning("canary %s: %s", step, why)
         if self.sender is not None:

@@ -10,6 +10,10 @@
 - Audited: every step (start, promote, rollback, why, the figures it was taken on) in the router's log,
   in `/admin/view` (`canary.log`), and on the Kafka topic `canary_topic` where set, so an operator and
   the other routers see it. Metrics: `edgeroute_canary_answers_total{arm,outcome}`.
+- Shared: each router reads `canary_topic` (`VerdictReader`) and takes another router's verdict on the
+  canary it runs as its own (router.canary.CanaryHolder.adopt): the first to decide decides for all.
+  Each record is checked (types, bounds, its signature where telemetry keys are set) before it reaches
+  the event loop.
 
 Requests in flight finish on the policy they started with: a promotion or rollback changes what the
 next request is routed by, never one under way, over HTTP, gRPC and MQTT alike.
@@ -19,7 +23,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Iterator
+import math
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 from aiohttp import web
@@ -32,6 +37,7 @@ from router.canary import CanaryHolder
 from router.lifecycle.canary import CanarySpec, ModelCanarySpec
 from router.state import ROUTER
 from router.state import json_error as _error
+from telemetry.kafka.reader import TopicReader
 from telemetry.oip import wire
 from telemetry.process.serving import read_body
 from telemetry.process.settings import first_error
@@ -152,16 +158,85 @@ async def delete_canary(request: web.Request) -> web.Response:
     return web.json_response(router.canaries.state())
 
 
+class VerdictReader(TopicReader):
+    """The other routers' canary steps from `canary_topic` (a daemon thread), checked, each handed to
+    the event loop (`deliver`); a record that is not one is counted (`malformed`) and dropped."""
+
+    thread_name = "canary-verdicts"
+
+    def __init__(self, bootstrap: str, topic: str, router_id: str, deliver: Callable[[dict[str, Any]], None]) -> None:
+        super().__init__(bootstrap, topic, lookback_ms=10_000.0)
+        self.router_id = router_id
+        self.deliver = deliver
+        self.messages = self.malformed = 0
+
+    def start(self) -> None:
+        self._start()
+
+    def _handle(
+        self, values: list[bytes], received_ms: float, history: bool | None = None, kids: list[str | None] | None = None
+    ) -> None:
+        verifier = self.verifier
+        may_sign = verifier.may_sign_for if verifier is not None and verifier.bindings else None
+        for i, raw in enumerate(values):
+            entry = checked_step(raw)
+            if entry is None:
+                self.malformed += 1
+                continue
+            if may_sign is not None and kids is not None and not may_sign(kids[i], f"router:{entry['router']}"):
+                continue  # (a key bound to nodes speaks for them alone)
+            self.messages += 1
+            if entry["router"] != self.router_id:
+                self.deliver(entry)
+
+
+def checked_step(raw: bytes) -> dict[str, Any] | None:
+    """A `canary_topic` record as a router wrote it (router.canary.CanaryHolder.audit), its fields
+    checked and bounded; None for anything else."""
+    try:
+        doc = wire.loads(raw)
+    except ValueError:
+        return None
+    if not isinstance(doc, dict):
+        return None
+    router_id, step, canary, at, why = (doc.get(k) for k in ("router", "step", "canary", "at_ms", "why"))
+    model = doc.get("model")
+    if not (isinstance(router_id, str) and 0 < len(router_id) <= 128 and isinstance(step, str) and len(step) <= 16):
+        return None
+    if not (isinstance(canary, str) and len(canary) <= 64 and isinstance(why, str)):
+        return None
+    if isinstance(at, bool) or not isinstance(at, int | float) or not math.isfinite(at):
+        return None
+    if model is not None and not (isinstance(model, str) and 0 < len(model) <= 128):
+        return None
+    return {"router": router_id, "step": step, "canary": canary, "at_ms": float(at), "why": why[:256], "model": model}
+
+
 async def canary_ctx(app: web.Application) -> AsyncIterator[None]:
     """The canary's judge (every second), its metrics and audit topic, and the config's own canary."""
     router = app[ROUTER]
     holder = router.canaries
     router.metrics.registry.register(CanaryCollector(holder))
     topic = router.config.canary_topic
+    reader = None
     if topic is not None and router.config.kafka is not None:
         from telemetry.kafka.bus import KafkaSender
 
-        holder.sender = KafkaSender(router.config.kafka, topic, f"edgeroute-canary-{router.router_id}", "canary")
+        signer = router.config.signer()
+        holder.sender = KafkaSender(
+            router.config.kafka, topic, f"edgeroute-canary-{router.router_id}", "canary", signer
+        )
+        loop = asyncio.get_running_loop()
+
+        def deliver(entry: dict[str, Any]) -> None:  # (the reader's thread: the holder is the loop's)
+            try:
+                loop.call_soon_threadsafe(holder.adopt, router, entry)
+            except RuntimeError:  # the loop closed at shutdown
+                pass
+
+        reader = VerdictReader(router.config.kafka, topic, router.router_id, deliver)
+        reader.verifier = router.verifier
+        reader.start()
     if router.config.canary is not None:
         holder.start(router, router.config.canary, "config")
     for spec in router.config.model_canaries:
@@ -177,6 +252,8 @@ async def canary_ctx(app: web.Application) -> AsyncIterator[None]:
         yield
     finally:
         task.cancel()
+        if reader is not None:
+            await asyncio.to_thread(reader.stop)
         if holder.sender is not None:
             await asyncio.to_thread(holder.sender.close)
 
