@@ -50,6 +50,11 @@ MAX_ANSWER = 64 << 20  # an answer larger than this is refused
 FETCH_MAX_BYTES = 32 << 20  # what a fetch asks for at most: a soft limit, well under MAX_ANSWER
 RETRIABLE = {3, 5, 6, 7, 13, 14, 15, 56, 74, 75}  # topic/leader moved, broker busy: look again, go on
 OFFSET_OUT_OF_RANGE = 1
+# A fetch answered with no records for a partition whose high watermark is past the offset asked for
+# (records there, none handed over) waits this much longer next time, doubling up to BEHIND_WAIT_MS:
+# a broker that gathers records only within the fetch's wait (Tansu's memory storage reads a partition
+# in time that grows with its length) would otherwise answer empty at every short wait, for good
+BEHIND_WAIT_MS = 1000
 
 _HEADER = struct.Struct(">hhi")  # api key, version, correlation id (the client id follows)
 _FETCH_HEAD = struct.Struct(">iiiib")  # replica id, max wait, min bytes, max bytes, isolation level
@@ -175,6 +180,9 @@ class LeanConsumer:
         self._conns: dict[int, _Connection] = {}
         self._boot: _Connection | None = None
         self._stale = False  # leaders to look up again before the next fetch
+        self.wait_ms = self.fetch_max_wait_ms  # this fetch's wait: longer while records are there unread
+        self.behind_fetches = 0  # answers with records there and none handed over (each lengthens the wait)
+        self._behind = False  # this fetch: some partition answered empty with records there
 
     # -- connections --------------------------------------------------------------------------
 
@@ -335,7 +343,7 @@ class LeanConsumer:
             self._stale = True
             raise KafkaWireError("no partition has a leader")
         sent = []
-        head = _FETCH_HEAD.pack(-1, self.fetch_max_wait_ms, 1, FETCH_MAX_BYTES, 0)
+        head = _FETCH_HEAD.pack(-1, self.wait_ms, 1, FETCH_MAX_BYTES, 0)
         for leader, topics in by_leader.items():
             body = [head, I32.pack(len(topics))]
             for topic, parts in topics.items():
@@ -352,9 +360,10 @@ class LeanConsumer:
         if not sent:
             raise KafkaWireError("no partition leader could be reached")
         out: dict[TopicPartition, list[Record]] = {}
+        self._behind = False
         for leader, conn, correlation in sent:
             try:
-                answer = conn.receive(correlation, self.fetch_max_wait_ms / 1000.0)
+                answer = conn.receive(correlation, self.wait_ms / 1000.0)
                 self._fetched(answer, out)
             except Unsupported:
                 raise
@@ -362,6 +371,15 @@ class LeanConsumer:
                 self._drop(leader)
                 self._stale = True
                 raise
+        if self._behind:  # a partition's records there, none handed over: wait longer next time
+            self.behind_fetches += 1
+            self.wait_ms = min(BEHIND_WAIT_MS, self.wait_ms * 2)
+            n = self.behind_fetches
+            if n >= 64 and n & (n - 1) == 0:  # (the 64th, 128th...: a slow broker, not one late answer)
+                log.warning("the broker answered %d fetches empty with records there; waiting up to %d ms",
+                            n, BEHIND_WAIT_MS)  # fmt: skip
+        else:
+            self.wait_ms = self.fetch_max_wait_ms
         return out
 
     def _fetched(self, answer: Reader, out: dict[TopicPartition, list[Record]]) -> None:
@@ -394,6 +412,8 @@ class LeanConsumer:
                             log.warning("%s: record batch dropped (%d so far): %s", tp, n, reason[:300])
                     if records:
                         out[tp] = records
+                elif high > self.offsets[tp]:
+                    self._behind = True  # (an empty answer though records are there: `poll` waits longer)
         if reset:
             self.offsets.update(self.end_offsets(list(reset)))
 

@@ -290,3 +290,36 @@ def test_the_signature_header_is_read_and_other_headers_passed_over() -> None:
     records, _ = decode(bytes(builder.build()))
     assert [r.sig for r in records] == [b"ER1 fleet 1 abc", None, None]
     assert [r.value for r in records] == [b'{"v": 0}', b'{"v": 1}', b'{"v": 2}']
+
+
+def test_records_there_but_not_handed_over_lengthen_the_next_fetchs_wait() -> None:
+    """A broker that gathers records only within the fetch's wait (Tansu's memory storage reads a
+    partition in time that grows with its length) answered a 5 ms fetch empty for good once the
+    router's peers topic grew: active-active routers stopped hearing each other mid-run. An empty answer
+    with the high watermark past the offset now doubles the next wait (up to BEHIND_WAIT_MS) until
+    records come; caught up at the end, the wait stays as configured."""
+    from telemetry.kafka.lean import BEHIND_WAIT_MS
+
+    consumer = LeanConsumer("127.0.0.1:9", fetch_max_wait_ms=5)
+    tp = TopicPartition("peers", 0)
+    consumer.offsets, consumer._leaders = {tp: 7}, {tp: 1}
+    answers = [fetch_answer("peers", {0: b""}, high=50)] * 4 + [fetch_answer("peers", {0: batch(7, [b"x"])}, high=50)]
+    answers += [fetch_answer("peers", {0: b""}, high=8)]  # caught up: nothing there to wait for
+    waits: list[int] = []
+
+    class Conn:
+        def send(self, api: int, version: int, body: bytes) -> int:
+            waits.append(struct.unpack_from(">ii", body)[1])
+            return 1
+
+        def receive(self, correlation: int, timeout_s: float) -> Reader:
+            return Reader(answers.pop(0))
+
+    consumer._leader = lambda node: Conn()  # type: ignore[assignment,method-assign,return-value]
+    got = [consumer.poll() for _ in range(6)]
+    assert waits == [5, 10, 20, 40, 80, 5] and consumer.behind_fetches == 4
+    assert got[4] == {tp: [Record(7, b"x")]} and consumer.offsets[tp] == 8 and consumer.wait_ms == 5
+    consumer.wait_ms = BEHIND_WAIT_MS
+    answers += [fetch_answer("peers", {0: b""}, high=50)]
+    consumer.poll()
+    assert consumer.wait_ms == BEHIND_WAIT_MS, "never past the bound"
