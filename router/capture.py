@@ -29,6 +29,10 @@ The record format (docs/guides.md, "Capture"), one JSON object a line, `k` its k
 - `{"k": "node", "t": MS, "id", "site", "tier", "slots", "status", "mode", "models": {M: [ewma ms at
   batch 1, resident]}}`: each node as the router sees it, every `fleet_every_s`, and when one joins or
   leaves (`"status": "gone"`).
+- `{"k": "lag", "t": MS, "router": ID, "telemetry_ms": [...], "peers_ms": [...]}`: with each fleet
+  record, the send-to-receipt lags of the telemetry (and of the other routers' load messages) this
+  router received since the last one, at most `LAG_SAMPLES` of each, spread evenly: how stale its view
+  was, which a replay's simulation runs on (scenarios.replay.capture).
 
 A request's record is about 230 bytes as JSON and 40-60 bytes gzip'd (docs/benchmarks.md).
 """
@@ -56,6 +60,15 @@ log = logging.getLogger("edgeroute.router")
 DRAIN_S = 0.2
 KAFKA_BATCHES = 64  # batches waiting for the topic at most (12.8 s of batches); past it the oldest are dropped
 RESULTS = ("captured", "sampled_out", "dropped_queue", "dropped_disk", "dropped_kafka")
+LAG_SAMPLES = 128  # lags of each kind in one `lag` record at most
+
+
+def spread(values: list[float], most: int = LAG_SAMPLES) -> list[float]:
+    """At most `most` of `values`, spread evenly over them (all of them when there are no more)."""
+    if len(values) <= most:
+        return [round(v, 3) for v in values]
+    step = len(values) / most
+    return [round(values[int(i * step)], 3) for i in range(most)]
 
 
 class Capture:
@@ -102,13 +115,25 @@ class Capture:
             return
         self._queue.append(fields)
 
-    def fleet(self, view: ClusterView, modes: Callable[[Any], str], now_ms: float) -> None:
-        """The fleet as seen now, when `fleet_every_s` has passed or a node joined or left."""
+    def fleet(
+        self,
+        view: ClusterView,
+        modes: Callable[[Any], str],
+        now_ms: float,
+        lags: Callable[[], tuple[list[float], list[float]]] | None = None,
+    ) -> None:
+        """The fleet as seen now, when `fleet_every_s` has passed or a node joined or left, and with it
+        the lags received since (`lags`: the telemetry's and the peers', newest last)."""
         ids = {n.node_id for n in view}
         changed = ids != set(self._known) or any(self._known.get(n.node_id) != n.load.status for n in view)
         if not changed and now_ms - self._last_fleet < self.cfg.fleet_every_s * 1000.0:
             return
         self._last_fleet = now_ms
+        if lags is not None:
+            telemetry, peers = lags()
+            if telemetry or peers:
+                self._queue.append({"k": "lag", "t": now_ms, "router": self.router_id,
+                                    "telemetry_ms": spread(telemetry), "peers_ms": spread(peers)})  # fmt: skip
         for node_id in set(self._known) - ids:
             self._queue.append({"k": "node", "t": now_ms, "id": node_id, "status": "gone"})
         self._known = {n.node_id: n.load.status for n in view}

@@ -77,10 +77,26 @@ async def capture_ctx(app: web.Application) -> AsyncIterator[None]:
     def mode_of(view: ClusterView, now: float) -> Callable[[Any], str]:
         return lambda n: str(router.lifecycle.evidence.state(view, n, now).get("mode", ""))
 
+    counted = {"telemetry": router.store.messages, "peers": 0}
+
+    def since(kind: str, total: int, recent: Any) -> list[float]:
+        """The lags of the messages received since the last call (at most what `recent` keeps)."""
+        new, counted[kind] = total - counted[kind], total
+        try:
+            kept = list(recent)  # (appended to by the reader's thread)
+        except RuntimeError:
+            return []
+        return kept[len(kept) - min(new, len(kept)) :] if new > 0 else []
+
+    def lags() -> tuple[list[float], list[float]]:
+        store, peers = router.store, router.peers
+        telemetry = since("telemetry", store.messages, store.lag_ms)
+        return telemetry, ([] if peers is None else since("peers", peers.messages, peers.lag_ms))
+
     async def fleet() -> None:
         while True:
             view, now = router.lifecycle.view(), router.clock()
-            capture.fleet(view, mode_of(view, now), now)
+            capture.fleet(view, mode_of(view, now), now, lags)
             await asyncio.sleep(1.0)
 
     task = asyncio.get_running_loop().create_task(fleet())

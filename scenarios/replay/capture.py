@@ -24,7 +24,6 @@ import io
 import json
 import math
 import re
-import statistics
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -36,16 +35,17 @@ import yaml
 from pydantic import ValidationError
 
 from router.lifecycle.tenants import TenantsConfig
+from scenarios.replay.observed import host_level, links_of, recorded_host, routers_of, speed_of
 from scenarios.replay.report import summarize
 from scenarios.spec.workload import Arrival, Result
 from scenarios.stack.nodeconfig import profile_baselines
 from telemetry.cluster.schema import NAME_PATTERN
-from telemetry.measure.quantiles import grid_101
 from telemetry.oip.wire import MAX_PRIORITY, tenant_hint
 from telemetry.process.settings import first_error
 
 MAX_LINE = 64 << 10  # a capture line's bytes at most (a request's is about 230)
 MAX_RECORDS = 10_000_000  # requests read from one capture at most
+MAX_LAGS = 1024  # lags of each kind in one `lag` record at most (a router writes 128)
 NAME = re.compile(NAME_PATTERN)
 DOORS = ("http", "grpc", "mqtt")
 
@@ -60,6 +60,8 @@ class Captured:
     requests: list[dict[str, Any]] = field(default_factory=list)
     nodes: dict[str, dict[str, Any]] = field(default_factory=dict)  # node id -> its latest record
     gone: set[str] = field(default_factory=set)
+    # (router id, t, the telemetry's lags, the peers' lags): how stale each router's view was
+    lags: list[tuple[str, float, list[float], list[float]]] = field(default_factory=list)
 
 
 def _name(value: Any, what: str, optional: bool = False) -> str | None:
@@ -115,6 +117,14 @@ def _request(doc: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _lags(value: Any, what: str) -> list[float]:
+    if value is None:
+        return []
+    if not isinstance(value, list) or len(value) > MAX_LAGS:
+        raise ValueError(f"{what} must be a list of at most {MAX_LAGS} lags")
+    return [float(_number(v, what) or 0.0) for v in value]
+
+
 def _node(doc: dict[str, Any]) -> dict[str, Any]:
     node_id = _name(doc.get("id"), "id")
     if doc.get("status") == "gone":
@@ -148,6 +158,7 @@ def _node(doc: dict[str, Any]) -> dict[str, Any]:
 def read_lines(lines: Iterable[bytes], origin: str, into: Captured) -> Captured:
     """Read a capture's lines into `into` (CaptureError naming `origin` and the line for a bad one)."""
     lineno = 0
+    current: str | None = None  # the router whose header came last: this stream's requests are its
     try:
         for lineno, raw in enumerate(lines, 1):
             if len(raw) > MAX_LINE:
@@ -167,6 +178,7 @@ def read_lines(lines: Iterable[bytes], origin: str, into: Captured) -> Captured:
                 if kind == "router":
                     router_id = _name(doc.get("router"), "router")
                     assert router_id is not None
+                    current = router_id
                     into.routers[router_id] = {k: doc.get(k) for k in ("policy", "spec", "site", "version", "t")}
                     if doc.get("tenants") is not None:  # (checked as the router's own config is)
                         try:
@@ -177,7 +189,17 @@ def read_lines(lines: Iterable[bytes], origin: str, into: Captured) -> Captured:
                 elif kind == "r":
                     if len(into.requests) >= MAX_RECORDS:
                         raise CaptureError(f"{origin}:{lineno}: more than {MAX_RECORDS:,} requests")
-                    into.requests.append(_request(doc))
+                    request = _request(doc)
+                    request["router"] = current
+                    into.requests.append(request)
+                elif kind == "lag":
+                    if len(into.lags) >= MAX_RECORDS // 100:
+                        raise CaptureError(f"{origin}:{lineno}: more than {MAX_RECORDS // 100:,} lag records")
+                    router_id = _name(doc.get("router"), "router")
+                    assert router_id is not None
+                    into.lags.append((router_id, float(_number(doc.get("t"), "t") or 0.0),
+                                      _lags(doc.get("telemetry_ms"), "telemetry_ms"),
+                                      _lags(doc.get("peers_ms"), "peers_ms")))  # fmt: skip
                 elif kind == "node":
                     node = _node(doc)
                     if node["status"] == "gone":
@@ -232,42 +254,6 @@ def results_of(c: Captured, since_ms: float, default_deadline_ms: float) -> list
     return out
 
 
-def _speed(node: dict[str, Any], measured: dict[str, list[float]], baselines: dict[str, dict[int, float]]) -> float:
-    """A node's speed against this machine's profile: the median, over its models, of the profile's
-    batch-1 time over the time measured there (the requests' own execution times, else telemetry's
-    EWMA); 1.0 where nothing can be compared."""
-    ratios = []
-    for model, (ewma, _) in node["models"].items():
-        ref = baselines.get(model, {}).get(1)
-        seen = measured.get(model)
-        ms = statistics.median(seen) if seen else ewma
-        if ref and ms and ms > 0:
-            ratios.append(ref / ms)
-    return round(min(1000.0, max(0.001, statistics.median(ratios))), 4) if ratios else 1.0
-
-
-def _links(c: Captured, sites: list[str]) -> list[dict[str, Any]]:
-    """Links as observed: for requests a site's clients sent to a node in another partition, the
-    median of (latency - the node's queue wait and execution) less the same for the site's own nodes,
-    as the round trip."""
-    partition = {n["id"]: n["site"] for n in c.nodes.values()}
-    transit: dict[tuple[str, str], list[float]] = defaultdict(list)
-    for r in c.requests:
-        if r["status"] != 200 or r["site"] is None or r["node"] not in partition:
-            continue
-        transit[(r["site"], partition[r["node"]])].append(r["ms"] - (r["queue_ms"] or 0.0) - (r["exec_ms"] or 0.0))
-    pairs: dict[tuple[str, str], list[float]] = defaultdict(list)  # a link is both ways: one per pair
-    for (a, b), seen in transit.items():
-        if a != b and a in sites and b in sites:
-            pairs[(min(a, b), max(a, b))].extend(seen)
-    out = []
-    for (a, b), seen in sorted(pairs.items()):
-        local = transit.get((a, a), []) + transit.get((b, b), []) or [0.0]
-        rtt = max(0.0, statistics.median(seen) - statistics.median(local))
-        out.append({"a": a, "b": b, "rtt_ms": round(rtt, 2)})
-    return out
-
-
 def scenario_of(
     c: Captured, name: str, minutes: float | None = None, default_deadline_ms: float = 2000.0
 ) -> tuple[dict[str, Any], dict[str, str], dict[str, Any]]:
@@ -307,7 +293,7 @@ def scenario_of(
         traces[site] = buf.getvalue()
         mix = Counter(res.arrival.model for res in rows)
         load.append({"site": site, "arrival": "trace", "trace": f"traces/{site}.csv", "models": dict(mix)})
-    links = _links(c, sites)
+    links = links_of(c, sites)
     doc: dict[str, Any] = {
         "name": name,
         "description": f"captured from {', '.join(sorted(c.routers)) or 'a router'}: {len(results)} requests "
@@ -321,11 +307,12 @@ def scenario_of(
                     "partition": n["site"],
                     "tier": n["tier"],
                     "slots": n["slots"],
-                    "speed": _speed(n, measured.get(n["id"], {}), baselines),
+                    "speed": speed_of(n, measured.get(n["id"], {}), baselines),
                     "models": sorted(n["models"]),
                 }
                 for n in sorted(nodes, key=lambda n: n["id"])
             ],
+            **({"routers": routers} if (routers := routers_of(c, start)) else {}),
         },
         "workload": {
             "duration_s": duration,
@@ -347,46 +334,6 @@ def scenario_of(
         "host_level": host_level(c, results, links, duration),
     }
     return doc, traces, recorded
-
-
-def host_level(
-    c: Captured, results: list[Result], links: list[dict[str, Any]], duration_s: float
-) -> dict[str, Any] | None:
-    """The host as the capture saw it, as a profile's load level (scenarios.calibrate.host): the
-    per-request overhead (latency less the node's queue wait and execution and the link's round trip),
-    pooled and per model, at the rate offered. The replay's simulation runs on it: the calibration
-    check on the fleet's own traffic. None with fewer than 20 answers to learn it from."""
-    partition = {n["id"]: n["site"] for n in c.nodes.values()}
-    rtt = {(k["a"], k["b"]): k["rtt_ms"] for k in links} | {(k["b"], k["a"]): k["rtt_ms"] for k in links}
-    pooled: list[float] = []
-    by_model: dict[str, list[float]] = defaultdict(list)
-    for r in results:
-        if r.status != 200 or r.node not in partition:
-            continue
-        link = rtt.get((r.arrival.site, partition[r.node]), 0.0)
-        o = max(0.0, r.latency_ms - r.queue_ms - r.exec_ms - link)
-        pooled.append(o)
-        by_model[r.arrival.model].append(o)
-    if len(pooled) < 20:
-        return None
-    return {
-        "rate_rps": round(len(results) / duration_s, 3),
-        "overhead_ms": grid_101(pooled),
-        "overhead_ms_by_model": {m: grid_101(v) for m, v in by_model.items() if len(v) >= 20},
-        "exec_ms": {},
-        "from": "capture",
-    }
-
-
-def recorded_host(scenario: Any) -> dict[str, Any] | None:
-    """A capture's replay: the host level it recorded, for the simulation to run on (None otherwise)."""
-    if scenario.recorded is None:
-        return None
-    try:
-        level = json.loads((scenario.base_dir / scenario.recorded).read_text()).get("host_level")
-    except (OSError, ValueError, AttributeError):
-        return None
-    return {"level": level} if isinstance(level, dict) else None
 
 
 def write_folder(out: Path, doc: dict[str, Any], traces: dict[str, str], recorded: dict[str, Any]) -> Path:

@@ -113,6 +113,8 @@ def simulate_run(cell: Cell) -> tuple[dict[str, Any], int, dict[str, Any]]:
             for name, (without, arrivals) in untriggered(scenario, schedule).items()
         }
         summary["recovery"] = recovery(results, marks, duration + warmup, base)
+    if sim.replicas:  # several routers (topology.routers): each one's load messages and lag
+        summary["routers"] = sim.replicas_report()
     scaled = sim.autoscale_report((duration + warmup) * 1000.0)
     if scaled is not None:
         summary["autoscale"] = scaled | _first_rise(scaled, summary["timeline"], sim.cfg.lifecycle.scaling)

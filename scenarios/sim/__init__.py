@@ -13,7 +13,8 @@ request lifecycle.
 
 from scenarios.sim.engine import Simulation, simulate
 from scenarios.sim.profile import DEFAULT_PROFILE, Distribution, Profile
-from scenarios.sim.state import SimConfig, model_bytes, output_bytes
+from scenarios.sim.sizes import model_bytes, output_bytes
+from scenarios.sim.state import SimConfig
 
 __all__ = [
     "DEFAULT_PROFILE",

@@ -61,8 +61,10 @@ from scenarios.sim.canary import SimCanary
 from scenarios.sim.cascades import CascadeDriver, CascadeProfile
 from scenarios.sim.faults import FaultModel
 from scenarios.sim.nodes import NodeModel
-from scenarios.sim.profile import Profile
+from scenarios.sim.profile import Distribution, Profile
+from scenarios.sim.replicas import ReplicaModel
 from scenarios.sim.router import RouterDriver
+from scenarios.sim.sizes import _declared_load_ms, model_bytes
 from scenarios.sim.state import (
     ARRIVAL,
     AUTOSCALE,
@@ -73,6 +75,8 @@ from scenarios.sim.state import (
     HEDGE,
     LOADED,
     NODE_ARRIVE,
+    PEER_DELIVER,
+    PEERS,
     POLL,
     PROBE,
     PROBED,
@@ -86,9 +90,7 @@ from scenarios.sim.state import (
     Answers,
     SimConfig,
     SimRequest,
-    _declared_load_ms,
     _still_held,
-    model_bytes,
 )
 from scenarios.sim.telemetry import TelemetryModel
 from scenarios.sim.workflows import WorkflowDriver
@@ -146,7 +148,9 @@ def few_collections() -> Iterator[Callable[[], int | None]]:
             gc.enable()
 
 
-class Simulation(RouterDriver, WorkflowDriver, CascadeDriver, NodeModel, TelemetryModel, FaultModel, AutoscaleModel):
+class Simulation(
+    RouterDriver, WorkflowDriver, CascadeDriver, NodeModel, TelemetryModel, FaultModel, AutoscaleModel, ReplicaModel
+):
     def __init__(
         self,
         scenario: Scenario,
@@ -209,6 +213,22 @@ class Simulation(RouterDriver, WorkflowDriver, CascadeDriver, NodeModel, Telemet
                 )
                 self.lcs[site] = self.lc if i == 0 else Lifecycle(settings, store, _still_held)
                 self.policies[site] = self.policy if i == 0 else (policy or build_policy(run.policy))
+        self.stands = list(self.lcs.items())
+        self.replicas = []
+        routers = scenario.topology.routers
+        self.lag_dist = profile.telemetry_lag_ms
+        if len(routers) == 1 and routers[0].telemetry_lag_ms:  # the one router's lag, as a capture saw it
+            self.lag_dist = Distribution(routers[0].telemetry_lag_ms)
+        elif len(routers) > 1:  # several routers, each its own view, overlay and policy (scenarios.sim.replicas)
+            self._replicas_setup(
+                routers,
+                {**scenario.router, **overrides},
+                lambda: policy or build_policy(run.policy),
+                links,
+                seed,
+                self.cfg.stale_after_ms,
+                _still_held,
+            )
         self._arch = {m: scenario.architecture(m) for n in scenario.topology.nodes for m in n.models}
         self._size = {m: model_bytes(scenario, m) for m in self._arch}
         self.nodes = {n.id: self._node(n) for n in run.node_specs(scenario.topology.nodes)}
@@ -283,6 +303,8 @@ class Simulation(RouterDriver, WorkflowDriver, CascadeDriver, NodeModel, Telemet
             PROBE: self._probe,
             PROBED: self._probed,
             AUTOSCALE: self._autoscale,
+            PEERS: self._peers,
+            PEER_DELIVER: self._peer_deliver,
         }
         handlers: list[Callable[[Any], None] | None] = [by_kind.get(k) for k in range(max(by_kind) + 1)]
         last = self.schedule[-1].at_s * 1000.0 if self.schedule else 0.0
@@ -299,6 +321,7 @@ class Simulation(RouterDriver, WorkflowDriver, CascadeDriver, NodeModel, Telemet
         for fault in self.scenario.faults:
             self._schedule_fault(fault)
         self._autoscale_start()
+        self._peers_start()
         # the arrivals are read from the schedule in order, not pushed on the heap: the loop takes one
         # when it comes first by (time, kind) (no other event is of its kind, so no tie needs a seq)
         schedule = self.schedule

@@ -100,7 +100,7 @@ class FaultModel(SimState):
             self.fault_log.append((t, f"{node.spec.id} speed x{action[2]:g}"))
         elif kind == "link":
             (a, b), cut = action[1], action[2]
-            for lc in self.lcs.values():  # (routers per site: every router's requests)
+            for _, lc in self.stands:  # (routers per site, or several: every router's requests)
                 lc.set_link(a, b, cut)
             if len(self.lcs) > 1:  # ... and the telemetry between the two sites
                 self._telemetry_link(a, b, cut)

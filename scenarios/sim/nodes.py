@@ -163,7 +163,7 @@ class NodeModel(SimState):
             except NoRoom as exc:
                 for job in node.load_waiters.pop(model, []):
                     self._send_reply(job, 503, f"cannot load model '{model}': {exc.reason}")
-                for lc in self.lcs.values():
+                for _, lc in self.stands:
                     lc.copies.done(model, node.spec.id)
                 continue
             for victim in victims:
@@ -181,7 +181,7 @@ class NodeModel(SimState):
         node.peak_memory = max(node.peak_memory, node.residency.used_bytes)
         node.loads += 1
         node.load_ms[model] = self._load_ms[model]
-        for lc in self.lcs.values():
+        for _, lc in self.stands:
             lc.copies.done(model, node.spec.id)
         for job in node.load_waiters.pop(model, []):
             if not job.settled:

@@ -36,7 +36,8 @@ class RouterDriver(SimState):
         t0 = a.at_s * 1000.0
         model = a.model
         site = a.site
-        lc = self.router_of(site)
+        replica = self.replica_of(i) if self.replicas else None
+        lc = self.router_of(site) if replica is None else replica.lc
         taken = self.intake_of(a, lc.settings.intake)  # what the live door's intake makes of it
         if isinstance(taken, Refused):
             self._open -= 1
@@ -67,9 +68,10 @@ class RouterDriver(SimState):
         budget = taken.budget_ms(lc.settings.intake)
         deadline_at = t0 + budget
         route = RouteRequest(model, taken.priority, budget, site, taken.batch, str(i), tenant=tenant)
-        policy, arm = self.policy_of(site), None
+        policy, arm = (self.policy_of(site), None) if replica is None else (replica.policy, None)
         if self.canary is not None:  # a policy canary: the arm's policy (scenarios.sim.canary)
-            arm, candidate = self.canary.choose(i, a, site if site in self.lcs else None)
+            key = replica.id if replica is not None else site if site in self.lcs else None
+            arm, candidate = self.canary.choose(i, a, key)
             policy = candidate or policy
         life = lc.begin(route, policy, t0, deadline_at)
         half = o / 2.0
@@ -188,7 +190,7 @@ class RouterDriver(SimState):
 
     def _reroute(self, _: Any) -> None:
         """Every `reroute.check_ms`, as the live router's loop: the moves each router's lifecycle asks for."""
-        for lc in self.lcs.values():
+        for _, lc in self.stands:
             for move in lc.moves(self.now):
                 self._move(move)
         if self._open > 0:
@@ -305,6 +307,8 @@ class RouterDriver(SimState):
                 for site in self.policies:
                     self.policies[site] = self.canary.candidate_for(site)
                 self.policy = self.policies.get(None, self.policy)
+                for r in self.replicas:
+                    r.policy = self.canary.candidate_for(r.id)
 
     def _probe(self, _: Any) -> None:
         """The router's probe round (router.lifecycle.evidence), as the live router's every half interval:
@@ -312,7 +316,7 @@ class RouterDriver(SimState):
         link stands, else the probe fails at its timeout."""
         cfg = self.lc.settings.probes
         now = self.now
-        for site, lc in self.lcs.items():  # (every router probes from where it stands)
+        for site, lc in self.stands:  # (every router probes from where it stands)
             for state in lc.probes_due(now):
                 node = self.nodes.get(state.node_id)
                 crossing = None if node is None or not node.alive else lc.cross(site, state.partition)
@@ -329,7 +333,7 @@ class RouterDriver(SimState):
 
     def _copies(self, _: Any) -> None:
         """The router's copy planner (router.lifecycle.copies), on the simulated clock."""
-        for lc in self.lcs.values():
+        for _, lc in self.stands:
             copies = lc.copies
             for model, node_id in copies.plan(lc.store.view, self.now):
                 node = self.nodes[node_id]

@@ -8,15 +8,12 @@ share so each module reads on its own.
 
 from __future__ import annotations
 
-import functools
 import heapq
-import math
-import os
 import random
 from array import array
+from bisect import bisect_right
 from collections import deque
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nodes.residency import Residency
@@ -27,6 +24,7 @@ from router.lifecycle import Attempts, Failure, Lifecycle, LifecycleSettings
 from router.lifecycle.intake import Hints, Intake, IntakeRules, Refused, take
 from router.lifecycle.stages import StageProgress
 from scenarios.sim.profile import Distribution, Profile
+from scenarios.sim.sizes import model_bytes as model_bytes  # (moved to scenarios.sim.sizes; named here still)
 from scenarios.spec.schema import Fault, NodeSpec, Scenario
 from scenarios.spec.workload import Arrival, Result
 from telemetry.cluster.schema import DeviceInfo, ModelLoad, NodeLoad
@@ -55,11 +53,12 @@ from telemetry.cluster.store import ViewStore
     PROBE,
     PROBED,
     AUTOSCALE,
-) = range(19)
+    PEERS,
+    PEER_DELIVER,
+) = range(21)
 
 _heappush = heapq.heappush
-
-DEFAULT_LOAD_MS = 5.0  # a zoo model's session creation and warm-up on this machine, when none is declared
+GOLDEN = 0.6180339887498949  # (sqrt(5) - 1) / 2: an even, deterministic spread of arrivals over routers
 
 
 @dataclass(slots=True)
@@ -300,6 +299,13 @@ class SimState:
     # every router by the site it stands in (None: the central one); with routers per site, one each
     lcs: dict[str | None, Lifecycle[tuple[SimRequest, int]]]
     policies: dict[str | None, Pipeline]
+    # every router with the site it stands in (None: central), each once: what every router does
+    # (probes, moves, copies, link cuts) loops over these
+    stands: list[tuple[str | None, Lifecycle[tuple[SimRequest, int]]]]
+    replicas: list[Any]  # several central routers (scenarios.sim.replicas.Replica), else empty
+    lag_dist: Any  # the telemetry's lag (a Distribution): the profile's, or the one router's named
+    _uptos: list[float]  # the replicas' cumulative shares
+    peers_cfg: Any  # router.config.PeersConfig, with replicas
     # telemetry between sites cut (routers per site: a link cut, or only telemetry's): frozenset pairs
     telemetry_cut: set[frozenset[str]]
     _arch: dict[str, str]
@@ -368,6 +374,12 @@ class SimState:
     def router_of(self, site: str | None) -> Lifecycle[tuple[SimRequest, int]]:
         """The router a request from `site` reaches: its site's, with routers per site; else the central one."""
         return self.lcs.get(site, self.lc)
+
+    def replica_of(self, index: int) -> Any:
+        """With several central routers, the one arrival `index` reaches (its connection's, as the
+        kernel spread them: a golden-ratio sequence over the routers' shares; scenarios.sim.replicas)."""
+        u = ((index + 1) * GOLDEN) % 1.0
+        return self.replicas[min(len(self.replicas) - 1, bisect_right(self._uptos, u))]
 
     def policy_of(self, site: str | None) -> Pipeline:
         """That router's own policy object (a router per site: each learns on its own, as live)."""
@@ -445,47 +457,3 @@ class SimState:
 def _still_held(entry: tuple[SimRequest, int]) -> bool:
     req, hold = entry
     return not req.done and hold == req.hold
-
-
-def model_bytes(scenario: Scenario, model: str) -> int:
-    """Resident size: the catalogue's `size_mb`, else the zoo file's (as the node accounts it)."""
-    declared = scenario.model_size_mb(model)
-    if declared is not None:
-        return int(declared * (1 << 20))
-    entry = scenario.models.get(model)
-    if entry is not None and entry.path is not None:  # the user's file, as the node accounts it
-        return os.path.getsize(entry.path)
-    for node in scenario.topology.nodes:  # ... or its default version in a node's repository
-        if node.model_repository is not None and model in node.models:
-            from nodes.repository import scan
-
-            held = scan(Path(node.model_repository)).get(model)
-            if held is not None:
-                return os.path.getsize(held.path(Path(node.model_repository), held.default))
-    return _zoo_file_bytes(scenario.architecture(model))
-
-
-def _declared_load_ms(scenario: Scenario, model: str) -> float:
-    entry = scenario.models.get(model)
-    return entry.load_ms if entry is not None and entry.load_ms is not None else DEFAULT_LOAD_MS
-
-
-def _zoo_file_bytes(arch: str) -> int:
-    """A zoo model's file size, from the zoo's table (nodes.zoo: no ONNX needed to simulate)."""
-    from nodes import zoo
-
-    return zoo.ZOO[arch].file_bytes
-
-
-@functools.cache
-def output_bytes(arch: str, output: str, batch: int = 1) -> int:
-    """Bytes of one of a zoo model's outputs for `batch` rows (FP32), from the zoo's table."""
-    from nodes import zoo
-
-    entry = zoo.ZOO.get(arch)
-    dims = None if entry is None else entry.outputs.get(output)
-    return 0 if dims is None else 4 * math.prod(batch if d < 0 else d for d in dims)
-
-
-def stage_model(spec: WorkflowSpec, stage: str) -> str:
-    return next(st.model for st in spec.stages if st.name == stage)

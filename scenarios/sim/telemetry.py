@@ -139,8 +139,13 @@ class TelemetryModel(SimState):
         # a delivery is an event of its own, ordered as every event by (time, kind, seq), kept in a
         # queue of its own: only the next poll reads what was delivered, so nothing else needs to
         # see it on the event heap (DELIVER orders before POLL at the same instant: taken by it)
-        at = self.now + self.profile.telemetry_lag_ms.sample(self.tel_rng)
-        if len(self.lcs) == 1:
+        if self.replicas:  # several central routers: each reads the report after its own lag
+            for r in self.replicas:
+                self.seq += 1
+                heapq.heappush(self.deliveries, (self.now + r.lag.sample(self.tel_rng), self.seq, msg, r.lc.store))
+            return
+        at = self.now + self.lag_dist.sample(self.tel_rng)
+        if len(self.stands) == 1:
             self.seq += 1
             heapq.heappush(self.deliveries, (at, self.seq, msg, self.store))
             return

@@ -7,6 +7,7 @@ from policies.api import RouteRequest
 from policies.budgets import split_budget
 from router.config import CropSpec, WorkflowSpec
 from router.lifecycle.stages import StageProgress, downstream, expected_stage_ms
+from scenarios.sim.sizes import output_bytes, stage_model
 from scenarios.sim.state import (
     RESUME,
     Job,
@@ -14,8 +15,6 @@ from scenarios.sim.state import (
     SimState,
     SimWorkflow,
     StageRun,
-    output_bytes,
-    stage_model,
 )
 from scenarios.spec.workload import Arrival, Result
 

@@ -120,6 +120,33 @@ class Link(_Strict):
     loss: float = Field(0.0, ge=0, lt=1)
 
 
+def _lag_quantiles(q: list[float] | None) -> list[float] | None:
+    if q is None:
+        return None
+    if len(q) != 101:
+        raise ValueError(f"101 quantiles (p0..p100), not {len(q)}")
+    if any(not 0.0 <= v <= 3_600_000.0 for v in q) or any(b < a for a, b in zip(q, q[1:], strict=False)):
+        raise ValueError("lags are milliseconds from 0 to an hour that do not decrease")
+    return q
+
+
+class RouterSpec(_Strict):
+    """One of several router processes in front of a central fleet (sharing one port: the kernel
+    spreads the connections among them), as a capture saw it: its share of the requests and how stale
+    its view was. The simulator runs each as a router of its own (its own view, overlay and policy
+    object), their in-flight loads shared as live routers share them (telemetry.kafka.peers)."""
+
+    id: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:-]+$")
+    share: float = Field(1.0, gt=0, le=1, description="its share of the requests (normalised over the routers)")
+    telemetry_lag_ms: list[float] | None = Field(None, description="101 quantiles of its telemetry's lag")
+    peer_lag_ms: list[float] | None = Field(None, description="101 quantiles of the other routers' loads' lag")
+
+    @field_validator("telemetry_lag_ms", "peer_lag_ms")
+    @classmethod
+    def _lags(cls, q: list[float] | None) -> list[float] | None:
+        return _lag_quantiles(q)
+
+
 MAX_TOPOLOGY_NODES = 10_000  # nodes a scenario may have (the simulator's largest views; live, far fewer)
 
 
@@ -134,9 +161,15 @@ class Topology(_Strict):
     links: list[Link] = Field(default_factory=list)
     nodes: list[NodeSpec] = Field(min_length=1, max_length=MAX_TOPOLOGY_NODES)
     deployment: Literal["central", "per_site"] = "central"
+    # central: the router processes in front of the fleet (none named: one, the profile's telemetry lag)
+    routers: list[RouterSpec] = Field(default_factory=list, max_length=64)
 
     @model_validator(mode="after")
     def _consistent(self) -> Topology:
+        if self.routers and self.deployment != "central":
+            raise ValueError("routers: a per_site deployment has a router per partition")
+        if len({r.id for r in self.routers}) != len(self.routers):
+            raise ValueError("routers: ids must be unique")
         known = set(self.partitions)
         if len(known) != len(self.partitions):
             raise ValueError("partition names must be unique")

@@ -152,6 +152,8 @@ def test_a_capture_is_a_scenario_the_simulator_replays_beside_what_it_recorded(t
     (link,) = doc["topology"]["links"]  # (one link for the pair, whichever way its requests went)
     assert {link["a"], link["b"]} == {"cloud", "edge-a"} and 19 <= link["rtt_ms"] <= 21
     assert recorded["sent"] == 3000 and recorded["slo_attainment"] == 1.0 and recorded["host_level"]
+    # the nodes were mostly idle: the queue waits they reported are the slots' wake-up on that host
+    assert recorded["host_level"]["wakeup_ms_q"][50] == 0.2 and recorded["host_level"]["wakeup_ms"] == 0.2
     folder = tmp_path / "fleet"
     write_folder(folder, doc, traces, recorded)
     scenario = load_scenario(folder)
@@ -213,3 +215,53 @@ def test_a_replay_says_what_changes_for_each_site_and_priority_against_the_recor
     report = {"recorded": recorded | {"policy": "p2c"}, "policies": {"slo_priority": {"vs_recorded": v}}}
     lines = format_recorded(report)
     assert any("by site" in line and "edge-a -2.0 p99 x1.10" in line and "edge-b +10.0" in line for line in lines)
+
+
+def test_a_capture_of_two_routers_replays_as_two_routers_with_the_lags_each_saw(tmp_path: Path) -> None:
+    """Each router's requests are its own (the header before them names it), its `lag` records say how
+    stale its view was: the scenario names both routers with their shares and lags, and the simulator
+    runs them as two routers (scenarios.sim.replicas), their loads shared as live."""
+    cap = Capture(CaptureConfig(enabled=True), "r2", lambda: {**_header(), "router": "r2"})
+    view: Any = []
+    cap.fleet(view, lambda n: "", 10_000.0, lambda: ([float(v) for v in range(300)], [1.0] * 40))
+    cap._drain()
+    (lag,) = [orjson.loads(line) for line in cap.recent(-1.0).splitlines()[1:]]
+    assert lag["k"] == "lag" and len(lag["telemetry_ms"]) == 128 and lag["telemetry_ms"][-1] >= 290
+    cap.stop()
+    nodes = [{"k": "node", "t": 0.0, "id": node, "site": site, "tier": "edge" if site == "edge-a" else "cloud",
+              "slots": 1, "status": "ready", "models": {"sensor_mlp": [0.2, True]}}
+             for node, site in (("e1", "edge-a"), ("c1", "cloud"))]  # fmt: skip
+    into = Captured()
+    for router, share, lag_ms in (("r1", 3, 400.0), ("r2", 1, 5.0)):
+        docs: list[dict[str, Any]] = [{**_header(), "router": router}, *nodes]
+        docs.append({"k": "lag", "t": 1_000_000.0, "router": router, "telemetry_ms": [lag_ms] * 64, "peers_ms": []})
+        for i in range(300 * share):
+            docs.append(dict(zip(REQUEST_FIELDS, _req(1_000_000 + i * 10.0 / share, node="e1"), strict=True)))
+        read_lines(_lines(*docs), router, into)
+    doc, traces, recorded = scenario_of(into, "two")
+    r1, r2 = doc["topology"]["routers"]
+    assert (r1["id"], r1["share"], r2["id"], r2["share"]) == ("r1", 0.75, "r2", 0.25)
+    assert r1["telemetry_lag_ms"][50] == 400.0 and r2["telemetry_lag_ms"][50] == 5.0 and "peer_lag_ms" not in r1
+    folder = tmp_path / "two"
+    write_folder(folder, doc, traces, recorded)
+    scenario = load_scenario(folder)
+    from scenarios.replay.run import run_replay
+
+    report = json.loads(run_replay(scenario, list(scenario.policies), tmp_path / "r", mode="sim").read_text())
+    routers = report["policies"]["recorded"]["routers"]
+    assert [r["id"] for r in routers] == ["r1", "r2"] and routers[0]["lag_p50_ms"] == 400.0
+    assert all(r["load_messages"] > 0 and r["peers_heard"] > 0 for r in routers)
+
+
+@pytest.mark.parametrize(
+    ("doc", "where"),
+    [
+        ({"k": "lag", "t": 1.0, "router": "r1", "telemetry_ms": "slow"}, "telemetry_ms must be a list"),
+        ({"k": "lag", "t": 1.0, "router": "r1", "telemetry_ms": [1.0] * 2000}, "list of at most 1024"),
+        ({"k": "lag", "t": 1.0, "router": "r1", "peers_ms": [-5.0]}, "peers_ms must be a finite number"),
+        ({"k": "lag", "t": 1.0, "router": "../r", "telemetry_ms": []}, "router is not a name"),
+    ],
+)
+def test_a_hostile_lag_record_is_refused_with_its_line(doc: dict[str, Any], where: str) -> None:
+    with pytest.raises(CaptureError, match=f":2: .*{where}"):
+        read_lines(_lines(_header(), doc), "cap.jsonl", Captured())
