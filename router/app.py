@@ -228,7 +228,9 @@ async def _copies(app: web.Application) -> AsyncIterator[None]:
     async def plan() -> None:
         while True:
             await asyncio.sleep(cfg.interval_ms / 1000.0)
-            for model, node_id in router.lifecycle.copies.plan(router.store.view, router.clock()):
+            for model, node_id in router.lifecycle.copies.plan(
+                router.store.view, router.clock(), router.lifecycle.tracker
+            ):
                 task = asyncio.create_task(load(model, node_id), name=f"copy-{model}")
                 pending.add(task)
                 task.add_done_callback(pending.discard)

@@ -6,12 +6,19 @@ second over the last `window_ms`, workflow stages included) with what its warm c
 
     capacity = sum over fresh ready nodes holding it resident of slots x 1000 / exec_ms x target_utilisation
 
-where `exec_ms` is the median of those nodes' EWMA at batch 1. When demand is above capacity, and no
-copy of that model is already loading, the router asks one more node to load it (Triton's
-`POST /v2/repository/models/{m}/load`): among the fresh ready nodes that serve the model but do not
-hold it, the one with the most free memory, then the fewest outstanding requests. A model gets at most
-one new copy per `cooldown_ms`. A model with no warm copy at all is left to the policy (its first
-request loads it where the finish estimate is best).
+where `exec_ms` is the median of those nodes' EWMA at batch 1. The demand compared is the demand one
+load time ahead where it is rising (its trend over the window's two halves; a load takes longer than a
+deadline, so a copy planned when the demand is already there lands too late); the load time is the
+node's own measured one, else the median the fleet's nodes reported for that model, else
+`default_load_ms`. When that demand is above capacity, and no copy of that model is already loading,
+the router asks one more node to load it (Triton's `POST /v2/repository/models/{m}/load`): among the
+fresh ready nodes that serve the model but do not hold it, and whose load could not leave another
+model with less warm capacity than its demand (its last warm copy least of all), the one with the most
+free memory, then the fewest
+outstanding requests. A model gets at most one new copy per `cooldown_ms`, and at most `max_loading`
+copies load at once fleet-wide, so the fleet cannot thrash. Each planned load is recorded where the
+policies see loads under way (the overlay's `loading`), so routing and planning agree. A model with no
+warm copy at all is left to the policy (its first request loads it where the finish estimate is best).
 
 The planner is pure (`plan_copies`); the router runs it as a background task and the simulator runs
 the same function on its own clock.
@@ -22,6 +29,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -39,6 +47,8 @@ class CopyConfig(BaseModel):
     target_utilisation: float = Field(0.7, gt=0, le=1, description="share of a copy's capacity planned for")
     cooldown_ms: float = Field(3000.0, ge=0, description="least time between two new copies of one model")
     default_exec_ms: float = Field(5.0, gt=0)
+    default_load_ms: float = Field(500.0, gt=0, description="a load's time where no node has reported one")
+    max_loading: int = Field(2, ge=1, le=1000, description="copies loading at once, fleet-wide (no thrashing)")
 
 
 @dataclass
@@ -53,6 +63,21 @@ class DemandMeter:
         times.append(now_ms)
         while times[0] < now_ms - self.window_ms:  # bounded by the window whether or not anyone reads it
             times.popleft()
+
+    def projected(self, now_ms: float, lead_ms: dict[str, float]) -> dict[str, float]:
+        """Each model's demand `lead_ms[model]` ahead on its trend (the window's second half against its
+        first), where it is rising; its rate now where it is not (a copy must be warm when the demand
+        arrives, not when it is already there: a load takes longer than a deadline)."""
+        half = self.window_ms / 2.0
+        out: dict[str, float] = {}
+        for model, rate in self.rates(now_ms).items():
+            times = self._times[model]
+            recent = sum(1 for t in times if t >= now_ms - half) * 1000.0 / half
+            older = max(0.0, rate * 2.0 - recent)  # (the first half's rate: the window is both halves)
+            slope = (recent - older) / half  # requests/s per ms
+            ahead = recent + slope * (half / 2.0 + lead_ms.get(model, 0.0))  # (from the second half's middle)
+            out[model] = max(rate, ahead) if slope > 0 else rate
+        return out
 
     def rates(self, now_ms: float) -> dict[str, float]:
         """Requests per second per model over the window (models gone quiet are dropped)."""
@@ -80,6 +105,43 @@ def copy_capacity_rps(model: str, warm: list[NodeState], cfg: CopyConfig) -> flo
     return sum(n.capacity for n in warm) * 1000.0 / exec_ms * cfg.target_utilisation
 
 
+def load_time_ms(view: ClusterView, model: str, default_ms: float, node: NodeState | None = None) -> float:
+    """What loading `model` takes: `node`'s last measured load of it, else the median of every node's
+    that reported one (the fleet learns a model's load time from its first load), else `default_ms`."""
+    own = None if node is None else node.model(model)
+    if own is not None and own.load_ms is not None:
+        return own.load_ms
+    seen = sorted(m.load_ms for n in view.serving(model) if (m := n.model(model)) is not None and m.load_ms)
+    return seen[len(seen) // 2] if seen else default_ms
+
+
+def would_starve(
+    view: ClusterView, node: NodeState, model: str, demand_rps: dict[str, float], now_ms: float, cfg: CopyConfig
+) -> bool:
+    """Whether loading `model` on `node` could leave another model with less warm capacity than its
+    demand: `node`'s free memory is below the mean size of what it holds (it evicts the least recently
+    used to make room, whichever that is), and one of the models it holds would then have warm copies
+    elsewhere that serve less than its demand (none at all: its last warm copy)."""
+    resident = [name for name, m in node.load.models.items() if m.resident and name != model]
+    if not resident:
+        return False
+    free = node.load.memory_budget_bytes - node.load.memory_used_bytes
+    if free >= node.load.memory_used_bytes / len(resident):
+        return False  # (room for a model of the mean size: nothing need leave)
+    for other in resident:
+        wanted = demand_rps.get(other, 0.0)
+        if wanted <= 0.0:
+            continue
+        rest = [
+            n
+            for n in view.serving(other)
+            if n.node_id != node.node_id and n.ready and view.is_fresh(n, now_ms) and _resident(n, other)
+        ]
+        if not rest or copy_capacity_rps(other, rest, cfg) < wanted:
+            return True
+    return False
+
+
 def plan_copies(
     view: ClusterView,
     demand_rps: dict[str, float],
@@ -87,10 +149,17 @@ def plan_copies(
     cfg: CopyConfig,
     busy: Iterable[str],
     last_copy_ms: dict[str, float],
+    projected_rps: dict[str, float] | None = None,
+    loading_now: int | None = None,
 ) -> list[tuple[str, str]]:
     """(model, node) pairs to load now: at most one per model, none for a model in `busy` (a copy is
-    loading) or within its cooldown. Highest demand over capacity first."""
+    loading) or within its cooldown, at most `max_loading` loading at once with those in `busy` (or
+    `loading_now`, every load under way); each
+    model judged on its demand ahead (`projected_rps`, else its rate now); never on a node where the
+    load could leave another model with less warm capacity than its demand (`would_starve`). Highest
+    demand over capacity first."""
     skip = set(busy)
+    ahead = projected_rps or {}
     plans: list[tuple[float, str, str]] = []
     for model, rate in demand_rps.items():
         if model in skip or now_ms - last_copy_ms.get(model, -1e18) < cfg.cooldown_ms:
@@ -100,9 +169,12 @@ def plan_copies(
         if not warm:
             continue
         capacity = copy_capacity_rps(model, warm, cfg)
+        rate = max(rate, ahead.get(model, 0.0))
         if rate <= capacity:
             continue
-        cold = [n for n in serving if not _resident(n, model)]
+        cold = [
+            n for n in serving if not _resident(n, model) and not would_starve(view, n, model, demand_rps, now_ms, cfg)
+        ]
         if not cold:
             continue
         target = max(
@@ -111,7 +183,8 @@ def plan_copies(
         )
         plans.append((rate / capacity, model, target.node_id))
     plans.sort(key=lambda p: (-p[0], p[1]))
-    return [(model, node) for _, model, node in plans]
+    room = max(0, cfg.max_loading - (len(skip) if loading_now is None else loading_now))
+    return [(model, node) for _, model, node in plans[:room]]
 
 
 class CopyState:
@@ -131,13 +204,25 @@ class CopyState:
         if self.cfg.enabled:
             self.demand.record(model, now_ms)
 
-    def plan(self, view: ClusterView, now_ms: float) -> list[tuple[str, str]]:
-        """This round's (model, node) loads; each is marked loading and starts the model's cooldown."""
-        plans = plan_copies(view, self.demand.rates(now_ms), now_ms, self.cfg, self.loading, self.last_ms)
+    def plan(self, view: ClusterView, now_ms: float, tracker: Any = None) -> list[tuple[str, str]]:
+        """This round's (model, node) loads, each judged on its demand one load time ahead; each is
+        marked loading, starts the model's cooldown and, with the router's `tracker`
+        (router.lifecycle.overlay), is recorded there as a load under way, where the policies see
+        loads (`load_ready_at`, `loader_busy_ms`): routing and planning agree on what is loading."""
+        rates = self.demand.rates(now_ms)
+        lead = {m: load_time_ms(view, m, self.cfg.default_load_ms) for m in rates}
+        ahead = self.demand.projected(now_ms, lead)
+        busy = dict.fromkeys(self.loading, 1)
+        if tracker is not None:  # (loads the policy set off count too: they hold a node's loader and memory)
+            busy |= tracker.loads_under_way(view)
+        plans = plan_copies(view, rates, now_ms, self.cfg, busy, self.last_ms, ahead, sum(busy.values()))
         for model, node in plans:
             self.last_ms[model] = now_ms
             self.loading[model] = node
             self.made += 1
+            state = view.get(node)
+            if tracker is not None and state is not None:
+                tracker.loading(state, model, now_ms, load_time_ms(view, model, self.cfg.default_load_ms, state))
         return plans
 
     def done(self, model: str, node: str | None = None) -> None:

@@ -271,6 +271,16 @@ class OutstandingTracker:
             free = state.heard_at_ms
         return max(0.0, free - now_ms)
 
+    def loads_under_way(self, view: ClusterView) -> dict[str, int]:
+        """Per model, the loads this router set off (a cold send's, the copy planner's) not done yet."""
+        out: dict[str, int] = {}
+        for node_id, loads in self._loads.items():
+            state = view.get(node_id)
+            for model in loads:
+                if state is not None and self.load_ready_at(state, model) is not None:
+                    out[model] = out.get(model, 0) + 1
+        return out
+
     def load_ready_at(self, state: NodeState, model: str) -> float | None:
         entry = self._loads.get(state.node_id, {}).get(model)
         if entry is None or self._done(state, model, *entry):

@@ -335,7 +335,7 @@ class RouterDriver(SimState):
         """The router's copy planner (router.lifecycle.copies), on the simulated clock."""
         for _, lc in self.stands:
             copies = lc.copies
-            for model, node_id in copies.plan(lc.store.view, self.now):
+            for model, node_id in copies.plan(lc.store.view, self.now, lc.tracker):
                 node = self.nodes[node_id]
                 if not node.alive or model in node.residency or model == node.loading or model in node.load_queue:
                     copies.done(model, node_id)  # as the live node answers such a load at once

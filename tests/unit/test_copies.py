@@ -66,3 +66,102 @@ def test_the_demand_meter_counts_per_model_over_its_window() -> None:
     for t in range(100_000):
         meter.record("busy", NOW + t)
     assert len(meter._times["busy"]) <= 1001, "a meter nobody reads stays within its window"
+
+
+def test_a_rising_demand_gets_its_copy_one_load_time_ahead() -> None:
+    """Below the warm copy's capacity now but climbing: the copy is planned for the demand a load time
+    from now (the fleet's measured load, 2.5 s), not when it is already there; flat, it is not."""
+    from router.lifecycle.copies import CopyState
+
+    warm = node("warm", True).replace(
+        models={"m": ModelLoad(resident=True, load_ms=2500.0, ewma_ms_by_batch={"1": 10.0})}
+    )
+    v = view(warm, node("cold", False))
+    rising, flat = CopyState(CFG), CopyState(CFG)
+    for t in range(0, 1000, 50):  # a 2 s window: 20/s, then 40/s; 50/s is the warm copy's planned capacity
+        rising.record("m", NOW - 2000 + t)
+    for t in range(1000, 2000, 25):
+        rising.record("m", NOW - 2000 + t)
+    for t in range(0, 2000, 1000 // 30):
+        flat.record("m", NOW - 2000 + t)
+    assert rising.demand.rates(NOW)["m"] == 30.0 and 30.0 <= flat.demand.rates(NOW)["m"] <= 31.0
+    assert rising.plan(v, NOW) == [("m", "cold")], "30/s now, about 100/s one load from now"
+    v2 = view(node("warm", True), node("cold", False))
+    assert flat.plan(v2, NOW) == [], "a flat 30/s is not more than the copy serves"
+
+
+def test_a_load_that_would_evict_another_models_last_warm_copy_goes_elsewhere() -> None:
+    both = {"m": ModelLoad(resident=False), "hot": ModelLoad(resident=True, ewma_ms_by_batch={"1": 5.0})}
+    only_hot = node("only-hot", False, free_mb=10).replace(models=both)  # full: a load there evicts `hot`
+    spare = node("spare", False, free_mb=5)
+    v = view(node("warm", True), only_hot, spare)
+    assert plan_copies(v, {"m": 60.0, "hot": 10.0}, NOW, CFG, set(), {}) == [("m", "spare")]
+    assert plan_copies(view(node("warm", True), only_hot), {"m": 60.0, "hot": 10.0}, NOW, CFG, set(), {}) == []
+    assert plan_copies(view(node("warm", True), only_hot), {"m": 60.0}, NOW, CFG, set(), {}) == [("m", "only-hot")], (
+        "`hot` has no demand: its copy may go"
+    )
+    roomy = only_hot.replace(memory_used_bytes=100 << 20)  # room for a model of the mean size: nothing leaves
+    assert plan_copies(view(node("warm", True), roomy), {"m": 60.0, "hot": 10.0}, NOW, CFG, set(), {}) == [
+        ("m", "only-hot")
+    ]
+
+
+def test_at_most_max_loading_copies_load_at_once_fleet_wide() -> None:
+    models = {name: ModelLoad(resident=True, ewma_ms_by_batch={"1": 10.0}) for name in ("a", "b", "c")}
+    cold = {name: ModelLoad(resident=False) for name in ("a", "b", "c")}
+    v = view(node("warm", True).replace(models=models), node("cold", False).replace(models=cold))
+    demand = {"a": 60.0, "b": 70.0, "c": 80.0}
+    assert plan_copies(v, demand, NOW, CFG, set(), {}) == [("c", "cold"), ("b", "cold")], "max_loading 2"
+    assert plan_copies(v, demand, NOW, CFG, {"z"}, {}) == [("c", "cold")], "one loading already"
+
+
+def test_a_planned_copy_is_a_load_under_way_where_the_policies_see_loads() -> None:
+    """The planner's load is recorded in the overlay (as a request's cold send records its own), so
+    `compass` charges what is left of it on that node instead of starting a load of its own elsewhere;
+    the load time is the fleet's measured one where the target never loaded the model."""
+    from router.lifecycle import Lifecycle, LifecycleSettings
+    from router.lifecycle.copies import CopyState
+    from telemetry.cluster.store import ViewStore
+
+    store = ViewStore()
+    warm = node("warm", True).replace(
+        models={"m": ModelLoad(resident=True, load_ms=2500.0, ewma_ms_by_batch={"1": 10.0})}
+    )
+    for msg in (warm, node("cold", False)):
+        store.apply(msg, NOW)
+    lc: Lifecycle[str] = Lifecycle(LifecycleSettings(), store, lambda e: False)
+    state = CopyState(CFG)
+    for t in range(0, 2000, 10):
+        state.record("m", NOW - 2000 + t)
+        state.record("m", NOW - 2000 + t + 5)
+    assert state.plan(store.view, NOW, lc.tracker) == [("m", "cold")]
+    cold = store.view.get("cold")
+    assert cold is not None and lc.tracker.load_ready_at(cold, "m") == NOW + 2500.0
+
+
+def test_loads_the_policy_set_off_count_against_max_loading() -> None:
+    """A cold send's load (the policy's own, recorded by the overlay) holds a node's loader and memory
+    as a copy does: with `max_loading` of them under way the planner waits."""
+    from router.lifecycle import Lifecycle, LifecycleSettings
+    from router.lifecycle.copies import CopyState
+    from telemetry.cluster.store import ViewStore
+
+    store = ViewStore()
+    two = {name: ModelLoad(resident=name == "m", ewma_ms_by_batch={"1": 10.0}) for name in ("m", "x", "y")}
+    cold = {name: ModelLoad(resident=False) for name in ("m", "x", "y")}
+    for msg in (node("warm", True).replace(models=two), node("c1", False).replace(models=cold)):
+        store.apply(msg, NOW)
+    lc: Lifecycle[str] = Lifecycle(LifecycleSettings(), store, lambda e: False)
+    c1 = store.view.get("c1")
+    assert c1 is not None
+    lc.tracker.sent_model(c1, "x", NOW)  # the policy sent x and y to a node where they were cold
+    lc.tracker.sent_model(c1, "y", NOW)
+    assert lc.tracker.loads_under_way(store.view) == {"x": 1, "y": 1}
+    state = CopyState(CFG)
+    for t in range(0, 2000, 10):
+        state.record("m", NOW - 2000 + t)
+    assert state.plan(store.view, NOW) == [("m", "c1")], "without the tracker: only its own loads count"
+    state2 = CopyState(CFG)
+    for t in range(0, 2000, 10):
+        state2.record("m", NOW - 2000 + t)
+    assert state2.plan(store.view, NOW, lc.tracker) == [], "two loads under way: max_loading 2"
