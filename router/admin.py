@@ -2,7 +2,8 @@
 
 Routes: `GET/PUT /admin/policy` (validated, then swapped whole), `GET /admin/view` (nodes, overlay,
 health, holds, hedges, moves, copies, workflows), `GET/PUT /admin/links` (cut or restore an emulated
-link), `GET/PUT /admin/reroute` (the re-routing settings, validated, then swapped whole),
+link), `GET/PUT /admin/reroute` (the re-routing settings, validated, then swapped whole), `GET/PUT
+/admin/copies` (copy scaling's, the same way),
 `GET/PUT /admin/tenants` (the tenants: weights, clients, quotas; validated, then swapped in).
 The sub-application has its own authentication middleware: every route needs an admin token when
 auth is configured. The status page (`/`) is rendered from `templates/status.html`.
@@ -26,6 +27,7 @@ from policies import PolicyConfigError, PolicySpec
 from router.canary_app import delete_canary, delete_model_canary, get_canary, put_model_canary, start_from_request
 from router.capture_app import get_capture
 from router.lifecycle import Lifecycle
+from router.lifecycle.copies import CopyConfig, CopyState
 from router.lifecycle.reroute import RerouteConfig
 from router.lifecycle.tenants import TenantsConfig
 from router.state import ROUTER, Router, validate_policy
@@ -111,6 +113,24 @@ async def put_reroute(request: web.Request) -> web.Response:
     router.lifecycle.set_reroute(cfg)
     log.info("reroute settings applied: %s", cfg.model_dump())
     return web.json_response(router.lifecycle.reroute.as_json())
+
+
+async def get_copies(request: web.Request) -> web.Response:
+    copies = request.app[ROUTER].lifecycle.copies
+    return web.json_response({**copies.cfg.model_dump(), "made": copies.made, "loading": copies.loading})
+
+
+async def put_copies(request: web.Request) -> web.Response:
+    """The whole `copies` section (router.lifecycle.copies.CopyConfig), swapped in with a fresh demand
+    meter (a replay's policy runs turn copy scaling on and off); unknown keys are a 400."""
+    router = request.app[ROUTER]
+    try:
+        cfg = CopyConfig.model_validate(wire.loads(await read_body(request, router.config.body_timeout_s)))
+    except (ValueError, UnicodeDecodeError) as exc:
+        return _error(400, f"copies settings rejected: {str(exc).splitlines()[0]}")
+    router.lifecycle.copies = CopyState(cfg)
+    log.info("copies settings applied: %s", cfg.model_dump())
+    return await get_copies(request)
 
 
 async def get_tenants(request: web.Request) -> web.Response:
@@ -322,6 +342,8 @@ def create_admin_app(router: Router) -> web.Application:
     r.add_put("/links", put_link)
     r.add_get("/reroute", get_reroute)
     r.add_put("/reroute", put_reroute)
+    r.add_get("/copies", get_copies)
+    r.add_put("/copies", put_copies)
     r.add_get("/tenants", get_tenants)
     r.add_put("/tenants", put_tenants)
     r.add_get("/cascades", get_cascades)

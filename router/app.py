@@ -187,12 +187,9 @@ async def _peers(app: web.Application) -> AsyncIterator[None]:
 
 
 async def _copies(app: web.Application) -> AsyncIterator[None]:
-    """Copy scaling (router.lifecycle.copies): load one more warm copy of a model whose demand outgrows its copies."""
+    """Copy scaling (router.lifecycle.copies): load one more warm copy of a model whose demand outgrows its
+    copies, while `copies.enabled` (the config's, or `PUT /admin/copies`)."""
     router = app[ROUTER]
-    cfg = router.config.copies
-    if not cfg.enabled:
-        yield
-        return
     pending: set[asyncio.Task[None]] = set()
 
     async def load(model: str, node_id: str) -> None:
@@ -226,11 +223,12 @@ async def _copies(app: web.Application) -> AsyncIterator[None]:
         log.info("copy of %s on %s: %s", model, node_id, result)
 
     async def plan() -> None:
-        while True:
-            await asyncio.sleep(cfg.interval_ms / 1000.0)
-            for model, node_id in router.lifecycle.copies.plan(
-                router.store.view, router.clock(), router.lifecycle.tracker
-            ):
+        while True:  # (the settings read each round: PUT /admin/copies swaps them)
+            copies = router.lifecycle.copies
+            await asyncio.sleep(copies.cfg.interval_ms / 1000.0)
+            if not copies.cfg.enabled or copies is not router.lifecycle.copies:
+                continue
+            for model, node_id in copies.plan(router.store.view, router.clock(), router.lifecycle.tracker):
                 task = asyncio.create_task(load(model, node_id), name=f"copy-{model}")
                 pending.add(task)
                 task.add_done_callback(pending.discard)

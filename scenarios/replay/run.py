@@ -118,6 +118,8 @@ def replay_live(
             canaries = start_canaries(stack, run_router(scenario, run))  # (policy and model canaries)
             if rerouting:
                 stack.set_reroute(run_router(scenario, run).get("reroute") or {})
+            if any("copies" in r.router for r in runs):  # (a run turns copy scaling on or off)
+                stack.set_copies(run_router(scenario, run).get("copies") or {})
             if any("tenants" in r.router for r in runs):  # (the scenario has its own: the schema checks)
                 stack.set_tenants(run_router(scenario, run)["tenants"])
             if cascades:  # the cascade, or one of its halves

@@ -22,6 +22,7 @@ from policies import PolicyConfigError, PolicySpec, build_policy
 from router.config import RouterConfig, WorkflowSpec
 from router.lifecycle.canary import CanarySpec, ModelCanarySpec
 from router.lifecycle.cascade import CascadeSpec
+from router.lifecycle.copies import CopyConfig
 from router.lifecycle.reroute import RerouteConfig
 from scenarios import BUNDLED_DIR
 from scenarios.spec.topology import MAX_TOPOLOGY_NODES as MAX_TOPOLOGY_NODES
@@ -78,7 +79,7 @@ class Fault(_Strict):
 
 
 # router settings swapped live between runs (PUT /admin/reroute, PUT /admin/cascades)
-RUN_ROUTER_KEYS = frozenset({"reroute", "cascade_mode", "canary", "model_canaries", "tenants", "scaling"})
+RUN_ROUTER_KEYS = frozenset({"reroute", "cascade_mode", "canary", "model_canaries", "tenants", "scaling", "copies"})
 
 
 class AutoscalePool(_Strict):
@@ -111,7 +112,7 @@ class PolicyRun(_Strict):
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
     policy: PolicySpec
     nodes: dict[str, Any] = Field(default_factory=dict)
-    router: dict[str, Any] = Field(default_factory=dict, description="router settings for this run (reroute)")
+    router: dict[str, Any] = Field(default_factory=dict, description="router settings for this run (reroute, copies)")
     autoscale: bool = Field(True, description="with the scenario's autoscale: this run has it (false: every node up)")
 
     @field_validator("router")
@@ -132,11 +133,12 @@ class PolicyRun(_Strict):
                 ModelCanarySpec.model_validate(item)
             except ValidationError as exc:
                 raise ValueError(first_error(exc, "model_canaries", i)) from None
-        if "reroute" in v:
-            try:
-                RerouteConfig.model_validate(v["reroute"])
-            except ValidationError as exc:  # (named from `reroute` down: pydantic would drop that step)
-                raise ValueError(first_error(exc, "reroute")) from None
+        for key, model in (("reroute", RerouteConfig), ("copies", CopyConfig)):
+            if key in v:
+                try:
+                    model.model_validate(v[key])
+                except ValidationError as exc:  # (named from the key down: pydantic would drop that step)
+                    raise ValueError(first_error(exc, key)) from None
         return v
 
     @field_validator("nodes")

@@ -48,10 +48,9 @@ PASS_ENV = frozenset(
 )
 
 
-# The routers' load messages at most this often on the embedded broker (5 ms elsewhere, the router's
-# default): Tansu's memory storage reads a partition in time that grows with the record batches it
-# holds, so two routers publishing every 5 ms took a core of this 2-core machine after ten minutes and
-# their view of each other ran seconds late (docs/measurements.md, "A capture replayed")
+# The routers' load messages at most this often on the embedded broker (elsewhere the router's 5 ms):
+# Tansu's memory storage reads a partition in time that grows with its batches, and at 5 ms the routers'
+# view of each other ran seconds late within ten minutes (docs/measurements.md, "A capture replayed")
 EMBEDDED_PEERS_MS = 25.0
 
 
@@ -366,21 +365,26 @@ class Stack:
         if status != 200:
             raise RuntimeError(f"router rejected policy {spec}: {body}")
 
+    def _put_section(self, section: str, cfg: dict[str, Any], rejected: str) -> None:
+        """`PUT /admin/<section>` with a whole settings section (one router: the call would reach one of
+        a group's)."""
+        if self.routers > 1:
+            raise RuntimeError(f"with several routers, set {section} in the router config file")
+        status, body = http_json(f"{self.router_url}/admin/{section}", "PUT", cfg, headers=self.admin_headers)
+        if status != 200:
+            raise RuntimeError(f"router rejected {rejected} {cfg}: {body}")
+
     def set_reroute(self, cfg: dict[str, Any]) -> None:
         """The router's re-routing settings (`PUT /admin/reroute`; `{}`: the defaults, off)."""
-        if self.routers > 1:
-            raise RuntimeError("with several routers, set reroute in the router config file")
-        status, body = http_json(f"{self.router_url}/admin/reroute", "PUT", cfg, headers=self.admin_headers)
-        if status != 200:
-            raise RuntimeError(f"router rejected reroute settings {cfg}: {body}")
+        self._put_section("reroute", cfg, "reroute settings")
+
+    def set_copies(self, cfg: dict[str, Any]) -> None:
+        """The router's copy scaling (`PUT /admin/copies`; `{}`: the defaults, off)."""
+        self._put_section("copies", cfg, "copies settings")
 
     def set_tenants(self, cfg: dict[str, Any]) -> None:
         """The router's tenants (`PUT /admin/tenants`: weights, clients, quotas)."""
-        if self.routers > 1:
-            raise RuntimeError("with several routers, set tenants in the router config file")
-        status, body = http_json(f"{self.router_url}/admin/tenants", "PUT", cfg, headers=self.admin_headers)
-        if status != 200:
-            raise RuntimeError(f"router rejected tenants {cfg}: {body}")
+        self._put_section("tenants", cfg, "tenants")
 
     def set_cascade_mode(self, mode: str) -> None:
         """Every cascade's mode (`PUT /admin/cascades`): the cascade, or one of its halves."""

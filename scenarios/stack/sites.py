@@ -251,6 +251,9 @@ class SiteStack(Stack):
     def set_reroute(self, cfg: dict[str, Any]) -> None:
         self._each_router("PUT", "/admin/reroute", cfg)
 
+    def set_copies(self, cfg: dict[str, Any]) -> None:
+        self._each_router("PUT", "/admin/copies", cfg)
+
     def cut_link(self, a: str, b: str, cut: bool) -> None:
         """A real partition between the two sites in namespaces; else every router emulates it."""
         if self.network is not None:

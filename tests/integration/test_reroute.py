@@ -125,5 +125,17 @@ def test_reroute_settings_swap_live_and_bad_ones_are_refused(broker: EmbeddedBro
         assert call(url, headers=admin)[1]["enabled"] is False, "a refused body changes nothing"
         status, doc, _ = call(url, b'{"enabled": true, "max_moves_per_s": 7}', "PUT", headers=admin)
         assert status == 200 and doc["enabled"] and doc["max_moves_per_s"] == 7
+        copies = f"{stack.router_url}/admin/copies"  # copy scaling, switched the same way (a run's `copies`)
+        assert (
+            call(copies)[0] == 401
+            and call(copies, headers={"Authorization": "Bearer client-token-0123456789"})[0] == 403
+        )
+        assert call(copies, headers=admin)[1]["enabled"] is False
+        for body in (b"{", b'{"enabled": true, "max_loadng": 2}', b'{"max_loading": 0}'):
+            status, doc, _ = call(copies, body, "PUT", headers=admin)
+            assert status == 400 and "error" in doc, (body, status, doc)
+        status, doc, _ = call(copies, b'{"enabled": true, "max_loading": 3}', "PUT", headers=admin)
+        assert status == 200 and doc["enabled"] and doc["max_loading"] == 3 and doc["made"] == 0
+        assert call(copies, headers=admin)[1]["max_loading"] == 3
     finally:
         stack.stop()

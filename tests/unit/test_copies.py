@@ -165,3 +165,57 @@ def test_loads_the_policy_set_off_count_against_max_loading() -> None:
     for t in range(0, 2000, 10):
         state2.record("m", NOW - 2000 + t)
     assert state2.plan(store.view, NOW, lc.tracker) == [], "two loads under way: max_loading 2"
+
+
+def test_a_policy_run_turns_copy_scaling_on_or_off_in_the_simulator() -> None:
+    """`copies` among a run's router settings: the same scenario compared with copy scaling on and off
+    in one replay (one model's demand rising eightfold on boxes where it is warm on one)."""
+    from scenarios.calibrate.profile import load_profile
+    from scenarios.sim import Profile, Simulation
+    from scenarios.spec.schema import Scenario
+    from scenarios.spec.workload import build_schedule
+
+    models = {m: {"zoo": "mobilenet_s", "seed": i + 1, "size_mb": 700, "load_ms": 2500} for i, m in enumerate("habc")}
+    orders = [["h", "a", "b", "c"], ["b", "c", "h", "a"], ["c", "a", "h", "b"], ["a", "b", "h", "c"]]
+    hot = [{"site": "s", "name": f"h{k}", "rate_rps": 20 + 35 * k, "start_s": 10 * k, "stop_s": 10 * k + 10,
+            "models": {"h": 1}, "deadline_ms": {0: 150}} for k in range(5)]  # fmt: skip
+    sc = Scenario.model_validate(
+        {
+            "name": "ramp",
+            "seed": 5,
+            "models": models,
+            "topology": {
+                "partitions": ["s"],
+                "nodes": [
+                    {"id": f"g{i}", "partition": "s", "speed": 0.01, "memory_budget_mb": 1500, "models": o}
+                    for i, o in enumerate(orders)
+                ],
+            },  # fmt: skip
+            "workload": {
+                "duration_s": 50,
+                "warmup_s": 1,
+                "sites": [
+                    *hot,
+                    {
+                        "site": "s",
+                        "name": "rest",
+                        "rate_rps": 9,
+                        "models": {"a": 1, "b": 1, "c": 1},
+                        "deadline_ms": {0: 150},
+                    },
+                ],
+            },  # fmt: skip
+            "policies": [
+                {"name": "on", "preset": "compass", "router": {"copies": {"enabled": True}}},
+                {"name": "off", "preset": "compass", "router": {"copies": {"enabled": False}}},
+            ],  # fmt: skip
+        }
+    )
+    profile = Profile.from_json(load_profile())
+    schedule = build_schedule(sc.workload, sc.seed, 51)
+    made = {}
+    for run in sc.policies:
+        sim = Simulation(sc, run, schedule, profile)
+        sim.run()
+        made[run.name] = sim.copies_made
+    assert made["on"] >= 1 and made["off"] == 0, made

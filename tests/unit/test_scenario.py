@@ -134,7 +134,11 @@ def test_load_by_bare_name() -> None:
         (
             QUICK.replace("  - p2c\n", "  - {name: p2c, router: {hedging: {}}}\n"),
             "policies.1.router (line 26): router settings a run may change are ['canary', 'cascade_mode', "
-            "'model_canaries', 'reroute', 'scaling', 'tenants']; not ['hedging']",
+            "'copies', 'model_canaries', 'reroute', 'scaling', 'tenants']; not ['hedging']",
+        ),
+        (
+            QUICK.replace("  - p2c\n", "  - {name: p2c, router: {copies: {enabled: true, max_loading: 0}}}\n"),
+            "policies.1.router (line 26): copies.max_loading: Input should be greater than or equal to 1",
         ),
     ],
 )
