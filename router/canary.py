@@ -109,8 +109,24 @@ class CanaryHolder:
 
     def stop(self, router: Router, why: str) -> None:
         if self.canary is not None:
-            self.audit(router, "rollback", why, self.canary.state()["arms"])
+            self._end(router, "rollback", why, self.canary.state()["arms"], why)
+
+    def _end(self, router: Router, action: str, why: str, figures: dict[str, Any], origin: str) -> None:
+        """End the running policy canary: a promotion swaps its candidate in (`origin`: the swap's why);
+        audited."""
+        spec = None if self.canary is None else self.canary.spec
+        if action == "promote" and self.candidate is not None and isinstance(spec, CanarySpec):
+            router.apply_policy(spec.candidate, self.candidate, origin, by_canary=True)
+        self.audit(router, action, why, figures)
         self.canary = self.candidate = self.digest = None
+
+    def _end_model(self, router: Router, run: ModelCanary, action: str, why: str, figures: dict[str, Any]) -> None:
+        """End a version canary: a promotion pins its model to the version; audited."""
+        model = run.spec.model
+        del self.models[model]
+        if action == "promote":
+            self.pinned[model] = run.spec.version
+        self.audit(router, action, why, {"model": model, "version": run.spec.version, **figures}, run.digest)
 
     def arm(self, key: str) -> tuple[str | None, Pipeline | None]:
         """(the arm, the policy to route by: None for the current one) of a request keyed `key`."""
@@ -168,15 +184,10 @@ class CanaryHolder:
 
     def _judge_models(self, router: Router) -> None:
         now = router.clock()
-        for model, run in list(self.models.items()):
+        for run in list(self.models.values()):
             verdict = run.canary.judge(now)
-            if verdict is None:
-                continue
-            del self.models[model]
-            if verdict.action == "promote":
-                self.pinned[model] = run.spec.version
-            self.audit(router, verdict.action, verdict.why, {"model": model, "version": run.spec.version,
-                                                             **verdict.figures}, run.digest)  # fmt: skip
+            if verdict is not None:
+                self._end_model(router, run, verdict.action, verdict.why, verdict.figures)
 
     def judge(self, router: Router) -> Verdict | None:
         if self.models:
@@ -187,11 +198,7 @@ class CanaryHolder:
         verdict = canary.judge(router.clock())
         if verdict is None:
             return None
-        spec = canary.spec
-        if verdict.action == "promote" and self.candidate is not None and isinstance(spec, CanarySpec):
-            router.apply_policy(spec.candidate, self.candidate, "canary promoted", by_canary=True)
-        self.audit(router, verdict.action, verdict.why, verdict.figures)
-        self.canary = self.candidate = self.digest = None
+        self._end(router, verdict.action, verdict.why, verdict.figures, "canary promoted")
         return verdict
 
     def adopt(self, router: Router, entry: dict[str, Any]) -> bool:
@@ -206,21 +213,14 @@ class CanaryHolder:
             canary = self.canary
             if canary is None or self.digest != entry["canary"] or entry["at_ms"] < self.started_ms - 1000.0:
                 return False
-            spec = canary.spec
-            if entry["step"] == "promote" and self.candidate is not None and isinstance(spec, CanarySpec):
-                router.apply_policy(spec.candidate, self.candidate, why, by_canary=True)
-                self.audit(router, "promote", why, canary.state()["arms"])
-                self.canary = self.candidate = self.digest = None
-            else:
-                self.stop(router, why)
+            promotes = self.candidate is not None and isinstance(canary.spec, CanarySpec)
+            action = entry["step"] if promotes else "rollback"  # (nothing to swap in: rolled back)
+            self._end(router, action, why, canary.state()["arms"], why)
         else:
             run = self.models.get(model)
             if run is None or run.digest != entry["canary"] or entry["at_ms"] < run.started_ms - 1000.0:
                 return False
-            del self.models[model]
-            if entry["step"] == "promote":
-                self.pinned[model] = run.spec.version
-            self.audit(router, entry["step"], why, {"model": model, "version": run.spec.version}, run.digest)
+            self._end_model(router, run, entry["step"], why, {})
         self.adopted += 1
         return True
 
