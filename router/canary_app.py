@@ -158,6 +158,9 @@ async def delete_canary(request: web.Request) -> web.Response:
     return web.json_response(router.canaries.state())
 
 
+VERDICT_WAIT_MS = 200  # the verdicts reader's fetch wait
+
+
 class VerdictReader(TopicReader):
     """The other routers' canary steps from `canary_topic` (a daemon thread), checked, each handed to
     the event loop (`deliver`); a record that is not one is counted (`malformed`) and dropped."""
@@ -165,7 +168,9 @@ class VerdictReader(TopicReader):
     thread_name = "canary-verdicts"
 
     def __init__(self, bootstrap: str, topic: str, router_id: str, deliver: Callable[[dict[str, Any]], None]) -> None:
-        super().__init__(bootstrap, topic, lookback_ms=10_000.0)
+        # (a verdict is not latency-critical: a long fetch wait keeps an idle reader from polling the
+        # broker a hundred times a second)
+        super().__init__(bootstrap, topic, lookback_ms=10_000.0, fetch_max_wait_ms=VERDICT_WAIT_MS)
         self.router_id = router_id
         self.deliver = deliver
         self.messages = self.malformed = 0
