@@ -119,6 +119,12 @@ def run_bench(args: argparse.Namespace) -> int:
         if not 1 <= args.seconds <= 3600 or not 1 <= args.rps <= 1000:
             return arg.usage("bench quota: --seconds 1-3600, --rps 1-1000")
         bench_quota(out, args.rps, args.seconds, args.kafka)
+    elif args.what == "overload":
+        from scenarios.bench.overload import bench_overload
+
+        if not 1 <= args.seconds <= 3600 or not 1 <= args.offer <= 10:
+            return arg.usage("bench overload: --seconds 1-3600, --offer 1-10")
+        bench_overload(out, args.seconds, min(8.0, args.seconds), args.kafka, args.offer)
     elif args.what == "triton":
         from scenarios.bench.triton import bench_triton
 
@@ -261,6 +267,14 @@ def add_bench_parser(sub: Any) -> None:
     )
     b.add_argument("--rps", type=float, default=50.0, help="the tenant's quota, requests/s (50)")
     b.add_argument("--seconds", type=float, default=60.0, help="seconds per door (60)")
+    b.add_argument("--kafka", help="bootstrap of a running broker (default: the embedded one)")
+    b = bsub.add_parser(
+        "overload",
+        help="the router itself the bottleneck: its capacity over HTTP and MQTT, then twice it offered (critical, "
+        "bulk and sheddable), its saturation rule on and off, live and simulated",
+    )
+    b.add_argument("--seconds", type=float, default=20.0, help="seconds each offer runs (20)")
+    b.add_argument("--offer", type=float, default=2.0, help="the offer, in multiples of the measured capacity (2)")
     b.add_argument("--kafka", help="bootstrap of a running broker (default: the embedded one)")
     for b in bsub.choices.values():
         b.add_argument("--out", default="reports/bench", help="folder for the JSON (reports/bench)")

@@ -64,6 +64,7 @@ from scenarios.sim.nodes import NodeModel
 from scenarios.sim.profile import Distribution, Profile
 from scenarios.sim.replicas import ReplicaModel
 from scenarios.sim.router import RouterDriver
+from scenarios.sim.routercpu import RouterCore
 from scenarios.sim.sizes import _declared_load_ms, model_bytes
 from scenarios.sim.state import (
     ARRIVAL,
@@ -73,6 +74,7 @@ from scenarios.sim.state import (
     FAULT,
     FINISH,
     HEDGE,
+    INTAKE,
     LOADED,
     NODE_ARRIVE,
     PEER_DELIVER,
@@ -229,6 +231,12 @@ class Simulation(
                 self.cfg.stale_after_ms,
                 _still_held,
             )
+        sat = self.cfg.saturation  # each router given its CPU: one core (scenarios.sim.routercpu)
+        self.cores = {
+            None if len(routers) == 1 else r.id: RouterCore(r.cpu_us_per_request, r.cpu_us_per_refusal, sat)
+            for r in routers
+            if r.cpu_us_per_request is not None and r.cpu_us_per_refusal is not None
+        }
         self._arch = {m: scenario.architecture(m) for n in scenario.topology.nodes for m in n.models}
         self._size = {m: model_bytes(scenario, m) for m in self._arch}
         self.nodes = {n.id: self._node(n) for n in run.node_specs(scenario.topology.nodes)}
@@ -305,6 +313,7 @@ class Simulation(
             AUTOSCALE: self._autoscale,
             PEERS: self._peers,
             PEER_DELIVER: self._peer_deliver,
+            INTAKE: self._taken,
         }
         handlers: list[Callable[[Any], None] | None] = [by_kind.get(k) for k in range(max(by_kind) + 1)]
         last = self.schedule[-1].at_s * 1000.0 if self.schedule else 0.0

@@ -13,6 +13,7 @@ from router.lifecycle.reroute import Move
 from scenarios.sim.state import (
     COPIES,
     HEDGE,
+    INTAKE,
     NODE_ARRIVE,
     PROBE,
     PROBED,
@@ -38,44 +39,77 @@ class RouterDriver(SimState):
         site = a.site
         replica = self.replica_of(i) if self.replicas else None
         lc = self.router_of(site) if replica is None else replica.lc
+        # the router's own core, where the scenario gives its CPU (scenarios.sim.routercpu): when it
+        # gets to this request, and its cost
+        core = self.cores.get(None if replica is None else replica.id) if self.cores else None
+        start = t0 if core is None else core.arrive(t0)
         taken = self.intake_of(a, lc.settings.intake)  # what the live door's intake makes of it
         if isinstance(taken, Refused):
-            self._open -= 1
-            self.results[i] = Result(a, taken.status, 0.0, "none", taken.reason)
+            self._refused(i, a, t0, start, core, taken.status, taken.reason)
             return
         tenant = ""
         if lc.tenants.enabled:  # its tenant's quotas, as the live director takes them
             tenant = self.tenant_of(lc, a)
             over = lc.tenants.admit(tenant, t0)
             if over is not None:
-                self._open -= 1
-                self.results[i] = Result(a, 429, 0.0, "none", over.reason)
+                self._refused(i, a, t0, start, core, 429, over.reason)
                 return
         spec = self.workflows.get(model)
         if spec is not None:
+            if core is not None:
+                core.take(start, False)
             self._start_workflow(i, a, spec, t0, taken.budget_ms(lc.settings.intake, spec.slo_ms))
             return
         cascade = self.cascades.get(model)
         if cascade is not None:
+            if core is not None:
+                core.take(start, False)
             self._start_cascade(i, a, cascade, t0, taken.budget_ms(lc.settings.intake, cascade.slo_ms))
             return
         o = self._overhead[model].sample(self.svc_rng)
         unknown = lc.unknown_model(model)  # as the live router answers a model no node serves
         if unknown is not None:
+            if core is not None:
+                self._refused(i, a, t0, start, core, unknown.status, unknown.reason)
+                return
             self._open -= 1
             self.results[i] = Result(a, unknown.status, o / 2.0, "none", unknown.reason)
             return
         budget = taken.budget_ms(lc.settings.intake)
-        deadline_at = t0 + budget
         route = RouteRequest(model, taken.priority, budget, site, taken.batch, str(i), tenant=tenant)
+        if core is not None:  # the live rule on the router's own lag (router.lifecycle.saturation)
+            sat = core.saturation
+            over_share = bool(tenant) and sat.lag_ms >= sat.cfg.tenant_lag_ms and lc.tenants.over_share(tenant, t0)
+            why = core.refuse(taken.priority, budget, over_share)
+            if why is not None:
+                self._refused(i, a, t0, start, core, 503, why)
+                return
+            core.take(start, False)
+            if start > t0:  # it waited for the router: its budget starts when the router looks at it
+                self.push(start, INTAKE, (i, a, t0, route, lc, replica, o))
+                return
+        self._taken((i, a, t0, route, lc, replica, o))
+
+    def _refused(self, i: int, a: Arrival, t0: float, start: float, core: Any, status: int, reason: str) -> None:
+        """Refused at the door: answered once the router got to it and refused it (its refusal's CPU)."""
+        self._open -= 1
+        done = start if core is None else core.take(start, True)
+        self.results[i] = Result(a, status, done - t0, "none", reason)
+
+    def _taken(self, payload: tuple[int, Arrival, float, RouteRequest, Lifecycle[Any], Any, float]) -> None:
+        """A plain request the router took, from the moment it looked at it (`self.now`)."""
+        i, a, t0, route, lc, replica, o = payload
+        start = self.now if self.now > t0 else t0
+        deadline_at = start + (route.deadline_ms or 0.0)
+        site = a.site
         policy, arm = (self.policy_of(site), None) if replica is None else (replica.policy, None)
         if self.canary is not None:  # a policy canary: the arm's policy (scenarios.sim.canary)
             key = replica.id if replica is not None else site if site in self.lcs else None
             arm, candidate = self.canary.choose(i, a, key)
             policy = candidate or policy
-        life = lc.begin(route, policy, t0, deadline_at)
+        life = lc.begin(route, policy, start, deadline_at)
         half = o / 2.0
-        self._decide(SimRequest(i, a, t0, deadline_at, half, half, life, lc, model=model, arm=arm))
+        self._decide(SimRequest(i, a, t0, deadline_at, half, half, life, lc, model=route.model, arm=arm))
 
     def _decide(self, req: SimRequest) -> None:
         """Carry out the lifecycle's next step for `req` (router.lifecycle.Lifecycle.decide)."""

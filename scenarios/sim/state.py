@@ -22,6 +22,7 @@ from policies.pipeline import Pipeline
 from router.config import WorkflowSpec
 from router.lifecycle import Attempts, Failure, Lifecycle, LifecycleSettings
 from router.lifecycle.intake import Hints, Intake, IntakeRules, Refused, take
+from router.lifecycle.saturation import SaturationConfig
 from router.lifecycle.stages import StageProgress
 from scenarios.sim.profile import Distribution, Profile
 from scenarios.sim.sizes import model_bytes as model_bytes  # (moved to scenarios.sim.sizes; named here still)
@@ -55,7 +56,8 @@ from telemetry.cluster.store import ViewStore
     AUTOSCALE,
     PEERS,
     PEER_DELIVER,
-) = range(21)
+    INTAKE,
+) = range(22)
 
 _heappush = heapq.heappush
 GOLDEN = 0.6180339887498949  # (sqrt(5) - 1) / 2: an even, deterministic spread of arrivals over routers
@@ -221,6 +223,7 @@ class SimConfig:
     stale_after_ms: float = 1000.0
     ewma_alpha: float = 0.2
     lifecycle: LifecycleSettings = field(default_factory=LifecycleSettings)  # as the router's config gives it
+    saturation: SaturationConfig = field(default_factory=SaturationConfig)  # (with a router's core modelled)
 
     @classmethod
     def from_router(cls, router: dict[str, Any]) -> SimConfig:
@@ -230,7 +233,9 @@ class SimConfig:
         cfg = cls(**{k: v for k, v in router.items() if k == "stale_after_ms"})
         # the live router's own translation of its config (max attempts, timeouts, hedging, health,
         # copies, holds), so a setting cannot reach one and miss the other
-        cfg.lifecycle = lifecycle_settings(parse_config(router))
+        parsed = parse_config(router)
+        cfg.lifecycle = lifecycle_settings(parsed)
+        cfg.saturation = parsed.saturation
         return cfg
 
 
@@ -303,6 +308,9 @@ class SimState:
     # (probes, moves, copies, link cuts) loops over these
     stands: list[tuple[str | None, Lifecycle[tuple[SimRequest, int]]]]
     replicas: list[Any]  # several central routers (scenarios.sim.replicas.Replica), else empty
+    # each router whose CPU the scenario gives, as one core (scenarios.sim.routercpu): by replica id, or
+    # None for the one router; empty where no router's CPU is given (it then costs nothing)
+    cores: dict[str | None, Any]
     lag_dist: Any  # the telemetry's lag (a Distribution): the profile's, or the one router's named
     _uptos: list[float]  # the replicas' cumulative shares
     peers_cfg: Any  # router.config.PeersConfig, with replicas

@@ -140,11 +140,25 @@ class RouterSpec(_Strict):
     share: float = Field(1.0, gt=0, le=1, description="its share of the requests (normalised over the routers)")
     telemetry_lag_ms: list[float] | None = Field(None, description="101 quantiles of its telemetry's lag")
     peer_lag_ms: list[float] | None = Field(None, description="101 quantiles of the other routers' loads' lag")
+    # its own CPU, as `edgeroute bench overload` measures it: with both, the simulator runs it as one core
+    # that takes requests in arrival order (scenarios.sim.routercpu); without, a router costs nothing
+    cpu_us_per_request: float | None = Field(
+        None, gt=0, le=1e6, description="CPU the router spends on a request it routes (us)"
+    )
+    cpu_us_per_refusal: float | None = Field(
+        None, gt=0, le=1e6, description="CPU the router spends on a request it refuses at the door (us)"
+    )
 
     @field_validator("telemetry_lag_ms", "peer_lag_ms")
     @classmethod
     def _lags(cls, q: list[float] | None) -> list[float] | None:
         return _lag_quantiles(q)
+
+    @model_validator(mode="after")
+    def _cpu_pair(self) -> RouterSpec:
+        if (self.cpu_us_per_request is None) != (self.cpu_us_per_refusal is None):
+            raise ValueError("cpu_us_per_request and cpu_us_per_refusal go together (the router's core needs both)")
+        return self
 
 
 MAX_TOPOLOGY_NODES = 10_000  # nodes a scenario may have (the simulator's largest views; live, far fewer)

@@ -295,3 +295,31 @@ def test_bench_ingest_over_tls_reads_every_report_with_the_lean_reader(tmp_path:
     result = bench_ingest(tmp_path, nodes=40, interval_ms=100.0, seconds=1.0, publishers=1, tls=True)
     assert result["tls"] and result["reader"] == "lean" and result["lost"] == 0 and result["received_msgs_per_s"] > 0
     assert kafka_security() is before  # the process's Kafka settings are its own again
+
+
+def test_bench_overload_measures_each_door_live_and_simulated(tmp_path: Path) -> None:
+    """A short run: the capacity, the offer with the rule on and off, and the simulator beside them,
+    every request of the offer accounted for (in time, refused, late or lost)."""
+    from scenarios.bench.overload import MIX, bench_overload
+    from scenarios.stack.mosquitto import mosquitto_binary
+
+    doc = bench_overload(tmp_path, seconds=1.0, capacity_s=1.0, offer=1.5)
+    doors = {row["door"]: row for row in doc["doors"]}
+    assert set(doors) == ({"http", "mqtt"} if mosquitto_binary() else {"http"})
+    assert "live_off" in doors["http"] and "sim_off" in doors["http"]
+    for row in doors.values():
+        assert row["capacity_rps"] > 0 and row["cpu_us_per_routed"] > 0
+        assert 0 <= row["goodput_bound_vs_capacity"] <= 1
+        for key in [k for k in row if k.startswith(("live_", "sim_")) and isinstance(row[k], dict)]:
+            fig = row[key]
+            assert set(fig["classes"]) == {str(p) for p in MIX}
+            for c in fig["classes"].values():
+                assert c["sent"] > 0 and c["refused"] + c["late"] + c["lost"] + c["unsent"] <= c["sent"]
+            assert fig["sent"] == sum(c["sent"] for c in fig["classes"].values())
+    assert (tmp_path / "overload.json").is_file()
+
+
+def test_bench_overload_with_bad_settings_is_one_line_and_starts_nothing(tmp_path: Path) -> None:
+    for args in (["--offer", "0.5"], ["--seconds", "0"], ["--offer", "11"]):
+        _bad_bench_setting("overload", args, "edgeroute: bench overload: --seconds 1-3600, --offer 1-10", tmp_path)
+    assert not list(tmp_path.iterdir()), "nothing measured, nothing written"

@@ -1,0 +1,407 @@
+"""`edgeroute bench overload`: the router itself the bottleneck, offered more than it can process
+(twice its capacity by default, `--offer`).
+
+A stack whose nodes have room (two nodes of the trivial `echo` model, two slots each) and one router
+with its saturation rule on (router.lifecycle.saturation). For each door (HTTP; MQTT through Mosquitto
+where it is installed), a load generator of its own process, written with stock clients (aiohttp,
+paho-mqtt), first finds the router's capacity: a closed loop of critical requests (never shed for
+the router's lag) at concurrency 32; the answers a second are the capacity, the router's CPU over
+them its cost a request. Then it offers `offer` times that capacity, open loop at random (Poisson)
+moments, a mix of critical, bulk and sheddable requests (`MIX`) with one deadline, and counts per
+class what was answered in time, refused, answered late and lost (no answer `GRACE_S` past the
+deadline). Over HTTP the devices hold `CONNECTIONS` keep-alive connections, one request at a time
+each; a request that never got one is counted apart as unsent. Over HTTP the same offer also goes to
+a second router of this checkout with the rule off, beside it: what the rule buys.
+
+The simulator runs the same offers with the router as one core (scenarios.sim.routercpu): a request
+takes the time the live router took one at its capacity, a refusal the fraction of it that the
+router's CPU under the offer says. Goodput is the requests answered in time a second, against the
+measured capacity. A refusal still costs the router its door's work (reading the request, writing
+the 503): with a refusal costing a fraction `f` of a routed request, at `offer` times the capacity
+at most `(1 - offer f) / (1 - f)` of it can be answered, which the table gives beside the figures.
+Everything shares one machine, so the figures are ratios within the run. A benchmark: it prints and
+writes JSON, and asserts nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from scenarios.bench.common import process_cpu_s, result, save
+from scenarios.spec.schema import Scenario
+from scenarios.stack.broker import terminate
+from scenarios.stack.launcher import Stack
+from scenarios.stack.mosquitto import Mosquitto, mosquitto_binary
+
+MIX = {2: 0.1, 0: 0.3, -1: 0.6}  # priority -> share of the offer: critical, bulk, sheddable
+DEADLINE_MS = 200.0
+GRACE_S = 5.0  # past its deadline, a request with no answer is lost
+CONCURRENCY = 32  # the capacity's closed loop
+DEVICES = 8  # MQTT clients of the load generator (one connection each)
+CONNECTIONS = 256  # HTTP: the devices' keep-alive connections (a request waits for its device's to be free)
+BODY = json.dumps({"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1.0, 2.0, 3.0, 4.0]}]})
+
+# The load generator: a process of its own (part of the benchmark, not of the product). One JSON
+# argument; prints one JSON line: per priority what was sent, answered in time, each status, lost, and
+# how late the generator itself sent against its schedule.
+LOADGEN = r"""
+import asyncio, json, random, struct, sys, threading, time
+cfg = json.loads(sys.argv[1])
+door, mode, seconds, deadline = cfg["door"], cfg["mode"], cfg["seconds"], cfg["deadline_ms"]
+rng = random.Random(cfg["seed"])
+mix = {int(k): v for k, v in cfg["mix"].items()}
+prios, weights = list(mix), list(mix.values())
+lock = threading.Lock()
+sent, pending, behind, unsent = [], {}, [], {}
+tally = {p: {"sent": 0, "in_time": 0, "statuses": {}, "lat": []} for p in prios}
+
+def done(key, status):
+    with lock:
+        got = pending.pop(key, None)
+    if got is None:
+        return
+    prio, t0 = got
+    ms = (time.perf_counter() - t0) * 1000.0
+    t = tally[prio]
+    t["statuses"][status] = t["statuses"].get(status, 0) + 1
+    if status == "200":
+        t["lat"].append(ms)
+        t["in_time"] += ms <= deadline
+
+def moments():
+    t, out = 0.0, []
+    while True:
+        t += rng.expovariate(cfg["rate"])
+        if t >= seconds:
+            return out
+        out.append((t, rng.choices(prios, weights)[0]))
+
+def summary(wall):
+    out = {}
+    for p, t in tally.items():
+        lat = sorted(t.pop("lat"))
+        t["p50_ms"] = lat[len(lat) // 2] if lat else None
+        t["p99_ms"] = lat[min(len(lat) - 1, int(len(lat) * 0.99))] if lat else None
+        t["unsent"] = unsent.get(p, 0)  # of those, never sent: the client's connections all waiting
+        t["lost"] = t["sent"] - sum(t["statuses"].values()) - t["unsent"]
+        out[str(p)] = t
+    behind.sort()
+    return {"classes": out, "wall_s": wall, "behind_p99_ms": behind[int(len(behind) * 0.99)] if behind else 0.0}
+
+async def http_main():
+    import aiohttp
+    url = cfg["url"] + "/v2/models/echo/infer"
+    body = cfg["body"].encode()
+    timeout = aiohttp.ClientTimeout(total=deadline / 1000.0 + cfg["grace_s"])
+    free = asyncio.Semaphore(cfg["connections"])
+    wire = set()
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=timeout) as s:
+        async def one(key, prio):
+            headers = {"Content-Type": "application/json", "x-edgeroute-priority": str(prio),
+                       "x-edgeroute-deadline-ms": str(deadline)}
+            with lock:
+                pending[key] = (prio, time.perf_counter())
+            tally[prio]["sent"] += 1
+            try:
+                async with asyncio.timeout(deadline / 1000.0 + cfg["grace_s"]):
+                    async with free:  # its device's connection
+                        wire.add(key)
+                        async with s.post(url, data=body, headers=headers) as r:
+                            await r.read()
+                            done(key, str(r.status))
+            except (aiohttp.ClientError, asyncio.TimeoutError):
+                if key not in wire:  # never left the client: every connection was waiting
+                    unsent[prio] = unsent.get(prio, 0) + 1
+            wire.discard(key)
+        start = time.perf_counter()
+        if mode == "closed":
+            n = 0
+            async def worker(w):
+                nonlocal n
+                while time.perf_counter() - start < seconds:
+                    n += 1
+                    await one((w, n), prios[0])
+            await asyncio.gather(*(worker(w) for w in range(cfg["concurrency"])))
+        else:
+            tasks = set()
+            for i, (at, prio) in enumerate(moments()):
+                delay = start + at - time.perf_counter()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                else:
+                    behind.append(-delay * 1000.0)
+                task = asyncio.ensure_future(one(i, prio))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+            if tasks:
+                await asyncio.wait(tasks)
+        return time.perf_counter() - start
+
+def mqtt_main():
+    import paho.mqtt.client as mqtt
+    from paho.mqtt.enums import CallbackAPIVersion
+    from paho.mqtt.packettypes import PacketTypes
+    from paho.mqtt.properties import Properties
+    m = cfg["mqtt"]
+    clients = []
+    def on_message(client, userdata, msg):
+        props = dict(getattr(msg.properties, "UserProperty", []) or [])
+        key = struct.unpack(">q", msg.properties.CorrelationData)[0]
+        done(key, props.get("status", "?"))
+        if mode == "closed" and time.perf_counter() - start < seconds:
+            send(client, userdata, next_key())
+    counter = [0]
+    def next_key():
+        with lock:
+            counter[0] += 1
+            return counter[0]
+    def send(c, name, key, prio=None):
+        prio = prios[0] if prio is None else prio
+        props = Properties(PacketTypes.PUBLISH)
+        props.ResponseTopic = f"devices/{name}/answers"
+        props.CorrelationData = struct.pack(">q", key)
+        props.MessageExpiryInterval = int(deadline // 1000) + 1
+        props.UserProperty = [("priority", str(prio)), ("deadline_ms", str(deadline))]
+        with lock:
+            pending[key] = (prio, time.perf_counter())
+            tally[prio]["sent"] += 1
+        c.publish(f"{m['prefix']}/models/echo/infer", cfg["body"].encode(), qos=1, properties=props)
+    for i, (name, password) in enumerate(m["accounts"]):
+        c = mqtt.Client(callback_api_version=CallbackAPIVersion.VERSION2, client_id=f"{name}-load",
+                        protocol=mqtt.MQTTv5, userdata=name)
+        c.username_pw_set(name, password)
+        c.on_message = on_message
+        c.connect(m["host"], m["port"], 30)
+        c.loop_start()
+        c.subscribe(f"devices/{name}/answers", qos=1)
+        clients.append((name, c))
+    time.sleep(1.0)  # (subscribed)
+    start = time.perf_counter()
+    if mode == "closed":
+        for w in range(cfg["concurrency"]):
+            name, c = clients[w % len(clients)]
+            send(c, name, next_key())
+        time.sleep(seconds)
+    else:
+        for i, (at, prio) in enumerate(moments()):
+            delay = start + at - time.perf_counter()
+            if delay > 0:
+                time.sleep(delay)
+            else:
+                behind.append(-delay * 1000.0)
+            name, c = clients[i % len(clients)]
+            send(c, name, next_key(), prio)
+    wall = time.perf_counter() - start
+    until = time.monotonic() + deadline / 1000.0 + cfg["grace_s"]
+    while pending and time.monotonic() < until:
+        time.sleep(0.05)
+    for _, c in clients:
+        c.loop_stop()
+        c.disconnect()
+    return wall
+
+wall = asyncio.run(http_main()) if door == "http" else mqtt_main()
+if mode == "closed":  # (what was still out when the loop stopped is not lost: it was never waited for)
+    for p in prios:
+        tally[p]["sent"] = sum(tally[p]["statuses"].values())
+print(json.dumps(summary(wall)))
+"""
+
+
+def _load(cfg: dict[str, Any]) -> dict[str, Any]:
+    """Run the load generator with `cfg`; its summary."""
+    limit = cfg["seconds"] + cfg["deadline_ms"] / 1000.0 + cfg["grace_s"] + 60
+    proc = subprocess.run(
+        [sys.executable, "-c", LOADGEN, json.dumps(cfg)], capture_output=True, text=True, timeout=limit
+    )
+    try:
+        return json.loads(proc.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+    except (ValueError, IndexError):
+        raise RuntimeError(f"the load generator failed: {proc.stderr[-800:]}") from None
+
+
+def _scenario(router: dict[str, Any], rate: float = 1.0, seconds: float = 20.0, cpu: Any = None) -> Scenario:
+    """The stack (and, with `cpu` = (us per routed, us per refused), the simulated run)."""
+    topology: dict[str, Any] = {
+        "partitions": ["edge-a"],
+        "nodes": [
+            {"id": f"room-{i}", "partition": "edge-a", "slots": 2, "max_queue": 1024, "models": ["echo"]}
+            for i in range(2)
+        ],
+    }
+    if cpu is not None:
+        topology["routers"] = [{"id": "router", "cpu_us_per_request": cpu[0], "cpu_us_per_refusal": cpu[1]}]
+    site = {"site": "edge-a", "rate_rps": rate, "models": {"echo": 1}, "priorities": MIX,
+            "deadline_ms": dict.fromkeys(MIX, DEADLINE_MS)}  # fmt: skip
+    return Scenario.model_validate(
+        {
+            "name": "bench-overload",
+            "topology": topology,
+            "workload": {"duration_s": seconds, "max_requests": 2_000_000, "sites": [site]},
+            "router": router,
+            "policies": ["p2c"],
+        }
+    )
+
+
+def _figures(load: dict[str, Any], capacity: float, seconds: float) -> dict[str, Any]:
+    """Per class and over all: in time, refused, late, lost; goodput against the capacity."""
+    classes, in_time, sent, lost, unsent = {}, 0, 0, 0, 0
+    for prio, t in load["classes"].items():
+        ok = t["statuses"].get("200", 0)
+        classes[prio] = {
+            "sent": t["sent"],
+            "in_time_pct": round(100.0 * t["in_time"] / t["sent"], 2) if t["sent"] else None,
+            "refused": sum(n for s, n in t["statuses"].items() if s != "200"),
+            "late": ok - t["in_time"],
+            "lost": t["lost"],
+            "unsent": t.get("unsent", 0),
+            "p50_ms": t.get("p50_ms"),
+            "p99_ms": t.get("p99_ms"),
+        }
+        in_time, sent, lost = in_time + t["in_time"], sent + t["sent"], lost + t["lost"]
+        unsent += t.get("unsent", 0)
+    goodput = in_time / seconds
+    return {
+        "classes": classes,
+        "sent": sent,
+        "lost": lost,
+        "unsent": unsent,
+        "goodput_rps": round(goodput, 1),
+        "goodput_vs_capacity": round(goodput / capacity, 3) if capacity else None,
+        "critical_in_time_pct": classes[str(max(MIX))]["in_time_pct"],
+        "behind_p99_ms": round(load.get("behind_p99_ms", 0.0), 1),
+    }
+
+
+def _simulated(
+    router: dict[str, Any], capacity: float, seconds: float, cpu: tuple[float, float], offer: float
+) -> dict[str, Any]:
+    """`offer` times `capacity` offered in the simulator, the router one core at the measured CPU."""
+    from scenarios.sim import DEFAULT_PROFILE, Profile, simulate
+    from scenarios.spec.workload import build_schedule
+
+    scenario = _scenario(router, offer * capacity, seconds, cpu)
+    schedule = build_schedule(scenario.workload, 1)
+    profile = Profile.from_json(json.loads(DEFAULT_PROFILE.read_text()))
+    results = simulate(scenario, scenario.policies, profile, schedule)["p2c"][0]
+    tally: dict[str, dict[str, Any]] = {str(p): {"sent": 0, "in_time": 0, "statuses": {}, "lost": 0} for p in MIX}
+    for r in results:
+        t = tally[str(r.arrival.priority)]
+        t["sent"] += 1
+        t["statuses"][str(r.status)] = t["statuses"].get(str(r.status), 0) + 1
+        t["in_time"] += r.status == 200 and r.latency_ms <= r.arrival.deadline_ms
+    return _figures({"classes": tally}, capacity, seconds)
+
+
+def bench_overload(
+    out_dir: Path, seconds: float = 20.0, capacity_s: float = 8.0, kafka: str | None = None, offer: float = 2.0
+) -> dict[str, Any]:
+    """Each door's capacity, then `offer` times it offered, live and simulated (module docstring)."""
+    broker = Mosquitto(devices={f"load-{i}": f"pw-{i}-{time.monotonic_ns()}" for i in range(DEVICES)}).start() \
+        if mosquitto_binary() is not None else None  # fmt: skip
+    router: dict[str, Any] = {"default_deadline_ms": DEADLINE_MS}
+    if broker is not None:
+        router["mqtt"] = broker.router_config()
+    doors: list[dict[str, Any]] = []
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        with Stack(_scenario(router), kafka=kafka) as stack:
+            assert stack.router is not None
+            from scenarios.bench.router import _baseline_router
+
+            here = Path(__file__).resolve().parents[2]
+            off_proc, off_url = _baseline_router(stack, here, {"saturation": {"enabled": False}, "mqtt": None}, "off")
+            procs.append(off_proc)
+            base: dict[str, Any] = {"mix": MIX, "deadline_ms": DEADLINE_MS, "grace_s": GRACE_S, "body": BODY,
+                                    "connections": CONNECTIONS}  # fmt: skip
+            targets: list[tuple[str, dict[str, Any], int]] = [
+                ("http", {"door": "http", "url": stack.router_url}, stack.router.popen.pid)
+            ]
+            if broker is not None:
+                host, port = broker.url.split("://")[1].split(":")
+                mq = {"host": host, "port": int(port), "prefix": "edgeroute", "accounts": list(broker.devices.items())}
+                targets.append(("mqtt", {"door": "mqtt", "mqtt": mq}, stack.router.popen.pid))
+                time.sleep(2.0)  # (the door subscribed)
+            for door, where, pid in targets:
+                cap_cfg = {**base, **where, "mode": "closed", "concurrency": CONCURRENCY, "seconds": capacity_s,
+                           "rate": 1.0, "seed": 1, "mix": {2: 1.0}}  # fmt: skip
+                cpu0 = process_cpu_s(pid) or 0.0
+                cap = _load(cap_cfg)
+                cpu_cap = (process_cpu_s(pid) or 0.0) - cpu0
+                answered = sum(t["statuses"].get("200", 0) for t in cap["classes"].values())
+                capacity = answered / cap["wall_s"]
+                per_routed = cpu_cap * 1e6 / max(1, answered)
+                row: dict[str, Any] = {"door": door, "capacity_rps": round(capacity, 1),
+                                       "cpu_us_per_routed": round(per_routed, 1)}  # fmt: skip
+                print(f"  {door}: capacity {capacity:.0f} req/s at {per_routed:.0f} us of router CPU each", flush=True)
+                runs = [("on", where, pid)]
+                if door == "http":
+                    runs.append(("off", {"door": "http", "url": off_url}, off_proc.pid))
+                for name, to, run_pid in runs:
+                    time.sleep(1.0)
+                    cfg = {**base, **to, "mode": "open", "rate": offer * capacity, "seconds": seconds, "seed": 7}
+                    cpu0 = process_cpu_s(run_pid) or 0.0
+                    load = _load(cfg)
+                    spent = (process_cpu_s(run_pid) or 0.0) - cpu0
+                    fig = _figures(load, capacity, seconds)
+                    routed = sum(t["statuses"].get("200", 0) for t in load["classes"].values())
+                    refused = fig["sent"] - routed - fig["lost"] - fig["unsent"]
+                    if refused > 0:
+                        fig["cpu_us_per_refusal"] = round(max(1.0, spent * 1e6 - routed * per_routed) / refused, 1)
+                    row[f"live_{name}"] = fig
+                    print(f"    live, rule {name}: critical {fig['critical_in_time_pct']}% in time, goodput "
+                          f"{fig['goodput_vs_capacity']}x capacity, lost {fig['lost']}", flush=True)  # fmt: skip
+                doors.append(row)
+    finally:
+        for proc in procs:
+            terminate(proc)
+        if broker is not None:
+            broker.stop()
+    for row in doors:
+        refusal = row["live_on"].get("cpu_us_per_refusal") or row["cpu_us_per_routed"] / 3
+        f = refusal / row["cpu_us_per_routed"]
+        row["refusal_vs_routed_cpu"] = round(f, 3)
+        # serving A and refusing the rest of `offer` x C: A + f (offer C - A) <= C
+        row["goodput_bound_vs_capacity"] = round(min(1.0, max(0.0, (1 - offer * f) / (1 - f))), 3) if f < 1 else 0.0
+        # the simulated router's core: the time the live router took a request at its capacity (with its
+        # share of a machine it shares with the nodes and the load: on a small box less than a core),
+        # and a refusal the fraction of that its CPU says
+        per = 1e6 / row["capacity_rps"] if row["capacity_rps"] else row["cpu_us_per_routed"]
+        cpu = (per, per * f)
+        row["sim_us_per_routed"], row["sim_us_per_refusal"] = round(cpu[0], 1), round(cpu[1], 1)
+        capacity = row["capacity_rps"]  # the same offer as live, against the same capacity
+        row["sim_on"] = _simulated({"default_deadline_ms": DEADLINE_MS}, capacity, seconds, cpu, offer)
+        if "live_off" in row:
+            row["sim_off"] = _simulated({"default_deadline_ms": DEADLINE_MS, "saturation": {"enabled": False}},
+                                        capacity, seconds, cpu, offer)  # fmt: skip
+    doc = result("overload", offer=offer, mix=MIX, deadline_ms=DEADLINE_MS, seconds=seconds, doors=doors)
+    lines = [f"{offer:g}x the router's capacity for {seconds:g} s, critical {MIX[2]:.0%} / bulk {MIX[0]:.0%} / "
+             f"sheddable {MIX[-1]:.0%}, deadline {DEADLINE_MS:g} ms:"]  # fmt: skip
+    head = ("door", "run", "critical", "bulk", "shed", "goodput", "lost", "unsent")
+    lines.append("  {:<5} {:<9} {:>9} {:>7} {:>7} {:>8} {:>5} {:>6}".format(*head))
+    for row in doors:
+        for key in ("live_on", "sim_on", "live_off", "sim_off"):
+            if key not in row:
+                continue
+            fig = row[key]
+            c = fig["classes"]
+            lines.append(
+                f"  {row['door']:<5} {key.replace('_', ' '):<9} {c['2']['in_time_pct']:>8}% "
+                f"{c['0']['in_time_pct']:>6}% {c['-1']['in_time_pct']:>6}% {fig['goodput_vs_capacity']:>7}x "
+                f"{fig['lost']:>5} {fig['unsent']:>6}"
+            )
+        lines.append(
+            f"  {row['door']}: capacity {row['capacity_rps']} req/s; router CPU {row['cpu_us_per_routed']} us a routed "
+            f"request, a refusal {row['refusal_vs_routed_cpu']}x that: at {offer:g}x at most "
+            f"{row['goodput_bound_vs_capacity']}x the capacity can be answered"
+        )
+    if broker is None:
+        lines.append("  mqtt: not measured (Mosquitto is not installed: apt install mosquitto)")
+    save(out_dir, doc, lines)
+    return doc
