@@ -273,9 +273,7 @@ async def _admitted(
             out.headers["Retry-After"] = "1"
         return out
     budget = trail.budget_ms = taken.budget_ms(router.lifecycle.settings.intake)
-    sat = router.saturation
-    over = bool(tenant) and sat.lag_ms >= sat.cfg.tenant_lag_ms and router.lifecycle.tenants.over_share(tenant, arrived)
-    saturated = sat.refuse(prio, budget, over)
+    saturated = router.saturation.refuse_request(prio, budget, tenant, router.lifecycle.tenants, arrived)
     if saturated is not None:  # the router itself is behind: its capacity goes to what it admits
         count(router, model, prio, "none", 503, arrived)
         out = Outcome.error(503, saturated)

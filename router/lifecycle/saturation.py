@@ -24,6 +24,7 @@ saturation the router's capacity goes to what it admits. Pure: no asyncio, no cl
 from __future__ import annotations
 
 from collections import deque
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -58,6 +59,12 @@ class Saturation:
         recent = self._recent
         recent.append(max(0.0, late_ms))
         self.lag_ms = min(recent) if len(recent) == recent.maxlen else 0.0
+
+    def refuse_request(self, priority: int, budget_ms: float, tenant: str, tenants: Any, now: float) -> str | None:
+        """`refuse` for one request of `tenant` ("" with tenants off): whether it is over its share is
+        asked of the tenants' table (router.lifecycle.tenants) only while the lag could make it count."""
+        over = bool(tenant) and self.lag_ms >= self.cfg.tenant_lag_ms and tenants.over_share(tenant, now)
+        return self.refuse(priority, budget_ms, over)
 
     def refuse(self, priority: int, budget_ms: float, over_share: bool = False) -> str | None:
         """Why a request is refused at the door for the router's own saturation (a 503), or None

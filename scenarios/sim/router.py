@@ -78,9 +78,7 @@ class RouterDriver(SimState):
         budget = taken.budget_ms(lc.settings.intake)
         route = RouteRequest(model, taken.priority, budget, site, taken.batch, str(i), tenant=tenant)
         if core is not None:  # the live rule on the router's own lag (router.lifecycle.saturation)
-            sat = core.saturation
-            over_share = bool(tenant) and sat.lag_ms >= sat.cfg.tenant_lag_ms and lc.tenants.over_share(tenant, t0)
-            why = core.refuse(taken.priority, budget, over_share)
+            why = core.saturation.refuse_request(taken.priority, budget, tenant, lc.tenants, t0)
             if why is not None:
                 self._refused(i, a, t0, start, core, 503, why)
                 return
