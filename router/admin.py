@@ -281,6 +281,7 @@ async def get_view(request: web.Request) -> web.Response:
                 "held_ms_total": round(router.lifecycle.held_ms_total, 1),
                 "waiting": router.dispatcher.waiting,
             },
+            "data_plane": None if router.dataplane is None else router.dataplane.state(),
         }
     )
 

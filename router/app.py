@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import importlib
 import logging
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
@@ -23,6 +25,7 @@ from router import admin, director, grpc_api, http_api, mqtt_api
 from router.canary_app import canary_ctx
 from router.capture_app import capture_ctx
 from router.config import ConfigError, RouterConfig, telemetry_sources
+from router.dataplane.haproxy import KEY_HEADER, PEER_HEADER
 from router.lifecycle.saturation import TICK_MS
 from router.node_client import HttpNodeClient, NodeClient, NodeError
 from router.state import CLIENT, ROUTER, Router
@@ -59,7 +62,7 @@ async def front_door(
         verdict = router.auth.check(
             request.headers.get("Authorization"),
             request.path.startswith(REPOSITORY_CONTROL),
-            request.remote or "unknown",
+            _peer(router, request),
         )
         if verdict.status:
             headers = {"WWW-Authenticate": "Bearer"} if verdict.status == 401 else None
@@ -90,6 +93,17 @@ async def front_door(
     except Exception:
         log.exception("unhandled error on %s %s", request.method, request.path)
         return _error(500, "internal router error")
+
+
+def _peer(router: Router, request: web.Request) -> str:
+    """The client's address: the connection's, or, for a request the native data plane passed on (its
+    key proves it), the one the proxy saw (router.dataplane)."""
+    dp = router.dataplane
+    if dp is not None:
+        key = request.headers.get(KEY_HEADER)
+        if key is not None and hmac.compare_digest(key.encode(), dp.key.encode()):
+            return request.headers.get(PEER_HEADER, "unknown")[:64]
+    return request.remote or "unknown"
 
 
 class _LagTicker:
@@ -362,6 +376,7 @@ async def serve(
     on_bound: Callable[[int], None] | None = None,
     reuse_port: bool = False,
     on_grpc: Callable[[int], None] | None = None,
+    on_data_plane: Callable[[str], None] | None = None,
 ) -> None:
     if config.tracing is not None:  # (process-wide: a process that embeds a router sets its own up)
         tracing.configure(config.tracing, "edgeroute-router")
@@ -377,6 +392,7 @@ async def serve(
     )
     app[ROUTER].metrics.watch_connections(cap)
     grpc_server = None
+    stack = contextlib.AsyncExitStack()
     try:
         port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         if on_bound is not None:
@@ -387,6 +403,8 @@ async def serve(
             )
             if on_grpc is not None:
                 on_grpc(grpc_port)
+        if config.data_plane.enabled:
+            await stack.enter_async_context(_data_plane(app[ROUTER], port, on_data_plane))
         loop = asyncio.get_running_loop()
         with contextlib.suppress(NotImplementedError, RuntimeError):
             import signal
@@ -401,4 +419,32 @@ async def serve(
             loop.add_signal_handler(signal.SIGHUP, reload)
         await stop.wait()
     finally:
+        await stack.aclose()
         await stop_serving(runner, grpc_server, config.tracing is not None)
+
+
+@contextlib.asynccontextmanager
+async def _data_plane(router: Router, port: int, on_started: Callable[[str], None] | None) -> AsyncIterator[None]:
+    """The native proxy in front of this router while it serves (router.dataplane). Where it cannot
+    start (no binary, a refused configuration) one line says why and the router serves alone."""
+    from router.dataplane.control import DataPlane, DataPlaneError
+
+    host = router.config.host
+    behind = "127.0.0.1" if host in ("0.0.0.0", "") else "::1" if host == "::" else host
+    dp = DataPlane(router, (behind, port))
+    try:
+        await dp.start()
+    except (DataPlaneError, OSError, ValueError) as exc:
+        await dp.stop()
+        print(f"edgeroute router: data plane off: {exc}", file=sys.stderr, flush=True)
+        yield
+        return
+    router.dataplane = dp
+    if on_started is not None:
+        on_started(dp.url)
+    try:
+        async with running(dp.run(), "data-plane"):
+            yield
+    finally:
+        router.dataplane = None
+        await dp.stop()

@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from policies import PolicyConfigError, PolicySpec, build_policy
 from router.admission import AuthConfig, RateLimitConfig
+from router.dataplane.settings import DataPlaneConfig
 from router.lifecycle import LifecycleSettings
 from router.lifecycle.budgets import RetryBudgetConfig
 from router.lifecycle.canary import CanarySpec, ModelCanarySpec
@@ -401,6 +402,10 @@ class RouterConfig(ServerSettings):
         default_factory=SaturationConfig,
         description="shed sheddable, then bulk work at the door while the router itself is behind "
         "(router.lifecycle.saturation)",
+    )
+    data_plane: DataPlaneConfig = Field(
+        default_factory=lambda: DataPlaneConfig(),
+        description="a native proxy in front of the router carries what the policy lets it (router.dataplane)",
     )
     retry_budget: RetryBudgetSettings = Field(
         default_factory=lambda: RetryBudgetSettings(),

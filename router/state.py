@@ -76,6 +76,7 @@ class Router:
         self.limiter = RateLimiter(config.rate_limit)
         self.saturation = Saturation(config.saturation)  # fed by the app's loop-lag ticker
         self.capture: Capture | None = None  # router.capture, while capture is on (its cleanup context)
+        self.dataplane: Any = None  # router.dataplane.control.DataPlane, while the native data plane runs
         self.canaries = CanaryHolder()  # a policy canary, when one runs (router.canary_app)
         self.file_canary = config.canary  # the config file's canary (a reload starts it when it changes)
         # (model, version) -> statistics under way, or (when, statistics) (router.fleet.model_stats)

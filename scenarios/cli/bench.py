@@ -66,6 +66,16 @@ def run_bench(args: argparse.Namespace) -> int:
         except (KafkaError, RuntimeError) as exc:
             print(f"edgeroute: bench ingest: {exc}", file=sys.stderr)
             return 1
+    elif args.what == "dataplane":
+        from router.dataplane.proxy import find_binary, install_hint
+        from scenarios.bench.dataplane import bench_dataplane
+
+        if find_binary(None) is None:
+            print(f"edgeroute bench dataplane: {install_hint()}", file=sys.stderr)
+            return 2
+        if args.rounds < 1 or args.requests < 96:
+            return arg.usage("--rounds at least 1, --requests at least 96")
+        bench_dataplane(out, requests=args.requests, rounds=args.rounds, kafka=args.kafka)
     elif args.what == "routers":
         from scenarios.bench.routers import bench_routers
 
@@ -275,6 +285,14 @@ def add_bench_parser(sub: Any) -> None:
     )
     b.add_argument("--seconds", type=float, default=20.0, help="seconds each offer runs (20)")
     b.add_argument("--offer", type=float, default=2.0, help="the offer, in multiples of the measured capacity (2)")
+    b.add_argument("--kafka", help="bootstrap of a running broker (default: the embedded one)")
+    b = bsub.add_parser(
+        "dataplane",
+        help="the native data plane (HAProxy) against the node called directly and the Python router: added p50 "
+        "at c=1, throughput and CPU per request at c=32, how fast the proxy follows a node's death and a policy swap",
+    )
+    b.add_argument("--requests", type=int, default=3000, help="requests per round at c=32 (a third at c=1)")
+    b.add_argument("--rounds", type=int, default=3, help="interleaved rounds (3)")
     b.add_argument("--kafka", help="bootstrap of a running broker (default: the embedded one)")
     for b in bsub.choices.values():
         b.add_argument("--out", default="reports/bench", help="folder for the JSON (reports/bench)")

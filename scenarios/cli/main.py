@@ -56,6 +56,17 @@ def _up(args: argparse.Namespace) -> int:
         mqtt = "embedded" if mosquitto_binary() is not None else None
     extra = {"mqtt": None if mqtt == "off" else mqtt}
     overrides: dict[str, Any] = {"policy": policy}
+    if args.data_plane == "native":
+        from router.dataplane.proxy import find_binary, install_hint
+
+        if find_binary(None) is None:  # (the router alone serves, as without the flag)
+            print(f"data plane: off ({install_hint()})", flush=True)
+            args.data_plane = "python"
+        elif scenario.topology.deployment == "per_site":
+            print("data plane: off (per-site stacks run their routers alone for now)", flush=True)
+            args.data_plane = "python"
+        else:
+            extra["data_plane"] = True
     if args.capture is not None:  # (the folder is set below, under the stack's logs by default)
         overrides["capture"] = {"enabled": True, "kafka_topic": CAPTURE_TOPIC}
     stack = stack_for(
@@ -77,7 +88,12 @@ def _up(args: argparse.Namespace) -> int:
         stack.start()
         for site, url in (stack.router_urls or {}).items():  # a router per site
             print(f"router of {site}: {url}", flush=True)
-        print(f"router: {stack.router_url}" + (f" ({args.routers} processes)" if args.routers > 1 else ""), flush=True)
+        own = stack.router.url if stack.router is not None and stack.router.dataplane else stack.router_url
+        print(f"router: {own}" + (f" ({args.routers} processes)" if args.routers > 1 else ""), flush=True)
+        if stack.router is not None and stack.router.dataplane:
+            print(
+                f"data plane: {stack.router.dataplane} (HAProxy; the router behind it: {stack.router.url})", flush=True
+            )
         if stack.router is not None and stack.router.grpc:
             print(f"router gRPC: {stack.router.grpc}", flush=True)
         site_mqtt = getattr(stack, "site_mqtt_urls", {})
@@ -294,6 +310,13 @@ def main(argv: list[str] | None = None) -> int:
         metavar="DIR",
         help="capture every request (segments in DIR, default LOGS/capture, and on the topic edgeroute.capture) "
         "for `edgeroute capture` to make a scenario of",
+    )
+    up.add_argument(
+        "--data-plane",
+        choices=("python", "native"),
+        default="python",
+        help="native: HAProxy in front of the router carries what the policy lets it, the router the rest "
+        "(router.dataplane; needs haproxy installed)",
     )
     up.set_defaults(func=_up)
 

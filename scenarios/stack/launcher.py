@@ -79,9 +79,8 @@ class Stack:
     # model -> reference execution ms for the speed emulation; the simulator uses the same numbers
     baselines: dict[str, dict[int, float]] = field(default_factory=lambda: profile_baselines())
     node_specs: dict[str, NodeSpec] = field(default_factory=dict)  # as currently running (run overrides)
-    node_overrides: dict[str, dict[str, Any]] = field(
-        default_factory=dict
-    )  # node id -> NodeConfig keys over its spec's
+    node_overrides: dict[str, dict[str, Any]] = field(default_factory=dict)  # node id -> NodeConfig keys over its spec
+    data_plane: bool = False  # the router's native data plane on (router.dataplane): clients and admin go through it
     # every stack signs its telemetry and peer messages with a key of its own (telemetry.kafka.signing):
     # nodes and routers get it through the environment; forged or unsigned messages are dropped
     telemetry_key: str = field(default_factory=lambda: f"stack-{os.getpid()}:{secrets.token_hex(32)}")
@@ -95,9 +94,8 @@ class Stack:
     # default: the scenario's `tracing`
     tracing: dict[str, Any] | None = None
     creds: StackSecrets | None = None  # drawn once, at the first use
-    # ports this stack handed out: a port is picked free and then bound by the child that gets it, so
-    # two picks before either child binds could otherwise name the same port (the router's HTTP and
-    # gRPC ports once did, and the router failed to start)
+    # ports this stack handed out: a port is picked free, then bound by the child that gets it (two
+    # picks before either binds once named the same port for the router's HTTP and gRPC)
     ports_given: set[int] = field(default_factory=set)
 
     def verifier(self) -> Verifier:
@@ -139,9 +137,7 @@ class Stack:
         """Whether the stack's services listen on addresses other machines (namespaces) can reach."""
         return False
 
-    @property
-    def auth_on(self) -> bool:
-        return self.auth if self.auth is not None else self.beyond_loopback
+    auth_on = property(lambda self: self.auth if self.auth is not None else self.beyond_loopback)
 
     def router_auth(self) -> dict[str, Any] | None:
         """The routers' `auth` section: the scenario's, with the stack's tokens where its auth is on."""
@@ -175,7 +171,7 @@ class Stack:
     @property
     def router_url(self) -> str:
         assert self.router is not None
-        return self.router.url
+        return self.router.dataplane or self.router.url
 
     @property
     def router_urls(self) -> dict[str, str] | None:
@@ -309,6 +305,8 @@ class Stack:
             cfg["mqtt"] = mqtt
         if self.traced is not None:
             cfg["tracing"] = self.traced
+        if self.data_plane:
+            cfg["data_plane"] = {"enabled": True, "port": self.free_port()}
         cfg.update(self.scenario.router)
         cfg.update(self.router_overrides)
         if self.auth_on:
@@ -326,6 +324,7 @@ class Stack:
                 args += ["--reuse-port", "--router-id", f"router-{i + 1}"]
             proc = self._spawn("router" if self.routers == 1 else f"router-{i + 1}", args)
             proc.port, proc.url = port, f"http://127.0.0.1:{port}"
+            proc.dataplane = f"http://127.0.0.1:{cfg['data_plane']['port']}" if self.data_plane else ""
             if cfg.get("grpc_port") is not None:
                 proc.grpc = f"127.0.0.1:{cfg['grpc_port']}"
             self.peers.append(proc)
@@ -348,7 +347,7 @@ class Stack:
             self._check_alive()
             try:
                 wait_for_port("127.0.0.1", self.router.port, 0.5)
-                status, view = http_json(f"{self.router.url}/admin/view", timeout_s=2, headers=self.admin_headers)
+                status, view = http_json(f"{self.router_url}/admin/view", timeout_s=2, headers=self.admin_headers)
                 fresh = {n["node_id"] for n in view["nodes"] if n["fresh"] and n["status"] == "ready"}
                 if status == 200 and want <= fresh:
                     return

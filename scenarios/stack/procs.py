@@ -44,6 +44,7 @@ class Proc:
     url: str = ""
     port: int = 0
     grpc: str = ""  # HOST:PORT of its gRPC service ("" without one)
+    dataplane: str = ""  # a router's native data plane, http://HOST:PORT ("" without one)
 
 
 AUTO_LOGS = "edgeroute-run-"

@@ -1,0 +1,314 @@
+"""The control loop: the router's view and policy turned into the proxy's state every `sync_ms`, and
+the proxy's own health checks turned back into the router's evidence.
+
+Each round computes a `Plan` (router.dataplane.plan) and sends the runtime commands that move the
+proxy from the last plan to it (router.dataplane.haproxy.commands); only a change of the proxy's
+balancing (a policy swap between two native policies) reloads it, with the current state written into
+the new configuration. Whatever goes wrong in a round (a name that does not resolve, an answer that
+does not parse, the proxy busy) is counted and shown in /admin/view; the next round starts from what
+the proxy was last told.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import ipaddress
+import logging
+import os
+import resource
+import secrets
+import shutil
+import socket
+import tempfile
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from policies.spec import PolicySpec
+from router.dataplane.haproxy import Render, commands, map_lines, model_map, render, token_key
+from router.dataplane.plan import Plan, Slots, plan
+from router.dataplane.proxy import DataPlaneError, Haproxy, find_binary, install_hint
+from telemetry.process.settings import is_loopback
+
+if TYPE_CHECKING:
+    from router.state import Router
+
+__all__ = ["DataPlane", "DataPlaneError"]
+
+log = logging.getLogger("edgeroute.dataplane")
+
+RESOLVE_TTL_S = 30.0
+EMPTY = Plan(None, "", {}, {}, {})
+
+
+def _free_port(host: str) -> int:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+def whole_router(router: Router) -> str | None:
+    """Why every request must reach the Python router now (None: nothing needs it)."""
+    c = router.config
+    if router.canaries.canary is not None:
+        return "a policy canary is running: the router splits the traffic between its arms"
+    if router.capture is not None:
+        return "capture is on: the router records every request"
+    if c.tenants is not None:
+        return "tenants are configured: the router keeps their fair shares"
+    if c.links:
+        return "emulated links are configured: the router applies their delay and loss"
+    return None
+
+
+def python_only(router: Router) -> dict[str, str]:
+    """Models whose requests only the Python router can serve, and why."""
+    out = {name: "a workflow" for name in router.workflows}
+    out.update({name: "a cascade" for name in router.cascades})
+    out.update({name: "answers only through its cascade" for name in router.cascade_only})
+    out.update({name: "a version canary" for name in router.canaries.models})
+    out.update({name: "a promoted version" for name in router.canaries.pinned})
+    return out
+
+
+class DataPlane:
+    """The native proxy beside one router: `start`, then `run` until cancelled, then `stop`."""
+
+    def __init__(self, router: Router, python: tuple[str, int]) -> None:
+        self.router = router
+        self.settings = router.config.data_plane
+        self.python = python
+        self.rundir = Path(tempfile.mkdtemp(prefix="edgeroute-dataplane-"))
+        os.chmod(self.rundir, 0o700)
+        self.key = secrets.token_urlsafe(24)
+        self.slots = Slots(self.settings.node_slots, self.settings.model_slots)
+        self.applied = EMPTY
+        self.proxy: Haproxy | None = None
+        self.balance: str | None = None  # the balancing the proxy's model backends were written with
+        self.host = self.settings.host or router.config.host
+        self.port = self.settings.port
+        self.resolved: dict[str, tuple[str | None, float]] = {}
+        self.node_status: dict[str, str] = {}
+        self.rounds = 0
+        self.errors = 0
+        self.last_error = ""
+        self.last_sync_ms = 0.0  # how long the latest round that changed something took to reach the proxy
+        self.changes = 0
+
+    @property
+    def url(self) -> str:
+        scheme = "https" if self.router.config.tls is not None else "http"
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{scheme}://{host}:{self.port}"
+
+    def inputs(self) -> Render:
+        c = self.router.config
+        tls_pem = client_ca = None
+        if c.tls is not None:
+            pem = self.rundir / "front.pem"
+            fd = os.open(pem, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(Path(c.tls.cert_file).read_text() + "\n" + Path(c.tls.key_file).read_text())
+            tls_pem, client_ca = str(pem), c.tls.client_ca_file
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        limit = hard if hard != resource.RLIM_INFINITY else 1 << 20
+        most = max(16, (limit - 200) // 2 - 2 * self.settings.node_slots)
+        settings = self.settings.model_copy(update={"max_connections": min(self.settings.max_connections, most)})
+        return Render(
+            settings=settings,
+            listen=(self.host, self.port),
+            python=self.python,
+            rundir=str(self.rundir),
+            key=self.key,
+            python_tls=c.tls is not None,
+            tls_pem=tls_pem,
+            client_ca=client_ca,
+            auth=c.auth is not None,
+            rate=None if c.rate_limit is None else (c.rate_limit.rps, c.rate_limit.burst),
+            max_body_bytes=c.max_body_bytes,
+            default_deadline_ms=c.default_deadline_ms,
+            max_deadline_ms=c.max_deadline_ms,
+            connect_timeout_ms=c.connect_timeout_ms,
+            retries=c.max_attempts - 1,
+            max_answer_bytes=c.max_answer_bytes,
+            node_token=c.node_token,
+            idle_timeout_s=c.idle_timeout_s,
+            python_priority_at=None if c.hedging is None else c.hedging.min_priority,
+        )
+
+    def compute(self, now_ms: float) -> Plan:
+        r = self.router
+        site = r.config.site
+        view = r.store.view
+        spec = r.policies.spec
+        assert isinstance(spec, PolicySpec)
+        admit = {n.node_id: r.lifecycle.health.weight(site, n, now_ms) for n in view}
+        return plan(
+            view,
+            spec,
+            self.slots,
+            now_ms,
+            python_only=python_only(r),
+            whole_router=whole_router(r),
+            admit=admit,
+        )
+
+    async def _resolve(self, p: Plan) -> Plan:
+        """Node host names as addresses (the runtime API takes addresses); a name that does not resolve
+        leaves its node out of the plan until it does."""
+        loop = asyncio.get_running_loop()
+        nodes = dict(p.nodes)
+        dropped = set()
+        for i, s in p.nodes.items():
+            if _is_ip(s.host):
+                continue
+            addr, at = self.resolved.get(s.host, (None, 0.0))
+            if time.monotonic() - at > RESOLVE_TTL_S:
+                addr = None
+                with contextlib.suppress(OSError, TimeoutError, IndexError):
+                    infos = await asyncio.wait_for(loop.getaddrinfo(s.host, s.port, type=socket.SOCK_STREAM), 1.0)
+                    addr = str(infos[0][4][0])
+                self.resolved[s.host] = (addr, time.monotonic())
+            if addr is None:
+                del nodes[i]
+                dropped.add(i)
+            else:
+                nodes[i] = dataclasses.replace(s, host=addr)
+        if not dropped and nodes == p.nodes:
+            return p
+        serving = {j: frozenset(s - dropped) for j, s in p.serving.items()}
+        return dataclasses.replace(p, nodes=nodes, serving=serving)
+
+    def maps(self, p: Plan) -> dict[str, str]:
+        auth = self.router.config.auth
+        clients = {} if auth is None else {token_key(t): name for name, t in auth.tokens.items()}
+        return {"models.map": map_lines(model_map(p)), "clients.map": map_lines(clients)}
+
+    async def start(self) -> None:
+        binary = find_binary(self.settings.binary)
+        if binary is None:
+            raise DataPlaneError(install_hint())
+        if self.port == 0:
+            self.port = _free_port(self.host)
+        first = await self._resolve(self.compute(self.router.clock()))
+        self.balance = first.balance or "random(2)"
+        self.proxy = Haproxy(binary, self.rundir)
+        await self.proxy.start(
+            render(self.inputs(), dataclasses.replace(first, balance=self.balance)), self.maps(first)
+        )
+        self.applied = first
+
+    async def sync(self) -> None:
+        """One round: the plan now, to the proxy."""
+        assert self.proxy is not None
+        began = time.perf_counter()
+        new = await self._resolve(self.compute(self.router.clock()))
+        if new.balance is not None and new.balance != self.balance:
+            self.balance = new.balance
+            await self.proxy.reload(render(self.inputs(), new), self.maps(new))
+        else:
+            cmds = commands(self.applied, new, self.settings, str(self.rundir / "models.map"))
+            if not cmds:
+                self.applied = new
+                return
+            answer = await self.proxy.command(cmds)
+            if "No such" in answer or "Unknown" in answer or "Require" in answer:
+                raise DataPlaneError(f"the proxy refused a change: {answer.strip()[:300]}")
+            (self.rundir / "models.map").write_text(self.maps(new)["models.map"])  # (for a later reload)
+        self.applied = new
+        self.changes += 1
+        self.last_sync_ms = (time.perf_counter() - began) * 1000.0
+
+    async def observe(self) -> None:
+        """The proxy's checks as the router's evidence: a node it finds ready is alive, one whose checks
+        fail is not (router.lifecycle.evidence)."""
+        assert self.proxy is not None
+        states = await self.proxy.server_states("nodes")
+        now = self.router.clock()
+        evidence = self.router.lifecycle.evidence
+        seen = {}
+        for i, s in self.applied.nodes.items():
+            status = states.get(f"n{i}", "")
+            seen[s.node_id] = status
+            if status.startswith("UP"):
+                evidence.observe(s.node_id, True, now)
+            elif status.startswith("DOWN") and not self.node_status.get(s.node_id, "").startswith("DOWN"):
+                evidence.observe(s.node_id, False, now)
+        self.node_status = seen
+
+    async def run(self) -> None:
+        every = self.settings.sync_ms / 1000.0
+        observe_every = self.settings.check_ms / 1000.0
+        next_observe = 0.0
+        while True:
+            try:
+                await self.sync()
+                if time.monotonic() >= next_observe:
+                    next_observe = time.monotonic() + observe_every
+                    await self.observe()
+                self.rounds += 1
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # (a round that fails is retried whole from what the proxy last took)
+                self.errors += 1
+                if str(exc) != self.last_error:
+                    log.warning("data plane round failed: %s", exc)
+                self.last_error = str(exc)
+                if self.proxy is not None and self.proxy.proc is not None and self.proxy.proc.returncode is not None:
+                    log.error("the proxy exited (%s); starting it again", self.proxy.proc.returncode)
+                    with contextlib.suppress(DataPlaneError, OSError):
+                        await self.restart()
+                await asyncio.sleep(max(every, 0.2))
+            await asyncio.sleep(every)
+
+    async def restart(self) -> None:
+        assert self.proxy is not None
+        current = await self._resolve(self.compute(self.router.clock()))
+        self.balance = current.balance or self.balance or "random(2)"
+        await self.proxy.start(
+            render(self.inputs(), dataclasses.replace(current, balance=self.balance)), self.maps(current)
+        )
+        self.applied = current
+
+    async def stop(self) -> None:
+        if self.proxy is not None:
+            await self.proxy.stop()
+        shutil.rmtree(self.rundir, ignore_errors=True)
+
+    def state(self) -> dict[str, Any]:
+        p = self.applied
+        return {
+            "url": self.url,
+            "kind": self.settings.kind,
+            "balance": self.balance if p.balance is not None else None,
+            "native": p.balance is not None,
+            "reason": p.reason,
+            "models": sorted(model_map(p)),
+            "nodes": {
+                s.node_id: {
+                    "slot": i,
+                    "weight": s.weight,
+                    "ready": s.ready,
+                    "proxy": self.node_status.get(s.node_id, ""),
+                }
+                for i, s in sorted(p.nodes.items())
+            },
+            "rounds": self.rounds,
+            "changes": self.changes,
+            "last_change_ms": round(self.last_sync_ms, 3),
+            "errors": self.errors,
+            "last_error": self.last_error,
+            "reloads": 0 if self.proxy is None else self.proxy.reloads,
+            "loopback": is_loopback(self.host),
+        }

@@ -1,0 +1,176 @@
+"""What the native data plane should carry, worked out from the router's view and policy (pure: no
+asyncio, no sockets; the control loop in router.dataplane.control applies it, the simulator can run it).
+
+The proxy holds fixed tables, so that the control plane changes them at runtime and never reloads
+the proxy for a view change:
+
+- `node slots`: slot i of the `nodes` backend is one node (its address, health-checked by the proxy);
+  a node keeps its slot while it is in the view, a slot frees when its node leaves.
+- `model slots`: backend `m<j>` is one model; its server `n<i>` is node slot i, *ready* where that
+  node serves the model and is routable, in maintenance elsewhere. A map sends a model's name to its
+  backend; a model with no slot (more models than slots, a workflow, a cascade, a model under a
+  canary) is not in the map and goes to the Python router behind the proxy.
+
+A policy is carried natively where the proxy's own balancing honours its intent (`NATIVE_BALANCE`);
+anything else (and a router whose features need every request: a policy canary, capture, tenants)
+sends every request to the Python router, and `Plan.reason` says why.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+from policies.spec import PolicySpec
+from telemetry.cluster.view import ClusterView, NodeState
+
+__all__ = ["MAX_WEIGHT", "NATIVE_BALANCE", "Plan", "ServerState", "Slots", "native_balance", "plan"]
+
+MAX_WEIGHT = 256  # HAProxy's largest server weight
+
+# preset -> the proxy's balancing that honours it (HAProxy `balance`); p2c's k comes from its params
+NATIVE_BALANCE = {
+    "round_robin": "roundrobin",
+    "random": "random(1)",
+    "least_outstanding": "leastconn",
+    "p2c": "random(2)",
+    "least_latency": "leastconn",  # weights carry the nodes' speed (capacity over EWMA)
+}
+
+
+def native_balance(spec: PolicySpec) -> tuple[str | None, str]:
+    """The proxy's balancing for a policy, or None and why it needs the Python router."""
+    if spec.preset is None or spec.filters is not None or spec.scorers is not None or spec.picker is not None:
+        return None, f"policy '{spec.display_name}' is a custom pipeline: the Python router runs it"
+    balance = NATIVE_BALANCE.get(spec.preset)
+    if balance is None:
+        return None, f"policy '{spec.preset}' picks on what the proxy cannot see: the Python router runs it"
+    params = {k: dict(v) for k, v in spec.params.items() if v}
+    if spec.preset == "p2c" and set(params) <= {"sample"} and set(params.get("sample", {})) <= {"k"}:
+        k = params.get("sample", {}).get("k", 2)
+        if isinstance(k, int) and 1 <= k <= 16:
+            return f"random({k})", ""
+    if params:
+        return None, f"policy '{spec.preset}' with parameters {sorted(params)}: the Python router runs it"
+    return balance, ""
+
+
+@dataclass(frozen=True, slots=True)
+class ServerState:
+    """One node slot as the proxy should hold it."""
+
+    node_id: str
+    host: str
+    port: int
+    weight: int  # 1..MAX_WEIGHT; a slot not routable is `ready` False instead of weight 0
+    ready: bool
+
+
+@dataclass(frozen=True)
+class Plan:
+    balance: str | None  # None: every request to the Python router
+    reason: str  # why, when balance is None
+    nodes: Mapping[int, ServerState]  # node slot -> the node in it
+    models: Mapping[str, int]  # model -> its backend slot (the proxy's map)
+    serving: Mapping[int, frozenset[int]] = field(default_factory=dict)  # model slot -> node slots ready for it
+
+    def native(self, model: str) -> bool:
+        return self.balance is not None and model in self.models
+
+
+class Slots:
+    """Stable slot numbers for nodes and models (a node keeps its slot while it stays in the view)."""
+
+    def __init__(self, node_slots: int, model_slots: int) -> None:
+        self.node_slots = node_slots
+        self.model_slots = model_slots
+        self.nodes: dict[str, int] = {}
+        self.models: dict[str, int] = {}
+
+    def assign(self, table: dict[str, int], wanted: Iterable[str], size: int) -> dict[str, int]:
+        """Keep the slots of the names still wanted, free the others', give free slots to new names in
+        order (names beyond the table's size get none)."""
+        wanted = list(dict.fromkeys(wanted))
+        keep = set(wanted)
+        for name in [n for n in table if n not in keep]:
+            del table[name]
+        used = set(table.values())
+        free = (i for i in range(size) if i not in used)
+        for name in wanted:
+            if name not in table:
+                slot = next(free, None)
+                if slot is None:
+                    break
+                table[name] = slot
+        return table
+
+
+def _address(endpoint: str) -> tuple[str, int] | None:
+    """A node's endpoint as (host, port) for the proxy, or None (not plain HTTP with a port)."""
+    try:
+        parts = urlsplit(endpoint)
+        port = parts.port
+    except ValueError:
+        return None
+    if parts.scheme != "http" or not parts.hostname or port is None or parts.path not in ("", "/"):
+        return None
+    return parts.hostname, port
+
+
+def _speed(node: NodeState, preset: str | None) -> float:
+    """How much of a model's traffic a node should take, in any unit: its execution slots (over its
+    slowest model's EWMA for least_latency, where that is known)."""
+    if preset == "least_latency" and node.load.models:
+        ewma = max((m.ewma_ms() or 0.0) for m in node.load.models.values())
+        if ewma > 0.0:
+            return node.capacity / ewma
+    return float(node.capacity)
+
+
+def plan(
+    view: ClusterView,
+    spec: PolicySpec,
+    slots: Slots,
+    now_ms: float,
+    *,
+    python_only: Mapping[str, str] | None = None,
+    whole_router: str | None = None,
+    admit: Mapping[str, float] | None = None,
+) -> Plan:
+    """The proxy's tables for this view and policy.
+
+    `python_only`: model names the Python router must see (workflows, cascades, canaried models) ->
+    why; `whole_router`: a reason every request must reach the Python router (None: none);
+    `admit`: node id -> the router's own admission share for it (slow start; 0: ejected), default 1."""
+    balance, reason = native_balance(spec)
+    if whole_router is not None:
+        balance, reason = None, whole_router
+    python_only = python_only or {}
+    routable: list[tuple[NodeState, tuple[str, int]]] = []
+    for node in sorted(view, key=lambda n: n.node_id):
+        address = _address(node.endpoint)
+        if address is not None:
+            routable.append((node, address))
+    node_slot = slots.assign(slots.nodes, (n.node_id for n, _ in routable), slots.node_slots)
+    serving_models = sorted({m for n, _ in routable for m in n.load.models if m not in python_only})
+    model_slot = slots.assign(slots.models, serving_models, slots.model_slots)
+    shares = admit or {}
+    speeds = {n.node_id: _speed(n, spec.preset) * max(0.0, shares.get(n.node_id, 1.0)) for n, _ in routable}
+    top = max(speeds.values(), default=0.0)
+    states: dict[int, ServerState] = {}
+    serving: dict[int, set[int]] = {j: set() for j in model_slot.values()}
+    for node, (host, port) in routable:
+        i = node_slot.get(node.node_id)
+        if i is None:
+            continue
+        speed = speeds[node.node_id]
+        ok = node.ready and view.is_live(node, now_ms) and speed > 0.0
+        weight = max(1, min(MAX_WEIGHT, round(MAX_WEIGHT * speed / top))) if ok else 1
+        states[i] = ServerState(node.node_id, host, port, weight, ok)
+        if ok:
+            for model in node.load.models:
+                j = model_slot.get(model)
+                if j is not None:
+                    serving[j].add(i)
+    return Plan(balance, reason, states, dict(model_slot), {j: frozenset(s) for j, s in serving.items()})

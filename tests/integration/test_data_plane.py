@@ -1,0 +1,202 @@
+"""The native data plane (router.dataplane) on a live stack: HAProxy in front of the router, real nodes
+behind it. What the proxy carries answers as the router would; what it cannot judge it passes to the
+router, which answers exactly as it does alone; the proxy's state follows the view and the policy."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+from typing import Any
+
+import pytest
+
+from router.dataplane.proxy import find_binary, install_hint
+from scenarios.stack.launcher import Stack
+from tests.integration.http import call as _call
+from tests.integration.http import infer_body
+
+if find_binary(None) is None:
+    pytest.skip(f"no HAProxy here: {install_hint()}", allow_module_level=True)
+
+TOKENS = {"cams": "tok-cams", "ops": "tok-ops"}
+ROUTER = {
+    "auth": {"tokens": TOKENS, "admin_clients": ["ops"]},
+    "rate_limit": {"rps": 50, "burst": 50},
+    "max_body_bytes": 1 << 20,
+}
+CAMS = {"Authorization": "Bearer tok-cams"}
+OPS = {"Authorization": "Bearer tok-ops"}
+
+
+def call(url: str, body: bytes | None = None, **kw: Any) -> tuple[int, Any, dict[str, str]]:
+    """`call`, its headers' names in lower case (HTTP's are case-blind; HAProxy writes them lower)."""
+    status, doc, headers = _call(url, body, **kw)
+    return status, doc, {k.lower(): v for k, v in headers.items()}
+
+
+def _view(stack: Stack) -> dict[str, Any]:
+    status, view, _ = call(f"{stack.router_url}/admin/view", headers=OPS)
+    assert status == 200, view
+    return view
+
+
+def _until(predicate: Any, timeout_s: float = 10.0, every_s: float = 0.01) -> float:
+    """Seconds until `predicate()` holds (fails the test past `timeout_s`)."""
+    began = time.monotonic()
+    while not predicate():
+        if time.monotonic() - began > timeout_s:
+            raise AssertionError(f"not within {timeout_s} s")
+        time.sleep(every_s)
+    return time.monotonic() - began
+
+
+def _native(stack: Stack, model: str = "sensor_mlp") -> bool:
+    return model in (_view(stack)["data_plane"] or {}).get("models", [])
+
+
+def _stack(broker: Any, tmp: Any, router: dict[str, Any]) -> Stack:
+    from tests.integration.conftest import scenario
+
+    stack = Stack(
+        scenario(
+            [
+                {"id": "a", "partition": "edge-a", "models": ["sensor_mlp", "echo"]},
+                {"id": "b", "partition": "edge-a", "models": ["sensor_mlp"]},
+            ],
+            router,
+        ),
+        kafka=broker.bootstrap,
+        log_dir=tmp,
+        topic=f"edgeroute.telemetry.dp{time.monotonic_ns()}",
+        data_plane=True,
+    )
+    stack.start()
+    try:
+        _until(lambda: _native(stack), 20.0, 0.1)
+    except BaseException:
+        stack.stop()
+        raise
+    return stack
+
+
+@pytest.fixture(scope="module")
+def native(broker, tmp_path_factory):  # type: ignore[no-untyped-def]
+    stack = _stack(broker, tmp_path_factory.mktemp("dataplane"), ROUTER)
+    try:
+        yield stack
+    finally:
+        stack.stop()
+
+
+def test_native_requests_reach_nodes_and_answer_as_the_router(native: Stack) -> None:
+    url = f"{native.router_url}/v2/models/sensor_mlp/infer"
+    nodes = set()
+    for _ in range(20):
+        status, doc, headers = call(url, infer_body(), headers=CAMS)
+        assert status == 200, doc
+        assert headers.get("x-edgeroute-data-plane") == "native"
+        assert doc["model_name"] == "sensor_mlp" and doc["outputs"]
+        nodes.add(headers.get("x-edgeroute-node"))
+    assert nodes == {"a", "b"}  # balanced over both (p2c: random(2) on the proxy's own counts)
+    direct, _, _ = call(f"{native.router.url}/v2/models/sensor_mlp/infer", infer_body(), headers=CAMS)
+    assert direct == 200  # the router itself still serves alone on its own port
+
+
+def test_what_the_proxy_cannot_judge_the_router_answers(native: Stack) -> None:
+    url = f"{native.router_url}/v2/models/sensor_mlp/infer"
+    status, doc, headers = call(url, infer_body())
+    assert status == 401 and "Bearer" in doc["error"] and headers["www-authenticate"] == "Bearer"
+    status, doc, _ = call(url, infer_body(), headers={"Authorization": "Bearer stolen"})
+    assert status == 403 and doc["error"] == "unknown token"
+    status, doc, _ = call(url, infer_body(), headers={"Authorization": "Basic dG9rLWNhbXM="})
+    assert status == 401
+    status, doc, _ = call(f"{native.router_url}/v2/models/nope/infer", infer_body(), headers=CAMS)
+    assert status == 404 and "nope" in doc["error"]
+    for bad, code in (
+        ({"x-edgeroute-priority": "high"}, 400),
+        ({"x-edgeroute-deadline-ms": "-5"}, 400),
+        ({"x-edgeroute-site": "mars"}, 403),  # a site this client's key does not give it
+    ):
+        status, doc, headers = call(url, infer_body(), headers={**CAMS, **bad})
+        assert status == code, (bad, doc)  # the router's own refusal, with its own words
+        assert "x-edgeroute-data-plane" not in headers
+    status, doc, headers = call(url, infer_body(), headers={**CAMS, "x-edgeroute-priority": "7"})
+    assert status == 200 and headers.get("x-edgeroute-data-plane") == "native"
+    status, doc, _ = call(f"{native.router_url}/admin/policy", headers=CAMS)
+    assert status == 403  # the admin API behind the proxy keeps its own guard
+
+
+def test_body_limit_and_node_refusals(native: Stack) -> None:
+    url = f"{native.router_url}/v2/models/sensor_mlp/infer"
+    status, doc, headers = call(url, b"x" * ((1 << 20) + 1), headers=CAMS)
+    assert status == 413 and "exceeds" in doc["error"]
+    status, doc, headers = call(url, b"{not json", headers=CAMS)
+    assert status == 400  # the node's own refusal, carried
+    assert headers.get("x-edgeroute-data-plane") == "native"
+
+
+def test_rate_limit_holds_through_the_proxy(broker, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    stack = _stack(broker, tmp_path, {**ROUTER, "rate_limit": {"rps": 2, "burst": 4}})
+    try:
+        url = f"{stack.router_url}/v2/models/sensor_mlp/infer"
+        answers = [call(url, infer_body(), headers=CAMS) for _ in range(12)]
+        statuses = [a[0] for a in answers]
+        assert statuses.count(200) == 4 and statuses.count(429) == 8, statuses
+        refused = next(a for a in answers if a[0] == 429)
+        assert "requests/s" in refused[1]["error"] and int(refused[2]["retry-after"]) >= 1
+        # requests the router answers count in the same window: a token that is over is over everywhere
+        status, _, _ = call(url, infer_body(), headers={**CAMS, "x-edgeroute-priority": "bad"})
+        assert status == 429
+        status, _, _ = call(url, infer_body(), headers=OPS)  # another client has its own window
+        assert status == 200
+    finally:
+        stack.stop()
+
+
+def test_a_killed_node_leaves_rotation_at_once(native: Stack) -> None:
+    url = f"{native.router_url}/v2/models/sensor_mlp/infer"
+    native.kill_node("b")
+    try:
+        began = time.monotonic()
+        took = _until(lambda: _view(native)["data_plane"]["nodes"]["b"]["proxy"].startswith("DOWN"), 5.0)
+        assert took < 0.5 + 0.25, took  # two failed checks 100 ms apart, and the round that reads them
+        failures = 0
+        for _ in range(30):
+            status, _, headers = call(url, infer_body(), headers=CAMS)
+            failures += status != 200
+            assert status != 200 or headers.get("x-edgeroute-node") == "a"
+        assert failures == 0
+        assert time.monotonic() - began < 10
+    finally:
+        native.restart_node("b")
+        _until(lambda: _view(native)["data_plane"]["nodes"]["b"]["proxy"].startswith("UP"), 20.0, 0.1)
+
+
+def test_a_policy_swap_reaches_the_proxy_within_100ms(native: Stack) -> None:
+    def put(spec: dict[str, Any]) -> None:
+        req = urllib.request.Request(
+            f"{native.router_url}/admin/policy",
+            json.dumps(spec).encode(),
+            {**OPS, "Content-Type": "application/json"},
+            method="PUT",
+        )
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            assert resp.status == 200
+
+    try:
+        put({"preset": "slo_priority"})  # not one the proxy can express: every request to the router
+        took = _until(lambda: not _native(native), 5.0, 0.005)
+        assert took < 0.1 + 0.05, took  # (the admin round trip through the proxy counted in it)
+        state = _view(native)["data_plane"]
+        assert state["native"] is False and "slo_priority" in state["reason"]
+        status, _, headers = call(f"{native.router_url}/v2/models/sensor_mlp/infer", infer_body(), headers=CAMS)
+        assert status == 200 and "x-edgeroute-data-plane" not in headers
+        put({"preset": "least_outstanding"})  # native again, another balance: one reload
+        _until(lambda: _native(native), 5.0, 0.005)
+        state = _view(native)["data_plane"]
+        assert state["balance"] == "leastconn" and state["reloads"] == 1
+        status, _, headers = call(f"{native.router_url}/v2/models/sensor_mlp/infer", infer_body(), headers=CAMS)
+        assert status == 200 and headers.get("x-edgeroute-data-plane") == "native"
+    finally:
+        put({"preset": "p2c"})
