@@ -200,3 +200,21 @@ def test_a_policy_swap_reaches_the_proxy_within_100ms(native: Stack) -> None:
         assert status == 200 and headers.get("x-edgeroute-data-plane") == "native"
     finally:
         put({"preset": "p2c"})
+
+
+def test_tritons_own_client_passes_through_unchanged(native: Stack) -> None:
+    httpclient = pytest.importorskip("tritonclient.http")
+    import numpy as np
+
+    client = httpclient.InferenceServerClient(url=native.router_url.removeprefix("http://"))
+    try:
+        assert client.is_server_live() and client.is_model_ready("sensor_mlp", headers=CAMS)
+        inp = httpclient.InferInput("readings", [1, 16], "FP32")
+        for binary in (False, True):  # JSON tensors, and Triton's binary tensor extension
+            inp.set_data_from_numpy(np.ones((1, 16), np.float32), binary_data=binary)
+            out = httpclient.InferRequestedOutput("probabilities", binary_data=binary)
+            answer = client.infer("sensor_mlp", [inp], outputs=[out], headers=CAMS)
+            assert answer.as_numpy("probabilities").shape == (1, 4)
+            assert answer.get_response() is not None
+    finally:
+        client.close()
