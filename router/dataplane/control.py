@@ -150,7 +150,7 @@ class DataPlane:
     def compute(self, now_ms: float) -> Plan:
         r = self.router
         site = r.config.site
-        view = r.store.view
+        view = r.lifecycle.tracker.overlay(r.store.view)  # (with the router's own evidence of life)
         spec = r.policies.spec
         assert isinstance(spec, PolicySpec)
         admit = {n.node_id: r.lifecycle.health.weight(site, n, now_ms) for n in view}

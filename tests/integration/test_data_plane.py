@@ -215,3 +215,36 @@ def test_tritons_own_client_passes_through_unchanged(native: Stack) -> None:
             assert answer.get_response() is not None
     finally:
         client.close()
+
+
+def test_a_broker_outage_leaves_the_native_path_carrying(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Telemetry is advice: with the broker gone and every report stale, the proxy's own readiness
+    checks are the router's evidence of life, so the nodes stay in the proxy's rotation."""
+    from scenarios.stack.broker import EmbeddedBroker
+
+    own = EmbeddedBroker(log_path=str(tmp_path / "broker.log")).start()
+    stack = None
+    try:
+        stack = _stack(own, tmp_path / "stack", {"stale_after_ms": 500})
+        url = f"{stack.router_url}/v2/models/sensor_mlp/infer"
+        own.stop()
+        time.sleep(1.5)  # every node's telemetry is now stale
+        view = _view_open(stack)
+        assert not any(n["fresh"] for n in view["nodes"])
+        assert "sensor_mlp" in view["data_plane"]["models"], (
+            [(n["node_id"], n.get("mode"), n.get("status")) for n in view["nodes"]],
+            view["data_plane"],
+        )
+        for _ in range(10):
+            status, _, headers = call(url, infer_body())
+            assert status == 200 and headers.get("x-edgeroute-data-plane") == "native"
+    finally:
+        if stack is not None:
+            stack.stop()
+        own.stop()
+
+
+def _view_open(stack: Stack) -> dict[str, Any]:
+    status, view, _ = call(f"{stack.router_url}/admin/view")
+    assert status == 200, view
+    return view
