@@ -414,9 +414,12 @@ class RouterConfig(ServerSettings):
 
     @model_validator(mode="after")
     def _auth_beyond_loopback(self) -> RouterConfig:
-        if self.auth is None and not self.allow_anonymous and not is_loopback(self.host):
+        exposed = [h for h in (self.host, self.data_plane.host if self.data_plane.enabled else None) if h]
+        wide = next((h for h in exposed if not is_loopback(h)), None)
+        if self.auth is None and not self.allow_anonymous and wide is not None:
             raise ValueError(
-                f"auth is required when the router listens on {self.host}: anyone who reaches it could run "
+                f"auth is required when the router (or its data plane) listens on {wide}: anyone who reaches it "
+                "could run "
                 "inference and use the admin API (policy, links, cascades); set auth.tokens (or "
                 "$EDGEROUTE_AUTH__TOKENS__<CLIENT>), or allow_anonymous: true behind a front that authenticates"
             )

@@ -87,3 +87,12 @@ def test_haproxy_accepts_the_configuration(tmp_path: Path) -> None:
         assert binary is not None
         out = subprocess.run([binary, "-c", "-q", "-f", str(tmp_path / "h.cfg")], capture_output=True, text=True)
         assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_a_data_plane_beyond_loopback_needs_auth_as_the_router_does() -> None:
+    from router.config import ConfigError, parse_config
+
+    with pytest.raises(ConfigError, match="data plane"):
+        parse_config({"data_plane": {"enabled": True, "host": "0.0.0.0"}})
+    parse_config({"data_plane": {"enabled": True, "host": "127.0.0.1"}})
+    parse_config({"data_plane": {"enabled": True, "host": "0.0.0.0"}, "auth": {"tokens": {"c": "t" * 24}}})
