@@ -147,8 +147,11 @@ class NodeService:
                 raise Refused(str(exc), exc.status) from None
             req = decode_request(doc, tail, model.inputs, model.output_names)
             params = req.parameters
-            return Decoded(req, wire.priority_hint(params.get("priority")) or 0, deadline_ms(context, params))
+            # the hints HTTP takes as headers ride as metadata, as the router's gRPC door reads them
+            priority = wire.priority_hint(hints.get(wire.PRIORITY, params.get("priority"))) or 0
+            return Decoded(req, priority, deadline_ms(context, params, hints.get(wire.DEADLINE_MS)))
 
+        hints = {k: v for k, v in context.invocation_metadata() or () if k in HINTS and isinstance(v, str)}
         carrier = dict(context.invocation_metadata() or ()) if tracing.TRACER is not None else None
         done = await infer(
             self.rt, request.model_name, request.model_version or None, decode, _encode, None, arrived, carrier
@@ -156,6 +159,9 @@ class NodeService:
         if done.status != 200 or done.payload is None:
             return done.status, done.reason, None
         return 200, "", done.payload
+
+
+HINTS = frozenset({wire.PRIORITY, wire.DEADLINE_MS})
 
 
 def _encode(model: LoadedModel, req: InferRequest, outputs: dict[str, Any]) -> Any:

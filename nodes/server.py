@@ -19,6 +19,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
+from urllib.parse import urlsplit
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -421,6 +422,10 @@ async def serve(config: NodeConfig, stop: asyncio.Event, on_bound: Any = None, o
             )
             if on_grpc is not None:
                 on_grpc(grpc_port)
+            advertised = urlsplit(app[ENDPOINT][0])
+            host = f"[{advertised.hostname}]" if ":" in (advertised.hostname or "") else advertised.hostname
+            app[RUNTIME].grpc_endpoint = f"{advertised.scheme}://{host}:{grpc_port}"
+            app[RUNTIME].publish_now.set()
         await stop.wait()
         if RUNTIME in app:
             app[RUNTIME].draining = True

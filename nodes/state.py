@@ -67,6 +67,7 @@ class NodeRuntime:
     last_published_starts: int = 0
     publish_now: asyncio.Event = field(default_factory=asyncio.Event)
     started_at_ms: float = field(default_factory=lambda: time.time() * 1000.0)  # models loaded, serving
+    grpc_endpoint: str = ""  # the gRPC service's origin once it serves (its reports carry it)
     metrics: NodeMetrics = field(default_factory=NodeMetrics)
     failed: dict[str, tuple[float, str]] = field(
         default_factory=dict
@@ -276,6 +277,7 @@ class NodeRuntime:
             memory_budget_bytes=self.config.memory_budget_bytes,
             utilisation=util,
             started_at_ms=self.started_at_ms,
+            grpc_endpoint=self.grpc_endpoint,
         )
 
 

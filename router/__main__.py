@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
             lambda port: print(f"router: http://{cfg.host}:{port}", flush=True),
             args.reuse_port,
             lambda port: print(f"router: gRPC {cfg.host}:{port}", flush=True),
-            lambda url: print(f"data plane: {url}", flush=True),
+            lambda url, grpc: print(f"data plane: {url}" + (f" gRPC {grpc}" if grpc else ""), flush=True),
         ),
     )
 

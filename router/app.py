@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import importlib
 import logging
 import sys
@@ -25,7 +24,7 @@ from router import admin, director, grpc_api, http_api, mqtt_api
 from router.canary_app import canary_ctx
 from router.capture_app import capture_ctx
 from router.config import ConfigError, RouterConfig, telemetry_sources
-from router.dataplane.haproxy import KEY_HEADER, PEER_HEADER
+from router.dataplane.haproxy import KEY_HEADER, PEER_HEADER, vouched
 from router.lifecycle.saturation import TICK_MS
 from router.node_client import HttpNodeClient, NodeClient, NodeError
 from router.state import CLIENT, ROUTER, Router
@@ -100,9 +99,9 @@ def _peer(router: Router, request: web.Request) -> str:
     key proves it), the one the proxy saw (router.dataplane)."""
     dp = router.dataplane
     if dp is not None:
-        key = request.headers.get(KEY_HEADER)
-        if key is not None and hmac.compare_digest(key.encode(), dp.key.encode()):
-            return request.headers.get(PEER_HEADER, "unknown")[:64]
+        peer = vouched(dp.key, request.headers.get(KEY_HEADER), request.headers.get(PEER_HEADER))
+        if peer is not None:
+            return peer
     return request.remote or "unknown"
 
 
@@ -376,7 +375,7 @@ async def serve(
     on_bound: Callable[[int], None] | None = None,
     reuse_port: bool = False,
     on_grpc: Callable[[int], None] | None = None,
-    on_data_plane: Callable[[str], None] | None = None,
+    on_data_plane: Callable[[str, str | None], None] | None = None,
 ) -> None:
     if config.tracing is not None:  # (process-wide: a process that embeds a router sets its own up)
         tracing.configure(config.tracing, "edgeroute-router")
@@ -391,7 +390,7 @@ async def serve(
         idle_timeout_s=config.idle_timeout_s,
     )
     app[ROUTER].metrics.watch_connections(cap)
-    grpc_server = None
+    grpc_server = grpc_port = None
     stack = contextlib.AsyncExitStack()
     try:
         port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
@@ -404,7 +403,7 @@ async def serve(
             if on_grpc is not None:
                 on_grpc(grpc_port)
         if config.data_plane.enabled:
-            await stack.enter_async_context(_data_plane(app[ROUTER], port, on_data_plane))
+            await stack.enter_async_context(_data_plane(app[ROUTER], port, grpc_port, on_data_plane))
         loop = asyncio.get_running_loop()
         with contextlib.suppress(NotImplementedError, RuntimeError):
             import signal
@@ -424,14 +423,17 @@ async def serve(
 
 
 @contextlib.asynccontextmanager
-async def _data_plane(router: Router, port: int, on_started: Callable[[str], None] | None) -> AsyncIterator[None]:
-    """The native proxy in front of this router while it serves (router.dataplane). Where it cannot
-    start (no binary, a refused configuration) one line says why and the router serves alone."""
+async def _data_plane(
+    router: Router, port: int, grpc_port: int | None, on_started: Callable[[str, str | None], None] | None
+) -> AsyncIterator[None]:
+    """The native proxy in front of this router while it serves (router.dataplane), with a gRPC door
+    where the router has one. Where it cannot start (no binary, a refused configuration) one line says
+    why and the router serves alone."""
     from router.dataplane.control import DataPlane, DataPlaneError
 
     host = router.config.host
     behind = "127.0.0.1" if host in ("0.0.0.0", "") else "::1" if host == "::" else host
-    dp = DataPlane(router, (behind, port))
+    dp = DataPlane(router, (behind, port), None if grpc_port is None else (behind, grpc_port))
     try:
         await dp.start()
     except (DataPlaneError, OSError, ValueError) as exc:
@@ -441,7 +443,7 @@ async def _data_plane(router: Router, port: int, on_started: Callable[[str], Non
         return
     router.dataplane = dp
     if on_started is not None:
-        on_started(dp.url)
+        on_started(dp.url, dp.grpc_address)
     try:
         async with running(dp.run(), "data-plane"):
             yield

@@ -17,6 +17,7 @@ from typing import Any, NoReturn
 from aiohttp import web
 
 from router import director, fleet
+from router.dataplane.haproxy import KEY_HEADER, PEER_HEADER, vouched
 from router.node_client import error_text
 from router.state import ROUTER, VERSION, Router
 from telemetry.oip import wire
@@ -44,7 +45,7 @@ class RouterService:
         self.router = router
 
     async def _client(self, context: Any, admin: bool = False) -> str:
-        verdict = self.router.auth.check(bearer(context), admin, peer_host(context))
+        verdict = self.router.auth.check(bearer(context), admin, _peer(self.router, context))
         if verdict.status:
             await _abort(context, verdict.status, verdict.reason)
         return verdict.client
@@ -128,14 +129,14 @@ class RouterService:
 
     def stream_client(self, context: Any) -> tuple[int, str, str]:
         """A stream's authentication, before its first message: (status, reason, client)."""
-        verdict = self.router.auth.check(bearer(context), False, peer_host(context))
+        verdict = self.router.auth.check(bearer(context), False, _peer(self.router, context))
         return verdict.status, verdict.reason, verdict.client
 
     async def infer_once(self, request: Any, context: Any) -> tuple[int, str, Any]:
         """One inference (telemetry.oip.grpc makes ModelInfer and ModelStreamInfer of it)."""
         router = self.router
         arrived = router.clock()
-        verdict = router.auth.check(bearer(context), False, peer_host(context))
+        verdict = router.auth.check(bearer(context), False, _peer(self.router, context))
         if verdict.status:
             return verdict.status, verdict.reason, None
         model, version = request.model_name, request.model_version or None
@@ -172,6 +173,22 @@ class RouterService:
             return 200, "", response_from_body(outcome.body, outcome.headers.get(wire.HEADER_LENGTH))
         except BadMessage as exc:
             return 502, str(exc), None
+
+
+def _peer(router: Router, context: Any) -> str:
+    """The client's address: the call's, or, for a call the native data plane passed on (its key
+    proves it), the one the proxy saw (router.dataplane)."""
+    dp = router.dataplane
+    if dp is not None:
+        meta = dict(context.invocation_metadata() or ())
+        peer = vouched(dp.key, _text(meta.get(KEY_HEADER)), _text(meta.get(PEER_HEADER)))
+        if peer is not None:
+            return peer
+    return peer_host(context)
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
 
 
 METADATA_HINTS = frozenset({wire.PRIORITY, wire.DEADLINE_MS, wire.SITE, "traceparent", "tracestate"})

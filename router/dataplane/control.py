@@ -2,7 +2,7 @@
 the proxy's own health checks turned back into the router's evidence.
 
 Each round computes a `Plan` (router.dataplane.plan) and sends the runtime commands that move the
-proxy from the last plan to it (router.dataplane.haproxy.commands); only a change of the proxy's
+proxy from the last plan to it (router.dataplane.runtime.commands); only a change of the proxy's
 balancing (a policy swap between two native policies) reloads it, with the current state written into
 the new configuration. Whatever goes wrong in a round (a name that does not resolve, an answer that
 does not parse, the proxy busy) is counted and shown in /admin/view; the next round starts from what
@@ -27,9 +27,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from policies.spec import PolicySpec
-from router.dataplane.haproxy import Render, commands, map_lines, model_map, render, token_key
+from router.dataplane.haproxy import Render, map_lines, render, token_key
 from router.dataplane.plan import Plan, Slots, plan
 from router.dataplane.proxy import DataPlaneError, Haproxy, find_binary, install_hint
+from router.dataplane.runtime import commands, grpc_model_map, model_map
 from telemetry.process.settings import is_loopback
 
 if TYPE_CHECKING:
@@ -85,10 +86,11 @@ def python_only(router: Router) -> dict[str, str]:
 class DataPlane:
     """The native proxy beside one router: `start`, then `run` until cancelled, then `stop`."""
 
-    def __init__(self, router: Router, python: tuple[str, int]) -> None:
+    def __init__(self, router: Router, python: tuple[str, int], python_grpc: tuple[str, int] | None = None) -> None:
         self.router = router
         self.settings = router.config.data_plane
         self.python = python
+        self.python_grpc = python_grpc  # the router's gRPC door (None: none, so the proxy has none)
         self.rundir = Path(tempfile.mkdtemp(prefix="edgeroute-dataplane-"))
         os.chmod(self.rundir, 0o700)
         self.key = secrets.token_urlsafe(24)
@@ -98,6 +100,7 @@ class DataPlane:
         self.balance: str | None = None  # the balancing the proxy's model backends were written with
         self.host = self.settings.host or router.config.host
         self.port = self.settings.port
+        self.grpc_port = self.settings.grpc_port
         self.resolved: dict[str, tuple[str | None, float]] = {}
         self.node_status: dict[str, str] = {}
         self.rounds = 0
@@ -111,6 +114,14 @@ class DataPlane:
         scheme = "https" if self.router.config.tls is not None else "http"
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"{scheme}://{host}:{self.port}"
+
+    @property
+    def grpc_address(self) -> str | None:
+        """The gRPC door as gRPC clients take it, `HOST:PORT` (None: the router has no gRPC door)."""
+        if self.python_grpc is None:
+            return None
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{host}:{self.grpc_port}"
 
     def inputs(self) -> Render:
         c = self.router.config
@@ -145,6 +156,8 @@ class DataPlane:
             node_token=c.node_token,
             idle_timeout_s=c.idle_timeout_s,
             python_priority_at=None if c.hedging is None else c.hedging.min_priority,
+            grpc_listen=None if self.python_grpc is None else (self.host, self.grpc_port),
+            python_grpc=self.python_grpc,
         )
 
     def compute(self, now_ms: float) -> Plan:
@@ -164,27 +177,37 @@ class DataPlane:
             admit=admit,
         )
 
+    async def _address(self, host: str, port: int) -> str | None:
+        """A host name as an address (cached for RESOLVE_TTL_S; None: it does not resolve)."""
+        if _is_ip(host):
+            return host
+        addr, at = self.resolved.get(host, (None, 0.0))
+        if time.monotonic() - at > RESOLVE_TTL_S:
+            addr = None
+            with contextlib.suppress(OSError, TimeoutError, IndexError):
+                loop = asyncio.get_running_loop()
+                infos = await asyncio.wait_for(loop.getaddrinfo(host, port, type=socket.SOCK_STREAM), 1.0)
+                addr = str(infos[0][4][0])
+            self.resolved[host] = (addr, time.monotonic())
+        return addr
+
     async def _resolve(self, p: Plan) -> Plan:
         """Node host names as addresses (the runtime API takes addresses); a name that does not resolve
-        leaves its node out of the plan until it does."""
-        loop = asyncio.get_running_loop()
+        leaves its node out of the plan until it does (its gRPC service alone: that service)."""
         nodes = dict(p.nodes)
         dropped = set()
         for i, s in p.nodes.items():
-            if _is_ip(s.host):
-                continue
-            addr, at = self.resolved.get(s.host, (None, 0.0))
-            if time.monotonic() - at > RESOLVE_TTL_S:
-                addr = None
-                with contextlib.suppress(OSError, TimeoutError, IndexError):
-                    infos = await asyncio.wait_for(loop.getaddrinfo(s.host, s.port, type=socket.SOCK_STREAM), 1.0)
-                    addr = str(infos[0][4][0])
-                self.resolved[s.host] = (addr, time.monotonic())
+            addr = await self._address(s.host, s.port)
             if addr is None:
                 del nodes[i]
                 dropped.add(i)
-            else:
-                nodes[i] = dataclasses.replace(s, host=addr)
+                continue
+            grpc = s.grpc
+            if grpc is not None:
+                g = await self._address(*grpc)
+                grpc = None if g is None else (g, grpc[1])
+            if (addr, grpc) != (s.host, s.grpc):
+                nodes[i] = dataclasses.replace(s, host=addr, grpc=grpc)
         if not dropped and nodes == p.nodes:
             return p
         serving = {j: frozenset(s - dropped) for j, s in p.serving.items()}
@@ -193,7 +216,11 @@ class DataPlane:
     def maps(self, p: Plan) -> dict[str, str]:
         auth = self.router.config.auth
         clients = {} if auth is None else {token_key(t): name for name, t in auth.tokens.items()}
-        return {"models.map": map_lines(model_map(p)), "clients.map": map_lines(clients)}
+        return {
+            "models.map": map_lines(model_map(p)),
+            "grpc_models.map": map_lines(grpc_model_map(p)),
+            "clients.map": map_lines(clients),
+        }
 
     async def start(self) -> None:
         binary = find_binary(self.settings.binary)
@@ -201,6 +228,8 @@ class DataPlane:
             raise DataPlaneError(install_hint())
         if self.port == 0:
             self.port = _free_port(self.host)
+        if self.grpc_port == 0 and self.python_grpc is not None:
+            self.grpc_port = _free_port(self.host)
         first = await self._resolve(self.compute(self.router.clock()))
         self.balance = first.balance or "random(2)"
         self.proxy = Haproxy(binary, self.rundir)
@@ -218,14 +247,17 @@ class DataPlane:
             self.balance = new.balance
             await self.proxy.reload(render(self.inputs(), new), self.maps(new))
         else:
-            cmds = commands(self.applied, new, self.settings, str(self.rundir / "models.map"))
+            grpc_maps = None if self.python_grpc is None else str(self.rundir / "grpc_models.map")
+            cmds = commands(self.applied, new, self.settings, str(self.rundir / "models.map"), grpc_maps)
             if not cmds:
                 self.applied = new
                 return
             answer = await self.proxy.command(cmds)
             if "No such" in answer or "Unknown" in answer or "Require" in answer:
                 raise DataPlaneError(f"the proxy refused a change: {answer.strip()[:300]}")
-            (self.rundir / "models.map").write_text(self.maps(new)["models.map"])  # (for a later reload)
+            for name, text in self.maps(new).items():  # (for a later reload)
+                if name != "clients.map":
+                    (self.rundir / name).write_text(text)
         self.applied = new
         self.changes += 1
         self.last_sync_ms = (time.perf_counter() - began) * 1000.0
@@ -290,6 +322,7 @@ class DataPlane:
         p = self.applied
         return {
             "url": self.url,
+            "grpc": self.grpc_address,
             "kind": self.settings.kind,
             "balance": self.balance if p.balance is not None else None,
             "native": p.balance is not None,

@@ -1,5 +1,5 @@
-"""HAProxy as the native data plane: its configuration, rendered from a `Plan`, and the runtime
-commands that move it from one plan to the next without a reload (pure: no sockets, no processes;
+"""HAProxy as the native data plane: its configuration, rendered from a `Plan` (pure: no sockets, no
+processes; router.dataplane.runtime moves it from one plan to the next without a reload,
 router.dataplane.proxy runs it).
 
 The layout (router.dataplane.plan says why it is fixed):
@@ -16,12 +16,23 @@ The layout (router.dataplane.plan says why it is fixed):
 - backend `m<j>`: model slot j, balanced as the policy says, one server per node slot, ready where
   the node serves the model.
 - rate limits: a sliding window per client (at most `burst` requests in any `burst/rps` seconds, at
-  least a second): the same sustained rate and largest burst as the router's token bucket.
+  least a second): the same sustained rate and largest burst as the router's token bucket; one table
+  for both doors, as the router's bucket counts a client's requests over every door.
+- frontend `gdoor` (where the router has a gRPC door): OIP v2 gRPC over HTTP/2. A `ModelInfer` call
+  is carried natively when the model named first in its message (field 1, as every protobuf encoder
+  writes it) is in `grpc_models.map` (keyed by the message's first bytes in hex: tag, length, name),
+  uncompressed and within the body limit, with the same header (metadata) and token checks as `door`;
+  backend `g<j>` carries it over HTTP/2 to the nodes' gRPC services, its deadline the earlier of the
+  call's `grpc-timeout` and the deadline header. Everything else (other calls, streams, a model the
+  map lacks) goes to backend `pygrpc`, the router's own gRPC door. The proxy's own refusals carry a
+  gRPC status (`grpc-status`), as a gRPC server's would.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import hmac
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -30,13 +41,35 @@ from router.dataplane.plan import Plan, ServerState
 from router.dataplane.settings import DataPlaneConfig
 from telemetry.oip import wire
 
-__all__ = ["MODEL_NAME", "Render", "commands", "map_lines", "render", "token_key"]
+__all__ = [
+    "MODEL_NAME",
+    "Render",
+    "grpc_key",
+    "map_lines",
+    "render",
+    "token_key",
+    "vouched",
+]
 
 MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")  # what may stand in the proxy's map
 MAX_DEADLINE_DIGITS = 9
 UNSAFE = re.compile(r"[\s\"'\\#;%$]")  # a value that would break out of a config line
 KEY_HEADER = "x-edgeroute-dataplane-key"  # proxy -> router: the requests it passes on are its own
 PEER_HEADER = "x-edgeroute-peer"  # proxy -> router: the client's address
+GRPC_INFER = "/inference.GRPCInferenceService/ModelInfer"
+GRPC_NAME_MAX = 127  # a name whose length is one varint byte (the map's keys have a fixed layout)
+BODY_WAIT_MS = 1000  # how long the gRPC door waits for a message's first bytes before passing it on
+# gRPC's `grpc-timeout`: digits and a unit -> the converters that make milliseconds of it
+GRPC_UNITS = {
+    "H": ",mul(3600000)",
+    "M": ",mul(60000)",
+    "S": ",mul(1000)",
+    "m": "",
+    "u": ",div(1000)",
+    "n": ",div(1000000)",
+}
+# the proxy's own refusals as a gRPC server's (HTTP status -> grpc-status)
+GRPC_CODES = {400: 3, 408: 4, 413: 8, 429: 8, 502: 14, 503: 14, 504: 4}
 
 
 @dataclass(frozen=True)
@@ -62,11 +95,28 @@ class Render:
     node_token: str | None = None
     idle_timeout_s: float = 30.0
     python_priority_at: int | None = None  # requests at or above this priority go to the router (it hedges them)
+    grpc_listen: tuple[str, int] | None = None  # the proxy's gRPC door (None: none)
+    python_grpc: tuple[str, int] | None = None  # the router's gRPC door behind it
 
 
 def token_key(token: str) -> str:
     """A bearer token as the proxy's client map holds it (its SHA-256, as HAProxy's `sha2(256),hex`)."""
     return hashlib.sha256(token.encode()).hexdigest().upper()
+
+
+def vouched(key: str, given: str | None, peer: str | None) -> str | None:
+    """The client's address a request passed on by the proxy carries (PEER_HEADER), where the key it
+    carries (KEY_HEADER, `given`) is the proxy's `key`; None otherwise (anyone may send the header)."""
+    if given is None or not hmac.compare_digest(given.encode(errors="replace"), key.encode()):
+        return None
+    return (peer or "unknown")[:64]
+
+
+def grpc_key(model: str) -> str:
+    """A model as the gRPC door's map holds it: the first bytes of a ModelInferRequest naming it (field
+    1's tag, its length, the name), in hex as HAProxy's `hex` writes them."""
+    name = model.encode()
+    return (bytes([0x0A, len(name)]) + name).hex().upper()
 
 
 def map_lines(entries: Mapping[str, str]) -> str:
@@ -90,31 +140,104 @@ def _server(i: int, s: ServerState | None, extra: str, up: bool) -> str:
     return f"    server n{i} {host}:{s.port} weight {s.weight} {extra}{'' if up else ' disabled'}".rstrip()
 
 
-def _error(status: int, message: str, retry_after: bool = False) -> str:
+def _error(status: int, message: str, retry_after: bool = False, grpc: bool = False) -> str:
     hdr = " hdr Retry-After 1" if retry_after else ""
+    if grpc:  # (a trailers-only answer: gRPC clients read grpc-status before the HTTP status)
+        return f"    http-error status {status} hdr grpc-status {GRPC_CODES[status]} hdr grpc-message '{message}'{hdr}"
     body = wire.dumps({"error": message}).decode()
     return f"    http-error status {status} content-type application/json{hdr} string '{body}'"
 
 
-def render(r: Render, plan: Plan) -> str:
-    """HAProxy's configuration for `plan` (the state it starts in; later plans reach it at runtime)."""
-    s = r.settings
-    d = r.rundir
-    host, port = r.listen
-    bind = f"{'[' + host + ']' if ':' in host else host}:{port}"
+ERRORS = (
+    (400, "bad request", False),
+    (408, "request head not received in time", False),
+    (502, "the node gave no valid answer", False),
+    (503, "no node can take the request now", True),
+    (504, "deadline exceeded before the node answered", False),
+)
+
+
+def _errors(grpc: bool) -> list[str]:
+    return [_error(status, message, retry, grpc) for status, message, retry in ERRORS]
+
+
+def _addr(host: str, port: int) -> str:
+    return f"{'[' + host + ']' if ':' in host else host}:{port}"
+
+
+def _bind(r: Render, listen: tuple[str, int], grpc: bool) -> str:
+    bind = _addr(*listen) + (" proto h2" if grpc and r.tls_pem is None else "")
     if r.tls_pem is not None:
-        bind += f" ssl crt {r.tls_pem}" + (f" ca-file {r.client_ca} verify required" if r.client_ca else "")
-    max_dl = int(r.max_deadline_ms)
+        bind += f" ssl crt {r.tls_pem}" + (" alpn h2" if grpc else "")
+        bind += f" ca-file {r.client_ca} verify required" if r.client_ca else ""
+    return bind
+
+
+def _header_checks(r: Render) -> list[str]:
+    """What sends a request of either door to the router: a header (metadata) it must judge, a hedged
+    priority, an unknown token."""
+    conds = [f"{{ req.hdr_cnt({wire.SITE}) gt 0 }}", f"{{ req.hdr_cnt({wire.TENANT}) gt 0 }}"]
+    assert wire.MAX_PRIORITY == 1_000_000  # (the pattern below bounds the priority header to it)
+    for name, pattern in (
+        (wire.DEADLINE_MS, f"^[1-9][0-9]{{0,{MAX_DEADLINE_DIGITS - 1}}}$"),
+        (wire.PRIORITY, "^-?(1000000|[0-9]{1,6})$"),
+    ):
+        conds.append(f"{{ req.hdr_cnt({name}) gt 1 }}")
+        conds.append(f"{{ req.hdr_cnt({name}) eq 1 }} !{{ req.hdr({name}) -m reg {pattern} }}")
+    if r.python_priority_at is not None:
+        conds.append(
+            f"{{ req.hdr({wire.PRIORITY}),add({wire.MAX_PRIORITY}) -m int ge "
+            f"{r.python_priority_at + wire.MAX_PRIORITY} }}"
+        )
+    if r.auth:
+        conds.append("!{ var(txn.client) -m found }")
+    return conds
+
+
+def _client(r: Render) -> list[str]:
+    if not r.auth:
+        return []
+    return [
+        f"    http-request set-var(txn.client) req.hdr(authorization),field(2,' '),sha2(256),hex,"
+        f"map({r.rundir}/clients.map) if {{ var(txn.infer) -m found }} {{ req.hdr_cnt(authorization) eq 1 }} "
+        "{ req.hdr(authorization) -m reg ^[Bb][Ee][Aa][Rr][Ee][Rr]\\ [^\\ ]+$ }"
+    ]
+
+
+def _rate(r: Render, grpc: bool) -> list[str]:
+    """The rate limit's rules (every inference request of a known client counts, those the router
+    answers too: its own bucket sees only those, so the proxy's window is the one that binds)."""
+    if r.rate is None:
+        return []
+    rps, burst = r.rate
+    window_s = max(1, round(burst / rps))
+    limit = max(burst, round(rps * window_s))
+    key, known = ("var(txn.client)", "{ var(txn.client) -m found }") if r.auth else ("src", "")
+    message = f"over {rps:g} requests/s"
+    answer = (
+        f"hdr grpc-status {GRPC_CODES[429]} hdr grpc-message '{message}'"
+        if grpc
+        else f"content-type application/json string '{wire.dumps({'error': message}).decode()}'"
+    )
+    return [
+        f"    http-request track-sc0 {key} table rates if {{ var(txn.infer) -m found }} {known}".rstrip(),
+        f"    http-request return status 429 hdr Retry-After {window_s} {answer} "
+        f"if {{ var(txn.infer) -m found }} {known} {{ sc_http_req_rate(0) gt {limit} }}",
+    ]
+
+
+def _global(r: Render) -> list[str]:
+    s = r.settings
     lines = [
         "global",
-        f"    stats socket {d}/admin.sock mode 600 level admin",
+        f"    stats socket {r.rundir}/admin.sock mode 600 level admin",
         f"    maxconn {s.max_connections}",
         "    hard-stop-after 10s",
         "    tune.ssl.default-dh-param 2048",
     ]
     if s.threads is not None:
         lines.append(f"    nbthread {s.threads}")
-    lines += [
+    return lines + [
         "defaults",
         "    mode http",
         "    option http-keep-alive",
@@ -125,171 +248,179 @@ def render(r: Render, plan: Plan) -> str:
         f"    timeout http-keep-alive {_ms(r.idle_timeout_s * 1000)}",
         f"    timeout server {_ms(r.default_deadline_ms)}",
         f"    timeout queue {_ms(s.queue_timeout_ms)}",
-        _error(400, "bad request"),
-        _error(408, "request head not received in time"),
-        _error(502, "the node gave no valid answer"),
-        _error(503, "no node can take the request now", retry_after=True),
-        _error(504, "deadline exceeded before the node answered"),
+        *_errors(False),
         "",
+    ]
+
+
+def _use(kind: str, slots: int) -> list[str]:
+    return [
+        f"    use_backend {kind}{j} if {{ var(txn.be) -m str {kind}{j} }} {{ nbsrv({kind}{j}) gt 0 }}"
+        for j in range(slots)
+    ]
+
+
+def _door(r: Render) -> list[str]:
+    s = r.settings
+    lines = [
         "frontend door",
-        f"    bind {bind}",
+        f"    bind {_bind(r, r.listen, False)}",
         f"    maxconn {s.max_connections}",
         f"    http-request del-header {KEY_HEADER}",
         f"    http-request del-header {PEER_HEADER}",
         "    http-request set-var(txn.infer) bool(true) if METH_POST { path_reg ^/v2/models/[^/]+/infer$ }",
-        f"    http-request set-var(txn.be) path,field(4,/),map({d}/models.map) if {{ var(txn.infer) -m found }}",
+        f"    http-request set-var(txn.be) path,field(4,/),map({r.rundir}/models.map) if {{ var(txn.infer) -m found }}",
+        *_client(r),
     ]
-    python_if = [
-        f"{{ req.hdr_cnt({wire.SITE}) gt 0 }}",
-        f"{{ req.hdr_cnt({wire.TENANT}) gt 0 }}",
+    conds = _header_checks(r) + [
         "{ req.hdr_cnt(transfer-encoding) gt 0 }",
         "!{ req.hdr_cnt(content-length) eq 1 }",
+        # a body over the limit: the router refuses it and drains what the client still sends (a
+        # proxy that answers and closes would cut the client off mid-upload, a broken pipe, not a 413)
+        f"{{ req.hdr(content-length) -m int gt {r.max_body_bytes} }}",
     ]
-    assert wire.MAX_PRIORITY == 1_000_000  # (the pattern below bounds the priority header to it)
-    for name, pattern in (
-        (wire.DEADLINE_MS, f"^[1-9][0-9]{{0,{MAX_DEADLINE_DIGITS - 1}}}$"),
-        (wire.PRIORITY, "^-?(1000000|[0-9]{1,6})$"),
-    ):
-        python_if.append(f"{{ req.hdr_cnt({name}) gt 1 }}")
-        python_if.append(f"{{ req.hdr_cnt({name}) eq 1 }} !{{ req.hdr({name}) -m reg {pattern} }}")
-    if r.python_priority_at is not None:
-        python_if.append(
-            f"{{ req.hdr({wire.PRIORITY}),add({wire.MAX_PRIORITY}) -m int ge "
-            f"{r.python_priority_at + wire.MAX_PRIORITY} }}"
-        )
-    if r.auth:
-        lines.append(
-            f"    http-request set-var(txn.client) req.hdr(authorization),field(2,' '),sha2(256),hex,"
-            f"map({d}/clients.map) if {{ var(txn.infer) -m found }} {{ req.hdr_cnt(authorization) eq 1 }} "
-            "{ req.hdr(authorization) -m reg ^[Bb][Ee][Aa][Rr][Ee][Rr]\\ [^\\ ]+$ }"
-        )
-        python_if.append("!{ var(txn.client) -m found }")
-    # a body over the limit: the router refuses it and drains what the client still sends (a proxy
-    # that answers and closes would cut the client off mid-upload, a broken pipe, not a 413)
-    python_if.append(f"{{ req.hdr(content-length) -m int gt {r.max_body_bytes} }}")
-    for cond in python_if:
-        lines.append(f"    http-request unset-var(txn.be) if {{ var(txn.be) -m found }} {cond}")
-    if r.rate is not None:
-        rps, burst = r.rate
-        window_s = max(1, round(burst / rps))
-        limit = max(burst, round(rps * window_s))
-        # every inference request of a known client counts (those the router answers too: its own
-        # bucket sees only those, so the proxy's window is the one that binds)
-        key, known = ("var(txn.client)", "{ var(txn.client) -m found }") if r.auth else ("src", "")
-        lines += [
-            f"    http-request track-sc0 {key} table rates if {{ var(txn.infer) -m found }} {known}".rstrip(),
-            f"    http-request return status 429 content-type application/json hdr Retry-After {window_s} "
-            f"string '{wire.dumps({'error': f'over {rps:g} requests/s'}).decode()}' "
-            f"if {{ var(txn.infer) -m found }} {known} {{ sc_http_req_rate(0) gt {limit} }}",
-        ]
-    for j in range(s.model_slots):
-        lines.append(f"    use_backend m{j} if {{ var(txn.be) -m str m{j} }} {{ nbsrv(m{j}) gt 0 }}")
-    lines += ["    default_backend python", ""]
-    # the router behind the proxy: the client's own Authorization goes on, the proxy's mark and the
-    # client's address with it (the router trusts them only with the key, router.app.front_door)
-    py_host, py_port = r.python
-    py_addr = f"{'[' + py_host + ']' if ':' in py_host else py_host}:{py_port}"
+    lines += [f"    http-request unset-var(txn.be) if {{ var(txn.be) -m found }} {c}" for c in conds]
+    lines += _rate(r, False)
     lines += [
-        "backend python",
+        f"    use_backend m{j} if {{ var(txn.be) -m str m{j} }} {{ nbsrv(m{j}) gt 0 }}" for j in range(s.model_slots)
+    ]
+    return lines + ["    default_backend python", ""]
+
+
+def _grpc_door(r: Render) -> list[str]:
+    s = r.settings
+    assert r.grpc_listen is not None
+    max_dl = int(r.max_deadline_ms)
+    gto = "req.hdr(grpc-timeout)"
+    lines = [
+        "frontend gdoor",
+        f"    bind {_bind(r, r.grpc_listen, True)}",
+        f"    maxconn {s.max_connections}",
+        *_errors(True),
+        f"    http-request del-header {KEY_HEADER}",
+        f"    http-request del-header {PEER_HEADER}",
+        f"    http-request set-var(txn.infer) bool(true) if METH_POST {{ path {GRPC_INFER} }}",
+        f"    http-request wait-for-body time {BODY_WAIT_MS}ms at-least {GRPC_NAME_MAX + 7} "
+        "if { var(txn.infer) -m found }",
+        f"    http-request set-var(txn.be) req.body,bytes(5,{GRPC_NAME_MAX + 2}),hex,"
+        f"map_beg({r.rundir}/grpc_models.map) "
+        "if { var(txn.infer) -m found }",
+        *_client(r),
+    ]
+    # the deadline: the call's grpc-timeout in ms, the deadline header where it is earlier
+    for unit, conv in GRPC_UNITS.items():
+        lines.append(
+            f"    http-request set-var(txn.dl) {gto},field(1,{unit}){conv} if {{ {gto} -m reg ^[0-9]{{1,8}}{unit}$ }}"
+        )
+    dl, one = f"req.hdr({wire.DEADLINE_MS})", f"{{ req.hdr_cnt({wire.DEADLINE_MS}) eq 1 }}"
+    lines += [
+        f"    http-request set-var(txn.dd) {dl},sub(txn.dl) if {{ var(txn.dl) -m found }} {one}",
+        f"    http-request set-var(txn.dl) {dl} if {one} !{{ var(txn.dl) -m found }}",
+        f"    http-request set-var(txn.dl) {dl} if {{ var(txn.dd) -m int lt 0 }}",
+        f"    http-request set-var(txn.dl) int({max_dl}) if {{ var(txn.dl) -m int gt {max_dl} }}",
+    ]
+    conds = _header_checks(r) + [
+        f"{{ {gto} -m found }} !{{ var(txn.dl) -m found }}",  # (a grpc-timeout not understood)
+        "{ var(txn.dl) -m int lt 1 }",
+        "!{ req.body,bytes(0,1),hex -m str 00 }",  # a compressed message
+        f"{{ req.body,bytes(1,4),hex,hex2i -m int gt {r.max_body_bytes} }}",
+    ]
+    lines += [f"    http-request unset-var(txn.be) if {{ var(txn.be) -m found }} {c}" for c in conds]
+    lines += _rate(r, True)
+    lines += [
+        f"    use_backend g{j} if {{ var(txn.be) -m str g{j} }} {{ nbsrv(g{j}) gt 0 }}" for j in range(s.model_slots)
+    ]
+    return lines + ["    default_backend pygrpc", ""]
+
+
+def _python(r: Render, name: str, addr: tuple[str, int], grpc: bool) -> list[str]:
+    """The router behind the proxy: the client's own Authorization goes on, the proxy's mark and the
+    client's address with it (the router trusts them only with the key, router.app.front_door)."""
+    tls = (" ssl verify none" + (" alpn h2" if grpc else "")) if r.python_tls else (" proto h2" if grpc else "")
+    return [
+        f"backend {name}",
         f"    timeout server {_ms(r.max_deadline_ms + 5000)}",
+        *(_errors(True) if grpc else []),
         f"    http-request set-header {KEY_HEADER} {_safe(r.key, 'the data plane key')}",
         f"    http-request set-header {PEER_HEADER} %[src]",
-        f"    server router {py_addr}" + (" ssl verify none" if r.python_tls else ""),
+        f"    server router {_addr(*addr)}{tls}",
         "",
+    ]
+
+
+def _model_backend(r: Render, plan: Plan, j: int, grpc: bool) -> list[str]:
+    s = r.settings
+    max_dl = int(r.max_deadline_ms)
+    serving = plan.serving.get(j, frozenset())
+    lines = [
+        f"backend {'g' if grpc else 'm'}{j}",
+        f"    balance {plan.balance or 'random(2)'}",
+        f"    retries {r.retries}",
+        "    option redispatch 1",
+        "    retry-on conn-failure empty-response",
+        "    http-request del-header authorization",
+    ]
+    if grpc:
+        lines += [
+            *_errors(True),
+            "    http-request set-timeout server var(txn.dl) if { var(txn.dl) -m found }",
+        ]
+    else:
+        lines += [
+            f"    http-request set-timeout server req.hdr({wire.DEADLINE_MS}) if "
+            f"{{ req.hdr({wire.DEADLINE_MS}) -m int le {max_dl} }}",
+            f"    http-request set-timeout server {max_dl} if {{ req.hdr({wire.DEADLINE_MS}) -m int gt {max_dl} }}",
+        ]
+    lines.append(
+        f"    http-request set-priority-class req.hdr({wire.PRIORITY}),neg if {{ req.hdr_cnt({wire.PRIORITY}) eq 1 }}"
+    )
+    if r.node_token is not None:
+        lines.append(f"    http-request set-header Authorization 'Bearer {_safe(r.node_token, 'node_token')}'")
+    if r.max_answer_bytes is not None and not grpc:
+        lines.append(f"    http-request set-header {wire.MAX_ANSWER} {r.max_answer_bytes}")
+    lines += [
+        "    http-response set-header x-edgeroute-data-plane native",
+        f"    default-server maxconn {s.max_per_node}" + (" proto h2" if grpc else ""),
+    ]
+    for i in range(s.node_slots):
+        st = plan.nodes.get(i)
+        if grpc and st is not None:
+            st = None if st.grpc is None else dataclasses.replace(st, host=st.grpc[0], port=st.grpc[1])
+        lines.append(_server(i, st, f"track nodes/n{i}", i in serving))
+    return lines
+
+
+def render(r: Render, plan: Plan) -> str:
+    """HAProxy's configuration for `plan` (the state it starts in; later plans reach it at runtime)."""
+    s = r.settings
+    grpc = r.grpc_listen is not None and r.python_grpc is not None
+    lines = _global(r) + _door(r) + (_grpc_door(r) if grpc else [])
+    lines += _python(r, "python", r.python, False)
+    if grpc:
+        assert r.python_grpc is not None
+        lines += _python(r, "pygrpc", r.python_grpc, True)
+    lines += [
         "backend nodes",
         "    option httpchk GET /v2/health/ready",
-        f"    default-server check inter {_ms(s.check_ms)} fastinter {_ms(s.check_ms)} "
-        f"downinter {_ms(s.check_ms)} fall 2 rise 1",
     ]
     if r.node_token is not None:
-        lines.insert(
-            len(lines) - 1, f"    http-check send hdr Authorization 'Bearer {_safe(r.node_token, 'node_token')}'"
-        )
+        lines.append(f"    http-check send hdr Authorization 'Bearer {_safe(r.node_token, 'node_token')}'")
+    lines.append(
+        f"    default-server check inter {_ms(s.check_ms)} fastinter {_ms(s.check_ms)} "
+        f"downinter {_ms(s.check_ms)} fall 2 rise 1"
+    )
     for i in range(s.node_slots):
         st = plan.nodes.get(i)
         lines.append(_server(i, st, "", st is not None))
     if r.rate is not None:
-        rps, burst = r.rate
-        window_s = max(1, round(burst / rps))
+        window_s = max(1, round(r.rate[1] / r.rate[0]))
         lines += [
             "",
             "backend rates",
             f"    stick-table type string len 128 size 100k expire {2 * window_s}s store http_req_rate({window_s}s)",
         ]
-    balance = plan.balance or "random(2)"
     for j in range(s.model_slots):
-        serving = plan.serving.get(j, frozenset())
-        lines += [
-            "",
-            f"backend m{j}",
-            f"    balance {balance}",
-            f"    retries {r.retries}",
-            "    option redispatch 1",
-            "    retry-on conn-failure empty-response",
-            "    http-request del-header authorization",
-            f"    http-request set-timeout server req.hdr({wire.DEADLINE_MS}) if "
-            f"{{ req.hdr({wire.DEADLINE_MS}) -m int le {max_dl} }}",
-            f"    http-request set-timeout server {max_dl} if {{ req.hdr({wire.DEADLINE_MS}) -m int gt {max_dl} }}",
-            f"    http-request set-priority-class req.hdr({wire.PRIORITY}),neg if "
-            f"{{ req.hdr_cnt({wire.PRIORITY}) eq 1 }}",
-        ]
-        if r.node_token is not None:
-            lines.append(f"    http-request set-header Authorization 'Bearer {_safe(r.node_token, 'node_token')}'")
-        if r.max_answer_bytes is not None:
-            lines.append(f"    http-request set-header {wire.MAX_ANSWER} {r.max_answer_bytes}")
-        lines += [
-            "    http-response set-header x-edgeroute-data-plane native",
-            f"    default-server maxconn {s.max_per_node}",
-        ]
-        for i in range(s.node_slots):
-            lines.append(_server(i, plan.nodes.get(i), f"track nodes/n{i}", i in serving))
+        lines += ["", *_model_backend(r, plan, j, False)]
+        if grpc:
+            lines += ["", *_model_backend(r, plan, j, True)]
     return "\n".join(lines) + "\n"
-
-
-def model_map(plan: Plan) -> dict[str, str]:
-    """`models.map` for a plan: each native model's backend (none when the router takes everything)."""
-    if plan.balance is None:
-        return {}
-    return {m: f"m{j}" for m, j in plan.models.items() if MODEL_NAME.match(m) and plan.serving.get(j)}
-
-
-def commands(old: Plan, new: Plan, settings: DataPlaneConfig, maps: str) -> list[str]:
-    """The runtime API commands that take the proxy from `old` to `new` (same balance: a change of
-    balance is a reload). `maps`: the models map's path."""
-    out: list[str] = []
-    for i in range(settings.node_slots):
-        a, b = old.nodes.get(i), new.nodes.get(i)
-        if a == b:
-            continue
-        if b is None:
-            out.append(f"set server nodes/n{i} state maint")
-            out.extend(f"set server m{j}/n{i} state maint" for j in range(settings.model_slots))
-            continue
-        if a is None or (a.host, a.port) != (b.host, b.port):
-            out.append(f"set server nodes/n{i} addr {b.host} port {b.port}")
-            out.extend(f"set server m{j}/n{i} addr {b.host} port {b.port}" for j in range(settings.model_slots))
-        if a is None:
-            out.append(f"set server nodes/n{i} state ready")
-        if a is None or a.weight != b.weight:
-            out.extend(f"set server m{j}/n{i} weight {b.weight}" for j in range(settings.model_slots))
-    for j in range(settings.model_slots):
-        was, now = old.serving.get(j, frozenset()), new.serving.get(j, frozenset())
-        moved = {
-            i
-            for i in now
-            if old.nodes.get(i) is None
-            or (old.nodes[i].host, old.nodes[i].port) != (new.nodes[i].host, new.nodes[i].port)
-        }
-        for i in sorted(was - now):
-            out.append(f"set server m{j}/n{i} state maint")
-        for i in sorted((now - was) | (now & moved)):
-            out.append(f"set server m{j}/n{i} state ready")
-    before, after = model_map(old), model_map(new)
-    for m in sorted(set(before) - set(after)):
-        out.append(f"del map {maps} {m}")
-    for m, be in sorted(after.items()):
-        if m not in before:
-            out.append(f"add map {maps} {m} {be}")
-        elif before[m] != be:
-            out.append(f"set map {maps} {m} {be}")
-    return out

@@ -65,6 +65,7 @@ class ServerState:
     port: int
     weight: int  # 1..MAX_WEIGHT; a slot not routable is `ready` False instead of weight 0
     ready: bool
+    grpc: tuple[str, int] | None = None  # the node's gRPC service (host, port), where it has one
 
 
 @dataclass(frozen=True)
@@ -108,6 +109,8 @@ class Slots:
 
 def _address(endpoint: str) -> tuple[str, int] | None:
     """A node's endpoint as (host, port) for the proxy, or None (not plain HTTP with a port)."""
+    if not endpoint:
+        return None
     try:
         parts = urlsplit(endpoint)
         port = parts.port
@@ -167,7 +170,7 @@ def plan(
         speed = speeds[node.node_id]
         ok = node.ready and view.is_live(node, now_ms) and speed > 0.0
         weight = max(1, min(MAX_WEIGHT, round(MAX_WEIGHT * speed / top))) if ok else 1
-        states[i] = ServerState(node.node_id, host, port, weight, ok)
+        states[i] = ServerState(node.node_id, host, port, weight, ok, _address(node.load.grpc_endpoint))
         if ok:
             for model in node.load.models:
                 j = model_slot.get(model)

@@ -20,6 +20,12 @@ class DataPlaneConfig(BaseModel):
     binary: str | None = Field(None, max_length=4096, description="its executable (default: `haproxy` on PATH)")
     host: str | None = Field(None, description="the address clients reach it on (default: the router's host)")
     port: int = Field(0, ge=0, le=65535, description="its port (0: a free one, printed at start)")
+    grpc_port: int = Field(
+        0,
+        ge=0,
+        le=65535,
+        description="its gRPC port, where the router has a gRPC door (0: a free one)",
+    )
     node_slots: int = Field(64, ge=1, le=4096, description="nodes it can hold at once (more go to the router)")
     model_slots: int = Field(32, ge=1, le=1024, description="models it can carry at once (more go to the router)")
     sync_ms: float = Field(20.0, ge=1, le=1000, description="the view and policy reach the proxy this often")

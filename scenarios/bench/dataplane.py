@@ -1,21 +1,27 @@
 """`edgeroute bench dataplane`: the native data plane (router.dataplane, HAProxy) against the node
-called directly and the Python router, in one run on one machine: closed loop at c=1 (added p50) and
-c=32 (throughput, CPU per request of each server), rounds interleaved; then how fast the proxy's state
-follows: a node killed until the proxy holds it down, a policy swap until the proxy carries no request
-natively. Everything shares the machine (broker, node, router, proxy, this load generator): ratios,
-not capacity. A benchmark: it prints and writes JSON, and asserts nothing.
+called directly and the Python router, in one run on one machine, over HTTP and gRPC: closed loop at
+c=1 (added p50) and c=32 (throughput, CPU per request of each server, counted against the requests
+the node ran), rounds interleaved; the load from Triton's perf_analyzer where it is found, else from
+Python closed loops. Then how fast the proxy's state follows: a node killed until the proxy holds it
+down, a policy swap until the proxy carries no request natively. Everything shares the machine
+(broker, node, router, proxy, the load generator): ratios, not capacity. A benchmark: it prints and
+writes JSON, and asserts nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
+import re
 import statistics
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
 from scenarios.bench.common import cpu_s, interleaved, result, save
 from scenarios.bench.router import closed_loop
+from scenarios.bench.triton import find_perf_analyzer
 from scenarios.spec.schema import NodeSpec, Scenario
 from scenarios.stack.launcher import Stack
 from scenarios.stack.procs import http_json
@@ -39,8 +45,48 @@ def _until(predicate: Any, timeout_s: float) -> float | None:
     return None
 
 
-def bench_dataplane(out_dir: Path, requests: int = 3000, rounds: int = 3, kafka: str | None = None) -> dict[str, Any]:
-    nodes = [{"id": f"n{i}", "partition": "edge-a", "slots": 1, "max_queue": 1024, "models": ["echo"]} for i in (1, 2)]
+def _served(node_url: str, model: str) -> int:
+    """Inferences the node has run of `model` (its statistics extension)."""
+    status, doc = http_json(f"{node_url}/v2/models/{model}/stats")
+    return int(doc["model_stats"][0].get("inference_count", 0)) if status == 200 else 0
+
+
+def _perf_analyzer(binary: str, target: str, protocol: str, c: int, window_ms: int) -> dict[str, Any]:
+    """One perf_analyzer run (p50 as its stability measure): requests/s, p50 and p99 in ms."""
+    lib = Path(binary).parent / "lib"  # (the installer's libcudart; no GPU is used)
+    env = {**os.environ, "LD_LIBRARY_PATH": f"{lib}:{os.environ.get('LD_LIBRARY_PATH', '')}"}
+    args = [binary, "-m", "echo", "-u", target, "-i", protocol, "-p", str(window_ms), "-s", "50"]
+    args += ["--max-trials", "10", "--concurrency-range", str(c), "--percentile", "50"]
+    try:
+        done = subprocess.run(args, capture_output=True, text=True, timeout=120, env=env)
+    except subprocess.TimeoutExpired:
+        return {"failures": 1, "error": "timed out"}
+    rps = re.findall(r"Throughput: ([0-9.]+) infer/sec", done.stdout)
+    p50 = re.findall(r"p50 latency: (\d+) usec", done.stdout)
+    p99 = re.findall(r"p99 latency: (\d+) usec", done.stdout)
+    if done.returncode != 0 or not (rps and p50 and p99):
+        return {"failures": 1, "error": " | ".join((done.stdout + done.stderr).strip().splitlines()[-3:])[:500]}
+    return {"failures": 0, "rps": float(rps[-1]), "p50_ms": int(p50[-1]) / 1000, "p99_ms": int(p99[-1]) / 1000}
+
+
+def bench_dataplane(
+    out_dir: Path,
+    requests: int = 3000,
+    rounds: int = 3,
+    kafka: str | None = None,
+    load: str = "auto",
+    window_ms: int = 1000,
+) -> dict[str, Any]:
+    """`load`: "perf_analyzer" (Triton's, C++: the load generator takes less of the machine), "python"
+    (aiohttp and grpc.aio closed loops, `requests` per round) or "auto" (perf_analyzer where found)."""
+    binary = find_perf_analyzer() if load in ("auto", "perf_analyzer") else None
+    if load == "perf_analyzer" and binary is None:
+        raise RuntimeError("perf_analyzer not found ($EDGEROUTE_PERF_ANALYZER, PATH, ~/.cache/edgeroute)")
+    load = "perf_analyzer" if binary is not None else "python"
+    nodes = [
+        {"id": f"n{i}", "partition": "edge-a", "slots": 1, "max_queue": 1024, "queue_target_ms": 0, "models": ["echo"]}
+        for i in (1, 2)
+    ]
     scenario = Scenario.model_validate(
         {
             "name": "bench-dataplane",
@@ -59,25 +105,35 @@ def bench_dataplane(out_dir: Path, requests: int = 3000, rounds: int = 3, kafka:
         node = stack.nodes["n1"]
         router_pid = stack.router.popen.pid
         proxy_pids = _children(router_pid)
-        targets = {
-            "direct": (f"{node.url}/v2/models/echo/infer", [node.popen.pid]),
-            "native": (f"{stack.router.dataplane}/v2/models/echo/infer", [node.popen.pid, *proxy_pids]),
-            "router": (f"{stack.router.url}/v2/models/echo/infer", [node.popen.pid, router_pid]),
+        where = {
+            "http": {"direct": node.url, "native": stack.router.dataplane, "router": stack.router.url},
+            "grpc": {"direct": node.grpc, "native": stack.router.dataplane_grpc, "router": stack.router.grpc},
         }
         proxy_only = {"native": proxy_pids, "router": [router_pid]}
-        for c in (1, 32):
+        pids = {
+            "direct": [node.popen.pid],
+            "native": [node.popen.pid, *proxy_pids],
+            "router": [node.popen.pid, router_pid],
+        }
+        for protocol, c in (("http", 1), ("grpc", 1), ("http", 32), ("grpc", 32)):
 
-            def run(target: str, rnd: int, c: int = c) -> dict[str, Any]:
-                url, pids = targets[target]
+            def run(target: str, rnd: int, c: int = c, protocol: str = protocol) -> dict[str, Any]:
+                address = where[protocol][target]
                 own = proxy_only.get(target, [])
-                before, before_own = cpu_s(pids), cpu_s(own)
-                r = asyncio.run(closed_loop(url, c, requests if c > 1 else requests // 3, 200))
-                r["cpu_us_per_request"] = round((cpu_s(pids) - before) / max(1, r["requests"]) * 1e6, 1)
-                r["proxy_cpu_us_per_request"] = round((cpu_s(own) - before_own) / max(1, r["requests"]) * 1e6, 1)
-                r["target"], r["round"] = target, rnd
+                before, before_own, served = cpu_s(pids[target]), cpu_s(own), _served(node.url, "echo")
+                if binary is not None:
+                    r = _perf_analyzer(binary, address.removeprefix("http://"), protocol, c, window_ms)
+                else:
+                    url = address if protocol == "grpc" else f"{address}/v2/models/echo/infer"
+                    form = "grpc" if protocol == "grpc" else "json"
+                    r = asyncio.run(closed_loop(url, c, requests if c > 1 else requests // 3, 200, form))
+                done = max(1, _served(node.url, "echo") - served)  # (every request the run made, warm-up too)
+                r["cpu_us_per_request"] = round((cpu_s(pids[target]) - before) / done * 1e6, 1)
+                r["proxy_cpu_us_per_request"] = round((cpu_s(own) - before_own) / done * 1e6, 1)
+                r.update(target=target, round=rnd, protocol=protocol, concurrency=c, load=load)
                 return r
 
-            for runs in interleaved(rounds, list(targets), run).values():
+            for runs in interleaved(rounds, list(where[protocol]), run).values():
                 rows.extend(runs)
         # how fast the proxy follows: a node killed, a policy swap
         stack.use_nodes([*stack.node_specs.values(), NodeSpec.model_validate(nodes[1])])
@@ -95,29 +151,46 @@ def bench_dataplane(out_dir: Path, requests: int = 3000, rounds: int = 3, kafka:
         swap_s = _until(lambda: not (http_json(view_url)[1].get("data_plane") or {}).get("native", True), 5)
         stack.set_policy({"preset": "p2c"})
 
-    def med(target: str, c: int, key: str) -> float:
-        return float(statistics.median(r[key] for r in rows if r["target"] == target and r["concurrency"] == c))
+    def med(target: str, c: int, key: str, protocol: str = "http") -> float:
+        vals = [
+            r[key] for r in rows if (r["target"], r["concurrency"], r["protocol"]) == (target, c, protocol) and key in r
+        ]
+        return float(statistics.median(vals)) if vals else float("nan")
 
-    summary = {
-        "added_p50_us_c1": {
-            t: round((med(t, 1, "p50_ms") - med("direct", 1, "p50_ms")) * 1000, 1) for t in ("native", "router")
-        },
-        "rps_ratio_c32": {t: round(med(t, 32, "rps") / med("direct", 32, "rps"), 3) for t in ("native", "router")},
-        "proxy_cpu_us_c32": {t: med(t, 32, "proxy_cpu_us_per_request") for t in ("native", "router")},
-        "cpu_ratio_native_over_router_c32": round(
-            med("native", 32, "proxy_cpu_us_per_request") / max(1e-9, med("router", 32, "proxy_cpu_us_per_request")), 3
-        ),
-        "node_killed_to_down_s": None if kill_s is None else round(kill_s, 3),
-        "policy_swap_to_proxy_s": None if swap_s is None else round(swap_s, 3),
-    }
-    doc = result("dataplane", rounds=rounds, requests=requests, rows=rows, summary=summary)
-    lines = [f"{'target':8} {'c':>3} {'p50 ms':>8} {'p99 ms':>8} {'rps':>8} {'cpu us/req':>11} {'proxy us/req':>13}"]
-    for c in (1, 32):
-        for t in targets:
-            lines.append(
-                f"{t:8} {c:>3} {med(t, c, 'p50_ms'):>8.3f} {med(t, c, 'p99_ms'):>8.3f} {med(t, c, 'rps'):>8.0f} "
-                f"{med(t, c, 'cpu_us_per_request'):>11.0f} {med(t, c, 'proxy_cpu_us_per_request'):>13.0f}"
-            )
-    lines += [f"{k}: {v}" for k, v in summary.items()]
+    summary: dict[str, Any] = {"load": load}
+    for protocol in ("http", "grpc"):
+        summary[protocol] = {
+            "added_p50_us_c1": {
+                t: round((med(t, 1, "p50_ms", protocol) - med("direct", 1, "p50_ms", protocol)) * 1000, 1)
+                for t in ("native", "router")
+            },
+            "rps_ratio_c32": {
+                t: round(med(t, 32, "rps", protocol) / med("direct", 32, "rps", protocol), 3)
+                for t in ("native", "router")
+            },
+            "proxy_cpu_us_c32": {t: med(t, 32, "proxy_cpu_us_per_request", protocol) for t in ("native", "router")},
+            "cpu_ratio_native_over_router_c32": round(
+                med("native", 32, "proxy_cpu_us_per_request", protocol)
+                / max(1e-9, med("router", 32, "proxy_cpu_us_per_request", protocol)),
+                3,
+            ),
+        }
+    summary["grpc_over_http_rps_native_c32"] = round(med("native", 32, "rps", "grpc") / med("native", 32, "rps"), 3)
+    summary["failed_runs"] = sum(1 for r in rows if r.get("failures") and "rps" not in r)
+    summary["node_killed_to_down_s"] = None if kill_s is None else round(kill_s, 3)
+    summary["policy_swap_to_proxy_s"] = None if swap_s is None else round(swap_s, 3)
+    doc = result("dataplane", rounds=rounds, requests=requests, load=load, rows=rows, summary=summary)
+    head = f"{'proto':5} {'target':8} {'c':>3} {'p50 ms':>8} {'p99 ms':>8} {'rps':>8}"
+    lines = [f"load: {load}", f"{head} {'cpu us/req':>11} {'proxy us/req':>13}"]
+    for protocol in ("http", "grpc"):
+        for c in (1, 32):
+            for t in ("direct", "native", "router"):
+                lines.append(
+                    f"{protocol:5} {t:8} {c:>3} {med(t, c, 'p50_ms', protocol):>8.3f} "
+                    f"{med(t, c, 'p99_ms', protocol):>8.3f} {med(t, c, 'rps', protocol):>8.0f} "
+                    f"{med(t, c, 'cpu_us_per_request', protocol):>11.0f} "
+                    f"{med(t, c, 'proxy_cpu_us_per_request', protocol):>13.0f}"
+                )
+    lines += [f"{k}: {v}" for k, v in summary.items() if k != "load"]
     save(out_dir, doc, lines)
     return doc

@@ -75,7 +75,11 @@ def run_bench(args: argparse.Namespace) -> int:
             return 2
         if args.rounds < 1 or args.requests < 96:
             return arg.usage("--rounds at least 1, --requests at least 96")
-        bench_dataplane(out, requests=args.requests, rounds=args.rounds, kafka=args.kafka)
+        try:
+            bench_dataplane(out, requests=args.requests, rounds=args.rounds, kafka=args.kafka, load=args.load)
+        except RuntimeError as exc:
+            print(f"edgeroute bench dataplane: {exc}", file=sys.stderr)
+            return 1
     elif args.what == "routers":
         from scenarios.bench.routers import bench_routers
 
@@ -291,9 +295,17 @@ def add_bench_parser(sub: Any) -> None:
         help="the native data plane (HAProxy) against the node called directly and the Python router: added p50 "
         "at c=1, throughput and CPU per request at c=32, how fast the proxy follows a node's death and a policy swap",
     )
-    b.add_argument("--requests", type=int, default=3000, help="requests per round at c=32 (a third at c=1)")
+    b.add_argument(
+        "--requests", type=int, default=3000, help="with the Python load: requests per round at c=32 (a third at c=1)"
+    )
     b.add_argument("--rounds", type=int, default=3, help="interleaved rounds (3)")
     b.add_argument("--kafka", help="bootstrap of a running broker (default: the embedded one)")
+    b.add_argument(
+        "--load",
+        choices=("auto", "perf_analyzer", "python"),
+        default="auto",
+        help="the load generator: Triton's perf_analyzer (auto: where found) or Python closed loops",
+    )
     for b in bsub.choices.values():
         b.add_argument("--out", default="reports/bench", help="folder for the JSON (reports/bench)")
         b.set_defaults(func=run_bench)

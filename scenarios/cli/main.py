@@ -94,6 +94,8 @@ def _up(args: argparse.Namespace) -> int:
             print(
                 f"data plane: {stack.router.dataplane} (HAProxy; the router behind it: {stack.router.url})", flush=True
             )
+        if stack.router is not None and stack.router.dataplane_grpc:
+            print(f"data plane gRPC: {stack.router.dataplane_grpc}", flush=True)
         if stack.router is not None and stack.router.grpc:
             print(f"router gRPC: {stack.router.grpc}", flush=True)
         site_mqtt = getattr(stack, "site_mqtt_urls", {})

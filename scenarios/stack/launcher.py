@@ -300,13 +300,12 @@ class Stack:
             "policy": self.scenario.policies[0].policy.model_dump(exclude_none=True),
             "links": [k.model_dump() for k in self.scenario.topology.links],
         }
-        mqtt = self.mqtt_config(self.mosquitto, self.mqtt_url)
-        if mqtt is not None:
+        if (mqtt := self.mqtt_config(self.mosquitto, self.mqtt_url)) is not None:
             cfg["mqtt"] = mqtt
         if self.traced is not None:
             cfg["tracing"] = self.traced
         if self.data_plane:
-            cfg["data_plane"] = {"enabled": True, "port": self.free_port()}
+            cfg["data_plane"] = {"enabled": True, "port": self.free_port(), "grpc_port": self.free_port()}
         cfg.update(self.scenario.router)
         cfg.update(self.router_overrides)
         if self.auth_on:
@@ -324,9 +323,10 @@ class Stack:
                 args += ["--reuse-port", "--router-id", f"router-{i + 1}"]
             proc = self._spawn("router" if self.routers == 1 else f"router-{i + 1}", args)
             proc.port, proc.url = port, f"http://127.0.0.1:{port}"
-            proc.dataplane = f"http://127.0.0.1:{cfg['data_plane']['port']}" if self.data_plane else ""
-            if cfg.get("grpc_port") is not None:
-                proc.grpc = f"127.0.0.1:{cfg['grpc_port']}"
+            if self.data_plane:
+                proc.dataplane = f"http://127.0.0.1:{cfg['data_plane']['port']}"
+                proc.dataplane_grpc = f"127.0.0.1:{cfg['data_plane']['grpc_port']}"
+            proc.grpc = f"127.0.0.1:{cfg['grpc_port']}" if cfg.get("grpc_port") is not None else ""
             self.peers.append(proc)
         self.router = self.peers[0]
         return self.router

@@ -45,6 +45,7 @@ class Proc:
     port: int = 0
     grpc: str = ""  # HOST:PORT of its gRPC service ("" without one)
     dataplane: str = ""  # a router's native data plane, http://HOST:PORT ("" without one)
+    dataplane_grpc: str = ""  # its gRPC door, HOST:PORT
 
 
 AUTO_LOGS = "edgeroute-run-"

@@ -181,6 +181,8 @@ class NodeLoad(Struct, frozen=True, kw_only=True):
     memory_budget_bytes: Bytes = 0
     utilisation: Share = 0.0
     started_at_ms: EpochMs = 0.0  # when the node process started (its clock); 0 unknown
+    # the node's OIP v2 gRPC service, an origin as `endpoint` is ("": none; added within schema 1)
+    grpc_endpoint: Annotated[str, Meta(max_length=256)] = ""
 
     @property
     def queued(self) -> int:
@@ -233,11 +235,12 @@ class NodeLoad(Struct, frozen=True, kw_only=True):
         for m in models.values():
             if not m.ewma_ms_by_batch.keys() <= keys:
                 _check_all(m.ewma_ms_by_batch, keys, _BATCH_KEY, "models.ewma_ms_by_batch")
-        if msg.endpoint not in _valid_endpoints:
-            try:
-                check_endpoint(msg.endpoint)
-            except ValueError as exc:
-                raise MalformedTelemetry(f"endpoint: {exc}") from None
+        for what, value in (("endpoint", msg.endpoint), ("grpc_endpoint", msg.grpc_endpoint)):
+            if value not in _valid_endpoints and (value or what == "endpoint"):
+                try:
+                    check_endpoint(value)
+                except ValueError as exc:
+                    raise MalformedTelemetry(f"{what}: {exc}") from None
         return msg
 
 

@@ -324,12 +324,12 @@ def bearer(context: Any) -> str | None:
     return None
 
 
-def deadline_ms(context: Any, params: dict[str, Any]) -> float | None:
-    """The call's budget in ms: the earlier of its gRPC deadline (`grpc-timeout`) and a `deadline_ms`
-    (or Triton's `timeout`, microseconds) parameter; None when neither is set. wire.BadHint for a
-    parameter that is not a number."""
+def deadline_ms(context: Any, params: dict[str, Any], header: str | None = None) -> float | None:
+    """The call's budget in ms: the earlier of its gRPC deadline (`grpc-timeout`) and the deadline
+    header as metadata, else a `deadline_ms` (or Triton's `timeout`, microseconds) parameter; None when
+    none is set. wire.BadHint for a hint that is not a number."""
     remaining = context.time_remaining()
-    return wire.deadline_hint(None, params, None if remaining is None else remaining * 1000.0)
+    return wire.deadline_hint(header, params, None if remaining is None else remaining * 1000.0)
 
 
 def _unary(method: Any, request_type: Any) -> Any:

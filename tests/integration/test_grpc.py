@@ -131,6 +131,13 @@ def test_deadlines_over_grpc(clients: dict[str, Any]) -> None:
             # a deadline parameter that cannot be met (the gRPC deadline itself is generous)
             clients[side].infer("resnet_s", inputs, parameters={"deadline_ms": 0.001}, client_timeout=10.0)
         assert info.value.status() in ("StatusCode.DEADLINE_EXCEEDED", "StatusCode.UNAVAILABLE")
+        # the hints HTTP takes as headers, as metadata (the native data plane passes them on so)
+        with pytest.raises(InferenceServerException) as info:
+            clients[side].infer("resnet_s", inputs, headers={"x-edgeroute-deadline-ms": "0.001"}, client_timeout=10.0)
+        assert info.value.status() in ("StatusCode.DEADLINE_EXCEEDED", "StatusCode.UNAVAILABLE")
+        with pytest.raises(InferenceServerException) as info:
+            clients[side].infer("resnet_s", inputs, headers={"x-edgeroute-priority": "high"}, client_timeout=10.0)
+        assert info.value.status() == "StatusCode.INVALID_ARGUMENT"
 
 
 def _raw_call(target: str, method: str, payload: bytes, timeout: float = 10.0) -> grpc.StatusCode:

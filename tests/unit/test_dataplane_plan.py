@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 
 from policies.spec import PolicySpec
-from router.dataplane.haproxy import Render, commands, model_map, render, token_key
+from router.dataplane.haproxy import Render, grpc_key, render, token_key, vouched
 from router.dataplane.plan import Plan, ServerState, Slots, native_balance
 from router.dataplane.proxy import find_binary
+from router.dataplane.runtime import commands, grpc_model_map, model_map
 from router.dataplane.settings import DataPlaneConfig
 
 
@@ -67,7 +68,13 @@ def test_hostile_model_names_and_values_never_reach_the_configuration() -> None:
 def test_haproxy_accepts_the_configuration(tmp_path: Path) -> None:
     a = ServerState("a", "127.0.0.1", 9001, 256, True)
     p = Plan("random(2)", "", {0: a}, {"m": 0}, {0: frozenset({0})})
-    for extra in ({}, {"auth": True, "rate": (5.0, 10), "node_token": "t0k", "python_priority_at": 10}):
+    grpc = {"grpc_listen": ("127.0.0.1", 3), "python_grpc": ("127.0.0.1", 4)}
+    for extra in (
+        {},
+        {"auth": True, "rate": (5.0, 10), "node_token": "t0k", "python_priority_at": 10},
+        grpc,
+        {**grpc, "auth": True, "rate": (5.0, 10), "node_token": "t0k"},
+    ):
         text = render(
             Render(
                 DataPlaneConfig(node_slots=3, model_slots=2),
@@ -80,7 +87,8 @@ def test_haproxy_accepts_the_configuration(tmp_path: Path) -> None:
             ),
             p,
         )  # type: ignore[arg-type]
-        for name in ("models.map", "clients.map"):
+        assert ("frontend gdoor" in text) == ("grpc_listen" in extra)
+        for name in ("models.map", "grpc_models.map", "clients.map"):
             (tmp_path / name).write_text("")
         (tmp_path / "h.cfg").write_text(text)
         binary = find_binary(None)
@@ -96,3 +104,63 @@ def test_a_data_plane_beyond_loopback_needs_auth_as_the_router_does() -> None:
         parse_config({"data_plane": {"enabled": True, "host": "0.0.0.0"}})
     parse_config({"data_plane": {"enabled": True, "host": "127.0.0.1"}})
     parse_config({"data_plane": {"enabled": True, "host": "0.0.0.0"}, "auth": {"tokens": {"c": "t" * 24}}})
+
+
+def test_the_grpc_door_routes_by_the_messages_first_bytes() -> None:
+    """The gRPC map's key is what every protobuf encoder writes first for a model name (field 1: tag
+    0x0A, a one-byte length, the name), so HAProxy's `map_beg` on the message's hex finds it exactly."""
+    pb = pytest.importorskip("tritonclient.grpc.service_pb2")
+    for model in ("m", "sensor_mlp", "a" * 127):
+        raw = pb.ModelInferRequest(model_name=model, model_version="2", id="x").SerializeToString()
+        assert raw.hex().upper().startswith(grpc_key(model))
+        longer = pb.ModelInferRequest(model_name=model + "x").SerializeToString()
+        assert not longer.hex().upper().startswith(grpc_key(model))  # (the length byte tells them apart)
+    a = ServerState("a", "127.0.0.1", 9001, 256, True, ("127.0.0.1", 9101))
+    b = ServerState("b", "127.0.0.1", 9002, 256, True)  # no gRPC service
+    p = Plan(
+        "random(2)",
+        "",
+        {0: a, 1: b},
+        {"m": 0, "only_b": 1, "x" * 128: 2},
+        {0: frozenset({0, 1}), 1: frozenset({1}), 2: frozenset({0})},
+    )
+    assert grpc_model_map(p) == {grpc_key("m"): "g0"}  # only_b: no node serves it over gRPC; a name too long
+    s = DataPlaneConfig(node_slots=2, model_slots=3)
+    empty = Plan("random(2)", "", {}, {}, {})
+    cmds = commands(empty, p, s, "/x/models.map", "/x/grpc_models.map")
+    assert "set server g0/n0 addr 127.0.0.1 port 9101" in cmds and "set server g0/n0 state ready" in cmds
+    assert not any(c.startswith("set server g0/n1 state ready") for c in cmds)
+    assert f"add map /x/grpc_models.map {grpc_key('m')} g0" in cmds
+    assert not any(" g" in c.split("/")[0] for c in commands(empty, p, s, "/x/models.map"))  # no gRPC door
+
+
+def test_only_the_proxys_key_vouches_for_a_clients_address() -> None:
+    assert vouched("k" * 32, "k" * 32, "10.0.0.7") == "10.0.0.7"
+    for given in (None, "", "k" * 31, "x" * 32, "\udcff"):
+        assert vouched("k" * 32, given, "10.0.0.7") is None
+    assert vouched("k", "k", "x" * 500) == "x" * 64
+
+
+def test_a_grpc_endpoint_from_the_wire_is_checked_as_the_endpoint_is() -> None:
+    from telemetry.cluster.schema import MalformedTelemetry, NodeLoad
+
+    def report(**extra: str) -> bytes:
+        doc = {
+            "node_id": "n",
+            "endpoint": "http://127.0.0.1:1",
+            "partition": "p",
+            "tier": "edge",
+            "device": {"kind": "cpu"},
+            "seq": 1,
+            "sent_at_ms": 1.0,
+            **extra,
+        }
+        import json
+
+        return json.dumps(doc).encode()
+
+    assert NodeLoad.parse(report()).grpc_endpoint == ""
+    assert NodeLoad.parse(report(grpc_endpoint="http://127.0.0.1:2")).grpc_endpoint == "http://127.0.0.1:2"
+    for bad in ("http://127.0.0.1:2/admin", "ftp://h:1", "http://u:p@h:1", "x" * 300):
+        with pytest.raises(MalformedTelemetry, match="grpc_endpoint"):
+            NodeLoad.parse(report(grpc_endpoint=bad))
