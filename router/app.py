@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import importlib
 import logging
+import shutil
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -24,7 +25,7 @@ from router import admin, director, grpc_api, http_api, mqtt_api
 from router.canary_app import canary_ctx
 from router.capture_app import capture_ctx
 from router.config import ConfigError, RouterConfig, telemetry_sources
-from router.dataplane.haproxy import KEY_HEADER, PEER_HEADER, vouched
+from router.dataplane.haproxy import GRPC_SOCKET, KEY_HEADER, PEER_HEADER, ROUTER_SOCKET, vouched
 from router.lifecycle.saturation import TICK_MS
 from router.node_client import HttpNodeClient, NodeClient, NodeError
 from router.state import CLIENT, ROUTER, Router
@@ -396,14 +397,20 @@ async def serve(
         port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         if on_bound is not None:
             on_bound(port)
+        private = await _private_door(runner, stack) if config.data_plane.enabled else None
         if config.grpc_port is not None:
             grpc_server, grpc_port = await start_grpc(
-                grpc_api.add_to(app), config.host, config, config.max_body_bytes, reuse_port
+                grpc_api.add_to(app),
+                config.host,
+                config,
+                config.max_body_bytes,
+                reuse_port,
+                None if private is None else f"unix:{private / GRPC_SOCKET}",
             )
             if on_grpc is not None:
                 on_grpc(grpc_port)
-        if config.data_plane.enabled:
-            await stack.enter_async_context(_data_plane(app[ROUTER], port, grpc_port, on_data_plane))
+        if private is not None:
+            await stack.enter_async_context(_data_plane(app[ROUTER], private, grpc_port is not None, on_data_plane))
         loop = asyncio.get_running_loop()
         with contextlib.suppress(NotImplementedError, RuntimeError):
             import signal
@@ -422,18 +429,31 @@ async def serve(
         await stop_serving(runner, grpc_server, config.tracing is not None)
 
 
+async def _private_door(runner: web.AppRunner, stack: contextlib.AsyncExitStack) -> Path | None:
+    """The folder the router serves its proxy from (router.dataplane.control.private_folder), its HTTP
+    already on a socket there; None, with one line why, where it cannot (the router serves alone)."""
+    from router.dataplane.control import private_folder
+
+    folder = private_folder()
+    stack.callback(shutil.rmtree, folder, True)
+    try:
+        await web.UnixSite(runner, str(folder / ROUTER_SOCKET)).start()
+    except OSError as exc:  # (a path past the socket limit: TMPDIR too long)
+        print(f"edgeroute router: data plane off: cannot serve it on {folder}: {exc}", file=sys.stderr, flush=True)
+        return None
+    return folder
+
+
 @contextlib.asynccontextmanager
 async def _data_plane(
-    router: Router, port: int, grpc_port: int | None, on_started: Callable[[str, str | None], None] | None
+    router: Router, private: Path, grpc: bool, on_started: Callable[[str, str | None], None] | None
 ) -> AsyncIterator[None]:
-    """The native proxy in front of this router while it serves (router.dataplane), with a gRPC door
-    where the router has one. Where it cannot start (no binary, a refused configuration) one line says
-    why and the router serves alone."""
+    """The native proxy in front of this router while it serves (router.dataplane), reaching it on the
+    sockets in `private`, with a gRPC door where the router has one. Where it cannot start (no binary,
+    a refused configuration) one line says why and the router serves alone."""
     from router.dataplane.control import DataPlane, DataPlaneError
 
-    host = router.config.host
-    behind = "127.0.0.1" if host in ("0.0.0.0", "") else "::1" if host == "::" else host
-    dp = DataPlane(router, (behind, port), None if grpc_port is None else (behind, grpc_port))
+    dp = DataPlane(router, private, grpc)
     try:
         await dp.start()
     except (DataPlaneError, OSError, ValueError) as exc:

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from policies.spec import PolicySpec
-from router.dataplane.haproxy import Render, map_lines, render, token_key
+from router.dataplane.haproxy import GRPC_SOCKET, ROUTER_SOCKET, Render, map_lines, render, token_key
 from router.dataplane.plan import Plan, Slots, plan
 from router.dataplane.proxy import DataPlaneError, Haproxy, find_binary, install_hint
 from router.dataplane.runtime import commands, grpc_model_map, model_map
@@ -36,12 +36,20 @@ from telemetry.process.settings import is_loopback
 if TYPE_CHECKING:
     from router.state import Router
 
-__all__ = ["DataPlane", "DataPlaneError"]
+__all__ = ["DataPlane", "DataPlaneError", "private_folder"]
 
 log = logging.getLogger("edgeroute.dataplane")
 
 RESOLVE_TTL_S = 30.0
 EMPTY = Plan(None, "", {}, {}, {})
+
+
+def private_folder() -> Path:
+    """A folder only this user can enter: the proxy's configuration, maps, admin socket, and the
+    sockets the router serves it on."""
+    folder = Path(tempfile.mkdtemp(prefix="edgeroute-dp-"))
+    os.chmod(folder, 0o700)
+    return folder
 
 
 def _free_port(host: str) -> int:
@@ -86,13 +94,14 @@ def python_only(router: Router) -> dict[str, str]:
 class DataPlane:
     """The native proxy beside one router: `start`, then `run` until cancelled, then `stop`."""
 
-    def __init__(self, router: Router, python: tuple[str, int], python_grpc: tuple[str, int] | None = None) -> None:
+    def __init__(self, router: Router, rundir: Path, grpc: bool = False) -> None:
+        """`rundir`: a `private_folder` where the router serves the proxy (ROUTER_SOCKET, and
+        GRPC_SOCKET where `grpc`: the router has a gRPC door, so the proxy has one)."""
         self.router = router
         self.settings = router.config.data_plane
-        self.python = python
-        self.python_grpc = python_grpc  # the router's gRPC door (None: none, so the proxy has none)
-        self.rundir = Path(tempfile.mkdtemp(prefix="edgeroute-dataplane-"))
-        os.chmod(self.rundir, 0o700)
+        self.rundir = rundir
+        self.python = str(rundir / ROUTER_SOCKET)
+        self.python_grpc = str(rundir / GRPC_SOCKET) if grpc else None
         self.key = secrets.token_urlsafe(24)
         self.slots = Slots(self.settings.node_slots, self.settings.model_slots)
         self.applied = EMPTY
@@ -142,7 +151,6 @@ class DataPlane:
             python=self.python,
             rundir=str(self.rundir),
             key=self.key,
-            python_tls=c.tls is not None,
             tls_pem=tls_pem,
             client_ca=client_ca,
             auth=c.auth is not None,

@@ -42,7 +42,9 @@ from router.dataplane.settings import DataPlaneConfig
 from telemetry.oip import wire
 
 __all__ = [
+    "GRPC_SOCKET",
     "MODEL_NAME",
+    "ROUTER_SOCKET",
     "Render",
     "grpc_key",
     "map_lines",
@@ -56,6 +58,8 @@ MAX_DEADLINE_DIGITS = 9
 UNSAFE = re.compile(r"[\s\"'\\#;%$]")  # a value that would break out of a config line
 KEY_HEADER = "x-edgeroute-dataplane-key"  # proxy -> router: the requests it passes on are its own
 PEER_HEADER = "x-edgeroute-peer"  # proxy -> router: the client's address
+ROUTER_SOCKET = "router.sock"  # the router serves its proxy here, in the proxy's private folder
+GRPC_SOCKET = "router-grpc.sock"  # its gRPC door for its proxy
 GRPC_INFER = "/inference.GRPCInferenceService/ModelInfer"
 GRPC_NAME_MAX = 127  # a name whose length is one varint byte (the map's keys have a fixed layout)
 BODY_WAIT_MS = 1000  # how long the gRPC door waits for a message's first bytes before passing it on
@@ -78,10 +82,9 @@ class Render:
 
     settings: DataPlaneConfig
     listen: tuple[str, int]
-    python: tuple[str, int]  # the router behind the proxy
+    python: str  # the router behind the proxy: its private socket (a path) or HOST:PORT
     rundir: str  # sockets and maps (a private folder)
     key: str  # the header value that marks the proxy's requests to the router
-    python_tls: bool = False  # the router serves HTTPS
     tls_pem: str | None = None  # cert + key for the proxy's own HTTPS (the router's, joined)
     client_ca: str | None = None  # mTLS: client certificates must be signed by this
     auth: bool = False
@@ -96,7 +99,7 @@ class Render:
     idle_timeout_s: float = 30.0
     python_priority_at: int | None = None  # requests at or above this priority go to the router (it hedges them)
     grpc_listen: tuple[str, int] | None = None  # the proxy's gRPC door (None: none)
-    python_grpc: tuple[str, int] | None = None  # the router's gRPC door behind it
+    python_grpc: str | None = None  # the router's gRPC door behind it (as `python`)
 
 
 def token_key(token: str) -> str:
@@ -333,17 +336,19 @@ def _grpc_door(r: Render) -> list[str]:
     return lines + ["    default_backend pygrpc", ""]
 
 
-def _python(r: Render, name: str, addr: tuple[str, int], grpc: bool) -> list[str]:
-    """The router behind the proxy: the client's own Authorization goes on, the proxy's mark and the
-    client's address with it (the router trusts them only with the key, router.app.front_door)."""
-    tls = (" ssl verify none" + (" alpn h2" if grpc else "")) if r.python_tls else (" proto h2" if grpc else "")
+def _python(r: Render, name: str, addr: str, grpc: bool) -> list[str]:
+    """The router behind the proxy, on its private socket (plain: the folder's mode guards it, so a
+    router with mutual TLS needs no certificate for its own proxy): the client's own Authorization goes
+    on, the proxy's mark and the client's address with it (the router trusts them only with the key,
+    router.app.front_door)."""
+    where = f"unix@{addr}" if addr.startswith("/") else addr
     return [
         f"backend {name}",
         f"    timeout server {_ms(r.max_deadline_ms + 5000)}",
         *(_errors(True) if grpc else []),
         f"    http-request set-header {KEY_HEADER} {_safe(r.key, 'the data plane key')}",
         f"    http-request set-header {PEER_HEADER} %[src]",
-        f"    server router {_addr(*addr)}{tls}",
+        f"    server router {_safe(where, 'the router address')}" + (" proto h2" if grpc else ""),
         "",
     ]
 

@@ -429,10 +429,12 @@ async def start_server(
     settings: ServerSettings,
     max_message_bytes: int,
     reuse_port: bool = False,
+    private: str | None = None,
 ) -> tuple[Any, int]:
     """A started grpc.aio server with the servicer `add` puts on it, on `settings.grpc_port`; (server,
     bound port). `reuse_port`: several router processes share the port (SO_REUSEPORT), as their HTTP
-    sites do.
+    sites do. `private`: also a plain `unix:PATH` (a socket in a folder only this user can enter, for
+    the router's own proxy).
 
     gRPC's own limits bound what a client can hold: connections (`grpc_max_connections`; HTTP's default
     leaves them room), a connection's handshake (`body_timeout_s`) and its idle time with no call
@@ -460,5 +462,7 @@ async def start_server(
         bound = server.add_secure_port(address, tls.grpc_credentials())
     if bound == 0:
         raise OSError(f"gRPC cannot listen on {address}")
+    if private is not None and server.add_insecure_port(private) == 0:  # (a local proxy's, router.dataplane)
+        raise OSError(f"gRPC cannot listen on {private}")
     await server.start()
     return server, bound

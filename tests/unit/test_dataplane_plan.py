@@ -60,7 +60,7 @@ def test_hostile_model_names_and_values_never_reach_the_configuration() -> None:
     s = DataPlaneConfig(node_slots=1, model_slots=3)
     for token in ("has space", "quo'te", 'd"q', "semi;colon"):
         with pytest.raises(ValueError, match="cannot be written"):
-            render(Render(s, ("127.0.0.1", 1), ("127.0.0.1", 2), "/tmp", "k", node_token=token), p)
+            render(Render(s, ("127.0.0.1", 1), "/tmp/router.sock", "/tmp", "k", node_token=token), p)
     assert token_key("tok") == token_key("tok") != token_key("tok2")
 
 
@@ -68,7 +68,7 @@ def test_hostile_model_names_and_values_never_reach_the_configuration() -> None:
 def test_haproxy_accepts_the_configuration(tmp_path: Path) -> None:
     a = ServerState("a", "127.0.0.1", 9001, 256, True)
     p = Plan("random(2)", "", {0: a}, {"m": 0}, {0: frozenset({0})})
-    grpc = {"grpc_listen": ("127.0.0.1", 3), "python_grpc": ("127.0.0.1", 4)}
+    grpc = {"grpc_listen": ("127.0.0.1", 3), "python_grpc": "/tmp/router-grpc.sock"}
     for extra in (
         {},
         {"auth": True, "rate": (5.0, 10), "node_token": "t0k", "python_priority_at": 10},
@@ -79,7 +79,7 @@ def test_haproxy_accepts_the_configuration(tmp_path: Path) -> None:
             Render(
                 DataPlaneConfig(node_slots=3, model_slots=2),
                 ("127.0.0.1", 1),
-                ("127.0.0.1", 2),
+                "/tmp/router.sock",
                 str(tmp_path),
                 "key",
                 max_answer_bytes=1 << 20,
