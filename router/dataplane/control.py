@@ -27,10 +27,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from policies.spec import PolicySpec
+from router.admission import ANY_SITE
 from router.dataplane.haproxy import GRPC_SOCKET, ROUTER_SOCKET, Render, map_lines, render, token_key
 from router.dataplane.plan import Plan, Slots, plan
 from router.dataplane.proxy import DataPlaneError, Haproxy, find_binary, install_hint
 from router.dataplane.runtime import commands, grpc_model_map, model_map
+from telemetry.cluster.view import ClusterView
 from telemetry.process.settings import is_loopback
 
 if TYPE_CHECKING:
@@ -89,6 +91,17 @@ def python_only(router: Router) -> dict[str, str]:
     out.update({name: "a version canary" for name in router.canaries.models})
     out.update({name: "a promoted version" for name in router.canaries.pinned})
     return out
+
+
+def site_keys(router: Router, view: ClusterView) -> set[str]:
+    """The site map: the sites a request may name and still be carried natively, as the router's own
+    intake would take them (director: a known site; with auth one the client may claim)."""
+    auth, own = router.auth, router.config.site
+    known = {n.partition for n in view} | set(router.lifecycle.links.sites) | ({own} if own else set())
+    known |= {s for sites in auth.sites.values() for s in sites if s != ANY_SITE}
+    if not auth.enabled:
+        return known
+    return {f"{client}|{s}" for client in auth.tokens for s in known if auth.may_claim(client, s, own)}
 
 
 class DataPlane:
@@ -183,6 +196,7 @@ class DataPlane:
             python_only=python_only(r),
             whole_router=whole_router(r),
             admit=admit,
+            sites=site_keys(r, view),
         )
 
     async def _address(self, host: str, port: int) -> str | None:
@@ -227,6 +241,7 @@ class DataPlane:
         return {
             "models.map": map_lines(model_map(p)),
             "grpc_models.map": map_lines(grpc_model_map(p)),
+            "sites.map": map_lines(dict.fromkeys(p.sites, "1")),
             "clients.map": map_lines(clients),
         }
 
@@ -256,7 +271,8 @@ class DataPlane:
             await self.proxy.reload(render(self.inputs(), new), self.maps(new))
         else:
             grpc_maps = None if self.python_grpc is None else str(self.rundir / "grpc_models.map")
-            cmds = commands(self.applied, new, self.settings, str(self.rundir / "models.map"), grpc_maps)
+            d = self.rundir
+            cmds = commands(self.applied, new, self.settings, str(d / "models.map"), grpc_maps, str(d / "sites.map"))
             if not cmds:
                 self.applied = new
                 return

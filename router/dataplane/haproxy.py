@@ -179,7 +179,11 @@ def _bind(r: Render, listen: tuple[str, int], grpc: bool) -> str:
 def _header_checks(r: Render) -> list[str]:
     """What sends a request of either door to the router: a header (metadata) it must judge, a hedged
     priority, an unknown token."""
-    conds = [f"{{ req.hdr_cnt({wire.SITE}) gt 0 }}", f"{{ req.hdr_cnt({wire.TENANT}) gt 0 }}"]
+    conds = [
+        f"{{ req.hdr_cnt({wire.SITE}) gt 1 }}",
+        f"{{ req.hdr_cnt({wire.SITE}) eq 1 }} !{{ var(txn.siteok) -m found }}",  # a site it may not claim
+        f"{{ req.hdr_cnt({wire.TENANT}) gt 0 }}",
+    ]
     assert wire.MAX_PRIORITY == 1_000_000  # (the pattern below bounds the priority header to it)
     for name, pattern in (
         (wire.DEADLINE_MS, f"^[1-9][0-9]{{0,{MAX_DEADLINE_DIGITS - 1}}}$"),
@@ -198,12 +202,18 @@ def _header_checks(r: Render) -> list[str]:
 
 
 def _client(r: Render) -> list[str]:
+    """The client (its token's name) with auth on, and whether the site it names is one it may claim
+    (`sites.map`: `site`, or `client|site` with auth; any other goes to the router, which judges it)."""
+    one = f"{{ req.hdr_cnt({wire.SITE}) eq 1 }}"
     if not r.auth:
-        return []
+        return [f"    http-request set-var(txn.siteok) req.hdr({wire.SITE}),map({r.rundir}/sites.map) if {one}"]
     return [
         f"    http-request set-var(txn.client) req.hdr(authorization),field(2,' '),sha2(256),hex,"
         f"map({r.rundir}/clients.map) if {{ var(txn.infer) -m found }} {{ req.hdr_cnt(authorization) eq 1 }} "
-        "{ req.hdr(authorization) -m reg ^[Bb][Ee][Aa][Rr][Ee][Rr]\\ [^\\ ]+$ }"
+        "{ req.hdr(authorization) -m reg ^[Bb][Ee][Aa][Rr][Ee][Rr]\\ [^\\ ]+$ }",
+        f"    http-request set-var(txn.site) req.hdr({wire.SITE}) if {one} {{ var(txn.client) -m found }}",
+        f"    http-request set-var(txn.siteok) var(txn.client),concat(|,txn.site),map({r.rundir}/sites.map) "
+        "if { var(txn.site) -m found }",
     ]
 
 

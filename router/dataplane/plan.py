@@ -18,6 +18,7 @@ sends every request to the Python router, and `Plan.reason` says why.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
@@ -28,6 +29,7 @@ from telemetry.cluster.view import ClusterView, NodeState
 __all__ = ["MAX_WEIGHT", "NATIVE_BALANCE", "Plan", "ServerState", "Slots", "native_balance", "plan"]
 
 MAX_WEIGHT = 256  # HAProxy's largest server weight
+SITE_KEY = re.compile(r"^[A-Za-z0-9._:-]{1,128}(\|[A-Za-z0-9._:-]{1,128})?$")  # what may stand in the site map
 
 # preset -> the proxy's balancing that honours it (HAProxy `balance`); p2c's k comes from its params
 NATIVE_BALANCE = {
@@ -75,6 +77,9 @@ class Plan:
     nodes: Mapping[int, ServerState]  # node slot -> the node in it
     models: Mapping[str, int]  # model -> its backend slot (the proxy's map)
     serving: Mapping[int, frozenset[int]] = field(default_factory=dict)  # model slot -> node slots ready for it
+    sites: frozenset[str] = (
+        frozenset()
+    )  # the proxy's site map: `site`, or `client|site` with auth (a claim it may make)
 
     def native(self, model: str) -> bool:
         return self.balance is not None and model in self.models
@@ -140,12 +145,14 @@ def plan(
     python_only: Mapping[str, str] | None = None,
     whole_router: str | None = None,
     admit: Mapping[str, float] | None = None,
+    sites: Iterable[str] = (),
 ) -> Plan:
     """The proxy's tables for this view and policy.
 
     `python_only`: model names the Python router must see (workflows, cascades, canaried models) ->
     why; `whole_router`: a reason every request must reach the Python router (None: none);
-    `admit`: node id -> the router's own admission share for it (slow start; 0: ejected), default 1."""
+    `admit`: node id -> the router's own admission share for it (slow start; 0: ejected), default 1;
+    `sites`: the site map's keys (a request naming another site goes to the router, which judges it)."""
     balance, reason = native_balance(spec)
     if whole_router is not None:
         balance, reason = None, whole_router
@@ -176,4 +183,5 @@ def plan(
                 j = model_slot.get(model)
                 if j is not None:
                     serving[j].add(i)
-    return Plan(balance, reason, states, dict(model_slot), {j: frozenset(s) for j, s in serving.items()})
+    served = {j: frozenset(s) for j, s in serving.items()}
+    return Plan(balance, reason, states, dict(model_slot), served, frozenset(k for k in sites if SITE_KEY.match(k)))

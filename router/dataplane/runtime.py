@@ -49,10 +49,17 @@ def _map_diff(path: str, before: Mapping[str, str], after: Mapping[str, str]) ->
     return out
 
 
-def commands(old: Plan, new: Plan, settings: DataPlaneConfig, maps: str, grpc_maps: str | None = None) -> list[str]:
+def commands(
+    old: Plan,
+    new: Plan,
+    settings: DataPlaneConfig,
+    maps: str,
+    grpc_maps: str | None = None,
+    sites_map: str | None = None,
+) -> list[str]:
     """The runtime API commands that take the proxy from `old` to `new` (same balance: a change of
     balance is a reload). `maps`: the models map's path; `grpc_maps`: the gRPC door's (None: no gRPC
-    door, no `g<j>` backends)."""
+    door, no `g<j>` backends); `sites_map`: the site map's."""
     out: list[str] = []
     kinds: list[tuple[str, Callable[[ServerState | None], tuple[str, int] | None]]] = [("m", _http_addr)]
     if grpc_maps is not None:
@@ -88,6 +95,8 @@ def commands(old: Plan, new: Plan, settings: DataPlaneConfig, maps: str, grpc_ma
             for i in sorted((now - was) | (now & moved)):
                 out.append(f"set server {k}{j}/n{i} state ready")
     out += _map_diff(maps, model_map(old), model_map(new))
+    if sites_map is not None:
+        out += _map_diff(sites_map, dict.fromkeys(old.sites, "1"), dict.fromkeys(new.sites, "1"))
     if grpc_maps is not None:
         out += _map_diff(grpc_maps, grpc_model_map(old), grpc_model_map(new))
     return out

@@ -21,7 +21,7 @@ if find_binary(None) is None:
 
 TOKENS = {"cams": "tok-cams", "ops": "tok-ops"}
 ROUTER = {
-    "auth": {"tokens": TOKENS, "admin_clients": ["ops"]},
+    "auth": {"tokens": TOKENS, "admin_clients": ["ops"], "sites": {"cams": ["edge-a"]}},
     "rate_limit": {"rps": 50, "burst": 50},
     "max_body_bytes": 1 << 20,
 }
@@ -121,8 +121,11 @@ def test_what_the_proxy_cannot_judge_the_router_answers(native: Stack) -> None:
         status, doc, headers = call(url, infer_body(), headers={**CAMS, **bad})
         assert status == code, (bad, doc)  # the router's own refusal, with its own words
         assert "x-edgeroute-data-plane" not in headers
-    status, doc, headers = call(url, infer_body(), headers={**CAMS, "x-edgeroute-priority": "7"})
-    assert status == 200 and headers.get("x-edgeroute-data-plane") == "native"
+    for fine in ({"x-edgeroute-priority": "7"}, {"x-edgeroute-site": "edge-a"}):  # (a site cams may claim)
+        status, doc, headers = call(url, infer_body(), headers={**CAMS, **fine})
+        assert status == 200 and headers.get("x-edgeroute-data-plane") == "native", fine
+    status, doc, headers = call(url, infer_body(), headers={**OPS, "x-edgeroute-site": "edge-a"})
+    assert status == 403 and "x-edgeroute-data-plane" not in headers  # (one ops may not claim)
     status, doc, _ = call(f"{native.router_url}/admin/policy", headers=CAMS)
     assert status == 403  # the admin API behind the proxy keeps its own guard
 
@@ -235,8 +238,8 @@ def test_a_broker_outage_leaves_the_native_path_carrying(tmp_path) -> None:  # t
             [(n["node_id"], n.get("mode"), n.get("status")) for n in view["nodes"]],
             view["data_plane"],
         )
-        for _ in range(10):
-            status, _, headers = call(url, infer_body())
+        for i in range(10):  # (with no auth, any known site may be named: here the nodes' own)
+            status, _, headers = call(url, infer_body(), headers={"x-edgeroute-site": "edge-a"} if i % 2 else None)
             assert status == 200 and headers.get("x-edgeroute-data-plane") == "native"
     finally:
         if stack is not None:

@@ -79,7 +79,12 @@ def test_tritons_grpc_client_is_carried_natively(native: Stack) -> None:
         assert client.get_model_metadata("sensor_mlp", headers=CAMS_GRPC).name == "sensor_mlp"
     finally:
         client.close()
-    for hints in ({}, {"x-edgeroute-priority": "-3"}, {"x-edgeroute-deadline-ms": "4000"}):
+    for hints in (
+        {},
+        {"x-edgeroute-priority": "-3"},
+        {"x-edgeroute-deadline-ms": "4000"},
+        {"x-edgeroute-site": "edge-a"},
+    ):
         code, details, how = _call(target, _request(), _meta({**CAMS, **hints}), timeout=5.0)
         assert (code, how) == (grpc.StatusCode.OK, "native"), (hints, details)
 
@@ -93,7 +98,7 @@ def test_what_the_proxy_cannot_judge_the_routers_grpc_door_answers(native: Stack
         ({**CAMS, "x-edgeroute-priority": "high"}, _request(), grpc.StatusCode.INVALID_ARGUMENT),
         ({**CAMS, "x-edgeroute-deadline-ms": "-5"}, _request(), None),
         ({**CAMS, "x-edgeroute-site": "mars"}, _request(), grpc.StatusCode.PERMISSION_DENIED),
-        ({**CAMS, "x-edgeroute-site": "edge-a"}, _request(), grpc.StatusCode.PERMISSION_DENIED),
+        ({**OPS, "x-edgeroute-site": "edge-a"}, _request(), grpc.StatusCode.PERMISSION_DENIED),
         (CAMS, b"\xff\xff\xff\xff\x0f garbage", grpc.StatusCode.INVALID_ARGUMENT),
         (CAMS, _request(rows=20_000), grpc.StatusCode.RESOURCE_EXHAUSTED),  # over the 1 MiB body limit
     ]

@@ -88,7 +88,7 @@ def test_haproxy_accepts_the_configuration(tmp_path: Path) -> None:
             p,
         )  # type: ignore[arg-type]
         assert ("frontend gdoor" in text) == ("grpc_listen" in extra)
-        for name in ("models.map", "grpc_models.map", "clients.map"):
+        for name in ("models.map", "grpc_models.map", "clients.map", "sites.map"):
             (tmp_path / name).write_text("")
         (tmp_path / "h.cfg").write_text(text)
         binary = find_binary(None)
