@@ -217,6 +217,10 @@ async def infer(request: web.Request) -> web.Response:
         params = req.parameters
         priority = wire.priority_hint(request.headers.get(wire.PRIORITY, params.get("priority"))) or 0
         budget_ms = wire.deadline_hint(request.headers.get(wire.DEADLINE_MS), params)  # (Triton's timeout too)
+        if budget_ms is not None and budget_ms <= 0 and wire.DEADLINE_MS not in request.headers:
+            # the client's own, in its body, as the router's intake refuses it (a router's header says
+            # what is left, and none left is a 504 here)
+            raise wire.BadHint("'deadline_ms' must be positive")
         tenant = wire.tenant_hint(request.headers.get(wire.TENANT))  # the router's only, never the body's
         if tenant is None:
             return Decoded(req, priority, budget_ms)

@@ -462,11 +462,13 @@ async def _data_plane(
         yield
         return
     router.dataplane = dp
+    unwatch = router.metrics.watch_data_plane(dp)
     if on_started is not None:
         on_started(dp.url, dp.grpc_address)
     try:
         async with running(dp.run(), "data-plane"):
             yield
     finally:
+        unwatch()
         router.dataplane = None
         await dp.stop()

@@ -105,6 +105,25 @@ class _ConnectionCollector(Collector):
         )
 
 
+class _DataPlaneCollector(Collector):
+    """The native data plane's requests (router.dataplane): carried per model, passed to the router."""
+
+    def __init__(self, dataplane: Any) -> None:
+        self.dataplane = dataplane
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        fam = CounterMetricFamily(
+            "edgeroute_dataplane_requests",
+            "requests the native data plane carried or passed on",
+            labels=["path", "model"],
+        )
+        dp = self.dataplane
+        for model, n in sorted(dp.native_by_model.items()):
+            fam.add_metric(["native", model], n)
+        fam.add_metric(["router", ""], dp.requests["router"])
+        yield fam
+
+
 class _VerifierCollector(Collector):
     """Signed telemetry and peer messages: accepted, and dropped by reason (telemetry.kafka.signing)."""
 
@@ -354,6 +373,12 @@ class RouterMetrics:
 
     def watch_connections(self, cap: ConnectionCap) -> None:
         self.registry.register(_ConnectionCollector(cap))
+
+    def watch_data_plane(self, dataplane: Any) -> Callable[[], None]:
+        """Its requests in /metrics while it runs; the call returned stops that."""
+        collector = _DataPlaneCollector(dataplane)
+        self.registry.register(collector)
+        return lambda: self.registry.unregister(collector)
 
     def watch_verifier(self, verifier: Verifier | None) -> None:
         if verifier is not None:

@@ -130,6 +130,9 @@ class DataPlane:
         self.last_error = ""
         self.last_sync_ms = 0.0  # how long the latest round that changed something took to reach the proxy
         self.changes = 0
+        self.requests = {"native": 0, "router": 0}  # inference the proxy carried, and passed to the router
+        self.native_by_model: dict[str, int] = {}  # (its models are the plan's: bounded by model_slots)
+        self._last: dict[str, int] = {}
 
     @property
     def url(self) -> str:
@@ -302,6 +305,25 @@ class DataPlane:
             elif status.startswith("DOWN") and not self.node_status.get(s.node_id, "").startswith("DOWN"):
                 evidence.observe(s.node_id, False, now)
         self.node_status = seen
+        self.count(await self.proxy.backend_requests())
+
+    def count(self, counts: dict[str, int]) -> None:
+        """The proxy's per-backend totals into requests carried per model and passed to the router: what
+        each backend took since the last look, given to the model in its slot now (a new worker after a
+        reload counts from zero again)."""
+        by_slot = {f"{kind}{j}": model for model, j in self.slots.models.items() for kind in "mg"}
+        for backend, total in counts.items():
+            seen = self._last.get(backend, 0)
+            delta = total - seen if total >= seen else total
+            if delta <= 0:
+                continue
+            if backend in ("python_infer", "pygrpc_infer"):  # (inference only: not admin, metadata, health)
+                self.requests["router"] += delta
+            elif backend in by_slot:
+                self.requests["native"] += delta
+                model = by_slot[backend]
+                self.native_by_model[model] = self.native_by_model.get(model, 0) + delta
+        self._last = counts
 
     async def run(self) -> None:
         every = self.settings.sync_ms / 1000.0
@@ -361,6 +383,7 @@ class DataPlane:
                 }
                 for i, s in sorted(p.nodes.items())
             },
+            "requests": dict(self.requests),
             "rounds": self.rounds,
             "changes": self.changes,
             "last_change_ms": round(self.last_sync_ms, 3),

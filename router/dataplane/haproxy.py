@@ -297,7 +297,8 @@ def _door(r: Render) -> list[str]:
     lines += [
         f"    use_backend m{j} if {{ var(txn.be) -m str m{j} }} {{ nbsrv(m{j}) gt 0 }}" for j in range(s.model_slots)
     ]
-    return lines + ["    default_backend python", ""]
+    # (inference the router answers has a backend of its own: the proxy's counts tell it from the rest)
+    return lines + ["    use_backend python_infer if { var(txn.infer) -m found }", "    default_backend python", ""]
 
 
 def _grpc_door(r: Render) -> list[str]:
@@ -343,7 +344,7 @@ def _grpc_door(r: Render) -> list[str]:
     lines += [
         f"    use_backend g{j} if {{ var(txn.be) -m str g{j} }} {{ nbsrv(g{j}) gt 0 }}" for j in range(s.model_slots)
     ]
-    return lines + ["    default_backend pygrpc", ""]
+    return lines + ["    use_backend pygrpc_infer if { var(txn.infer) -m found }", "    default_backend pygrpc", ""]
 
 
 def _python(r: Render, name: str, addr: str, grpc: bool) -> list[str]:
@@ -410,10 +411,10 @@ def render(r: Render, plan: Plan) -> str:
     s = r.settings
     grpc = r.grpc_listen is not None and r.python_grpc is not None
     lines = _global(r) + _door(r) + (_grpc_door(r) if grpc else [])
-    lines += _python(r, "python", r.python, False)
+    lines += _python(r, "python", r.python, False) + _python(r, "python_infer", r.python, False)
     if grpc:
         assert r.python_grpc is not None
-        lines += _python(r, "pygrpc", r.python_grpc, True)
+        lines += _python(r, "pygrpc", r.python_grpc, True) + _python(r, "pygrpc_infer", r.python_grpc, True)
     lines += [
         "backend nodes",
         "    option httpchk GET /v2/health/ready",

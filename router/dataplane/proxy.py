@@ -170,6 +170,22 @@ class Haproxy:
                 out[row[name_at]] = row[status_at]
         return out
 
+    async def backend_requests(self) -> dict[str, int]:
+        """Backend name -> the sessions (requests) it has taken since the proxy's current worker
+        started (a reload starts them again), from `show stat`."""
+        text = await self.command(["show stat -1 2 -1"])
+        rows = csv.reader(io.StringIO(text.lstrip("# ")))
+        header = next(rows, [])
+        try:
+            name_at, total_at = header.index("pxname"), header.index("stot")
+        except ValueError:
+            return {}
+        out = {}
+        for row in rows:
+            if len(row) > max(name_at, total_at) and row[total_at].isdigit():
+                out[row[name_at]] = int(row[total_at])
+        return out
+
     async def stop(self, timeout_s: float = 5.0) -> None:
         proc, self.proc = self.proc, None
         if proc is None or proc.returncode is not None:

@@ -164,14 +164,17 @@ def _replay(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else Path("reports") / scenario.name
     profile = Path(args.profile) if args.profile else None
     if args.router:
-        if args.mode != "live" or args.policy or args.nodes is not None:
+        if args.mode != "live" or args.policy or args.nodes is not None or args.data_plane != "python":
             return arg.usage("replay --router: live mode only, with the router's own policy and nodes")
         token = args.token or os.environ.get("EDGEROUTE_CLIENT_TOKEN")
         run_replay(scenario, [], out, router_url=args.router, token=token, duration_s=args.duration)
         return 0
     from scenarios.sim.cells import RayMissing
 
-    live = {} if args.mode == "sim" else {"calibrate": args.calibrate, "kafka": args.kafka}
+    native = args.data_plane == "native"
+    if native and args.mode == "sim":
+        return arg.usage("replay --data-plane native: the simulator does not model the native data plane yet")
+    live = {} if args.mode == "sim" else {"calibrate": args.calibrate, "kafka": args.kafka, "data_plane": native}
     try:
         run_replay(
             scenario, runs, out, mode=args.mode, profile_path=profile, duration_s=args.duration,
@@ -349,6 +352,12 @@ def main(argv: list[str] | None = None) -> int:
         choices=["live", "sim", "both"],
         default="live",
         help="live stack, discrete-event simulation, or both with their relative error",
+    )
+    rp.add_argument(
+        "--data-plane",
+        choices=["python", "native"],
+        default="python",
+        help="native: the live stack's router with its native data plane (HAProxy) in front, the load through it",
     )
     rp.add_argument("--profile", help="simulator profile JSON (default: scenarios/profiles/cpu.json)")
     rp.add_argument(

@@ -88,14 +88,17 @@ def replay_live(
     log_dir: Path | None = None,
     echo: bool = True,
     calibrate: bool = False,
+    data_plane: bool = False,
 ) -> dict[str, Any]:
     """Run each policy on the live stack; returns the report (not yet written). With `calibrate`, the
-    host is measured on the stack first (scenarios.calibrate.host) and the report carries it under "host"."""
+    host is measured on the stack first (scenarios.calibrate.host) and the report carries it under "host".
+    With `data_plane`, the load goes through the router's native data plane (router.dataplane); each
+    run's summary says how much of it the proxy carried natively."""
     duration, warmup, schedule = plan(scenario, duration_s)
     models = {a.model for a in schedule} or {m for s in scenario.workload.sites for m in s.models}
     report = header(scenario, "live", duration, warmup)
     rerouting = any("reroute" in run_router(scenario, run) for run in runs)
-    stack = stack_for(scenario, kafka=kafka)
+    stack = stack_for(scenario, kafka=kafka, data_plane=data_plane)
     if log_dir is not None:
         stack.log_dir = log_dir
     with stack:
@@ -103,6 +106,8 @@ def replay_live(
             print(f"router: {stack.router_url}\nkafka: {stack.bootstrap}", flush=True)
         if isinstance(stack, SiteStack):  # how the sites were kept apart: namespaces, or why not
             report["isolation"] = stack.isolation
+        if data_plane:
+            report["data_plane"] = data_plane_note(stack)
         cascades = frozenset(c.name for c in scenario.cascade_specs())
         payloads = asyncio.run(
             fetch_payloads(
@@ -127,6 +132,7 @@ def replay_live(
             _wait_idle(stack.router_url, stack.admin_headers)
             moves_before = stack.reroute_stats() if rerouting else {}
             overload_before = _router_overload(stack)
+            carried_before = _carried(stack)
             for p in stack.nodes.values():  # executions are counted from here (duplicates checked)
                 http_json(f"{p.url}/admin/stats?reset=1", headers=stack.node_headers)
             injector = FaultInjector(stack, list(scenario.faults))
@@ -177,6 +183,10 @@ def replay_live(
                 summary["overload"] = _overload_during(overload_before, view["overload"])
             if canaries is not None:
                 summary["canary"] = canary_steps(stack, t0_ms, canaries)
+            if carried_before is not None:
+                time.sleep(0.25)  # (the proxy's counts are read every check_ms)
+                state = view.get("data_plane") if status == 200 and isinstance(view, dict) else None
+                summary["data_plane"] = carried_during(carried_before, _carried(stack), state)
             if injector.errors:
                 summary["fault_errors"] = injector.errors
             summary.update(series(results, warmup, duration + warmup))
@@ -202,6 +212,38 @@ def execution_check(executed_ids: list[str], answered_ok: int) -> dict[str, int]
         "duplicate_executions": sum(n - 1 for n in runs.values() if n > 1),
         "wasted_executions": max(0, len(executed_ids) - answered_ok),
     }
+
+
+def data_plane_note(stack: Stack) -> dict[str, Any]:
+    """What the report says of the native data plane before the runs: on, or why not."""
+    if isinstance(stack, SiteStack):
+        return {"on": False, "why": "per-site stacks run their routers alone for now"}
+    if _carried(stack) is None:
+        return {"on": False, "why": f"the router runs without it: {stack.log_dir}/router.log says why"}
+    return {"on": True}
+
+
+def _carried(stack: Stack) -> dict[str, int] | None:
+    """The proxy's request counts so far (router.dataplane.control), None without a data plane."""
+    if stack.router is None or not stack.router.dataplane:
+        return None
+    status, view = http_json(f"{stack.router.url}/admin/view", headers=stack.admin_headers)
+    dp = view.get("data_plane") if status == 200 else None
+    return dict(dp["requests"]) if dp else None
+
+
+def carried_during(before: dict[str, int], after: dict[str, int] | None, state: Any) -> dict[str, Any]:
+    """A run's requests the proxy carried natively and passed to the router, and why it passed them."""
+    after = after or before
+    native, passed = after["native"] - before["native"], after["router"] - before["router"]
+    out: dict[str, Any] = {
+        "native": native,
+        "router": passed,
+        "native_share": round(native / max(1, native + passed), 4),
+    }
+    if isinstance(state, dict) and not state.get("native", True):
+        out["why"] = state.get("reason", "")
+    return out
 
 
 def _router_overload(stack: Stack) -> dict[str, Any]:
@@ -327,6 +369,9 @@ def run_replay(
             sim = replay_sim(scenario, runs, duration_s=duration, profile_path=profile_path, host=host, **cells)
             report["sim"] = sim
             report["comparison"] = compare(report, sim)
+            if kwargs.get("data_plane"):  # (said where the two halves differ in kind)
+                note = "the router alone: the simulator has no model of the proxy yet"
+                report.setdefault("data_plane", {})["simulated"] = note
     if scenario.recorded is not None:  # a capture's replay: what was recorded, beside every run
         attach_recorded(scenario, report)
     path = write_report(report, out_dir)

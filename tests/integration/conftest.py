@@ -102,13 +102,21 @@ def make_stack(
     router: dict[str, Any] | None = None,
     policies: list[Any] | None = None,
     models: dict[str, Any] | None = None,
+    data_plane: bool = False,
 ) -> Stack:
     return Stack(
         scenario(nodes, router, policies, models),
         kafka=broker.bootstrap,
         log_dir=tmp,
         topic=f"edgeroute.telemetry.t{next(_topics)}",
+        data_plane=data_plane,
     )
+
+
+def router_grpc(stack: Stack) -> str:
+    """The router's gRPC door as clients reach it: its native data plane's where it has one."""
+    assert stack.router is not None
+    return stack.router.dataplane_grpc or stack.router.grpc
 
 
 ALL_MODELS = ["echo", "sensor_mlp", "mobilenet_s", "resnet_s", "tiny_transformer", "detector_head"]

@@ -201,6 +201,8 @@ def test_json_that_breaks_parsers_is_a_400_on_every_json_route(shared_stack: Sta
         ({"x-edgeroute-deadline-ms": "nan"}, {}, "finite"),
         ({"x-edgeroute-deadline-ms": "-inf"}, {}, "finite"),
         ({}, {"deadline_ms": "soon"}, "must be a number"),
+        ({}, {"deadline_ms": -5}, "must be positive"),
+        ({}, {"timeout": 0}, "must be positive"),
     ],
 )
 def test_a_node_called_directly_takes_hints_by_the_routers_rules(

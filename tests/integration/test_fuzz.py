@@ -30,6 +30,7 @@ from hypothesis import strategies as st
 
 from scenarios.stack.launcher import Stack
 from telemetry.oip import wire
+from tests.integration.conftest import router_grpc
 from tests.integration.http import call, infer_body
 
 EXAMPLES = int(os.environ.get("EDGEROUTE_FUZZ_EXAMPLES", "300"))
@@ -232,7 +233,7 @@ class Honest:
 
     def __init__(self, stack: Stack) -> None:
         assert stack.router is not None and stack.router.grpc is not None
-        self.url, self.grpc = stack.router_url, stack.router.grpc
+        self.url, self.grpc = stack.router_url, router_grpc(stack)
         self.results: list[tuple[str, object, float]] = []
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
@@ -281,7 +282,7 @@ class Targets:
         self.urls = {"router": stack.router_url, "node": node.url}
         self.conns: dict[str, http.client.HTTPConnection] = {}
         self.channels = {
-            name: grpc.insecure_channel(t) for name, t in (("router", stack.router.grpc), ("node", node.grpc))
+            name: grpc.insecure_channel(t) for name, t in (("router", router_grpc(stack)), ("node", node.grpc))
         }
         self.sent = 0
 

@@ -99,6 +99,34 @@ def test_replay_both_measures_the_host_and_simulates_on_it(tmp_path: Path) -> No
     assert report["policies"]["p2c"]["lost"] == 0
 
 
+def test_replay_through_the_native_data_plane(tmp_path: Path) -> None:
+    from router.dataplane.proxy import find_binary, install_hint
+
+    if find_binary(None) is None:
+        pytest.skip(f"no HAProxy here: {install_hint()}")
+    scenario = tmp_path / "it-replay.yaml"
+    scenario.write_text(SCENARIO)
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        [*CLI, "replay", str(scenario), "--data-plane", "native", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads((out / "report.json").read_text())
+    assert report["data_plane"] == {"on": True}
+    for name, p in report["policies"].items():
+        assert p["lost"] == 0 and p["sent"] == p["completed"] + sum(p["errors"].values()), name
+        carried = p["data_plane"]
+        # every inference of the load carried natively (its warm-up too), none passed to the router
+        assert carried["native"] >= p["sent"] and carried["router"] == 0, (name, carried)
+    done = subprocess.run(
+        [*CLI, "replay", str(scenario), "--data-plane", "native", "--mode", "sim"], capture_output=True, text=True
+    )
+    assert done.returncode == 2 and "does not model" in done.stderr
+
+
 def test_bad_scenario_is_one_line_not_a_traceback(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text(SCENARIO.replace("rate_rps: 40", "rate_rps: lots"))
