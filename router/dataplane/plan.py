@@ -19,7 +19,7 @@ sends every request to the Python router, and `Plan.reason` says why.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
@@ -146,22 +146,26 @@ def plan(
     whole_router: str | None = None,
     admit: Mapping[str, float] | None = None,
     sites: Iterable[str] = (),
+    address: Callable[[str], tuple[str, int] | None] | None = None,
 ) -> Plan:
     """The proxy's tables for this view and policy.
 
     `python_only`: model names the Python router must see (workflows, cascades, canaried models) ->
     why; `whole_router`: a reason every request must reach the Python router (None: none);
     `admit`: node id -> the router's own admission share for it (slow start; 0: ejected), default 1;
-    `sites`: the site map's keys (a request naming another site goes to the router, which judges it)."""
+    `sites`: the site map's keys (a request naming another site goes to the router, which judges it);
+    `address`: a node endpoint as the proxy's (host, port), None where it cannot reach it (default:
+    plain HTTP with a port; the simulator's nodes have addresses of their own)."""
     balance, reason = native_balance(spec)
     if whole_router is not None:
         balance, reason = None, whole_router
     python_only = python_only or {}
     routable: list[tuple[NodeState, tuple[str, int]]] = []
+    where = address or _address
     for node in sorted(view, key=lambda n: n.node_id):
-        address = _address(node.endpoint)
-        if address is not None:
-            routable.append((node, address))
+        at = where(node.endpoint)
+        if at is not None:
+            routable.append((node, at))
     node_slot = slots.assign(slots.nodes, (n.node_id for n, _ in routable), slots.node_slots)
     serving_models = sorted({m for n, _ in routable for m in n.load.models if m not in python_only})
     model_slot = slots.assign(slots.models, serving_models, slots.model_slots)

@@ -172,9 +172,11 @@ def _replay(args: argparse.Namespace) -> int:
     from scenarios.sim.cells import RayMissing
 
     native = args.data_plane == "native"
-    if native and args.mode == "sim":
-        return arg.usage("replay --data-plane native: the simulator does not model the native data plane yet")
-    live = {} if args.mode == "sim" else {"calibrate": args.calibrate, "kafka": args.kafka, "data_plane": native}
+    live = (
+        {"data_plane": native}
+        if args.mode == "sim"
+        else {"calibrate": args.calibrate, "kafka": args.kafka, "data_plane": native}
+    )
     try:
         run_replay(
             scenario, runs, out, mode=args.mode, profile_path=profile, duration_s=args.duration,
@@ -357,7 +359,7 @@ def main(argv: list[str] | None = None) -> int:
         "--data-plane",
         choices=["python", "native"],
         default="python",
-        help="native: the live stack's router with its native data plane (HAProxy) in front, the load through it",
+        help="native: the router's native data plane (HAProxy) in front, the load through it, live and simulated",
     )
     rp.add_argument("--profile", help="simulator profile JSON (default: scenarios/profiles/cpu.json)")
     rp.add_argument(

@@ -360,18 +360,19 @@ def run_replay(
         report = replay_remote(scenario, router_url, token, kwargs.get("duration_s"))
     elif mode == "sim":  # (a capture's replay runs on the host it recorded)
         host = recorded_host(scenario)
-        duration = kwargs.get("duration_s")
-        report = replay_sim(scenario, runs, duration_s=duration, profile_path=profile_path, host=host, **cells)
+        duration, native = kwargs.get("duration_s"), kwargs.get("data_plane", False)
+        report = replay_sim(
+            scenario, runs, duration_s=duration, profile_path=profile_path, host=host, data_plane=native, **cells
+        )
     else:
         report = replay_live(scenario, runs, calibrate=calibrate, **kwargs)
         if mode == "both":
-            host, duration = report.get("host"), kwargs.get("duration_s")
-            sim = replay_sim(scenario, runs, duration_s=duration, profile_path=profile_path, host=host, **cells)
+            host, duration, native = report.get("host"), kwargs.get("duration_s"), kwargs.get("data_plane", False)
+            sim = replay_sim(
+                scenario, runs, duration_s=duration, profile_path=profile_path, host=host, data_plane=native, **cells
+            )
             report["sim"] = sim
             report["comparison"] = compare(report, sim)
-            if kwargs.get("data_plane"):  # (said where the two halves differ in kind)
-                note = "the router alone: the simulator has no model of the proxy yet"
-                report.setdefault("data_plane", {})["simulated"] = note
     if scenario.recorded is not None:  # a capture's replay: what was recorded, beside every run
         attach_recorded(scenario, report)
     path = write_report(report, out_dir)

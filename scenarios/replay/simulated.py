@@ -43,6 +43,7 @@ def replay_sim(
     host: dict[str, Any] | None = None,
     jobs: int = 1,
     ray: str | None = None,
+    data_plane: bool = False,
 ) -> dict[str, Any]:
     """Run each policy in the simulator on the same schedule the live replay would send; with `host`
     (a host measurement, scenarios.calibrate.host), on the profile calibrated to it. The runs on
@@ -51,6 +52,9 @@ def replay_sim(
     from scenarios.calibrate.profile import load_profile
     from scenarios.sim import Profile
 
+    if data_plane:  # the router's native data plane, modelled (scenarios.sim.dataplane)
+        router = {**scenario.router, "data_plane": {**scenario.router.get("data_plane", {}), "enabled": True}}
+        scenario = scenario.model_copy(update={"router": router})
     duration, warmup, schedule = plan(scenario, duration_s)
     doc = load_profile(profile_path)
     nodes = len(scenario.topology.nodes)
@@ -113,6 +117,15 @@ def simulate_run(cell: Cell) -> tuple[dict[str, Any], int, dict[str, Any]]:
             for name, (without, arrivals) in untriggered(scenario, schedule).items()
         }
         summary["recovery"] = recovery(results, marks, duration + warmup, base)
+    if sim.proxy is not None:  # the native data plane, modelled: what it carried, what went to the router
+        carried, passed = sim.proxy.carried, len(results) - sim.proxy.carried
+        summary["data_plane"] = {
+            "native": carried,
+            "router": passed,
+            "native_share": round(carried / max(1, len(results)), 4),
+        }
+        if sim.proxy.whole_router is not None:
+            summary["data_plane"]["why"] = sim.proxy.whole_router
     if sim.replicas:  # several routers (topology.routers): each one's load messages and lag
         summary["routers"] = sim.replicas_report()
     scaled = sim.autoscale_report((duration + warmup) * 1000.0)

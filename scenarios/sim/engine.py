@@ -59,6 +59,7 @@ from router.lifecycle.stages import stage_predecessors
 from scenarios.sim.autoscale import AutoscaleModel
 from scenarios.sim.canary import SimCanary
 from scenarios.sim.cascades import CascadeDriver, CascadeProfile
+from scenarios.sim.dataplane import ProxyModel
 from scenarios.sim.faults import FaultModel
 from scenarios.sim.nodes import NodeModel
 from scenarios.sim.profile import Distribution, Profile
@@ -70,6 +71,7 @@ from scenarios.sim.state import (
     ARRIVAL,
     AUTOSCALE,
     COPIES,
+    DATAPLANE,
     EXPIRE,
     FAULT,
     FINISH,
@@ -151,7 +153,15 @@ def few_collections() -> Iterator[Callable[[], int | None]]:
 
 
 class Simulation(
-    RouterDriver, WorkflowDriver, CascadeDriver, NodeModel, TelemetryModel, FaultModel, AutoscaleModel, ReplicaModel
+    RouterDriver,
+    WorkflowDriver,
+    CascadeDriver,
+    NodeModel,
+    TelemetryModel,
+    FaultModel,
+    AutoscaleModel,
+    ReplicaModel,
+    ProxyModel,
 ):
     def __init__(
         self,
@@ -270,6 +280,7 @@ class Simulation(
         self._baseline = {m: profile.baseline_ms(a) for m, a in arch.items()}
         self._curves = {m: profile.curve(a) for m, a in arch.items()}
         self._device = DeviceInfo(kind="cpu", name="sim")
+        self._proxy_setup(run)  # (the native data plane, where the run's router turns it on)
 
     @property
     def tracker(self) -> OutstandingTracker:
@@ -314,6 +325,7 @@ class Simulation(
             PEERS: self._peers,
             PEER_DELIVER: self._peer_deliver,
             INTAKE: self._taken,
+            DATAPLANE: self._dataplane,
         }
         handlers: list[Callable[[Any], None] | None] = [by_kind.get(k) for k in range(max(by_kind) + 1)]
         last = self.schedule[-1].at_s * 1000.0 if self.schedule else 0.0

@@ -34,6 +34,8 @@ PROBE_MS = 1.0  # a readiness probe's round trip on one machine (the health rout
 class RouterDriver(SimState):
     def _arrival(self, payload: tuple[int, Arrival]) -> None:
         i, a = payload
+        if self.proxy is not None and self._proxy_arrival(i, a):  # (the native data plane carried it)
+            return
         t0 = a.at_s * 1000.0
         model = a.model
         site = a.site
@@ -280,6 +282,9 @@ class RouterDriver(SimState):
     def _reply(self, payload: tuple[Job, int, str, Failure]) -> None:
         job, status, reason, kind = payload
         req = job.req
+        if req.proxy:
+            self._proxy_reply(job, status, reason, kind)
+            return
         if req.done or job.attempt != req.life.attempt or job.settled:
             # the router already gave up on this attempt; its outlier detector still sees the answer
             req.lc.answered(req.life, job.node.spec.id, kind, self.now)
@@ -302,6 +307,9 @@ class RouterDriver(SimState):
 
     def _router_timeout(self, job: Job) -> None:
         req = job.req
+        if req.proxy:
+            self._proxy_timeout(job)
+            return
         if req.done or job.attempt != req.life.attempt:
             return
         reason = f"deadline passed waiting for node {job.node.spec.id}"

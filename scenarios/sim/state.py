@@ -57,7 +57,8 @@ from telemetry.cluster.store import ViewStore
     PEERS,
     PEER_DELIVER,
     INTAKE,
-) = range(22)
+    DATAPLANE,
+) = range(23)
 
 _heappush = heapq.heappush
 GOLDEN = 0.6180339887498949  # (sqrt(5) - 1) / 2: an even, deterministic spread of arrivals over routers
@@ -82,6 +83,7 @@ class SimRequest:
     stage: StageRun | None = None  # set for a workflow stage
     cascade: Any = None  # set for a cascade's request (scenarios.sim.cascades.SimCascade)
     arm: str | None = None  # a canary's arm (scenarios.sim.canary)
+    proxy: bool = False  # carried by the native data plane (scenarios.sim.dataplane), not the router
 
 
 @dataclass(slots=True)
@@ -224,6 +226,7 @@ class SimConfig:
     ewma_alpha: float = 0.2
     lifecycle: LifecycleSettings = field(default_factory=LifecycleSettings)  # as the router's config gives it
     saturation: SaturationConfig = field(default_factory=SaturationConfig)  # (with a router's core modelled)
+    data_plane: Any = None  # the router's DataPlaneConfig where it is enabled (scenarios.sim.dataplane)
 
     @classmethod
     def from_router(cls, router: dict[str, Any]) -> SimConfig:
@@ -236,6 +239,7 @@ class SimConfig:
         parsed = parse_config(router)
         cfg.lifecycle = lifecycle_settings(parsed)
         cfg.saturation = parsed.saturation
+        cfg.data_plane = parsed.data_plane if parsed.data_plane.enabled else None
         return cfg
 
 
@@ -347,6 +351,7 @@ class SimState:
 
     _intakes: dict[tuple[int, float, str, str | None], Intake | Refused]
     canary: Any  # scenarios.sim.canary.SimCanary, or None
+    proxy: Any  # scenarios.sim.dataplane.SimProxy, or None (no native data plane)
 
     def intake_of(self, a: Arrival, rules: IntakeRules) -> Intake | Refused:
         """The arrival's intake, as the live router's door would take it (router.lifecycle.intake: the
@@ -444,6 +449,9 @@ class SimState:
         def _node_arrive(self, payload: tuple[Job, int]) -> None: ...
         def _poll(self, _: Any) -> None: ...
         def _publish(self, payload: tuple[SimNode, int]) -> None: ...
+        def _proxy_arrival(self, i: int, a: Arrival) -> bool: ...
+        def _proxy_reply(self, job: Job, status: int, reason: str, kind: Failure | None) -> None: ...
+        def _proxy_timeout(self, job: Job) -> None: ...
         def _reply(self, payload: tuple[Job, int, str, Failure]) -> None: ...
         def _reroute(self, _: Any) -> None: ...
         def _resume(self, payload: tuple[SimRequest, int] | SimWorkflow) -> None: ...

@@ -44,7 +44,8 @@ for i, layer in enumerate(SCENARIO_LAYERS):
 # the router's image copies router/, policies/ and telemetry/ only (docker/Dockerfile.router)
 ROUTER_IMAGE = ("router", "policies", "telemetry")
 # what the scenario tools (all but the command line, which starts routers) may use of the router itself
-SCENARIOS_USE_OF_ROUTER = ("router.config", "router.lifecycle")
+# (and the data plane's pure plan and settings: the simulator models the proxy with the live code)
+SCENARIOS_USE_OF_ROUTER = ("router.config", "router.lifecycle", "router.dataplane.plan", "router.dataplane.settings")
 MAX_LINES = 500
 
 

@@ -1,0 +1,267 @@
+"""The native data plane in the simulator (router.dataplane): what the proxy carries never reaches the
+router's lifecycle, as live.
+
+Every `sync_ms` the proxy's tables are the plan the live control loop computes (router.dataplane.plan,
+the same code, on the router's overlaid view), so they lag the view as the live proxy's do. A request
+the plan carries (its model mapped, a site the router would take, no tenant, no priority the router
+hedges) is balanced as HAProxy balances it on its own counts of what it has in flight per node:
+`random(k)` (k draws by weight, the least loaded of them), `leastconn` (fewest in flight per weight),
+`roundrobin` (smooth, by weight). A node holds at most `max_per_node` of the proxy's requests; past
+that a request waits in its model's queue, most urgent priority first, and is refused 503 after
+`queue_timeout_ms`. The node is told the client's own deadline (the proxy passes the header on) and the
+proxy answers 504 at it, counted from when it sent the request (HAProxy's server timeout: its queue
+is not counted). A connection refused (a dead node the proxy's checks have not yet caught) is
+retried on another node, up to the router's `max_attempts`; the checks, every `check_ms`, take a
+node out after two failures and feed the router's evidence as live. Everything else goes to the
+simulated router, unchanged. Per-site and multi-router runs have no proxy, as live.
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+from policies.api import RouteRequest
+from router.dataplane.plan import Plan, Slots, plan
+from router.dataplane.settings import DataPlaneConfig
+from router.lifecycle import Attempts, Failure
+from scenarios.sim.state import DATAPLANE, NODE_ARRIVE, Job, SimRequest, SimState
+from scenarios.spec.workload import Arrival
+
+PROXY_MS = 0.05  # the proxy's own time each way (benchmarks: 64-224 us added at c=1, both ways)
+EMPTY = Plan(None, "", {}, {}, {})
+
+
+@dataclass
+class SimProxy:
+    settings: DataPlaneConfig
+    spec: Any  # the run's PolicySpec
+    retries: int
+    python_priority_at: int | None
+    whole_router: str | None  # why every request goes to the router (None: nothing needs it)
+    python_only: frozenset[str]
+    rng: random.Random
+    slots: Slots = field(init=False)
+    plan: Plan = EMPTY
+    in_flight: dict[str, int] = field(default_factory=dict)  # node id -> the proxy's requests there
+    queues: dict[str, list[tuple[int, int, SimRequest]]] = field(default_factory=dict)  # model -> heap
+    failed_checks: dict[str, int] = field(default_factory=dict)
+    down: set[str] = field(default_factory=set)  # nodes the proxy's checks hold down
+    current: dict[str, float] = field(default_factory=dict)  # smooth round robin's running weights
+    carried: int = 0
+    passed: int = 0
+    seq: int = 0
+
+    def __post_init__(self) -> None:
+        self.slots = Slots(self.settings.node_slots, self.settings.model_slots)
+
+    def native(self, a: Arrival) -> bool:
+        p = self.plan
+        if p.balance is None or a.tenant or a.model not in p.models or not p.serving.get(p.models[a.model]):
+            return False
+        if self.python_priority_at is not None and a.priority >= self.python_priority_at:
+            return False
+        return a.site is None or a.site in p.sites
+
+    def servers(self, model: str) -> list[tuple[str, int]]:
+        """(node id, weight) of the nodes the proxy may send `model` to now."""
+        p = self.plan
+        j = p.models.get(model)
+        if j is None:
+            return []
+        return [
+            (p.nodes[i].node_id, p.nodes[i].weight) for i in p.serving.get(j, ()) if p.nodes[i].node_id not in self.down
+        ]
+
+    def pick(self, model: str, tried: set[str]) -> str | None:
+        """The node for one attempt (None: every one is full or tried)."""
+        limit = self.settings.max_per_node
+        free = [(n, w) for n, w in self.servers(model) if n not in tried and self.in_flight.get(n, 0) < limit]
+        if not free:
+            return None
+        balance = self.plan.balance or "random(2)"
+        if balance.startswith("random("):
+            k = int(balance[7:-1])
+            draws: list[tuple[str, int]] = []
+            pool = list(free)
+            while pool and len(draws) < k:
+                chosen = self.rng.choices(range(len(pool)), [w for _, w in pool])[0]
+                draws.append(pool.pop(chosen))
+            return min(draws, key=lambda nw: (self.in_flight.get(nw[0], 0) + 1) / nw[1])[0]
+        if balance == "leastconn":
+            return min(free, key=lambda nw: ((self.in_flight.get(nw[0], 0) + 1) / nw[1], nw[0]))[0]
+        total = sum(w for _, w in free)  # roundrobin: smooth weighted (each turn the heaviest, less the total)
+        for n, w in free:
+            self.current[n] = self.current.get(n, 0.0) + w
+        best = max(free, key=lambda nw: (self.current[nw[0]], nw[0]))[0]
+        self.current[best] -= total
+        return best
+
+
+def _sim_address(endpoint: str) -> tuple[str, int]:
+    return endpoint, 1  # (every simulated node is reachable; its endpoint is its name)
+
+
+class ProxyModel(SimState):
+    proxy: SimProxy | None
+
+    def _proxy_setup(self, run: Any) -> None:
+        """The proxy where the run's router config turns it on and one router stands alone."""
+        cfg = self.cfg.data_plane
+        self.proxy = None
+        if cfg is None or self.scenario.topology.deployment == "per_site" or self.replicas:
+            return
+        whole = None
+        if self.canary is not None:
+            whole = "a policy canary is running"
+        elif self.lc.tenants.enabled:
+            whole = "tenants are configured"
+        elif self.scenario.topology.links:
+            whole = "emulated links are configured"
+        settings = self.cfg.lifecycle
+        self.proxy = SimProxy(
+            cfg,
+            run.policy,
+            max(0, settings.max_attempts - 1),
+            settings.hedge_min_priority,
+            whole,
+            frozenset(self.workflows) | frozenset(self.cascades),
+            random.Random(self.scenario.seed + 11),
+        )
+        self.push(0.0, DATAPLANE, "sync")
+        self.push(cfg.check_ms, DATAPLANE, "check")
+
+    def _dataplane(self, what: Any) -> None:
+        proxy = self.proxy
+        assert proxy is not None
+        now = self.now
+        if what == "sync":
+            self._proxy_sync(proxy, now)
+            if self._open > 0:
+                self.push(now + proxy.settings.sync_ms, DATAPLANE, "sync")
+        elif what == "check":
+            self._proxy_check(proxy, now)
+            if self._open > 0:
+                self.push(now + proxy.settings.check_ms, DATAPLANE, "check")
+        else:  # (a queued request's queue timeout)
+            req = what
+            if not req.done and req.node is None:
+                self._proxy_answer(req, 503, "no node can take the request now", now + PROXY_MS, None)
+
+    def _proxy_sync(self, proxy: SimProxy, now: float) -> None:
+        lc = self.lc
+        view = lc.tracker.overlay(lc.store.view)
+        site = lc.settings.intake.site
+        sites = {n.partition for n in view} | set(lc.links.sites) | ({site} if site else set())
+        proxy.plan = plan(
+            view,
+            proxy.spec,
+            proxy.slots,
+            now,
+            python_only=dict.fromkeys(proxy.python_only, "a workflow or cascade"),
+            whole_router=proxy.whole_router,
+            admit={n.node_id: lc.health.weight(site, n, now) for n in view},
+            sites=sites,
+            address=_sim_address,
+        )
+
+    def _proxy_check(self, proxy: SimProxy, now: float) -> None:
+        """The proxy's readiness checks (two failures down, one success up), as the router's evidence."""
+        for s in proxy.plan.nodes.values():
+            node = self.nodes.get(s.node_id)
+            if node is not None and node.alive:
+                proxy.failed_checks[s.node_id] = 0
+                proxy.down.discard(s.node_id)
+                self.lc.evidence.observe(s.node_id, True, now)
+                continue
+            failed = proxy.failed_checks.get(s.node_id, 0) + 1
+            proxy.failed_checks[s.node_id] = failed
+            if failed >= 2 and s.node_id not in proxy.down:
+                proxy.down.add(s.node_id)
+                self.lc.evidence.observe(s.node_id, False, now)
+
+    def _proxy_arrival(self, i: int, a: Arrival) -> bool:
+        """Carried by the proxy (True), or left to the router (False: nothing done)."""
+        proxy = self.proxy
+        if proxy is None or not proxy.native(a) or not proxy.servers(a.model):
+            return False
+        t0 = a.at_s * 1000.0
+        route = RouteRequest(a.model, a.priority, a.deadline_ms, a.site, 1, str(i))
+        life = Attempts(route, self.policy, t0, t0 + a.deadline_ms)
+        req = SimRequest(i, a, t0, t0 + a.deadline_ms, PROXY_MS, PROXY_MS, life, self.lc, model=a.model)
+        req.proxy = True
+        proxy.carried += 1
+        self._proxy_send(req, t0 + PROXY_MS)
+        return True
+
+    def _proxy_send(self, req: SimRequest, at: float) -> None:
+        proxy = self.proxy
+        assert proxy is not None
+        name = proxy.pick(req.model, req.life.tried)
+        if name is None:
+            if not proxy.servers(req.model) or all(n in req.life.tried for n, _ in proxy.servers(req.model)):
+                self._proxy_answer(req, 503, "no node can take the request now", at + PROXY_MS, None)
+                return
+            proxy.seq += 1  # every node full: it waits in the model's queue, most urgent first
+            heapq.heappush(proxy.queues.setdefault(req.model, []), (-req.arrival.priority, proxy.seq, req))
+            req.node = None
+            self.push(at + proxy.settings.queue_timeout_ms, DATAPLANE, req)
+            return
+        node = self.nodes[name]
+        req.node = name
+        req.life.tried.add(name)
+        req.life.attempt += 1
+        proxy.in_flight[name] = proxy.in_flight.get(name, 0) + 1
+        job = Job(req, req.life.attempt, node, PROXY_MS)
+        job.sent_at = at
+        job.deadline_at = at + req.arrival.deadline_ms  # (the client's header, passed on as it came)
+        # the proxy's server timeout, the deadline header, runs from when it sends (its queue not counted)
+        req.deadline_at = job.deadline_at
+        req.jobs = [job]
+        self.push(at, NODE_ARRIVE, (job, node.epoch))
+
+    def _proxy_reply(self, job: Job, status: int, reason: str, kind: Failure | None) -> None:
+        req = job.req
+        if job.settled:
+            return
+        self._proxy_settle(job)
+        if req.done:
+            return
+        proxy = self.proxy
+        assert proxy is not None
+        if kind is Failure.CONNECT and req.life.attempt <= proxy.retries:  # (retry-on conn-failure, redispatch)
+            self._proxy_send(req, self.now)
+            return
+        self._proxy_answer(req, status, reason, self.now + PROXY_MS, job if status == 200 else None)
+
+    def _proxy_timeout(self, job: Job) -> None:
+        """The proxy's server timeout (the request's deadline): 504, the node's connection closed."""
+        req = job.req
+        if req.done or job.settled:
+            return
+        self._proxy_settle(job)
+        self._proxy_answer(req, 504, "deadline exceeded before the node answered", self.now + PROXY_MS, None)
+
+    def _proxy_settle(self, job: Job) -> None:
+        """The proxy no longer counts `job` at its node; the most urgent request waiting takes its place."""
+        job.settled = True
+        proxy = self.proxy
+        assert proxy is not None
+        name = job.node.spec.id
+        proxy.in_flight[name] = proxy.in_flight.get(name, 1) - 1
+        queue = proxy.queues.get(job.req.model)
+        while queue:
+            _, _, waiting = heapq.heappop(queue)
+            if not waiting.done:
+                self._proxy_send(waiting, self.now)
+                return
+
+    def _proxy_answer(self, req: SimRequest, status: int, reason: str, at_ms: float, served: Job | None) -> None:
+        if req.done:
+            return
+        req.done = True
+        req.jobs = []
+        self._open -= 1
+        self.answers.put(req.index, status, at_ms - req.t0, reason, served)

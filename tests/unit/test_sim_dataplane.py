@@ -1,0 +1,74 @@
+"""The native data plane in the simulator (scenarios.sim.dataplane): it carries what the live proxy
+would (a policy it can express, no emulated links), balances on its own counts, retries a refused
+connection elsewhere, and leaves the rest to the simulated router; with it off nothing changes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from scenarios.replay.simulated import replay_sim
+from scenarios.spec.schema import Scenario
+
+
+def _scenario(**extra: Any) -> Scenario:
+    doc: dict[str, Any] = {
+        "name": "sim-dataplane",
+        "seed": 4,
+        "topology": {
+            "partitions": ["edge-a"],
+            "nodes": [
+                {"id": "a", "partition": "edge-a", "slots": 1, "models": ["sensor_mlp"]},
+                {"id": "b", "partition": "edge-a", "slots": 1, "models": ["sensor_mlp"]},
+            ],
+        },
+        "workload": {
+            "duration_s": 6,
+            "warmup_s": 0.5,
+            "sites": [{"site": "edge-a", "rate_rps": 60, "models": {"sensor_mlp": 1.0}, "deadline_ms": {0: 300}}],
+        },
+        "policies": ["p2c", "least_outstanding", "round_robin", "slo_priority"],
+    }
+    doc.update(extra)
+    return Scenario.model_validate(doc)
+
+
+def _run(scenario: Scenario, native: bool) -> dict[str, Any]:
+    return replay_sim(scenario, list(scenario.policies), data_plane=native)["policies"]
+
+
+def test_the_proxy_carries_what_it_can_express_and_answers_every_request() -> None:
+    runs = _run(_scenario(), True)
+    for name in ("p2c", "least_outstanding", "round_robin"):
+        p = runs[name]
+        carried = p["data_plane"]
+        assert carried["native_share"] > 0.95 and p["lost"] == 0, (name, carried)
+        assert p["slo_attainment"] > 0.98 and set(p["by_node"]) == {"a", "b"}, (name, p["by_node"])
+    slo = runs["slo_priority"]  # a policy the proxy cannot express: every request to the router
+    assert slo["data_plane"]["native"] == 0 and slo["lost"] == 0 and slo["slo_attainment"] > 0.98
+
+
+def test_a_killed_node_is_retried_elsewhere_and_left_out() -> None:
+    faults = [{"at_s": 2.0, "kind": "kill_node", "node": "b", "duration_s": 3.0}]
+    runs = _run(_scenario(faults=faults, policies=["p2c"]), True)
+    p = runs["p2c"]
+    assert p["data_plane"]["native_share"] > 0.95 and p["lost"] == 0
+    # refused connections go to the other node, and the checks take b out: nothing fails for it
+    assert p["slo_attainment"] > 0.97 and not p["errors"], p["errors"]
+
+
+def test_emulated_links_send_everything_to_the_router_and_off_changes_nothing() -> None:
+    links = {
+        "partitions": ["edge-a", "cloud"],
+        "links": [{"a": "edge-a", "b": "cloud", "rtt_ms": 20}],
+        "nodes": [
+            {"id": "a", "partition": "edge-a", "slots": 1, "models": ["sensor_mlp"]},
+            {"id": "c", "partition": "cloud", "tier": "cloud", "slots": 2, "models": ["sensor_mlp"]},
+        ],
+    }
+    linked = _scenario(topology=links, policies=["p2c"])
+    on = _run(linked, True)["p2c"]
+    assert on["data_plane"]["native"] == 0 and "links" in on["data_plane"]["why"]
+    off = _run(linked, False)["p2c"]
+    assert "data_plane" not in off
+    for key in ("sent", "completed", "errors", "slo_attainment", "by_node", "latency_ms"):
+        assert on[key] == off[key], key  # (the router alone, either way)
