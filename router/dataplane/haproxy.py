@@ -261,6 +261,7 @@ def _global(r: Render) -> list[str]:
         f"    timeout http-keep-alive {_ms(r.idle_timeout_s * 1000)}",
         f"    timeout server {_ms(r.default_deadline_ms)}",
         f"    timeout queue {_ms(s.queue_timeout_ms)}",
+        "    unique-id-format dp%{+X}o%ci%cp%Ts%rt%pid",  # (a request's id for the node: its executions counted)
         *_errors(False),
         "",
     ]
@@ -394,6 +395,8 @@ def _model_backend(r: Render, plan: Plan, j: int, grpc: bool) -> list[str]:
         lines.append(f"    http-request set-header Authorization 'Bearer {_safe(r.node_token, 'node_token')}'")
     if r.max_answer_bytes is not None and not grpc:
         lines.append(f"    http-request set-header {wire.MAX_ANSWER} {r.max_answer_bytes}")
+    if not grpc:  # the attempt's id, as the router names its own ("<request>-<attempt>")
+        lines.append(f"    http-request set-header {wire.REQUEST_ID} %[unique-id]-1")
     lines += [
         "    http-response set-header x-edgeroute-data-plane native",
         f"    default-server maxconn {s.max_per_node}" + (" proto h2" if grpc else ""),
