@@ -133,6 +133,7 @@ class DataPlane:
         self.requests = {"native": 0, "router": 0}  # inference the proxy carried, and passed to the router
         self.native_by_model: dict[str, int] = {}  # (its models are the plan's: bounded by model_slots)
         self._last: dict[str, int] = {}
+        self._generation: tuple[int, int] = (0, 0)
 
     @property
     def url(self) -> str:
@@ -305,12 +306,14 @@ class DataPlane:
             elif status.startswith("DOWN") and not self.node_status.get(s.node_id, "").startswith("DOWN"):
                 evidence.observe(s.node_id, False, now)
         self.node_status = seen
+        generation = (self.proxy.reloads, id(self.proxy.proc))
+        if generation != self._generation:  # a new worker (a reload, a restart) counts from zero again
+            self._generation, self._last = generation, {}
         self.count(await self.proxy.backend_requests())
 
     def count(self, counts: dict[str, int]) -> None:
         """The proxy's per-backend totals into requests carried per model and passed to the router: what
-        each backend took since the last look, given to the model in its slot now (a new worker after a
-        reload counts from zero again)."""
+        each backend took since the last look, given to the model in its slot now."""
         by_slot = {f"{kind}{j}": model for model, j in self.slots.models.items() for kind in "mg"}
         for backend, total in counts.items():
             seen = self._last.get(backend, 0)

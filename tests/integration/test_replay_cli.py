@@ -200,6 +200,57 @@ def test_up_prints_addresses_and_stops_everything_on_sigterm(tmp_path: Path) -> 
                 pipe.close()
 
 
+def test_up_with_the_native_data_plane_prints_its_doors_serves_and_leaves_nothing(tmp_path: Path) -> None:
+    from router.dataplane.proxy import find_binary, install_hint
+    from tests.integration.http import call, infer_body
+
+    if find_binary(None) is None:
+        pytest.skip(f"no HAProxy here: {install_hint()}")
+    scenario = tmp_path / "it-up.yaml"
+    scenario.write_text(SCENARIO)
+    proc = subprocess.Popen(
+        [*CLI, "up", str(scenario), "--data-plane", "native"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        lines: dict[str, str] = {}
+        deadline = time.monotonic() + 90
+        assert proc.stdout is not None
+        while {"router", "data plane", "data plane gRPC"} - set(lines):
+            assert time.monotonic() < deadline and proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+            line = proc.stdout.readline().strip()
+            if ": " in line:
+                key, value = line.split(": ", 1)
+                lines[key] = value
+        door = lines["data plane"].split()[0]
+        assert door.startswith("http://127.0.0.1:") and lines["data plane gRPC"].startswith("127.0.0.1:")
+        carried = None
+        while carried != "native":  # (once the nodes' reports have reached the router's plan)
+            assert time.monotonic() < deadline
+            status, _, headers = call(f"{door}/v2/models/sensor_mlp/infer", infer_body())
+            carried = headers.get("x-edgeroute-data-plane") if status == 200 else None
+            time.sleep(0.05)
+        everything: set[int] = set()
+        frontier = [proc.pid]
+        while frontier:  # every process under `up` (the proxy's master and workers are the router's)
+            new = set(children_of(frontier.pop())) - everything
+            everything |= new
+            frontier += new
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+        for pid in everything:
+            deadline = time.monotonic() + 5
+            while alive(pid):
+                assert time.monotonic() < deadline, f"orphan {pid}"
+                time.sleep(0.05)
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
+        for pipe in (proc.stdout, proc.stderr):
+            if pipe is not None:
+                pipe.close()
+
+
 def test_bench_router_measures_the_floor_and_writes_its_figures(tmp_path: Path) -> None:
     from scenarios.bench.router import bench_router
 
