@@ -267,10 +267,20 @@ def _global(r: Render) -> list[str]:
     ]
 
 
-def _use(kind: str, slots: int) -> list[str]:
-    return [
+def _route(r: Render, conds: list[str], kind: str, python: str, grpc: bool) -> list[str]:
+    """A door's last rules: any of `conds` sends the request to the router, the rate limit, each model's
+    backend (`kind` + slot) while it has a server up, else the router (`python`; inference the router
+    answers has a backend of its own, so the proxy's counts tell it from the rest)."""
+    lines = [f"    http-request unset-var(txn.be) if {{ var(txn.be) -m found }} {c}" for c in conds]
+    lines += _rate(r, grpc)
+    lines += [
         f"    use_backend {kind}{j} if {{ var(txn.be) -m str {kind}{j} }} {{ nbsrv({kind}{j}) gt 0 }}"
-        for j in range(slots)
+        for j in range(r.settings.model_slots)
+    ]
+    return lines + [
+        f"    use_backend {python}_infer if {{ var(txn.infer) -m found }}",
+        f"    default_backend {python}",
+        "",
     ]
 
 
@@ -293,13 +303,7 @@ def _door(r: Render) -> list[str]:
         # proxy that answers and closes would cut the client off mid-upload, a broken pipe, not a 413)
         f"{{ req.hdr(content-length) -m int gt {r.max_body_bytes} }}",
     ]
-    lines += [f"    http-request unset-var(txn.be) if {{ var(txn.be) -m found }} {c}" for c in conds]
-    lines += _rate(r, False)
-    lines += [
-        f"    use_backend m{j} if {{ var(txn.be) -m str m{j} }} {{ nbsrv(m{j}) gt 0 }}" for j in range(s.model_slots)
-    ]
-    # (inference the router answers has a backend of its own: the proxy's counts tell it from the rest)
-    return lines + ["    use_backend python_infer if { var(txn.infer) -m found }", "    default_backend python", ""]
+    return lines + _route(r, conds, "m", "python", False)
 
 
 def _grpc_door(r: Render) -> list[str]:
@@ -340,12 +344,7 @@ def _grpc_door(r: Render) -> list[str]:
         "!{ req.body,bytes(0,1),hex -m str 00 }",  # a compressed message
         f"{{ req.body,bytes(1,4),hex,hex2i -m int gt {r.max_body_bytes} }}",
     ]
-    lines += [f"    http-request unset-var(txn.be) if {{ var(txn.be) -m found }} {c}" for c in conds]
-    lines += _rate(r, True)
-    lines += [
-        f"    use_backend g{j} if {{ var(txn.be) -m str g{j} }} {{ nbsrv(g{j}) gt 0 }}" for j in range(s.model_slots)
-    ]
-    return lines + ["    use_backend pygrpc_infer if { var(txn.infer) -m found }", "    default_backend pygrpc", ""]
+    return lines + _route(r, conds, "g", "pygrpc", True)
 
 
 def _python(r: Render, name: str, addr: str, grpc: bool) -> list[str]:

@@ -157,34 +157,13 @@ class Haproxy:
 
     async def server_states(self, backend: str) -> dict[str, str]:
         """Server name -> its status (UP, DOWN, MAINT, NOLB, ...) in one backend, from `show stat`."""
-        text = await self.command([f"show stat {backend} 4 -1"])
-        rows = csv.reader(io.StringIO(text.lstrip("# ")))
-        header = next(rows, [])
-        try:
-            name_at, status_at = header.index("svname"), header.index("status")
-        except ValueError:
-            return {}
-        out = {}
-        for row in rows:
-            if len(row) > max(name_at, status_at):
-                out[row[name_at]] = row[status_at]
-        return out
+        return dict(_columns(await self.command([f"show stat {backend} 4 -1"]), "svname", "status"))
 
     async def backend_requests(self) -> dict[str, int]:
         """Backend name -> the sessions (requests) it has taken since the proxy's current worker
         started (a reload starts them again), from `show stat`."""
-        text = await self.command(["show stat -1 2 -1"])
-        rows = csv.reader(io.StringIO(text.lstrip("# ")))
-        header = next(rows, [])
-        try:
-            name_at, total_at = header.index("pxname"), header.index("stot")
-        except ValueError:
-            return {}
-        out = {}
-        for row in rows:
-            if len(row) > max(name_at, total_at) and row[total_at].isdigit():
-                out[row[name_at]] = int(row[total_at])
-        return out
+        pairs = _columns(await self.command(["show stat -1 2 -1"]), "pxname", "stot")
+        return {name: int(total) for name, total in pairs if total.isdigit()}
 
     async def stop(self, timeout_s: float = 5.0) -> None:
         proc, self.proc = self.proc, None
@@ -197,3 +176,15 @@ class Haproxy:
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()  # (the master; its workers leave when it is gone)
             await proc.wait()
+
+
+def _columns(text: str, key: str, value: str) -> list[tuple[str, str]]:
+    """Two columns of a `show stat` answer (CSV under a `# ` header), row by row; none where either is
+    missing."""
+    rows = csv.reader(io.StringIO(text.lstrip("# ")))
+    header = next(rows, [])
+    try:
+        key_at, value_at = header.index(key), header.index(value)
+    except ValueError:
+        return []
+    return [(row[key_at], row[value_at]) for row in rows if len(row) > max(key_at, value_at)]

@@ -7,9 +7,10 @@ that no child process was left behind.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -141,9 +142,12 @@ def shared_stack(broker: EmbeddedBroker, tmp_path_factory: pytest.TempPathFactor
         stack.stop()
 
 
-@pytest.fixture
-def own_stack(broker: EmbeddedBroker, tmp_path: Path) -> Iterator[Any]:
-    """A factory for a stack the test may break (kill nodes, restart the router)."""
+@contextlib.contextmanager
+def stack_factory(
+    broker: EmbeddedBroker, tmp: Path, data_plane: bool = False, ready: Callable[[Stack, str], Stack] | None = None
+) -> Iterator[Any]:
+    """`make(nodes, router, policies, models)`: a started stack the test may break, each stopped when the
+    block ends; `ready(stack, first node's first model)` waits for what the test needs first."""
     stacks: list[Stack] = []
 
     def make(
@@ -152,12 +156,20 @@ def own_stack(broker: EmbeddedBroker, tmp_path: Path) -> Iterator[Any]:
         policies: list[Any] | None = None,
         models: dict[str, Any] | None = None,
     ) -> Stack:
-        stack = make_stack(broker, tmp_path / f"s{len(stacks)}", nodes, router, policies, models)
+        stack = make_stack(broker, tmp / f"s{len(stacks)}", nodes, router, policies, models, data_plane=data_plane)
         stacks.append(stack)
-        return stack.start()
+        started = stack.start()
+        return started if ready is None else ready(started, nodes[0]["models"][0])
 
     try:
         yield make
     finally:
         for s in stacks:
             s.stop()
+
+
+@pytest.fixture
+def own_stack(broker: EmbeddedBroker, tmp_path: Path) -> Iterator[Any]:
+    """A factory for a stack the test may break (kill nodes, restart the router)."""
+    with stack_factory(broker, tmp_path) as make:
+        yield make

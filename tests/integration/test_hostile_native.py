@@ -15,7 +15,7 @@ from router.dataplane.proxy import find_binary, install_hint
 from scenarios.stack.broker import EmbeddedBroker
 from scenarios.stack.launcher import Stack
 from scenarios.stack.procs import http_json
-from tests.integration.conftest import ALL_MODELS, make_stack
+from tests.integration.conftest import ALL_MODELS, make_stack, stack_factory
 
 if find_binary(None) is None:
     pytest.skip(f"no HAProxy here: {install_hint()}", allow_module_level=True)
@@ -84,20 +84,5 @@ def shared_stack(broker: EmbeddedBroker, tmp_path_factory: pytest.TempPathFactor
 
 @pytest.fixture
 def own_stack(broker: EmbeddedBroker, tmp_path: Path) -> Iterator[Any]:
-    stacks: list[Stack] = []
-
-    def make(
-        nodes: list[dict[str, Any]],
-        router: dict[str, Any] | None = None,
-        policies: list[Any] | None = None,
-        models: dict[str, Any] | None = None,
-    ) -> Stack:
-        stack = make_stack(broker, tmp_path / f"s{len(stacks)}", nodes, router, policies, models, data_plane=True)
-        stacks.append(stack)
-        return _carrying(stack.start(), nodes[0]["models"][0])
-
-    try:
+    with stack_factory(broker, tmp_path, data_plane=True, ready=_carrying) as make:
         yield make
-    finally:
-        for s in stacks:
-            s.stop()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import os
@@ -10,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -163,34 +165,26 @@ def test_bench_with_no_rounds_is_one_line_and_starts_nothing(bench: str, tmp_pat
     assert not list(tmp_path.iterdir()), "nothing measured, nothing written"
 
 
-def test_up_prints_addresses_and_stops_everything_on_sigterm(tmp_path: Path) -> None:
+@contextlib.contextmanager
+def _up(tmp_path: Path, wanted: set[str], *args: str) -> Iterator[tuple[subprocess.Popen[str], dict[str, str]]]:
+    """`edgeroute up` on the test scenario, once it has printed the `wanted` addresses: (the process,
+    every "name: value" line it printed by then); killed at the end if it is still running."""
     scenario = tmp_path / "it-up.yaml"
     scenario.write_text(SCENARIO)
-    proc = subprocess.Popen([*CLI, "up", str(scenario)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [*CLI, "up", str(scenario), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     try:
         lines: dict[str, str] = {}
         deadline = time.monotonic() + 90
         assert proc.stdout is not None
-        while {"router", "kafka"} - set(lines):
+        while wanted - set(lines):
             assert time.monotonic() < deadline and proc.poll() is None, proc.stderr.read() if proc.stderr else ""
             line = proc.stdout.readline().strip()
             if ": " in line:
                 key, value = line.split(": ", 1)
                 lines[key] = value
-        assert lines["router"].startswith("http://127.0.0.1:")
-        assert lines["kafka"].startswith("127.0.0.1:")
-        from scenarios.stack.mosquitto import mosquitto_binary
-
-        kids = children_of(proc.pid)
-        mqtt = mosquitto_binary() is not None  # `up` starts Mosquitto for the MQTT door where it is installed
-        assert len(kids) == 4 + mqtt, kids  # broker, two nodes, router (and Mosquitto)
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=60) == 0
-        for pid in kids:
-            deadline = time.monotonic() + 5
-            while alive(pid):
-                assert time.monotonic() < deadline, f"orphan {pid}"
-                time.sleep(0.05)
+        yield proc, lines
     finally:
         if proc.poll() is None:
             os.kill(proc.pid, signal.SIGKILL)
@@ -200,30 +194,38 @@ def test_up_prints_addresses_and_stops_everything_on_sigterm(tmp_path: Path) -> 
                 pipe.close()
 
 
+def _stops_leaving_nothing(proc: subprocess.Popen[str], pids: set[int] | list[int]) -> None:
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 0
+    for pid in pids:
+        deadline = time.monotonic() + 5
+        while alive(pid):
+            assert time.monotonic() < deadline, f"orphan {pid}"
+            time.sleep(0.05)
+
+
+def test_up_prints_addresses_and_stops_everything_on_sigterm(tmp_path: Path) -> None:
+    from scenarios.stack.mosquitto import mosquitto_binary
+
+    with _up(tmp_path, {"router", "kafka"}) as (proc, lines):
+        assert lines["router"].startswith("http://127.0.0.1:")
+        assert lines["kafka"].startswith("127.0.0.1:")
+        kids = children_of(proc.pid)
+        mqtt = mosquitto_binary() is not None  # `up` starts Mosquitto for the MQTT door where it is installed
+        assert len(kids) == 4 + mqtt, kids  # broker, two nodes, router (and Mosquitto)
+        _stops_leaving_nothing(proc, kids)
+
+
 def test_up_with_the_native_data_plane_prints_its_doors_serves_and_leaves_nothing(tmp_path: Path) -> None:
     from router.dataplane.proxy import find_binary, install_hint
     from tests.integration.http import call, infer_body
 
     if find_binary(None) is None:
         pytest.skip(f"no HAProxy here: {install_hint()}")
-    scenario = tmp_path / "it-up.yaml"
-    scenario.write_text(SCENARIO)
-    proc = subprocess.Popen(
-        [*CLI, "up", str(scenario), "--data-plane", "native"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
-    try:
-        lines: dict[str, str] = {}
-        deadline = time.monotonic() + 90
-        assert proc.stdout is not None
-        while {"router", "data plane", "data plane gRPC"} - set(lines):
-            assert time.monotonic() < deadline and proc.poll() is None, proc.stderr.read() if proc.stderr else ""
-            line = proc.stdout.readline().strip()
-            if ": " in line:
-                key, value = line.split(": ", 1)
-                lines[key] = value
+    with _up(tmp_path, {"router", "data plane", "data plane gRPC"}, "--data-plane", "native") as (proc, lines):
         door = lines["data plane"].split()[0]
         assert door.startswith("http://127.0.0.1:") and lines["data plane gRPC"].startswith("127.0.0.1:")
-        carried = None
+        carried, deadline = None, time.monotonic() + 60
         while carried != "native":  # (once the nodes' reports have reached the router's plan)
             assert time.monotonic() < deadline
             status, _, headers = call(f"{door}/v2/models/sensor_mlp/infer", infer_body())
@@ -235,20 +237,7 @@ def test_up_with_the_native_data_plane_prints_its_doors_serves_and_leaves_nothin
             new = set(children_of(frontier.pop())) - everything
             everything |= new
             frontier += new
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=60) == 0
-        for pid in everything:
-            deadline = time.monotonic() + 5
-            while alive(pid):
-                assert time.monotonic() < deadline, f"orphan {pid}"
-                time.sleep(0.05)
-    finally:
-        if proc.poll() is None:
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.wait()
-        for pipe in (proc.stdout, proc.stderr):
-            if pipe is not None:
-                pipe.close()
+        _stops_leaving_nothing(proc, everything)
 
 
 def test_bench_router_measures_the_floor_and_writes_its_figures(tmp_path: Path) -> None:
