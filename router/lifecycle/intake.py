@@ -103,11 +103,13 @@ def take(
         params = raw or {}
     try:
         priority = wire.priority_hint(hints.priority if hints.priority is not None else params.get("priority")) or 0
-        deadline = wire.deadline_hint(hints.deadline_ms, params, hints.transport_ms)
+        given = wire.deadline_hint(hints.deadline_ms, params)  # the client's own hint ...
     except wire.BadHint as exc:
         raise Refused(400, str(exc)) from None
-    if deadline is not None and deadline <= 0 and hints.transport_ms is None:
+    if given is not None and given <= 0:  # (over every door: a transport's deadline does not excuse it)
         raise Refused(400, "'deadline_ms' must be positive")
+    transport = hints.transport_ms  # ... and what its transport says is left, the earlier winning
+    deadline = transport if transport is not None and (given is None or transport < given) else given
     site = hints.site if hints.site is not None else params.get("site")
     if site is not None and not isinstance(site, str):
         raise Refused(400, "'site' must be a string")

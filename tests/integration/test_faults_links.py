@@ -50,7 +50,8 @@ def test_crossing_traffic_pays_the_link_and_a_cut_link_fails_over(broker: Embedd
         remote = [ms for status, ms, node in runs if node == "c1" and status == 200]
         assert local and remote
         assert min(remote) >= 40.0, "a crossing request pays at least the RTT"
-        assert max(local) < 40.0
+        # (a bound on the local ones would be a timing test on a shared host: a loaded one took 48 ms)
+        assert sorted(local)[len(local) // 2] < min(remote), "the local ones do not pay it"
         stack.cut_link("edge", "cloud", True)
         statuses = {timed(stack, "edge")[2] for _ in range(6)}
         assert statuses == {"e1"}, "with the link cut, c1 fails after the connect timeout and e1 answers"

@@ -399,3 +399,20 @@ def test_each_rule_of_an_attempts_end_exists_once() -> None:
             assert copy not in text, f"{name} holds its own copy of a lifecycle rule ({copy!r})"
     assert ".unknown_model(" in (ROOT / "router" / "director.py").read_text()
     assert ".unknown_model(" in drivers["scenarios/sim/router.py"].read_text()
+
+
+def test_a_non_positive_deadline_hint_is_400_over_every_door() -> None:
+    """The client's own deadline hint must be positive whichever door it came through; a transport's
+    deadline (gRPC's, an MQTT expiry) only shortens it, and one already spent is the director's 504."""
+    import pytest
+
+    from router.lifecycle.intake import Hints, IntakeRules, Refused, take
+
+    rules = IntakeRules()
+    for hints in (Hints(deadline_ms="-5"), Hints(deadline_ms="-5", transport_ms=10_000.0), Hints(deadline_ms="0")):
+        with pytest.raises(Refused) as info:
+            take(hints, None, rules)
+        assert info.value.status == 400 and "must be positive" in info.value.reason
+    assert take(Hints(deadline_ms="50", transport_ms=20.0), None, rules).deadline_ms == 20.0
+    assert take(Hints(deadline_ms="50", transport_ms=90.0), None, rules).deadline_ms == 50.0
+    assert take(Hints(transport_ms=0.0), None, rules).deadline_ms == 0.0  # (spent: answered 504, not 400)
