@@ -272,6 +272,8 @@ class DataPlane:
         new = await self._resolve(self.compute(self.router.clock()))
         if new.balance is not None and new.balance != self.balance:
             self.balance = new.balance
+            with contextlib.suppress(OSError, TimeoutError, ValueError):  # (the old worker's last counts)
+                self.count(await self.proxy.backend_requests())
             await self.proxy.reload(render(self.inputs(), new), self.maps(new))
         else:
             grpc_maps = None if self.python_grpc is None else str(self.rundir / "grpc_models.map")

@@ -71,12 +71,18 @@ def _progress(label: str) -> Any:
 
 
 def _wait_idle(router_url: str, headers: dict[str, str], timeout_s: float = 10.0) -> None:
+    """Until no node has a request of the router's in flight and a native data plane has settled on
+    the policy (no reload for half a second: a run's first requests go to the proxy's new worker)."""
     deadline = time.monotonic() + timeout_s
+    reloads: Any = None
     while time.monotonic() < deadline:
         status, view = http_json(f"{router_url}/admin/view", headers=headers)
-        if status == 200 and all(n["outstanding"] == 0 for n in view["nodes"]):
+        dp = view.get("data_plane") if status == 200 else None
+        now = None if not dp else dp.get("reloads")
+        if status == 200 and all(n["outstanding"] == 0 for n in view["nodes"]) and now == reloads:
             return
-        time.sleep(0.2)
+        reloads = now
+        time.sleep(0.5 if dp else 0.2)
 
 
 def replay_live(
