@@ -31,7 +31,7 @@ from router.admission import ANY_SITE
 from router.dataplane.haproxy import GRPC_SOCKET, ROUTER_SOCKET, Render, map_lines, render, token_key
 from router.dataplane.plan import Plan, Slots, plan
 from router.dataplane.proxy import DataPlaneError, Haproxy, find_binary, install_hint
-from router.dataplane.runtime import commands, grpc_model_map, model_map
+from router.dataplane.runtime import commands, cost_map, grpc_model_map, model_map
 from telemetry.cluster.view import ClusterView
 from telemetry.process.settings import is_loopback
 
@@ -246,6 +246,7 @@ class DataPlane:
             "models.map": map_lines(model_map(p)),
             "grpc_models.map": map_lines(grpc_model_map(p)),
             "sites.map": map_lines(dict.fromkeys(p.sites, "1")),
+            "costs.map": map_lines(cost_map(p)),
             "clients.map": map_lines(clients),
         }
 
@@ -278,7 +279,15 @@ class DataPlane:
         else:
             grpc_maps = None if self.python_grpc is None else str(self.rundir / "grpc_models.map")
             d = self.rundir
-            cmds = commands(self.applied, new, self.settings, str(d / "models.map"), grpc_maps, str(d / "sites.map"))
+            cmds = commands(
+                self.applied,
+                new,
+                self.settings,
+                str(d / "models.map"),
+                grpc_maps,
+                str(d / "sites.map"),
+                str(d / "costs.map"),
+            )
             if not cmds:
                 self.applied = new
                 return
@@ -379,6 +388,7 @@ class DataPlane:
             "native": p.balance is not None,
             "reason": p.reason,
             "models": sorted(model_map(p)),
+            "admission_us": {m: c for m, c in sorted(p.costs.items()) if m in model_map(p)},
             "nodes": {
                 s.node_id: {
                     "slot": i,

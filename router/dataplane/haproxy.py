@@ -37,7 +37,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from router.dataplane.plan import Plan, ServerState
+from router.dataplane.plan import ALWAYS_TRY_MIN, Plan, ServerState
 from router.dataplane.settings import DataPlaneConfig
 from telemetry.oip import wire
 
@@ -364,6 +364,35 @@ def _python(r: Render, name: str, addr: str, grpc: bool) -> list[str]:
     ]
 
 
+def _admission(r: Render, grpc: bool) -> list[str]:
+    """The policy's deadline filter, where its plan has admission costs (`costs.map`, by backend): a
+    request below ALWAYS_TRY_MIN whose deadline is shorter than the wait the requests this backend
+    holds (`be_conn`, queued or at a node, this one counted) put before it is refused at once with
+    429 and Retry-After, as the router's filter refuses it; the refusal is the backend's own answer,
+    so the proxy's counts hold it as carried."""
+    dl, has = (
+        ("var(txn.dl)", "{ var(txn.dl) -m found }")
+        if grpc
+        else (
+            f"req.hdr({wire.DEADLINE_MS})",
+            f"{{ req.hdr_cnt({wire.DEADLINE_MS}) eq 1 }}",
+        )
+    )
+    low = f"!{{ req.hdr({wire.PRIORITY}) -m int ge {ALWAYS_TRY_MIN} }}"
+    message = "no node can answer within the deadline"
+    answer = (
+        f"hdr grpc-status {GRPC_CODES[429]} hdr grpc-message '{message}'"
+        if grpc
+        else f"content-type application/json string '{wire.dumps({'error': message}).decode()}'"
+    )
+    return [
+        f"    http-request set-var(txn.cost) var(txn.be),map({r.rundir}/costs.map) if {has} {low}",
+        "    http-request set-var(txn.wait) be_conn,mul(txn.cost) if { var(txn.cost) -m found }",
+        f"    http-request return status 429 hdr Retry-After 1 hdr x-edgeroute-data-plane native {answer} "
+        f"if {{ var(txn.wait) -m found }} {{ {dl},mul(1000),sub(txn.wait) -m int lt 0 }}",
+    ]
+
+
 def _model_backend(r: Render, plan: Plan, j: int, grpc: bool) -> list[str]:
     s = r.settings
     max_dl = int(r.max_deadline_ms)
@@ -390,6 +419,7 @@ def _model_backend(r: Render, plan: Plan, j: int, grpc: bool) -> list[str]:
     lines.append(
         f"    http-request set-priority-class req.hdr({wire.PRIORITY}),neg if {{ req.hdr_cnt({wire.PRIORITY}) eq 1 }}"
     )
+    lines += _admission(r, grpc)
     if r.node_token is not None:
         lines.append(f"    http-request set-header Authorization 'Bearer {_safe(r.node_token, 'node_token')}'")
     if r.max_answer_bytes is not None and not grpc:

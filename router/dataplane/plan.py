@@ -12,6 +12,10 @@ the proxy for a view change:
   canary) is not in the map and goes to the Python router behind the proxy.
 
 A policy is carried natively where the proxy's own balancing honours its intent (`NATIVE_BALANCE`);
+`slo_priority` adds its deadline filter as the proxy's admission: `Plan.costs` says how long each
+request the proxy holds for a model adds to the wait of the next (one over the model's execution rate
+on its ready nodes, from their EWMAs), and a request below `ALWAYS_TRY_MIN` whose deadline that wait
+would miss is refused at once with 429, as the filter refuses it (`deadline_filter`);
 anything else (and a router whose features need every request: a policy canary, capture, tenants)
 sends every request to the Python router, and `Plan.reason` says why.
 """
@@ -23,10 +27,21 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
+from policies.deadline_filter import DeadlineFilterParams
 from policies.spec import PolicySpec
 from telemetry.cluster.view import ClusterView, NodeState
 
-__all__ = ["MAX_WEIGHT", "NATIVE_BALANCE", "Plan", "ServerState", "Slots", "native_balance", "plan"]
+__all__ = [
+    "ALWAYS_TRY_MIN",
+    "DEFAULT_EXEC_MS",
+    "MAX_WEIGHT",
+    "NATIVE_BALANCE",
+    "Plan",
+    "ServerState",
+    "Slots",
+    "native_balance",
+    "plan",
+]
 
 MAX_WEIGHT = 256  # HAProxy's largest server weight
 SITE_KEY = re.compile(r"^[A-Za-z0-9._:-]{1,128}(\|[A-Za-z0-9._:-]{1,128})?$")  # what may stand in the site map
@@ -38,7 +53,12 @@ NATIVE_BALANCE = {
     "least_outstanding": "leastconn",
     "p2c": "random(2)",
     "least_latency": "leastconn",  # weights carry the nodes' speed (capacity over EWMA)
+    "slo_priority": "leastconn",  # the same, priority classes in the queue, its deadline filter as admission
 }
+PREDICTING = frozenset({"least_latency", "slo_priority"})  # weights by speed, not slots
+ADMITTING = frozenset({"slo_priority"})  # the proxy refuses early what would miss its deadline
+ALWAYS_TRY_MIN = DeadlineFilterParams().always_try_min  # a request at this priority or above is always tried
+DEFAULT_EXEC_MS = DeadlineFilterParams().default_exec_ms  # a model's execution time before its EWMA is known
 
 
 def native_balance(spec: PolicySpec) -> tuple[str | None, str]:
@@ -80,6 +100,7 @@ class Plan:
     sites: frozenset[str] = (
         frozenset()
     )  # the proxy's site map: `site`, or `client|site` with auth (a claim it may make)
+    costs: Mapping[str, int] = field(default_factory=dict)  # model -> us each request held adds (admission)
 
     def native(self, model: str) -> bool:
         return self.balance is not None and model in self.models
@@ -129,7 +150,7 @@ def _address(endpoint: str) -> tuple[str, int] | None:
 def _speed(node: NodeState, preset: str | None) -> float:
     """How much of a model's traffic a node should take, in any unit: its execution slots (over its
     slowest model's EWMA for least_latency, where that is known)."""
-    if preset == "least_latency" and node.load.models:
+    if preset in PREDICTING and node.load.models:
         ewma = max((m.ewma_ms() or 0.0) for m in node.load.models.values())
         if ewma > 0.0:
             return node.capacity / ewma
@@ -171,7 +192,8 @@ def plan(
     model_slot = slots.assign(slots.models, serving_models, slots.model_slots)
     shares = admit or {}
     speeds = {n.node_id: _speed(n, spec.preset) * max(0.0, shares.get(n.node_id, 1.0)) for n, _ in routable}
-    top = max(speeds.values(), default=0.0)
+    usable = {n.node_id for n, _ in routable if n.ready and view.is_live(n, now_ms) and speeds[n.node_id] > 0.0}
+    top = max((speeds[n] for n in usable), default=0.0)  # (the fastest usable node has the largest weight)
     states: dict[int, ServerState] = {}
     serving: dict[int, set[int]] = {j: set() for j in model_slot.values()}
     for node, (host, port) in routable:
@@ -179,7 +201,7 @@ def plan(
         if i is None:
             continue
         speed = speeds[node.node_id]
-        ok = node.ready and view.is_live(node, now_ms) and speed > 0.0
+        ok = node.node_id in usable
         weight = max(1, min(MAX_WEIGHT, round(MAX_WEIGHT * speed / top))) if ok else 1
         states[i] = ServerState(node.node_id, host, port, weight, ok, _address(node.load.grpc_endpoint))
         if ok:
@@ -188,4 +210,29 @@ def plan(
                 if j is not None:
                     serving[j].add(i)
     served = {j: frozenset(s) for j, s in serving.items()}
-    return Plan(balance, reason, states, dict(model_slot), served, frozenset(k for k in sites if SITE_KEY.match(k)))
+    costs = _costs(routable, model_slot, served, node_slot) if balance is not None and spec.preset in ADMITTING else {}
+    keys = frozenset(k for k in sites if SITE_KEY.match(k))
+    return Plan(balance, reason, states, dict(model_slot), served, keys, costs)
+
+
+def _costs(
+    routable: list[tuple[NodeState, tuple[str, int]]],
+    model_slot: Mapping[str, int],
+    served: Mapping[int, frozenset[int]],
+    node_slot: Mapping[str, int],
+) -> dict[str, int]:
+    """Each native model's admission cost: the microseconds one more request held for it adds to the
+    wait of the next, one over its execution rate on its ready nodes (slots over EWMA), two significant
+    digits (so that the proxy's map changes when the rate does, not with every report)."""
+    out: dict[str, int] = {}
+    for model, j in model_slot.items():
+        ready = served.get(j, frozenset())
+        rate = 0.0  # executions per ms
+        for node, _ in routable:
+            if node_slot.get(node.node_id) in ready:
+                m = node.load.models.get(model)
+                ewma = (m.ewma_ms() if m is not None else None) or DEFAULT_EXEC_MS
+                rate += node.capacity / ewma
+        if rate > 0.0:
+            out[model] = max(1, int(float(f"{1000.0 / rate:.2g}")))
+    return out

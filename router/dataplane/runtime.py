@@ -10,7 +10,7 @@ from router.dataplane.haproxy import GRPC_NAME_MAX, MODEL_NAME, grpc_key
 from router.dataplane.plan import Plan, ServerState
 from router.dataplane.settings import DataPlaneConfig
 
-__all__ = ["commands", "grpc_model_map", "model_map"]
+__all__ = ["commands", "cost_map", "grpc_model_map", "model_map"]
 
 
 def model_map(plan: Plan) -> dict[str, str]:
@@ -28,6 +28,17 @@ def grpc_model_map(plan: Plan) -> dict[str, str]:
         j = plan.models[m]
         if len(m) <= GRPC_NAME_MAX and any(plan.nodes[i].grpc is not None for i in plan.serving[j]):
             out[grpc_key(m)] = f"g{be[1:]}"
+    return out
+
+
+def cost_map(plan: Plan) -> dict[str, str]:
+    """`costs.map`: each native model's backends (`m<j>`, `g<j>`) -> its admission cost in us, where
+    the policy admits by deadline (router.dataplane.plan)."""
+    out = {}
+    for m, be in model_map(plan).items():
+        cost = plan.costs.get(m)
+        if cost is not None:
+            out[be] = out[f"g{be[1:]}"] = str(cost)
     return out
 
 
@@ -56,10 +67,11 @@ def commands(
     maps: str,
     grpc_maps: str | None = None,
     sites_map: str | None = None,
+    costs_map: str | None = None,
 ) -> list[str]:
     """The runtime API commands that take the proxy from `old` to `new` (same balance: a change of
     balance is a reload). `maps`: the models map's path; `grpc_maps`: the gRPC door's (None: no gRPC
-    door, no `g<j>` backends); `sites_map`: the site map's."""
+    door, no `g<j>` backends); `sites_map`: the site map's; `costs_map`: the admission costs'."""
     out: list[str] = []
     kinds: list[tuple[str, Callable[[ServerState | None], tuple[str, int] | None]]] = [("m", _http_addr)]
     if grpc_maps is not None:
@@ -99,4 +111,6 @@ def commands(
         out += _map_diff(sites_map, dict.fromkeys(old.sites, "1"), dict.fromkeys(new.sites, "1"))
     if grpc_maps is not None:
         out += _map_diff(grpc_maps, grpc_model_map(old), grpc_model_map(new))
+    if costs_map is not None:
+        out += _map_diff(costs_map, cost_map(old), cost_map(new))
     return out

@@ -147,7 +147,7 @@ def bench_dataplane(
         stack.kill_node("n2")
         kill_s = _until(lambda: proxy_says("n2", "DOWN"), 5)
         kill_s = None if kill_s is None else time.perf_counter() - t0  # (from the kill, its own wait counted)
-        stack.set_policy({"preset": "slo_priority"})
+        stack.set_policy({"preset": "compass"})
         swap_s = _until(lambda: not (http_json(view_url)[1].get("data_plane") or {}).get("native", True), 5)
         stack.set_policy({"preset": "p2c"})
 

@@ -8,7 +8,10 @@ hedges) is balanced as HAProxy balances it on its own counts of what it has in f
 `random(k)` (k draws by weight, the least loaded of them), `leastconn` (fewest in flight per weight),
 `roundrobin` (smooth, by weight). A node holds at most `max_per_node` of the proxy's requests; past
 that a request waits in its model's queue, most urgent priority first, and is refused 503 after
-`queue_timeout_ms`. The node is told the client's own deadline (the proxy passes the header on) and the
+`queue_timeout_ms`. Where the plan admits by deadline (slo_priority: `Plan.costs`), a request below
+`ALWAYS_TRY_MIN` whose deadline is shorter than what the proxy holds for its model (this one counted)
+times the model's cost is refused at once with 429, as HAProxy's `be_conn` rule refuses it. The node
+is told the client's own deadline (the proxy passes the header on) and the
 proxy answers 504 at it, counted from when it sent the request (HAProxy's server timeout: its queue
 is not counted). A connection refused (a dead node the proxy's checks have not yet caught) is
 retried on another node, up to the router's `max_attempts`; the checks, every `check_ms`, take a
@@ -24,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from policies.api import RouteRequest
-from router.dataplane.plan import Plan, Slots, plan
+from router.dataplane.plan import ALWAYS_TRY_MIN, Plan, Slots, plan
 from router.dataplane.settings import DataPlaneConfig
 from router.lifecycle import Attempts, Failure
 from scenarios.sim.state import DATAPLANE, NODE_ARRIVE, Job, SimRequest, SimState
@@ -46,6 +49,7 @@ class SimProxy:
     slots: Slots = field(init=False)
     plan: Plan = EMPTY
     in_flight: dict[str, int] = field(default_factory=dict)  # node id -> the proxy's requests there
+    held: dict[str, int] = field(default_factory=dict)  # model -> the proxy's requests for it (its be_conn)
     queues: dict[str, list[tuple[int, int, SimRequest]]] = field(default_factory=dict)  # model -> heap
     failed_checks: dict[str, int] = field(default_factory=dict)
     down: set[str] = field(default_factory=set)  # nodes the proxy's checks hold down
@@ -193,6 +197,11 @@ class ProxyModel(SimState):
         req = SimRequest(i, a, t0, t0 + a.deadline_ms, PROXY_MS, PROXY_MS, life, self.lc, model=a.model)
         req.proxy = True
         proxy.carried += 1
+        held = proxy.held[a.model] = proxy.held.get(a.model, 0) + 1
+        cost = proxy.plan.costs.get(a.model)
+        if cost is not None and a.priority < ALWAYS_TRY_MIN and a.deadline_ms * 1000.0 < held * cost:
+            self._proxy_answer(req, 429, "no node can answer within the deadline", t0 + 2 * PROXY_MS, None)
+            return True
         self._proxy_send(req, t0 + PROXY_MS)
         return True
 
@@ -201,7 +210,7 @@ class ProxyModel(SimState):
         assert proxy is not None
         name = proxy.pick(req.model, req.life.tried)
         if name is None:
-            if not proxy.servers(req.model) or all(n in req.life.tried for n, _ in proxy.servers(req.model)):
+            if all(n in req.life.tried for n, _ in proxy.servers(req.model)):  # (none left to try)
                 self._proxy_answer(req, 503, "no node can take the request now", at + PROXY_MS, None)
                 return
             proxy.seq += 1  # every node full: it waits in the model's queue, most urgent first
@@ -264,4 +273,7 @@ class ProxyModel(SimState):
         req.done = True
         req.jobs = []
         self._open -= 1
+        proxy = self.proxy
+        assert proxy is not None
+        proxy.held[req.model] -= 1
         self.answers.put(req.index, status, at_ms - req.t0, reason, served)

@@ -55,17 +55,23 @@ def _native(stack: Stack, model: str = "sensor_mlp") -> bool:
     return model in (_view(stack)["data_plane"] or {}).get("models", [])
 
 
-def _stack(broker: Any, tmp: Any, router: dict[str, Any]) -> Stack:
+NODES = [
+    {"id": "a", "partition": "edge-a", "models": ["sensor_mlp", "echo"]},
+    {"id": "b", "partition": "edge-a", "models": ["sensor_mlp"]},
+]
+
+
+def _stack(
+    broker: Any,
+    tmp: Any,
+    router: dict[str, Any],
+    nodes: list[dict[str, Any]] | None = None,
+    policies: list[Any] | None = None,
+) -> Stack:
     from tests.integration.conftest import scenario
 
     stack = Stack(
-        scenario(
-            [
-                {"id": "a", "partition": "edge-a", "models": ["sensor_mlp", "echo"]},
-                {"id": "b", "partition": "edge-a", "models": ["sensor_mlp"]},
-            ],
-            router,
-        ),
+        scenario(nodes or NODES, router, policies),
         kafka=broker.bootstrap,
         log_dir=tmp,
         topic=f"edgeroute.telemetry.dp{time.monotonic_ns()}",
@@ -186,10 +192,10 @@ def test_a_policy_swap_reaches_the_proxy(native: Stack) -> None:
             assert resp.status == 200
 
     try:
-        put({"preset": "slo_priority"})  # not one the proxy can express: every request to the router
+        put({"preset": "compass"})  # not one the proxy can express: every request to the router
         _until(lambda: not _native(native), 5.0, 0.005)  # (how fast: edgeroute bench dataplane)
         state = _view(native)["data_plane"]
-        assert state["native"] is False and "slo_priority" in state["reason"]
+        assert state["native"] is False and "compass" in state["reason"]
         status, _, headers = call(f"{native.router_url}/v2/models/sensor_mlp/infer", infer_body(), headers=CAMS)
         assert status == 200 and "x-edgeroute-data-plane" not in headers
         put({"preset": "least_outstanding"})  # native again, another balance: one reload
@@ -200,6 +206,40 @@ def test_a_policy_swap_reaches_the_proxy(native: Stack) -> None:
         assert status == 200 and headers.get("x-edgeroute-data-plane") == "native"
     finally:
         put({"preset": "p2c"})
+
+
+def test_slo_priority_refuses_in_the_proxy_what_would_miss_its_deadline(broker, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """slo_priority natively: leastconn on the nodes' speed, and its deadline filter as the proxy's
+    admission: a low-priority request whose deadline is shorter than what the proxy already holds for
+    the model would take is refused at once (429, Retry-After), a priority one is always tried."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    slow = [{"id": n, "partition": "edge-a", "slots": 1, "speed": 0.005, "models": ["sensor_mlp"]} for n in "ab"]
+    stack = _stack(broker, tmp_path, {}, slow, ["slo_priority"])
+    try:
+        url = f"{stack.router_url}/v2/models/sensor_mlp/infer"
+        for _ in range(6):  # (the nodes' EWMAs: the admission's cost per request held)
+            status, _, headers = call(url, infer_body(), headers={"x-edgeroute-deadline-ms": "5000"})
+            assert status == 200 and headers.get("x-edgeroute-data-plane") == "native"
+        _until(lambda: _view_open(stack)["data_plane"]["admission_us"].get("sensor_mlp", 0) > 2000, 10.0, 0.05)
+
+        def burst(priority: int) -> list[tuple[int, Any, dict[str, str]]]:
+            hdrs = {"x-edgeroute-deadline-ms": "40", "x-edgeroute-priority": str(priority)}
+            with ThreadPoolExecutor(24) as pool:
+                return list(pool.map(lambda _: call(url, infer_body(), headers=hdrs), range(24)))
+
+        low = burst(0)
+        refused = [a for a in low if a[0] == 429 and a[1].get("error") == "no node can answer within the deadline"]
+        assert refused, [(a[0], a[1].get("error")) for a in low]
+        assert all(int(a[2]["retry-after"]) >= 1 and a[2].get("x-edgeroute-data-plane") == "native" for a in refused)
+        assert any(a[0] == 200 for a in low)  # the first ones fit
+        # (the rest: the nodes' own early refusals, 503, and the proxy's 504 at the deadline)
+        assert {a[0] for a in low} <= {200, 429, 503, 504}, [(a[0], a[1]) for a in low if a[0] != 200]
+        high = burst(5)  # always tried (below hedging's priority: still the proxy's)
+        assert {a[0] for a in high} <= {200, 503, 504}, [(a[0], a[1]) for a in high if a[0] != 200]
+        assert any(a[0] == 200 for a in high)
+    finally:
+        stack.stop()
 
 
 def test_tritons_own_client_passes_through_unchanged(native: Stack) -> None:

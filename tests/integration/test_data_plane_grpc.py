@@ -16,7 +16,7 @@ import pytest
 from router.dataplane.proxy import find_binary, install_hint
 from scenarios.stack.launcher import Stack
 from tests.integration.http import infer_body
-from tests.integration.test_data_plane import ROUTER, TOKENS, _stack, _until, _view, call
+from tests.integration.test_data_plane import ROUTER, TOKENS, _stack, _until, _view, _view_open, call
 
 if find_binary(None) is None:
     pytest.skip(f"no HAProxy here: {install_hint()}", allow_module_level=True)
@@ -148,6 +148,37 @@ def test_one_rate_limit_over_both_doors(broker, tmp_path) -> None:  # type: igno
         assert {c for c, _, _ in refused} == {grpc.StatusCode.RESOURCE_EXHAUSTED} and "requests/s" in refused[0][1]
         code, _, _ = _call(target, _request(), _meta(OPS))  # another client has its own window
         assert code == grpc.StatusCode.OK
+    finally:
+        stack.stop()
+
+
+def test_slo_priority_refuses_in_the_grpc_door_what_would_miss_its_deadline(broker, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The deadline filter as the proxy's admission over gRPC too: the call's own deadline
+    (grpc-timeout) against what the proxy holds, RESOURCE_EXHAUSTED for a low-priority call that
+    would miss it; a priority call is always tried."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    slow = [{"id": n, "partition": "edge-a", "slots": 1, "speed": 0.005, "models": ["sensor_mlp"]} for n in "ab"]
+    stack = _stack(broker, tmp_path, {}, slow, ["slo_priority"])
+    try:
+        _until(lambda: _view_open(stack)["data_plane"]["grpc"] is not None, 5.0)
+        target = stack.router.dataplane_grpc  # type: ignore[union-attr]
+        for _ in range(6):  # (the nodes' EWMAs)
+            assert _call(target, _request(), [])[0] == grpc.StatusCode.OK
+        _until(lambda: _view_open(stack)["data_plane"]["admission_us"].get("sensor_mlp", 0) > 2000, 10.0, 0.05)
+
+        def burst(priority: int) -> list[tuple[Any, str, str]]:
+            meta = [("x-edgeroute-priority", str(priority))]
+            with ThreadPoolExecutor(24) as pool:
+                return list(pool.map(lambda _: _call(target, _request(), meta, timeout=0.04), range(24)))
+
+        low = burst(0)
+        early = [c for c in low if c[1] == "no node can answer within the deadline"]
+        assert early and all(c[0] == grpc.StatusCode.RESOURCE_EXHAUSTED and c[2] == "native" for c in early), low
+        assert any(c[0] == grpc.StatusCode.OK for c in low)
+        high = burst(5)
+        assert not [c for c in high if c[1] == "no node can answer within the deadline"], high
+        assert any(c[0] == grpc.StatusCode.OK for c in high)
     finally:
         stack.stop()
 

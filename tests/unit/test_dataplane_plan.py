@@ -10,9 +10,9 @@ import pytest
 
 from policies.spec import PolicySpec
 from router.dataplane.haproxy import Render, grpc_key, render, token_key, vouched
-from router.dataplane.plan import Plan, ServerState, Slots, native_balance
+from router.dataplane.plan import MAX_WEIGHT, Plan, ServerState, Slots, native_balance, plan
 from router.dataplane.proxy import find_binary
-from router.dataplane.runtime import commands, grpc_model_map, model_map
+from router.dataplane.runtime import commands, cost_map, grpc_model_map, model_map
 from router.dataplane.settings import DataPlaneConfig
 
 
@@ -21,7 +21,10 @@ def test_native_balance_honours_only_what_the_proxy_can_express() -> None:
     assert native_balance(PolicySpec(preset="p2c", params={"sample": {"k": 3}})) == ("random(3)", "")
     assert native_balance(PolicySpec(preset="least_outstanding"))[0] == "leastconn"
     assert native_balance(PolicySpec(preset="round_robin"))[0] == "roundrobin"
-    for preset in ("slo_priority", "edge_first", "compass", "esg"):
+    assert native_balance(PolicySpec(preset="slo_priority"))[0] == "leastconn"
+    balance, why = native_balance(PolicySpec(preset="slo_priority", params={"deadline_filter": {"margin": 0.1}}))
+    assert balance is None and "deadline_filter" in why
+    for preset in ("edge_first", "compass", "esg"):
         balance, why = native_balance(PolicySpec(preset=preset))
         assert balance is None and preset in why
 
@@ -88,7 +91,7 @@ def test_haproxy_accepts_the_configuration(tmp_path: Path) -> None:
             p,
         )  # type: ignore[arg-type]
         assert ("frontend gdoor" in text) == ("grpc_listen" in extra)
-        for name in ("models.map", "grpc_models.map", "clients.map", "sites.map"):
+        for name in ("models.map", "grpc_models.map", "clients.map", "sites.map", "costs.map"):
             (tmp_path / name).write_text("")
         (tmp_path / "h.cfg").write_text(text)
         binary = find_binary(None)
@@ -164,3 +167,33 @@ def test_a_grpc_endpoint_from_the_wire_is_checked_as_the_endpoint_is() -> None:
     for bad in ("http://127.0.0.1:2/admin", "ftp://h:1", "http://u:p@h:1", "x" * 300):
         with pytest.raises(MalformedTelemetry, match="grpc_endpoint"):
             NodeLoad.parse(report(grpc_endpoint=bad))
+
+
+def test_slo_priority_carries_its_deadline_filter_as_admission_costs() -> None:
+    """Each native model's cost is one over its execution rate on its ready nodes (slots over EWMA, the
+    filter's default where none is known yet); only slo_priority admits by it."""
+    from telemetry.cluster.view import ClusterView
+    from tests.helpers import load
+
+    now = 1_000.0
+    msgs = [
+        load("a", models={"m": 10.0, "x": 4.0}, capacity=2, sent_at_ms=now),
+        load("b", models={"m": 5.0}, capacity=1, sent_at_ms=now),
+        load("c", models={"m": 1.0}, status="draining", sent_at_ms=now),  # (not ready: not counted)
+    ]
+    view = ClusterView.of(msgs, now)
+
+    def at(endpoint: str) -> tuple[str, int]:
+        return endpoint.removeprefix("http://"), 1
+
+    p = plan(view, PolicySpec(preset="slo_priority"), Slots(4, 4), now, address=at)
+    assert p.balance == "leastconn"
+    assert p.costs == {"m": 2500, "x": 2000}  # 1000 / (2/10 + 1/5) us; 1000 / (2/4)
+    assert cost_map(p) == {f"{k}{p.models[m]}": str(c) for m, c in p.costs.items() for k in "mg"}
+    w = {s.node_id: s.weight for s in p.nodes.values() if s.ready}
+    assert w == {"a": MAX_WEIGHT, "b": MAX_WEIGHT}  # (capacity over the slowest model's EWMA: 2/10, 1/5)
+    s = DataPlaneConfig(node_slots=4, model_slots=4)
+    cmds = commands(Plan("leastconn", "", {}, {}, {}), p, s, "/x/models.map", costs_map="/x/costs.map")
+    assert f"add map /x/costs.map m{p.models['m']} 2500" in cmds
+    for other in ("p2c", "least_latency"):
+        assert plan(view, PolicySpec(preset=other), Slots(4, 4), now, address=at).costs == {}

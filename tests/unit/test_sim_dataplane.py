@@ -26,7 +26,7 @@ def _scenario(**extra: Any) -> Scenario:
             "warmup_s": 0.5,
             "sites": [{"site": "edge-a", "rate_rps": 60, "models": {"sensor_mlp": 1.0}, "deadline_ms": {0: 300}}],
         },
-        "policies": ["p2c", "least_outstanding", "round_robin", "slo_priority"],
+        "policies": ["p2c", "least_outstanding", "round_robin", "compass"],
     }
     doc.update(extra)
     return Scenario.model_validate(doc)
@@ -43,7 +43,7 @@ def test_the_proxy_carries_what_it_can_express_and_answers_every_request() -> No
         carried = p["data_plane"]
         assert carried["native_share"] > 0.95 and p["lost"] == 0, (name, carried)
         assert p["slo_attainment"] > 0.98 and set(p["by_node"]) == {"a", "b"}, (name, p["by_node"])
-    slo = runs["slo_priority"]  # a policy the proxy cannot express: every request to the router
+    slo = runs["compass"]  # a policy the proxy cannot express: every request to the router
     assert slo["data_plane"]["native"] == 0 and slo["lost"] == 0 and slo["slo_attainment"] > 0.98
 
 
@@ -72,3 +72,33 @@ def test_emulated_links_send_everything_to_the_router_and_off_changes_nothing() 
     assert "data_plane" not in off
     for key in ("sent", "completed", "errors", "slo_attainment", "by_node", "latency_ms"):
         assert on[key] == off[key], key  # (the router alone, either way)
+
+
+def test_slo_priority_is_carried_with_its_deadline_filter_as_the_proxys_admission() -> None:
+    """About 2.5x what two slow nodes execute: the proxy refuses early (429) about as many bulk requests
+    as the router's deadline filter does, and every priority request is tried and answers in time."""
+    nodes = [{"id": n, "partition": "edge-a", "slots": 1, "speed": 0.005, "models": ["sensor_mlp"]} for n in "ab"]
+    work = {
+        "duration_s": 6,
+        "warmup_s": 0.5,
+        "sites": [
+            {"site": "edge-a", "name": "bulk", "rate_rps": 400, "models": {"sensor_mlp": 1.0}, "deadline_ms": {0: 40}},
+            {
+                "site": "edge-a",
+                "name": "alerts",
+                "rate_rps": 20,
+                "models": {"sensor_mlp": 1.0},
+                "priorities": {5: 1.0},
+                "deadline_ms": {5: 60},
+            },
+        ],
+    }
+    scenario = _scenario(topology={"partitions": ["edge-a"], "nodes": nodes}, workload=work, policies=["slo_priority"])
+    on, off = _run(scenario, True)["slo_priority"], _run(scenario, False)["slo_priority"]
+    assert on["data_plane"]["native_share"] > 0.95 and on["lost"] == 0 == off["lost"]
+    early = on["error_reasons"]["no node can answer within the deadline"]
+    filtered = off["error_reasons"]["no node for model 'sensor_mlp' passed filter 'deadline_filter'"]
+    assert 0.75 < early / filtered < 1.33, (early, filtered)
+    assert abs(on["by_priority"]["0"]["completed"] / off["by_priority"]["0"]["completed"] - 1.0) < 0.15
+    alerts = on["by_priority"]["5"]
+    assert alerts["completed"] == alerts["sent"] and alerts["slo_attainment"] == 1.0
