@@ -201,6 +201,7 @@ class DataPlane:
             whole_router=whole_router(r),
             admit=admit,
             sites=site_keys(r, view),
+            own_site=site,
         )
 
     async def _address(self, host: str, port: int) -> str | None:

@@ -136,11 +136,13 @@ def _ms(value: float) -> str:
     return f"{max(1, round(value))}ms"
 
 
-def _server(i: int, s: ServerState | None, extra: str, up: bool) -> str:
+def _server(i: int, s: ServerState | None, extra: str, up: bool, limit: bool = False) -> str:
+    """Node slot i's server (`limit`: with its own maxconn, where the plan gives one)."""
     if s is None:
         return f"    server n{i} 0.0.0.0:1 disabled {extra}".rstrip()
     host = f"[{s.host}]" if ":" in s.host else s.host
-    return f"    server n{i} {host}:{s.port} weight {s.weight} {extra}{'' if up else ' disabled'}".rstrip()
+    own = f" maxconn {s.maxconn}" if limit and s.maxconn is not None else ""
+    return f"    server n{i} {host}:{s.port} weight {s.weight}{own} {extra}{'' if up else ' disabled'}".rstrip()
 
 
 def _error(status: int, message: str, retry_after: bool = False, grpc: bool = False) -> str:
@@ -434,7 +436,7 @@ def _model_backend(r: Render, plan: Plan, j: int, grpc: bool) -> list[str]:
         st = plan.nodes.get(i)
         if grpc and st is not None:
             st = None if st.grpc is None else dataclasses.replace(st, host=st.grpc[0], port=st.grpc[1])
-        lines.append(_server(i, st, f"track nodes/n{i}", i in serving))
+        lines.append(_server(i, st, f"track nodes/n{i}", i in serving, True))
     return lines
 
 

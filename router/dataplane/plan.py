@@ -15,7 +15,12 @@ A policy is carried natively where the proxy's own balancing honours its intent 
 `slo_priority` adds its deadline filter as the proxy's admission: `Plan.costs` says how long each
 request the proxy holds for a model adds to the wait of the next (one over the model's execution rate
 on its ready nodes, from their EWMAs), and a request below `ALWAYS_TRY_MIN` whose deadline that wait
-would miss is refused at once with 429, as the filter refuses it (`deadline_filter`);
+would miss is refused at once with 429, as the filter refuses it (`deadline_filter`); `edge_first`,
+where the router stands in a site of its own, carries the requests of that site (those naming another
+go to the router) with HAProxy's `balance first` on its own counts: the site's nodes hold the lowest
+slots, the others the highest, each node takes at most its execution slots (`locality`'s load per
+slot), so a request goes to the first of the site's nodes with a free slot, to another site's only
+when all of the site's are full (the spill), and waits in the proxy's queue when every node is;
 anything else (and a router whose features need every request: a policy canary, capture, tenants)
 sends every request to the Python router, and `Plan.reason` says why.
 """
@@ -28,6 +33,7 @@ from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from policies.deadline_filter import DeadlineFilterParams
+from policies.locality import LocalityParams
 from policies.spec import PolicySpec
 from telemetry.cluster.view import ClusterView, NodeState
 
@@ -54,11 +60,13 @@ NATIVE_BALANCE = {
     "p2c": "random(2)",
     "least_latency": "leastconn",  # weights carry the nodes' speed (capacity over EWMA)
     "slo_priority": "leastconn",  # the same, priority classes in the queue, its deadline filter as admission
+    "edge_first": "first",  # the router's own site's nodes first (lowest slots), to their slots; then the rest
 }
 PREDICTING = frozenset({"least_latency", "slo_priority"})  # weights by speed, not slots
 ADMITTING = frozenset({"slo_priority"})  # the proxy refuses early what would miss its deadline
 ALWAYS_TRY_MIN = DeadlineFilterParams().always_try_min  # a request at this priority or above is always tried
 DEFAULT_EXEC_MS = DeadlineFilterParams().default_exec_ms  # a model's execution time before its EWMA is known
+LOCAL_MAX_LOAD = LocalityParams().max_load  # edge_first: a node takes up to this many requests per slot
 
 
 def native_balance(spec: PolicySpec) -> tuple[str | None, str]:
@@ -88,6 +96,7 @@ class ServerState:
     weight: int  # 1..MAX_WEIGHT; a slot not routable is `ready` False instead of weight 0
     ready: bool
     grpc: tuple[str, int] | None = None  # the node's gRPC service (host, port), where it has one
+    maxconn: int | None = None  # the most it takes from the proxy at once (None: `max_per_node`)
 
 
 @dataclass(frozen=True)
@@ -115,21 +124,21 @@ class Slots:
         self.nodes: dict[str, int] = {}
         self.models: dict[str, int] = {}
 
-    def assign(self, table: dict[str, int], wanted: Iterable[str], size: int) -> dict[str, int]:
+    def assign(
+        self, table: dict[str, int], wanted: Iterable[str], size: int, last: Iterable[str] = ()
+    ) -> dict[str, int]:
         """Keep the slots of the names still wanted, free the others', give free slots to new names in
-        order (names beyond the table's size get none)."""
+        order, the lowest first, and to the new names in `last` the highest first (names beyond the
+        table's size get none)."""
         wanted = list(dict.fromkeys(wanted))
-        keep = set(wanted)
+        keep, high = set(wanted), set(last)
         for name in [n for n in table if n not in keep]:
             del table[name]
-        used = set(table.values())
-        free = (i for i in range(size) if i not in used)
-        for name in wanted:
-            if name not in table:
-                slot = next(free, None)
-                if slot is None:
-                    break
-                table[name] = slot
+        free = [i for i in range(size) if i not in set(table.values())]
+        for name in [n for n in wanted if n not in table]:
+            if not free:
+                break
+            table[name] = free.pop() if name in high else free.pop(0)
         return table
 
 
@@ -168,6 +177,7 @@ def plan(
     admit: Mapping[str, float] | None = None,
     sites: Iterable[str] = (),
     address: Callable[[str], tuple[str, int] | None] | None = None,
+    own_site: str | None = None,
 ) -> Plan:
     """The proxy's tables for this view and policy.
 
@@ -176,8 +186,12 @@ def plan(
     `admit`: node id -> the router's own admission share for it (slow start; 0: ejected), default 1;
     `sites`: the site map's keys (a request naming another site goes to the router, which judges it);
     `address`: a node endpoint as the proxy's (host, port), None where it cannot reach it (default:
-    plain HTTP with a port; the simulator's nodes have addresses of their own)."""
+    plain HTTP with a port; the simulator's nodes have addresses of their own); `own_site`: the site the
+    router stands in (edge_first's local site; without one edge_first needs the router)."""
     balance, reason = native_balance(spec)
+    local = spec.preset == "edge_first"
+    if local and own_site is None:
+        balance, reason = None, "policy 'edge_first' natively needs the router's own site (`site:`): the router runs it"
     if whole_router is not None:
         balance, reason = None, whole_router
     python_only = python_only or {}
@@ -187,7 +201,8 @@ def plan(
         at = where(node.endpoint)
         if at is not None:
             routable.append((node, at))
-    node_slot = slots.assign(slots.nodes, (n.node_id for n, _ in routable), slots.node_slots)
+    away = [n.node_id for n, _ in routable if own_site is not None and n.partition != own_site]
+    node_slot = slots.assign(slots.nodes, (n.node_id for n, _ in routable), slots.node_slots, away)
     serving_models = sorted({m for n, _ in routable for m in n.load.models if m not in python_only})
     model_slot = slots.assign(slots.models, serving_models, slots.model_slots)
     shares = admit or {}
@@ -203,16 +218,20 @@ def plan(
         speed = speeds[node.node_id]
         ok = node.node_id in usable
         weight = max(1, min(MAX_WEIGHT, round(MAX_WEIGHT * speed / top))) if ok else 1
-        states[i] = ServerState(node.node_id, host, port, weight, ok, _address(node.load.grpc_endpoint))
+        limit = max(1, round(node.capacity * LOCAL_MAX_LOAD)) if local else None
+        states[i] = ServerState(node.node_id, host, port, weight, ok, _address(node.load.grpc_endpoint), limit)
         if ok:
             for model in node.load.models:
                 j = model_slot.get(model)
                 if j is not None:
                     serving[j].add(i)
+    keys = set(sites)
+    if local:  # (a request naming another site goes to the router)
+        keys = {k for k in keys if k == own_site or k.endswith(f"|{own_site}")}
     served = {j: frozenset(s) for j, s in serving.items()}
     costs = _costs(routable, model_slot, served, node_slot) if balance is not None and spec.preset in ADMITTING else {}
-    keys = frozenset(k for k in sites if SITE_KEY.match(k))
-    return Plan(balance, reason, states, dict(model_slot), served, keys, costs)
+    site_map = frozenset(k for k in keys if SITE_KEY.match(k))
+    return Plan(balance, reason, states, dict(model_slot), served, site_map, costs)
 
 
 def _costs(

@@ -95,6 +95,8 @@ def commands(
             out.append(f"set server nodes/n{i} state ready")
         if a is None or a.weight != b.weight:
             out.extend(f"set server {k}{j}/n{i} weight {b.weight}" for k, _ in kinds for j in slots)
+        if b.maxconn is not None and (a is None or a.maxconn != b.maxconn):
+            out.extend(f"set maxconn server {k}{j}/n{i} {b.maxconn}" for k, _ in kinds for j in slots)
     for k, addr in kinds:
         for j in slots:
             was, now = old.serving.get(j, frozenset()), new.serving.get(j, frozenset())

@@ -225,8 +225,18 @@ def data_plane_note(stack: Stack) -> dict[str, Any]:
     if isinstance(stack, SiteStack):
         return {"on": False, "why": "per-site stacks run their routers alone for now"}
     if _carried(stack) is None:
-        return {"on": False, "why": f"the router runs without it: {stack.log_dir}/router.log says why"}
+        return {"on": False, "why": f"the router runs without it: {_off_line(stack) or 'router.log says why'}"}
     return {"on": True}
+
+
+def _off_line(stack: Stack) -> str | None:
+    """The router's own line saying why its data plane is off (router.app), None if it wrote none."""
+    try:
+        text = (stack.log_dir / "router.log").read_text(errors="replace")[-20_000:]
+    except OSError:
+        return None
+    lines = [ln for ln in text.splitlines() if "data plane off:" in ln]
+    return lines[-1].split("data plane off:", 1)[1].strip()[:500] if lines else None
 
 
 def _carried(stack: Stack) -> dict[str, int] | None:

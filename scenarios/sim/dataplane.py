@@ -6,17 +6,17 @@ the same code, on the router's overlaid view), so they lag the view as the live 
 the plan carries (its model mapped, a site the router would take, no tenant, no priority the router
 hedges) is balanced as HAProxy balances it on its own counts of what it has in flight per node:
 `random(k)` (k draws by weight, the least loaded of them), `leastconn` (fewest in flight per weight),
-`roundrobin` (smooth, by weight). A node holds at most `max_per_node` of the proxy's requests; past
-that a request waits in its model's queue, most urgent priority first, and is refused 503 after
-`queue_timeout_ms`. Where the plan admits by deadline (slo_priority: `Plan.costs`), a request below
-`ALWAYS_TRY_MIN` whose deadline is shorter than what the proxy holds for its model (this one counted)
-times the model's cost is refused at once with 429, as HAProxy's `be_conn` rule refuses it. The node
-is told the client's own deadline (the proxy passes the header on) and the
-proxy answers 504 at it, counted from when it sent the request (HAProxy's server timeout: its queue
-is not counted). A connection refused (a dead node the proxy's checks have not yet caught) is
-retried on another node, up to the router's `max_attempts`; the checks, every `check_ms`, take a
-node out after two failures and feed the router's evidence as live. Everything else goes to the
-simulated router, unchanged. Per-site and multi-router runs have no proxy, as live.
+`roundrobin` (smooth, by weight), `first` (edge_first: the lowest slot below the node's own limit). A
+node holds at most `max_per_node` of the proxy's requests (edge_first: its slots); past that a request
+waits in its model's queue, most urgent priority first, and is refused 503 after `queue_timeout_ms`.
+Where the plan admits by deadline (slo_priority: `Plan.costs`), a request below `ALWAYS_TRY_MIN` whose
+deadline is shorter than what the proxy holds for its model (this one counted) times the model's cost
+is refused at once with 429, as HAProxy's `be_conn` rule refuses it. The node is told the client's own
+deadline (the proxy passes the header on) and the proxy answers 504 at it, counted from when it sent
+the request (HAProxy's server timeout: its queue is not counted). A connection refused (a dead node the
+proxy's checks have not yet caught) is retried on another node, up to the router's `max_attempts`;
+the checks, every `check_ms`, take a node out after two failures and feed the router's evidence as
+live. Everything else goes to the simulated router, unchanged. Per-site and multi-router runs have no proxy, as live.
 """
 
 from __future__ import annotations
@@ -81,11 +81,19 @@ class SimProxy:
 
     def pick(self, model: str, tried: set[str]) -> str | None:
         """The node for one attempt (None: every one is full or tried)."""
+        balance = self.plan.balance or "random(2)"
+        if balance == "first":  # (the lowest slot with room, to each node's own limit)
+            p, j = self.plan, self.plan.models.get(model)
+            for i in sorted(p.serving.get(j, ())) if j is not None else ():
+                s = p.nodes[i]
+                limit = s.maxconn or self.settings.max_per_node
+                if s.node_id not in self.down and s.node_id not in tried and self.in_flight.get(s.node_id, 0) < limit:
+                    return s.node_id
+            return None
         limit = self.settings.max_per_node
         free = [(n, w) for n, w in self.servers(model) if n not in tried and self.in_flight.get(n, 0) < limit]
         if not free:
             return None
-        balance = self.plan.balance or "random(2)"
         if balance.startswith("random("):
             k = int(balance[7:-1])
             draws: list[tuple[str, int]] = []
@@ -169,6 +177,7 @@ class ProxyModel(SimState):
             admit={n.node_id: lc.health.weight(site, n, now) for n in view},
             sites=sites,
             address=_sim_address,
+            own_site=site,
         )
 
     def _proxy_check(self, proxy: SimProxy, now: float) -> None:

@@ -7,17 +7,44 @@ Tansu is an Apache-2.0, Kafka-compatible broker; its static binary ships in the 
 from __future__ import annotations
 
 import os
+import random
 import socket
 import subprocess
 import time
+from collections import deque
 from types import TracebackType
+
+LISTEN_PORTS = (20_000, 32_768)  # below Linux's default ephemeral range (32768-60999)
+_PICK = random.SystemRandom()  # (its own source: a seeded `random` would give every process one sequence)
+_GIVEN: deque[int] = deque(maxlen=512)  # handed out lately by this process (perhaps not yet bound)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
+    """A port free to listen on now: a random one below the ephemeral range, where no outgoing connection
+    and no other process's bind(0) takes it before the server binds (in a parallel test worker, from
+    that worker's own slice of the range); bind(0) where none of those is free."""
+    lo, hi = LISTEN_PORTS
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    count = os.environ.get("PYTEST_XDIST_WORKER_COUNT", "")
+    if worker.startswith("gw") and worker[2:].isdigit() and count.isdigit() and int(worker[2:]) < int(count):
+        span = (hi - lo) // int(count)
+        lo += int(worker[2:]) * span
+        hi = lo + span
+    for _ in range(64):
+        port = _PICK.randrange(lo, hi)
+        if port in _GIVEN:
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+        _GIVEN.append(port)
+        return port
     with socket.socket() as sock:
         sock.bind((host, 0))
-        port: int = sock.getsockname()[1]
-        return port
+        got: int = sock.getsockname()[1]
+        return got
 
 
 def wait_for_port(host: str, port: int, timeout_s: float, proc: subprocess.Popen[bytes] | None = None) -> None:

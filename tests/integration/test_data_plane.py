@@ -242,6 +242,33 @@ def test_slo_priority_refuses_in_the_proxy_what_would_miss_its_deadline(broker, 
         stack.stop()
 
 
+def test_edge_first_carries_its_sites_requests_home_first_and_spills(broker, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """edge_first natively, for a router standing in edge-a: edge-a's requests on edge-a's node while
+    it has room, on the cloud's too once it has none; a request naming the cloud goes to the router."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    nodes = [
+        {"id": "a", "partition": "edge-a", "slots": 1, "speed": 0.005, "models": ["sensor_mlp"]},
+        {"id": "c", "partition": "cloud", "tier": "cloud", "slots": 2, "models": ["sensor_mlp"]},
+    ]
+    stack = _stack(broker, tmp_path, {"site": "edge-a"}, nodes, ["edge_first"])
+    try:
+        url = f"{stack.router_url}/v2/models/sensor_mlp/infer"
+        for _ in range(10):  # one at a time: the site's node always has room
+            status, _, headers = call(url, infer_body())
+            assert status == 200 and headers.get("x-edgeroute-data-plane") == "native"
+            assert headers.get("x-edgeroute-node") == "a"
+        status, _, headers = call(url, infer_body(), headers={"x-edgeroute-site": "cloud"})
+        assert status == 200 and "x-edgeroute-data-plane" not in headers  # (the router judges it)
+        with ThreadPoolExecutor(8) as pool:  # eight at once on one slow slot: no room, the spill
+            answers = list(pool.map(lambda _: call(url, infer_body()), range(120)))
+        assert all(a[0] == 200 and a[2].get("x-edgeroute-data-plane") == "native" for a in answers)
+        where = [a[2].get("x-edgeroute-node") for a in answers]
+        assert where.count("c") > 10 and where.count("a") > 10, where
+    finally:
+        stack.stop()
+
+
 def test_tritons_own_client_passes_through_unchanged(native: Stack) -> None:
     httpclient = pytest.importorskip("tritonclient.http")
     import numpy as np

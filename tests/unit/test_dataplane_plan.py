@@ -24,7 +24,8 @@ def test_native_balance_honours_only_what_the_proxy_can_express() -> None:
     assert native_balance(PolicySpec(preset="slo_priority"))[0] == "leastconn"
     balance, why = native_balance(PolicySpec(preset="slo_priority", params={"deadline_filter": {"margin": 0.1}}))
     assert balance is None and "deadline_filter" in why
-    for preset in ("edge_first", "compass", "esg"):
+    assert native_balance(PolicySpec(preset="edge_first"))[0] == "first"  # (with the router's own site)
+    for preset in ("compass", "esg"):
         balance, why = native_balance(PolicySpec(preset=preset))
         assert balance is None and preset in why
 
@@ -70,13 +71,18 @@ def test_hostile_model_names_and_values_never_reach_the_configuration() -> None:
 @pytest.mark.skipif(find_binary(None) is None, reason="HAProxy is not installed (apt install haproxy)")
 def test_haproxy_accepts_the_configuration(tmp_path: Path) -> None:
     a = ServerState("a", "127.0.0.1", 9001, 256, True)
-    p = Plan("random(2)", "", {0: a}, {"m": 0}, {0: frozenset({0})})
+    first = Plan(
+        "first", "", {0: ServerState("a", "127.0.0.1", 9001, 256, True, maxconn=2)}, {"m": 0}, {0: frozenset({0})}
+    )
     grpc = {"grpc_listen": ("127.0.0.1", 3), "python_grpc": "/tmp/router-grpc.sock"}
-    for extra in (
-        {},
-        {"auth": True, "rate": (5.0, 10), "node_token": "t0k", "python_priority_at": 10},
-        grpc,
-        {**grpc, "auth": True, "rate": (5.0, 10), "node_token": "t0k"},
+    for p, extra in (
+        (Plan("random(2)", "", {0: a}, {"m": 0}, {0: frozenset({0})}), {}),
+        (
+            Plan("leastconn", "", {0: a}, {"m": 0}, {0: frozenset({0})}, costs={"m": 100}),
+            {"auth": True, "rate": (5.0, 10), "node_token": "t0k", "python_priority_at": 10},
+        ),
+        (first, grpc),
+        (first, {**grpc, "auth": True, "rate": (5.0, 10), "node_token": "t0k"}),
     ):
         text = render(
             Render(
@@ -197,3 +203,41 @@ def test_slo_priority_carries_its_deadline_filter_as_admission_costs() -> None:
     assert f"add map /x/costs.map m{p.models['m']} 2500" in cmds
     for other in ("p2c", "least_latency"):
         assert plan(view, PolicySpec(preset=other), Slots(4, 4), now, address=at).costs == {}
+
+
+def test_edge_first_puts_the_routers_site_first_and_each_node_to_its_slots() -> None:
+    """`balance first` on the proxy's own counts: the site's nodes hold the lowest slots and the rest the
+    highest, each takes at most its slots, so the proxy fills the site before it spills."""
+    from telemetry.cluster.view import ClusterView
+    from tests.helpers import load
+
+    now = 1_000.0
+
+    def at(endpoint: str) -> tuple[str, int]:
+        return endpoint.removeprefix("http://"), 1
+
+    msgs = [
+        load("a", partition="edge-a", sent_at_ms=now),
+        load("b", partition="cloud", capacity=4, sent_at_ms=now),
+        load("c", partition="edge-a", capacity=2, sent_at_ms=now),
+    ]
+    view = ClusterView.of(msgs, now)
+    sites = ["edge-a", "cloud", "cams|edge-a", "cams|cloud"]
+    spec = PolicySpec(preset="edge_first")
+    p = plan(view, spec, Slots(8, 4), now, address=at, own_site=None, sites=sites)
+    assert p.balance is None and "own site" in p.reason  # (no site of its own: the router decides)
+    slots = Slots(8, 4)
+    p = plan(view, spec, slots, now, address=at, own_site="edge-a", sites=sites)
+    assert p.balance == "first" and slots.nodes == {"a": 0, "c": 1, "b": 7}
+    assert {s.node_id: s.maxconn for s in p.nodes.values()} == {"a": 1, "b": 4, "c": 2}
+    assert p.serving[p.models["m"]] == {0, 1, 7}
+    assert p.sites == {"edge-a", "cams|edge-a"}  # a request naming the cloud goes to the router
+    later = ClusterView.of([*msgs, load("d", partition="edge-a", sent_at_ms=now)], now)
+    plan(later, spec, slots, now, address=at, own_site="edge-a", sites=sites)
+    assert slots.nodes["d"] == 2  # (a new node of the site: the lowest free slot)
+    s = DataPlaneConfig(node_slots=8, model_slots=4)
+    cmds = commands(Plan("first", "", {}, {}, {}), p, s, "/x/models.map")
+    assert "set maxconn server m0/n1 2" in cmds and "set maxconn server m3/n7 4" in cmds
+    text = render(Render(s, ("127.0.0.1", 1), "/tmp/router.sock", "/tmp", "k"), p)
+    assert "    balance first" in text and "server n7 b:1 weight 256 maxconn 4 track nodes/n7" in text
+    assert plan(view, PolicySpec(preset="p2c"), Slots(8, 4), now, address=at).nodes[0].maxconn is None

@@ -102,3 +102,39 @@ def test_slo_priority_is_carried_with_its_deadline_filter_as_the_proxys_admissio
     assert abs(on["by_priority"]["0"]["completed"] / off["by_priority"]["0"]["completed"] - 1.0) < 0.15
     alerts = on["by_priority"]["5"]
     assert alerts["completed"] == alerts["sent"] and alerts["slo_attainment"] == 1.0
+
+
+def test_edge_first_keeps_its_sites_requests_home_until_the_site_has_no_room() -> None:
+    """A router standing in edge-a carries edge-a's requests on edge-a's nodes while they have room and
+    spills to the cloud when they have none; a request naming another site goes to the router."""
+    topology = {
+        "partitions": ["edge-a", "cloud"],
+        "nodes": [
+            {"id": "a", "partition": "edge-a", "slots": 1, "models": ["sensor_mlp"]},
+            {"id": "b", "partition": "edge-a", "slots": 1, "models": ["sensor_mlp"]},
+            {"id": "c", "partition": "cloud", "tier": "cloud", "slots": 4, "models": ["sensor_mlp"]},
+        ],
+    }
+
+    def run(rate: float, speed: float) -> dict[str, Any]:
+        for n in topology["nodes"][:2]:  # type: ignore[index]
+            n["speed"] = speed
+        sites = [
+            {"site": "edge-a", "rate_rps": rate, "models": {"sensor_mlp": 1.0}, "deadline_ms": {0: 300}},
+            {"site": "cloud", "rate_rps": 10, "models": {"sensor_mlp": 1.0}, "deadline_ms": {0: 300}},
+        ]
+        scenario = _scenario(
+            topology=topology,
+            workload={"duration_s": 6, "warmup_s": 0.5, "sites": sites},
+            policies=["edge_first"],
+            router={"site": "edge-a"},
+        )
+        return _run(scenario, True)["edge_first"]
+
+    light = run(40, 1.0)
+    assert light["lost"] == 0 and light["slo_attainment"] > 0.98
+    assert 0.7 < light["data_plane"]["native_share"] < 0.9  # (edge-a's 40/s natively, the cloud's 10/s not)
+    assert light["by_node"]["c"] < 0.3 * (light["by_node"]["a"] + light["by_node"]["b"])  # (the cloud's own 10/s)
+    heavy = run(200, 0.005)  # about 1.2x what edge-a's two slow nodes execute
+    assert heavy["lost"] == 0 and heavy["data_plane"]["native_share"] > 0.9
+    assert heavy["by_node"]["c"] > 0.2 * heavy["sent"]  # the spill
