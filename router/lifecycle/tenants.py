@@ -60,6 +60,7 @@ METER_S = 2  # seconds of intake `over_share` compares
 OVER_SLACK = 1.1  # a tenant is over its share above this much of it
 SHARE_REFRESH_MS = 250.0  # how often the tenants over their share are worked out again
 MIN_OFFERED = 20  # requests over the meter's seconds before anyone is over a share
+COMPETING_MS = 500.0  # a tenant that offered nothing for this long no longer competes for a share
 
 
 class TenantQuota(BaseModel):
@@ -183,6 +184,7 @@ class TenantState:
     exec_ms: float = 0.0  # execution at the nodes (its share of each batch)
     meter: list[int] = field(default_factory=lambda: [0] * (METER_S + 1))  # offered per second, a ring
     meter_at: int = 0  # the second of meter[meter_at % len]
+    offered_at: float = float("-inf")  # when it last offered a request
 
 
 class TenantTable:
@@ -371,6 +373,7 @@ class TenantTable:
                 ring[s % n] = 0
             st.meter_at = second
         ring[second % n] += 1
+        st.offered_at = max(st.offered_at, now_ms)
 
     def _recent(self, st: TenantState, second: int) -> int:
         """Requests offered in the last METER_S whole seconds and this one."""
@@ -379,15 +382,19 @@ class TenantTable:
 
     def over_share(self, name: str, now_ms: float) -> bool:
         """Whether `name`'s recent intake is above its weighted share of all tenants' (with at least two
-        offering): the one to refuse first while the router is behind. Worked out every
-        SHARE_REFRESH_MS, not per request."""
+        still offering, each within COMPETING_MS): the one to refuse first while the router is behind.
+        Worked out every SHARE_REFRESH_MS, not per request."""
         if now_ms - self._over_at >= SHARE_REFRESH_MS:
             self._over, self._over_at = self._over_now(now_ms), now_ms
         return name in self._over
 
     def _over_now(self, now_ms: float) -> frozenset[str]:
         second = int(now_ms // 1000.0)
-        offered = {name: self._recent(st, second) for name, st in self.states.items()}
+        # (competing: still offering; one that stopped is history, and a share of the past is no share:
+        # the one tenant offering now has the whole of it, as work-conserving sharing gives it)
+        offered = {
+            name: self._recent(st, second) for name, st in self.states.items() if now_ms - st.offered_at <= COMPETING_MS
+        }
         active = {name: n for name, n in offered.items() if n > 0}
         total = sum(active.values())
         if len(active) < 2 or total < MIN_OFFERED:

@@ -5,8 +5,9 @@ Every `sync_ms` the proxy's tables are the plan the live control loop computes (
 the same code, on the router's overlaid view), so they lag the view as the live proxy's do. A request
 the plan carries (its model mapped, a site the router would take, no tenant, no priority the router
 hedges) is balanced as HAProxy balances it on its own counts of what it has in flight per node:
-`random(k)` (k draws by weight, the least loaded of them), `leastconn` (fewest in flight per weight),
-`roundrobin` (smooth, by weight), `first` (edge_first: the lowest slot below the node's own limit). A
+`random(k)` (k draws by weight, with replacement, the one serving fewest per weight, a tie to the
+later), `leastconn` (fewest in flight per weight), `roundrobin` (smooth, by weight), `first`
+(edge_first: the lowest slot below the node's own limit). A
 node holds at most `max_per_node` of the proxy's requests (edge_first: its slots); past that a request
 waits in its model's queue, most urgent priority first, and is refused 503 after `queue_timeout_ms`.
 Where the plan admits by deadline (slo_priority: `Plan.costs`), a request below `ALWAYS_TRY_MIN` whose
@@ -79,6 +80,16 @@ class SimProxy:
             (p.nodes[i].node_id, p.nodes[i].weight) for i in p.serving.get(j, ()) if p.nodes[i].node_id not in self.down
         ]
 
+    def may_take(self, model: str, node: str, tried: set[str]) -> bool:
+        """Whether `node` may take one more request for `model` now (up, serving it, room, not tried)."""
+        p, j = self.plan, self.plan.models.get(model)
+        for i in p.serving.get(j, ()) if j is not None else ():
+            s = p.nodes[i]
+            if s.node_id == node:
+                limit = s.maxconn or self.settings.max_per_node
+                return node not in self.down and node not in tried and self.in_flight.get(node, 0) < limit
+        return False
+
     def pick(self, model: str, tried: set[str]) -> str | None:
         """The node for one attempt (None: every one is full or tried)."""
         balance = self.plan.balance or "random(2)"
@@ -91,17 +102,25 @@ class SimProxy:
                     return s.node_id
             return None
         limit = self.settings.max_per_node
+        if balance.startswith("random("):  # (HAProxy's get_server_rnd: k weighted draws, with replacement,
+            # each kept over the best so far unless that one serves fewer per weight, a tie to the later;
+            # the one chosen full: none, the request waits in the queue)
+            pool = [(n, w) for n, w in self.servers(model) if n not in tried]
+            if not pool:
+                return None
+            weights = [w for _, w in pool]
+            drawn: tuple[str, int] | None = None
+            for _ in range(int(balance[7:-1])):
+                cand = pool[self.rng.choices(range(len(pool)), weights)[0]]
+                if drawn is not None and drawn[0] != cand[0]:
+                    if self.in_flight.get(cand[0], 0) * drawn[1] > self.in_flight.get(drawn[0], 0) * cand[1]:
+                        cand = drawn
+                drawn = cand
+            assert drawn is not None
+            return drawn[0] if self.in_flight.get(drawn[0], 0) < limit else None
         free = [(n, w) for n, w in self.servers(model) if n not in tried and self.in_flight.get(n, 0) < limit]
         if not free:
             return None
-        if balance.startswith("random("):
-            k = int(balance[7:-1])
-            draws: list[tuple[str, int]] = []
-            pool = list(free)
-            while pool and len(draws) < k:
-                chosen = self.rng.choices(range(len(pool)), [w for _, w in pool])[0]
-                draws.append(pool.pop(chosen))
-            return min(draws, key=lambda nw: (self.in_flight.get(nw[0], 0) + 1) / nw[1])[0]
         if balance == "leastconn":
             return min(free, key=lambda nw: ((self.in_flight.get(nw[0], 0) + 1) / nw[1], nw[0]))[0]
         total = sum(w for _, w in free)  # roundrobin: smooth weighted (each turn the heaviest, less the total)
@@ -214,10 +233,13 @@ class ProxyModel(SimState):
         self._proxy_send(req, t0 + PROXY_MS)
         return True
 
-    def _proxy_send(self, req: SimRequest, at: float) -> None:
+    def _proxy_send(self, req: SimRequest, at: float, freed: str | None = None) -> None:
+        """One attempt of `req` (`freed`: a node that just freed a slot for it, as HAProxy hands a queued
+        request to the server that frees one)."""
         proxy = self.proxy
         assert proxy is not None
-        name = proxy.pick(req.model, req.life.tried)
+        name = freed if freed is not None and proxy.may_take(req.model, freed, req.life.tried) else None
+        name = name or proxy.pick(req.model, req.life.tried)
         if name is None:
             if all(n in req.life.tried for n, _ in proxy.servers(req.model)):  # (none left to try)
                 self._proxy_answer(req, 503, "no node can take the request now", at + PROXY_MS, None)
@@ -273,7 +295,7 @@ class ProxyModel(SimState):
         while queue:
             _, _, waiting = heapq.heappop(queue)
             if not waiting.done:
-                self._proxy_send(waiting, self.now)
+                self._proxy_send(waiting, self.now, name)
                 return
 
     def _proxy_answer(self, req: SimRequest, status: int, reason: str, at_ms: float, served: Job | None) -> None:

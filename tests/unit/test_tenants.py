@@ -342,3 +342,24 @@ def test_two_flooding_tenants_split_what_is_left_by_weight_and_a_quiet_one_keeps
     assert fair["by_tenant"]["c"]["slo_attainment"] >= 0.99
     plain = _two_floods(None)
     assert plain["by_tenant"]["c"]["slo_attainment"] < 0.8, "without tenants the quiet one is refused with the rest"
+
+
+def test_a_tenant_that_stopped_offering_leaves_the_other_its_whole_share() -> None:
+    """One tenant after another (a's traffic ends, b's begins): a's past intake in the meter does not
+    make b, the only tenant offering now, over its share."""
+    t = table(a={}, b={})
+    now = 0.0
+    for i in range(100):  # a alone for a second, 100/s
+        now = i * 10.0
+        t.admit("a", now)
+    for i in range(1, 400):  # then b alone
+        now = 1000.0 + i * 2.5
+        t.admit("b", now)
+        if now >= 1000.0 + 600.0:  # (a stopped more than COMPETING_MS ago)
+            assert not t.over_share("b", now + 260.0), now
+    for i in range(100):  # both at once again: the one offering four times as much is over
+        now = 3000.0 + i * 2.5
+        t.admit("b", now)
+        if i % 4 == 0:
+            t.admit("a", now)
+    assert t.over_share("b", now + 300.0) and not t.over_share("a", now + 300.0)
