@@ -12,6 +12,7 @@ auth is configured. The status page (`/`) is rendered from `templates/status.htm
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import html
 import logging
 import time
@@ -37,6 +38,8 @@ from telemetry.kafka.signing import Verifier
 from telemetry.oip import wire
 from telemetry.process.serving import read_body
 from telemetry.process.settings import first_error
+
+VIEW_RECOUNT_S = 1.0  # how long /admin/view waits for the data plane's counts as of now
 
 log = logging.getLogger("edgeroute.router")
 
@@ -210,6 +213,9 @@ async def put_cascades(request: web.Request) -> web.Response:
 
 async def get_view(request: web.Request) -> web.Response:
     router = request.app[ROUTER]
+    if router.dataplane is not None and router.dataplane.proxy is not None:  # (its counts as of now)
+        with contextlib.suppress(OSError, TimeoutError, ValueError, RuntimeError):  # (DataPlaneError too)
+            await asyncio.wait_for(router.dataplane.recount(), VIEW_RECOUNT_S)
     now = router.clock()
     view = router.lifecycle.tracker.overlay(router.store.view)
     health = router.lifecycle.health

@@ -134,6 +134,7 @@ class DataPlane:
         self.native_by_model: dict[str, int] = {}  # (its models are the plan's: bounded by model_slots)
         self._last: dict[str, int] = {}
         self._generation: tuple[int, int] = (0, 0)
+        self._counting = asyncio.Lock()  # (one look at the proxy's counts at a time: each is a delta)
 
     @property
     def url(self) -> str:
@@ -274,9 +275,10 @@ class DataPlane:
         new = await self._resolve(self.compute(self.router.clock()))
         if new.balance is not None and new.balance != self.balance:
             self.balance = new.balance
-            with contextlib.suppress(OSError, TimeoutError, ValueError):  # (the old worker's last counts)
-                self.count(await self.proxy.backend_requests())
-            await self.proxy.reload(render(self.inputs(), new), self.maps(new))
+            async with self._counting:
+                with contextlib.suppress(OSError, TimeoutError, ValueError):  # (the old worker's last counts)
+                    self.count(await self.proxy.backend_requests())
+                await self.proxy.reload(render(self.inputs(), new), self.maps(new))
         else:
             grpc_maps = None if self.python_grpc is None else str(self.rundir / "grpc_models.map")
             d = self.rundir
@@ -318,10 +320,17 @@ class DataPlane:
             elif status.startswith("DOWN") and not self.node_status.get(s.node_id, "").startswith("DOWN"):
                 evidence.observe(s.node_id, False, now)
         self.node_status = seen
-        generation = (self.proxy.reloads, id(self.proxy.proc))
-        if generation != self._generation:  # a new worker (a reload, a restart) counts from zero again
-            self._generation, self._last = generation, {}
-        self.count(await self.proxy.backend_requests())
+        await self.recount()
+
+    async def recount(self) -> None:
+        """The proxy's counts now into `requests` (the control loop's every `check_ms`, and each read of
+        `/admin/view`, so that what it says includes every request answered before it was asked)."""
+        assert self.proxy is not None
+        async with self._counting:
+            generation = (self.proxy.reloads, id(self.proxy.proc))
+            if generation != self._generation:  # a new worker (a reload, a restart) counts from zero again
+                self._generation, self._last = generation, {}
+            self.count(await self.proxy.backend_requests())
 
     def count(self, counts: dict[str, int]) -> None:
         """The proxy's per-backend totals into requests carried per model and passed to the router: what
