@@ -189,11 +189,11 @@ def plan(
     plain HTTP with a port; the simulator's nodes have addresses of their own); `own_site`: the site the
     router stands in (edge_first's local site; without one edge_first needs the router)."""
     balance, reason = native_balance(spec)
-    local = spec.preset == "edge_first"
-    if local and own_site is None:
+    if balance is not None and spec.preset == "edge_first" and own_site is None:
         balance, reason = None, "policy 'edge_first' natively needs the router's own site (`site:`): the router runs it"
     if whole_router is not None:
         balance, reason = None, whole_router
+    local = balance is not None and spec.preset == "edge_first"  # (its site first, each node to its slots)
     python_only = python_only or {}
     routable: list[tuple[NodeState, tuple[str, int]]] = []
     where = address or _address

@@ -226,6 +226,9 @@ def test_edge_first_puts_the_routers_site_first_and_each_node_to_its_slots() -> 
     spec = PolicySpec(preset="edge_first")
     p = plan(view, spec, Slots(8, 4), now, address=at, own_site=None, sites=sites)
     assert p.balance is None and "own site" in p.reason  # (no site of its own: the router decides)
+    tuned = PolicySpec(preset="edge_first", params={"locality": {"max_load": 2.0}})
+    p = plan(view, tuned, Slots(8, 4), now, address=at, own_site="edge-a", sites=sites)
+    assert p.balance is None and "parameters" in p.reason and all(s.maxconn is None for s in p.nodes.values())
     slots = Slots(8, 4)
     p = plan(view, spec, slots, now, address=at, own_site="edge-a", sites=sites)
     assert p.balance == "first" and slots.nodes == {"a": 0, "c": 1, "b": 7}
