@@ -219,6 +219,14 @@ def _client(r: Render) -> list[str]:
     ]
 
 
+def _refusal(message: str, grpc: bool) -> str:
+    """The body of a 429 the proxy answers itself (`http-request return`): a gRPC status and message on
+    the gRPC door, the router's JSON error on the HTTP door."""
+    if grpc:
+        return f"hdr grpc-status {GRPC_CODES[429]} hdr grpc-message '{message}'"
+    return f"content-type application/json string '{wire.dumps({'error': message}).decode()}'"
+
+
 def _rate(r: Render, grpc: bool) -> list[str]:
     """The rate limit's rules (every inference request of a known client counts, those the router
     answers too: its own bucket sees only those, so the proxy's window is the one that binds)."""
@@ -229,11 +237,7 @@ def _rate(r: Render, grpc: bool) -> list[str]:
     limit = max(burst, round(rps * window_s))
     key, known = ("var(txn.client)", "{ var(txn.client) -m found }") if r.auth else ("src", "")
     message = f"over {rps:g} requests/s"
-    answer = (
-        f"hdr grpc-status {GRPC_CODES[429]} hdr grpc-message '{message}'"
-        if grpc
-        else f"content-type application/json string '{wire.dumps({'error': message}).decode()}'"
-    )
+    answer = _refusal(message, grpc)
     return [
         f"    http-request track-sc0 {key} table rates if {{ var(txn.infer) -m found }} {known}".rstrip(),
         f"    http-request return status 429 hdr Retry-After {window_s} {answer} "
@@ -382,11 +386,7 @@ def _admission(r: Render, grpc: bool) -> list[str]:
     )
     low = f"!{{ req.hdr({wire.PRIORITY}) -m int ge {ALWAYS_TRY_MIN} }}"
     message = "no node can answer within the deadline"
-    answer = (
-        f"hdr grpc-status {GRPC_CODES[429]} hdr grpc-message '{message}'"
-        if grpc
-        else f"content-type application/json string '{wire.dumps({'error': message}).decode()}'"
-    )
+    answer = _refusal(message, grpc)
     return [
         f"    http-request set-var(txn.cost) var(txn.be),map({r.rundir}/costs.map) if {has} {low}",
         "    http-request set-var(txn.wait) be_conn,mul(txn.cost) if { var(txn.cost) -m found }",

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from policies.api import RouteRequest
-from router.dataplane.plan import ALWAYS_TRY_MIN, Plan, Slots, plan
+from router.dataplane.plan import ALWAYS_TRY_MIN, Plan, ServerState, Slots, plan
 from router.dataplane.settings import DataPlaneConfig
 from router.lifecycle import Attempts, Failure
 from scenarios.sim.state import DATAPLANE, NODE_ARRIVE, Job, SimRequest, SimState
@@ -80,27 +80,25 @@ class SimProxy:
             (p.nodes[i].node_id, p.nodes[i].weight) for i in p.serving.get(j, ()) if p.nodes[i].node_id not in self.down
         ]
 
+    def _serving(self, model: str) -> list[ServerState]:
+        """The node slots ready for `model`, lowest first."""
+        p, j = self.plan, self.plan.models.get(model)
+        return [p.nodes[i] for i in sorted(p.serving.get(j, ()))] if j is not None else []
+
+    def _room(self, s: ServerState, tried: set[str]) -> bool:
+        """Whether node slot `s` may take one more attempt now (up, below its limit, not tried)."""
+        limit = s.maxconn or self.settings.max_per_node
+        return s.node_id not in self.down and s.node_id not in tried and self.in_flight.get(s.node_id, 0) < limit
+
     def may_take(self, model: str, node: str, tried: set[str]) -> bool:
         """Whether `node` may take one more request for `model` now (up, serving it, room, not tried)."""
-        p, j = self.plan, self.plan.models.get(model)
-        for i in p.serving.get(j, ()) if j is not None else ():
-            s = p.nodes[i]
-            if s.node_id == node:
-                limit = s.maxconn or self.settings.max_per_node
-                return node not in self.down and node not in tried and self.in_flight.get(node, 0) < limit
-        return False
+        return any(s.node_id == node and self._room(s, tried) for s in self._serving(model))
 
     def pick(self, model: str, tried: set[str]) -> str | None:
         """The node for one attempt (None: every one is full or tried)."""
         balance = self.plan.balance or "random(2)"
         if balance == "first":  # (the lowest slot with room, to each node's own limit)
-            p, j = self.plan, self.plan.models.get(model)
-            for i in sorted(p.serving.get(j, ())) if j is not None else ():
-                s = p.nodes[i]
-                limit = s.maxconn or self.settings.max_per_node
-                if s.node_id not in self.down and s.node_id not in tried and self.in_flight.get(s.node_id, 0) < limit:
-                    return s.node_id
-            return None
+            return next((s.node_id for s in self._serving(model) if self._room(s, tried)), None)
         limit = self.settings.max_per_node
         if balance.startswith("random("):  # (HAProxy's get_server_rnd: k weighted draws, with replacement,
             # each kept over the best so far unless that one serves fewer per weight, a tie to the later;
