@@ -137,10 +137,12 @@ async def _infer(
     except Unanswerable as exc:  # not a model (or version) it serves: 404
         return Done(exc.status, exc.message)
     rt.model_requests += 1
+    rt.per_model.add(name, "model_requests")
     loaded = rt.models.get(name)
     cold_ms = None
     if loaded is None:  # not resident: load it first (evicting idle models), or answer why it cannot be
         rt.cold_requests += 1
+        rt.per_model.add(name, "cold_requests")
         got = await load_or_refuse(rt, name)
         if isinstance(got, Done):
             rt.metrics.answered(name, got.status, None, 0.0)

@@ -12,7 +12,7 @@ budget.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import KeysView
+from collections.abc import Iterable, KeysView
 
 
 class NoRoom(Exception):
@@ -109,3 +109,33 @@ class Residency:
         if name in self._pins:
             raise ValueError(f"model '{name}' has requests in progress")
         self._used -= self._sizes.pop(name, 0)
+
+
+MODEL_COUNTS = ("model_requests", "cold_requests", "loads", "evictions")  # /admin/stats "by_model"
+
+
+class ModelCounts:
+    """Per model: the requests that reached the node for it, those that found it not resident, its
+    loads after start-up and its evictions (the live node and the simulator alike; `/admin/stats`
+    `by_model`). Only models of the node's repository are counted, so the table is bounded."""
+
+    def __init__(self) -> None:
+        self._counts: dict[str, dict[str, int]] = {}
+
+    def add(self, model: str, what: str) -> None:
+        row = self._counts.get(model)
+        if row is None:
+            row = self._counts[model] = dict.fromkeys(MODEL_COUNTS, 0)
+        row[what] += 1
+
+    def as_json(self) -> dict[str, dict[str, int]]:
+        return {m: dict(row) for m, row in sorted(self._counts.items())}
+
+
+def count_copies(resident: Iterable[Iterable[str]], models: Iterable[str]) -> dict[str, int]:
+    """Warm copies of each of `models` over nodes' resident sets (a replay's copies over time)."""
+    held: dict[str, int] = {}
+    for names in resident:
+        for m in set(names):
+            held[m] = held.get(m, 0) + 1
+    return {m: held.get(m, 0) for m in sorted(models)}

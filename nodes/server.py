@@ -295,6 +295,7 @@ async def stats(request: web.Request) -> web.Response:
         "evictions": rt.evictions,
         "model_requests": rt.model_requests,
         "cold_requests": rt.cold_requests,
+        "by_model": rt.per_model.as_json(),  # the four counts above per model (nodes.residency.ModelCounts)
         "handoffs": engine.handoffs,
         "handoff_ms_mean": round(engine.handoff_ms_total / engine.handoffs, 4) if engine.handoffs else 0.0,
         "inline_runs": engine.inline_runs,

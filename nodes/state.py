@@ -19,7 +19,7 @@ from nodes.executor import Executor
 from nodes.gpu import Nvml
 from nodes.metrics import NodeMetrics
 from nodes.repository import repository_index
-from nodes.residency import NoRoom, Residency
+from nodes.residency import ModelCounts, NoRoom, Residency
 from nodes.runtime import LoadedModel, load_model, model_file_size
 from telemetry.cluster.schema import DeviceInfo, ModelLoad, NodeLoad
 from telemetry.process.version import __version__
@@ -58,6 +58,7 @@ class NodeRuntime:
     # requests per tenant the router named (the first TENANTS_SEEN names; the rest as "(other)")
     tenant_requests: Counter[str] = field(default_factory=Counter)
     evictions: int = 0
+    per_model: ModelCounts = field(default_factory=ModelCounts)  # the four counts above, per model
     load_ms_total: float = 0.0
     load_ms: dict[str, float] = field(default_factory=dict)  # last measured load time per model
     engine: Executor = field(init=False)
@@ -151,6 +152,7 @@ class NodeRuntime:
                     self.residency.remove(victim)
                     self.models.pop(victim, None)
                     self.evictions += 1
+                    self.per_model.add(victim, "evictions")
                     log.info("node %s evicted %s to make room for %s", cfg.node_id, victim, name)
                 model = await loop.run_in_executor(
                     self.loader,
@@ -172,6 +174,7 @@ class NodeRuntime:
             self.models[name] = model
             self.load_ms[name] = model.load_ms
             self.loads += 1
+            self.per_model.add(name, "loads")
             self.load_ms_total += model.load_ms
             log.info("node %s loaded %s on demand in %.0f ms", cfg.node_id, name, model.load_ms)
             self.publish_now.set()

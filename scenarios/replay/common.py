@@ -7,6 +7,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
+from nodes.residency import MODEL_COUNTS
 from scenarios.spec.schema import MAX_DURATION_S, PolicyRun, Scenario
 from scenarios.spec.workload import Arrival, build_schedule, mean_rate_rps
 
@@ -32,7 +33,7 @@ def header(scenario: Scenario, mode: str, duration: float, warmup: float) -> dic
     }
 
 
-NODE_RESIDENCY_COUNTERS = ("model_requests", "cold_requests", "loads", "evictions")  # /admin/stats, SimNode
+NODE_RESIDENCY_COUNTERS = MODEL_COUNTS  # /admin/stats, SimNode (and per model, their `by_model`)
 
 
 def triggers(scenario: Scenario) -> list[tuple[str, float, float]]:

@@ -3,7 +3,8 @@
 Everything is drawn from `report.json` alone (`edgeroute report DIR` re-renders a saved run):
 `latency_cdf.png` (per policy and priority), `timeline.png` (throughput and SLO attainment over time,
 faults marked, warm-up shaded), `node_load.png` (completions per node over time, per policy), and for
-policies that tune a delay-scheduling timer `delay_timer.png` (its value per site over time). A report
+policies that tune a delay-scheduling timer `delay_timer.png` (its value per site over time), and
+with a model catalogue `copies.png` (each model's warm copies over time, per policy). A report
 that also carries a simulation (`--mode both`) gets `sim_*.png` and a live-vs-sim table.
 """
 
@@ -131,6 +132,51 @@ def plot_nodes(report: dict[str, Any], path: Path) -> None:
     _save(fig, path)
 
 
+def plot_copies(report: dict[str, Any], path: Path) -> None:
+    """Warm copies of each catalogue model over time, per policy (a run with a model catalogue)."""
+    names = [n for n, p in report["policies"].items() if (p.get("timeline") or {}).get("copies")]
+    if not names:
+        return
+    fig, axes = plt.subplots(len(names), 1, figsize=(9, 2.4 * len(names)), sharex=True, squeeze=False)
+    for ax, name in zip(axes[:, 0], names, strict=True):
+        tl = report["policies"][name]["timeline"]
+        for model, counts in tl["copies"].items():
+            xs = [(i + 1) * tl["bucket_s"] for i, c in enumerate(counts) if c is not None]
+            ax.step(xs, [c for c in counts if c is not None], where="post", label=model, lw=1.2)
+        ax.set_title(name, fontsize=9)
+        ax.set_ylabel("warm copies")
+        ax.grid(alpha=0.3)
+        _faults(ax, {name: report["policies"][name]})
+    axes[0, 0].legend(fontsize=7, ncol=6)
+    axes[-1, 0].set_xlabel("seconds from start")
+    fig.suptitle(f"{report['scenario']} ({report['mode']}): warm copies per model")
+    _save(fig, path)
+
+
+def _residency_rows(report: dict[str, Any]) -> list[str]:
+    """Per policy and model: requests at the nodes, those that found the model cold, loads, evictions."""
+    rows = [
+        (name, model, r)
+        for name, p in report["policies"].items()
+        for model, r in (p.get("residency") or {}).get("by_model", {}).items()
+    ]
+    if not rows:
+        return []
+    lines = [
+        "",
+        "Residency per model (at the nodes: requests, of which found the model cold, loads, evictions):",
+        "",
+        "| policy | model | requests | cold | warm hit | loads | evictions |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, model, r in rows:
+        lines.append(
+            f"| {name} | {model} | {r['model_requests']} | {r['cold_requests']} | {r['warm_hit_rate'] * 100:.1f}% | "
+            f"{r['loads']} | {r['evictions']} |"
+        )
+    return lines
+
+
 def _table(report: dict[str, Any]) -> list[str]:
     lines = [
         "| policy | sent | completed | errors | lost | p50 ms | p95 ms | p99 ms | SLO | throughput/s |",
@@ -163,6 +209,7 @@ def _table(report: dict[str, Any]) -> list[str]:
             bp = p["by_priority"].get(k)
             cells.append("-" if bp is None else f"{bp['latency_ms']['p99']:.1f} / {bp['slo_attainment'] * 100:.1f}%")
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    lines += _residency_rows(report)
     if any("reroute" in p or "executions" in p for p in report["policies"].values()):
         lines += [
             "",
@@ -245,6 +292,7 @@ def render(report: dict[str, Any], out_dir: Path) -> Path:
             ("timeline", plot_timeline),
             ("node_load", plot_nodes),
             ("delay_timer", plot_delay),
+            ("copies", plot_copies),
         ):
             file = f"{prefix}{name}.png"
             fn(rep, out_dir / file)

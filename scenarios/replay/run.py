@@ -28,6 +28,7 @@ from scenarios.replay.common import (
     run_router,
     triggers,
 )
+from scenarios.replay.copies import CopyWatch, add_residency
 from scenarios.replay.partitions import partitions
 from scenarios.replay.report import (
     format_comparison,
@@ -148,11 +149,17 @@ def replay_live(
             lags: list[float] = []
             watch = HostWatch(stack.pids)
             watch.start()
+            held = _copy_watch(stack, scenario)
             urls = stack.router_urls or stack.router_url
             hdrs = stack.client_headers
-            results = asyncio.run(
-                run_load(urls, schedule, payloads, 5.0, _progress(run.name), hdrs, lags, tenant_header(scenario.router))
-            )
+            try:
+                results = asyncio.run(
+                    run_load(
+                        urls, schedule, payloads, 5.0, _progress(run.name), hdrs, lags, tenant_header(scenario.router)
+                    )
+                )
+            finally:
+                samples = held.stop() if held is not None else []
             trust = verdict(lags, watch.stop())  # (figures from a starved host say so)
             wall = time.monotonic() - started
             injector.stop()
@@ -196,6 +203,8 @@ def replay_live(
             if injector.errors:
                 summary["fault_errors"] = injector.errors
             summary.update(series(results, warmup, duration + warmup))
+            if held is not None:  # (a model catalogue: residency per model, and copies over time)
+                add_residency(summary, (st.get("by_model") for st in stats), samples)
             marks = triggers(scenario)
             if marks:
                 summary["recovery"] = recovery(results, marks, duration + warmup)
@@ -205,6 +214,15 @@ def replay_live(
         status, view = http_json(f"{stack.router_url}/admin/view", headers=stack.admin_headers)
         report["telemetry"] = view["telemetry"] if status == 200 else {}
     return report
+
+
+def _copy_watch(stack: Stack, scenario: Scenario) -> CopyWatch | None:
+    """With a model catalogue, the nodes' resident models read through the run (started)."""
+    if not scenario.models:
+        return None
+    watch = CopyWatch(lambda: [p.url for p in list(stack.nodes.values())], scenario.models, stack.node_headers)
+    watch.start()
+    return watch
 
 
 def execution_check(executed_ids: list[str], answered_ok: int) -> dict[str, int]:

@@ -24,6 +24,7 @@ from scenarios.replay.common import (
     triggers,
     untriggered,
 )
+from scenarios.replay.copies import add_residency
 from scenarios.replay.partitions import partitions
 from scenarios.replay.report import node_warm_rates, recovery, series, summarize
 from scenarios.replay.tenants import tenant_weights
@@ -108,6 +109,8 @@ def simulate_run(cell: Cell) -> tuple[dict[str, Any], int, dict[str, Any]]:
         summary["reroute"] = moves_during({}, sim.lc.reroute.as_json())
     summary["overload"] = sim.lc.overload_summary((0, int(duration + warmup) + 1))  # as the live run's
     summary.update(series(results, warmup, duration + warmup))
+    if sim.copy_samples is not None:  # (a model catalogue: residency per model, and copies over time)
+        add_residency(summary, (n.per_model.as_json() for n in sim.nodes.values()), sim.copy_samples)
     if cuts := partitions(results, scenario):
         summary["partitions"] = cuts
     marks = triggers(scenario)

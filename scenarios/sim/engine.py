@@ -71,6 +71,7 @@ from scenarios.sim.state import (
     ARRIVAL,
     AUTOSCALE,
     COPIES,
+    COPY_SAMPLE_MS,
     DATAPLANE,
     EXPIRE,
     FAULT,
@@ -262,6 +263,9 @@ class Simulation(
         self.deliveries: list[tuple[float, int, NodeLoad, ViewStore]] = []
         self.broker_up = True
         self.fault_log: list[tuple[float, str]] = []
+        # with a model catalogue, the warm copies of each model once a second (scenarios.replay.copies)
+        self.copy_samples = [] if scenario.models else None
+        self._copy_next_ms = COPY_SAMPLE_MS
         arch = self._arch
         self._load_ms = {m: _declared_load_ms(scenario, m) for m in arch}
         self.workflows = {w.name: w for w in scenario.workflow_specs()}

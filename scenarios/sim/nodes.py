@@ -4,10 +4,11 @@
 from __future__ import annotations
 
 from nodes.estimates import EXACT_BATCH_KEYS, batch_curve_ms, batch_key, learn_ms, time_left_ms
-from nodes.residency import NoRoom, Residency
+from nodes.residency import NoRoom, Residency, count_copies
 from nodes.scheduler import PUSHED_OUT, REFUSED_LATE, BatchPolicy, Scheduler, Work
 from router.lifecycle import Failure, classify
 from scenarios.sim.state import (
+    COPY_SAMPLE_MS,
     EXPIRE,
     FINISH,
     LOADED,
@@ -80,8 +81,10 @@ class NodeModel(SimState):
             return
         node.model_requests += 1
         model = job.req.model
+        node.per_model.add(model, "model_requests")
         if model not in node.residency:  # the node loads it first (the live node's `ensure`)
             node.cold_requests += 1
+            node.per_model.add(model, "cold_requests")
             job.cold = True
             waiting = node.load_waiters.setdefault(model, [])
             waiting.append(job)
@@ -169,6 +172,7 @@ class NodeModel(SimState):
             for victim in victims:
                 node.residency.remove(victim)
                 node.evictions += 1
+                node.per_model.add(victim, "evictions")
             node.loading = model
             self.push(self.now + self._load_ms[model], LOADED, (node, node.epoch, model))
 
@@ -180,6 +184,7 @@ class NodeModel(SimState):
         node.residency.add(model, self._size[model])
         node.peak_memory = max(node.peak_memory, node.residency.used_bytes)
         node.loads += 1
+        node.per_model.add(model, "loads")
         node.load_ms[model] = self._load_ms[model]
         for _, lc in self.stands:
             lc.copies.done(model, node.spec.id)
@@ -189,6 +194,14 @@ class NodeModel(SimState):
         self._kick(node)
         self._emit(node)  # the live node publishes at once when its resident set changes
         self._next_load(node)
+
+    def _sample_copies(self) -> None:
+        """Which serving nodes hold each catalogue model now, as the live replay reads its nodes."""
+        while self._copy_next_ms <= self.now + self.cfg.poll_ms:
+            self._copy_next_ms += COPY_SAMPLE_MS
+        held = [n.residency.resident for n in self.nodes.values() if n.alive and not n.starting]
+        assert self.copy_samples is not None
+        self.copy_samples.append((self.now / 1000.0, count_copies(held, self.scenario.models)))
 
     def _kick(self, node: SimNode) -> None:
         """Start batches while the node has free slots (the live engine's `kick`)."""

@@ -16,7 +16,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from nodes.residency import Residency
+from nodes.residency import ModelCounts, Residency
 from nodes.scheduler import Scheduler, Work
 from policies.pipeline import Pipeline
 from router.config import WorkflowSpec
@@ -61,6 +61,7 @@ from telemetry.cluster.store import ViewStore
 ) = range(23)
 
 _heappush = heapq.heappush
+COPY_SAMPLE_MS = 1000.0  # warm copies sampled once a report bucket (scenarios.replay.copies)
 GOLDEN = 0.6180339887498949  # (sqrt(5) - 1) / 2: an even, deterministic spread of arrivals over routers
 
 
@@ -190,6 +191,7 @@ class SimNode:
     model_requests: int = 0  # requests that reached the node (the live /admin/stats counters)
     cold_requests: int = 0  # ... for a model that was not resident
     evictions: int = 0
+    per_model: ModelCounts = field(default_factory=ModelCounts)  # the four counts above, per model
     peak_memory: int = 0  # most bytes ever resident (tests check it against the budget)
     starts: int = 0  # executions started (with change_threshold 1, each one is published)
     last_published_starts: int = 0
@@ -337,6 +339,8 @@ class SimState:
     deliveries: list[tuple[float, int, NodeLoad, ViewStore]]  # telemetry on its way: (at, seq, message, to), a heap
     broker_up: bool
     fault_log: list[tuple[float, str]]
+    copy_samples: list[tuple[float, dict[str, int]]] | None  # warm copies per model (scenarios.replay.copies)
+    _copy_next_ms: float
     _load_ms: dict[str, float]
     workflows: dict[str, WorkflowSpec]
     cascades: dict[str, Any]  # name -> router.lifecycle.cascade.CascadeSpec
@@ -435,6 +439,7 @@ class SimState:
         def _arrival(self, payload: tuple[int, Arrival]) -> None: ...
         def _changed(self, node: SimNode) -> None: ...
         def _copies(self, _: Any) -> None: ...
+        def _sample_copies(self) -> None: ...
         def _decide(self, req: SimRequest) -> None: ...
         def _emit(self, node: SimNode) -> None: ...
         def _expire(self, payload: tuple[Job, int]) -> None: ...

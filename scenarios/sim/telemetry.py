@@ -167,6 +167,8 @@ class TelemetryModel(SimState):
         self.push_periodic(self.now + self.cfg.interval_ms, PUBLISH, (node, epoch))
 
     def _poll(self, _: Any) -> None:
+        if self.copy_samples is not None and self.now + self.cfg.poll_ms >= self._copy_next_ms:
+            self._sample_copies()  # (the last poll of each second)
         deliveries = self.deliveries
         if deliveries and deliveries[0][0] <= self.now:
             now = self.now

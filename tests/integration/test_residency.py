@@ -155,6 +155,10 @@ def test_declared_sizes_and_load_times_emulate_gpu_sized_models(tmp_path: Path) 
         status, _, headers = call(f"{url}/v2/models/cls-b/infer", infer_body())
         assert status == 200 and "x-edgeroute-cold-ms" not in headers
         assert stats(url)["cold_requests"] == 1
+        assert stats(url)["by_model"] == {  # the same counts per model (a replay's residency.by_model)
+            "cls-a": {"model_requests": 0, "cold_requests": 0, "loads": 0, "evictions": 1},
+            "cls-b": {"model_requests": 2, "cold_requests": 1, "loads": 1, "evictions": 0},
+        }
 
 
 def test_a_request_for_a_model_being_loaded_joins_that_load(tmp_path: Path) -> None:

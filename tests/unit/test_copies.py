@@ -213,9 +213,12 @@ def test_a_policy_run_turns_copy_scaling_on_or_off_in_the_simulator() -> None:
     )
     profile = Profile.from_json(load_profile())
     schedule = build_schedule(sc.workload, sc.seed, 51)
-    made = {}
+    made, hot = {}, {}
     for run in sc.policies:
         sim = Simulation(sc, run, schedule, profile)
         sim.run()
         made[run.name] = sim.copies_made
+        assert sim.copy_samples is not None
+        hot[run.name] = [counts["h"] for _, counts in sim.copy_samples]  # (a report's timeline.copies)
     assert made["on"] >= 1 and made["off"] == 0, made
+    assert hot["on"][0] == 1 and max(hot["on"]) >= 2, f"copies on: the hot model gains a warm copy {hot}"

@@ -27,3 +27,13 @@ def test_render_writes_markdown_and_plots(tmp_path: Path) -> None:
             assert f"]({prefix}{name}.png)" in text
     row = report["comparison"]["p2c"]
     assert row["p50"]["rel_err"] == 0.0 and row["slo_attainment"]["points"] == 0.0
+
+
+def test_a_run_with_a_model_catalogue_plots_copies_and_lists_residency_per_model(tmp_path: Path) -> None:
+    from tests.unit.test_sim_residency import camera
+
+    s = camera()
+    md = render(json.loads(json.dumps(replay_sim(s, list(s.policies)))), tmp_path)
+    text = md.read_text()
+    assert (tmp_path / "copies.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and "](copies.png)" in text
+    assert "Residency per model" in text and "| compass | cls-0 |" in text

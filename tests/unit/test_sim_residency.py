@@ -251,3 +251,20 @@ def test_every_report_shows_the_node_as_it_is_each_batch_sizes_ewma_included(pol
     sim.run()
     assert sim.checked > 1000
     assert sim.batched > 100, "crops run as batches of several rows: their EWMAs are reported"
+
+
+def test_a_simulated_report_has_residency_per_model_and_copies_over_time() -> None:
+    s = camera()
+    report = replay_sim(s, list(s.policies))
+    for name, p in report["policies"].items():
+        res, tl = p["residency"], p["timeline"]
+        for k in ("model_requests", "cold_requests", "loads", "evictions"):
+            assert sum(r[k] for r in res["by_model"].values()) == res[k], (name, k)
+        assert set(tl["copies"]) == set(s.models), "every catalogue model, held or not"
+        assert all(len(c) == len(tl["throughput_rps"]) for c in tl["copies"].values())
+        assert all(0 <= n <= 2 for c in tl["copies"].values() for n in c if n is not None), "two nodes"
+        assert tl["copies"]["det"][-1] == 2, "the detector stays on both nodes"
+    thrash = report["policies"]["p2c"]["timeline"]["copies"]
+    assert any(len({n for n in c if n is not None}) > 1 for m, c in thrash.items() if m != "det"), (
+        "p2c loads and evicts classifiers: their copies change over the run"
+    )
