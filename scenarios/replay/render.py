@@ -10,6 +10,7 @@ that also carries a simulation (`--mode both`) gets `sim_*.png` and a live-vs-si
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -113,44 +114,43 @@ def plot_timeline(report: dict[str, Any], path: Path) -> None:
     _save(fig, path)
 
 
-def plot_nodes(report: dict[str, Any], path: Path) -> None:
-    names = [n for n, p in report["policies"].items() if p.get("timeline")]
+def _per_policy(
+    report: dict[str, Any], path: Path, key: str, draw: Callable[[Any, dict[str, Any]], None], ylabel: str, what: str
+) -> None:
+    """One panel per policy whose timeline has `key`, drawn by `draw(ax, timeline)`, faults marked."""
+    names = [n for n, p in report["policies"].items() if p.get("timeline") and key in p["timeline"]]
     if not names:
         return
     fig, axes = plt.subplots(len(names), 1, figsize=(9, 2.6 * len(names)), sharex=True, squeeze=False)
     for ax, name in zip(axes[:, 0], names, strict=True):
-        tl = report["policies"][name]["timeline"]
-        for node, counts in tl["by_node"].items():
-            ax.plot([i * tl["bucket_s"] for i in range(len(counts))], counts, label=node, lw=1)
+        draw(ax, report["policies"][name]["timeline"])
         ax.set_title(name, fontsize=9)
-        ax.set_ylabel("completed / s")
+        ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
         _faults(ax, {name: report["policies"][name]})
     axes[0, 0].legend(fontsize=7, ncol=4)
     axes[-1, 0].set_xlabel("seconds from start")
-    fig.suptitle(f"{report['scenario']} ({report['mode']}): load per node")
+    fig.suptitle(f"{report['scenario']} ({report['mode']}): {what}")
     _save(fig, path)
+
+
+def plot_nodes(report: dict[str, Any], path: Path) -> None:
+    def draw(ax: Any, tl: dict[str, Any]) -> None:
+        for node, counts in tl["by_node"].items():
+            ax.plot([i * tl["bucket_s"] for i in range(len(counts))], counts, label=node, lw=1)
+
+    _per_policy(report, path, "by_node", draw, "completed / s", "load per node")
 
 
 def plot_copies(report: dict[str, Any], path: Path) -> None:
     """Warm copies of each catalogue model over time, per policy (a run with a model catalogue)."""
-    names = [n for n, p in report["policies"].items() if (p.get("timeline") or {}).get("copies")]
-    if not names:
-        return
-    fig, axes = plt.subplots(len(names), 1, figsize=(9, 2.4 * len(names)), sharex=True, squeeze=False)
-    for ax, name in zip(axes[:, 0], names, strict=True):
-        tl = report["policies"][name]["timeline"]
+
+    def draw(ax: Any, tl: dict[str, Any]) -> None:
         for model, counts in tl["copies"].items():
             xs = [(i + 1) * tl["bucket_s"] for i, c in enumerate(counts) if c is not None]
             ax.step(xs, [c for c in counts if c is not None], where="post", label=model, lw=1.2)
-        ax.set_title(name, fontsize=9)
-        ax.set_ylabel("warm copies")
-        ax.grid(alpha=0.3)
-        _faults(ax, {name: report["policies"][name]})
-    axes[0, 0].legend(fontsize=7, ncol=6)
-    axes[-1, 0].set_xlabel("seconds from start")
-    fig.suptitle(f"{report['scenario']} ({report['mode']}): warm copies per model")
-    _save(fig, path)
+
+    _per_policy(report, path, "copies", draw, "warm copies", "warm copies per model")
 
 
 def _residency_rows(report: dict[str, Any]) -> list[str]:
