@@ -19,12 +19,15 @@ from typing import Any
 
 from nodes.residency import MODEL_COUNTS, count_copies
 from scenarios.replay.report import node_warm_rates
+from scenarios.spec.workload import REPORT_BUCKET_S
 from scenarios.stack.procs import http_json
 
 Sample = tuple[float, dict[str, int]]  # (seconds from the run's start, warm copies per model)
 
 
-def copies_series(samples: list[Sample], buckets: int, bucket_s: float = 1.0) -> dict[str, list[int | None]]:
+def copies_series(
+    samples: list[Sample], buckets: int, bucket_s: float = REPORT_BUCKET_S
+) -> dict[str, list[int | None]]:
     """Per model, the copies of the last sample in each bucket; a bucket without one repeats the bucket
     before it (None until the first sample)."""
     last: dict[int, dict[str, int]] = {}
@@ -73,7 +76,7 @@ class CopyWatch:
         nodes: Callable[[], list[str]],
         models: Iterable[str],
         headers: dict[str, str] | None = None,
-        bucket_s: float = 1.0,
+        bucket_s: float = REPORT_BUCKET_S,
     ) -> None:
         self.nodes = nodes
         self.models = sorted(models)

@@ -22,6 +22,7 @@ from typing import Any
 
 from scenarios.replay.tenants import fairness, format_tenants
 from scenarios.replay.trust import warnings
+from scenarios.spec.workload import REPORT_BUCKET_S
 from scenarios.stack.loadgen import Result
 from telemetry.measure.quantiles import nearest_rank
 
@@ -191,7 +192,9 @@ def node_times(results: list[Result]) -> dict[str, Any]:
     }
 
 
-def series(results: list[Result], warmup_s: float, horizon_s: float, bucket_s: float = 1.0) -> dict[str, Any]:
+def series(
+    results: list[Result], warmup_s: float, horizon_s: float, bucket_s: float = REPORT_BUCKET_S
+) -> dict[str, Any]:
     """Time series and latency CDFs for the plots, kept in the report so it can be re-rendered.
 
     `timeline`: per bucket of the run (t from the start, warm-up included and marked): throughput and

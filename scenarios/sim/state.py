@@ -27,7 +27,7 @@ from router.lifecycle.stages import StageProgress
 from scenarios.sim.profile import Distribution, Profile
 from scenarios.sim.sizes import model_bytes as model_bytes  # (moved to scenarios.sim.sizes; named here still)
 from scenarios.spec.schema import Fault, NodeSpec, Scenario
-from scenarios.spec.workload import Arrival, Result
+from scenarios.spec.workload import REPORT_BUCKET_S, Arrival, Result
 from telemetry.cluster.schema import DeviceInfo, ModelLoad, NodeLoad
 from telemetry.cluster.store import ViewStore
 
@@ -61,7 +61,7 @@ from telemetry.cluster.store import ViewStore
 ) = range(23)
 
 _heappush = heapq.heappush
-COPY_SAMPLE_MS = 1000.0  # warm copies sampled once a report bucket (scenarios.replay.copies)
+COPY_SAMPLE_MS = REPORT_BUCKET_S * 1000.0  # warm copies sampled once a report bucket (scenarios.replay.copies)
 GOLDEN = 0.6180339887498949  # (sqrt(5) - 1) / 2: an even, deterministic spread of arrivals over routers
 
 

@@ -128,6 +128,7 @@ class _BadRow(ValueError):
     """A trace row's mistake (read_trace names the file and line)."""
 
 
+REPORT_BUCKET_S = 1.0  # a report's time series: one point per this many seconds (live and simulated)
 TENANT_COLUMN = "tenant"  # a trace's optional column (named in its header) of each arrival's tenant
 
 
