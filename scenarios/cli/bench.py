@@ -42,6 +42,10 @@ def run_bench(args: argparse.Namespace) -> int:
             bounds = f"at most {MAX_TOPOLOGY_NODES:,} nodes and {MAX_REQUESTS:,} requests"
             return arg.usage(f"bench sim: {bounds} (a scenario's bounds)")
         bench_sim(out, nodes=args.nodes, requests=args.requests, policy=args.policy)
+    elif args.what == "digest":
+        from scenarios.bench.digest import bench_digest
+
+        return bench_digest(out, BUNDLED, args.compare)
     elif args.what == "ingest":
         from scenarios.bench.ingest import bench_ingest
 
@@ -236,6 +240,12 @@ def add_bench_parser(sub: Any) -> None:
     b.add_argument("--nodes", type=int, default=1000, help="cluster size (1000)")
     b.add_argument("--requests", type=int, default=1_000_000, help="requests simulated (1,000,000)")
     b.add_argument("--policy", default="p2c", help="preset in the loop (p2c)")
+    b = bsub.add_parser(
+        "digest",
+        help="a digest of the simulator's answers, request by request, for every shipped scenario and bench sim's "
+        "fleets (compare two versions of the simulator)",
+    )
+    b.add_argument("--compare", type=Path, help="an earlier run's digest.json: exit 1 where a digest differs")
     b = bsub.add_parser(
         "gpu",
         help="the GPU path: each zoo model per batch size on CPU and CUDA, a resnet_s node and a router in front "
