@@ -324,16 +324,28 @@ class ClusterView:
         newest = self.newest_heard_ms
         index = self._by_model
         parts = self._partitions
+        joined: dict[str, list[str]] = {}  # model -> ids of the nodes that joined, in the order they did
         for state in states:
             old = nodes.get(state.node_id)
-            if index is not None and (old is None or old.load.models.keys() != state.load.models.keys()):
-                index = None  # a node joined or changed its models: rebuild the index when asked
-            if parts is not None and (old is None or old.partition != state.partition):
-                parts = None  # ... or its partition
+            if old is None:
+                # a node joins at the end of `nodes`, so at the end of each of its models' ids: the index
+                # grows by it (a rebuild walks `nodes` in order and finds the same), where a fleet of
+                # thousands joining over its first reports would otherwise rebuild it per batch
+                if index is not None:
+                    for name in state.load.models:
+                        joined.setdefault(name, []).append(state.node_id)
+            elif index is not None and old.load.models.keys() != state.load.models.keys():
+                index = None  # a node changed its models: rebuild the index when asked
+            if parts is not None and (
+                (old is None and state.partition not in parts) or (old is not None and old.partition != state.partition)
+            ):
+                parts = None  # a node joined a new partition, or left one (maybe its last): rebuild when asked
             nodes[state.node_id] = state
             newest = max(newest, state.heard_at_ms)
+        if index is not None and joined:
+            index = {**index, **{m: index.get(m, ()) + tuple(ids) for m, ids in joined.items()}}
         src: tuple[dict[str, ModelTable], dict[str, NodeState]] | None = None
-        if index is not None:  # the same nodes serve each model: patch the tables of the changed rows
+        if index is not None and not joined:  # the same nodes serve each model: patch the tables of the changed rows
             if self._tables:
                 src = (self._tables, {})
             elif self._table_src is not None:
