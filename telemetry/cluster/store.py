@@ -137,7 +137,7 @@ class ViewStore:
                 old = history if history is not None else lag >= CATCH_UP_LAG_MS
                 self.from_history += old
                 heard_at = min(received_at_ms, msg.sent_at_ms) if old else received_at_ms
-                fresh[msg.node_id] = NodeState(msg, heard_at)
+                fresh[msg.node_id] = NodeState.of(msg, heard_at)
             if fresh:
                 view = self.view = view.with_nodes(fresh.values(), received_at_ms)
             if received_at_ms - self._swept_at >= 1000.0:  # at most once a second: a scan of the view

@@ -20,6 +20,8 @@ from types import MappingProxyType
 from typing import Protocol, overload
 
 import numpy as np
+from msgspec import Struct
+from msgspec.structs import replace as replace_struct
 
 from telemetry.cluster.schema import ModelLoad, NodeLoad
 from telemetry.cluster.table import BoolArray, FloatArray, IntArray, ModelTable
@@ -38,38 +40,49 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True, slots=True)
-class NodeState:
-    """One node as last reported, plus when the router heard it.
+class NodeState(Struct, frozen=True, gc=False):
+    """One node as last reported, plus when the router heard it; made by `NodeState.of(load, heard_at_ms)`.
 
     What policies and the in-flight overlay read on every decision (id, endpoint, partition,
     readiness, capacity, the reported outstanding count, the report's key) is taken from the report
     once, when the state is made, instead of through properties that reach into the report (and sum
-    its queues) at every read.
+    its queues) at every read. A struct made in C (msgspec), not a dataclass: a router applying a large
+    fleet's reports makes one per report (~0.3 us against ~1.2 us). Not tracked by the cyclic garbage
+    collector: a state refers to its report only, never back to anything that refers to it.
     """
 
     load: NodeLoad
     heard_at_ms: float
-    node_id: str = field(init=False, compare=False, repr=False)
-    endpoint: str = field(init=False, compare=False, repr=False)
-    partition: str = field(init=False, compare=False, repr=False)
-    ready: bool = field(init=False, compare=False, repr=False)
-    capacity: int = field(init=False, compare=False, repr=False)
+    node_id: str
+    endpoint: str
+    partition: str
+    ready: bool
+    capacity: int
     # Requests queued or executing at the node when it sent its last message.
-    reported_outstanding: int = field(init=False, compare=False, repr=False)
+    reported_outstanding: int
     # Which report this is: (seq, sent_at_ms), the key the in-flight overlay counts from.
-    report: tuple[int, float] = field(init=False, compare=False, repr=False)
+    report: tuple[int, float]
 
-    def __post_init__(self) -> None:
-        load = self.load
-        put = object.__setattr__
-        put(self, "node_id", load.node_id)
-        put(self, "endpoint", load.endpoint)
-        put(self, "partition", load.partition)
-        put(self, "ready", load.status == "ready")
-        put(self, "capacity", load.capacity)
-        put(self, "reported_outstanding", load.queued + load.in_flight)
-        put(self, "report", (load.seq, load.sent_at_ms))
+    @classmethod
+    def of(cls, load: NodeLoad, heard_at_ms: float) -> NodeState:
+        """The state of a node that sent `load`, heard at `heard_at_ms`."""
+        return cls(
+            load,
+            heard_at_ms,
+            load.node_id,
+            load.endpoint,
+            load.partition,
+            load.status == "ready",
+            load.capacity,
+            load.queued + load.in_flight,
+            (load.seq, load.sent_at_ms),
+        )
+
+    def repeated(self, load: NodeLoad, heard_at_ms: float) -> NodeState:
+        """This state with `load`: a report that says again what this state's report said, but for its
+        seq and send time (everything derived from the rest is the same: `NodeState.of(load, heard)`
+        would give this state)."""
+        return replace_struct(self, load=load, heard_at_ms=heard_at_ms, report=(load.seq, load.sent_at_ms))
 
     def model(self, name: str) -> ModelLoad | None:
         return self.load.models.get(name)
@@ -406,4 +419,4 @@ class ClusterView:
     @classmethod
     def of(cls, loads: list[NodeLoad], heard_at_ms: float, stale_after_ms: float = 1000.0) -> ClusterView:
         """A view of `loads`, all heard at `heard_at_ms` (tests and tools)."""
-        return cls(stale_after_ms=stale_after_ms).with_nodes((NodeState(m, heard_at_ms) for m in loads), heard_at_ms)
+        return cls(stale_after_ms=stale_after_ms).with_nodes((NodeState.of(m, heard_at_ms) for m in loads), heard_at_ms)

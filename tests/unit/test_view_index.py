@@ -34,7 +34,7 @@ def test_an_index_kept_as_nodes_join_equals_one_built_afresh(seed: int, batches:
                 if rng.random() < 0.2:
                     load = load.replace(partition=rng.choice([*SITES, "cloud", "elsewhere"]))
             t += 1.0
-            states.append(NodeState(load.replace(seq=int(t), sent_at_ms=t), t))
+            states.append(NodeState.of(load.replace(seq=int(t), sent_at_ms=t), t))
         view = view.with_nodes(states, t)
         if b % read_every == 0:  # (read now and then: an index that exists is the one kept)
             view.serving(MODELS[0])

@@ -117,7 +117,7 @@ def test_a_load_this_router_set_off_is_charged_only_what_is_left_of_it() -> None
     assert scores[0] == 1.0 and scores[1] < 0.5, "the next request joins the load under way"
     # a report showing the model resident ends it
     done = node("loading", resident=True).replace(sent_at_ms=NOW + 450, seq=2)
-    fresh = tracker.overlay(base.with_node(type(view.nodes["loading"])(done, NOW + 460), NOW + 460))
+    fresh = tracker.overlay(base.with_node(type(view.nodes["loading"]).of(done, NOW + 460), NOW + 460))
     assert fresh.load_ready_at(fresh.nodes["loading"], "m") is None
 
 
@@ -145,7 +145,7 @@ def test_a_load_reported_done_early_frees_the_nodes_loader_at_once() -> None:
     assert view.loader_busy_ms(view.nodes["n"], NOW + 100) == 300.0
     # the node reports the model resident at NOW + 150, well before the 400 ms expected
     done = node("n", resident=True).replace(sent_at_ms=NOW + 150, seq=2)
-    fresh = tracker.overlay(base.with_node(type(view.nodes["n"])(done, NOW + 160), NOW + 160))
+    fresh = tracker.overlay(base.with_node(type(view.nodes["n"]).of(done, NOW + 160), NOW + 160))
     assert fresh.loader_busy_ms(fresh.nodes["n"], NOW + 170) == 0.0, "another model's load need not wait"
     assert fresh.load_ready_at(fresh.nodes["n"], "m") is None
 
@@ -161,7 +161,7 @@ def test_a_node_whose_loads_are_done_is_no_longer_an_exception_to_the_columns() 
     tracker.sent_model(view.nodes["n"], "m", NOW)
     assert tracker.load_exceptions() == {"n"}
     done = node("n", resident=True).replace(sent_at_ms=NOW + 450, seq=2)
-    state = type(view.nodes["n"])(done, NOW + 460)
+    state = type(view.nodes["n"]).of(done, NOW + 460)
     tracker.applied([state])
     assert tracker.load_exceptions() == set()
     fresh = tracker.overlay(base.with_node(state, NOW + 460))
