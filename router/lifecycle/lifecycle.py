@@ -54,7 +54,7 @@ while the router itself hears from it, and leaves with its first failed answer o
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Generic, TypeVar
 
@@ -148,14 +148,18 @@ class Lifecycle(Generic[T]):
         self._requests = 0
         self._applied_since_prune = 0
         store.on_applied = self.applied
+        store.on_repeated = self.applied
 
     # --- telemetry and admin ----------------------------------------------------------------------
 
-    def applied(self, states: list[NodeState]) -> None:
-        """Reports just applied to the store (the only place per-report state changes). Now and then
-        (every 4,096 reports) what is kept for nodes that left the view is dropped."""
+    def applied(self, states: list[NodeState], repeated: Mapping[str, NodeState] | None = None) -> None:
+        """Reports just applied to the store (the only place per-report state changes); `repeated`, by
+        node id: ones that repeat their nodes' last but for their key (OutstandingTracker.repeated).
+        Now and then (every 4,096 reports) what is kept for nodes that left the view is dropped."""
         self.tracker.applied(states)
-        self._applied_since_prune += len(states)
+        if repeated is not None:
+            self.tracker.repeated(repeated)
+        self._applied_since_prune += len(states) + (0 if repeated is None else len(repeated))
         if self._applied_since_prune >= 4096:
             self._applied_since_prune = 0
             self.tracker.forget_missing(self.store.view)

@@ -34,7 +34,7 @@ instead of queueing up on the one that looks idlest.
 
 from __future__ import annotations
 
-from collections.abc import Callable, KeysView, Sequence
+from collections.abc import Callable, KeysView, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -71,6 +71,10 @@ class OutstandingTracker:
         self.remote = remote  # other routers' in flight per node (telemetry.kafka.peers), if shared
         self.remote_settled = remote_settled  # ... and their running sum of answers per node
         self._nodes: dict[str, _Node] = {}
+        # nodes whose counters are not as a new report leaves them (something pending, dispatched,
+        # settled or refused since their report): a report that only repeats the last one needs no
+        # reset anywhere else (`repeated`)
+        self._counting: set[str] = set()
         self._loads: dict[str, dict[str, tuple[float, float]]] = {}  # node -> model -> (ready at, load ms)
         self._loader_free_at: dict[str, float] = {}  # a node loads one model at a time: when its loader frees
         self.links: Links | None = None  # attached to every overlaid view (the lifecycle's link table)
@@ -167,6 +171,8 @@ class OutstandingTracker:
             n.dispatched = n.settled = 0
             n.refused >>= 1  # (a node that keeps refusing keeps looking busy; one that stopped, soon not)
             n.remote_settled = 0 if self.remote_settled is None else self.remote_settled(state.node_id)
+            if not n.pending and not n.refused:
+                self._counting.discard(state.node_id)
             started = state.load.started_at_ms
             if started != n.started:
                 if n.started is not None and self.health is not None:  # a new process: slow start
@@ -183,6 +189,31 @@ class OutstandingTracker:
             self._sync(state)
             self._expire(state)
 
+    def repeated(self, states: Mapping[str, NodeState]) -> None:
+        """Reports that say again what their node's last report said but for their key (seq and send
+        time) were applied: as `applied`, but only where that changes something.
+
+        A new key resets a node's counters (dispatched, settled, the refusal penalty's halving) and
+        drops the loads it shows done; a node with nothing counted, no load under way and the same
+        process (a repeat's start time is its report's) has nothing to reset, and an estimate of it
+        is the same from either key (`estimate`: `max(pending, reported)` either way; a dispatch
+        syncs to the view's key first, and a settle needs something pending). So only the nodes this
+        router counts something for or loads on are synced; the others keep the key they were synced
+        to until they are next dispatched to. With the other routers' counts (`remote_settled`, read
+        at each new key), every one is synced. A repeat's process start is its node's since the
+        report it repeats, which this router has seen (the simulator repeats only nodes that never
+        restarted): no restart to notice."""
+        if self.remote is not None or self.remote_settled is not None:
+            self.applied(list(states.values()))
+            return
+        busy = self._counting & states.keys()
+        if self._loads:
+            busy |= self._loads.keys() & states.keys()
+        for node_id in busy:
+            state = states[node_id]
+            self._sync(state)
+            self._expire(state)
+
     def forget_missing(self, view: ClusterView) -> int:
         """Drop what is kept for nodes no longer in `view` (evicted) with nothing of this router's pending
         there, so the tracker holds no more nodes than the view (and what is in flight). Returns how
@@ -190,6 +221,7 @@ class OutstandingTracker:
         gone = [k for k, n in self._nodes.items() if view.get(k) is None and n.pending == 0]
         for k in gone:
             del self._nodes[k]
+            self._counting.discard(k)
             self._loads.pop(k, None)
             self._loader_free_at.pop(k, None)
             self._mirror(k, None)
@@ -292,6 +324,7 @@ class OutstandingTracker:
         n.pending += 1
         n.dispatched += 1
         n.total_dispatched += 1
+        self._counting.add(state.node_id)
         if self._row:  # (rows exist once a model table asked for them: columnar policies)
             self._mirror(state.node_id, n)
         if self.on_change is not None:
@@ -306,6 +339,7 @@ class OutstandingTracker:
             n = self._nodes[node_id] = _Node()
         n.pending = max(0, n.pending - 1)
         n.settled += 1
+        self._counting.add(node_id)
         if refused:
             n.refused = min(n.refused + 1, MAX_REFUSED)
         n.total_settled += 1

@@ -8,6 +8,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
+import numpy as np
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
 from scenarios import BUNDLED_DIR
@@ -100,6 +101,24 @@ class Distribution:
             return min(q[99] + excess, q[100])
         lo = q[i]
         return lo + (q[i + 1] - lo) * (u - i)
+
+    def samples(self, u: np.ndarray) -> np.ndarray:
+        """`sample` of each uniform draw in `u` (each what `rng.random()` gave `sample`), at once: the same
+        floating-point steps in the same order, so the same numbers to the last bit (the few in the
+        tail, beyond p99, one by one as `sample` computes them)."""
+        scaled = u * 100.0
+        i = scaled.astype(np.int64)
+        tail = i >= 99
+        j = np.minimum(i, 98)
+        q = np.asarray(self.q, dtype=np.float64)
+        lo = q[j]
+        out: np.ndarray = lo + (q[j + 1] - lo) * (scaled - j)
+        if tail.any():
+            q99, q100, scale = self.q[99], self.q[100], self.tail_scale
+            for k in np.flatnonzero(tail).tolist():
+                excess = -scale * math.log(1.0 - (float(scaled[k]) - 99.0) * 0.99)
+                out[k] = min(q99 + excess, q100)
+        return out
 
     def median(self) -> float:
         return self.q[50]

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import logging
 import threading
-from bisect import bisect_left
 from collections import deque
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple
+
+import numpy as np
+from msgspec.structs import replace as replace_struct
 
 from telemetry.cluster.schema import MalformedTelemetry, NodeLoad
 from telemetry.cluster.view import ClusterView, NodeState
@@ -32,6 +34,35 @@ MAX_NODES = 50_000
 
 # upper bounds of the lag histogram buckets, seconds (the last bucket, +Inf, is implicit)
 LAG_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+_LAG_BUCKETS = np.array(LAG_BUCKETS_S)
+
+
+class Repeats(NamedTuple):
+    """Reports that say again what an earlier report of their node said, but for their seq and send
+    time (`ViewStore.apply_many`): repeat i is `templates[i].load` sent again as (`seqs[i]`,
+    `sent_ms[i]`), where `templates[i]` is `NodeState.of` that earlier report (its derived fields are
+    the repeat's); it comes before message `before[i]` of its batch (non-decreasing; the batch's
+    message count: after them all). A batch's repeats are of distinct nodes, none of which has a
+    message in the batch."""
+
+    templates: list[NodeState]
+    seqs: list[int]
+    sent_ms: np.ndarray
+    before: np.ndarray
+
+    def merged(self, msgs: list[NodeLoad]) -> list[NodeLoad]:
+        """The batch as messages: `msgs` with each repeat made a message, in the batch's order."""
+        out: list[NodeLoad] = []
+        before = self.before.tolist()
+        sent = self.sent_ms.tolist()
+        r = 0
+        for j in range(len(msgs) + 1):
+            while r < len(before) and before[r] <= j:
+                out.append(replace_struct(self.templates[r].load, seq=self.seqs[r], sent_at_ms=sent[r]))
+                r += 1
+            if j < len(msgs):
+                out.append(msgs[j])
+        return out
 
 
 class ViewStore:
@@ -73,6 +104,10 @@ class ViewStore:
         # the router's lifecycle syncs its per-report counters and notices restarts there, so that
         # reading a view never has to.
         self.on_applied: Callable[[list[NodeState]], None] | None = None
+        # Called instead, where set, for a batch with repeats (apply_many's `repeats`): with the other
+        # states and the repeats' by node id, reports that changed nothing but their key (the lifecycle
+        # needs to look only at the nodes it counts something for); unset, they go to `on_applied`.
+        self.on_repeated: Callable[[list[NodeState], Mapping[str, NodeState]], None] | None = None
 
     def lag_quantile(self, q: float) -> float:
         """Nearest-rank quantile (q in [0, 1]) of the recent send-to-receipt lags, 0 when none."""
@@ -97,27 +132,43 @@ class ViewStore:
         """Fold one message into a new view and swap it in; False if it was older than what we have."""
         return self.apply_many([msg], received_at_ms) == 1
 
-    def apply_many(self, msgs: list[NodeLoad], received_at_ms: float, history: bool | None = None) -> int:
+    def apply_many(
+        self,
+        msgs: list[NodeLoad],
+        received_at_ms: float,
+        history: bool | None = None,
+        repeats: Repeats | None = None,
+    ) -> int:
         """Fold a batch (one consumer poll) into one new view; returns how many were applied.
 
         `history` says whether the batch was published before the reader started (True: dated by
         its send time, so a node that died before a router restart is not revived) or comes from the
         live stream (False: dated by receipt, whatever the node's clock says). Unknown (None): a
-        message more than CATCH_UP_LAG_MS old is taken as history."""
+        message more than CATCH_UP_LAG_MS old is taken as history.
+
+        `repeats`: reports of the same batch that say again what an earlier report of their node said
+        (`Repeats`), taken by the same rules as `msgs` but without being made into messages first (the
+        simulator's idle nodes' periodic reports). Their nodes are told to `on_repeated` where it is
+        set, else to `on_applied` with the others."""
+        if repeats is not None and any(self.view.get(t.node_id) is None for t in repeats.templates):
+            # a repeat of a node the view does not hold joins it, and where joins come in the batch's
+            # order orders the view's nodes: take the batch as messages, in its order (one writer: the
+            # view cannot change in between)
+            return self.apply_many(repeats.merged(msgs), received_at_ms, history)
         with self._write:
             view = self.view
             fresh: dict[str, NodeState] = {}
             added = 0  # nodes of this batch not in `view`
+            lags: list[float] = []  # of the messages, in their order (counted with the repeats' below)
             for msg in msgs:
                 self.messages += 1
                 lag = received_at_ms - msg.sent_at_ms
                 if lag < -MAX_CLOCK_AHEAD_MS:
                     self.from_future += 1
+                    lags.append(-1.0)  # (not counted)
                     continue
                 lag = max(0.0, lag)
-                self.lag_ms.append(lag)
-                self.lag_counts[bisect_left(LAG_BUCKETS_S, lag / 1000.0)] += 1
-                self.lag_sum_s += lag / 1000.0
+                lags.append(lag)
                 if self.admit_endpoint is not None and not self.admit_endpoint(msg.endpoint):
                     self.foreign_endpoint += 1
                     continue
@@ -127,28 +178,105 @@ class ViewStore:
                         self.over_capacity += 1
                         continue
                     added += 1
-                elif msg.sent_at_ms <= current.load.sent_at_ms:
-                    if msg.sent_at_ms < current.load.sent_at_ms or msg.seq < current.load.seq:
-                        self.out_of_order += 1
-                        continue
-                    if msg.seq == current.load.seq:
-                        self.duplicates += 1  # the same report again: read from a mirrored topic too
-                        continue
+                elif self._refused(current.report, msg.seq, msg.sent_at_ms):
+                    continue
                 old = history if history is not None else lag >= CATCH_UP_LAG_MS
                 self.from_history += old
                 heard_at = min(received_at_ms, msg.sent_at_ms) if old else received_at_ms
                 fresh[msg.node_id] = NodeState.of(msg, heard_at)
-            if fresh:
-                view = self.view = view.with_nodes(fresh.values(), received_at_ms)
+            repeated: dict[str, NodeState] = {}
+            if repeats is not None and len(repeats.seqs):
+                self._repeat(view, repeats, received_at_ms, history, fresh, repeated, lags)
+            else:
+                self._count_lags(np.asarray(lags, dtype=np.float64))
+            if fresh or repeated:
+                view = self.view = view.with_nodes([*fresh.values(), *repeated.values()], received_at_ms)
             if received_at_ms - self._swept_at >= 1000.0:  # at most once a second: a scan of the view
                 self._swept_at = received_at_ms
                 gone = [n.node_id for n in view if received_at_ms - n.heard_at_ms > self.evict_after_ms]
                 if gone:
                     self.evicted += len(gone)
                     self.view = view.without(gone, received_at_ms)
-        if fresh and self.on_applied is not None:
-            self.on_applied(list(fresh.values()))
-        return len(fresh)
+        if repeated and self.on_repeated is not None:
+            self.on_repeated(list(fresh.values()), repeated)
+        elif (fresh or repeated) and self.on_applied is not None:
+            self.on_applied([*fresh.values(), *repeated.values()])
+        return len(fresh) + len(repeated)
+
+    def _refused(self, current: tuple[int, float], seq: int, sent_at_ms: float) -> bool:
+        """Whether a report (`seq`, `sent_at_ms`) of a node whose view holds report `current` is dropped:
+        older than it (counted out of order) or the same report again (a duplicate)."""
+        if sent_at_ms > current[1]:
+            return False
+        if sent_at_ms < current[1] or seq < current[0]:
+            self.out_of_order += 1
+            return True
+        if seq == current[0]:
+            self.duplicates += 1  # the same report again: read from a mirrored topic too
+            return True
+        return False
+
+    def _repeat(
+        self,
+        view: ClusterView,
+        reps: Repeats,
+        received_at_ms: float,
+        history: bool | None,
+        fresh: dict[str, NodeState],
+        repeated: dict[str, NodeState],
+        msg_lags: list[float],
+    ) -> None:
+        """`apply_many`'s rules over `reps`, the same batch's repeats (into `repeated`), each of a node
+        the view holds; the lags of the messages (`msg_lags`) and the repeats counted in the batch's
+        order."""
+        n = len(reps.seqs)
+        self.messages += n
+        sent = np.asarray(reps.sent_ms, dtype=np.float64)
+        raw = received_at_ms - sent
+        future = raw < -MAX_CLOCK_AHEAD_MS
+        lag = np.maximum(0.0, raw)
+        # the batch's lags in its order: repeat i comes before message before[i]
+        keys = np.concatenate((2 * np.asarray(reps.before, dtype=np.int64), 2 * np.arange(len(msg_lags)) + 1))
+        order = np.argsort(keys, kind="stable")
+        merged = np.concatenate((np.where(future, -1.0, lag), np.asarray(msg_lags, dtype=np.float64)))[order]
+        self._count_lags(merged)
+        old = np.full(n, history) if history is not None else lag >= CATCH_UP_LAG_MS
+        heard = np.where(old, np.minimum(received_at_ms, sent), received_at_ms).tolist()
+        self.from_future += int(np.count_nonzero(future))
+        get = view.get
+        admit = self.admit_endpoint
+        replace = replace_struct
+        skip = future.tolist()
+        olds = old.tolist()
+        sents = sent.tolist()
+        for i, template in enumerate(reps.templates):
+            if skip[i]:
+                continue
+            node_id = template.node_id
+            if node_id in fresh or node_id in repeated:
+                raise ValueError(f"a repeat of node {node_id!r}, which has another report in the batch")
+            if admit is not None and not admit(template.endpoint):
+                self.foreign_endpoint += 1
+                continue
+            seq, at = reps.seqs[i], sents[i]
+            if self._refused(get(node_id).report, seq, at):  # type: ignore[union-attr]  # (held: checked first)
+                continue
+            self.from_history += olds[i]
+            repeated[node_id] = template.repeated(replace(template.load, seq=seq, sent_at_ms=at), heard[i])
+
+    def _count_lags(self, lags: np.ndarray) -> None:
+        """Count send-to-receipt lags (ms, in the order received; negative: not counted) into the recent
+        window, the histogram and the sum."""
+        lags = lags[lags >= 0.0]
+        if not len(lags):
+            return
+        self.lag_ms.extend(lags.tolist())
+        seconds = lags / 1000.0
+        counts = np.bincount(np.searchsorted(_LAG_BUCKETS, seconds, side="left"), minlength=len(self.lag_counts))
+        for k in np.flatnonzero(counts).tolist():
+            self.lag_counts[k] += int(counts[k])
+        # (a running sum, one addition at a time in order, as the message-by-message sum it replaced)
+        self.lag_sum_s = float(np.add.accumulate(np.concatenate(([self.lag_sum_s], seconds)))[-1])
 
     def parse(self, raw: bytes) -> NodeLoad | None:
         """Parse one message; malformed input is counted and logged, never raised."""
