@@ -155,12 +155,13 @@ class Lifecycle(Generic[T]):
     def applied(self, states: list[NodeState], repeated: Mapping[str, NodeState] | None = None) -> None:
         """Reports just applied to the store (the only place per-report state changes); `repeated`, by
         node id: ones that repeat their nodes' last but for their key (OutstandingTracker.repeated).
-        Now and then (every 4,096 reports) what is kept for nodes that left the view is dropped."""
+        Now and then (every 4,096 reports, or one per node of the view where it holds more: a scan of
+        the view per report at most) what is kept for nodes that left the view is dropped."""
         self.tracker.applied(states)
         if repeated is not None:
             self.tracker.repeated(repeated)
         self._applied_since_prune += len(states) + (0 if repeated is None else len(repeated))
-        if self._applied_since_prune >= 4096:
+        if self._applied_since_prune >= 4096 and self._applied_since_prune >= len(self.store.view):
             self._applied_since_prune = 0
             self.tracker.forget_missing(self.store.view)
             self.evidence.forget_missing(self.store.view.nodes)

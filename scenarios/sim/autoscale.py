@@ -58,6 +58,7 @@ class AutoscaleModel(SimState):
                 else:
                     serving = [n for n in nodes if n.alive and not n.draining and not n.starting]
                     for node in reversed(serving[max(most, pool.min_nodes) :]):
+                        self._touch(node)
                         node.draining = True
                         self._emit(node)  # (at once: routers stop sending it work)
                     self.below_since[i] = None

@@ -60,6 +60,7 @@ from scenarios.sim.autoscale import AutoscaleModel
 from scenarios.sim.canary import SimCanary
 from scenarios.sim.cascades import CascadeDriver, CascadeProfile
 from scenarios.sim.dataplane import ProxyModel
+from scenarios.sim.draws import Draws
 from scenarios.sim.faults import FaultModel
 from scenarios.sim.nodes import NodeModel
 from scenarios.sim.profile import Distribution, Profile
@@ -194,7 +195,7 @@ class Simulation(
         canary = {**scenario.router, **overrides}.get("canary")  # a policy canary, as the live router runs it
         self.canary = None if canary is None else SimCanary(CanarySpec.model_validate(canary))
         self.svc_rng = random.Random(seed + 2)
-        self.tel_rng = random.Random(seed + 3)
+        self.tel_rng = Draws(seed + 3)
         # (the scenario's own nodes, however many: the bound is against ids invented on a live topic)
         self.store = ViewStore(
             stale_after_ms=self.cfg.stale_after_ms, max_nodes=max(MAX_NODES, len(scenario.topology.nodes))
@@ -285,6 +286,7 @@ class Simulation(
         self._curves = {m: profile.curve(a) for m, a in arch.items()}
         self._device = DeviceInfo(kind="cpu", name="sim")
         self._proxy_setup(run)  # (the native data plane, where the run's router turns it on)
+        self._telemetry_setup()
 
     @property
     def tracker(self) -> OutstandingTracker:
@@ -399,9 +401,9 @@ class Simulation(
                 stopped_at = at
                 break
         self.events += taken
-        # deliveries are events too, kept in their own queue (TelemetryModel._emit): count the ones the
-        # run reached and the last poll did not take
-        self.events += sum(1 for entry in self.deliveries if entry[0] <= stopped_at)
+        # deliveries are events too, kept in queues of their own (scenarios.sim.telemetry): count the
+        # ones the run reached and the last poll did not take
+        self._telemetry_end(stopped_at)
         results = self.results
         self.answers.fill(results, self.schedule)  # (which empties it)
         for i, r in enumerate(results):  # anything still open at the horizon got no answer

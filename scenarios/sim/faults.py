@@ -57,6 +57,7 @@ class FaultModel(SimState):
             node = self.nodes[action[1]]
             if not node.alive:
                 return
+            self._touch(node)
             node.alive = False
             node.epoch += 1
             if node.up_since is not None:
@@ -82,6 +83,7 @@ class FaultModel(SimState):
             if node.alive:
                 return
             node.alive = True
+            node.first_phase = False  # (its reports fall on the restart's instants from now on)
             node.starting, node.up_since = False, self.now
             node.epoch += 1
             node.seq = 0
@@ -95,6 +97,7 @@ class FaultModel(SimState):
             self.fault_log.append((t, f"restart {node.spec.id}"))
         elif kind == "speed":
             node = self.nodes[action[1]]
+            self._touch(node)
             node.speed = node.spec.speed * action[2]
             node.ewma_moved.update(node.spec.models)  # (a model not measured yet reports its baseline / speed)
             self.fault_log.append((t, f"{node.spec.id} speed x{action[2]:g}"))
@@ -110,5 +113,6 @@ class FaultModel(SimState):
             self._telemetry_link(a, b, cut)
             self.fault_log.append((t, f"{'cut' if cut else 'restore'} telemetry {a}-{b}"))
         elif kind == "broker":
+            self._draw(self.now)  # (what was sent while it was up, or down, is drawn for as it was)
             self.broker_up = action[1]
             self.fault_log.append((t, "broker up" if action[1] else "broker down"))

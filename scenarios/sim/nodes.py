@@ -79,6 +79,7 @@ class NodeModel(SimState):
         if node.draining:  # (as the live node answers while it drains)
             self._send_reply(job, 503, "node is draining")
             return
+        self._touch(node)  # (an idle node's reports taken in bulk so far are what it said until now)
         node.model_requests += 1
         model = job.req.model
         node.per_model.add(model, "model_requests")

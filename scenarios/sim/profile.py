@@ -4,9 +4,8 @@
 from __future__ import annotations
 
 import math
-import random
 from dataclasses import dataclass, field
-from typing import Annotated, Any
+from typing import Annotated, Any, Protocol
 
 import numpy as np
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
@@ -79,10 +78,16 @@ class ProfileDoc(_Open):
     wakeup_ms: Time = 0.0
 
 
+class Uniform(Protocol):
+    """Where draws come from: a `random.Random`, or the telemetry's `scenarios.sim.draws.Draws`."""
+
+    def random(self) -> float: ...
+
+
 class Distribution:
     """Inverse-CDF sampling from 101 stored quantiles (linear between them)."""
 
-    __slots__ = ("q", "tail_scale")
+    __slots__ = ("_q_array", "q", "tail_scale")
 
     def __init__(self, quantiles: list[float]) -> None:
         self.q = quantiles if len(quantiles) == 101 else [0.0] * 101
@@ -91,8 +96,9 @@ class Distribution:
         # hiccup seen once would add ~20 ms to every hundredth request). Instead the tail beyond p99
         # is exponential with the scale of the p95..p99 stretch, capped at the measured maximum.
         self.tail_scale = max(0.0, (self.q[99] - self.q[95]) / math.log(5.0))
+        self._q_array: np.ndarray | None = None  # `q` as an array, made when `samples` first needs it
 
-    def sample(self, rng: random.Random) -> float:
+    def sample(self, rng: Uniform) -> float:
         u = rng.random() * 100.0
         i = int(u)
         q = self.q
@@ -110,7 +116,9 @@ class Distribution:
         i = scaled.astype(np.int64)
         tail = i >= 99
         j = np.minimum(i, 98)
-        q = np.asarray(self.q, dtype=np.float64)
+        q = self._q_array
+        if q is None:
+            q = self._q_array = np.asarray(self.q, dtype=np.float64)
         lo = q[j]
         out: np.ndarray = lo + (q[j + 1] - lo) * (scaled - j)
         if tail.any():

@@ -87,6 +87,7 @@ class ReplicaModel(SimState):
         """Each router's in-flight load, published when it changed (else every third of
         `stale_after_ms`, a heartbeat), arriving at each other router after that one's peer lag."""
         now = self.now
+        self._draw(now)  # (the reports sent before now drew from the same stream first)
         heartbeat = self.peers_cfg.stale_after_ms / 3.0
         for r in self.replicas:
             totals = r.lc.tracker.totals()

@@ -24,6 +24,7 @@ from router.lifecycle import Attempts, Failure, Lifecycle, LifecycleSettings
 from router.lifecycle.intake import Hints, Intake, IntakeRules, Refused, take
 from router.lifecycle.saturation import SaturationConfig
 from router.lifecycle.stages import StageProgress
+from scenarios.sim.draws import Draws
 from scenarios.sim.profile import Distribution, Profile
 from scenarios.sim.sizes import model_bytes as model_bytes  # (moved to scenarios.sim.sizes; named here still)
 from scenarios.spec.schema import Fault, NodeSpec, Scenario
@@ -207,6 +208,12 @@ class SimNode:
     starting: bool = False
     up_since: float | None = 0.0
     up_total_ms: float = 0.0
+    # its periodic reports (scenarios.sim.telemetry): its row in the telemetry's arrays; whether they
+    # are taken in bulk now (idle, saying again what its last said); whether they still keep the
+    # phase the run gave them (never restarted: no other node's reports fall at the same instants)
+    row: int = -1
+    bulk: bool = False
+    first_phase: bool = True
 
     @property
     def outstanding(self) -> int:
@@ -304,7 +311,8 @@ class SimState:
     cfg: SimConfig
     policy: Pipeline
     svc_rng: random.Random
-    tel_rng: random.Random
+    bulk_reports: int  # periodic reports taken in bulk (scenarios.sim.telemetry)
+    tel_rng: Draws  # the telemetry's draws (the stream of `random.Random(seed + 3)`, scenarios.sim.draws)
     store: ViewStore
     lc: Lifecycle[tuple[SimRequest, int]]  # the central router, or the first site's
     # every router by the site it stands in (None: the central one); with routers per site, one each
@@ -441,7 +449,11 @@ class SimState:
         def _copies(self, _: Any) -> None: ...
         def _sample_copies(self) -> None: ...
         def _decide(self, req: SimRequest) -> None: ...
-        def _emit(self, node: SimNode) -> None: ...
+        def _emit(self, node: SimNode) -> NodeLoad | None: ...
+        def _touch(self, node: SimNode) -> None: ...
+        def _draw(self, up_to: float) -> None: ...
+        def _telemetry_setup(self) -> None: ...
+        def _telemetry_end(self, stopped_at: float) -> None: ...
         def _expire(self, payload: tuple[Job, int]) -> None: ...
         def _fault(self, action: tuple[Any, ...]) -> None: ...
         def _finish(self, payload: tuple[SimBatch, SimNode, int, float]) -> None: ...

@@ -1,14 +1,39 @@
 """Telemetry as the router sees it: `NodeLoad` snapshots every `interval_ms` and on change, delivered
-after the profile's lag, applied in batches every `poll_ms`."""
+after the profile's lag, applied in batches every `poll_ms`.
+
+A report's lag is drawn from the telemetry's stream (`tel_rng`, scenarios.sim.draws) in the order the
+reports are sent, when the next poll (or anything else that draws from it) comes, not when the report is
+made; nothing can read a report before the poll after it, so the draws, the deliveries and everything
+after are the same as drawing at once.
+
+**Idle nodes' periodic reports in bulk.** A fleet of 10,000 nodes sends 100,000 reports a second, most
+of them from idle nodes saying again what their last report said. A node that is idle when it reports
+(nothing queued or running, no load under way) and that nothing happens to until its next report
+makes that report the same as its last but for its seq and send time: its reports are then taken in
+bulk (`bulk`), as arrays (when each is due, its seq) with no event, snapshot or message of their own;
+their lags are drawn in bulk at the next poll, and the router applies them as repeats
+(`telemetry.cluster.store.Repeats`: its overlay syncs only the nodes it counts something for). The
+first thing that happens to the node (`_touch`: a request reaching it, a fault, the autoscaler) takes
+it out of bulk: its reports due before then are taken as repeats, and the next is a report of its own
+again. Only nodes whose reports keep the phase the run gave them are taken in bulk (a restarted node's
+reports fall on round instants, which others' may share, and the order of reports at one instant
+is the heap's), and only with one router's view (routers per site or several routers read each report
+apart). The answers are those of taking every report one by one: `edgeroute bench digest` holds every
+shipped scenario's to the last bit, and tests/unit/test_sim_bulk.py compares the two on generated
+fleets with faults.
+"""
 
 from __future__ import annotations
 
 import heapq
-from typing import Any
+import math
+from typing import Any, cast
 
+import numpy as np
 from msgspec.structs import replace as replace_struct
 
 from nodes.estimates import time_left_ms
+from scenarios.sim.profile import Distribution
 from scenarios.sim.state import (
     POLL,
     PUBLISH,
@@ -17,7 +42,12 @@ from scenarios.sim.state import (
     SimState,
 )
 from telemetry.cluster.schema import ModelLoad, NodeLoad
-from telemetry.cluster.store import ViewStore
+from telemetry.cluster.store import Repeats, ViewStore
+from telemetry.cluster.view import NodeState
+
+BULK = True  # idle nodes' periodic reports in bulk (off: each one an event, as tests compare)
+_EMPTY_F = np.empty(0, dtype=np.float64)
+_EMPTY_I = np.empty(0, dtype=np.int64)
 
 
 class TelemetryModel(SimState):
@@ -130,56 +160,268 @@ class TelemetryModel(SimState):
         base = node.snapshot_template = NodeLoad(**template)
         return base
 
-    def _emit(self, node: SimNode) -> None:
+    # --- reports, made and sent ---------------------------------------------------------------------
+
+    def _telemetry_setup(self) -> None:
+        """The telemetry's state: each node's row, the bulk reports' arrays, what waits for its draws."""
+        nodes = list(self.nodes.values())
+        for row, node in enumerate(nodes):
+            node.row = row
+        n = len(nodes)
+        self._bulk = BULK and len(self.stands) == 1 and not self.replicas
+        self.bulk_reports = 0  # reports taken in bulk (each one an event all the same)
+        self._hb_next = np.full(n, math.inf)  # when each node in bulk reports next (inf: not in bulk)
+        self._hb_seq = np.zeros(n, dtype=np.int64)  # ... the seq of its last report
+        self._hb_tmpl: list[NodeState | None] = [None] * n  # ... its last report, as NodeState.of makes it
+        # reports made since the last draws: (sent at, message, to, each its own draw with these lags)
+        self._sent: list[tuple[float, NodeLoad, tuple[ViewStore, ...], tuple[Distribution, ...] | None]] = []
+        self._left: list[tuple[float, int, int, NodeState]] = []  # bulk reports of nodes since touched
+        # bulk reports on their way: when each arrives, its order, seq and send time, and its template
+        self._q_at, self._q_key, self._q_seq, self._q_sent = _EMPTY_F, _EMPTY_I, _EMPTY_I, _EMPTY_F
+        self._q_row = _EMPTY_I
+        self._q_tmpl: list[NodeState] = []
+
+    def _emit(self, node: SimNode) -> NodeLoad | None:
+        """A report of `node` now (None: it is down), sent unless the broker is down."""
         if not node.alive:
-            return
+            return None
         msg = self._snapshot(node)
         if not self.broker_up:
-            return
-        # a delivery is an event of its own, ordered as every event by (time, kind, seq), kept in a
-        # queue of its own: only the next poll reads what was delivered, so nothing else needs to
-        # see it on the event heap (DELIVER orders before POLL at the same instant: taken by it)
+            return msg
         if self.replicas:  # several central routers: each reads the report after its own lag
-            for r in self.replicas:
-                self.seq += 1
-                heapq.heappush(self.deliveries, (self.now + r.lag.sample(self.tel_rng), self.seq, msg, r.lc.store))
-            return
-        at = self.now + self.lag_dist.sample(self.tel_rng)
-        if len(self.stands) == 1:
-            self.seq += 1
-            heapq.heappush(self.deliveries, (at, self.seq, msg, self.store))
-            return
-        # routers per site: the node's report is in its site's broker; each router reads it there
-        # unless telemetry between the two sites is cut
-        here = node.spec.partition
-        cut = self.telemetry_cut
-        for site, lc in self.lcs.items():
-            if site != here and cut and frozenset((here, site)) in cut:
-                continue
-            self.seq += 1
-            heapq.heappush(self.deliveries, (at, self.seq, msg, lc.store))
+            self._sent.append(
+                (self.now, msg, tuple(r.lc.store for r in self.replicas), tuple(r.lag for r in self.replicas))
+            )
+        elif len(self.stands) == 1:
+            self._sent.append((self.now, msg, (self.store,), None))
+        else:
+            # routers per site: the node's report is in its site's broker; each router reads it there
+            # unless telemetry between the two sites is cut
+            here = node.spec.partition
+            cut = self.telemetry_cut
+            to = tuple(
+                lc.store
+                for site, lc in self.lcs.items()
+                if not (site != here and cut and frozenset((here, site)) in cut)
+            )
+            self._sent.append((self.now, msg, to, None))
+        return msg
 
     def _publish(self, payload: tuple[SimNode, int]) -> None:
         node, epoch = payload
         if epoch != node.epoch or not node.alive:
             return
-        self._emit(node)
+        msg = self._emit(node)
+        sched = node.sched
+        if (
+            msg is not None
+            and self._bulk
+            and node.first_phase
+            and not sched.queued
+            and not node.running
+            and node.loading is None
+            and not node.load_waiters
+        ):  # idle: its next reports say again what this one said, until something happens to it
+            row = node.row
+            node.bulk = True
+            self._hb_next[row] = self.now + self.cfg.interval_ms
+            self._hb_seq[row] = node.seq
+            self._hb_tmpl[row] = NodeState.of(msg, 0.0)
+            return
         self.push_periodic(self.now + self.cfg.interval_ms, PUBLISH, (node, epoch))
+
+    def _touch(self, node: SimNode) -> None:
+        """Something is about to happen to `node`: out of bulk, its reports due so far taken as repeats,
+        its next one a report of its own (an event, as every report of a busy node)."""
+        if not node.bulk:
+            return
+        row = node.row
+        at = float(self._hb_next[row])
+        seq = int(self._hb_seq[row])
+        template = self._hb_tmpl[row]
+        assert template is not None
+        now = self.now
+        interval = self.cfg.interval_ms
+        while at < now:
+            seq += 1
+            self._left.append((at, row, seq, template))
+            at = at + interval  # (as the report's own event would: its time plus the interval)
+        node.seq = seq
+        node.bulk = False
+        self._hb_next[row] = math.inf
+        self._hb_tmpl[row] = None
+        self.push_periodic(at, PUBLISH, (node, node.epoch))
+
+    def _draw(self, up_to: float) -> None:
+        """Draw the lags of every report sent until `up_to` (the bulk ones too), in the order they were
+        sent, and put each on its way."""
+        times, rows, seqs = [], [], []
+        if self._bulk:
+            hb_next = self._hb_next
+            due = np.flatnonzero(hb_next <= up_to)
+            interval = self.cfg.interval_ms
+            while len(due):
+                at = hb_next[due]
+                seq = self._hb_seq[due] + 1
+                self._hb_seq[due] = seq
+                hb_next[due] = at + interval
+                times.append(at)
+                rows.append(due)
+                seqs.append(seq)
+                due = due[hb_next[due] <= up_to]
+        left = self._left
+        if left:
+            self._left = []
+            times.insert(0, np.array([e[0] for e in left]))
+            rows.insert(0, np.array([e[1] for e in left], dtype=np.int64))
+            seqs.insert(0, np.array([e[2] for e in left], dtype=np.int64))
+        sent = self._sent
+        if not times and not sent:
+            return
+        q_t = np.concatenate(times) if times else _EMPTY_F
+        q_row = np.concatenate(rows) if rows else _EMPTY_I
+        q_seq = np.concatenate(seqs) if seqs else _EMPTY_I
+        self.events += len(q_t)  # (each an event of its own, taken one by one)
+        self.bulk_reports += len(q_t)
+        if not self.broker_up:  # (nothing sent while the broker is down: no delivery, no draw)
+            q_t, q_row, q_seq = _EMPTY_F, _EMPTY_I, _EMPTY_I
+        templates = self._hb_tmpl
+        q_tmpl = [left[i][3] for i in range(len(left))] if left and self.broker_up else []
+        if len(q_t) > len(q_tmpl):
+            # (a row due in bulk has its template: set with `bulk`, cleared as it leaves)
+            q_tmpl.extend(cast(list[NodeState], [templates[r] for r in q_row[len(q_tmpl) :].tolist()]))
+        self._sent = []
+        # the order sent: by time (a report of its own first at the same instant, which phases make
+        # as good as never happen)
+        n_sent = len(sent)
+        at_all = np.concatenate((np.array([e[0] for e in sent], dtype=np.float64), q_t))
+        order = np.argsort(at_all, kind="stable")
+        draws_each = np.ones(len(order), dtype=np.int64)
+        deliveries_each = np.ones(len(order), dtype=np.int64)
+        for i, entry in enumerate(sent):
+            deliveries_each[i] = len(entry[2])
+            draws_each[i] = len(entry[2]) if entry[3] is not None else 1
+        draws_in_order = draws_each[order]
+        u = self.tel_rng.take(int(draws_in_order.sum()))
+        first_draw = np.empty(len(order), dtype=np.int64)
+        first_draw[order] = np.cumsum(draws_in_order) - draws_in_order
+        deliveries_in_order = deliveries_each[order]
+        first_key = np.empty(len(order), dtype=np.int64)
+        first_key[order] = self.seq + 1 + np.cumsum(deliveries_in_order) - deliveries_in_order
+        self.seq += int(deliveries_in_order.sum())
+        lag = self.lag_dist
+        if self.replicas:  # each replica's draws from its own lag
+            values = np.empty(len(u))
+            by_dist: dict[int, tuple[Distribution, list[int]]] = {}
+            for i, (_, _, _, lags) in enumerate(sent):
+                for j, dist in enumerate(lags or ()):
+                    by_dist.setdefault(id(dist), (dist, []))[1].append(int(first_draw[i]) + j)
+            for dist, where in by_dist.values():
+                values[where] = dist.samples(u[where])
+        else:
+            values = lag.samples(u)
+        lags_of = values.tolist() if sent else []
+        push = heapq.heappush
+        for i, (t, msg, to, each) in enumerate(sent):
+            d, k = int(first_draw[i]), int(first_key[i])
+            if each is None:
+                arrives = t + lags_of[d]
+                for j, store in enumerate(to):
+                    push(self.deliveries, (arrives, k + j, msg, store))
+            else:
+                for j, store in enumerate(to):
+                    push(self.deliveries, (t + lags_of[d + j], k + j, msg, store))
+        if len(q_t):
+            q_at = q_t + values[first_draw[n_sent:]]
+            self._q_at = np.concatenate((self._q_at, q_at))
+            self._q_key = np.concatenate((self._q_key, first_key[n_sent:]))
+            self._q_seq = np.concatenate((self._q_seq, q_seq))
+            self._q_sent = np.concatenate((self._q_sent, q_t))
+            self._q_row = np.concatenate((self._q_row, q_row))
+            self._q_tmpl.extend(q_tmpl)
 
     def _poll(self, _: Any) -> None:
         if self.copy_samples is not None and self.now + self.cfg.poll_ms >= self._copy_next_ms:
             self._sample_copies()  # (the last poll of each second)
+        now = self.now
+        self._draw(now)
         deliveries = self.deliveries
-        if deliveries and deliveries[0][0] <= self.now:
-            now = self.now
-            arrived: dict[ViewStore, list[NodeLoad]] = {}
+        due_q = None
+        if len(self._q_at):
+            mask = self._q_at <= now
+            if mask.any():
+                due_q = mask
+        if due_q is not None or (deliveries and deliveries[0][0] <= now):
+            arrived: dict[ViewStore, list[tuple[float, int, NodeLoad]]] = {}
             taken = 0
             while deliveries and deliveries[0][0] <= now:
-                _, _, msg, store = heapq.heappop(deliveries)
-                arrived.setdefault(store, []).append(msg)
+                at, key, msg, store = heapq.heappop(deliveries)
+                arrived.setdefault(store, []).append((at, key, msg))
                 taken += 1
+            if due_q is not None:
+                taken += int(np.count_nonzero(due_q))
+                self._apply_bulk(due_q, arrived.pop(self.store, []))
             self.events += taken
-            for store, msgs in arrived.items():
-                store.apply_many(msgs, now)
+            for store, entries in arrived.items():
+                store.apply_many([e[2] for e in entries], now)
         if self._open > 0:
             self.push(self.now + self.cfg.poll_ms, POLL, None)
+
+    def _apply_bulk(self, due: np.ndarray, entries: list[tuple[float, int, NodeLoad]]) -> None:
+        """Apply the bulk reports `due` (a mask of those on their way) with the other reports that
+        arrived at the store (`entries`, in order): each as a repeat, but where its node has another
+        report in the batch (then a message, in its place in the batch's order)."""
+        keep = ~due
+        at, key, seq, sent = self._q_at[due], self._q_key[due], self._q_seq[due], self._q_sent[due]
+        row = self._q_row[due]
+        tmpls = self._q_tmpl
+        idx = np.flatnonzero(due)
+        templates = [tmpls[i] for i in idx.tolist()]
+        self._q_tmpl = [tmpls[i] for i in np.flatnonzero(keep).tolist()]
+        self._q_at, self._q_key, self._q_seq, self._q_sent, self._q_row = (
+            self._q_at[keep],
+            self._q_key[keep],
+            self._q_seq[keep],
+            self._q_sent[keep],
+            self._q_row[keep],
+        )
+        order = np.lexsort((key, at))  # (the batch's order: arrival, then the order sent)
+        at, key, seq, sent, row = at[order], key[order], seq[order], sent[order], row[order]
+        templates = [templates[i] for i in order.tolist()]
+        row_list = row.tolist()
+        rows = set(row_list)
+        clash = rows & {self.nodes[e[2].node_id].row for e in entries} if entries else set()
+        if clash or len(rows) != len(row_list):  # a node with another report in the batch: as messages
+            count: dict[int, int] = {}
+            for r in row_list:
+                count[r] = count.get(r, 0) + 1
+            apart = [i for i, r in enumerate(row_list) if count[r] > 1 or r in clash]
+            moved = [
+                (
+                    float(at[i]),
+                    int(key[i]),
+                    replace_struct(templates[i].load, seq=int(seq[i]), sent_at_ms=float(sent[i])),
+                )
+                for i in apart
+            ]
+            entries = sorted([*entries, *moved], key=lambda e: (e[0], e[1]))
+            stay = np.ones(len(row_list), dtype=bool)
+            stay[apart] = False
+            at, key, seq, sent = at[stay], key[stay], seq[stay], sent[stay]
+            templates = [t for t, s in zip(templates, stay.tolist(), strict=True) if s]
+        e_at = np.array([e[0] for e in entries], dtype=np.float64)
+        e_key = np.array([e[1] for e in entries], dtype=np.int64)
+        before = np.searchsorted(e_at, at, side="left")
+        ties = np.flatnonzero(np.searchsorted(e_at, at, side="right") > before)
+        for i in ties.tolist():  # (the same arrival time as some message: by the order sent)
+            lo = int(before[i])
+            before[i] = lo + int(np.count_nonzero(e_key[lo : int(np.searchsorted(e_at, at[i], side="right"))] < key[i]))
+        repeats = Repeats(templates, seq.tolist(), sent, before)
+        self.store.apply_many([e[2] for e in entries], self.now, repeats=repeats)
+
+    def _telemetry_end(self, stopped_at: float) -> None:
+        """At the run's end: the reports sent until `stopped_at` drawn, and the deliveries due by then
+        counted as events (as the ones one by one would have been)."""
+        self._draw(stopped_at)
+        self.events += sum(1 for entry in self.deliveries if entry[0] <= stopped_at)
+        self.events += int(np.count_nonzero(self._q_at <= stopped_at))

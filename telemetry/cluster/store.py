@@ -150,11 +150,15 @@ class ViewStore:
         (`Repeats`), taken by the same rules as `msgs` but without being made into messages first (the
         simulator's idle nodes' periodic reports). Their nodes are told to `on_repeated` where it is
         set, else to `on_applied` with the others."""
-        if repeats is not None and any(self.view.get(t.node_id) is None for t in repeats.templates):
-            # a repeat of a node the view does not hold joins it, and where joins come in the batch's
-            # order orders the view's nodes: take the batch as messages, in its order (one writer: the
-            # view cannot change in between)
-            return self.apply_many(repeats.merged(msgs), received_at_ms, history)
+        currents: list[NodeState | None] = []
+        if repeats is not None:
+            get = self.view.get
+            currents = [get(t.node_id) for t in repeats.templates]
+            if not all(currents):
+                # a repeat of a node the view does not hold joins it, and where joins come in the
+                # batch's order orders the view's nodes: take the batch as messages, in its order (one
+                # writer: the view cannot change in between)
+                return self.apply_many(repeats.merged(msgs), received_at_ms, history)
         with self._write:
             view = self.view
             fresh: dict[str, NodeState] = {}
@@ -186,11 +190,11 @@ class ViewStore:
                 fresh[msg.node_id] = NodeState.of(msg, heard_at)
             repeated: dict[str, NodeState] = {}
             if repeats is not None and len(repeats.seqs):
-                self._repeat(view, repeats, received_at_ms, history, fresh, repeated, lags)
+                self._repeat(repeats, currents, received_at_ms, history, fresh, repeated, lags)
             else:
                 self._count_lags(np.asarray(lags, dtype=np.float64))
             if fresh or repeated:
-                view = self.view = view.with_nodes([*fresh.values(), *repeated.values()], received_at_ms)
+                view = self.view = view.with_nodes(fresh.values(), received_at_ms, repeated)
             if received_at_ms - self._swept_at >= 1000.0:  # at most once a second: a scan of the view
                 self._swept_at = received_at_ms
                 gone = [n.node_id for n in view if received_at_ms - n.heard_at_ms > self.evict_after_ms]
@@ -218,8 +222,8 @@ class ViewStore:
 
     def _repeat(
         self,
-        view: ClusterView,
         reps: Repeats,
+        currents: list[NodeState | None],
         received_at_ms: float,
         history: bool | None,
         fresh: dict[str, NodeState],
@@ -227,8 +231,8 @@ class ViewStore:
         msg_lags: list[float],
     ) -> None:
         """`apply_many`'s rules over `reps`, the same batch's repeats (into `repeated`), each of a node
-        the view holds; the lags of the messages (`msg_lags`) and the repeats counted in the batch's
-        order."""
+        the view holds (`currents`: its state there); the lags of the messages (`msg_lags`) and the
+        repeats counted in the batch's order."""
         n = len(reps.seqs)
         self.messages += n
         sent = np.asarray(reps.sent_ms, dtype=np.float64)
@@ -243,12 +247,13 @@ class ViewStore:
         old = np.full(n, history) if history is not None else lag >= CATCH_UP_LAG_MS
         heard = np.where(old, np.minimum(received_at_ms, sent), received_at_ms).tolist()
         self.from_future += int(np.count_nonzero(future))
-        get = view.get
         admit = self.admit_endpoint
         replace = replace_struct
         skip = future.tolist()
         olds = old.tolist()
         sents = sent.tolist()
+        seqs = reps.seqs
+        history_n = 0
         for i, template in enumerate(reps.templates):
             if skip[i]:
                 continue
@@ -258,11 +263,14 @@ class ViewStore:
             if admit is not None and not admit(template.endpoint):
                 self.foreign_endpoint += 1
                 continue
-            seq, at = reps.seqs[i], sents[i]
-            if self._refused(get(node_id).report, seq, at):  # type: ignore[union-attr]  # (held: checked first)
+            seq, at = seqs[i], sents[i]
+            current = currents[i].report  # type: ignore[union-attr]  # (held: checked first)
+            if at <= current[1] and self._refused(current, seq, at):  # (newer: taken, the usual case)
                 continue
-            self.from_history += olds[i]
+            if olds[i]:
+                history_n += 1
             repeated[node_id] = template.repeated(replace(template.load, seq=seq, sent_at_ms=at), heard[i])
+        self.from_history += history_n
 
     def _count_lags(self, lags: np.ndarray) -> None:
         """Count send-to-receipt lags (ms, in the order received; negative: not counted) into the recent

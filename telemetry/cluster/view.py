@@ -331,30 +331,43 @@ class ClusterView:
     def with_node(self, state: NodeState, built_at_ms: float) -> ClusterView:
         return self.with_nodes([state], built_at_ms)
 
-    def with_nodes(self, states: Iterable[NodeState], built_at_ms: float) -> ClusterView:
+    def with_nodes(
+        self, states: Iterable[NodeState], built_at_ms: float, repeated: Mapping[str, NodeState] | None = None
+    ) -> ClusterView:
+        """This view with `states` (new reports) and `repeated` (by node id: reports of nodes it holds
+        that say again what their last said, ViewStore.apply_many's repeats: the same models and
+        partition, so nothing indexed changes)."""
         states = list(states)
         nodes = _copied(self.nodes)
         newest = self.newest_heard_ms
         index = self._by_model
         parts = self._partitions
         joined: dict[str, list[str]] = {}  # model -> ids of the nodes that joined, in the order they did
+        get = nodes.get
         for state in states:
-            old = nodes.get(state.node_id)
+            node_id = state.node_id
+            old = get(node_id)
             if old is None:
                 # a node joins at the end of `nodes`, so at the end of each of its models' ids: the index
                 # grows by it (a rebuild walks `nodes` in order and finds the same), where a fleet of
                 # thousands joining over its first reports would otherwise rebuild it per batch
                 if index is not None:
                     for name in state.load.models:
-                        joined.setdefault(name, []).append(state.node_id)
-            elif index is not None and old.load.models.keys() != state.load.models.keys():
-                index = None  # a node changed its models: rebuild the index when asked
-            if parts is not None and (
-                (old is None and state.partition not in parts) or (old is not None and old.partition != state.partition)
-            ):
-                parts = None  # a node joined a new partition, or left one (maybe its last): rebuild when asked
-            nodes[state.node_id] = state
-            newest = max(newest, state.heard_at_ms)
+                        joined.setdefault(name, []).append(node_id)
+                if parts is not None and state.partition not in parts:
+                    parts = None  # a node joined a new partition: rebuild when asked
+            else:
+                models = state.load.models
+                if index is not None and old.load.models is not models and old.load.models.keys() != models.keys():
+                    index = None  # a node changed its models: rebuild the index when asked
+                if parts is not None and old.partition != state.partition:
+                    parts = None  # ... or left a partition (maybe its last)
+            nodes[node_id] = state
+            if state.heard_at_ms > newest:
+                newest = state.heard_at_ms
+        if repeated:
+            nodes.update(repeated)
+            newest = max(newest, max(state.heard_at_ms for state in repeated.values()))
         if index is not None and joined:
             index = {**index, **{m: index.get(m, ()) + tuple(ids) for m, ids in joined.items()}}
         src: tuple[dict[str, ModelTable], dict[str, NodeState]] | None = None
@@ -366,6 +379,8 @@ class ClusterView:
             if src is not None:
                 for state in states:
                     src[1][state.node_id] = state
+                if repeated:
+                    src[1].update(repeated)
                 if len(src[1]) > len(nodes) // 2:  # most rows changed: a rebuild costs no more
                     src = None
         return self._rebuilt(nodes, built_at_ms, newest, index, parts, src)
