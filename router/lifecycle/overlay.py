@@ -176,7 +176,7 @@ class OutstandingTracker:
             started = state.load.started_at_ms
             if started != n.started:
                 if n.started is not None and self.health is not None:  # a new process: slow start
-                    self.health.restarted(state.node_id, state.heard_at_ms - (state.load.sent_at_ms - started))
+                    self.health.restarted(state.node_id, state.heard_at_ms - (state.report[1] - started))
                 n.started = started
             if self._row:
                 self._mirror(state.node_id, n)

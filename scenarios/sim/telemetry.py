@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 from msgspec.structs import replace as replace_struct
@@ -172,14 +172,18 @@ class TelemetryModel(SimState):
         self.bulk_reports = 0  # reports taken in bulk (each one an event all the same)
         self._hb_next = np.full(n, math.inf)  # when each node in bulk reports next (inf: not in bulk)
         self._hb_seq = np.zeros(n, dtype=np.int64)  # ... the seq of its last report
-        self._hb_tmpl: list[NodeState | None] = [None] * n  # ... its last report, as NodeState.of makes it
+        self._hb_tid = np.full(n, -1, dtype=np.int64)  # ... its last report's template (below; -1: none)
+        # templates: a bulk node's last report as NodeState.of makes it, by a number given as it goes into
+        # bulk (reports on their way name theirs by it; dropped once none does and its node has left)
+        self._tmpl: dict[int, NodeState] = {}
+        self._tmpl_next = 0
         # reports made since the last draws: (sent at, message, to, each its own draw with these lags)
         self._sent: list[tuple[float, NodeLoad, tuple[ViewStore, ...], tuple[Distribution, ...] | None]] = []
-        self._left: list[tuple[float, int, int, NodeState]] = []  # bulk reports of nodes since touched
+        self._left: list[tuple[float, int, int, int]] = []  # bulk reports of nodes since touched, by template
         # bulk reports on their way: when each arrives, its order, seq and send time, and its template
         self._q_at, self._q_key, self._q_seq, self._q_sent = _EMPTY_F, _EMPTY_I, _EMPTY_I, _EMPTY_F
         self._q_row = _EMPTY_I
-        self._q_tmpl: list[NodeState] = []
+        self._q_tid = _EMPTY_I
 
     def _emit(self, node: SimNode) -> NodeLoad | None:
         """A report of `node` now (None: it is down), sent unless the broker is down."""
@@ -226,7 +230,10 @@ class TelemetryModel(SimState):
             node.bulk = True
             self._hb_next[row] = self.now + self.cfg.interval_ms
             self._hb_seq[row] = node.seq
-            self._hb_tmpl[row] = NodeState.of(msg, 0.0)
+            tid = self._tmpl_next
+            self._tmpl_next = tid + 1
+            self._tmpl[tid] = NodeState.of(msg, 0.0)
+            self._hb_tid[row] = tid
             return
         self.push_periodic(self.now + self.cfg.interval_ms, PUBLISH, (node, epoch))
 
@@ -238,8 +245,7 @@ class TelemetryModel(SimState):
         row = node.row
         at = float(self._hb_next[row])
         seq = int(self._hb_seq[row])
-        template = self._hb_tmpl[row]
-        assert template is not None
+        template = int(self._hb_tid[row])
         now = self.now
         interval = self.cfg.interval_ms
         while at < now:
@@ -249,7 +255,7 @@ class TelemetryModel(SimState):
         node.seq = seq
         node.bulk = False
         self._hb_next[row] = math.inf
-        self._hb_tmpl[row] = None
+        self._hb_tid[row] = -1
         self.push_periodic(at, PUBLISH, (node, node.epoch))
 
     def _draw(self, up_to: float) -> None:
@@ -285,11 +291,9 @@ class TelemetryModel(SimState):
         self.bulk_reports += len(q_t)
         if not self.broker_up:  # (nothing sent while the broker is down: no delivery, no draw)
             q_t, q_row, q_seq = _EMPTY_F, _EMPTY_I, _EMPTY_I
-        templates = self._hb_tmpl
-        q_tmpl = [left[i][3] for i in range(len(left))] if left and self.broker_up else []
-        if len(q_t) > len(q_tmpl):
-            # (a row due in bulk has its template: set with `bulk`, cleared as it leaves)
-            q_tmpl.extend(cast(list[NodeState], [templates[r] for r in q_row[len(q_tmpl) :].tolist()]))
+        q_tid = self._hb_tid[q_row]  # (a row due in bulk has its template; one left, its own below)
+        if left and len(q_tid):
+            q_tid[: len(left)] = [e[3] for e in left]
         self._sent = []
         # the order sent: by time (a report of its own first at the same instant, which phases make
         # as good as never happen)
@@ -338,7 +342,7 @@ class TelemetryModel(SimState):
             self._q_seq = np.concatenate((self._q_seq, q_seq))
             self._q_sent = np.concatenate((self._q_sent, q_t))
             self._q_row = np.concatenate((self._q_row, q_row))
-            self._q_tmpl.extend(q_tmpl)
+            self._q_tid = np.concatenate((self._q_tid, q_tid))
 
     def _poll(self, _: Any) -> None:
         if self.copy_samples is not None and self.now + self.cfg.poll_ms >= self._copy_next_ms:
@@ -373,21 +377,22 @@ class TelemetryModel(SimState):
         report in the batch (then a message, in its place in the batch's order)."""
         keep = ~due
         at, key, seq, sent = self._q_at[due], self._q_key[due], self._q_seq[due], self._q_sent[due]
-        row = self._q_row[due]
-        tmpls = self._q_tmpl
-        idx = np.flatnonzero(due)
-        templates = [tmpls[i] for i in idx.tolist()]
-        self._q_tmpl = [tmpls[i] for i in np.flatnonzero(keep).tolist()]
-        self._q_at, self._q_key, self._q_seq, self._q_sent, self._q_row = (
+        row, tid = self._q_row[due], self._q_tid[due]
+        self._q_at, self._q_key, self._q_seq, self._q_sent, self._q_row, self._q_tid = (
             self._q_at[keep],
             self._q_key[keep],
             self._q_seq[keep],
             self._q_sent[keep],
             self._q_row[keep],
+            self._q_tid[keep],
         )
         order = np.lexsort((key, at))  # (the batch's order: arrival, then the order sent)
         at, key, seq, sent, row = at[order], key[order], seq[order], sent[order], row[order]
-        templates = [templates[i] for i in order.tolist()]
+        tmpl = self._tmpl
+        templates = [tmpl[t] for t in tid[order].tolist()]
+        if len(tmpl) > 2 * len(self._hb_tid) + 1024:  # (templates no report names and no node holds)
+            named = {*self._q_tid.tolist(), *self._hb_tid.tolist(), *(e[3] for e in self._left)}
+            self._tmpl = {t: v for t, v in tmpl.items() if t in named}
         row_list = row.tolist()
         rows = set(row_list)
         clash = rows & {self.nodes[e[2].node_id].row for e in entries} if entries else set()

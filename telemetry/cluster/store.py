@@ -248,7 +248,6 @@ class ViewStore:
         heard = np.where(old, np.minimum(received_at_ms, sent), received_at_ms).tolist()
         self.from_future += int(np.count_nonzero(future))
         admit = self.admit_endpoint
-        replace = replace_struct
         skip = future.tolist()
         olds = old.tolist()
         sents = sent.tolist()
@@ -269,7 +268,7 @@ class ViewStore:
                 continue
             if olds[i]:
                 history_n += 1
-            repeated[node_id] = template.repeated(replace(template.load, seq=seq, sent_at_ms=at), heard[i])
+            repeated[node_id] = template.repeated(seq, at, heard[i])
         self.from_history += history_n
 
     def _count_lags(self, lags: np.ndarray) -> None:

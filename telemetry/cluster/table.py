@@ -139,8 +139,7 @@ class ModelTable:
             n.reported_outstanding,
             n.heard_at_ms,
             n.ready,
-            load.seq,
-            load.sent_at_ms,
+            *n.report,  # (seq, sent_at_ms): a repeat's own, where its `load` is the report it repeats
             self._part(n.partition),
             resident,
             load_ms,

@@ -60,7 +60,8 @@ class NodeState(Struct, frozen=True, gc=False):
     capacity: int
     # Requests queued or executing at the node when it sent its last message.
     reported_outstanding: int
-    # Which report this is: (seq, sent_at_ms), the key the in-flight overlay counts from.
+    # Which report this is: (seq, sent_at_ms), the key the in-flight overlay counts from (a repeat's
+    # own; its `load` is the report it repeats).
     report: tuple[int, float]
 
     @classmethod
@@ -78,11 +79,12 @@ class NodeState(Struct, frozen=True, gc=False):
             (load.seq, load.sent_at_ms),
         )
 
-    def repeated(self, load: NodeLoad, heard_at_ms: float) -> NodeState:
-        """This state with `load`: a report that says again what this state's report said, but for its
-        seq and send time (everything derived from the rest is the same: `NodeState.of(load, heard)`
-        would give this state)."""
-        return replace_struct(self, load=load, heard_at_ms=heard_at_ms, report=(load.seq, load.sent_at_ms))
+    def repeated(self, seq: int, sent_at_ms: float, heard_at_ms: float) -> NodeState:
+        """The state after a report that says again what this state's report said, but for its seq and
+        send time (a repeat, telemetry.cluster.store.Repeats): the same `load` (the report repeated,
+        whose own seq and send time are the first one's), its own key (`report`) and time heard. What
+        reads a report's seq and send time reads `report`."""
+        return replace_struct(self, heard_at_ms=heard_at_ms, report=(seq, sent_at_ms))
 
     def model(self, name: str) -> ModelLoad | None:
         return self.load.models.get(name)

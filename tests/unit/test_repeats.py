@@ -27,7 +27,10 @@ def same(a: ViewStore, b: ViewStore, la: Lifecycle[object], lb: Lifecycle[object
     assert list(a.view.nodes) == list(b.view.nodes)  # (the same nodes, joined in the same order)
     for node_id, sa in a.view.nodes.items():
         sb = b.view.nodes[node_id]
-        assert (sa.load, sa.heard_at_ms, sa.report) == (sb.load, sb.heard_at_ms, sb.report)
+        # (a repeat's state keeps the report it repeats as its load: its own seq and send time are its key)
+        as_sent = sa.load.replace(seq=sa.report[0], sent_at_ms=sa.report[1])
+        assert (as_sent, sa.heard_at_ms, sa.report) == (sb.load, sb.heard_at_ms, sb.report)
+        assert (sb.load.seq, sb.load.sent_at_ms) == sb.report
         assert la.view().outstanding(sa) == lb.view().outstanding(sb)
         assert la.view().loader_busy_ms(sa, now) == lb.view().loader_busy_ms(sb, now)
     for field in ("messages", "out_of_order", "duplicates", "from_history", "from_future", "over_capacity"):
