@@ -22,7 +22,7 @@ MODELS = ["sensor_mlp", "mobilenet_s", "tiny_transformer"]
 def fleet(seed: int) -> Scenario:
     rng = random.Random(seed)
     sites = ["edge-a", "edge-b"]
-    nodes = []
+    nodes: list[dict[str, Any]] = []
     for i in range(rng.randrange(3, 14)):
         part = rng.choice([*sites, "cloud"])
         nodes.append(
