@@ -161,7 +161,9 @@ def _pixel_bytes(ref: str, inputs: Mapping[str, np.ndarray]) -> int:
 def _tally(results: Mapping[str, StageResult]) -> dict[str, str]:
     """A job's totals as answer headers (the replay harness reads them)."""
     ran = [r for r in results.values() if r.status != 0]
+    started = {name: r.started_ms for name, r in results.items() if r.started_ms is not None}
     return {
+        **({wire.STAGE_STARTS: wire.stage_starts_header(started)} if started else {}),
         wire.STAGES: str(len(ran)),
         wire.COLD_STAGES: str(sum(r.cold for r in ran)),
         wire.BYTES_KEPT: str(sum(r.bytes_kept for r in ran)),
@@ -188,6 +190,7 @@ class StageResult:
     bytes_kept: int = 0
     bytes_moved: int = 0
     skipped: bool = False
+    started_ms: float | None = None  # when it was routed, ms after the job reached the router
     outputs: dict[str, np.ndarray] = field(default_factory=dict)
 
 
@@ -312,6 +315,7 @@ class WorkflowRunner:
         input_node = max(produced, key=lambda n: produced[n]) if produced else None
         next_models, next_bytes = downstream(self.spec, stage.name, lambda ref: _pixel_bytes(ref, inputs))
         now = self.clock()
+        result.started_ms = max(0.0, now - arrived_ms)
         req = RouteRequest(
             stage.model,
             priority,

@@ -338,6 +338,19 @@ def compare(live: dict[str, Any], sim: dict[str, Any]) -> dict[str, Any]:
         by_tenant = compare_tenants(lp, sp)
         if by_tenant:
             row["by_tenant"] = by_tenant
+        starts: dict[str, dict[str, dict[str, Any]]] = {}
+        for wf, stages in lp.get("stage_starts", {}).items():
+            for stage, v in stages.items():
+                simmed = sp.get("stage_starts", {}).get(wf, {}).get(stage)
+                if simmed is not None:
+                    lv, sv = v["p50"], simmed["p50"]
+                    starts.setdefault(wf, {})[stage] = {
+                        "live": lv,
+                        "sim": sv,
+                        "rel_err": round((sv - lv) / lv, 4) if lv else None,
+                    }
+        if starts:  # (a workflow's stages: when each was routed, p50)
+            row["stage_starts"] = starts
         out[name] = row
     return out
 

@@ -107,6 +107,7 @@ class SimWorkflow:
     queue_ms: float = 0.0
     bytes_kept: int = 0
     bytes_moved: int = 0
+    starts: dict[str, float] = field(default_factory=dict)  # stage -> routed at, ms after t0
 
 
 @dataclass(slots=True)

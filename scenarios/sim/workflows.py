@@ -56,6 +56,7 @@ class WorkflowDriver(SimState):
                 tenant=self.tenant_of(self.router_of(a.site), a),
             )  # fmt: skip
             lc = self.router_of(a.site)
+            job.starts[st.name] = self.now - job.t0
             life = lc.begin(route, self.policy_of(a.site), self.now, job.deadline_at)
             req = SimRequest(job.index, job.arrival, self.now, job.deadline_at, o / 2.0, o / 2.0, life, lc,
                              model=st.model, batch=batch, stage=run)  # fmt: skip
@@ -106,5 +107,5 @@ class WorkflowDriver(SimState):
         nodes = ",".join(sorted(set(job.nodes.values()))) or "none"
         self.results[job.index] = Result(
             job.arrival, status, at_ms - job.t0, nodes if status == 200 else "none", reason, job.exec_ms,
-            job.queue_ms, 1, job.stages, job.cold, job.bytes_kept, job.bytes_moved,
+            job.queue_ms, 1, job.stages, job.cold, job.bytes_kept, job.bytes_moved, "", job.starts,
         )  # fmt: skip

@@ -44,6 +44,9 @@ class Result:
     bytes_kept: int = 0  # a workflow's intermediate bytes used on the node that made them
     bytes_moved: int = 0  # ... and those a stage on another node needed (a cascade: request bytes off-site)
     cascade: str = ""  # a cascade's request: sure, escalated, kept or second (x-edgeroute-cascade)
+    # a workflow's: when each stage it started was routed, ms after the job reached the router
+    # (x-edgeroute-stage-starts)
+    stage_starts: dict[str, float] | None = None
 
 
 def mean_rate_rps(site: SiteLoad, duration_s: float) -> float:

@@ -203,6 +203,7 @@ async def _send_all(
                     int(resp.headers.get(wire.BYTES_KEPT, 0)),
                     int(resp.headers.get(wire.BYTES_MOVED, 0)),
                     resp.headers.get(wire.CASCADE, ""),
+                    wire.stage_starts(resp.headers.get(wire.STAGE_STARTS)),
                 )
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             results[i] = Result(a, None, (time.perf_counter() - t0) * 1000.0, "none", f"{type(exc).__name__}: {exc}")

@@ -76,6 +76,37 @@ COLD_STAGES = "x-edgeroute-cold-stages"
 BYTES_KEPT = "x-edgeroute-bytes-kept"
 BYTES_MOVED = "x-edgeroute-bytes-moved"
 CASCADE = "x-edgeroute-cascade"  # a cascade's answer: sure, escalated, kept or second (router.cascade)
+# a workflow's answer: when each stage it started was routed, ms after the job reached the router
+# ("detect=0.052,classify=11.930"; read by `stage_starts`)
+STAGE_STARTS = "x-edgeroute-stage-starts"
+MAX_STAGE_STARTS = 64  # stages named in that header at most (a longer one is not read)
+_STAGE_NAME = re.compile(r"^[A-Za-z0-9_\-]{1,64}$")  # (router.lifecycle.stages.StageSpec's names)
+
+
+def stage_starts_header(starts: dict[str, float]) -> str:
+    """`STAGE_STARTS`'s value for `starts` (stage -> ms after the job reached the router)."""
+    return ",".join(f"{name}={ms:.3f}" for name, ms in starts.items())
+
+
+def stage_starts(value: str | None) -> dict[str, float] | None:
+    """The stages' start times from `STAGE_STARTS`' value, or None where there is none or it is not
+    what a router writes (bounded: at most MAX_STAGE_STARTS stages, names as stages are named, finite
+    non-negative times below a day)."""
+    if not value or len(value) > MAX_STAGE_STARTS * 96:
+        return None
+    out: dict[str, float] = {}
+    for part in value.split(",")[: MAX_STAGE_STARTS + 1]:
+        name, sep, ms = part.partition("=")
+        if not sep or not _STAGE_NAME.match(name) or name in out:
+            return None
+        try:
+            t = float(ms)
+        except ValueError:
+            return None
+        if not 0.0 <= t < 86_400_000.0:  # (NaN fails this too)
+            return None
+        out[name] = t
+    return out if len(out) <= MAX_STAGE_STARTS else None
 
 
 # a router's 503 before any node has reported (the simulator answers the same)

@@ -16,6 +16,7 @@ from nodes import zoo
 from router.config import CropSpec
 from router.workflows import crops
 from scenarios.stack.launcher import Stack
+from telemetry.oip import wire
 from tests.helpers import assert_outputs_close
 from tests.integration.http import call
 
@@ -134,6 +135,10 @@ def test_idle_nodes_keep_a_jobs_stages_together_and_count_the_bytes_kept(stack: 
         assert status == 200, doc
         st = doc["parameters"]["stages"]
         nodes.append((st["detect"]["node"], st["classify"]["node"]))
+        # when each stage was routed: the detector at once, the classifier once the detector answered
+        starts = wire.stage_starts({k.lower(): v for k, v in hdrs.items()}.get(wire.STAGE_STARTS))
+        assert starts is not None and set(starts) == {"detect", "classify"}, hdrs
+        assert 0.0 <= starts["detect"] < starts["classify"] < 5000.0
     assert all(d == c for d, c in nodes), f"compass keeps the crops where the detector ran: {nodes}"
     after = workflow_stats(stack)["camera"]
     crop_bytes = 4 * 3 * 64 * 64 * 4
