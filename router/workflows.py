@@ -406,6 +406,7 @@ class WorkflowRunner:
                 "attempts": r.attempts,
                 "cold": r.cold,
                 "skipped": r.skipped,
+                **({} if r.started_ms is None else {"started_ms": round(r.started_ms, 3)}),
             }  # fmt: skip
             for name, r in results.items()
         }

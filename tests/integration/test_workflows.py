@@ -139,6 +139,7 @@ def test_idle_nodes_keep_a_jobs_stages_together_and_count_the_bytes_kept(stack: 
         starts = wire.stage_starts({k.lower(): v for k, v in hdrs.items()}.get(wire.STAGE_STARTS))
         assert starts is not None and set(starts) == {"detect", "classify"}, hdrs
         assert 0.0 <= starts["detect"] < starts["classify"] < 5000.0
+        assert (st["detect"]["started_ms"], st["classify"]["started_ms"]) == (starts["detect"], starts["classify"])
     assert all(d == c for d, c in nodes), f"compass keeps the crops where the detector ran: {nodes}"
     after = workflow_stats(stack)["camera"]
     crop_bytes = 4 * 3 * 64 * 64 * 4
