@@ -52,6 +52,9 @@ BULK: bool | None = None
 BULK_REPORTS_PER_REQUEST = 2.0  # periodic reports per request offered, at or above which they pay
 _EMPTY_F = np.empty(0, dtype=np.float64)
 _EMPTY_I = np.empty(0, dtype=np.int64)
+# a bulk report on its way: when it arrives, its order among deliveries, its seq and send time, its
+# node's row and the number of its template
+_ON_WAY = np.dtype([("at", "f8"), ("key", "i8"), ("seq", "i8"), ("sent", "f8"), ("row", "i8"), ("tid", "i8")])
 
 
 class TelemetryModel(SimState):
@@ -190,10 +193,7 @@ class TelemetryModel(SimState):
         # reports made since the last draws: (sent at, message, to, each its own draw with these lags)
         self._sent: list[tuple[float, NodeLoad, tuple[ViewStore, ...], tuple[Distribution, ...] | None]] = []
         self._left: list[tuple[float, int, int, int]] = []  # bulk reports of nodes since touched, by template
-        # bulk reports on their way: when each arrives, its order, seq and send time, and its template
-        self._q_at, self._q_key, self._q_seq, self._q_sent = _EMPTY_F, _EMPTY_I, _EMPTY_I, _EMPTY_F
-        self._q_row = _EMPTY_I
-        self._q_tid = _EMPTY_I
+        self._on_way = np.empty(0, dtype=_ON_WAY)  # bulk reports on their way
 
     def _emit(self, node: SimNode) -> NodeLoad | None:
         """A report of `node` now (None: it is down), sent unless the broker is down."""
@@ -346,13 +346,11 @@ class TelemetryModel(SimState):
                 for j, store in enumerate(to):
                     push(self.deliveries, (t + lags_of[d + j], k + j, msg, store))
         if len(q_t):
-            q_at = q_t + values[first_draw[n_sent:]]
-            self._q_at = np.concatenate((self._q_at, q_at))
-            self._q_key = np.concatenate((self._q_key, first_key[n_sent:]))
-            self._q_seq = np.concatenate((self._q_seq, q_seq))
-            self._q_sent = np.concatenate((self._q_sent, q_t))
-            self._q_row = np.concatenate((self._q_row, q_row))
-            self._q_tid = np.concatenate((self._q_tid, q_tid))
+            sending = np.empty(len(q_t), dtype=_ON_WAY)
+            sending["at"] = q_t + values[first_draw[n_sent:]]
+            sending["key"] = first_key[n_sent:]
+            sending["seq"], sending["sent"], sending["row"], sending["tid"] = q_seq, q_t, q_row, q_tid
+            self._on_way = np.concatenate((self._on_way, sending))
 
     def _poll(self, _: Any) -> None:
         if self.copy_samples is not None and self.now + self.cfg.poll_ms >= self._copy_next_ms:
@@ -361,8 +359,8 @@ class TelemetryModel(SimState):
         self._draw(now)
         deliveries = self.deliveries
         due_q = None
-        if len(self._q_at):
-            mask = self._q_at <= now
+        if len(self._on_way):
+            mask = self._on_way["at"] <= now
             if mask.any():
                 due_q = mask
         if due_q is not None or (deliveries and deliveries[0][0] <= now):
@@ -385,25 +383,15 @@ class TelemetryModel(SimState):
         """Apply the bulk reports `due` (a mask of those on their way) with the other reports that
         arrived at the store (`entries`, in order): each as a repeat, but where its node has another
         report in the batch (then a message, in its place in the batch's order)."""
-        keep = ~due
-        at, key, seq, sent = self._q_at[due], self._q_key[due], self._q_seq[due], self._q_sent[due]
-        row, tid = self._q_row[due], self._q_tid[due]
-        self._q_at, self._q_key, self._q_seq, self._q_sent, self._q_row, self._q_tid = (
-            self._q_at[keep],
-            self._q_key[keep],
-            self._q_seq[keep],
-            self._q_sent[keep],
-            self._q_row[keep],
-            self._q_tid[keep],
-        )
-        order = np.lexsort((key, at))  # (the batch's order: arrival, then the order sent)
-        at, key, seq, sent, row = at[order], key[order], seq[order], sent[order], row[order]
+        batch = self._on_way[due]
+        self._on_way = self._on_way[~due]
+        batch = batch[np.lexsort((batch["key"], batch["at"]))]  # (the batch's order: arrival, then sent)
         tmpl = self._tmpl
-        templates = [tmpl[t] for t in tid[order].tolist()]
+        templates = [tmpl[t] for t in batch["tid"].tolist()]
         if len(tmpl) > 2 * len(self._hb_tid) + 1024:  # (templates no report names and no node holds)
-            named = {*self._q_tid.tolist(), *self._hb_tid.tolist(), *(e[3] for e in self._left)}
+            named = {*self._on_way["tid"].tolist(), *self._hb_tid.tolist(), *(e[3] for e in self._left)}
             self._tmpl = {t: v for t, v in tmpl.items() if t in named}
-        row_list = row.tolist()
+        row_list = batch["row"].tolist()
         rows = set(row_list)
         clash = rows & {self.nodes[e[2].node_id].row for e in entries} if entries else set()
         if clash or len(rows) != len(row_list):  # a node with another report in the batch: as messages
@@ -413,25 +401,28 @@ class TelemetryModel(SimState):
             apart = [i for i, r in enumerate(row_list) if count[r] > 1 or r in clash]
             moved = [
                 (
-                    float(at[i]),
-                    int(key[i]),
-                    replace_struct(templates[i].load, seq=int(seq[i]), sent_at_ms=float(sent[i])),
+                    float(e["at"]),
+                    int(e["key"]),
+                    replace_struct(templates[i].load, seq=int(e["seq"]), sent_at_ms=float(e["sent"])),
                 )
-                for i in apart
+                for i, e in ((i, batch[i]) for i in apart)
             ]
             entries = sorted([*entries, *moved], key=lambda e: (e[0], e[1]))
             stay = np.ones(len(row_list), dtype=bool)
             stay[apart] = False
-            at, key, seq, sent = at[stay], key[stay], seq[stay], sent[stay]
+            batch = batch[stay]
             templates = [t for t, s in zip(templates, stay.tolist(), strict=True) if s]
-        e_at = np.array([e[0] for e in entries], dtype=np.float64)
-        e_key = np.array([e[1] for e in entries], dtype=np.int64)
-        before = np.searchsorted(e_at, at, side="left")
-        ties = np.flatnonzero(np.searchsorted(e_at, at, side="right") > before)
-        for i in ties.tolist():  # (the same arrival time as some message: by the order sent)
-            lo = int(before[i])
-            before[i] = lo + int(np.count_nonzero(e_key[lo : int(np.searchsorted(e_at, at[i], side="right"))] < key[i]))
-        repeats = Repeats(templates, seq.tolist(), sent, before)
+        # each repeat's place in the batch: how many of the messages come before it by (arrival, order)
+        n = len(entries)
+        order = np.lexsort(
+            (
+                np.concatenate((np.array([e[1] for e in entries], dtype=np.int64), batch["key"])),
+                np.concatenate((np.array([e[0] for e in entries], dtype=np.float64), batch["at"])),
+            )
+        )
+        is_msg = order < n
+        before = np.cumsum(is_msg)[~is_msg]  # (the repeats come out of the sort in their own order)
+        repeats = Repeats(templates, batch["seq"].tolist(), batch["sent"].copy(), before)
         self.store.apply_many([e[2] for e in entries], self.now, repeats=repeats)
 
     def _telemetry_end(self, stopped_at: float) -> None:
@@ -439,4 +430,4 @@ class TelemetryModel(SimState):
         counted as events (as the ones one by one would have been)."""
         self._draw(stopped_at)
         self.events += sum(1 for entry in self.deliveries if entry[0] <= stopped_at)
-        self.events += int(np.count_nonzero(self._q_at <= stopped_at))
+        self.events += int(np.count_nonzero(self._on_way["at"] <= stopped_at))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
@@ -34,7 +35,6 @@ MAX_NODES = 50_000
 
 # upper bounds of the lag histogram buckets, seconds (the last bucket, +Inf, is implicit)
 LAG_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
-_LAG_BUCKETS = np.array(LAG_BUCKETS_S)
 
 
 class Repeats(NamedTuple):
@@ -192,7 +192,7 @@ class ViewStore:
             if repeats is not None and len(repeats.seqs):
                 self._repeat(repeats, currents, received_at_ms, history, fresh, repeated, lags)
             else:
-                self._count_lags(np.asarray(lags, dtype=np.float64))
+                self._count_lags(lags)
             if fresh or repeated:
                 view = self.view = view.with_nodes(fresh.values(), received_at_ms, repeated)
             if received_at_ms - self._swept_at >= 1000.0:  # at most once a second: a scan of the view
@@ -243,7 +243,7 @@ class ViewStore:
         keys = np.concatenate((2 * np.asarray(reps.before, dtype=np.int64), 2 * np.arange(len(msg_lags)) + 1))
         order = np.argsort(keys, kind="stable")
         merged = np.concatenate((np.where(future, -1.0, lag), np.asarray(msg_lags, dtype=np.float64)))[order]
-        self._count_lags(merged)
+        self._count_lags(merged.tolist())
         old = np.full(n, history) if history is not None else lag >= CATCH_UP_LAG_MS
         heard = np.where(old, np.minimum(received_at_ms, sent), received_at_ms).tolist()
         self.from_future += int(np.count_nonzero(future))
@@ -271,19 +271,17 @@ class ViewStore:
             repeated[node_id] = template.repeated(seq, at, heard[i])
         self.from_history += history_n
 
-    def _count_lags(self, lags: np.ndarray) -> None:
+    def _count_lags(self, lags: list[float]) -> None:
         """Count send-to-receipt lags (ms, in the order received; negative: not counted) into the recent
-        window, the histogram and the sum."""
-        lags = lags[lags >= 0.0]
-        if not len(lags):
-            return
-        self.lag_ms.extend(lags.tolist())
-        seconds = lags / 1000.0
-        counts = np.bincount(np.searchsorted(_LAG_BUCKETS, seconds, side="left"), minlength=len(self.lag_counts))
-        for k in np.flatnonzero(counts).tolist():
-            self.lag_counts[k] += int(counts[k])
-        # (a running sum, one addition at a time in order, as the message-by-message sum it replaced)
-        self.lag_sum_s = float(np.add.accumulate(np.concatenate(([self.lag_sum_s], seconds)))[-1])
+        window, the histogram and the sum (one at a time: a consumer's batches are a few reports, where
+        numpy's fixed cost per call would be ten times the loop's)."""
+        window, counts, total = self.lag_ms, self.lag_counts, self.lag_sum_s
+        for lag in lags:
+            if lag >= 0.0:
+                window.append(lag)
+                counts[bisect_left(LAG_BUCKETS_S, lag / 1000.0)] += 1
+                total += lag / 1000.0
+        self.lag_sum_s = total
 
     def parse(self, raw: bytes) -> NodeLoad | None:
         """Parse one message; malformed input is counted and logged, never raised."""
