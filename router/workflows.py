@@ -158,11 +158,13 @@ def _pixel_bytes(ref: str, inputs: Mapping[str, np.ndarray]) -> int:
     return int(image.shape[1] * image.itemsize) if image is not None and image.ndim == 4 else 12
 
 
-def _tally(results: Mapping[str, StageResult]) -> dict[str, str]:
-    """A job's totals as answer headers (the replay harness reads them)."""
+def _tally(results: Mapping[str, StageResult], job_ms: float) -> dict[str, str]:
+    """A job's totals as answer headers (the replay harness reads them); `job_ms`: from the job reaching
+    the router to its answer being ready."""
     ran = [r for r in results.values() if r.status != 0]
     started = {name: r.started_ms for name, r in results.items() if r.started_ms is not None}
     return {
+        wire.JOB_MS: f"{max(0.0, job_ms):.3f}",
         **({wire.STAGE_STARTS: wire.stage_starts_header(started)} if started else {}),
         wire.STAGES: str(len(ran)),
         wire.COLD_STAGES: str(sum(r.cold for r in ran)),
@@ -270,12 +272,13 @@ class WorkflowRunner:
                     task.cancel()
                     self._dropping.add(task)  # (held until it has ended)
                     task.add_done_callback(self._dropping.discard)
-                failure.headers.update(_tally(results))
+                failure.headers.update(_tally(results, self.clock() - arrived_ms))
                 return failure
         self.stats.ok += 1
         nodes = ",".join(sorted({r.node for r in results.values() if not r.skipped}))
-        headers = {"Content-Type": "application/json", **_tally(results)}
-        return Outcome(200, self._answer(job_id, results), headers, nodes, 1)
+        body = self._answer(job_id, results)
+        headers = {"Content-Type": "application/json", **_tally(results, self.clock() - arrived_ms)}
+        return Outcome(200, body, headers, nodes, 1)
 
     async def _stage(
         self,

@@ -141,9 +141,20 @@ def _overhead_without_links(
     counts with its link's mean delay taken off (`LinkTable.mean_crossing_ms`).
 
     A workflow's answer (`flows`: its stages' architectures) is one sample per stage it ran, its
-    overhead shared evenly between them (what the simulator adds per stage: both hops of each stage's
-    request with its tensors, and the router's work between stages). An answer that waited for a load
-    is left out: the wait is the load's, which the simulator models itself."""
+    overhead shared evenly between them (what the simulator adds per stage without the parts below).
+    Where the answers say when the first stage left and how long the job took at the router
+    (`Result.stage_starts`, `Result.job_ms`), each workflow also gets its whole overhead
+    (`workflow_overhead_ms`; "" pools every workflow's, for those with too few answers of their own)
+    and how it divides (`workflow_shares`, over the jobs' sums): the router's
+    read of the job before its first stage (`intake`), each stage's hop to its node and back with the
+    router's work between stages (`stage`: the job's time at the router less the intake, the nodes'
+    execution and queueing and the links, over its stages) and the client's hop to the router and
+    back (`door`: the latency less the job's time at the router). The simulator draws a job's whole
+    overhead once and divides it so (the parts of one job are not independent: time one part does
+    not take, the next one does; drawn apart, they added up to ~25% more than the whole in a
+    camera-pipeline run).
+    An answer that waited for a load is left out: the wait is the load's, which the simulator models
+    itself."""
     flows = flows or {}
     partition = {n.id: n.partition for n in specs}
     ok = [r for r in results if r.status == 200 and not r.cold]
@@ -154,25 +165,47 @@ def _overhead_without_links(
 
     local = [r for r in ok if all(partition.get(n) == site for n in nodes(r))]
 
-    def per_stage(r: Result) -> float:
+    def link_ms(r: Result) -> float:
         ran = nodes(r)
-        link = sum(links.mean_crossing_ms(site, partition.get(n)) for n in ran) * max(1, r.stages) / len(ran)
-        return request_overhead_ms(r, link) / max(1, r.stages)
+        return sum(links.mean_crossing_ms(site, partition.get(n)) for n in ran) * max(1, r.stages) / len(ran)
 
     sample = local if len(local) >= LOCAL_ENOUGH else ok
     pooled: list[float] = []
     by_model: dict[str, list[float]] = {}
+    whole: dict[str, list[float]] = {}
+    parts: dict[str, list[float]] = {}  # workflow -> [intake, stage, door] sums
     for r in sample:
-        o = per_stage(r)
         stages = flows.get(r.arrival.model)
+        total = request_overhead_ms(r, link_ms(r))
+        o = total / max(1, r.stages)
         for model in stages[: max(1, r.stages)] if stages else [arch.get(r.arrival.model, r.arrival.model)]:
             by_model.setdefault(model, []).append(o)
             pooled.append(o)
-    return {
+        if stages and r.stage_starts and r.job_ms is not None:
+            intake = min(r.stage_starts.values())
+            door = max(0.0, r.latency_ms - r.job_ms)
+            hops = max(0.0, total - intake - door)
+            whole.setdefault(r.arrival.model, []).append(total)
+            sums = parts.setdefault(r.arrival.model, [0.0, 0.0, 0.0])
+            sums[0] += intake
+            sums[1] += hops / max(1, r.stages)
+            sums[2] += door
+    out: dict[str, Any] = {
         "overhead_ms": grid_101(pooled),
         "overhead_ms_by_model": {m: grid_101(v) for m, v in by_model.items() if len(v) >= 20},
         "overhead_from": "local" if sample is local else "all, link means taken off",
     }
+    # each workflow with enough answers of its own, and all of them pooled ("") for the others
+    pooled_parts = [sum(p[i] for p in parts.values()) for i in range(3)]
+    whole[""], parts[""] = [v for w in list(whole) for v in whole[w]], pooled_parts
+    measured = {w: v for w, v in whole.items() if len(v) >= 20 and sum(v) > 0}
+    if measured:
+        out["workflow_overhead_ms"] = {w: grid_101(v) for w, v in measured.items()}
+        out["workflow_shares"] = {
+            w: dict(zip(("intake", "stage", "door"), (round(x / sum(measured[w]), 4) for x in parts[w]), strict=True))
+            for w in measured
+        }
+    return out
 
 
 def host_profile(doc: dict[str, Any], host: dict[str, Any], nodes: int) -> dict[str, Any]:
@@ -203,6 +236,12 @@ def compare_with_profile(doc: dict[str, Any], host: dict[str, Any]) -> dict[str,
         "wakeup_ms_p50": {"host": q(host.get("wakeup_ms_q"), 50)},
         "exec_ms_p50": {m: {"host": q(g, 50)} for m, g in host["exec_ms"].items()},
     }
+    if host.get("workflow_overhead_ms"):  # each workflow's overhead, and its parts' shares at p50
+        row["workflow_ms"] = {
+            w: {k: round(float(grid[50]) * share, 3) for k, share in host["workflow_shares"][w].items()}
+            | {"p50": q(grid, 50), "p99": q(grid, 99)}
+            for w, grid in sorted(host["workflow_overhead_ms"].items())
+        }
     if level is not None:
         row["overhead_ms"]["profile"] = [q(level["overhead_ms"], 50), q(level["overhead_ms"], 99)]
         row["wakeup_ms_p50"]["profile"] = q(level.get("wakeup_ms_q"), 50)
@@ -225,6 +264,13 @@ def format_host(row: dict[str, Any]) -> str:
     )
     if execs:
         lines.append(f"host exec p50 ms (profile): {execs}")
+    flows = row.get("workflow_ms") or {}
+    if flows:
+        each = "; ".join(
+            f"{w or 'all'} {m['p50']} (read {m['intake']}, each stage {m['stage']}, client {m['door']})"
+            for w, m in flows.items()
+        )
+        lines.append(f"host workflow overhead p50 ms (its parts): {each}")
     return "\n".join(lines)
 
 

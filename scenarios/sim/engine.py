@@ -282,6 +282,12 @@ class Simulation(
         asked |= {m for c in self.cascades.values() for m in (c.first, c.second)}
         asked |= {a.model for a in schedule if a.model not in virtual}  # (a trace names its own)
         self._overhead = {m: profile.overhead_for(scenario.architecture(m)) for m in asked | arch.keys()}
+        measured = profile.workflow_overhead_ms
+        self._workflow_overhead = {  # (a workflow measured with too few answers of its own: all pooled)
+            w: (measured[k], profile.workflow_shares[k])
+            for w in self.workflows
+            for k in ([w] if w in measured else [""] if "" in measured else [])
+        }
         self._baseline = {m: profile.baseline_ms(a) for m, a in arch.items()}
         self._curves = {m: profile.curve(a) for m, a in arch.items()}
         self._device = DeviceInfo(kind="cpu", name="sim")

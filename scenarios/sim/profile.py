@@ -49,6 +49,15 @@ class _ModelProfile(_Open):
         return v
 
 
+Share = Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]
+
+
+class _Shares(BaseModel):
+    intake: Share
+    stage: Share
+    door: Share
+
+
 class _Level(_Open):
     rate_rps: Time
     overhead_ms: Quantiles
@@ -57,6 +66,9 @@ class _Level(_Open):
     handoff_ms: Time = 0.0
     wakeup_ms: Time = 0.0
     wakeup_ms_q: Quantiles | None = None
+    # each workflow's whole overhead and how it divides (scenarios.calibrate.host)
+    workflow_overhead_ms: dict[str, Quantiles] | None = Field(None, max_length=1024)
+    workflow_shares: dict[str, _Shares] | None = Field(None, max_length=1024)
 
 
 class _NodeRow(_Open):
@@ -145,6 +157,11 @@ class Profile:
     handoff_ms: float = 0.0  # slot idle time between back-to-back executions (the worker's handoff)
     wakeup_ms: float = 0.0  # an idle slot's delay from being given a batch to the run starting
     wakeup_dist: Distribution | None = None  # ... its distribution, where profiled (mean `wakeup_ms`)
+    # by workflow, where the level measured it: the whole overhead of a job, and its shares for the
+    # router's read before the first stage, each stage's hop and the client's hop (else each stage
+    # costs a request's overhead)
+    workflow_overhead_ms: dict[str, Distribution] = field(default_factory=dict)
+    workflow_shares: dict[str, tuple[float, float, float]] = field(default_factory=dict)
 
     @classmethod
     def from_json(cls, doc: dict[str, Any], rate_rps: float | None = None, nodes: int | None = None) -> Profile:
@@ -169,6 +186,14 @@ class Profile:
             for m, q in level.get("exec_ms", {}).items():
                 if m in exec_ms and any(q):
                     exec_ms[m][1] = Distribution(q)
+        flows: dict[str, Distribution] = {}
+        shares: dict[str, tuple[float, float, float]] = {}
+        if level is not None:
+            known = level.get("workflow_shares") or {}
+            for w, q in (level.get("workflow_overhead_ms") or {}).items():
+                if w in known:
+                    flows[w] = Distribution(q)
+                    shares[w] = (known[w]["intake"], known[w]["stage"], known[w]["door"])
         shift = _node_shift_ms(doc, nodes)
         if shift:
             overhead = {m: Distribution([max(0.0, v + shift) for v in d.q]) for m, d in overhead.items()}
@@ -193,6 +218,8 @@ class Profile:
             handoff,
             wakeup,
             wakeup_dist,
+            flows,
+            shares,
         )
 
     def exec_for(self, model: str, batch: int = 1) -> Distribution:

@@ -108,6 +108,8 @@ class SimWorkflow:
     bytes_kept: int = 0
     bytes_moved: int = 0
     starts: dict[str, float] = field(default_factory=dict)  # stage -> routed at, ms after t0
+    stage_ms: float | None = None  # each stage's hop, the client's both ways, where measured apart
+    door_ms: float = 0.0
 
 
 @dataclass(slots=True)
@@ -357,6 +359,7 @@ class SimState:
     _preds: dict[str, dict[str, set[str]]]
     _exec: dict[str, Distribution]
     _overhead: dict[str, Distribution]
+    _workflow_overhead: dict[str, tuple[Distribution, tuple[float, float, float]]]  # (Profile.workflow_*)
     _baseline: dict[str, float]
     _curves: dict[str, dict[int, float]]
     _device: DeviceInfo

@@ -47,6 +47,7 @@ class Result:
     # a workflow's: when each stage it started was routed, ms after the job reached the router
     # (x-edgeroute-stage-starts)
     stage_starts: dict[str, float] | None = None
+    job_ms: float | None = None  # a workflow's: its time at the router, arrival to answer (x-edgeroute-job-ms)
 
 
 def mean_rate_rps(site: SiteLoad, duration_s: float) -> float:

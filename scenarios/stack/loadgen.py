@@ -204,6 +204,7 @@ async def _send_all(
                     int(resp.headers.get(wire.BYTES_MOVED, 0)),
                     resp.headers.get(wire.CASCADE, ""),
                     wire.stage_starts(resp.headers.get(wire.STAGE_STARTS)),
+                    wire.job_ms(resp.headers.get(wire.JOB_MS)),
                 )
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             results[i] = Result(a, None, (time.perf_counter() - t0) * 1000.0, "none", f"{type(exc).__name__}: {exc}")

@@ -83,6 +83,22 @@ MAX_STAGE_STARTS = 64  # stages named in that header at most (a longer one is no
 _STAGE_NAME = re.compile(r"^[A-Za-z0-9_\-]{1,64}$")  # (router.lifecycle.stages.StageSpec's names)
 
 
+# a workflow's answer: ms from the job reaching the router to its answer being ready (the router's part
+# of the job's latency; the rest is the client's hop both ways)
+JOB_MS = "x-edgeroute-job-ms"
+
+
+def job_ms(value: str | None) -> float | None:
+    """`JOB_MS`'s value read back: a finite non-negative time below a day, else None."""
+    if not value or len(value) > 32:
+        return None
+    try:
+        t = float(value)
+    except ValueError:
+        return None
+    return t if 0.0 <= t < 86_400_000.0 else None  # (NaN fails this too)
+
+
 def stage_starts_header(starts: dict[str, float]) -> str:
     """`STAGE_STARTS`'s value for `starts` (stage -> ms after the job reached the router)."""
     return ",".join(f"{name}={ms:.3f}" for name, ms in starts.items())
