@@ -143,6 +143,15 @@ def run_bench(args: argparse.Namespace) -> int:
         if not 1 <= args.seconds <= 3600 or not 1 <= args.offer <= 10:
             return arg.usage("bench overload: --seconds 1-3600, --offer 1-10")
         bench_overload(out, args.seconds, min(8.0, args.seconds), args.kafka, args.offer)
+    elif args.what == "devices":
+        from scenarios.bench.devices import bench_devices
+
+        if not 1 <= args.devices <= 5000 or not 1 <= args.rate <= 5000 or not 1 <= args.seconds <= 600:
+            return arg.usage("bench devices: --devices 1-5000, --rate 1-5000, --seconds 1-600")
+        if not 1 <= args.rounds <= 10:
+            return arg.usage("bench devices: --rounds 1-10")
+        if bench_devices(out, args.devices, args.rate, args.seconds, args.rounds, args.nagle, args.kafka) is None:
+            return 1
     elif args.what == "triton":
         from scenarios.bench.triton import bench_triton
 
@@ -299,6 +308,17 @@ def add_bench_parser(sub: Any) -> None:
     )
     b.add_argument("--seconds", type=float, default=20.0, help="seconds each offer runs (20)")
     b.add_argument("--offer", type=float, default=2.0, help="the offer, in multiples of the measured capacity (2)")
+    b.add_argument("--kafka", help="bootstrap of a running broker (default: the embedded one)")
+    b = bsub.add_parser(
+        "devices",
+        help="a device fleet (stock paho, one connection each) over MQTT against its floor (a bare responder in the "
+        "router's place), and the router's CPU per request over MQTT against HTTP",
+    )
+    b.add_argument("--devices", type=int, default=1000, help="devices, one connection each (1000)")
+    b.add_argument("--rate", type=float, default=200.0, help="requests a second across the fleet (200)")
+    b.add_argument("--seconds", type=float, default=20.0, help="seconds a run (20)")
+    b.add_argument("--rounds", type=int, default=2, help="rounds of floor, MQTT and HTTP, alternating the order (2)")
+    b.add_argument("--nagle", action="store_true", help="Nagle's algorithm left on at the devices (paho's default)")
     b.add_argument("--kafka", help="bootstrap of a running broker (default: the embedded one)")
     b = bsub.add_parser(
         "dataplane",

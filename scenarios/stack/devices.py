@@ -145,8 +145,10 @@ class MqttDevice:
         tally: Tally,
         loop: asyncio.AbstractEventLoop,
         account: Account | None = None,
+        nodelay: bool = True,
     ) -> None:
         self.index = index
+        self.nodelay = nodelay
         self.tally = tally
         self.loop = loop
         self.prefix = prefix
@@ -176,8 +178,9 @@ class MqttDevice:
     # paho on the shared loop: its socket callbacks (they may run in the connecting thread)
     def _socket_open(self, client: mqtt.Client, userdata: Any, sock: Any) -> None:
         # paho leaves Nagle's algorithm on; a device's publish right after its PUBACK of an answer would
-        # wait for the broker's delayed ACK (tens of ms on the tail)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        # wait for the broker's delayed ACK (tens of ms on the tail); `--nagle` leaves it so
+        if self.nodelay:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.loop.call_soon_threadsafe(lambda: self.loop.add_reader(sock, client.loop_read))
 
     def _socket_close(self, client: mqtt.Client, userdata: Any, sock: Any) -> None:
@@ -234,6 +237,7 @@ async def run_fleet(
     grace_s: float = 3.0,
     seed: int = 1,
     accounts: list[Account] | None = None,
+    nagle: bool = False,
 ) -> dict[str, Any]:
     rng = random.Random(seed)
     loop = asyncio.get_running_loop()
@@ -246,7 +250,9 @@ async def run_fleet(
         if door == "mqtt":
             assert mqtt_url is not None
             mqtt_devices = [
-                MqttDevice(i, mqtt_url, prefix, tally, loop, None if not accounts else accounts[i % len(accounts)])
+                MqttDevice(
+                    i, mqtt_url, prefix, tally, loop, None if not accounts else accounts[i % len(accounts)], not nagle
+                )
                 for i in range(devices)
             ]
             for chunk in range(0, devices, 50):  # connect 50 at a time
@@ -313,6 +319,7 @@ async def run_fleet(
         "seconds": seconds,
         "model": model,
         "deadline_ms": deadline_ms,
+        "nagle": nagle,
         **tally.summary(),
     }
 
@@ -331,6 +338,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--grace-s", type=float, default=3.0, help="how long past its deadline an answer still counts")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--out", help="write the result as JSON here")
+    p.add_argument("--nagle", action="store_true", help="leave Nagle's algorithm on at the devices (paho's default)")
     p.add_argument(
         "--credentials",
         help="a stack's devices file (edgeroute up prints where): the devices log in with its accounts (and "
@@ -360,6 +368,7 @@ def main(argv: list[str] | None = None) -> int:
             args.grace_s,
             args.seed,
             accounts,
+            args.nagle,
         )
     )
     text = json.dumps(result, indent=2)

@@ -407,3 +407,32 @@ def test_bench_overload_with_bad_settings_is_one_line_and_starts_nothing(tmp_pat
     for args in (["--offer", "0.5"], ["--seconds", "0"], ["--offer", "11"]):
         _bad_bench_setting("overload", args, "edgeroute: bench overload: --seconds 1-3600, --offer 1-10", tmp_path)
     assert not list(tmp_path.iterdir()), "nothing measured, nothing written"
+
+
+def test_bench_devices_measures_the_floor_and_both_doors(tmp_path: Path) -> None:
+    """A short run of the device fleet: the bare responder, the MQTT door and the HTTP door each answer
+    every request, and the router's CPU per request is measured at both doors."""
+    from scenarios.bench.devices import bench_devices
+    from scenarios.stack.mosquitto import mosquitto_binary
+
+    if mosquitto_binary() is None:
+        pytest.skip("Mosquitto is not installed")
+    doc = bench_devices(tmp_path, devices=20, rate=20.0, seconds=1.0, rounds=1)
+    assert doc is not None
+    runs = {r["door"]: r for r in doc["runs"]}
+    assert set(runs) == {"floor", "mqtt", "http"}
+    for r in runs.values():
+        assert r["sent"] > 0 and r["answered"] == r["sent"] and r["lost"] == 0, r
+    assert runs["mqtt"]["router_cpu_us_per_request"] > 0 and runs["http"]["router_cpu_us_per_request"] > 0
+    assert "router_cpu_us_per_request" not in runs["floor"]
+    assert doc["summary"]["cpu_mqtt_vs_http"] > 0
+    assert (tmp_path / "devices.json").is_file()
+
+
+def test_bench_devices_with_bad_settings_is_one_line_and_starts_nothing(tmp_path: Path) -> None:
+    for args in (["--devices", "0"], ["--rate", "0"], ["--seconds", "601"]):
+        _bad_bench_setting(
+            "devices", args, "edgeroute: bench devices: --devices 1-5000, --rate 1-5000, --seconds 1-600", tmp_path
+        )
+    _bad_bench_setting("devices", ["--rounds", "0"], "edgeroute: bench devices: --rounds 1-10", tmp_path)
+    assert not list(tmp_path.iterdir()), "nothing measured, nothing written"
