@@ -52,13 +52,12 @@ from typing import Any
 
 import paho.mqtt.client as mqtt
 from aiohttp import web
-from paho.mqtt.packettypes import PacketTypes
-from paho.mqtt.properties import Properties
 from prometheus_client import Counter, Gauge
 
 from router import director
 from router.config import MqttConfig
 from router.dispatch import Outcome
+from router.mqtt_codec import AnswerProperties
 from router.mqtt_link import BrokerLink
 from router.state import ROUTER, Router
 from telemetry.oip import wire
@@ -67,6 +66,7 @@ log = logging.getLogger("edgeroute.router")
 
 MAX_CORRELATION = 256  # bytes of correlation data echoed
 MAX_RESPONSE_TOPIC = 512  # a response topic's length
+MAX_CONTENT_TYPE = 256  # an answer's content type (the node's word) as far as it is passed on
 MAX_USER_PROPERTIES = 32  # user properties read from one request
 MAX_PROPERTY = 4096  # a user property's value
 RECENT_PER_CLIENT = 100_000  # requests one client has remembered against copies and redeliveries
@@ -356,22 +356,20 @@ class MqttDoor(BrokerLink):
         arrived: float,
         budget: float | None,
     ) -> None:
-        props = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
-        if corr:
-            props.CorrelationData = corr
         headers = outcome.headers
-        props.ContentType = headers.get("Content-Type", "application/json")
         pairs = [("status", str(outcome.status))]
         if outcome.node != "none":
             pairs += [("node", outcome.node), ("attempts", str(outcome.attempts))]
         if wire.HEADER_LENGTH in headers:
-            pairs.append((HEADER_LENGTH, headers[wire.HEADER_LENGTH]))
+            pairs.append((HEADER_LENGTH, headers[wire.HEADER_LENGTH][:32]))
         if "Retry-After" in headers:  # (a refusal says when to come back, as HTTP's does)
-            pairs.append(("retry_after", headers["Retry-After"]))
-        props.UserProperty = pairs
+            pairs.append(("retry_after", headers["Retry-After"][:32]))
+        expiry = None
         if budget is not None:  # an answer past its request's deadline is of use to nobody
             left_s = (budget - (self.router.clock() - arrived)) / 1000.0
-            props.MessageExpiryInterval = max(1, math.ceil(left_s))
+            expiry = min(2**32 - 1, max(1, math.ceil(left_s)))
+        content_type = headers.get("Content-Type", "application/json")[:MAX_CONTENT_TYPE]
+        props = AnswerProperties(content_type, corr, pairs, expiry)
         self.client.publish(topic, outcome.body, qos=1, properties=props)
         self.client.ack(msg.mid, msg.qos)
 
