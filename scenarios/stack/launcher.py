@@ -349,9 +349,7 @@ class Stack:
                 wait_for_port("127.0.0.1", self.router.port, 0.5)
                 status, view = http_json(f"{self.router_url}/admin/view", timeout_s=2, headers=self.admin_headers)
                 fresh = {n["node_id"] for n in view["nodes"] if n["fresh"] and n["status"] == "ready"}
-                # through its data plane, the router says it has one once the proxy's start has returned
-                # there (a view asked just before would say it runs without)
-                started = not self.data_plane or bool(view.get("data_plane"))
+                started = not self.data_plane or bool(view.get("data_plane"))  # (its start returned)
                 if status == 200 and want <= fresh and started:
                     return
             except (OSError, TimeoutError, KeyError, TypeError, ValueError):

@@ -61,10 +61,15 @@ def test_a_live_capture_becomes_a_scenario_the_simulator_replays(broker: Embedde
         finally:
             client.close()
         time.sleep(1.5)  # the writer's next batches, the fleet's next record
-        status, raw, _ = call(f"{stack.router_url}/admin/capture?since_ms={began:.0f}")
-        assert status == 200
-        lines = [json.loads(x) for x in str(raw).splitlines()] if isinstance(raw, str) else []
-        records = [x for x in lines if x.get("k") == "r"]
+        waited_until = time.monotonic() + 10.0  # (on a loaded host the writer's last batch comes later)
+        while True:
+            status, raw, _ = call(f"{stack.router_url}/admin/capture?since_ms={began:.0f}")
+            assert status == 200
+            lines = [json.loads(x) for x in str(raw).splitlines()] if isinstance(raw, str) else []
+            records = [x for x in lines if x.get("k") == "r"]
+            if len(records) >= 130 or time.monotonic() > waited_until:
+                break
+            time.sleep(0.5)
         assert len(records) == 130 and {x["door"] for x in records} == {"http", "grpc"}
         first = records[0]
         assert first["site"] == "edge-a" and first["model"] == "sensor_mlp" and first["prio"] == -1
