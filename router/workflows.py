@@ -276,8 +276,9 @@ class WorkflowRunner:
                 return failure
         self.stats.ok += 1
         nodes = ",".join(sorted({r.node for r in results.values() if not r.skipped}))
-        body = self._answer(job_id, results)
-        headers = {"Content-Type": "application/json", **_tally(results, self.clock() - arrived_ms)}
+        job_ms = self.clock() - arrived_ms  # (its answer's own making aside)
+        body = self._answer(job_id, results, job_ms)
+        headers = {"Content-Type": "application/json", **_tally(results, job_ms)}
         return Outcome(200, body, headers, nodes, 1)
 
     async def _stage(
@@ -391,7 +392,7 @@ class WorkflowRunner:
             raise WorkflowBroken(f"stage {stage} has no output '{output}' (it has {', '.join(res.outputs)})")
         return res.outputs[output]
 
-    def _answer(self, job_id: str, results: dict[str, StageResult]) -> bytes:
+    def _answer(self, job_id: str, results: dict[str, StageResult], job_ms: float) -> bytes:
         spec = self.spec
         refs = spec.outputs or [f"{s}.{o}" for s in spec.sinks() for o in results[s].outputs]
         outputs = []
@@ -418,7 +419,7 @@ class WorkflowRunner:
                 "model_name": spec.name,
                 "model_version": "1",
                 "id": job_id,
-                "parameters": {"stages": stages},
+                "parameters": {"stages": stages, "job_ms": round(max(0.0, job_ms), 3)},
                 "outputs": outputs,
             }  # fmt: skip
         ).encode()

@@ -83,8 +83,9 @@ MAX_STAGE_STARTS = 64  # stages named in that header at most (a longer one is no
 _STAGE_NAME = re.compile(r"^[A-Za-z0-9_\-]{1,64}$")  # (router.lifecycle.stages.StageSpec's names)
 
 
-# a workflow's answer: ms from the job reaching the router to its answer being ready (the router's part
-# of the job's latency; the rest is the client's hop both ways)
+# a workflow's answer: ms from the job reaching the router to its last stage read back (the router's part
+# of the job's latency; the rest is the client's hop both ways and the answer's encoding); also
+# `parameters.job_ms`, which every door carries
 JOB_MS = "x-edgeroute-job-ms"
 
 

@@ -143,6 +143,7 @@ def test_idle_nodes_keep_a_jobs_stages_together_and_count_the_bytes_kept(stack: 
         # the job's time at the router: past the classifier's start, within what the client waited
         job_ms = wire.job_ms({k.lower(): v for k, v in hdrs.items()}.get(wire.JOB_MS))
         assert job_ms is not None and starts["classify"] < job_ms < 5000.0, hdrs
+        assert abs(doc["parameters"]["job_ms"] - job_ms) <= 0.001  # (every door carries the parameters)
     assert all(d == c for d, c in nodes), f"compass keeps the crops where the detector ran: {nodes}"
     after = workflow_stats(stack)["camera"]
     crop_bytes = 4 * 3 * 64 * 64 * 4

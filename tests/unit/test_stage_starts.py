@@ -165,3 +165,28 @@ def test_a_simulated_workflow_pays_its_measured_parts() -> None:
         # the whole 4 ms beyond queueing and execution: 0.4 read, 1 ms per stage, 1.6 the client's
         assert abs(r.latency_ms - r.exec_ms - r.queue_ms - 4.0) < 1e-6, r
     assert all(r.stage_starts is not None and r.stage_starts["detect"] == 0.0 for r in results[False])
+
+
+def test_a_profile_with_broken_workflow_parts_is_one_clear_error(tmp_path: Any) -> None:
+    """A profile file's workflow overheads and shares are checked as the rest of it is: a share outside
+    0..1 or overheads out of order is one line naming the field, never a simulation on them."""
+    import json
+
+    import pytest
+
+    from scenarios.calibrate.profile import load_profile
+    from telemetry.process.configfile import ConfigError
+
+    good = load_profile()
+    level = dict(good["levels"][0])
+    cases = [
+        ({"w": [1.0] * 101}, {"w": {"intake": 2.0, "stage": 0.3, "door": 0.2}}, "workflow_shares"),
+        ({"w": [2.0] + [1.0] * 100}, {"w": {"intake": 0.1, "stage": 0.3, "door": 0.3}}, "workflow_overhead_ms"),
+        ({"w": [1.0] * 101}, {"w": {"intake": 0.1}}, "workflow_shares"),
+    ]
+    for overhead, shares, field in cases:
+        doc = {**good, "levels": [{**level, "workflow_overhead_ms": overhead, "workflow_shares": shares}]}
+        path = tmp_path / "profile.json"
+        path.write_text(json.dumps(doc))
+        with pytest.raises(ConfigError, match=field):
+            load_profile(path)
