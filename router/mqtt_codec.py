@@ -107,6 +107,7 @@ _ONCE = {
     0x23: ("TopicAlias", "int16"),
 }
 _MANY = {0x0B: ("SubscriptionIdentifier", "varint"), 0x26: ("UserProperty", "pair")}
+_SIZES = {"byte": 1, "int16": 2, "int32": 4}  # bytes of the fixed-size integer kinds
 _RANGES = {0x01: (0, 1), 0x23: (1, 65_535), 0x0B: (1, 268_435_455)}  # values paho accepts
 _FORBIDDEN = (b"\x00", b"\xef\xbb\xbf")  # U+0000 and U+FEFF: MQTT-1.5.4-2, -3 (surrogates fail decoding)
 
@@ -195,7 +196,7 @@ def read_publish(packet: bytes | bytearray, qos: int) -> tuple[int, bytes, Reque
                 return None
             value, at = got_int
         else:
-            size = {"byte": 1, "int16": 2, "int32": 4}[kind]
+            size = _SIZES[kind]
             if at + size > stop:
                 return None
             value, at = int.from_bytes(data[at : at + size], "big"), at + size

@@ -25,6 +25,7 @@ writes JSON, and asserts nothing.
 from __future__ import annotations
 
 import json
+import random
 import secrets
 import subprocess
 import sys
@@ -108,8 +109,6 @@ def _answer(router_url: str) -> str:
     """The router's answer to one request for MODEL: the responder's fixed body (the same size)."""
     with urllib.request.urlopen(f"{router_url}/v2/models/{MODEL}", timeout=10) as r:
         meta = json.loads(r.read())
-    import random
-
     from scenarios.stack.devices import request_body
 
     body = json.dumps(request_body(meta["inputs"], random.Random(1))).encode()

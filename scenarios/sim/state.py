@@ -108,8 +108,8 @@ class SimWorkflow:
     bytes_kept: int = 0
     bytes_moved: int = 0
     starts: dict[str, float] = field(default_factory=dict)  # stage -> routed at, ms after t0
-    stage_ms: float | None = None  # each stage's hop, the client's both ways, where measured apart
-    door_ms: float = 0.0
+    stage_ms: float | None = None  # where its overhead was measured in parts: each stage's hop,
+    door_ms: float = 0.0  # ... and the client's hop both ways (added to its answer)
 
 
 @dataclass(slots=True)

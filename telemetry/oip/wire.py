@@ -89,15 +89,18 @@ _STAGE_NAME = re.compile(r"^[A-Za-z0-9_\-]{1,64}$")  # (router.lifecycle.stages.
 JOB_MS = "x-edgeroute-job-ms"
 
 
-def job_ms(value: str | None) -> float | None:
-    """`JOB_MS`'s value read back: a finite non-negative time below a day, else None."""
-    if not value or len(value) > 32:
-        return None
+def _read_ms(text: str) -> float | None:
+    """A time a router writes in these headers read back: finite, non-negative, below a day; else None."""
     try:
-        t = float(value)
+        t = float(text)
     except ValueError:
         return None
     return t if 0.0 <= t < 86_400_000.0 else None  # (NaN fails this too)
+
+
+def job_ms(value: str | None) -> float | None:
+    """`JOB_MS`'s value read back (`_read_ms`), None where there is none or it is longer than a time."""
+    return _read_ms(value) if value and len(value) <= 32 else None
 
 
 def stage_starts_header(starts: dict[str, float]) -> str:
@@ -114,13 +117,8 @@ def stage_starts(value: str | None) -> dict[str, float] | None:
     out: dict[str, float] = {}
     for part in value.split(",")[: MAX_STAGE_STARTS + 1]:
         name, sep, ms = part.partition("=")
-        if not sep or not _STAGE_NAME.match(name) or name in out:
-            return None
-        try:
-            t = float(ms)
-        except ValueError:
-            return None
-        if not 0.0 <= t < 86_400_000.0:  # (NaN fails this too)
+        t = _read_ms(ms) if sep and _STAGE_NAME.match(name) and name not in out else None
+        if t is None:
             return None
         out[name] = t
     return out if len(out) <= MAX_STAGE_STARTS else None
