@@ -38,7 +38,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from router.dataplane.plan import ALWAYS_TRY_MIN, Plan, ServerState
-from router.dataplane.settings import DataPlaneConfig
+from router.dataplane.settings import DataPlaneConfig, default_threads
 from telemetry.oip import wire
 
 __all__ = [
@@ -254,8 +254,7 @@ def _global(r: Render) -> list[str]:
         "    hard-stop-after 10s",
         "    tune.ssl.default-dh-param 2048",
     ]
-    if s.threads is not None:
-        lines.append(f"    nbthread {s.threads}")
+    lines.append(f"    nbthread {s.threads or default_threads()}")
     return lines + [
         "defaults",
         "    mode http",

@@ -13,7 +13,7 @@ from router.dataplane.haproxy import Render, grpc_key, render, token_key, vouche
 from router.dataplane.plan import MAX_WEIGHT, Plan, ServerState, Slots, native_balance, plan
 from router.dataplane.proxy import find_binary
 from router.dataplane.runtime import commands, cost_map, grpc_model_map, model_map
-from router.dataplane.settings import DataPlaneConfig
+from router.dataplane.settings import DataPlaneConfig, default_threads, usable_cores
 
 
 def test_native_balance_honours_only_what_the_proxy_can_express() -> None:
@@ -104,6 +104,44 @@ def test_haproxy_accepts_the_configuration(tmp_path: Path) -> None:
         assert binary is not None
         out = subprocess.run([binary, "-c", "-q", "-f", str(tmp_path / "h.cfg")], capture_output=True, text=True)
         assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_the_proxy_takes_half_the_cores_unless_told(monkeypatch: pytest.MonkeyPatch) -> None:
+    p = Plan("random(2)", "", {0: ServerState("a", "127.0.0.1", 9001, 256, True)}, {"m": 0}, {0: frozenset({0})})
+
+    def threads_line(settings: DataPlaneConfig) -> list[str]:
+        text = render(Render(settings, ("127.0.0.1", 1), "/tmp/router.sock", "/tmp", "k"), p)
+        return [line.strip() for line in text.splitlines() if "nbthread" in line]
+
+    for cores, want in ((1, 1), (2, 1), (3, 1), (4, 2), (16, 8)):
+        monkeypatch.setattr("router.dataplane.settings.usable_cores", lambda n=cores: n)
+        assert default_threads() == want
+        assert threads_line(DataPlaneConfig()) == [f"nbthread {want}"]
+    assert threads_line(DataPlaneConfig(threads=3)) == ["nbthread 3"], "the config's own count wins"
+
+
+def test_usable_cores_honours_a_cgroup_cpu_quota(tmp_path: Path) -> None:
+    import os
+
+    here = len(os.sched_getaffinity(0))
+    v2 = tmp_path / "v2"
+    (v2 / "pod").mkdir(parents=True)
+    (v2 / "pod" / "cpu.max").write_text("150000 100000\n")
+    assert usable_cores(v2, "0::/pod\n") == min(here, 2), "1.5 CPUs: two threads may run"
+    (v2 / "pod" / "cpu.max").write_text("max 100000\n")
+    assert usable_cores(v2, "0::/pod\n") == here, "no quota"
+    v1 = tmp_path / "v1"
+    (v1 / "cpu,cpuacct" / "box").mkdir(parents=True)
+    (v1 / "cpu,cpuacct" / "box" / "cpu.cfs_quota_us").write_text("50000\n")
+    (v1 / "cpu,cpuacct" / "box" / "cpu.cfs_period_us").write_text("100000\n")
+    assert usable_cores(v1, "4:memory:/box\n3:cpu,cpuacct:/box\n") == 1
+    (v1 / "cpu,cpuacct" / "box" / "cpu.cfs_quota_us").write_text("-1\n")
+    assert usable_cores(v1, "3:cpu,cpuacct:/box\n") == here, "-1: no quota"
+    for junk in ("", "garbage", "0::/missing\n", "3:cpu:/../../etc\n", "0::/pod"):
+        assert 1 <= usable_cores(tmp_path / "nowhere", junk) <= here
+    (v2 / "pod" / "cpu.max").write_text("nan 0\n")
+    assert usable_cores(v2, "0::/pod\n") == here, "a quota that does not parse is none"
+    assert 1 <= usable_cores() <= here, "this machine, as it is"
 
 
 def test_a_data_plane_beyond_loopback_needs_auth_as_the_router_does() -> None:
