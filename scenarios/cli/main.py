@@ -62,9 +62,6 @@ def _up(args: argparse.Namespace) -> int:
         if find_binary(None) is None:  # (the router alone serves, as without the flag)
             print(f"data plane: off ({install_hint()})", flush=True)
             args.data_plane = "python"
-        elif scenario.topology.deployment == "per_site":
-            print("data plane: off (per-site stacks run their routers alone for now)", flush=True)
-            args.data_plane = "python"
         else:
             extra["data_plane"] = True
     if args.capture is not None:  # (the folder is set below, under the stack's logs by default)
@@ -86,8 +83,10 @@ def _up(args: argparse.Namespace) -> int:
         overrides["capture"]["dir"] = str(folder)
     try:
         stack.start()
-        for site, url in (stack.router_urls or {}).items():  # a router per site
-            print(f"router of {site}: {url}", flush=True)
+        for site, proc in getattr(stack, "site_routers", {}).items():  # a router per site (and its proxy)
+            print(f"router of {site}: {proc.url}", flush=True)
+            if proc.dataplane:
+                print(f"data plane of {site}: {proc.dataplane} (HAProxy; gRPC {proc.dataplane_grpc})", flush=True)
         own = stack.router.url if stack.router is not None and stack.router.dataplane else stack.router_url
         print(f"router: {own}" + (f" ({args.routers} processes)" if args.routers > 1 else ""), flush=True)
         if stack.router is not None and stack.router.dataplane:

@@ -240,30 +240,40 @@ def execution_check(executed_ids: list[str], answered_ok: int) -> dict[str, int]
 
 def data_plane_note(stack: Stack) -> dict[str, Any]:
     """What the report says of the native data plane before the runs: on, or why not."""
-    if isinstance(stack, SiteStack):
-        return {"on": False, "why": "per-site stacks run their routers alone for now"}
     if _carried(stack) is None:
         return {"on": False, "why": f"the router runs without it: {_off_line(stack) or 'router.log says why'}"}
     return {"on": True}
 
 
 def _off_line(stack: Stack) -> str | None:
-    """The router's own line saying why its data plane is off (router.app), None if it wrote none."""
-    try:
-        text = (stack.log_dir / "router.log").read_text(errors="replace")[-20_000:]
-    except OSError:
-        return None
-    lines = [ln for ln in text.splitlines() if "data plane off:" in ln]
-    return lines[-1].split("data plane off:", 1)[1].strip()[:500] if lines else None
+    """A router's own line saying why its data plane is off (router.app; with routers per site, the
+    first site's that says so), None if none wrote one."""
+    for log_path in sorted(stack.log_dir.glob("router*.log")):
+        try:
+            text = log_path.read_text(errors="replace")[-20_000:]
+        except OSError:
+            continue
+        lines = [ln for ln in text.splitlines() if "data plane off:" in ln]
+        if lines:
+            return lines[-1].split("data plane off:", 1)[1].strip()[:500]
+    return None
 
 
 def _carried(stack: Stack) -> dict[str, int] | None:
-    """The proxy's request counts so far (router.dataplane.control), None without a data plane."""
-    if stack.router is None or not stack.router.dataplane:
-        return None
-    status, view = http_json(f"{stack.router.url}/admin/view", headers=stack.admin_headers)
-    dp = view.get("data_plane") if status == 200 else None
-    return dict(dp["requests"]) if dp else None
+    """The proxies' request counts so far (router.dataplane.control; every site's, summed, with routers
+    per site), None where a router runs without its data plane."""
+    routers = list(stack.site_routers.values()) if isinstance(stack, SiteStack) else [stack.router]
+    total: dict[str, int] = {}
+    for router in routers:
+        if router is None or not router.dataplane:
+            return None
+        status, view = http_json(f"{router.url}/admin/view", headers=stack.admin_headers)
+        dp = view.get("data_plane") if status == 200 else None
+        if not dp:
+            return None
+        for key, n in dp["requests"].items():
+            total[key] = total.get(key, 0) + int(n)
+    return total
 
 
 def carried_during(before: dict[str, int], after: dict[str, int] | None, state: Any) -> dict[str, Any]:

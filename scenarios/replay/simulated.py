@@ -121,7 +121,8 @@ def simulate_run(cell: Cell) -> tuple[dict[str, Any], int, dict[str, Any]]:
         }
         summary["recovery"] = recovery(results, marks, duration + warmup, base)
     if sim.proxy is not None:  # the native data plane, modelled: what it carried, what went to the router
-        carried, passed = sim.proxy.carried, len(results) - sim.proxy.carried
+        carried = sum(p.carried for p in sim.proxies.values())  # (every site's proxy, with routers per site)
+        passed = len(results) - carried
         summary["data_plane"] = {
             "native": carried,
             "router": passed,

@@ -17,7 +17,9 @@ deadline (the proxy passes the header on) and the proxy answers 504 at it, count
 the request (HAProxy's server timeout: its queue is not counted). A connection refused (a dead node the
 proxy's checks have not yet caught) is retried on another node, up to the router's `max_attempts`;
 the checks, every `check_ms`, take a node out after two failures and feed the router's evidence as
-live. Everything else goes to the simulated router, unchanged. Per-site and multi-router runs have no proxy, as live.
+live. Everything else goes to the simulated router, unchanged. With routers per site each site's
+router has its own proxy, planned from that router's view and fed to its evidence, taking the
+requests of the clients its router takes; several central routers run without one, as live.
 """
 
 from __future__ import annotations
@@ -47,6 +49,8 @@ class SimProxy:
     whole_router: str | None  # why every request goes to the router (None: nothing needs it)
     python_only: frozenset[str]
     rng: random.Random
+    lc: Any  # the router it stands in front of (router.lifecycle.Lifecycle): its view, evidence, site
+    policy: Any  # that router's policy object (an attempt's)
     slots: Slots = field(init=False)
     plan: Plan = EMPTY
     in_flight: dict[str, int] = field(default_factory=dict)  # node id -> the proxy's requests there
@@ -134,53 +138,65 @@ def _sim_address(endpoint: str) -> tuple[str, int]:
 
 
 class ProxyModel(SimState):
-    proxy: SimProxy | None
+    proxies: dict[str | None, SimProxy]  # by the site its router stands in, as `lcs` (None: central)
 
     def _proxy_setup(self, run: Any) -> None:
-        """The proxy where the run's router config turns it on and one router stands alone."""
+        """A proxy in front of every router where the run's router config turns it on: the one router,
+        or each site's (several central routers: none, as live)."""
         cfg = self.cfg.data_plane
+        self.proxies = {}
         self.proxy = None
-        if cfg is None or self.scenario.topology.deployment == "per_site" or self.replicas:
+        if cfg is None or self.replicas:
             return
-        whole = None
-        if self.canary is not None:
-            whole = "a policy canary is running"
-        elif self.lc.tenants.enabled:
-            whole = "tenants are configured"
-        elif self.scenario.topology.links:
-            whole = "emulated links are configured"
         settings = self.cfg.lifecycle
-        self.proxy = SimProxy(
-            cfg,
-            run.policy,
-            max(0, settings.max_attempts - 1),
-            settings.hedge_min_priority,
-            whole,
-            frozenset(self.workflows) | frozenset(self.cascades),
-            random.Random(self.scenario.seed + 11),
-        )
-        self.push(0.0, DATAPLANE, "sync")
-        self.push(cfg.check_ms, DATAPLANE, "check")
+        for i, (site, lc) in enumerate(self.lcs.items()):
+            whole = None
+            if self.canary is not None:
+                whole = "a policy canary is running"
+            elif lc.tenants.enabled:
+                whole = "tenants are configured"
+            elif self.scenario.topology.links:
+                whole = "emulated links are configured"
+            proxy = SimProxy(
+                cfg,
+                run.policy,
+                max(0, settings.max_attempts - 1),
+                settings.hedge_min_priority,
+                whole,
+                frozenset(self.workflows) | frozenset(self.cascades),
+                random.Random(self.scenario.seed + 11 + i),
+                lc,
+                self.policies.get(site, self.policy),
+            )
+            self.proxies[site] = proxy
+            self.push(0.0, DATAPLANE, ("sync", proxy))
+            self.push(cfg.check_ms, DATAPLANE, ("check", proxy))
+        self.proxy = next(iter(self.proxies.values()))
+
+    def proxy_of(self, site: str | None) -> SimProxy | None:
+        """The proxy in front of the router a client of `site` sends to (as `router_of`)."""
+        proxy = self.proxies.get(site)
+        return proxy if proxy is not None else self.proxy
 
     def _dataplane(self, what: Any) -> None:
-        proxy = self.proxy
-        assert proxy is not None
         now = self.now
-        if what == "sync":
-            self._proxy_sync(proxy, now)
-            if self._open > 0:
-                self.push(now + proxy.settings.sync_ms, DATAPLANE, "sync")
-        elif what == "check":
-            self._proxy_check(proxy, now)
-            if self._open > 0:
-                self.push(now + proxy.settings.check_ms, DATAPLANE, "check")
+        if isinstance(what, tuple):
+            kind, proxy = what
+            if kind == "sync":
+                self._proxy_sync(proxy, now)
+                if self._open > 0:
+                    self.push(now + proxy.settings.sync_ms, DATAPLANE, what)
+            else:
+                self._proxy_check(proxy, now)
+                if self._open > 0:
+                    self.push(now + proxy.settings.check_ms, DATAPLANE, what)
         else:  # (a queued request's queue timeout)
             req = what
             if not req.done and req.node is None:
                 self._proxy_answer(req, 503, "no node can take the request now", now + PROXY_MS, None)
 
     def _proxy_sync(self, proxy: SimProxy, now: float) -> None:
-        lc = self.lc
+        lc = proxy.lc
         view = lc.tracker.overlay(lc.store.view)
         site = lc.settings.intake.site
         sites = {n.partition for n in view} | set(lc.links.sites) | ({site} if site else set())
@@ -204,24 +220,24 @@ class ProxyModel(SimState):
             if node is not None and node.alive:
                 proxy.failed_checks[s.node_id] = 0
                 proxy.down.discard(s.node_id)
-                self.lc.evidence.observe(s.node_id, True, now)
+                proxy.lc.evidence.observe(s.node_id, True, now)
                 continue
             failed = proxy.failed_checks.get(s.node_id, 0) + 1
             proxy.failed_checks[s.node_id] = failed
             if failed >= 2 and s.node_id not in proxy.down:
                 proxy.down.add(s.node_id)
-                self.lc.evidence.observe(s.node_id, False, now)
+                proxy.lc.evidence.observe(s.node_id, False, now)
 
     def _proxy_arrival(self, i: int, a: Arrival) -> bool:
         """Carried by the proxy (True), or left to the router (False: nothing done)."""
-        proxy = self.proxy
+        proxy = self.proxy_of(a.site)
         if proxy is None or not proxy.native(a) or not proxy.servers(a.model):
             return False
         t0 = a.at_s * 1000.0
         route = RouteRequest(a.model, a.priority, a.deadline_ms, a.site, 1, str(i))
-        life = Attempts(route, self.policy, t0, t0 + a.deadline_ms)
-        req = SimRequest(i, a, t0, t0 + a.deadline_ms, PROXY_MS, PROXY_MS, life, self.lc, model=a.model)
-        req.proxy = True
+        life = Attempts(route, proxy.policy, t0, t0 + a.deadline_ms)
+        req = SimRequest(i, a, t0, t0 + a.deadline_ms, PROXY_MS, PROXY_MS, life, proxy.lc, model=a.model)
+        req.proxy = proxy
         proxy.carried += 1
         held = proxy.held[a.model] = proxy.held.get(a.model, 0) + 1
         cost = proxy.plan.costs.get(a.model)
@@ -234,7 +250,7 @@ class ProxyModel(SimState):
     def _proxy_send(self, req: SimRequest, at: float, freed: str | None = None) -> None:
         """One attempt of `req` (`freed`: a node that just freed a slot for it, as HAProxy hands a queued
         request to the server that frees one)."""
-        proxy = self.proxy
+        proxy = req.proxy
         assert proxy is not None
         name = freed if freed is not None and proxy.may_take(req.model, freed, req.life.tried) else None
         name = name or proxy.pick(req.model, req.life.tried)
@@ -267,7 +283,7 @@ class ProxyModel(SimState):
         self._proxy_settle(job)
         if req.done:
             return
-        proxy = self.proxy
+        proxy = req.proxy
         assert proxy is not None
         if kind is Failure.CONNECT and req.life.attempt <= proxy.retries:  # (retry-on conn-failure, redispatch)
             self._proxy_send(req, self.now)
@@ -285,7 +301,7 @@ class ProxyModel(SimState):
     def _proxy_settle(self, job: Job) -> None:
         """The proxy no longer counts `job` at its node; the most urgent request waiting takes its place."""
         job.settled = True
-        proxy = self.proxy
+        proxy = job.req.proxy
         assert proxy is not None
         name = job.node.spec.id
         proxy.in_flight[name] = proxy.in_flight.get(name, 1) - 1
@@ -302,7 +318,7 @@ class ProxyModel(SimState):
         req.done = True
         req.jobs = []
         self._open -= 1
-        proxy = self.proxy
+        proxy = req.proxy
         assert proxy is not None
         proxy.held[req.model] -= 1
         self.answers.put(req.index, status, at_ms - req.t0, reason, served)

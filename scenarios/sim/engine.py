@@ -225,8 +225,9 @@ class Simulation(
                     router_id=site,
                     intake=replace(self.cfg.lifecycle.intake, site=site),  # (a router standing in its site)
                 )
-                self.lcs[site] = self.lc if i == 0 else Lifecycle(settings, store, _still_held)
+                self.lcs[site] = Lifecycle(settings, store, _still_held)  # (the first site's router knows its site too)
                 self.policies[site] = self.policy if i == 0 else (policy or build_policy(run.policy))
+            self.lc = next(iter(self.lcs.values()))
         self.stands = list(self.lcs.items())
         self.replicas = []
         routers = scenario.topology.routers

@@ -85,7 +85,7 @@ class SimRequest:
     stage: StageRun | None = None  # set for a workflow stage
     cascade: Any = None  # set for a cascade's request (scenarios.sim.cascades.SimCascade)
     arm: str | None = None  # a canary's arm (scenarios.sim.canary)
-    proxy: bool = False  # carried by the native data plane (scenarios.sim.dataplane), not the router
+    proxy: Any = None  # the native data plane that carried it (scenarios.sim.dataplane.SimProxy), else None
 
 
 @dataclass(slots=True)

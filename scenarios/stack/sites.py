@@ -80,7 +80,8 @@ class SiteStack(Stack):
 
     @property
     def router_urls(self) -> dict[str, str] | None:
-        return {site: proc.url for site, proc in self.site_routers.items()}
+        """Each site's clients' door: its native data plane where it runs one, else its router."""
+        return {site: proc.dataplane or proc.url for site, proc in self.site_routers.items()}
 
     def start(self, timeout_s: float = 60.0) -> SiteStack:
         limit, why = live_node_limit()
@@ -190,6 +191,8 @@ class SiteStack(Stack):
             "policy": self.scenario.policies[0].policy.model_dump(exclude_none=True),
             "links": [k.model_dump() for k in self.scenario.topology.links],
         }
+        if self.data_plane:  # the site's own proxy, on the site's address, in its namespace (a child of its router)
+            cfg["data_plane"] = {"enabled": True, "port": self.free_port(), "grpc_port": self.free_port()}
         mqtt = self.mqtt_config(self.site_mosquittos.get(site), self.site_mqtt_urls.get(site))
         if mqtt is not None:
             if self.site_mosquittos and self.site_mosquittos[site].tls is not None:
@@ -213,12 +216,15 @@ class SiteStack(Stack):
         args = ["-m", "router", "--config", str(path), "--log-level", "WARNING"]
         proc = self._spawn(f"router-{site}", args, self.prefix(site), env)
         proc.port, proc.url, proc.grpc = port, f"http://{host}:{port}", f"{host}:{cfg['grpc_port']}"
+        if self.data_plane:
+            proc.dataplane = f"http://{host}:{cfg['data_plane']['port']}"
+            proc.dataplane_grpc = f"{host}:{cfg['data_plane']['grpc_port']}"
         self.site_routers[site] = proc
         self.router_config_path = path
         return proc
 
     def wait_ready(self, timeout_s: float) -> None:
-        """Until every site's router sees every node fresh."""
+        """Until every site's router sees every node fresh (and, with the native data plane, has it)."""
         deadline = time.monotonic() + timeout_s
         want = set(self.nodes)
         pending = dict(self.site_routers)
@@ -229,7 +235,8 @@ class SiteStack(Stack):
                     wait_for_port(self.host(site), proc.port, 0.5)
                     status, view = http_json(f"{proc.url}/admin/view", timeout_s=2, headers=self.admin_headers)
                     fresh = {n["node_id"] for n in view["nodes"] if n["fresh"] and n["status"] == "ready"}
-                    if status == 200 and want <= fresh:
+                    started = not self.data_plane or bool(view.get("data_plane"))  # (its start returned)
+                    if status == 200 and want <= fresh and started:
                         del pending[site]
                 except (OSError, TimeoutError, KeyError, TypeError, ValueError):
                     pass

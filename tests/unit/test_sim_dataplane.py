@@ -138,3 +138,39 @@ def test_edge_first_keeps_its_sites_requests_home_until_the_site_has_no_room() -
     heavy = run(200, 0.005)  # about 1.2x what edge-a's two slow nodes execute
     assert heavy["lost"] == 0 and heavy["data_plane"]["native_share"] > 0.9
     assert heavy["by_node"]["c"] > 0.2 * heavy["sent"]  # the spill
+
+
+def test_routers_per_site_each_carry_their_own_sites_requests_through_their_own_proxy() -> None:
+    """Routers per site, no emulated links: each site's proxy carries the requests of its own site's
+    clients, edge_first's site the router's own, on its site's nodes while they have room; with links
+    every site's proxy passes every request to its router, and the answers are the router's alone."""
+    topology: dict[str, Any] = {
+        "deployment": "per_site",
+        "partitions": ["edge-a", "edge-b"],
+        "nodes": [
+            {"id": "a1", "partition": "edge-a", "slots": 1, "models": ["sensor_mlp"]},
+            {"id": "a2", "partition": "edge-a", "slots": 1, "models": ["sensor_mlp"]},
+            {"id": "b1", "partition": "edge-b", "slots": 1, "models": ["sensor_mlp"]},
+            {"id": "b2", "partition": "edge-b", "slots": 1, "models": ["sensor_mlp"]},
+        ],
+    }
+    mix = {"rate_rps": 40, "models": {"sensor_mlp": 1.0}, "deadline_ms": {0: 300}}
+    sites = [{"site": s, **mix} for s in ("edge-a", "edge-b")]
+    work = {"duration_s": 6, "warmup_s": 0.5, "sites": sites}
+    scenario = _scenario(topology=topology, workload=work, policies=["edge_first", "p2c"])
+    sim = replay_sim(scenario, list(scenario.policies), data_plane=True)["policies"]
+    for name in ("edge_first", "p2c"):
+        p = sim[name]
+        assert p["data_plane"]["native_share"] > 0.95 and p["lost"] == 0, (name, p["data_plane"])
+        assert p["slo_attainment"] > 0.98 and set(p["by_node"]) == {"a1", "a2", "b1", "b2"}, (name, p["by_node"])
+    home = sim["edge_first"]["by_node"]  # each site's proxy kept its site's requests home
+    assert abs(home["a1"] + home["a2"] - (home["b1"] + home["b2"])) < 0.2 * sim["edge_first"]["sent"]
+    linked = _scenario(
+        topology={**topology, "links": [{"a": "edge-a", "b": "edge-b", "rtt_ms": 20}]},
+        workload=work,
+        policies=["p2c"],
+    )
+    on, off = _run(linked, True)["p2c"], _run(linked, False)["p2c"]
+    assert on["data_plane"]["native"] == 0 and "links" in on["data_plane"]["why"]
+    for key in ("sent", "completed", "errors", "slo_attainment", "by_node", "latency_ms"):
+        assert on[key] == off[key], key
