@@ -200,8 +200,9 @@ def bench_devices(
                                  devices, rate, seconds, nagle)  # fmt: skip
                     spent = (process_cpu_s(pid) or 0.0) - cpu0 - idle_rate * (time.monotonic() - t0)
                     row = {"round": r + 1, "door": door, **{k: doc[k] for k in FIGURES}}
-                    if door != "floor":
-                        row["router_cpu_us_per_request"] = round(spent * 1e6 / max(1, doc["answered"]), 1)
+                    if door != "floor":  # (below the idle estimate: a run too short to tell, no figure)
+                        per = spent * 1e6 / max(1, doc["answered"])
+                        row["router_cpu_us_per_request"] = round(per, 1) if per > 0 else None
                     runs.append(row)
                     print(f"  round {r + 1} {door:<5}: p50 {row['p50_ms']} ms, p99 {row['p99_ms']} ms, in time "
                           f"{row['slo_attainment']}, lost {row['lost']}"

@@ -423,9 +423,12 @@ def test_bench_devices_measures_the_floor_and_both_doors(tmp_path: Path) -> None
     assert set(runs) == {"floor", "mqtt", "http"}
     for r in runs.values():
         assert r["sent"] > 0 and r["answered"] == r["sent"] and r["lost"] == 0, r
-    assert runs["mqtt"]["router_cpu_us_per_request"] > 0 and runs["http"]["router_cpu_us_per_request"] > 0
+    # (a 1 s run of 20 requests on a busy host can spend less than the idle estimate: then no figure)
+    cpu = [runs[door]["router_cpu_us_per_request"] for door in ("mqtt", "http")]
+    assert all(c is None or c > 0 for c in cpu), cpu
     assert "router_cpu_us_per_request" not in runs["floor"]
-    assert doc["summary"]["cpu_mqtt_vs_http"] > 0
+    ratio = doc["summary"].get("cpu_mqtt_vs_http")
+    assert (ratio is not None and ratio > 0) == all(c is not None for c in cpu), (ratio, cpu)
     assert (tmp_path / "devices.json").is_file()
 
 
