@@ -12,28 +12,12 @@ import pytest
 
 from router.dataplane.proxy import find_binary, install_hint
 from scenarios.replay.run import _carried, data_plane_note
-from scenarios.spec.schema import Scenario
 from scenarios.stack.sites import SiteStack
 from tests.integration.http import call, infer_body
+from tests.integration.test_site_partitions import two_sites
 
 if find_binary(None) is None:
     pytest.skip(f"no HAProxy here: {install_hint()}", allow_module_level=True)
-
-
-def two_sites(policy: str) -> Scenario:
-    node = {"slots": 2, "models": ["sensor_mlp"]}
-    return Scenario.model_validate(
-        {
-            "name": "two-sites-native",
-            "topology": {
-                "deployment": "per_site",
-                "partitions": ["site-a", "site-b"],
-                "nodes": [{"id": "a1", "partition": "site-a", **node}, {"id": "b1", "partition": "site-b", **node}],
-            },
-            "workload": {"sites": [{"site": "site-a", "rate_rps": 1, "models": {"sensor_mlp": 1.0}}]},
-            "policies": [policy],
-        }
-    )
 
 
 def answers(url: str, headers: dict[str, str], n: int = 12) -> list[tuple[int, str, str]]:
@@ -46,7 +30,7 @@ def answers(url: str, headers: dict[str, str], n: int = 12) -> list[tuple[int, s
 
 
 def test_each_site_has_its_own_proxy_which_keeps_its_sites_requests_home(tmp_path: Path) -> None:
-    stack = SiteStack(two_sites("edge_first"), log_dir=tmp_path, data_plane=True)
+    stack = SiteStack(two_sites("edge_first", slots=2, linked=False), log_dir=tmp_path, data_plane=True)
     try:
         stack.start()
         urls = stack.router_urls or {}

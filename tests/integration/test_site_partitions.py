@@ -22,20 +22,21 @@ WHY = netns.available()
 pytestmark = pytest.mark.skipif(WHY is not None, reason=f"network namespaces: {WHY}")
 
 
-def two_sites() -> Scenario:
-    node = {"slots": 1, "models": ["sensor_mlp"]}
+def two_sites(policy: str = "p2c", slots: int = 1, linked: bool = True) -> Scenario:
+    """Two sites standing alone, one node each (a1, b1), `linked` by a 5 ms WAN link."""
+    node = {"slots": slots, "models": ["sensor_mlp"]}
     return Scenario.model_validate(
         {
             "name": "two-sites",
             "topology": {
                 "deployment": "per_site",
                 "partitions": ["site-a", "site-b"],
-                "links": [{"a": "site-a", "b": "site-b", "rtt_ms": 5}],
+                "links": [{"a": "site-a", "b": "site-b", "rtt_ms": 5}] if linked else [],
                 "nodes": [{"id": "a1", "partition": "site-a", **node}, {"id": "b1", "partition": "site-b", **node}],
             },
             "workload": {"sites": [{"site": "site-a", "rate_rps": 1, "models": {"sensor_mlp": 1.0}}]},
             "router": {"stale_after_ms": 500, "probes": {"interval_ms": 200, "fresh_ms": 1000}},
-            "policies": ["p2c"],
+            "policies": [policy],
         }
     )
 
