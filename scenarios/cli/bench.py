@@ -12,6 +12,11 @@ from scenarios.cli import args as arg
 from scenarios.spec.schema import MAX_REQUESTS, MAX_TOPOLOGY_NODES
 
 
+def _running_broker(b: argparse.ArgumentParser) -> None:
+    """A bench's `--kafka`: a running broker's bootstrap, checked as every Kafka bootstrap is."""
+    b.add_argument("--kafka", type=arg.bootstrap, help="bootstrap of a running broker (default: the embedded one)")
+
+
 def _concurrencies(text: str, example: str) -> tuple[int, ...] | str:
     """`--concurrency` as a tuple, or the usage error to print."""
     try:
@@ -300,7 +305,7 @@ def add_bench_parser(sub: Any) -> None:
     )
     b.add_argument("--rps", type=float, default=50.0, help="the tenant's quota, requests/s (50)")
     b.add_argument("--seconds", type=float, default=60.0, help="seconds per door (60)")
-    b.add_argument("--kafka", help="bootstrap of a running broker (default: the embedded one)")
+    _running_broker(b)
     b = bsub.add_parser(
         "overload",
         help="the router itself the bottleneck: its capacity over HTTP and MQTT, then twice it offered (critical, "
@@ -308,7 +313,7 @@ def add_bench_parser(sub: Any) -> None:
     )
     b.add_argument("--seconds", type=float, default=20.0, help="seconds each offer runs (20)")
     b.add_argument("--offer", type=float, default=2.0, help="the offer, in multiples of the measured capacity (2)")
-    b.add_argument("--kafka", help="bootstrap of a running broker (default: the embedded one)")
+    _running_broker(b)
     b = bsub.add_parser(
         "devices",
         help="a device fleet (stock paho, one connection each) over MQTT against its floor (a bare responder in the "
@@ -319,7 +324,7 @@ def add_bench_parser(sub: Any) -> None:
     b.add_argument("--seconds", type=float, default=20.0, help="seconds a run (20)")
     b.add_argument("--rounds", type=int, default=2, help="rounds of floor, MQTT and HTTP, alternating the order (2)")
     b.add_argument("--nagle", action="store_true", help="Nagle's algorithm left on at the devices (paho's default)")
-    b.add_argument("--kafka", help="bootstrap of a running broker (default: the embedded one)")
+    _running_broker(b)
     b = bsub.add_parser(
         "dataplane",
         help="the native data plane (HAProxy) against the node called directly and the Python router: added p50 "
@@ -329,7 +334,7 @@ def add_bench_parser(sub: Any) -> None:
         "--requests", type=int, default=3000, help="with the Python load: requests per round at c=32 (a third at c=1)"
     )
     b.add_argument("--rounds", type=int, default=3, help="interleaved rounds (3)")
-    b.add_argument("--kafka", help="bootstrap of a running broker (default: the embedded one)")
+    _running_broker(b)
     b.add_argument(
         "--load",
         choices=("auto", "perf_analyzer", "python"),

@@ -439,3 +439,16 @@ def test_bench_devices_with_bad_settings_is_one_line_and_starts_nothing(tmp_path
         )
     _bad_bench_setting("devices", ["--rounds", "0"], "edgeroute: bench devices: --rounds 1-10", tmp_path)
     assert not list(tmp_path.iterdir()), "nothing measured, nothing written"
+
+
+def test_benches_take_a_running_broker_only_as_a_bootstrap(tmp_path: Path) -> None:
+    """`--kafka` of every bench that can use a running broker is checked before anything starts."""
+    for command in ("quota", "overload", "devices", "dataplane"):
+        _bad_bench_setting(
+            command,
+            ["--kafka", "bad host;x"],
+            f"edgeroute bench {command}: error: argument --kafka: not HOST:PORT (port 1-65535; an IPv6 host in "
+            "brackets): 'bad host;x'",
+            tmp_path,
+        )
+    assert not list(tmp_path.iterdir()), "nothing measured, nothing written"
