@@ -14,7 +14,13 @@ The layout (router.dataplane.plan says why it is fixed):
 - backend `nodes`: one server per node slot, checked (`GET /v2/health/ready` every `check_ms`, two
   failures down); each model's servers track these, so a node's death takes it out of every model.
 - backend `m<j>`: model slot j, balanced as the policy says, one server per node slot, ready where
-  the node serves the model.
+  the node serves the model. A connect to a node that has gone silent (its host down, a WAN cut) is
+  ended by the kernel (`tcp-ut`, TCP_USER_TIMEOUT), not by HAProxy's connect timer, which is set a
+  second past it: HAProxy answers a connect that fails with an error with its 503, but one that its
+  own timer ends, on a client connection that has carried a request before, with a closed connection
+  and no answer (by design, so that an HTTP client may retry; `http_return_srv_error` in HAProxy's
+  source). Linux sends its first SYN again after a second and only then checks the user timeout, so
+  such a connect fails after max(`connect_timeout_ms`, 1 s).
 - rate limits: a sliding window per client (at most `burst` requests in any `burst/rps` seconds, at
   least a second): the same sustained rate and largest burst as the router's token bucket; one table
   for both doors, as the router's bucket counts a client's requests over every door.
@@ -48,6 +54,7 @@ __all__ = [
     "Render",
     "grpc_key",
     "map_lines",
+    "node_connect_ms",
     "render",
     "token_key",
     "vouched",
@@ -55,6 +62,8 @@ __all__ = [
 
 MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")  # what may stand in the proxy's map
 MAX_DEADLINE_DIGITS = 9
+SYN_RETRY_MS = 1000.0  # Linux's first SYN retransmission (TCP_TIMEOUT_INIT): no user timeout ends a connect sooner
+CONNECT_MARGIN_MS = 1000.0  # HAProxy's own connect timer, past the kernel's (a safety net only)
 UNSAFE = re.compile(r"[\s\"'\\#;%$]")  # a value that would break out of a config line
 KEY_HEADER = "x-edgeroute-dataplane-key"  # proxy -> router: the requests it passes on are its own
 PEER_HEADER = "x-edgeroute-peer"  # proxy -> router: the client's address
@@ -134,6 +143,12 @@ def _safe(value: str, what: str) -> str:
 
 def _ms(value: float) -> str:
     return f"{max(1, round(value))}ms"
+
+
+def node_connect_ms(r: Render) -> tuple[float, float]:
+    """(the kernel's user timeout on a connection to a node, HAProxy's connect timer past it) in ms."""
+    user = max(r.connect_timeout_ms, SYN_RETRY_MS)
+    return user, user + CONNECT_MARGIN_MS
 
 
 def _server(i: int, s: ServerState | None, extra: str, up: bool, limit: bool = False) -> str:
@@ -398,10 +413,12 @@ def _model_backend(r: Render, plan: Plan, j: int, grpc: bool) -> list[str]:
     s = r.settings
     max_dl = int(r.max_deadline_ms)
     serving = plan.serving.get(j, frozenset())
+    user, timer = (_ms(ms) for ms in node_connect_ms(r))
     lines = [
         f"backend {'g' if grpc else 'm'}{j}",
         f"    balance {plan.balance or 'random(2)'}",
         f"    retries {r.retries}",
+        f"    timeout connect {timer}",
         "    option redispatch 1",
         "    retry-on conn-failure empty-response",
         "    http-request del-header authorization",
@@ -435,7 +452,8 @@ def _model_backend(r: Render, plan: Plan, j: int, grpc: bool) -> list[str]:
         st = plan.nodes.get(i)
         if grpc and st is not None:
             st = None if st.grpc is None else dataclasses.replace(st, host=st.grpc[0], port=st.grpc[1])
-        lines.append(_server(i, st, f"track nodes/n{i}", i in serving, True))
+        # (tcp-ut on each server: HAProxy 2.6 does not take it from `default-server`)
+        lines.append(_server(i, st, f"tcp-ut {user} track nodes/n{i}", i in serving, True))
     return lines
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from policies.spec import PolicySpec
-from router.dataplane.haproxy import Render, grpc_key, render, token_key, vouched
+from router.dataplane.haproxy import Render, grpc_key, node_connect_ms, render, token_key, vouched
 from router.dataplane.plan import MAX_WEIGHT, Plan, ServerState, Slots, native_balance, plan
 from router.dataplane.proxy import find_binary
 from router.dataplane.runtime import commands, cost_map, grpc_model_map, model_map
@@ -280,5 +280,21 @@ def test_edge_first_puts_the_routers_site_first_and_each_node_to_its_slots() -> 
     cmds = commands(Plan("first", "", {}, {}, {}), p, s, "/x/models.map")
     assert "set maxconn server m0/n1 2" in cmds and "set maxconn server m3/n7 4" in cmds
     text = render(Render(s, ("127.0.0.1", 1), "/tmp/router.sock", "/tmp", "k"), p)
-    assert "    balance first" in text and "server n7 b:1 weight 256 maxconn 4 track nodes/n7" in text
+    assert "    balance first" in text and "server n7 b:1 weight 256 maxconn 4 tcp-ut 1000ms track nodes/n7" in text
     assert plan(view, PolicySpec(preset="p2c"), Slots(8, 4), now, address=at).nodes[0].maxconn is None
+
+
+def test_a_nodes_connect_is_ended_by_the_kernel_before_the_proxys_own_timer() -> None:
+    """(HAProxy closes a kept client connection without its 503 when its own connect timer ends the
+    attempt; tests/integration/test_data_plane_silent_node.py shows it live.)"""
+    s = DataPlaneConfig(node_slots=2, model_slots=1)
+    base = Render(s, ("127.0.0.1", 1), "/tmp/router.sock", "/tmp", "k")
+    assert node_connect_ms(base) == (1000.0, 2000.0)  # (Linux sends its first SYN again after 1 s)
+    slow = Render(s, ("127.0.0.1", 1), "/tmp/router.sock", "/tmp", "k", connect_timeout_ms=2500)
+    assert node_connect_ms(slow) == (2500.0, 3500.0)
+    nodes = {0: ServerState("a", "a", 1, 1, True), 1: ServerState("b", "b", 1, 1, True)}
+    text = render(slow, Plan("random(2)", "", nodes, {"m": 0}, {0: frozenset({0, 1})}))
+    at = text.index("\nbackend m0\n")
+    backend, before = text[at:], text[:at]
+    assert "    timeout connect 3500ms" in backend and "    timeout connect 2500ms" in before  # (the router's socket)
+    assert backend.count("tcp-ut 2500ms") == 2 and "tcp-ut" not in before

@@ -1,0 +1,176 @@
+"""A node gone silent behind the native data plane (its host down, a WAN cut: SYNs go unanswered).
+
+HAProxy answers a connect that fails with an error with its 503, but one that its own connect timer
+ends, on a client connection that has already carried a request, with a closed connection and no
+answer (so that an HTTP client may retry). The proxy's node connects are therefore ended by the
+kernel's TCP user timeout (router.dataplane.haproxy.node_connect_ms): every request on a keep-alive
+connection gets its answer, the 503 where no node is left, the node's answer where a retry finds one.
+
+A silent node here is a listening socket whose accept queue is full: Linux drops the SYNs it gets, as
+a host behind a cut link does. The proxy runs alone from a rendered configuration (no router, no
+broker); its checks are slowed so that they do not take the silent node out during the test."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import http.client
+import http.server
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from router.dataplane.haproxy import Render, map_lines, node_connect_ms, render
+from router.dataplane.plan import Plan, ServerState
+from router.dataplane.proxy import Haproxy, find_binary, install_hint
+from router.dataplane.runtime import cost_map, grpc_model_map, model_map
+from router.dataplane.settings import DataPlaneConfig
+
+BINARY = find_binary(None)
+if BINARY is None:
+    pytest.skip(f"no HAProxy here: {install_hint()}", allow_module_level=True)
+
+BODY = json.dumps(
+    {"inputs": [{"name": "readings", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}]}
+).encode()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def _silent() -> Iterator[int]:
+    """A port whose SYNs go unanswered: a listener with a full accept queue, never accepting."""
+    lsock = socket.socket()
+    lsock.bind(("127.0.0.1", 0))
+    lsock.listen(0)
+    port = int(lsock.getsockname()[1])
+    held = []
+    try:
+        for _ in range(4):
+            c = socket.socket()
+            c.setblocking(False)
+            with contextlib.suppress(BlockingIOError):
+                c.connect(("127.0.0.1", port))
+            held.append(c)
+        time.sleep(0.2)
+        probe = socket.socket()
+        probe.settimeout(0.3)
+        try:  # the premise: a connect there times out (not refused, not accepted)
+            with pytest.raises(TimeoutError):
+                probe.connect(("127.0.0.1", port))
+        finally:
+            probe.close()
+        yield port
+    finally:
+        for c in held:
+            c.close()
+        lsock.close()
+
+
+class _Node(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+        self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        body = json.dumps({"model_name": "m", "outputs": []}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_POST  # (the proxy's readiness checks)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def _node() -> Iterator[int]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Node)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield int(server.server_address[1])
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@contextlib.contextmanager
+def _proxy(tmp: Path, ports: list[int], retries: int, balance: str = "random(2)") -> Iterator[tuple[int, Render]]:
+    rundir = tmp / "dp"
+    rundir.mkdir()
+    listen = ("127.0.0.1", _free_port())
+    r = Render(
+        settings=DataPlaneConfig(
+            enabled=True, check_ms=10_000, max_connections=1000, model_slots=1, node_slots=len(ports)
+        ),
+        listen=listen,
+        python=str(rundir / "router.sock"),  # (no router behind it: nothing here goes to one)
+        rundir=str(rundir),
+        key="k",
+        retries=retries,
+    )
+    nodes = {i: ServerState(f"n{i}", "127.0.0.1", p, weight=1, ready=True) for i, p in enumerate(ports)}
+    plan = Plan(balance, "", nodes, {"m": 0}, {0: frozenset(nodes)})
+    maps = {
+        "models.map": map_lines(model_map(plan)),
+        "grpc_models.map": map_lines(grpc_model_map(plan)),
+        "sites.map": "",
+        "costs.map": map_lines(cost_map(plan)),
+        "clients.map": "",
+    }
+    assert BINARY is not None
+    proxy = Haproxy(BINARY, rundir)
+    loop = asyncio.new_event_loop()
+    try:
+        loop.run_until_complete(proxy.start(render(r, plan), maps))
+        yield listen[1], r
+    finally:
+        loop.run_until_complete(proxy.stop())
+        loop.close()
+
+
+def _post(conn: http.client.HTTPConnection) -> tuple[int, bytes, float]:
+    """One request on the connection as it stands (kept alive); a closed connection fails the test."""
+    began = time.monotonic()
+    conn.request("POST", "/v2/models/m/infer", BODY, {"Content-Type": "application/json", "Connection": "keep-alive"})
+    resp = conn.getresponse()
+    return resp.status, resp.read(), time.monotonic() - began
+
+
+def test_every_request_on_a_kept_connection_gets_its_503_when_its_only_node_is_silent(tmp_path: Path) -> None:
+    with _silent() as port, _proxy(tmp_path, [port], retries=0) as (listen, r):
+        user_ms, timer_ms = node_connect_ms(r)
+        assert (user_ms, timer_ms) == (1000.0, 2000.0)
+        conn = http.client.HTTPConnection("127.0.0.1", listen, timeout=10)
+        try:
+            answers = [_post(conn) for _ in range(3)]  # the 2nd and 3rd were closed without an answer before
+        finally:
+            conn.close()
+    for status, body, took in answers:
+        assert status == 503, body
+        assert json.loads(body) == {"error": "no node can take the request now"}
+        assert 0.9 <= took < timer_ms / 1000  # the kernel ended the connect, not HAProxy's timer
+
+
+def test_a_retry_past_a_silent_node_reaches_the_one_that_answers(tmp_path: Path) -> None:
+    # `first` (edge_first's balance) tries the silent node, in slot 0, first every time
+    with _silent() as dead, _node() as live, _proxy(tmp_path, [dead, live], 1, "first") as (listen, _):
+        conn = http.client.HTTPConnection("127.0.0.1", listen, timeout=10)
+        try:
+            answers = [_post(conn) for _ in range(3)]
+        finally:
+            conn.close()
+    assert [status for status, _, _ in answers] == [200] * 3, answers
+    assert all(took >= 0.9 for _, _, took in answers)  # (each waited out the silent node's connect first)
