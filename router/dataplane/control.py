@@ -29,9 +29,10 @@ from typing import TYPE_CHECKING, Any
 from policies.spec import PolicySpec
 from router.admission import ANY_SITE
 from router.dataplane.haproxy import GRPC_SOCKET, ROUTER_SOCKET, Render, map_lines, render, token_key
-from router.dataplane.plan import Plan, Slots, plan
+from router.dataplane.links import LINK_LUA
+from router.dataplane.plan import SITE_KEY, Plan, Slots, plan
 from router.dataplane.proxy import DataPlaneError, Haproxy, find_binary, install_hint
-from router.dataplane.runtime import commands, cost_map, grpc_model_map, model_map
+from router.dataplane.runtime import commands, cost_map, grpc_model_map, link_map, model_map
 from telemetry.cluster.view import ClusterView
 from telemetry.process.settings import is_loopback
 
@@ -78,8 +79,6 @@ def whole_router(router: Router) -> str | None:
         return "capture is on: the router records every request"
     if c.tenants is not None:
         return "tenants are configured: the router keeps their fair shares"
-    if c.links:
-        return "emulated links are configured: the router applies their delay and loss"
     return None
 
 
@@ -184,6 +183,8 @@ class DataPlane:
             python_priority_at=None if c.hedging is None else c.hedging.min_priority,
             grpc_listen=None if self.python_grpc is None else (self.host, self.grpc_port),
             python_grpc=self.python_grpc,
+            links=bool(c.links),
+            link_site=c.site,
         )
 
     def compute(self, now_ms: float) -> Plan:
@@ -203,6 +204,7 @@ class DataPlane:
             admit=admit,
             sites=site_keys(r, view),
             own_site=site,
+            links=r.lifecycle.links,
         )
 
     async def _address(self, host: str, port: int) -> str | None:
@@ -244,12 +246,16 @@ class DataPlane:
     def maps(self, p: Plan) -> dict[str, str]:
         auth = self.router.config.auth
         clients = {} if auth is None else {token_key(t): name for name, t in auth.tokens.items()}
+        key_sites = {} if auth is None else {n: self.router.auth.site_of(n) for n in auth.tokens}
         return {
             "models.map": map_lines(model_map(p)),
             "grpc_models.map": map_lines(grpc_model_map(p)),
             "sites.map": map_lines(dict.fromkeys(p.sites, "1")),
             "costs.map": map_lines(cost_map(p)),
             "clients.map": map_lines(clients),
+            "links.map": map_lines(link_map(p)),
+            "client_sites.map": map_lines({n: s for n, s in key_sites.items() if s and SITE_KEY.match(s)}),
+            "links.lua": LINK_LUA,
         }
 
     async def start(self) -> None:
@@ -290,6 +296,7 @@ class DataPlane:
                 grpc_maps,
                 str(d / "sites.map"),
                 str(d / "costs.map"),
+                str(d / "links.map") if self.router.config.links else None,
             )
             if not cmds:
                 self.applied = new

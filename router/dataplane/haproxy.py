@@ -20,7 +20,8 @@ The layout (router.dataplane.plan says why it is fixed):
   own timer ends, on a client connection that has carried a request before, with a closed connection
   and no answer (by design, so that an HTTP client may retry; `http_return_srv_error` in HAProxy's
   source). Linux sends its first SYN again after a second and only then checks the user timeout, so
-  such a connect fails after max(`connect_timeout_ms`, 1 s).
+  such a connect fails after max(`connect_timeout_ms`, 1 s). With emulated links, the answer of a
+  server in `links.map` waits out its link's delay in a Lua action (router.dataplane.links).
 - rate limits: a sliding window per client (at most `burst` requests in any `burst/rps` seconds, at
   least a second): the same sustained rate and largest burst as the router's token bucket; one table
   for both doors, as the router's bucket counts a client's requests over every door.
@@ -43,6 +44,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from router.dataplane.links import LINK_ACTION
 from router.dataplane.plan import ALWAYS_TRY_MIN, Plan, ServerState
 from router.dataplane.settings import DataPlaneConfig, default_threads
 from telemetry.oip import wire
@@ -109,6 +111,8 @@ class Render:
     python_priority_at: int | None = None  # requests at or above this priority go to the router (it hedges them)
     grpc_listen: tuple[str, int] | None = None  # the proxy's gRPC door (None: none)
     python_grpc: str | None = None  # the router's gRPC door behind it (as `python`)
+    links: bool = False  # emulated links: the Lua action that waits out a link's delay (router.dataplane.links)
+    link_site: str | None = None  # the site a request naming none comes from (the router's own), for links
 
 
 def token_key(token: str) -> str:
@@ -220,18 +224,34 @@ def _header_checks(r: Render) -> list[str]:
 
 def _client(r: Render) -> list[str]:
     """The client (its token's name) with auth on, and whether the site it names is one it may claim
-    (`sites.map`: `site`, or `client|site` with auth; any other goes to the router, which judges it)."""
+    (`sites.map`: `site`, or `client|site` with auth; any other goes to the router, which judges it).
+    With emulated links, the site the request comes from (`txn.lsite`), as the router's intake takes
+    it: the one it names, else its key's (`client_sites.map`), else the router's own."""
     one = f"{{ req.hdr_cnt({wire.SITE}) eq 1 }}"
     if not r.auth:
-        return [f"    http-request set-var(txn.siteok) req.hdr({wire.SITE}),map({r.rundir}/sites.map) if {one}"]
-    return [
-        f"    http-request set-var(txn.client) req.hdr(authorization),field(2,' '),sha2(256),hex,"
-        f"map({r.rundir}/clients.map) if {{ var(txn.infer) -m found }} {{ req.hdr_cnt(authorization) eq 1 }} "
-        "{ req.hdr(authorization) -m reg ^[Bb][Ee][Aa][Rr][Ee][Rr]\\ [^\\ ]+$ }",
-        f"    http-request set-var(txn.site) req.hdr({wire.SITE}) if {one} {{ var(txn.client) -m found }}",
-        f"    http-request set-var(txn.siteok) var(txn.client),concat(|,txn.site),map({r.rundir}/sites.map) "
-        "if { var(txn.site) -m found }",
-    ]
+        lines = [f"    http-request set-var(txn.siteok) req.hdr({wire.SITE}),map({r.rundir}/sites.map) if {one}"]
+    else:
+        lines = [
+            f"    http-request set-var(txn.client) req.hdr(authorization),field(2,' '),sha2(256),hex,"
+            f"map({r.rundir}/clients.map) if {{ var(txn.infer) -m found }} {{ req.hdr_cnt(authorization) eq 1 }} "
+            "{ req.hdr(authorization) -m reg ^[Bb][Ee][Aa][Rr][Ee][Rr]\\ [^\\ ]+$ }",
+            f"    http-request set-var(txn.site) req.hdr({wire.SITE}) if {one} {{ var(txn.client) -m found }}",
+            f"    http-request set-var(txn.siteok) var(txn.client),concat(|,txn.site),map({r.rundir}/sites.map) "
+            "if { var(txn.site) -m found }",
+        ]
+    if not r.links:
+        return lines
+    none = f"!{{ req.hdr_cnt({wire.SITE}) gt 0 }}"
+    lines.append(f"    http-request set-var(txn.lsite) req.hdr({wire.SITE}) if {one} {{ var(txn.siteok) -m found }}")
+    if r.auth:
+        lines.append(
+            f"    http-request set-var(txn.lsite) var(txn.client),map({r.rundir}/client_sites.map) "
+            f"if {none} {{ var(txn.client) -m found }}"
+        )
+    if r.link_site is not None:
+        own = _safe(r.link_site, "the router's site")
+        lines.append(f"    http-request set-var(txn.lsite) str({own}) if {none} !{{ var(txn.lsite) -m found }}")
+    return lines
 
 
 def _refusal(message: str, grpc: bool) -> str:
@@ -269,6 +289,8 @@ def _global(r: Render) -> list[str]:
         "    hard-stop-after 10s",
         "    tune.ssl.default-dh-param 2048",
     ]
+    if r.links:
+        lines.append(f"    lua-load {r.rundir}/links.lua")
     lines.append(f"    nbthread {s.threads or default_threads()}")
     return lines + [
         "defaults",
@@ -444,10 +466,15 @@ def _model_backend(r: Render, plan: Plan, j: int, grpc: bool) -> list[str]:
         lines.append(f"    http-request set-header {wire.MAX_ANSWER} {r.max_answer_bytes}")
     if not grpc:  # the attempt's id, as the router names its own ("<request>-<attempt>")
         lines.append(f"    http-request set-header {wire.REQUEST_ID} %[unique-id]-1")
-    lines += [
-        "    http-response set-header x-edgeroute-data-plane native",
-        f"    default-server maxconn {s.max_per_node}" + (" proto h2" if grpc else ""),
-    ]
+    lines.append("    http-response set-header x-edgeroute-data-plane native")
+    if r.links:  # a node across an emulated link answers after the link's delay
+        lines += [
+            "    http-response set-var(txn.sn) srv_name if { var(txn.lsite) -m found }",
+            f"    http-response set-var(txn.lk) var(txn.lsite),concat(|,txn.sn),map({r.rundir}/links.map) "
+            "if { var(txn.lsite) -m found }",
+            f"    http-response lua.{LINK_ACTION} if {{ var(txn.lk) -m found }}",
+        ]
+    lines.append(f"    default-server maxconn {s.max_per_node}" + (" proto h2" if grpc else ""))
     for i in range(s.node_slots):
         st = plan.nodes.get(i)
         if grpc and st is not None:

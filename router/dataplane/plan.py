@@ -30,12 +30,16 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from policies.deadline_filter import DeadlineFilterParams
 from policies.locality import LocalityParams
 from policies.spec import PolicySpec
 from telemetry.cluster.view import ClusterView, NodeState
+
+if TYPE_CHECKING:
+    from router.lifecycle.links import LinkTable
 
 __all__ = [
     "ALWAYS_TRY_MIN",
@@ -97,6 +101,9 @@ class ServerState:
     ready: bool
     grpc: tuple[str, int] | None = None  # the node's gRPC service (host, port), where it has one
     maxconn: int | None = None  # the most it takes from the proxy at once (None: `max_per_node`)
+    # the emulated links to it: (the site a request comes from, rtt ms, jitter ms, loss), one per site
+    # whose requests cross one to reach it (router.dataplane.links)
+    links: tuple[tuple[str, float, float, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -178,6 +185,7 @@ def plan(
     sites: Iterable[str] = (),
     address: Callable[[str], tuple[str, int] | None] | None = None,
     own_site: str | None = None,
+    links: LinkTable | None = None,
 ) -> Plan:
     """The proxy's tables for this view and policy.
 
@@ -187,10 +195,16 @@ def plan(
     `sites`: the site map's keys (a request naming another site goes to the router, which judges it);
     `address`: a node endpoint as the proxy's (host, port), None where it cannot reach it (default:
     plain HTTP with a port; the simulator's nodes have addresses of their own); `own_site`: the site the
-    router stands in (edge_first's local site; without one edge_first needs the router)."""
+    router stands in (edge_first's local site; without one edge_first needs the router); `links`: the
+    router's emulated links (router.lifecycle.links), which the proxy emulates: a node across a link
+    from the request's site answers after that link's delay. A router standing in a site carries only
+    its own site's requests, a node across a cut link from it out of rotation; a central router carries
+    any site's but those at either end of a cut link (the router judges them), and a request naming no
+    site crosses nothing, as in the router."""
     balance, reason = native_balance(spec)
     if balance is not None and spec.preset == "edge_first" and own_site is None:
         balance, reason = None, "policy 'edge_first' natively needs the router's own site (`site:`): the router runs it"
+    emulated = links is not None and bool(links)
     if whole_router is not None:
         balance, reason = None, whole_router
     local = balance is not None and spec.preset == "edge_first"  # (its site first, each node to its slots)
@@ -219,15 +233,28 @@ def plan(
         ok = node.node_id in usable
         weight = max(1, min(MAX_WEIGHT, round(MAX_WEIGHT * speed / top))) if ok else 1
         limit = max(1, round(node.capacity * LOCAL_MAX_LOAD)) if local else None
-        states[i] = ServerState(node.node_id, host, port, weight, ok, _address(node.load.grpc_endpoint), limit)
+        crossing: list[tuple[str, float, float, float]] = []
+        if links is not None and emulated:
+            for site in sorted(links.sites) if own_site is None else [own_site]:
+                link = links.get(site, node.partition)
+                if link is None or (link.cut and own_site is None):
+                    continue  # (a central router's requests from a cut site go to the router)
+                if link.cut:
+                    ok = False  # (unreachable from the router's site: out of rotation, its delay kept)
+                crossing.append((site, link.rtt_ms, link.jitter_ms, link.loss))
+        grpc = _address(node.load.grpc_endpoint)
+        states[i] = ServerState(node.node_id, host, port, weight, ok, grpc, limit, tuple(crossing))
         if ok:
             for model in node.load.models:
                 j = model_slot.get(model)
                 if j is not None:
                     serving[j].add(i)
     keys = set(sites)
-    if local:  # (a request naming another site goes to the router)
+    if local or (emulated and own_site is not None):  # (a request naming another site goes to the router)
         keys = {k for k in keys if k == own_site or k.endswith(f"|{own_site}")}
+    elif emulated and links is not None:  # (a site cut off from another: the router judges its requests)
+        cut = {e for k in links.links.values() if k.cut for e in (k.a, k.b)}
+        keys = {k for k in keys if k.rsplit("|", 1)[-1] not in cut}
     served = {j: frozenset(s) for j, s in serving.items()}
     costs = _costs(routable, model_slot, served, node_slot) if balance is not None and spec.preset in ADMITTING else {}
     site_map = frozenset(k for k in keys if SITE_KEY.match(k))

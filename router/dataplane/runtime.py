@@ -7,10 +7,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 from router.dataplane.haproxy import GRPC_NAME_MAX, MODEL_NAME, grpc_key
-from router.dataplane.plan import Plan, ServerState
+from router.dataplane.plan import SITE_KEY, Plan, ServerState
 from router.dataplane.settings import DataPlaneConfig
 
-__all__ = ["commands", "cost_map", "grpc_model_map", "model_map"]
+__all__ = ["commands", "cost_map", "grpc_model_map", "link_map", "model_map"]
 
 
 def model_map(plan: Plan) -> dict[str, str]:
@@ -42,6 +42,18 @@ def cost_map(plan: Plan) -> dict[str, str]:
     return out
 
 
+def link_map(plan: Plan) -> dict[str, str]:
+    """`links.map`: `<site>|n<i>` (a request's site, a node slot: the server's name in every backend)
+    -> "rtt,jitter,loss" of the emulated link a request from that site crosses to that node, which the
+    proxy's Lua action (router.dataplane.links) waits out on the node's answer."""
+    return {
+        f"{site}|n{i}": ",".join(f"{v:.6g}" for v in (rtt, jitter, loss))
+        for i, s in sorted(plan.nodes.items())
+        for site, rtt, jitter, loss in s.links
+        if SITE_KEY.match(site) and "|" not in site
+    }
+
+
 def _http_addr(s: ServerState | None) -> tuple[str, int] | None:
     return None if s is None else (s.host, s.port)
 
@@ -68,10 +80,12 @@ def commands(
     grpc_maps: str | None = None,
     sites_map: str | None = None,
     costs_map: str | None = None,
+    links_map: str | None = None,
 ) -> list[str]:
     """The runtime API commands that take the proxy from `old` to `new` (same balance: a change of
     balance is a reload). `maps`: the models map's path; `grpc_maps`: the gRPC door's (None: no gRPC
-    door, no `g<j>` backends); `sites_map`: the site map's; `costs_map`: the admission costs'."""
+    door, no `g<j>` backends); `sites_map`: the site map's; `costs_map`: the admission costs';
+    `links_map`: the emulated links' (None: no links, no Lua action)."""
     out: list[str] = []
     kinds: list[tuple[str, Callable[[ServerState | None], tuple[str, int] | None]]] = [("m", _http_addr)]
     if grpc_maps is not None:
@@ -115,4 +129,6 @@ def commands(
         out += _map_diff(grpc_maps, grpc_model_map(old), grpc_model_map(new))
     if costs_map is not None:
         out += _map_diff(costs_map, cost_map(old), cost_map(new))
+    if links_map is not None:
+        out += _map_diff(links_map, link_map(old), link_map(new))
     return out

@@ -128,8 +128,9 @@ def simulate_run(cell: Cell) -> tuple[dict[str, Any], int, dict[str, Any]]:
             "router": passed,
             "native_share": round(carried / max(1, len(results)), 4),
         }
-        if sim.proxy.whole_router is not None:
-            summary["data_plane"]["why"] = sim.proxy.whole_router
+        why = sim.proxy.whole_router or (sim.proxy.plan.reason if sim.proxy.plan.balance is None else None)
+        if why:
+            summary["data_plane"]["why"] = why
     if sim.replicas:  # several routers (topology.routers): each one's load messages and lag
         summary["routers"] = sim.replicas_report()
     scaled = sim.autoscale_report((duration + warmup) * 1000.0)

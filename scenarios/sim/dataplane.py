@@ -19,7 +19,11 @@ proxy's checks have not yet caught) is retried on another node, up to the router
 the checks, every `check_ms`, take a node out after two failures and feed the router's evidence as
 live. Everything else goes to the simulated router, unchanged. With routers per site each site's
 router has its own proxy, planned from that router's view and fed to its evidence, taking the
-requests of the clients its router takes; several central routers run without one, as live.
+requests of the clients its router takes; several central routers run without one, as live. With
+emulated links, a node across a link from the request's site answers after both ways of the link's
+delay (drawn as the router draws them; router.dataplane.links); a router standing in a site has its
+proxy carry that site's requests, a node across a cut link out of rotation; a central router's proxy
+carries every site's but those at an end of a cut link.
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ class SimProxy:
     rng: random.Random
     lc: Any  # the router it stands in front of (router.lifecycle.Lifecycle): its view, evidence, site
     policy: Any  # that router's policy object (an attempt's)
+    link_rng: random.Random  # the emulated links' delays on its answers (router.dataplane.links)
     slots: Slots = field(init=False)
     plan: Plan = EMPTY
     in_flight: dict[str, int] = field(default_factory=dict)  # node id -> the proxy's requests there
@@ -155,8 +160,6 @@ class ProxyModel(SimState):
                 whole = "a policy canary is running"
             elif lc.tenants.enabled:
                 whole = "tenants are configured"
-            elif self.scenario.topology.links:
-                whole = "emulated links are configured"
             proxy = SimProxy(
                 cfg,
                 run.policy,
@@ -167,6 +170,7 @@ class ProxyModel(SimState):
                 random.Random(self.scenario.seed + 11 + i),
                 lc,
                 self.policies.get(site, self.policy),
+                random.Random(self.scenario.seed + 13 + i),
             )
             self.proxies[site] = proxy
             self.push(0.0, DATAPLANE, ("sync", proxy))
@@ -211,6 +215,7 @@ class ProxyModel(SimState):
             sites=sites,
             address=_sim_address,
             own_site=site,
+            links=lc.links,
         )
 
     def _proxy_check(self, proxy: SimProxy, now: float) -> None:
@@ -288,7 +293,12 @@ class ProxyModel(SimState):
         if kind is Failure.CONNECT and req.life.attempt <= proxy.retries:  # (retry-on conn-failure, redispatch)
             self._proxy_send(req, self.now)
             return
-        self._proxy_answer(req, status, reason, self.now + PROXY_MS, job if status == 200 else None)
+        # a node across an emulated link: its answer waits out both ways (router.dataplane.links)
+        site = req.arrival.site if req.arrival.site is not None else proxy.lc.settings.intake.site
+        links = proxy.lc.links
+        link = links.get(site, job.node.spec.partition)
+        delay = 0.0 if link is None else links.one_way_ms(link, proxy.link_rng) + links.one_way_ms(link, proxy.link_rng)
+        self._proxy_answer(req, status, reason, self.now + PROXY_MS + delay, job if status == 200 else None)
 
     def _proxy_timeout(self, job: Job) -> None:
         """The proxy's server timeout (the request's deadline): 504, the node's connection closed."""

@@ -5,6 +5,7 @@ loopback. The replay's report counts what every site's proxy carried."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -47,3 +48,63 @@ def test_each_site_has_its_own_proxy_which_keeps_its_sites_requests_home(tmp_pat
     finally:
         stack.stop()
     assert not stack.site_routers
+
+
+def test_a_sites_proxy_waits_out_the_emulated_link_to_the_other_site(tmp_path: Path) -> None:
+    """With an emulated 5 ms link between the sites, site-a's proxy still carries site-a's requests;
+    the answers of site-b's node come after the link's delay (both ways), its own node's at once."""
+    stack = SiteStack(two_sites("p2c", slots=2), log_dir=tmp_path, data_plane=True)
+    try:
+        stack.start()
+        url = (stack.router_urls or {})["site-a"]
+        client: dict[str, Any] = {"x-edgeroute-deadline-ms": "1000", **stack.client_headers}
+        took: dict[str, list[float]] = {"a1": [], "b1": []}
+        for _ in range(40):
+            began = time.perf_counter()
+            status, _, got = call(f"{url}/v2/models/sensor_mlp/infer", infer_body(), headers=client)
+            lower = {k.lower(): v for k, v in got.items()}
+            assert status == 200 and lower.get("x-edgeroute-data-plane") == "native", (status, lower)
+            took[lower["x-edgeroute-node"]].append((time.perf_counter() - began) * 1000.0)
+        assert took["a1"] and took["b1"], "p2c sends to both sites' nodes"
+        assert min(took["b1"]) >= 5.0, f"across the link: at least its 5 ms RTT ({sorted(took['b1'])[:3]})"
+        assert sorted(took["a1"])[len(took["a1"]) // 2] < 5.0, f"its own node at once ({sorted(took['a1'])[:3]})"
+    finally:
+        stack.stop()
+
+
+def test_a_central_routers_proxy_waits_out_the_link_from_the_requests_site(broker, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """One router in no site, the two sites 40 ms apart: its proxy carries each site's requests, and a
+    node's answer waits out the link from the site the request names (none named: no link crossed)."""
+    from scenarios.spec.schema import Scenario
+    from scenarios.stack.launcher import Stack
+
+    doc = two_sites("p2c", slots=2).model_dump(mode="json", exclude_none=True)
+    doc["topology"]["deployment"] = "central"
+    doc["topology"]["links"][0]["rtt_ms"] = 40.0
+    stack = Stack(Scenario.model_validate(doc), kafka=broker.bootstrap, log_dir=tmp_path, data_plane=True,
+                  topic=f"edgeroute.telemetry.dpc{time.monotonic_ns()}")  # fmt: skip
+    try:
+        stack.start()
+        url = stack.router_url
+        took: dict[tuple[str, str], list[float]] = {}
+        for site in ("site-a", "site-b", None):
+            hints = {"x-edgeroute-deadline-ms": "1000", **({"x-edgeroute-site": site} if site else {})}
+            for _ in range(30):
+                began = time.perf_counter()
+                status, _, got = call(f"{url}/v2/models/sensor_mlp/infer", infer_body(), headers=hints)
+                lower = {k.lower(): v for k, v in got.items()}
+                if lower.get("x-edgeroute-data-plane") != "native":  # (the proxy's first tables still on their way)
+                    continue
+                assert status == 200, (status, lower)
+                took.setdefault((site or "none", lower["x-edgeroute-node"]), []).append(
+                    (time.perf_counter() - began) * 1000.0
+                )
+        for site, far, near in (("site-a", "b1", "a1"), ("site-b", "a1", "b1")):
+            assert took.get((site, far)) and took.get((site, near)), f"{site}: p2c sends to both ({sorted(took)})"
+            assert min(took[(site, far)]) >= 40.0, f"{site} to {far}: across the link ({sorted(took[(site, far)])[:3]})"
+            assert sorted(took[(site, near)])[len(took[(site, near)]) // 2] < 20.0, f"{site} to {near}: at once"
+        for node in ("a1", "b1"):
+            nolink = took.get(("none", node), [])
+            assert nolink and sorted(nolink)[len(nolink) // 2] < 20.0, f"no site named: no link ({node})"
+    finally:
+        stack.stop()

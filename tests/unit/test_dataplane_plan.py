@@ -298,3 +298,58 @@ def test_a_nodes_connect_is_ended_by_the_kernel_before_the_proxys_own_timer() ->
     backend, before = text[at:], text[:at]
     assert "    timeout connect 3500ms" in backend and "    timeout connect 2500ms" in before  # (the router's socket)
     assert backend.count("tcp-ut 2500ms") == 2 and "tcp-ut" not in before
+
+
+def test_emulated_links_are_the_proxys_where_the_router_stands_in_a_site(tmp_path: Path) -> None:
+    """A router in a site: its proxy carries that site's requests, each node across a link with the
+    link's delay in `links.map`, one across a cut link out of rotation; the configuration loads the Lua
+    action and HAProxy accepts it. A router in no site: every request to it."""
+    from router.dataplane.links import LINK_LUA
+    from router.dataplane.runtime import link_map
+    from router.lifecycle.links import LinkState, LinkTable
+    from telemetry.cluster.view import ClusterView
+    from tests.helpers import load
+
+    now = 1_000.0
+
+    def at(endpoint: str) -> tuple[str, int]:
+        return "127.0.0.1", 9000 + ord(endpoint.removeprefix("http://")[0])
+
+    msgs = [load(n, partition=p, sent_at_ms=now) for n, p in (("a", "edge-a"), ("b", "edge-b"), ("c", "cloud"))]
+    view = ClusterView.of(msgs, now)
+    links = LinkTable([LinkState("edge-a", "cloud", 30.0, 2.0), LinkState("edge-a", "edge-b", 15.0, 0.0, 0.01)])
+    sites = ["edge-a", "edge-b", "cloud"]
+    p = plan(view, PolicySpec(preset="p2c"), Slots(4, 2), now, address=at, own_site="edge-a", links=links, sites=sites)
+    assert p.balance == "random(2)" and p.sites == frozenset({"edge-a"}), "only its own site's requests"
+    slot = {s.node_id: f"n{i}" for i, s in p.nodes.items()}
+    assert link_map(p) == {f"edge-a|{slot['b']}": "15,0,0.01", f"edge-a|{slot['c']}": "30,2,0"}, "its own node: none"
+    cut = plan(view, PolicySpec(preset="p2c"), Slots(4, 2), now, address=at, own_site="edge-a",
+               links=links.with_cut("edge-a", "cloud", True))  # fmt: skip
+    assert {s.node_id for s in cut.nodes.values() if s.ready} == {"a", "b"}, "a cut link's node is out"
+    cmds = commands(p, cut, DataPlaneConfig(node_slots=4, model_slots=2), "/x/models.map", links_map="/x/links.map")
+    assert f"del map /x/links.map edge-a|{slot['c']}" not in cmds  # (the link's delay stays; the node is out)
+    central = plan(view, PolicySpec(preset="p2c"), Slots(4, 2), now, address=at, links=links, sites=sites)
+    assert central.balance == "random(2)" and central.sites == frozenset(sites), "a central router: every site's"
+    own = {s.node_id: f"n{i}" for i, s in central.nodes.items()}
+    assert link_map(central) == {
+        f"edge-a|{own['b']}": "15,0,0.01",
+        f"edge-a|{own['c']}": "30,2,0",
+        f"edge-b|{own['a']}": "15,0,0.01",
+        f"cloud|{own['a']}": "30,2,0",
+    }, "each site's crossing to each node (a site with no link to a node's site crosses nothing)"
+    cut_c = plan(view, PolicySpec(preset="p2c"), Slots(4, 2), now, address=at, sites=sites,
+                 links=links.with_cut("edge-a", "cloud", True))  # fmt: skip
+    assert cut_c.sites == {"edge-b"}, "a site at an end of a cut link: the router judges its requests"
+    assert all(s.ready for s in cut_c.nodes.values()) and f"edge-a|{own['c']}" not in link_map(cut_c)
+    text = render(Render(DataPlaneConfig(node_slots=4, model_slots=2), ("127.0.0.1", 1), "/tmp/r.sock",
+                         str(tmp_path), "key", links=True), p)  # fmt: skip
+    assert f"lua-load {tmp_path}/links.lua" in text and "lua.edgeroute_link" in text
+    for name in ("models.map", "grpc_models.map", "clients.map", "sites.map", "costs.map", "links.map"):
+        (tmp_path / name).write_text("")
+    (tmp_path / "links.lua").write_text(LINK_LUA)
+    (tmp_path / "h.cfg").write_text(text)
+    binary = find_binary(None)
+    if binary is None:
+        pytest.skip("no HAProxy here to check the configuration")
+    out = subprocess.run([binary, "-c", "-q", "-f", str(tmp_path / "h.cfg")], capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
