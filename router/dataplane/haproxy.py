@@ -57,6 +57,7 @@ __all__ = [
     "grpc_key",
     "map_lines",
     "node_connect_ms",
+    "retry_body_bytes",
     "render",
     "token_key",
     "vouched",
@@ -64,6 +65,8 @@ __all__ = [
 
 MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")  # what may stand in the proxy's map
 MAX_DEADLINE_DIGITS = 9
+REWRITE_BYTES = 1024  # HAProxy's tune.maxrewrite: buffer room kept for rewriting headers
+HEAD_BYTES = 8192  # room for a request's headers (and HTX's own) beside its body
 SYN_RETRY_MS = 1000.0  # Linux's first SYN retransmission (TCP_TIMEOUT_INIT): no user timeout ends a connect sooner
 CONNECT_MARGIN_MS = 1000.0  # HAProxy's own connect timer, past the kernel's (a safety net only)
 UNSAFE = re.compile(r"[\s\"'\\#;%$]")  # a value that would break out of a config line
@@ -147,6 +150,14 @@ def _safe(value: str, what: str) -> str:
 
 def _ms(value: float) -> str:
     return f"{max(1, round(value))}ms"
+
+
+def retry_body_bytes(s: DataPlaneConfig) -> int:
+    """The largest body the proxy carries: one it holds whole in its buffer, so that it can send the
+    request again when a node fails under it (HAProxy's L7 retries). HAProxy closes a kept-alive
+    client connection without an answer where a request that is not its first fails before any answer
+    and cannot be sent again; a larger body goes to the router, which sends it again itself."""
+    return s.buffer_kb * 1024 - REWRITE_BYTES - HEAD_BYTES
 
 
 def node_connect_ms(r: Render) -> tuple[float, float]:
@@ -288,6 +299,8 @@ def _global(r: Render) -> list[str]:
         f"    maxconn {s.max_connections}",
         "    hard-stop-after 10s",
         "    tune.ssl.default-dh-param 2048",
+        f"    tune.bufsize {s.buffer_kb * 1024}",
+        f"    tune.maxrewrite {REWRITE_BYTES}",
     ]
     if r.links:
         lines.append(f"    lua-load {r.rundir}/links.lua")
@@ -344,6 +357,8 @@ def _door(r: Render) -> list[str]:
         # a body over the limit: the router refuses it and drains what the client still sends (a
         # proxy that answers and closes would cut the client off mid-upload, a broken pipe, not a 413)
         f"{{ req.hdr(content-length) -m int gt {r.max_body_bytes} }}",
+        # a body the proxy could not send again: the router carries it (retry_body_bytes)
+        f"{{ req.hdr(content-length) -m int gt {retry_body_bytes(s)} }}",
     ]
     return lines + _route(r, conds, "m", "python", False)
 
@@ -385,6 +400,7 @@ def _grpc_door(r: Render) -> list[str]:
         "{ var(txn.dl) -m int lt 1 }",
         "!{ req.body,bytes(0,1),hex -m str 00 }",  # a compressed message
         f"{{ req.body,bytes(1,4),hex,hex2i -m int gt {r.max_body_bytes} }}",
+        f"{{ req.body,bytes(1,4),hex,hex2i -m int gt {retry_body_bytes(s)} }}",
     ]
     return lines + _route(r, conds, "g", "pygrpc", True)
 
@@ -441,6 +457,7 @@ def _model_backend(r: Render, plan: Plan, j: int, grpc: bool) -> list[str]:
         f"    balance {plan.balance or 'random(2)'}",
         f"    retries {r.retries}",
         f"    timeout connect {timer}",
+        "    option http-buffer-request",  # (the whole request before it is sent: it can be sent again)
         "    option redispatch 1",
         "    retry-on conn-failure empty-response",
         "    http-request del-header authorization",

@@ -40,6 +40,13 @@ class DataPlaneConfig(BaseModel):
         1000.0, gt=0, le=60_000, description="a request waiting longer in the proxy's queue is refused (503)"
     )
     max_connections: int = Field(20_000, ge=16, le=1_000_000, description="client connections the proxy holds")
+    buffer_kb: int = Field(
+        64,
+        ge=16,
+        le=1024,
+        description="the proxy's buffer per request (HAProxy's tune.bufsize): a request whose body fits is "
+        "sent again to another node when one fails under it; a larger one goes to the router, which does so",
+    )
     threads: int | None = Field(
         None,
         ge=1,

@@ -11,7 +11,9 @@ from typing import Any
 
 import pytest
 
+from router.dataplane.haproxy import retry_body_bytes
 from router.dataplane.proxy import find_binary, install_hint
+from router.dataplane.settings import DataPlaneConfig
 from scenarios.stack.launcher import Stack
 from tests.integration.http import call as _call
 from tests.integration.http import infer_body
@@ -143,6 +145,10 @@ def test_body_limit_and_node_refusals(native: Stack) -> None:
     status, doc, headers = call(url, b"{not json", headers=CAMS)
     assert status == 400  # the node's own refusal, carried
     assert headers.get("x-edgeroute-data-plane") == "native"
+    # a body the proxy could not send again should its node fail under it: the router carries it
+    big = infer_body() + b" " * (retry_body_bytes(DataPlaneConfig()) + 1)
+    status, doc, headers = call(url, big, headers=CAMS)
+    assert status == 200 and "x-edgeroute-data-plane" not in headers, doc
 
 
 def test_rate_limit_holds_through_the_proxy(broker, tmp_path) -> None:  # type: ignore[no-untyped-def]

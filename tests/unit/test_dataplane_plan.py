@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from policies.spec import PolicySpec
-from router.dataplane.haproxy import Render, grpc_key, node_connect_ms, render, token_key, vouched
+from router.dataplane.haproxy import Render, grpc_key, node_connect_ms, render, retry_body_bytes, token_key, vouched
 from router.dataplane.plan import MAX_WEIGHT, Plan, ServerState, Slots, native_balance, plan
 from router.dataplane.proxy import find_binary
 from router.dataplane.runtime import commands, cost_map, grpc_model_map, model_map
@@ -284,7 +284,7 @@ def test_edge_first_puts_the_routers_site_first_and_each_node_to_its_slots() -> 
     assert plan(view, PolicySpec(preset="p2c"), Slots(8, 4), now, address=at).nodes[0].maxconn is None
 
 
-def test_a_nodes_connect_is_ended_by_the_kernel_before_the_proxys_own_timer() -> None:
+def test_a_node_failing_under_a_request_leaves_the_proxy_able_to_answer_it() -> None:
     """(HAProxy closes a kept client connection without its 503 when its own connect timer ends the
     attempt; tests/integration/test_data_plane_silent_node.py shows it live.)"""
     s = DataPlaneConfig(node_slots=2, model_slots=1)
@@ -298,6 +298,11 @@ def test_a_nodes_connect_is_ended_by_the_kernel_before_the_proxys_own_timer() ->
     backend, before = text[at:], text[:at]
     assert "    timeout connect 3500ms" in backend and "    timeout connect 2500ms" in before  # (the router's socket)
     assert backend.count("tcp-ut 2500ms") == 2 and "tcp-ut" not in before
+    # the whole request held before it is sent (so it can be sent again), a larger body to the router
+    limit = retry_body_bytes(s)
+    assert limit == 64 * 1024 - 1024 - 8192 and "    tune.bufsize 65536" in before
+    assert "    option http-buffer-request" in backend
+    assert f"{{ req.hdr(content-length) -m int gt {limit} }}" in before
 
 
 def test_emulated_links_are_the_proxys_where_the_router_stands_in_a_site(tmp_path: Path) -> None:

@@ -1,14 +1,16 @@
-"""A node gone silent behind the native data plane (its host down, a WAN cut: SYNs go unanswered).
+"""Nodes failing under the native data plane, on client connections kept alive.
 
-HAProxy answers a connect that fails with an error with its 503, but one that its own connect timer
-ends, on a client connection that has already carried a request, with a closed connection and no
-answer (so that an HTTP client may retry). The proxy's node connects are therefore ended by the
-kernel's TCP user timeout (router.dataplane.haproxy.node_connect_ms): every request on a keep-alive
-connection gets its answer, the 503 where no node is left, the node's answer where a retry finds one.
+HAProxy answers nothing, and closes the client's connection, when a request that is not the first on
+it fails before any answer (so that an HTTP client may retry it): a connect its own timer ends, or a
+node that closes the connection after taking the request (a crash). So the proxy's node connects are
+ended by the kernel's TCP user timeout (router.dataplane.haproxy.node_connect_ms), and it takes a
+request's whole body before it sends it, so that it can send it again to another node (L7 retries);
+a body too large for its buffer goes to the router. Every request gets its answer.
 
 A silent node here is a listening socket whose accept queue is full: Linux drops the SYNs it gets, as
-a host behind a cut link does. The proxy runs alone from a rendered configuration (no router, no
-broker); its checks are slowed so that they do not take the silent node out during the test."""
+a host behind a cut link does; a crashing node reads each request and closes the connection. The
+proxy runs alone from a rendered configuration (no router, no broker); its checks are slowed so that
+they do not take a failing node out during the test."""
 
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from router.dataplane.haproxy import Render, map_lines, node_connect_ms, render
+from router.dataplane.haproxy import Render, map_lines, node_connect_ms, render, retry_body_bytes
 from router.dataplane.plan import Plan, ServerState
 from router.dataplane.proxy import Haproxy, find_binary, install_hint
 from router.dataplane.runtime import cost_map, grpc_model_map, model_map
@@ -95,6 +97,56 @@ class _Node(http.server.BaseHTTPRequestHandler):
 
 
 @contextlib.contextmanager
+def _crashing() -> Iterator[int]:
+    """A node that reads each inference request whole and closes the connection without an answer
+    (its readiness check answers: it stays in rotation)."""
+    lsock = socket.socket()
+    lsock.bind(("127.0.0.1", 0))
+    lsock.listen(64)
+    lsock.settimeout(0.2)
+    port = int(lsock.getsockname()[1])
+    stop = threading.Event()
+
+    def serve(conn: socket.socket) -> None:
+        with conn:
+            conn.settimeout(5)
+            data = b""
+            while b"\r\n\r\n" not in data:
+                chunk = conn.recv(65536)
+                if not chunk:
+                    return
+                data += chunk
+            if data.startswith(b"GET "):  # (the proxy's readiness check: ready)
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+                return
+            head, _, body = data.partition(b"\r\n\r\n")
+            length = next((int(v) for k, _, v in (h.partition(b":") for h in head.split(b"\r\n")[1:])
+                           if k.strip().lower() == b"content-length"), 0)  # fmt: skip
+            while len(body) < length:
+                chunk = conn.recv(65536)
+                if not chunk:
+                    return
+                body += chunk
+
+    def accept() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = lsock.accept()
+            except TimeoutError:
+                continue
+            threading.Thread(target=serve, args=(conn,), daemon=True).start()
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        yield port
+    finally:
+        stop.set()
+        thread.join(2)
+        lsock.close()
+
+
+@contextlib.contextmanager
 def _node() -> Iterator[int]:
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Node)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
@@ -141,10 +193,10 @@ def _proxy(tmp: Path, ports: list[int], retries: int, balance: str = "random(2)"
         loop.close()
 
 
-def _post(conn: http.client.HTTPConnection) -> tuple[int, bytes, float]:
+def _post(conn: http.client.HTTPConnection, body: bytes = BODY) -> tuple[int, bytes, float]:
     """One request on the connection as it stands (kept alive); a closed connection fails the test."""
     began = time.monotonic()
-    conn.request("POST", "/v2/models/m/infer", BODY, {"Content-Type": "application/json", "Connection": "keep-alive"})
+    conn.request("POST", "/v2/models/m/infer", body, {"Content-Type": "application/json", "Connection": "keep-alive"})
     resp = conn.getresponse()
     return resp.status, resp.read(), time.monotonic() - began
 
@@ -174,3 +226,24 @@ def test_a_retry_past_a_silent_node_reaches_the_one_that_answers(tmp_path: Path)
             conn.close()
     assert [status for status, _, _ in answers] == [200] * 3, answers
     assert all(took >= 0.9 for _, _, took in answers)  # (each waited out the silent node's connect first)
+
+
+def _padded(size: int) -> bytes:
+    """An inference body of about `size` bytes (JSON, its data padded out)."""
+    data = [0.5] * max(4, (size - 120) // 5)
+    return json.dumps({"inputs": [{"name": "x", "shape": [1, len(data)], "datatype": "FP32", "data": data}]}).encode()
+
+
+def test_a_node_that_fails_after_taking_the_request_is_retried_elsewhere(tmp_path: Path) -> None:
+    # `first` tries the crashing node, in slot 0, first every time: every request is sent to it, which
+    # reads it whole and closes; the proxy sends it again to the node that answers (a 40 kB body too:
+    # larger than HAProxy's default 16 kB buffer, within the proxy's)
+    with _crashing() as bad, _node() as live, _proxy(tmp_path, [bad, live], 1, "first") as (listen, r):
+        limit = retry_body_bytes(r.settings)
+        assert 40_000 < limit
+        conn = http.client.HTTPConnection("127.0.0.1", listen, timeout=10)
+        try:
+            answers = [_post(conn, _padded(size)) for size in (200, 40_000, 200, 40_000)]
+        finally:
+            conn.close()
+    assert [status for status, _, _ in answers] == [200] * 4, answers
