@@ -14,14 +14,10 @@ The layout (router.dataplane.plan says why it is fixed):
 - backend `nodes`: one server per node slot, checked (`GET /v2/health/ready` every `check_ms`, two
   failures down); each model's servers track these, so a node's death takes it out of every model.
 - backend `m<j>`: model slot j, balanced as the policy says, one server per node slot, ready where
-  the node serves the model. A connect to a node that has gone silent (its host down, a WAN cut) is
-  ended by the kernel (`tcp-ut`, TCP_USER_TIMEOUT), not by HAProxy's connect timer, which is set a
-  second past it: HAProxy answers a connect that fails with an error with its 503, but one that its
-  own timer ends, on a client connection that has carried a request before, with a closed connection
-  and no answer (by design, so that an HTTP client may retry; `http_return_srv_error` in HAProxy's
-  source). Linux sends its first SYN again after a second and only then checks the user timeout, so
-  such a connect fails after max(`connect_timeout_ms`, 1 s). With emulated links, the answer of a
-  server in `links.map` waits out its link's delay in a Lua action (router.dataplane.links).
+  the node serves the model; a node's failure under a request, or a connect to it that fails, never
+  closes a client's connection without an answer (router.dataplane.backends says how). With emulated
+  links, the answer of a server in `links.map` waits out its link's delay in a Lua action
+  (router.dataplane.links).
 - rate limits: a sliding window per client (at most `burst` requests in any `burst/rps` seconds, at
   least a second): the same sustained rate and largest burst as the router's token bucket; one table
   for both doors, as the router's bucket counts a client's requests over every door.
@@ -37,21 +33,22 @@ The layout (router.dataplane.plan says why it is fixed):
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import hmac
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
 
-from router.dataplane.links import LINK_ACTION
-from router.dataplane.plan import ALWAYS_TRY_MIN, Plan, ServerState
+from router.dataplane.backends import model_backend, node_connect_ms, nodes_backend, python_backend
+from router.dataplane.cfg import KEY_HEADER, PEER_HEADER, Render, errors, ms, refusal, safe
+from router.dataplane.plan import Plan
 from router.dataplane.settings import DataPlaneConfig, default_threads
 from telemetry.oip import wire
 
 __all__ = [
     "GRPC_SOCKET",
+    "KEY_HEADER",
     "MODEL_NAME",
+    "PEER_HEADER",
     "ROUTER_SOCKET",
     "Render",
     "grpc_key",
@@ -67,11 +64,6 @@ MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")  # what may stan
 MAX_DEADLINE_DIGITS = 9
 REWRITE_BYTES = 1024  # HAProxy's tune.maxrewrite: buffer room kept for rewriting headers
 HEAD_BYTES = 8192  # room for a request's headers (and HTX's own) beside its body
-SYN_RETRY_MS = 1000.0  # Linux's first SYN retransmission (TCP_TIMEOUT_INIT): no user timeout ends a connect sooner
-CONNECT_MARGIN_MS = 1000.0  # HAProxy's own connect timer, past the kernel's (a safety net only)
-UNSAFE = re.compile(r"[\s\"'\\#;%$]")  # a value that would break out of a config line
-KEY_HEADER = "x-edgeroute-dataplane-key"  # proxy -> router: the requests it passes on are its own
-PEER_HEADER = "x-edgeroute-peer"  # proxy -> router: the client's address
 ROUTER_SOCKET = "router.sock"  # the router serves its proxy here, in the proxy's private folder
 GRPC_SOCKET = "router-grpc.sock"  # its gRPC door for its proxy
 GRPC_INFER = "/inference.GRPCInferenceService/ModelInfer"
@@ -87,35 +79,6 @@ GRPC_UNITS = {
     "n": ",div(1000000)",
 }
 # the proxy's own refusals as a gRPC server's (HTTP status -> grpc-status)
-GRPC_CODES = {400: 3, 408: 4, 413: 8, 429: 8, 502: 14, 503: 14, 504: 4}
-
-
-@dataclass(frozen=True)
-class Render:
-    """Everything the configuration depends on but the plan."""
-
-    settings: DataPlaneConfig
-    listen: tuple[str, int]
-    python: str  # the router behind the proxy: its private socket (a path) or HOST:PORT
-    rundir: str  # sockets and maps (a private folder)
-    key: str  # the header value that marks the proxy's requests to the router
-    tls_pem: str | None = None  # cert + key for the proxy's own HTTPS (the router's, joined)
-    client_ca: str | None = None  # mTLS: client certificates must be signed by this
-    auth: bool = False
-    rate: tuple[float, int] | None = None  # (rps, burst) per client
-    max_body_bytes: int = 8 << 20
-    default_deadline_ms: float = 2000.0
-    max_deadline_ms: float = 60_000.0
-    connect_timeout_ms: float = 500.0
-    retries: int = 2
-    max_answer_bytes: int | None = None
-    node_token: str | None = None
-    idle_timeout_s: float = 30.0
-    python_priority_at: int | None = None  # requests at or above this priority go to the router (it hedges them)
-    grpc_listen: tuple[str, int] | None = None  # the proxy's gRPC door (None: none)
-    python_grpc: str | None = None  # the router's gRPC door behind it (as `python`)
-    links: bool = False  # emulated links: the Lua action that waits out a link's delay (router.dataplane.links)
-    link_site: str | None = None  # the site a request naming none comes from (the router's own), for links
 
 
 def token_key(token: str) -> str:
@@ -142,58 +105,12 @@ def map_lines(entries: Mapping[str, str]) -> str:
     return "".join(f"{k} {v}\n" for k, v in sorted(entries.items()))
 
 
-def _safe(value: str, what: str) -> str:
-    if not value or UNSAFE.search(value) or not value.isprintable():
-        raise ValueError(f"{what} cannot be written into the proxy's configuration (spaces, quotes or controls)")
-    return value
-
-
-def _ms(value: float) -> str:
-    return f"{max(1, round(value))}ms"
-
-
 def retry_body_bytes(s: DataPlaneConfig) -> int:
     """The largest body the proxy carries: one it holds whole in its buffer, so that it can send the
     request again when a node fails under it (HAProxy's L7 retries). HAProxy closes a kept-alive
     client connection without an answer where a request that is not its first fails before any answer
     and cannot be sent again; a larger body goes to the router, which sends it again itself."""
     return s.buffer_kb * 1024 - REWRITE_BYTES - HEAD_BYTES
-
-
-def node_connect_ms(r: Render) -> tuple[float, float]:
-    """(the kernel's user timeout on a connection to a node, HAProxy's connect timer past it) in ms."""
-    user = max(r.connect_timeout_ms, SYN_RETRY_MS)
-    return user, user + CONNECT_MARGIN_MS
-
-
-def _server(i: int, s: ServerState | None, extra: str, up: bool, limit: bool = False) -> str:
-    """Node slot i's server (`limit`: with its own maxconn, where the plan gives one)."""
-    if s is None:
-        return f"    server n{i} 0.0.0.0:1 disabled {extra}".rstrip()
-    host = f"[{s.host}]" if ":" in s.host else s.host
-    own = f" maxconn {s.maxconn}" if limit and s.maxconn is not None else ""
-    return f"    server n{i} {host}:{s.port} weight {s.weight}{own} {extra}{'' if up else ' disabled'}".rstrip()
-
-
-def _error(status: int, message: str, retry_after: bool = False, grpc: bool = False) -> str:
-    hdr = " hdr Retry-After 1" if retry_after else ""
-    if grpc:  # (a trailers-only answer: gRPC clients read grpc-status before the HTTP status)
-        return f"    http-error status {status} hdr grpc-status {GRPC_CODES[status]} hdr grpc-message '{message}'{hdr}"
-    body = wire.dumps({"error": message}).decode()
-    return f"    http-error status {status} content-type application/json{hdr} string '{body}'"
-
-
-ERRORS = (
-    (400, "bad request", False),
-    (408, "request head not received in time", False),
-    (502, "the node gave no valid answer", False),
-    (503, "no node can take the request now", True),
-    (504, "deadline exceeded before the node answered", False),
-)
-
-
-def _errors(grpc: bool) -> list[str]:
-    return [_error(status, message, retry, grpc) for status, message, retry in ERRORS]
 
 
 def _addr(host: str, port: int) -> str:
@@ -260,17 +177,9 @@ def _client(r: Render) -> list[str]:
             f"if {none} {{ var(txn.client) -m found }}"
         )
     if r.link_site is not None:
-        own = _safe(r.link_site, "the router's site")
+        own = safe(r.link_site, "the router's site")
         lines.append(f"    http-request set-var(txn.lsite) str({own}) if {none} !{{ var(txn.lsite) -m found }}")
     return lines
-
-
-def _refusal(message: str, grpc: bool) -> str:
-    """The body of a 429 the proxy answers itself (`http-request return`): a gRPC status and message on
-    the gRPC door, the router's JSON error on the HTTP door."""
-    if grpc:
-        return f"hdr grpc-status {GRPC_CODES[429]} hdr grpc-message '{message}'"
-    return f"content-type application/json string '{wire.dumps({'error': message}).decode()}'"
 
 
 def _rate(r: Render, grpc: bool) -> list[str]:
@@ -283,7 +192,7 @@ def _rate(r: Render, grpc: bool) -> list[str]:
     limit = max(burst, round(rps * window_s))
     key, known = ("var(txn.client)", "{ var(txn.client) -m found }") if r.auth else ("src", "")
     message = f"over {rps:g} requests/s"
-    answer = _refusal(message, grpc)
+    answer = refusal(message, grpc)
     return [
         f"    http-request track-sc0 {key} table rates if {{ var(txn.infer) -m found }} {known}".rstrip(),
         f"    http-request return status 429 hdr Retry-After {window_s} {answer} "
@@ -310,14 +219,14 @@ def _global(r: Render) -> list[str]:
         "    mode http",
         "    option http-keep-alive",
         "    option dontlognull",
-        f"    timeout connect {_ms(r.connect_timeout_ms)}",
+        f"    timeout connect {ms(r.connect_timeout_ms)}",
         "    timeout client 60s",
-        f"    timeout http-request {_ms(r.idle_timeout_s * 1000)}",
-        f"    timeout http-keep-alive {_ms(r.idle_timeout_s * 1000)}",
-        f"    timeout server {_ms(r.default_deadline_ms)}",
-        f"    timeout queue {_ms(s.queue_timeout_ms)}",
+        f"    timeout http-request {ms(r.idle_timeout_s * 1000)}",
+        f"    timeout http-keep-alive {ms(r.idle_timeout_s * 1000)}",
+        f"    timeout server {ms(r.default_deadline_ms)}",
+        f"    timeout queue {ms(s.queue_timeout_ms)}",
         "    unique-id-format dp%{+X}o%ci%cp%Ts%rt%pid",  # (a request's id for the node: its executions counted)
-        *_errors(False),
+        *errors(False),
         "",
     ]
 
@@ -372,7 +281,7 @@ def _grpc_door(r: Render) -> list[str]:
         "frontend gdoor",
         f"    bind {_bind(r, r.grpc_listen, True)}",
         f"    maxconn {s.max_connections}",
-        *_errors(True),
+        *errors(True),
         f"    http-request del-header {KEY_HEADER}",
         f"    http-request del-header {PEER_HEADER}",
         f"    http-request set-var(txn.infer) bool(true) if METH_POST {{ path {GRPC_INFER} }}",
@@ -405,124 +314,17 @@ def _grpc_door(r: Render) -> list[str]:
     return lines + _route(r, conds, "g", "pygrpc", True)
 
 
-def _python(r: Render, name: str, addr: str, grpc: bool) -> list[str]:
-    """The router behind the proxy, on its private socket (plain: the folder's mode guards it, so a
-    router with mutual TLS needs no certificate for its own proxy): the client's own Authorization goes
-    on, the proxy's mark and the client's address with it (the router trusts them only with the key,
-    router.app.front_door)."""
-    where = f"unix@{addr}" if addr.startswith("/") else addr
-    return [
-        f"backend {name}",
-        f"    timeout server {_ms(r.max_deadline_ms + 5000)}",
-        *(_errors(True) if grpc else []),
-        f"    http-request set-header {KEY_HEADER} {_safe(r.key, 'the data plane key')}",
-        f"    http-request set-header {PEER_HEADER} %[src]",
-        f"    server router {_safe(where, 'the router address')}" + (" proto h2" if grpc else ""),
-        "",
-    ]
-
-
-def _admission(r: Render, grpc: bool) -> list[str]:
-    """The policy's deadline filter, where its plan has admission costs (`costs.map`, by backend): a
-    request below ALWAYS_TRY_MIN whose deadline is shorter than the wait the requests this backend
-    holds (`be_conn`, queued or at a node, this one counted) put before it is refused at once with
-    429 and Retry-After, as the router's filter refuses it; the refusal is the backend's own answer,
-    so the proxy's counts hold it as carried."""
-    dl, has = (
-        ("var(txn.dl)", "{ var(txn.dl) -m found }")
-        if grpc
-        else (
-            f"req.hdr({wire.DEADLINE_MS})",
-            f"{{ req.hdr_cnt({wire.DEADLINE_MS}) eq 1 }}",
-        )
-    )
-    low = f"!{{ req.hdr({wire.PRIORITY}) -m int ge {ALWAYS_TRY_MIN} }}"
-    message = "no node can answer within the deadline"
-    answer = _refusal(message, grpc)
-    return [
-        f"    http-request set-var(txn.cost) var(txn.be),map({r.rundir}/costs.map) if {has} {low}",
-        "    http-request set-var(txn.wait) be_conn,mul(txn.cost) if { var(txn.cost) -m found }",
-        f"    http-request return status 429 hdr Retry-After 1 hdr x-edgeroute-data-plane native {answer} "
-        f"if {{ var(txn.wait) -m found }} {{ {dl},mul(1000),sub(txn.wait) -m int lt 0 }}",
-    ]
-
-
-def _model_backend(r: Render, plan: Plan, j: int, grpc: bool) -> list[str]:
-    s = r.settings
-    max_dl = int(r.max_deadline_ms)
-    serving = plan.serving.get(j, frozenset())
-    user, timer = (_ms(ms) for ms in node_connect_ms(r))
-    lines = [
-        f"backend {'g' if grpc else 'm'}{j}",
-        f"    balance {plan.balance or 'random(2)'}",
-        f"    retries {r.retries}",
-        f"    timeout connect {timer}",
-        "    option http-buffer-request",  # (the whole request before it is sent: it can be sent again)
-        "    option redispatch 1",
-        "    retry-on conn-failure empty-response",
-        "    http-request del-header authorization",
-    ]
-    if grpc:
-        lines += [
-            *_errors(True),
-            "    http-request set-timeout server var(txn.dl) if { var(txn.dl) -m found }",
-        ]
-    else:
-        lines += [
-            f"    http-request set-timeout server req.hdr({wire.DEADLINE_MS}) if "
-            f"{{ req.hdr({wire.DEADLINE_MS}) -m int le {max_dl} }}",
-            f"    http-request set-timeout server {max_dl} if {{ req.hdr({wire.DEADLINE_MS}) -m int gt {max_dl} }}",
-        ]
-    lines.append(
-        f"    http-request set-priority-class req.hdr({wire.PRIORITY}),neg if {{ req.hdr_cnt({wire.PRIORITY}) eq 1 }}"
-    )
-    lines += _admission(r, grpc)
-    if r.node_token is not None:
-        lines.append(f"    http-request set-header Authorization 'Bearer {_safe(r.node_token, 'node_token')}'")
-    if r.max_answer_bytes is not None and not grpc:
-        lines.append(f"    http-request set-header {wire.MAX_ANSWER} {r.max_answer_bytes}")
-    if not grpc:  # the attempt's id, as the router names its own ("<request>-<attempt>")
-        lines.append(f"    http-request set-header {wire.REQUEST_ID} %[unique-id]-1")
-    lines.append("    http-response set-header x-edgeroute-data-plane native")
-    if r.links:  # a node across an emulated link answers after the link's delay
-        lines += [
-            "    http-response set-var(txn.sn) srv_name if { var(txn.lsite) -m found }",
-            f"    http-response set-var(txn.lk) var(txn.lsite),concat(|,txn.sn),map({r.rundir}/links.map) "
-            "if { var(txn.lsite) -m found }",
-            f"    http-response lua.{LINK_ACTION} if {{ var(txn.lk) -m found }}",
-        ]
-    lines.append(f"    default-server maxconn {s.max_per_node}" + (" proto h2" if grpc else ""))
-    for i in range(s.node_slots):
-        st = plan.nodes.get(i)
-        if grpc and st is not None:
-            st = None if st.grpc is None else dataclasses.replace(st, host=st.grpc[0], port=st.grpc[1])
-        # (tcp-ut on each server: HAProxy 2.6 does not take it from `default-server`)
-        lines.append(_server(i, st, f"tcp-ut {user} track nodes/n{i}", i in serving, True))
-    return lines
-
-
 def render(r: Render, plan: Plan) -> str:
     """HAProxy's configuration for `plan` (the state it starts in; later plans reach it at runtime)."""
     s = r.settings
     grpc = r.grpc_listen is not None and r.python_grpc is not None
     lines = _global(r) + _door(r) + (_grpc_door(r) if grpc else [])
-    lines += _python(r, "python", r.python, False) + _python(r, "python_infer", r.python, False)
+    lines += python_backend(r, "python", r.python, False) + python_backend(r, "python_infer", r.python, False)
     if grpc:
         assert r.python_grpc is not None
-        lines += _python(r, "pygrpc", r.python_grpc, True) + _python(r, "pygrpc_infer", r.python_grpc, True)
-    lines += [
-        "backend nodes",
-        "    option httpchk GET /v2/health/ready",
-    ]
-    if r.node_token is not None:
-        lines.append(f"    http-check send hdr Authorization 'Bearer {_safe(r.node_token, 'node_token')}'")
-    lines.append(
-        f"    default-server check inter {_ms(s.check_ms)} fastinter {_ms(s.check_ms)} "
-        f"downinter {_ms(s.check_ms)} fall 2 rise 1"
-    )
-    for i in range(s.node_slots):
-        st = plan.nodes.get(i)
-        lines.append(_server(i, st, "", st is not None))
+        for name in ("pygrpc", "pygrpc_infer"):
+            lines += python_backend(r, name, r.python_grpc, True)
+    lines += nodes_backend(r, plan)
     if r.rate is not None:
         window_s = max(1, round(r.rate[1] / r.rate[0]))
         lines += [
@@ -531,7 +333,7 @@ def render(r: Render, plan: Plan) -> str:
             f"    stick-table type string len 128 size 100k expire {2 * window_s}s store http_req_rate({window_s}s)",
         ]
     for j in range(s.model_slots):
-        lines += ["", *_model_backend(r, plan, j, False)]
+        lines += ["", *model_backend(r, plan, j, False)]
         if grpc:
-            lines += ["", *_model_backend(r, plan, j, True)]
+            lines += ["", *model_backend(r, plan, j, True)]
     return "\n".join(lines) + "\n"

@@ -3,7 +3,7 @@
 HAProxy answers nothing, and closes the client's connection, when a request that is not the first on
 it fails before any answer (so that an HTTP client may retry it): a connect its own timer ends, or a
 node that closes the connection after taking the request (a crash). So the proxy's node connects are
-ended by the kernel's TCP user timeout (router.dataplane.haproxy.node_connect_ms), and it takes a
+ended by the kernel's TCP user timeout (router.dataplane.backends.node_connect_ms), and it takes a
 request's whole body before it sends it, so that it can send it again to another node (L7 retries);
 a body too large for its buffer goes to the router. Every request gets its answer.
 
