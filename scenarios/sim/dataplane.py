@@ -12,7 +12,10 @@ node holds at most `max_per_node` of the proxy's requests (edge_first: its slots
 waits in its model's queue, most urgent priority first, and is refused 503 after `queue_timeout_ms`.
 Where the plan admits by deadline (slo_priority: `Plan.costs`), a request below `ALWAYS_TRY_MIN` whose
 deadline is shorter than what the proxy holds for its model (this one counted) times the model's cost
-is refused at once with 429, as HAProxy's `be_conn` rule refuses it. The node is told the client's own
+is refused at once with 429, as HAProxy's `be_conn` rule refuses it. A carried request pays the
+host's per-request overhead (the profile's, which a replay's host measurement takes through the
+proxy: the client's hop and the node's HTTP), half on its way to the node and half back; the proxy's
+own refusals its own 0.05 ms each way. The node is told the client's own
 deadline (the proxy passes the header on) and the proxy answers 504 at it, counted from when it sent
 the request (HAProxy's server timeout: its queue is not counted). A connection refused (a dead node the
 proxy's checks have not yet caught) is retried on another node, up to the router's `max_attempts`;
@@ -241,7 +244,10 @@ class ProxyModel(SimState):
         t0 = a.at_s * 1000.0
         route = RouteRequest(a.model, a.priority, a.deadline_ms, a.site, 1, str(i))
         life = Attempts(route, proxy.policy, t0, t0 + a.deadline_ms)
-        req = SimRequest(i, a, t0, t0 + a.deadline_ms, PROXY_MS, PROXY_MS, life, proxy.lc, model=a.model)
+        # the host's per-request overhead, half each way: the client's hop and the node's HTTP, as the
+        # replay's host measurement took it through the proxy (with no router on the path)
+        half = self._overhead[a.model].sample(self.svc_rng) / 2.0
+        req = SimRequest(i, a, t0, t0 + a.deadline_ms, half, half, life, proxy.lc, model=a.model)
         req.proxy = proxy
         proxy.carried += 1
         held = proxy.held[a.model] = proxy.held.get(a.model, 0) + 1
@@ -249,7 +255,7 @@ class ProxyModel(SimState):
         if cost is not None and a.priority < ALWAYS_TRY_MIN and a.deadline_ms * 1000.0 < held * cost:
             self._proxy_answer(req, 429, "no node can answer within the deadline", t0 + 2 * PROXY_MS, None)
             return True
-        self._proxy_send(req, t0 + PROXY_MS)
+        self._proxy_send(req, t0 + half)
         return True
 
     def _proxy_send(self, req: SimRequest, at: float, freed: str | None = None) -> None:
@@ -298,7 +304,7 @@ class ProxyModel(SimState):
         links = proxy.lc.links
         link = links.get(site, job.node.spec.partition)
         delay = 0.0 if link is None else links.one_way_ms(link, proxy.link_rng) + links.one_way_ms(link, proxy.link_rng)
-        self._proxy_answer(req, status, reason, self.now + PROXY_MS + delay, job if status == 200 else None)
+        self._proxy_answer(req, status, reason, self.now + req.overhead_out + delay, job if status == 200 else None)
 
     def _proxy_timeout(self, job: Job) -> None:
         """The proxy's server timeout (the request's deadline): 504, the node's connection closed."""
@@ -306,7 +312,7 @@ class ProxyModel(SimState):
         if req.done or job.settled:
             return
         self._proxy_settle(job)
-        self._proxy_answer(req, 504, "deadline exceeded before the node answered", self.now + PROXY_MS, None)
+        self._proxy_answer(req, 504, "deadline exceeded before the node answered", self.now + req.overhead_out, None)
 
     def _proxy_settle(self, job: Job) -> None:
         """The proxy no longer counts `job` at its node; the most urgent request waiting takes its place."""
