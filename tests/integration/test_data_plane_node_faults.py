@@ -67,8 +67,13 @@ def _silent() -> Iterator[int]:
         probe = socket.socket()
         probe.settimeout(0.3)
         try:  # the premise: a connect there times out (not refused, not accepted)
-            with pytest.raises(TimeoutError):
-                probe.connect(("127.0.0.1", port))
+            probe.connect(("127.0.0.1", port))
+        except TimeoutError:
+            pass
+        except OSError as exc:
+            pytest.skip(f"this kernel refuses a connect to a full accept queue ({exc}): no silent node here")
+        else:
+            pytest.skip("this kernel accepts past a full accept queue: no silent node here")
         finally:
             probe.close()
         yield port
