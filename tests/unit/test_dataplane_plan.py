@@ -286,7 +286,7 @@ def test_edge_first_puts_the_routers_site_first_and_each_node_to_its_slots() -> 
 
 def test_a_node_failing_under_a_request_leaves_the_proxy_able_to_answer_it() -> None:
     """(HAProxy closes a kept client connection without its 503 when its own connect timer ends the
-    attempt; tests/integration/test_data_plane_silent_node.py shows it live.)"""
+    attempt; tests/integration/test_data_plane_node_faults.py shows it live.)"""
     s = DataPlaneConfig(node_slots=2, model_slots=1)
     base = Render(s, ("127.0.0.1", 1), "/tmp/router.sock", "/tmp", "k")
     assert node_connect_ms(base) == (1000.0, 2000.0)  # (Linux sends its first SYN again after 1 s)
