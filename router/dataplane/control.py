@@ -254,7 +254,7 @@ class DataPlane:
             "costs.map": map_lines(cost_map(p)),
             "clients.map": map_lines(clients),
             "links.map": map_lines(link_map(p)),
-            "client_sites.map": map_lines({n: s for n, s in key_sites.items() if s and SITE_KEY.match(s)}),
+            "client_sites.map": map_lines({n: s for n, s in key_sites.items() if s and SITE_KEY.match(f"{n}|{s}")}),
             "links.lua": LINK_LUA,
         }
 

@@ -74,21 +74,29 @@ def test_a_sites_proxy_waits_out_the_emulated_link_to_the_other_site(tmp_path: P
 
 def test_a_central_routers_proxy_waits_out_the_link_from_the_requests_site(broker, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """One router in no site, the two sites 40 ms apart: its proxy carries each site's requests, and a
-    node's answer waits out the link from the site the request names (none named: no link crossed)."""
+    node's answer waits out the link from the site the request names; none named, its client's key's
+    site (`cams`: site-b), else none (no link crossed)."""
     from scenarios.spec.schema import Scenario
     from scenarios.stack.launcher import Stack
 
     doc = two_sites("p2c", slots=2).model_dump(mode="json", exclude_none=True)
     doc["topology"]["deployment"] = "central"
     doc["topology"]["links"][0]["rtt_ms"] = 40.0
+    doc["router"]["auth"] = {
+        "tokens": {"any": "tok-any", "cams": "tok-cams"},
+        "sites": {"any": "*", "cams": "site-b"},
+        "admin_clients": ["any"],
+    }
     stack = Stack(Scenario.model_validate(doc), kafka=broker.bootstrap, log_dir=tmp_path, data_plane=True,
                   topic=f"edgeroute.telemetry.dpc{time.monotonic_ns()}")  # fmt: skip
     try:
         stack.start()
         url = stack.router_url
         took: dict[tuple[str, str], list[float]] = {}
-        for site in ("site-a", "site-b", None):
-            hints = {"x-edgeroute-deadline-ms": "1000", **({"x-edgeroute-site": site} if site else {})}
+        for client, site in (("any", "site-a"), ("any", "site-b"), ("any", None), ("cams", None)):
+            hints = {"x-edgeroute-deadline-ms": "1000", "Authorization": f"Bearer tok-{client}"}
+            hints |= {"x-edgeroute-site": site} if site else {}
+            site = site or ("key" if client == "cams" else None)
             for _ in range(30):
                 began = time.perf_counter()
                 status, _, got = call(f"{url}/v2/models/sensor_mlp/infer", infer_body(), headers=hints)
@@ -99,7 +107,7 @@ def test_a_central_routers_proxy_waits_out_the_link_from_the_requests_site(broke
                 took.setdefault((site or "none", lower["x-edgeroute-node"]), []).append(
                     (time.perf_counter() - began) * 1000.0
                 )
-        for site, far, near in (("site-a", "b1", "a1"), ("site-b", "a1", "b1")):
+        for site, far, near in (("site-a", "b1", "a1"), ("site-b", "a1", "b1"), ("key", "a1", "b1")):
             assert took.get((site, far)) and took.get((site, near)), f"{site}: p2c sends to both ({sorted(took)})"
             assert min(took[(site, far)]) >= 40.0, f"{site} to {far}: across the link ({sorted(took[(site, far)])[:3]})"
             assert sorted(took[(site, near)])[len(took[(site, near)]) // 2] < 20.0, f"{site} to {near}: at once"
