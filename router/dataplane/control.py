@@ -28,11 +28,10 @@ from typing import TYPE_CHECKING, Any
 
 from policies.spec import PolicySpec
 from router.admission import ANY_SITE
-from router.dataplane.haproxy import GRPC_SOCKET, ROUTER_SOCKET, Render, map_lines, render, token_key
-from router.dataplane.links import LINK_LUA
-from router.dataplane.plan import SITE_KEY, Plan, Slots, plan
+from router.dataplane.haproxy import GRPC_SOCKET, ROUTER_SOCKET, Render, render
+from router.dataplane.plan import Plan, Slots, known_sites, plan
 from router.dataplane.proxy import DataPlaneError, Haproxy, find_binary, install_hint
-from router.dataplane.runtime import commands, cost_map, grpc_model_map, link_map, model_map
+from router.dataplane.runtime import commands, map_files, model_map
 from telemetry.cluster.view import ClusterView
 from telemetry.process.settings import is_loopback
 
@@ -96,7 +95,7 @@ def site_keys(router: Router, view: ClusterView) -> set[str]:
     """The site map: the sites a request may name and still be carried natively, as the router's own
     intake would take them (director: a known site; with auth one the client may claim)."""
     auth, own = router.auth, router.config.site
-    known = {n.partition for n in view} | set(router.lifecycle.links.sites) | ({own} if own else set())
+    known = known_sites(view, router.lifecycle.links, own)
     known |= {s for sites in auth.sites.values() for s in sites if s != ANY_SITE}
     if not auth.enabled:
         return known
@@ -245,18 +244,9 @@ class DataPlane:
 
     def maps(self, p: Plan) -> dict[str, str]:
         auth = self.router.config.auth
-        clients = {} if auth is None else {token_key(t): name for name, t in auth.tokens.items()}
-        key_sites = {} if auth is None else {n: self.router.auth.site_of(n) for n in auth.tokens}
-        return {
-            "models.map": map_lines(model_map(p)),
-            "grpc_models.map": map_lines(grpc_model_map(p)),
-            "sites.map": map_lines(dict.fromkeys(p.sites, "1")),
-            "costs.map": map_lines(cost_map(p)),
-            "clients.map": map_lines(clients),
-            "links.map": map_lines(link_map(p)),
-            "client_sites.map": map_lines({n: s for n, s in key_sites.items() if s and SITE_KEY.match(f"{n}|{s}")}),
-            "links.lua": LINK_LUA,
-        }
+        if auth is None:
+            return map_files(p)
+        return map_files(p, auth.tokens, {n: self.router.auth.site_of(n) for n in auth.tokens})
 
     async def start(self) -> None:
         binary = find_binary(self.settings.binary)

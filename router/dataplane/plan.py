@@ -49,6 +49,7 @@ __all__ = [
     "Plan",
     "ServerState",
     "Slots",
+    "known_sites",
     "native_balance",
     "plan",
 ]
@@ -171,6 +172,12 @@ def _speed(node: NodeState, preset: str | None) -> float:
         if ewma > 0.0:
             return node.capacity / ewma
     return float(node.capacity)
+
+
+def known_sites(view: ClusterView, links: LinkTable, own_site: str | None) -> set[str]:
+    """The sites a request may name, as the router's intake knows them: a partition some node reports,
+    an end of an emulated link, or the router's own site (router.director)."""
+    return {n.partition for n in view} | set(links.sites) | ({own_site} if own_site else set())
 
 
 def plan(

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from router.dataplane.haproxy import GRPC_NAME_MAX, MODEL_NAME, grpc_key
+from router.dataplane.haproxy import GRPC_NAME_MAX, MODEL_NAME, grpc_key, map_lines, token_key
+from router.dataplane.links import LINK_LUA
 from router.dataplane.plan import SITE_KEY, Plan, ServerState
 from router.dataplane.settings import DataPlaneConfig
 
-__all__ = ["commands", "cost_map", "grpc_model_map", "link_map", "model_map"]
+__all__ = ["commands", "cost_map", "grpc_model_map", "link_map", "map_files", "model_map"]
 
 
 def model_map(plan: Plan) -> dict[str, str]:
@@ -51,6 +52,25 @@ def link_map(plan: Plan) -> dict[str, str]:
         for i, s in sorted(plan.nodes.items())
         for site, rtt, jitter, loss in s.links
         if SITE_KEY.match(site) and "|" not in site
+    }
+
+
+def map_files(
+    plan: Plan, tokens: Mapping[str, str] | None = None, key_sites: Mapping[str, str | None] | None = None
+) -> dict[str, str]:
+    """Every file the proxy's configuration reads beside it, for `plan`: its maps and the links' Lua.
+    `tokens`: client name -> bearer token, with auth on; `key_sites`: client name -> its key's site."""
+    clients = {token_key(t): name for name, t in (tokens or {}).items()}
+    own = {n: s for n, s in (key_sites or {}).items() if s and SITE_KEY.match(f"{n}|{s}")}
+    return {
+        "models.map": map_lines(model_map(plan)),
+        "grpc_models.map": map_lines(grpc_model_map(plan)),
+        "sites.map": map_lines(dict.fromkeys(plan.sites, "1")),
+        "costs.map": map_lines(cost_map(plan)),
+        "clients.map": map_lines(clients),
+        "links.map": map_lines(link_map(plan)),
+        "client_sites.map": map_lines(own),
+        "links.lua": LINK_LUA,
     }
 
 

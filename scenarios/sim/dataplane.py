@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from policies.api import RouteRequest
-from router.dataplane.plan import ALWAYS_TRY_MIN, Plan, ServerState, Slots, plan
+from router.dataplane.plan import ALWAYS_TRY_MIN, Plan, ServerState, Slots, known_sites, plan
 from router.dataplane.settings import DataPlaneConfig
 from router.lifecycle import Attempts, Failure
 from scenarios.sim.state import DATAPLANE, NODE_ARRIVE, Job, SimRequest, SimState
@@ -206,7 +206,7 @@ class ProxyModel(SimState):
         lc = proxy.lc
         view = lc.tracker.overlay(lc.store.view)
         site = lc.settings.intake.site
-        sites = {n.partition for n in view} | set(lc.links.sites) | ({site} if site else set())
+        sites = known_sites(view, lc.links, site)
         proxy.plan = plan(
             view,
             proxy.spec,

@@ -27,10 +27,10 @@ from pathlib import Path
 
 import pytest
 
-from router.dataplane.haproxy import Render, map_lines, node_connect_ms, render, retry_body_bytes
+from router.dataplane.haproxy import Render, node_connect_ms, render, retry_body_bytes
 from router.dataplane.plan import Plan, ServerState
 from router.dataplane.proxy import Haproxy, find_binary, install_hint
-from router.dataplane.runtime import cost_map, grpc_model_map, model_map
+from router.dataplane.runtime import map_files
 from router.dataplane.settings import DataPlaneConfig
 
 BINARY = find_binary(None)
@@ -180,13 +180,7 @@ def _proxy(tmp: Path, ports: list[int], retries: int, balance: str = "random(2)"
     )
     nodes = {i: ServerState(f"n{i}", "127.0.0.1", p, weight=1, ready=True) for i, p in enumerate(ports)}
     plan = Plan(balance, "", nodes, {"m": 0}, {0: frozenset(nodes)})
-    maps = {
-        "models.map": map_lines(model_map(plan)),
-        "grpc_models.map": map_lines(grpc_model_map(plan)),
-        "sites.map": "",
-        "costs.map": map_lines(cost_map(plan)),
-        "clients.map": "",
-    }
+    maps = map_files(plan)
     assert BINARY is not None
     proxy = Haproxy(BINARY, rundir)
     loop = asyncio.new_event_loop()
