@@ -13,6 +13,8 @@ import grpc
 import numpy as np
 import pytest
 
+from router.config import DataPlaneConfig
+from router.dataplane.haproxy import retry_body_bytes
 from router.dataplane.proxy import find_binary, install_hint
 from scenarios.stack.launcher import Stack
 from tests.integration.http import infer_body
@@ -117,6 +119,30 @@ def test_what_the_proxy_cannot_judge_the_routers_grpc_door_answers(native: Stack
     bad.raw_input_contents.append(b"\0" * 8)
     code, _, how = _call(target, bad.SerializeToString(), _meta(CAMS))
     assert (code, how) == (grpc.StatusCode.INVALID_ARGUMENT, "native")
+
+
+def test_a_message_over_the_retry_limit_is_answered_by_the_router(native: Stack) -> None:
+    """A message the proxy could not send again should its node fail under it (over `retry_body_bytes`,
+    under the body limit) goes to the router's gRPC door, which answers it; one just under the limit
+    stays native."""
+    target = native.router.dataplane_grpc  # type: ignore[union-attr]
+    limit = retry_body_bytes(DataPlaneConfig())
+    rows = (limit - len(_request(rows=0))) // 64  # (16 FP32 readings a row)
+    while len(_request(rows=rows + 1)) <= limit:
+        rows += 1
+    sizes = {}
+    for n, want in ((rows, "native"), (rows + 1, "router")):
+        message = _request(rows=n)
+        sizes[want] = len(message)
+        with grpc.insecure_channel(target, options=[("grpc.max_send_message_length", 64 << 20)]) as channel:
+            reply, c = channel.unary_unary(INFER).with_call(message, metadata=_meta(CAMS), timeout=10)
+        carried = dict(c.initial_metadata()).get("x-edgeroute-data-plane")
+        assert ("native" if carried == "native" else "router") == want, (len(message), limit)
+        answer = pb.ModelInferResponse.FromString(reply)
+        assert answer.model_name == "sensor_mlp" and list(answer.outputs[0].shape) == [n, 4]
+        probs = np.frombuffer(answer.raw_output_contents[0], np.float32).reshape(n, 4)
+        assert np.allclose(probs.sum(axis=1), 1.0, atol=1e-4)
+    assert sizes["native"] <= limit < sizes["router"], sizes
 
 
 def test_streams_pass_to_the_router(native: Stack) -> None:
