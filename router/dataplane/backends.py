@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from router.dataplane.cfg import KEY_HEADER, PEER_HEADER, Render, errors, ms, refusal, safe
+from router.dataplane.cfg import KEY_HEADER, PEER_HEADER, Render, body_wait, errors, ms, refusal, safe
 from router.dataplane.links import LINK_ACTION
 from router.dataplane.plan import ALWAYS_TRY_MIN, Plan, ServerState
 from telemetry.oip import wire
@@ -54,6 +54,9 @@ def python_backend(r: Render, name: str, addr: str, grpc: bool) -> list[str]:
         *(errors(True) if grpc else []),
         f"    http-request set-header {KEY_HEADER} {safe(r.key, 'the data plane key')}",
         f"    http-request set-header {PEER_HEADER} %[src]",
+        # the router's 408 (a body that stopped coming) ends the client's connection, as the router's
+        # own door ends it: what remains of the request would otherwise hold it until `timeout client`
+        "    http-response set-header connection close if { status 408 }",
         f"    server router {safe(where, 'the router address')}" + (" proto h2" if grpc else ""),
         "",
     ]
@@ -102,10 +105,12 @@ def model_backend(r: Render, plan: Plan, j: int, grpc: bool) -> list[str]:
     if grpc:
         lines += [
             *errors(True),
+            *body_wait(r, True),
             "    http-request set-timeout server var(txn.dl) if { var(txn.dl) -m found }",
         ]
     else:
         lines += [
+            *body_wait(r, False),
             f"    http-request set-timeout server req.hdr({wire.DEADLINE_MS}) if "
             f"{{ req.hdr({wire.DEADLINE_MS}) -m int le {max_dl} }}",
             f"    http-request set-timeout server {max_dl} if {{ req.hdr({wire.DEADLINE_MS}) -m int gt {max_dl} }}",

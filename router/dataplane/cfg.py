@@ -11,7 +11,18 @@ from dataclasses import dataclass
 from router.dataplane.settings import DataPlaneConfig
 from telemetry.oip import wire
 
-__all__ = ["ERRORS", "GRPC_CODES", "KEY_HEADER", "PEER_HEADER", "Render", "errors", "ms", "refusal", "safe"]
+__all__ = [
+    "ERRORS",
+    "GRPC_CODES",
+    "KEY_HEADER",
+    "PEER_HEADER",
+    "Render",
+    "body_wait",
+    "errors",
+    "ms",
+    "refusal",
+    "safe",
+]
 
 UNSAFE = re.compile(r"[\s\"'\\#;%$]")  # a value that would break out of a config line
 KEY_HEADER = "x-edgeroute-dataplane-key"  # proxy -> router: the requests it passes on are its own
@@ -40,6 +51,7 @@ class Render:
     max_answer_bytes: int | None = None
     node_token: str | None = None
     idle_timeout_s: float = 30.0
+    body_timeout_s: float = 10.0  # a request's whole body after its head (the router's `body_timeout_s`)
     python_priority_at: int | None = None  # requests at or above this priority go to the router (it hedges them)
     grpc_listen: tuple[str, int] | None = None  # the proxy's gRPC door (None: none)
     python_grpc: str | None = None  # the router's gRPC door behind it (as `python`)
@@ -76,6 +88,17 @@ ERRORS = (
 
 def errors(grpc: bool) -> list[str]:
     return [_error(status, message, retry, grpc) for status, message, retry in ERRORS]
+
+
+def body_wait(r: Render, grpc: bool, timer: bool = True) -> list[str]:
+    """A backend that holds a request's body (or, `timer` off, the gRPC door, which reads a message's
+    first bytes with its own wait): how long it waits for it after the head, and its 408 past that, in
+    the router's words (its `body_timeout_s`; the head's own time is `idle_timeout_s`, the frontend's).
+    It replaces the 408 of `errors`."""
+    return [
+        *([f"    timeout http-request {ms(r.body_timeout_s * 1000)}"] if timer else []),
+        _error(408, f"request body not received within {r.body_timeout_s:g} s", False, grpc),
+    ]
 
 
 def refusal(message: str, grpc: bool) -> str:

@@ -179,6 +179,7 @@ class DataPlane:
             max_answer_bytes=c.max_answer_bytes,
             node_token=c.node_token,
             idle_timeout_s=c.idle_timeout_s,
+            body_timeout_s=c.body_timeout_s,
             python_priority_at=None if c.hedging is None else c.hedging.min_priority,
             grpc_listen=None if self.python_grpc is None else (self.host, self.grpc_port),
             python_grpc=self.python_grpc,

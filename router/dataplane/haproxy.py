@@ -39,7 +39,7 @@ import re
 from collections.abc import Mapping
 
 from router.dataplane.backends import model_backend, node_connect_ms, nodes_backend, python_backend
-from router.dataplane.cfg import KEY_HEADER, PEER_HEADER, Render, errors, ms, refusal, safe
+from router.dataplane.cfg import KEY_HEADER, PEER_HEADER, Render, body_wait, errors, ms, refusal, safe
 from router.dataplane.plan import Plan
 from router.dataplane.settings import DataPlaneConfig, default_threads
 from telemetry.oip import wire
@@ -68,7 +68,6 @@ ROUTER_SOCKET = "router.sock"  # the router serves its proxy here, in the proxy'
 GRPC_SOCKET = "router-grpc.sock"  # its gRPC door for its proxy
 GRPC_INFER = "/inference.GRPCInferenceService/ModelInfer"
 GRPC_NAME_MAX = 127  # a name whose length is one varint byte (the map's keys have a fixed layout)
-BODY_WAIT_MS = 1000  # how long the gRPC door waits for a message's first bytes before passing it on
 # gRPC's `grpc-timeout`: digits and a unit -> the converters that make milliseconds of it
 GRPC_UNITS = {
     "H": ",mul(3600000)",
@@ -282,10 +281,11 @@ def _grpc_door(r: Render) -> list[str]:
         f"    bind {_bind(r, r.grpc_listen, True)}",
         f"    maxconn {s.max_connections}",
         *errors(True),
+        *body_wait(r, True, timer=False),
         f"    http-request del-header {KEY_HEADER}",
         f"    http-request del-header {PEER_HEADER}",
         f"    http-request set-var(txn.infer) bool(true) if METH_POST {{ path {GRPC_INFER} }}",
-        f"    http-request wait-for-body time {BODY_WAIT_MS}ms at-least {GRPC_NAME_MAX + 7} "
+        f"    http-request wait-for-body time {ms(r.body_timeout_s * 1000)} at-least {GRPC_NAME_MAX + 7} "
         "if { var(txn.infer) -m found }",
         f"    http-request set-var(txn.be) req.body,bytes(5,{GRPC_NAME_MAX + 2}),hex,"
         f"map_beg({r.rundir}/grpc_models.map) "
