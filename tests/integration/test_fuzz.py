@@ -6,7 +6,9 @@ mutated and random inference, metadata, configuration and statistics messages, t
 type. Every request gets one answer and none is a 500 or 502 (over gRPC: never UNKNOWN or INTERNAL);
 honest clients on both doors are served within their deadlines all along; afterwards every process is
 alive, its memory within bounds, no node is ejected, and valid requests succeed on every node, directly
-and through the router, from every site.
+and through the router, from every site. The same attack runs on a router whose native data plane
+carries its doors (HAProxy in front: what it answers itself, carries to the nodes and passes on), the
+proxy held to the same bounds.
 
 `make test` runs a slice (EDGEROUTE_FUZZ_EXAMPLES, default 300, deterministic); `make fuzz` runs
 10,000 with a fresh seed each time."""
@@ -336,17 +338,62 @@ class Targets:
         raise AssertionError("unreachable")
 
 
+FUZZ_NODES = [
+    {"id": "e1", "partition": "edge-a", "models": MODELS},
+    {"id": "c1", "partition": "cloud", "tier": "cloud", "slots": 2, "models": MODELS},
+]
+FUZZ_ROUTER = {"max_body_bytes": 1 << 20, "outlier": {"consecutive": 3}}
+
+
+def _descendants(pid: int) -> dict[str, int]:
+    """The processes under `pid` by name and pid (the router's proxy, where it has one)."""
+    parents: dict[int, list[tuple[int, str]]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        name = text[text.index("(") + 1 : text.rindex(")")]
+        ppid = int(text[text.rindex(")") + 2 :].split()[1])
+        parents.setdefault(ppid, []).append((int(stat.parent.name), name))
+    out: dict[str, int] = {}
+    todo = [pid]
+    while todo:
+        for child, name in parents.get(todo.pop(), []):
+            out[f"{name}-{child}"] = child
+            todo.append(child)
+    return out
+
+
 def test_hostile_requests_hurt_no_one(own_stack: Any) -> None:
-    stack: Stack = own_stack(
-        [
-            {"id": "e1", "partition": "edge-a", "models": MODELS},
-            {"id": "c1", "partition": "cloud", "tier": "cloud", "slots": 2, "models": MODELS},
-        ],
-        router={"max_body_bytes": 1 << 20, "outlier": {"consecutive": 3}},
-    )
+    _attack(own_stack(FUZZ_NODES, router=FUZZ_ROUTER))
+
+
+def test_hostile_requests_through_the_native_data_plane_hurt_no_one(broker: Any, tmp_path: Path) -> None:
+    """The same attack on a router whose native data plane (HAProxy) carries its doors: what the proxy
+    answers itself, what it carries to the nodes and what it passes to the router."""
+    from router.dataplane.proxy import find_binary, install_hint
+    from tests.integration.conftest import stack_factory
+
+    if find_binary(None) is None:
+        pytest.skip(f"no HAProxy here: {install_hint()}")
+    with stack_factory(broker, tmp_path, data_plane=True) as make:
+        stack = make(FUZZ_NODES, router=FUZZ_ROUTER)
+        assert stack.router is not None and stack.router.dataplane_grpc is not None
+        proxies = [n for n in _descendants(stack.router.popen.pid) if n.startswith("haproxy")]
+        assert proxies, "no proxy under the router"
+        for raw in MALFORMED:
+            _malformed_gets_a_4xx(stack.router_url, raw)
+        _attack(stack)
+
+
+def _attack(stack: Stack) -> None:
     targets = Targets(stack)
     seen: dict[object, int] = {}
     pids = {p.name: p.popen.pid for p in (stack.router, *stack.nodes.values()) if p is not None}
+    assert stack.router is not None
+    # (its proxy, where it has one)
+    pids.update({name: pid for name, pid in _descendants(stack.router.popen.pid).items() if name.startswith("haproxy")})
     rss_before = {name: _rss_mb(pid) for name, pid in pids.items()}
 
     @settings(
@@ -392,6 +439,7 @@ def test_hostile_requests_hurt_no_one(own_stack: Any) -> None:
 
     # nobody died, nobody was ejected, and valid requests succeed everywhere
     assert stack.router is not None and stack.router.popen.poll() is None
+    assert all(Path(f"/proc/{pid}").exists() for pid in pids.values()), pids
     for proc in stack.nodes.values():
         assert proc.popen.poll() is None, proc.name
     status, view, _ = call(f"{stack.router_url}/admin/view", headers=stack.admin_headers)
@@ -410,24 +458,32 @@ def test_hostile_requests_hurt_no_one(own_stack: Any) -> None:
                 assert status == 200, (model, site, doc)
 
 
-@pytest.mark.parametrize(
-    "raw",
-    [
-        b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n" + b"X-Long: " + b"a" * 20_000 + b"\r\n\r\n",
-        b"POST /v2/models/echo/infer HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\n",
-        b"POST /v2/models/echo/infer HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
-        b"GARBAGE\r\n\r\n",
-        b"GET /v2/models/ech\x00o HTTP/1.1\r\nHost: x\r\n\r\n",
-    ],
-)
-def test_malformed_http_gets_a_4xx_and_the_router_lives(own_stack: Any, raw: bytes) -> None:
+MALFORMED = [
+    b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n" + b"X-Long: " + b"a" * 20_000 + b"\r\n\r\n",
+    b"POST /v2/models/echo/infer HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\n",
+    b"POST /v2/models/echo/infer HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+    b"GARBAGE\r\n\r\n",
+    b"GET /v2/models/ech\x00o HTTP/1.1\r\nHost: x\r\n\r\n",
+    # two lengths, a length beside chunking (request smuggling's openings)
+    b"POST /v2/models/echo/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\nContent-Length: 40\r\n\r\nabcd",
+    b"POST /v2/models/echo/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n"
+    b"0\r\n\r\nGET /admin/view HTTP/1.1\r\nHost: x\r\n\r\n",
+]
+
+
+def _malformed_gets_a_4xx(url: str, raw: bytes) -> None:
     import socket
 
+    parts = urlsplit(url)
+    with socket.create_connection((parts.hostname, parts.port), timeout=10) as sock:
+        sock.sendall(raw)
+        answer = sock.recv(4096)
+    assert re.match(rb"HTTP/1\.[01] 4\d\d ", answer), (url, raw[:80], answer[:200])
+
+
+@pytest.mark.parametrize("raw", MALFORMED)
+def test_malformed_http_gets_a_4xx_and_the_router_lives(own_stack: Any, raw: bytes) -> None:
     stack: Stack = own_stack([{"id": "e1", "partition": "edge-a", "models": ["echo"]}])
     for url in (stack.router_url, next(iter(stack.nodes.values())).url):
-        parts = urlsplit(url)
-        with socket.create_connection((parts.hostname, parts.port), timeout=10) as sock:
-            sock.sendall(raw)
-            answer = sock.recv(4096)
-        assert re.match(rb"HTTP/1\.[01] 4\d\d ", answer), answer[:200]
+        _malformed_gets_a_4xx(url, raw)
     assert call(f"{stack.router_url}/v2/health/live")[0] == 200
