@@ -20,6 +20,13 @@ copies load at once fleet-wide, so the fleet cannot thrash. Each planned load is
 policies see loads under way (the overlay's `loading`), so routing and planning agree. A model with no
 warm copy at all is left to the policy (its first request loads it where the finish estimate is best).
 
+No trend foresees a jump (a flash crowd at a camera, a shift change): a load started when the demand is
+already there lands seconds after it. So a model in demand (at least `spare_share` of one copy's
+capacity) is also kept at `min_copies` warm copies while its demand is below capacity, GPU memory as a
+model cache (Compass): a spare copy is loaded only where it would evict no copy that another model in
+demand needs, to serve its demand or to keep its own `min_copies` (so two models cannot take each
+other's spare copies in turn), after every copy the demand itself asks for.
+
 The planner is pure (`plan_copies`); the router runs it as a background task and the simulator runs
 the same function on its own clock.
 """
@@ -49,6 +56,16 @@ class CopyConfig(BaseModel):
     default_exec_ms: float = Field(5.0, gt=0)
     default_load_ms: float = Field(500.0, gt=0, description="a load's time where no node has reported one")
     max_loading: int = Field(2, ge=1, le=1000, description="copies loading at once, fleet-wide (no thrashing)")
+    min_copies: int = Field(
+        2,
+        ge=1,
+        le=64,
+        description="warm copies kept of a model in demand (at least spare_share of one copy's capacity), ahead "
+        "of a jump no trend foresees; only where the load evicts no copy another model in demand needs",
+    )
+    spare_share: float = Field(
+        0.25, gt=0, le=1, description="demand, as a share of one copy's planned capacity, that earns min_copies"
+    )
 
 
 @dataclass
@@ -115,13 +132,22 @@ def load_time_ms(view: ClusterView, model: str, default_ms: float, node: NodeSta
     return seen[len(seen) // 2] if seen else default_ms
 
 
+def _in_demand(model: str, rate: float, warm: list[NodeState], cfg: CopyConfig) -> bool:
+    """Whether `model`, at `rate`, earns `min_copies` warm copies: at least `spare_share` of one of its
+    copies' planned capacity (`warm`: its warm copies; one copy's capacity where it has none)."""
+    if rate <= 0.0:
+        return False
+    one = copy_capacity_rps(model, warm, cfg) / max(1, sum(n.capacity for n in warm)) if warm else 0.0
+    return one <= 0.0 or rate >= cfg.spare_share * one
+
+
 def would_starve(
     view: ClusterView, node: NodeState, model: str, demand_rps: dict[str, float], now_ms: float, cfg: CopyConfig
 ) -> bool:
-    """Whether loading `model` on `node` could leave another model with less warm capacity than its
-    demand: `node`'s free memory is below the mean size of what it holds (it evicts the least recently
-    used to make room, whichever that is), and one of the models it holds would then have warm copies
-    elsewhere that serve less than its demand (none at all: its last warm copy)."""
+    """Whether loading `model` on `node` could leave another model short: `node`'s free memory is below
+    the mean size of what it holds (it evicts the least recently used to make room, whichever that is),
+    and one of the models it holds would then have warm copies elsewhere that serve less than its demand
+    (none at all: its last warm copy), or, in demand (`_in_demand`), fewer than its `min_copies`."""
     resident = [name for name, m in node.load.models.items() if m.resident and name != model]
     if not resident:
         return False
@@ -138,6 +164,8 @@ def would_starve(
             if n.node_id != node.node_id and n.ready and view.is_fresh(n, now_ms) and _resident(n, other)
         ]
         if not rest or copy_capacity_rps(other, rest, cfg) < wanted:
+            return True
+        if len(rest) < cfg.min_copies and _in_demand(other, wanted, rest, cfg):
             return True
     return False
 
@@ -169,8 +197,11 @@ def plan_copies(
         if not warm:
             continue
         capacity = copy_capacity_rps(model, warm, cfg)
+        # over its capacity ahead, or short of its min_copies while in demand now (a spare is earned by
+        # the demand measured, not by a short window's trend; ranked after those over: under 1)
+        spare = len(warm) < cfg.min_copies and _in_demand(model, rate, warm, cfg)
         rate = max(rate, ahead.get(model, 0.0))
-        if rate <= capacity:
+        if rate <= capacity and not spare:
             continue
         cold = [
             n for n in serving if not _resident(n, model) and not would_starve(view, n, model, demand_rps, now_ms, cfg)

@@ -11,7 +11,9 @@ from telemetry.cluster.view import ClusterView
 from tests.helpers import load
 
 NOW = 10_000.0
-CFG = CopyConfig(enabled=True, target_utilisation=0.5, cooldown_ms=3000)
+# (one copy is enough here: the capacity rule alone; the spare copies have tests of their own below)
+CFG = CopyConfig(enabled=True, target_utilisation=0.5, cooldown_ms=3000, min_copies=1)
+SPARE = CFG.model_copy(update={"min_copies": 2, "spare_share": 0.25})
 
 
 def node(node_id: str, resident: bool, free_mb: int = 100, exec_ms: float = 10.0, **kw: Any) -> NodeLoad:
@@ -104,6 +106,42 @@ def test_a_load_that_would_evict_another_models_last_warm_copy_goes_elsewhere() 
     assert plan_copies(view(node("warm", True), roomy), {"m": 60.0, "hot": 10.0}, NOW, CFG, set(), {}) == [
         ("m", "only-hot")
     ]
+
+
+def test_a_model_in_demand_keeps_a_spare_copy_ahead_of_a_jump() -> None:
+    """Below its one copy's capacity (50/s planned), a model with at least a quarter of it (12.5/s) gets a
+    second warm copy, which no trend would have asked for; one with less, or with two, does not; the
+    trend's projection does not earn one (only the demand measured)."""
+    v = view(node("warm", True), node("cold", False))
+    assert plan_copies(v, {"m": 20.0}, NOW, SPARE, set(), {}) == [("m", "cold")]
+    assert plan_copies(v, {"m": 10.0}, NOW, SPARE, set(), {}) == [], "under a quarter of a copy"
+    assert plan_copies(v, {"m": 10.0}, NOW, SPARE, set(), {}, projected_rps={"m": 40.0}) == [], "a trend alone"
+    assert plan_copies(v, {"m": 20.0}, NOW, CFG, set(), {}) == [], "min_copies 1: none"
+    two = view(node("w1", True), node("w2", True), node("cold", False))
+    assert plan_copies(two, {"m": 40.0}, NOW, SPARE, set(), {}) == [], "two warm copies already"
+
+
+def test_a_spare_copy_evicts_no_copy_another_model_in_demand_needs() -> None:
+    """A full node holding `k` is the only place for `m`'s spare copy: it goes there only while `k` keeps
+    its own two copies elsewhere or is not in demand, so two models cannot take each other's spare copies
+    in turn; a copy the demand itself asks for is placed by the capacity rule alone."""
+    k_warm = {"m": ModelLoad(resident=False), "k": ModelLoad(resident=True, ewma_ms_by_batch={"1": 10.0})}
+    full = node("full", False, free_mb=10).replace(models=k_warm)  # a load there evicts `k`
+    other_k = node("other-k", False, free_mb=0).replace(models=k_warm)
+    v = view(node("warm", True), full, other_k.replace(node_id="k2", endpoint="http://k2"))
+    assert plan_copies(v, {"m": 20.0, "k": 20.0}, NOW, SPARE, set(), {}) == [], "k in demand, two copies"
+    assert plan_copies(v, {"m": 20.0, "k": 5.0}, NOW, SPARE, set(), {}) == [("m", "full")], "k not in demand"
+    three = view(node("warm", True), full, *(other_k.replace(node_id=f"k{i}", endpoint=f"http://k{i}") for i in (2, 3)))
+    assert plan_copies(three, {"m": 20.0, "k": 20.0}, NOW, SPARE, set(), {}) == [("m", "full")], "k keeps two"
+
+
+def test_copies_the_demand_asks_for_come_before_spare_ones() -> None:
+    models = {name: ModelLoad(resident=True, ewma_ms_by_batch={"1": 10.0}) for name in ("over", "spare")}
+    cold = {name: ModelLoad(resident=False) for name in ("over", "spare")}
+    v = view(node("warm", True).replace(models=models), node("cold", False).replace(models=cold))
+    one = SPARE.model_copy(update={"max_loading": 1})
+    assert plan_copies(v, {"over": 60.0, "spare": 40.0}, NOW, one, set(), {}) == [("over", "cold")]
+    assert plan_copies(v, {"over": 30.0, "spare": 40.0}, NOW, one, set(), {}) == [("spare", "cold")]
 
 
 def test_at_most_max_loading_copies_load_at_once_fleet_wide() -> None:
