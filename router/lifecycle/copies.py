@@ -25,7 +25,7 @@ already there lands seconds after it. So a model in demand (at least `spare_shar
 capacity) is also kept at `min_copies` warm copies while its demand is below capacity, GPU memory as a
 model cache (Compass): a spare copy is loaded only where it would evict no copy that another model in
 demand needs, to serve its demand or to keep its own `min_copies` (so two models cannot take each
-other's spare copies in turn), after every copy the demand itself asks for.
+other's spare copies in turn), after every copy the demand itself asks for (which may take a spare).
 
 The planner is pure (`plan_copies`); the router runs it as a background task and the simulator runs
 the same function on its own clock.
@@ -142,12 +142,20 @@ def _in_demand(model: str, rate: float, warm: list[NodeState], cfg: CopyConfig) 
 
 
 def would_starve(
-    view: ClusterView, node: NodeState, model: str, demand_rps: dict[str, float], now_ms: float, cfg: CopyConfig
+    view: ClusterView,
+    node: NodeState,
+    model: str,
+    demand_rps: dict[str, float],
+    now_ms: float,
+    cfg: CopyConfig,
+    spare: bool = False,
 ) -> bool:
     """Whether loading `model` on `node` could leave another model short: `node`'s free memory is below
     the mean size of what it holds (it evicts the least recently used to make room, whichever that is),
     and one of the models it holds would then have warm copies elsewhere that serve less than its demand
-    (none at all: its last warm copy), or, in demand (`_in_demand`), fewer than its `min_copies`."""
+    (none at all: its last warm copy), or, where the load is itself a `spare` copy, fewer than its own
+    `min_copies` while in demand (`_in_demand`): a copy a demand over capacity asks for may take another
+    model's spare, a spare may not."""
     resident = [name for name, m in node.load.models.items() if m.resident and name != model]
     if not resident:
         return False
@@ -165,7 +173,7 @@ def would_starve(
         ]
         if not rest or copy_capacity_rps(other, rest, cfg) < wanted:
             return True
-        if len(rest) < cfg.min_copies and _in_demand(other, wanted, rest, cfg):
+        if spare and len(rest) < cfg.min_copies and _in_demand(other, wanted, rest, cfg):
             return True
     return False
 
@@ -201,10 +209,14 @@ def plan_copies(
         # the demand measured, not by a short window's trend; ranked after those over: under 1)
         spare = len(warm) < cfg.min_copies and _in_demand(model, rate, warm, cfg)
         rate = max(rate, ahead.get(model, 0.0))
-        if rate <= capacity and not spare:
+        if rate > capacity:
+            spare = False
+        elif not spare:
             continue
         cold = [
-            n for n in serving if not _resident(n, model) and not would_starve(view, n, model, demand_rps, now_ms, cfg)
+            n
+            for n in serving
+            if not _resident(n, model) and not would_starve(view, n, model, demand_rps, now_ms, cfg, spare)
         ]
         if not cold:
             continue

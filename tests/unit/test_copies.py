@@ -133,6 +133,8 @@ def test_a_spare_copy_evicts_no_copy_another_model_in_demand_needs() -> None:
     assert plan_copies(v, {"m": 20.0, "k": 5.0}, NOW, SPARE, set(), {}) == [("m", "full")], "k not in demand"
     three = view(node("warm", True), full, *(other_k.replace(node_id=f"k{i}", endpoint=f"http://k{i}") for i in (2, 3)))
     assert plan_copies(three, {"m": 20.0, "k": 20.0}, NOW, SPARE, set(), {}) == [("m", "full")], "k keeps two"
+    # a copy `m`'s demand asks for (over its one copy's 50/s) may take `k`'s spare: k still serves its 20/s
+    assert plan_copies(v, {"m": 60.0, "k": 20.0}, NOW, SPARE, set(), {}) == [("m", "full")]
 
 
 def test_copies_the_demand_asks_for_come_before_spare_ones() -> None:
