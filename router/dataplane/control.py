@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from policies.spec import PolicySpec
 from router.admission import ANY_SITE
 from router.dataplane.haproxy import GRPC_SOCKET, ROUTER_SOCKET, Render, render
-from router.dataplane.plan import Plan, Slots, known_sites, plan
+from router.dataplane.plan import Plan, Slots, known_sites, plan, whole_router_reason
 from router.dataplane.proxy import DataPlaneError, Haproxy, find_binary, install_hint
 from router.dataplane.runtime import commands, map_files, model_map
 from telemetry.cluster.view import ClusterView
@@ -71,14 +71,9 @@ def _is_ip(host: str) -> bool:
 
 def whole_router(router: Router) -> str | None:
     """Why every request must reach the Python router now (None: nothing needs it)."""
-    c = router.config
-    if router.canaries.canary is not None:
-        return "a policy canary is running: the router splits the traffic between its arms"
-    if router.capture is not None:
-        return "capture is on: the router records every request"
-    if c.tenants is not None:
-        return "tenants are configured: the router keeps their fair shares"
-    return None
+    return whole_router_reason(
+        router.canaries.canary is not None, router.capture is not None, router.config.tenants is not None
+    )
 
 
 def python_only(router: Router) -> dict[str, str]:
@@ -388,6 +383,7 @@ class DataPlane:
 
     def state(self) -> dict[str, Any]:
         p = self.applied
+        carried = model_map(p)
         return {
             "url": self.url,
             "grpc": self.grpc_address,
@@ -395,8 +391,8 @@ class DataPlane:
             "balance": self.balance if p.balance is not None else None,
             "native": p.balance is not None,
             "reason": p.reason,
-            "models": sorted(model_map(p)),
-            "admission_us": {m: c for m, c in sorted(p.costs.items()) if m in model_map(p)},
+            "models": sorted(carried),
+            "admission_us": {m: c for m, c in sorted(p.costs.items()) if m in carried},
             "nodes": {
                 s.node_id: {
                     "slot": i,

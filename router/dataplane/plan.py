@@ -52,6 +52,7 @@ __all__ = [
     "known_sites",
     "native_balance",
     "plan",
+    "whole_router_reason",
 ]
 
 MAX_WEIGHT = 256  # HAProxy's largest server weight
@@ -178,6 +179,19 @@ def known_sites(view: ClusterView, links: LinkTable, own_site: str | None) -> se
     """The sites a request may name, as the router's intake knows them: a partition some node reports,
     an end of an emulated link, or the router's own site (router.director)."""
     return {n.partition for n in view} | set(links.sites) | ({own_site} if own_site else set())
+
+
+def whole_router_reason(canary: bool, capture: bool, tenants: bool) -> str | None:
+    """Why every request must reach the Python router (None: nothing needs it), for the live control
+    loop and the simulator alike: a policy canary splits the traffic between its arms, capture records
+    every request, tenants keep their fair shares; none of these the proxy can do."""
+    if canary:
+        return "a policy canary is running: the router splits the traffic between its arms"
+    if capture:
+        return "capture is on: the router records every request"
+    if tenants:
+        return "tenants are configured: the router keeps their fair shares"
+    return None
 
 
 def plan(

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from policies.api import RouteRequest
-from router.dataplane.plan import ALWAYS_TRY_MIN, Plan, ServerState, Slots, known_sites, plan
+from router.dataplane.plan import ALWAYS_TRY_MIN, Plan, ServerState, Slots, known_sites, plan, whole_router_reason
 from router.dataplane.settings import DataPlaneConfig
 from router.lifecycle import Attempts, Failure
 from scenarios.sim.state import DATAPLANE, NODE_ARRIVE, Job, SimRequest, SimState
@@ -158,11 +158,7 @@ class ProxyModel(SimState):
             return
         settings = self.cfg.lifecycle
         for i, (site, lc) in enumerate(self.lcs.items()):
-            whole = None
-            if self.canary is not None:
-                whole = "a policy canary is running"
-            elif lc.tenants.enabled:
-                whole = "tenants are configured"
+            whole = whole_router_reason(self.canary is not None, False, lc.tenants.enabled)  # (no capture here)
             proxy = SimProxy(
                 cfg,
                 run.policy,
