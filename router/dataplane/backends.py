@@ -56,7 +56,8 @@ def python_backend(r: Render, name: str, addr: str, grpc: bool) -> list[str]:
         f"    http-request set-header {PEER_HEADER} %[src]",
         # the router's 408 (a body that stopped coming) ends the client's connection, as the router's
         # own door ends it: what remains of the request would otherwise hold it until `timeout client`
-        "    http-response set-header connection close if { status 408 }",
+        # (HTTP/1 only: gRPC answers its errors in trailers, over a connection that carries other calls)
+        *([] if grpc else ["    http-response set-header connection close if { status 408 }"]),
         f"    server router {safe(where, 'the router address')}" + (" proto h2" if grpc else ""),
         "",
     ]
