@@ -280,6 +280,9 @@ def _grpc_door(r: Render) -> list[str]:
         "frontend gdoor",
         f"    bind {_bind(r, r.grpc_listen, True)}",
         f"    maxconn {s.max_connections}",
+        # a connection idle this long closes, one that never sends its preface too (as the router's own
+        # gRPC door closes them; HTTP/2 takes no `timeout http-request` before its preface)
+        f"    timeout client {ms(r.idle_timeout_s * 1000)}",
         *errors(True),
         *body_wait(r, True, timer=False),
         f"    http-request del-header {KEY_HEADER}",

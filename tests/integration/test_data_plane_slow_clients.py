@@ -216,3 +216,26 @@ def test_a_stalled_grpc_message_gets_deadline_exceeded_and_holds_up_no_one(slow:
         assert seen.get("grpc-status") == str(grpc.StatusCode.DEADLINE_EXCEEDED.value[0]), seen
         assert seen.get("grpc-message") == f"request body not received within {BODY_S} s", seen
         assert took < IDLE_S - 1, took
+
+
+def test_a_silent_connection_to_either_door_is_closed_after_the_idle_time(slow: Stack) -> None:
+    """A connection that sends nothing (or, to the gRPC door, only HTTP/2's preface) holds a slot of the
+    proxy's for the router's `idle_timeout_s`, as at the router's own doors, not the proxy's 60 s."""
+    target = slow.router.dataplane_grpc  # type: ignore[union-attr]
+    assert target
+    host, port = target.rsplit(":", 1)
+    doors = [
+        (_address(slow.router_url), b""),
+        ((host, int(port)), b""),
+        ((host, int(port)), b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"),
+    ]
+    silent = []
+    for addr, data in doors:
+        sock = socket.create_connection(addr, timeout=IDLE_S + 10)
+        OPEN.append(sock)
+        sock.sendall(data)
+        silent.append((sock, time.monotonic()))
+    for sock, began in silent:
+        while sock.recv(4096):  # (HTTP/2's SETTINGS and GOAWAY come before the close)
+            pass
+        assert time.monotonic() - began < IDLE_S + 5, sock
