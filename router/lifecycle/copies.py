@@ -132,13 +132,10 @@ def load_time_ms(view: ClusterView, model: str, default_ms: float, node: NodeSta
     return seen[len(seen) // 2] if seen else default_ms
 
 
-def _in_demand(model: str, rate: float, warm: list[NodeState], cfg: CopyConfig) -> bool:
-    """Whether `model`, at `rate`, earns `min_copies` warm copies: at least `spare_share` of one of its
-    copies' planned capacity (`warm`: its warm copies; one copy's capacity where it has none)."""
-    if rate <= 0.0:
-        return False
-    one = copy_capacity_rps(model, warm, cfg) / max(1, sum(n.capacity for n in warm)) if warm else 0.0
-    return one <= 0.0 or rate >= cfg.spare_share * one
+def _in_demand(rate: float, capacity: float, warm: list[NodeState], cfg: CopyConfig) -> bool:
+    """Whether a model at `rate` earns `min_copies` warm copies: at least `spare_share` of one copy's
+    planned capacity (`capacity`: that of its warm copies `warm`, per slot)."""
+    return rate > 0.0 and rate >= cfg.spare_share * capacity / max(1, sum(n.capacity for n in warm))
 
 
 def would_starve(
@@ -171,9 +168,10 @@ def would_starve(
             for n in view.serving(other)
             if n.node_id != node.node_id and n.ready and view.is_fresh(n, now_ms) and _resident(n, other)
         ]
-        if not rest or copy_capacity_rps(other, rest, cfg) < wanted:
+        if not rest:
             return True
-        if spare and len(rest) < cfg.min_copies and _in_demand(other, wanted, rest, cfg):
+        left = copy_capacity_rps(other, rest, cfg)
+        if left < wanted or (spare and len(rest) < cfg.min_copies and _in_demand(wanted, left, rest, cfg)):
             return True
     return False
 
@@ -207,7 +205,7 @@ def plan_copies(
         capacity = copy_capacity_rps(model, warm, cfg)
         # over its capacity ahead, or short of its min_copies while in demand now (a spare is earned by
         # the demand measured, not by a short window's trend; ranked after those over: under 1)
-        spare = len(warm) < cfg.min_copies and _in_demand(model, rate, warm, cfg)
+        spare = len(warm) < cfg.min_copies and _in_demand(rate, capacity, warm, cfg)
         rate = max(rate, ahead.get(model, 0.0))
         if rate > capacity:
             spare = False

@@ -5,6 +5,7 @@ holds up no other client meanwhile."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import socket
 import time
@@ -76,17 +77,13 @@ class Stalled:
         """(status, headers, body, seconds from the last byte sent to the answer, whether the connection
         was closed within `closed_within_s` after it: the rest of the request never came, so it cannot
         carry another)."""
-        got = b""
-        closed = False
         try:
-            while b"\r\n\r\n" not in got or len(got) < _length(got):
-                more = self.sock.recv(65536)
-                if not more:
-                    closed = True
-                    break
-                got += more
+            answer = http.client.HTTPResponse(self.sock)
+            answer.begin()
+            body = answer.read()
             took = time.monotonic() - self.began
-            if not closed and closed_within_s > 0:
+            closed = False
+            if closed_within_s > 0:
                 self.sock.settimeout(closed_within_s)
                 try:
                     closed = self.sock.recv(1) == b""
@@ -94,19 +91,8 @@ class Stalled:
                     closed = False
         finally:
             self.sock.close()
-        head, _, body = got.partition(b"\r\n\r\n")
-        lines = head.decode("latin-1").split("\r\n")
-        headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
-        return int(lines[0].split()[1]), headers, body, took, closed
-
-
-def _length(got: bytes) -> int:
-    head, _, _ = got.partition(b"\r\n\r\n")
-    for line in head.split(b"\r\n")[1:]:
-        name, _, value = line.partition(b":")
-        if name.strip().lower() == b"content-length":
-            return len(head) + 4 + int(value)
-    return len(got) + 1  # (no length: read to the close)
+        headers = {k.lower(): v for k, v in answer.getheaders()}
+        return answer.status, headers, body, took, closed
 
 
 def _head(length: int) -> bytes:
