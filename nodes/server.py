@@ -24,7 +24,7 @@ from urllib.parse import urlsplit
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from nodes import grpc_service
+from nodes import grpc_http1, grpc_service
 from nodes.config import NodeConfig
 from nodes.describe import Unanswerable, served
 from nodes.describe import add_routes as add_model_routes
@@ -414,6 +414,7 @@ async def serve(config: NodeConfig, stop: asyncio.Event, on_bound: Any = None, o
         idle_timeout_s=config.idle_timeout_s,
     )
     grpc_server = None
+    h1_server = None
     try:
         port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         if not app[ENDPOINT]:
@@ -430,9 +431,23 @@ async def serve(config: NodeConfig, stop: asyncio.Event, on_bound: Any = None, o
             advertised = urlsplit(app[ENDPOINT][0])
             host = f"[{advertised.hostname}]" if ":" in (advertised.hostname or "") else advertised.hostname
             app[RUNTIME].grpc_endpoint = f"{advertised.scheme}://{host}:{grpc_port}"
+            if config.grpc_http1_port is not None:
+                h1_server = await grpc_http1.start(
+                    grpc_service.NodeService(app[RUNTIME]),
+                    config.host,
+                    config.grpc_http1_port,
+                    max_body=config.max_body_bytes,
+                    max_connections=max(16, config.connection_limits(default_max_connections())[1] // 4),
+                    idle_timeout_s=config.idle_timeout_s,
+                    body_timeout_s=config.body_timeout_s,
+                    ssl_context=ssl_context,
+                )
+                app[RUNTIME].grpc_http1_endpoint = f"{advertised.scheme}://{host}:{h1_server.port}"
             app[RUNTIME].publish_now.set()
         await stop.wait()
         if RUNTIME in app:
             app[RUNTIME].draining = True
     finally:
+        if h1_server is not None:
+            await h1_server.stop()
         await stop_serving(runner, grpc_server, config.tracing is not None)

@@ -134,7 +134,8 @@ def model_backend(r: Render, plan: Plan, j: int, grpc: bool) -> list[str]:
             "if { var(txn.lsite) -m found }",
             f"    http-response lua.{LINK_ACTION} if {{ var(txn.lk) -m found }}",
         ]
-    lines.append(f"    default-server maxconn {s.max_per_node}" + (" proto h2" if grpc else ""))
+    h2 = grpc and s.node_grpc == "h2"  # (http1: gRPC's messages and trailers over HTTP/1.1, nodes.grpc_http1)
+    lines.append(f"    default-server maxconn {s.max_per_node}" + (" proto h2" if h2 else ""))
     for i in range(s.node_slots):
         st = plan.nodes.get(i)
         if grpc and st is not None:

@@ -200,6 +200,7 @@ class DataPlane:
             sites=site_keys(r, view),
             own_site=site,
             links=r.lifecycle.links,
+            grpc_http1=self.settings.node_grpc == "http1",
         )
 
     async def _address(self, host: str, port: int) -> str | None:

@@ -101,7 +101,9 @@ class ServerState:
     port: int
     weight: int  # 1..MAX_WEIGHT; a slot not routable is `ready` False instead of weight 0
     ready: bool
-    grpc: tuple[str, int] | None = None  # the node's gRPC service (host, port), where it has one
+    # where the proxy sends the node's gRPC calls (host, port): its ModelInfer over HTTP/1.1
+    # (`grpc_http1`, nodes.grpc_http1) or its gRPC service; None where it has none
+    grpc: tuple[str, int] | None = None
     maxconn: int | None = None  # the most it takes from the proxy at once (None: `max_per_node`)
     # the emulated links to it: (the site a request comes from, rtt ms, jitter ms, loss), one per site
     # whose requests cross one to reach it (router.dataplane.links)
@@ -207,6 +209,7 @@ def plan(
     address: Callable[[str], tuple[str, int] | None] | None = None,
     own_site: str | None = None,
     links: LinkTable | None = None,
+    grpc_http1: bool = True,
 ) -> Plan:
     """The proxy's tables for this view and policy.
 
@@ -221,7 +224,8 @@ def plan(
     from the request's site answers after that link's delay. A router standing in a site carries only
     its own site's requests, a node across a cut link from it out of rotation; a central router carries
     any site's but those at either end of a cut link (the router judges them), and a request naming no
-    site crosses nothing, as in the router."""
+    site crosses nothing, as in the router. `grpc_http1`: a node's gRPC calls go to its ModelInfer over
+    HTTP/1.1 (a node without one takes none natively), else to its gRPC service."""
     balance, reason = native_balance(spec)
     if balance is not None and spec.preset == "edge_first" and own_site is None:
         balance, reason = None, "policy 'edge_first' natively needs the router's own site (`site:`): the router runs it"
@@ -263,7 +267,7 @@ def plan(
                 if link.cut:
                     ok = False  # (unreachable from the router's site: out of rotation, its delay kept)
                 crossing.append((site, link.rtt_ms, link.jitter_ms, link.loss))
-        grpc = _address(node.load.grpc_endpoint)
+        grpc = _address(node.load.grpc_http1_endpoint if grpc_http1 else node.load.grpc_endpoint)
         states[i] = ServerState(node.node_id, host, port, weight, ok, grpc, limit, tuple(crossing))
         if ok:
             for model in node.load.models:

@@ -29,6 +29,11 @@ class DataPlaneConfig(BaseModel):
         le=65535,
         description="its gRPC port, where the router has a gRPC door (0: a free one)",
     )
+    node_grpc: Literal["http1", "h2"] = Field(
+        "http1",
+        description="how it carries a gRPC call to a node: http1, to the node's ModelInfer over HTTP/1.1 "
+        "(nodes.grpc_http1: about twice the rate of the node's own gRPC service); h2, to that service",
+    )
     node_slots: int = Field(64, ge=1, le=4096, description="nodes it can hold at once (more go to the router)")
     model_slots: int = Field(32, ge=1, le=1024, description="models it can carry at once (more go to the router)")
     sync_ms: float = Field(20.0, ge=1, le=1000, description="the view and policy reach the proxy this often")

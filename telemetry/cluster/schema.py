@@ -183,6 +183,8 @@ class NodeLoad(Struct, frozen=True, kw_only=True):
     started_at_ms: EpochMs = 0.0  # when the node process started (its clock); 0 unknown
     # the node's OIP v2 gRPC service, an origin as `endpoint` is ("": none; added within schema 1)
     grpc_endpoint: Annotated[str, Meta(max_length=256)] = ""
+    # ModelInfer as gRPC over HTTP/1.1 for a native data plane (nodes.grpc_http1; "": none)
+    grpc_http1_endpoint: Annotated[str, Meta(max_length=256)] = ""
 
     @property
     def queued(self) -> int:
@@ -235,7 +237,11 @@ class NodeLoad(Struct, frozen=True, kw_only=True):
         for m in models.values():
             if not m.ewma_ms_by_batch.keys() <= keys:
                 _check_all(m.ewma_ms_by_batch, keys, _BATCH_KEY, "models.ewma_ms_by_batch")
-        for what, value in (("endpoint", msg.endpoint), ("grpc_endpoint", msg.grpc_endpoint)):
+        for what, value in (
+            ("endpoint", msg.endpoint),
+            ("grpc_endpoint", msg.grpc_endpoint),
+            ("grpc_http1_endpoint", msg.grpc_http1_endpoint),
+        ):
             if value not in _valid_endpoints and (value or what == "endpoint"):
                 try:
                     check_endpoint(value)

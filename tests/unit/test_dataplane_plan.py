@@ -211,6 +211,38 @@ def test_a_grpc_endpoint_from_the_wire_is_checked_as_the_endpoint_is() -> None:
     for bad in ("http://127.0.0.1:2/admin", "ftp://h:1", "http://u:p@h:1", "x" * 300):
         with pytest.raises(MalformedTelemetry, match="grpc_endpoint"):
             NodeLoad.parse(report(grpc_endpoint=bad))
+        with pytest.raises(MalformedTelemetry, match="grpc_http1_endpoint"):
+            NodeLoad.parse(report(grpc_http1_endpoint=bad))
+    both = NodeLoad.parse(report(grpc_endpoint="http://127.0.0.1:2", grpc_http1_endpoint="http://127.0.0.1:3"))
+    assert both.grpc_http1_endpoint == "http://127.0.0.1:3"
+
+
+def test_grpc_calls_go_to_a_nodes_modelinfer_over_http1_unless_told_h2() -> None:
+    """A node's ModelInfer over HTTP/1.1 (nodes.grpc_http1) is where the proxy sends its gRPC calls by
+    default, its servers without `proto h2`; a node that has none takes no gRPC call natively. With
+    `node_grpc: h2`, the node's gRPC service, over HTTP/2."""
+    from msgspec.structs import replace
+
+    from telemetry.cluster.view import ClusterView
+    from tests.helpers import load
+
+    now = 1_000.0
+    a = replace(load("a", sent_at_ms=now), endpoint="http://127.0.0.1:9001",
+                grpc_endpoint="http://127.0.0.1:9101", grpc_http1_endpoint="http://127.0.0.1:9201")  # fmt: skip
+    b = replace(load("b", sent_at_ms=now), endpoint="http://127.0.0.1:9002", grpc_endpoint="http://127.0.0.1:9102")
+    view = ClusterView.of([a, b], now)  # (b: a node of an older release, with no HTTP/1.1 door)
+    for setting, want in (("http1", {"a": ("127.0.0.1", 9201), "b": None}),
+                          ("h2", {"a": ("127.0.0.1", 9101), "b": ("127.0.0.1", 9102)})):  # fmt: skip
+        p = plan(view, PolicySpec(preset="p2c"), Slots(4, 2), now, grpc_http1=setting == "http1")
+        assert {st.node_id: st.grpc for st in p.nodes.values()} == want
+        s = DataPlaneConfig(node_slots=4, model_slots=2, node_grpc=setting)  # type: ignore[arg-type]
+        r = Render(s, ("127.0.0.1", 1), "/tmp/router.sock", "/tmp", "k", grpc_listen=("127.0.0.1", 2),
+                   python_grpc="/tmp/g.sock")  # fmt: skip
+        text = render(r, p)
+        g0 = text[text.index("\nbackend g0\n") :].split("\nbackend ")[1]
+        assert ("proto h2" in g0) == (setting == "h2"), g0
+        assert f" 127.0.0.1:{want['a'][1]} " in g0  # type: ignore[index]
+        assert grpc_model_map(p) == {grpc_key("m"): "g0"}
 
 
 def test_slo_priority_carries_its_deadline_filter_as_admission_costs() -> None:

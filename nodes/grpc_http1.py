@@ -1,0 +1,307 @@
+"""The node's gRPC door for its proxy: OIP v2 `ModelInfer` as gRPC messages over HTTP/1.1, the answer's
+status in chunked trailers, so a native data plane (HAProxy, router.dataplane) carries a client's gRPC
+call to the node over HTTP/1.1 and gives the client real gRPC over HTTP/2 (HAProxy moves trailers
+between the two).
+
+Why a door of its own: Python's gRPC servers cost most of a call. grpc.aio took 200-253 us of CPU for a
+bare call on the development machine, more than the node's whole HTTP inference path (159 us), so the
+node's gRPC door answered 0.41-0.49x of its HTTP rate through the proxy (docs/benchmarks.md). Here a
+call is parsed by llhttp (`httptools`) and protobuf, answered by the same code as the node's gRPC door
+(`NodeService.infer_once`, nodes.inference), and written in one piece.
+
+What it speaks, and nothing more: `POST /inference.GRPCInferenceService/ModelInfer`, one uncompressed
+message, its metadata as headers (`grpc-timeout`, the hints, `authorization`); every other call
+answers UNIMPLEMENTED, a malformed message INVALID_ARGUMENT. One call at a time per connection (the
+proxy does not pipeline). Hostile input is bounded as at the node's other doors: the head
+(`MAX_HEAD`), the message (`max_body_bytes`), connections (`max_connections`), a head's and a
+connection's idle time (`idle_timeout_s`), a body's (`body_timeout_s`); what is not HTTP/1.1 gets a
+400 and the connection closes. A call whose client goes away mid-call is cancelled, as grpc.aio
+cancels one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import ssl
+import time
+from typing import Any
+
+import httptools
+from google.protobuf.message import DecodeError
+
+from telemetry.oip.grpc import code_of
+from telemetry.oip.triton import pb
+
+PATH = b"/inference.GRPCInferenceService/ModelInfer"
+MAX_HEAD = 64 << 10  # a call's request line and headers together
+MAX_HEADERS = 100  # headers of one call
+MAX_MESSAGE_TEXT = 1024  # a status message's characters
+_TIMEOUT = re.compile(rb"^([0-9]{1,8})([HMSmun])$")
+_UNIT_S = {b"H": 3600.0, b"M": 60.0, b"S": 1.0, b"m": 1e-3, b"u": 1e-6, b"n": 1e-9}
+_HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: application/grpc\r\ntransfer-encoding: chunked\r\n\r\n"
+_BAD = b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+_LATE = b"HTTP/1.1 408 Request Timeout\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+_PLAIN = set(range(0x20, 0x7F)) - {ord("%")}
+
+
+def grpc_timeout_s(value: bytes | None) -> float | None:
+    """A `grpc-timeout` header in seconds (None: none, or one not understood)."""
+    if value is None:
+        return None
+    m = _TIMEOUT.match(value.strip())
+    return None if m is None else int(m.group(1)) * _UNIT_S[m.group(2)]
+
+
+def _percent(text: str) -> bytes:
+    """A grpc-message's value: percent-encoded where gRPC says (outside printable ASCII, and `%`)."""
+    raw = text[:MAX_MESSAGE_TEXT].encode("utf-8", "replace")
+    return b"".join(bytes((b,)) if b in _PLAIN else b"%%%02X" % b for b in raw)
+
+
+def answer(code: int, message: str = "", payload: bytes | None = None) -> bytes:
+    """One call's whole answer: its message, if any, then its status in the trailers."""
+    out = [_HEAD]
+    if payload is not None:
+        framed = b"\x00" + len(payload).to_bytes(4, "big") + payload
+        out += [b"%x\r\n" % len(framed), framed, b"\r\n"]
+    out.append(b"0\r\ngrpc-status: %d\r\n" % code)
+    if message:
+        out += [b"grpc-message: ", _percent(message), b"\r\n"]
+    out.append(b"\r\n")
+    return b"".join(out)
+
+
+class CallContext:
+    """What `NodeService.infer_once` asks of a gRPC call's context, from an HTTP/1.1 call's head."""
+
+    __slots__ = ("_deadline", "_metadata", "_peer")
+
+    def __init__(self, metadata: list[tuple[str, str]], timeout_s: float | None, peer: str) -> None:
+        self._metadata = metadata
+        self._deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        self._peer = peer
+
+    def invocation_metadata(self) -> list[tuple[str, str]]:
+        return self._metadata
+
+    def time_remaining(self) -> float | None:
+        return None if self._deadline is None else max(0.0, self._deadline - time.monotonic())
+
+    def peer(self) -> str:
+        return self._peer
+
+
+class _Door:
+    """The door's shared state: the service, its bounds, the connections open."""
+
+    def __init__(self, service: Any, max_body: int, max_connections: int, idle_s: float, body_s: float) -> None:
+        self.service = service
+        self.max_message = max_body
+        self.max_connections = max_connections
+        self.idle_s = idle_s
+        self.body_s = body_s
+        self.open: set[_Connection] = set()
+
+
+class _Connection(asyncio.Protocol):
+    def __init__(self, door: _Door) -> None:
+        self.door = door
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpRequestParser(self)
+        self.peer = "unknown"
+        self.task: asyncio.Task[None] | None = None
+        self.timer: asyncio.TimerHandle | None = None
+        self._reset()
+
+    def _reset(self) -> None:
+        self.url = b""
+        self.headers: list[tuple[str, str]] = []
+        self.timeout: bytes | None = None
+        self.head_bytes = 0
+        self.body = bytearray()
+        self.too_large = False
+        self.in_message = False
+        self.in_body = False
+
+    # --- the connection ------------------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]  # (uvloop's is not asyncio.Transport)
+        door = self.door
+        if len(door.open) >= door.max_connections:
+            transport.close()
+            return
+        door.open.add(self)
+        peer = transport.get_extra_info("peername")
+        if isinstance(peer, tuple) and peer:
+            self.peer = f"ipv4:{peer[0]}:{peer[1]}" if ":" not in str(peer[0]) else f"ipv6:[{peer[0]}]:{peer[1]}"
+        self._arm(door.idle_s)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.transport = None
+        self.door.open.discard(self)
+        self._disarm()
+        if self.task is not None and not self.task.done():
+            self.task.cancel()  # (the client went away: the call is cancelled, as grpc.aio's would be)
+
+    def _arm(self, seconds: float) -> None:
+        self._disarm()
+        self.timer = asyncio.get_running_loop().call_later(seconds, self._expired)
+
+    def _disarm(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
+    def _expired(self) -> None:
+        self.timer = None
+        if self.transport is None or self.task is not None:
+            return
+        if self.in_body:  # a body not whole in time: the call's answer, then the connection goes
+            why = f"request body not received within {self.door.body_s:g} s"
+            self._finish(answer(code_of(408).value[0], why), close=True)
+        elif self.in_message:  # a head not whole in time
+            self.transport.write(_LATE)
+            self.transport.close()
+        else:  # idle
+            self.transport.close()
+
+    def data_received(self, data: bytes) -> None:
+        if self.task is not None:  # (one call at a time: the proxy does not pipeline)
+            self._bad()
+            return
+        try:
+            self.parser.feed_data(data)
+        except (httptools.HttpParserUpgrade, httptools.HttpParserError):
+            self._bad()
+
+    def _bad(self) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(_BAD)
+            self.transport.close()
+
+    # --- llhttp's callbacks --------------------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        if self.task is not None:  # (a second call before the first's answer: not HTTP this door speaks)
+            raise httptools.HttpParserError("pipelined call")
+        self._reset()
+        self.in_message = True
+        self._arm(self.door.idle_s)
+
+    def _head(self, n: int) -> None:
+        self.head_bytes += n
+        if self.head_bytes > MAX_HEAD or len(self.headers) > MAX_HEADERS:
+            raise httptools.HttpParserError("head too large")
+
+    def on_url(self, url: bytes) -> None:
+        self._head(len(url))
+        self.url += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._head(len(name) + len(value))
+        key = name.decode("latin-1").lower()
+        if key == "grpc-timeout":
+            self.timeout = value
+        self.headers.append((key, value.decode("latin-1")))
+
+    def on_headers_complete(self) -> None:
+        self.in_body = True
+        self._arm(self.door.body_s)
+
+    def on_body(self, body: bytes) -> None:
+        if self.too_large:
+            return
+        if len(self.body) + len(body) > self.door.max_message + 5:
+            self.too_large = True
+            self.body = bytearray()
+            return
+        self.body += body
+
+    def on_message_complete(self) -> None:
+        self._disarm()
+        assert self.transport is not None
+        self.transport.pause_reading()
+        self.task = asyncio.get_running_loop().create_task(self._call())
+
+    # --- the call ------------------------------------------------------------------------------------
+
+    async def _call(self) -> None:
+        keep = self.parser.should_keep_alive()
+        try:
+            out = await self._answer()
+        except asyncio.CancelledError:
+            return
+        except Exception:  # (a fault of the node's own: the call fails alone, INTERNAL)
+            out = answer(13, "the node failed to answer")
+        self.task = None
+        self._finish(out, close=not keep)
+
+    def _finish(self, out: bytes, close: bool) -> None:
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        transport.write(out)
+        self.in_message = self.in_body = False
+        if close:
+            transport.close()
+            return
+        transport.resume_reading()
+        self._arm(self.door.idle_s)
+
+    async def _answer(self) -> bytes:
+        if self.parser.get_method() != b"POST" or self.url != PATH:
+            return answer(12, f"{self.url[:200].decode('latin-1')} is not served here")
+        if self.too_large:
+            return answer(8, f"message larger than {self.door.max_message} bytes")
+        body = bytes(self.body)
+        if len(body) < 5 or body[0] != 0 or int.from_bytes(body[1:5], "big") != len(body) - 5:
+            why = "compressed messages are not supported" if body[:1] not in (b"", b"\x00") else "one whole message"
+            return answer(12 if body[:1] not in (b"", b"\x00") else 3, why)
+        try:
+            request = pb.ModelInferRequest.FromString(body[5:])
+        except DecodeError:
+            return answer(3, "malformed ModelInferRequest message")
+        ctx = CallContext(self.headers, grpc_timeout_s(self.timeout), self.peer)
+        status, message, response = await self.door.service.infer_once(request, ctx)
+        if response is None:
+            return answer(code_of(status).value[0], message)
+        return answer(0, "", response.SerializeToString())
+
+
+class Server:
+    """The door, listening: `port` bound; `stop` closes it and every connection open."""
+
+    def __init__(self, server: Any, door: _Door) -> None:
+        self.server = server
+        self.door = door
+        self.port: int = server.sockets[0].getsockname()[1]
+
+    async def stop(self) -> None:
+        self.server.close()
+        for conn in list(self.door.open):
+            if conn.transport is not None:
+                conn.transport.close()
+        await self.server.wait_closed()
+
+
+async def start(
+    service: Any,
+    host: str,
+    port: int,
+    *,
+    max_body: int,
+    max_connections: int,
+    idle_timeout_s: float,
+    body_timeout_s: float,
+    ssl_context: ssl.SSLContext | None = None,
+) -> Server:
+    """The door on host:port (0: a free port), answering with `service` (nodes.grpc_service.NodeService)."""
+    door = _Door(service, max_body, max_connections, idle_timeout_s, body_timeout_s)
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(lambda: _Connection(door), host, port, ssl=ssl_context)
+    return Server(server, door)
+
+
+__all__ = ["PATH", "CallContext", "Server", "answer", "grpc_timeout_s", "start"]
