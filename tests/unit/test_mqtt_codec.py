@@ -130,3 +130,43 @@ def test_the_client_hands_on_every_packet_of_a_buffer(cases: list[tuple[bytes, i
         client._sock = None
         ours.close()
         theirs.close()
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.binary(min_size=0, max_size=8), st.integers(1, 3))
+def test_a_puback_for_an_answer_ends_it_as_pahos_own_decoder_does(packet: bytes, inflight: int) -> None:
+    """The door's own reading of the broker's PUBACK (mid, and a reason code where one is sent) leaves
+    the client as paho's does: the answer forgotten, its in-flight slot free; bytes it does not expect
+    go to paho and raise where paho raises."""
+    import paho.mqtt.client as mqtt
+    from paho.mqtt.client import MQTTMessage, MQTTMessageInfo
+
+    def client_with_answers() -> Any:
+        c = mqtt.Client(callback_api_version=CallbackAPIVersion.VERSION2, client_id="t", protocol=5)
+        for mid in range(1, inflight + 1):
+            m = MQTTMessage(mid)
+            m.qos = 1
+            m.info = MQTTMessageInfo(mid)
+            c._out_messages[mid] = m
+        c._inflight_messages = inflight
+        c._in_packet["command"] = 0x40
+        c._in_packet["packet"] = packet
+        return c
+
+    def outcome(c: Any, handle: Any) -> tuple[Any, ...]:
+        try:
+            rc = handle("PUBACK")
+        except Exception as exc:  # noqa: BLE001 - the same failure either way
+            return ("raised", type(exc).__name__)
+        return (rc, sorted(c._out_messages), c._inflight_messages)
+
+    theirs = client_with_answers()
+    ours = client_with_answers()
+    ours.__class__ = DoorClient
+    assert outcome(ours, ours._handle_pubackcomp) == outcome(theirs, theirs._handle_pubackcomp)
+    for mid in (1, inflight):  # a PUBACK as Mosquitto sends it: the door's fast path
+        ours = client_with_answers()
+        ours.__class__ = DoorClient
+        ours._in_packet["packet"] = mid.to_bytes(2, "big")
+        assert ours._handle_pubackcomp("PUBACK") == 0 and mid not in ours._out_messages
+        assert ours._inflight_messages == inflight - 1
