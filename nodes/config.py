@@ -216,9 +216,9 @@ class NodeConfig(ServerSettings):
         0,
         ge=0,
         le=65535,
-        description="with grpc_port set, also take ModelInfer as gRPC over HTTP/1.1 on this port, for a native data "
-        "plane (its proxy carries a client's gRPC call here: nodes.grpc_http1), with the same TLS; 0 picks a free "
-        "port; unset: not",
+        description="with grpc_port set, also take ModelInfer as gRPC over HTTP/1.1 on this port, for a native "
+        "data plane (its proxy carries a client's gRPC call here: telemetry.oip.grpc_http1), with the same TLS; 0 "
+        "picks a free port; unset: not",
     )
     kafka: Bootstrap | None = Field(None, description="bootstrap HOST:PORT[,...]; None disables telemetry")
     kafka_security: KafkaSecurity | None = Field(None, description="Kafka SSL/SASL settings (telemetry.process.tls)")

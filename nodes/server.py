@@ -24,7 +24,7 @@ from urllib.parse import urlsplit
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from nodes import grpc_http1, grpc_service
+from nodes import grpc_service
 from nodes.config import NodeConfig
 from nodes.describe import Unanswerable, served
 from nodes.describe import add_routes as add_model_routes
@@ -40,7 +40,7 @@ from nodes.state import CONFIG, ENDPOINT, RUNTIME, VERSION, NodeRuntime, load_fa
 from telemetry.cluster.schema import DeviceInfo
 from telemetry.kafka.bus import TelemetryPublisher
 from telemetry.measure.quantiles import nearest_rank
-from telemetry.oip import wire
+from telemetry.oip import grpc_http1, wire
 from telemetry.oip.grpc import start_server as start_grpc
 from telemetry.oip.triton import EXTENSIONS
 from telemetry.process import tracing

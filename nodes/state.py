@@ -69,7 +69,7 @@ class NodeRuntime:
     publish_now: asyncio.Event = field(default_factory=asyncio.Event)
     started_at_ms: float = field(default_factory=lambda: time.time() * 1000.0)  # models loaded, serving
     grpc_endpoint: str = ""  # the gRPC service's origin once it serves (its reports carry it)
-    grpc_http1_endpoint: str = ""  # its ModelInfer over HTTP/1.1 for a proxy (nodes.grpc_http1), likewise
+    grpc_http1_endpoint: str = ""  # its ModelInfer over HTTP/1.1 for a proxy (telemetry.oip.grpc_http1), likewise
     metrics: NodeMetrics = field(default_factory=NodeMetrics)
     failed: dict[str, tuple[float, str]] = field(
         default_factory=dict

@@ -25,7 +25,7 @@ from router import admin, director, grpc_api, http_api, mqtt_api
 from router.canary_app import canary_ctx
 from router.capture_app import capture_ctx
 from router.config import ConfigError, RouterConfig, telemetry_sources
-from router.dataplane.haproxy import GRPC_SOCKET, KEY_HEADER, PEER_HEADER, ROUTER_SOCKET, vouched
+from router.dataplane.haproxy import GRPC_HTTP1_SOCKET, GRPC_SOCKET, KEY_HEADER, PEER_HEADER, ROUTER_SOCKET, vouched
 from router.lifecycle.saturation import TICK_MS
 from router.node_client import HttpNodeClient, NodeClient, NodeError
 from router.state import CLIENT, ROUTER, Router
@@ -454,10 +454,15 @@ async def _data_plane(
     from router.dataplane.control import DataPlane, DataPlaneError
 
     dp = DataPlane(router, private, grpc)
+    h1 = await grpc_api.proxy_door(router, private / GRPC_HTTP1_SOCKET) if grpc else None
+    if h1 is not None:
+        dp.python_grpc_http1 = str(private / GRPC_HTTP1_SOCKET)
     try:
         await dp.start()
     except (DataPlaneError, OSError, ValueError) as exc:
         await dp.stop()
+        if h1 is not None:
+            await h1.stop()
         print(f"edgeroute router: data plane off: {exc}", file=sys.stderr, flush=True)
         yield
         return
@@ -472,3 +477,5 @@ async def _data_plane(
         unwatch()
         router.dataplane = None
         await dp.stop()
+        if h1 is not None:
+            await h1.stop()

@@ -11,7 +11,9 @@ read into Triton's messages. HTTP statuses become gRPC codes (telemetry.oip.grpc
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, NoReturn
 
 from aiohttp import web
@@ -20,7 +22,7 @@ from router import director, fleet
 from router.dataplane.haproxy import KEY_HEADER, PEER_HEADER, vouched
 from router.node_client import error_text
 from router.state import ROUTER, VERSION, Router
-from telemetry.oip import wire
+from telemetry.oip import grpc_http1, wire
 from telemetry.oip.grpc import (
     BadMessage,
     StreamLimits,
@@ -33,6 +35,7 @@ from telemetry.oip.grpc import (
     service_handler,
 )
 from telemetry.oip.triton import EXTENSIONS, from_json, mc, pb
+from telemetry.process.serving import default_max_connections
 
 
 async def _abort(context: Any, status: int, message: str) -> NoReturn:
@@ -192,6 +195,28 @@ def _text(value: Any) -> str | None:
 
 
 METADATA_HINTS = frozenset({wire.PRIORITY, wire.DEADLINE_MS, wire.SITE, "traceparent", "tracestate"})
+
+
+async def proxy_door(router: Router, path: Path) -> grpc_http1.Server | None:
+    """The router's ModelInfer over HTTP/1.1 for its proxy (telemetry.oip.grpc_http1: a gRPC call the
+    proxy passes on costs the router about what an HTTP request does, where its grpc.aio service costs
+    more), on the unix socket `path` in its proxy's private folder. None where it cannot listen: the proxy then
+    passes those calls to the gRPC service."""
+    c = router.config
+    try:
+        return await grpc_http1.start(
+            RouterService(router),
+            "",
+            0,
+            path=str(path),
+            max_body=c.max_body_bytes,
+            max_connections=max(16, c.connection_limits(default_max_connections())[1] // 4),
+            idle_timeout_s=c.idle_timeout_s,
+            body_timeout_s=c.body_timeout_s,
+        )
+    except OSError as exc:
+        print(f"edgeroute router: the proxy's gRPC calls go to the gRPC service: {exc}", file=sys.stderr, flush=True)
+        return None
 
 
 def add_to(app: web.Application) -> Callable[[Any], None]:

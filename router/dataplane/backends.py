@@ -42,11 +42,11 @@ def _server(i: int, s: ServerState | None, extra: str, up: bool, limit: bool = F
     return f"    server n{i} {host}:{s.port} weight {s.weight}{own} {extra}{'' if up else ' disabled'}".rstrip()
 
 
-def python_backend(r: Render, name: str, addr: str, grpc: bool) -> list[str]:
+def python_backend(r: Render, name: str, addr: str, grpc: bool, h2: bool = True) -> list[str]:
     """The router behind the proxy, on its private socket (plain: the folder's mode guards it, so a
     router with mutual TLS needs no certificate for its own proxy): the client's own Authorization goes
     on, the proxy's mark and the client's address with it (the router trusts them only with the key,
-    router.app.front_door)."""
+    router.app.front_door). `grpc` with `h2` False: gRPC calls over HTTP/1.1 (telemetry.oip.grpc_http1)."""
     where = f"unix@{addr}" if addr.startswith("/") else addr
     return [
         f"backend {name}",
@@ -58,7 +58,7 @@ def python_backend(r: Render, name: str, addr: str, grpc: bool) -> list[str]:
         # own door ends it: what remains of the request would otherwise hold it until `timeout client`
         # (HTTP/1 only: gRPC answers its errors in trailers, over a connection that carries other calls)
         *([] if grpc else ["    http-response set-header connection close if { status 408 }"]),
-        f"    server router {safe(where, 'the router address')}" + (" proto h2" if grpc else ""),
+        f"    server router {safe(where, 'the router address')}" + (" proto h2" if grpc and h2 else ""),
         "",
     ]
 
@@ -134,7 +134,7 @@ def model_backend(r: Render, plan: Plan, j: int, grpc: bool) -> list[str]:
             "if { var(txn.lsite) -m found }",
             f"    http-response lua.{LINK_ACTION} if {{ var(txn.lk) -m found }}",
         ]
-    h2 = grpc and s.node_grpc == "h2"  # (http1: gRPC's messages and trailers over HTTP/1.1, nodes.grpc_http1)
+    h2 = grpc and s.node_grpc == "h2"  # (http1: gRPC's messages and trailers over HTTP/1.1, telemetry.oip.grpc_http1)
     lines.append(f"    default-server maxconn {s.max_per_node}" + (" proto h2" if h2 else ""))
     for i in range(s.node_slots):
         st = plan.nodes.get(i)

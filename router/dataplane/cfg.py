@@ -55,6 +55,7 @@ class Render:
     python_priority_at: int | None = None  # requests at or above this priority go to the router (it hedges them)
     grpc_listen: tuple[str, int] | None = None  # the proxy's gRPC door (None: none)
     python_grpc: str | None = None  # the router's gRPC door behind it (as `python`)
+    python_grpc_http1: str | None = None  # its ModelInfer over HTTP/1.1 (None: ModelInfer to `python_grpc` too)
     links: bool = False  # emulated links: the Lua action that waits out a link's delay (router.dataplane.links)
     link_site: str | None = None  # the site a request naming none comes from (the router's own), for links
 

@@ -97,6 +97,9 @@ def site_keys(router: Router, view: ClusterView) -> set[str]:
     return {f"{client}|{s}" for client in auth.tokens for s in known if auth.may_claim(client, s, own)}
 
 
+ROUTER_INFERENCE = frozenset({"python_infer", "pygrpc_infer", "pygrpc_infer_h2"})  # backends of the router's
+
+
 class DataPlane:
     """The native proxy beside one router: `start`, then `run` until cancelled, then `stop`."""
 
@@ -108,6 +111,8 @@ class DataPlane:
         self.rundir = rundir
         self.python = str(rundir / ROUTER_SOCKET)
         self.python_grpc = str(rundir / GRPC_SOCKET) if grpc else None
+        # (its ModelInfer over HTTP/1.1, where the router serves one: router.app)
+        self.python_grpc_http1: str | None = None
         self.key = secrets.token_urlsafe(24)
         self.slots = Slots(self.settings.node_slots, self.settings.model_slots)
         self.applied = EMPTY
@@ -178,6 +183,7 @@ class DataPlane:
             python_priority_at=None if c.hedging is None else c.hedging.min_priority,
             grpc_listen=None if self.python_grpc is None else (self.host, self.grpc_port),
             python_grpc=self.python_grpc,
+            python_grpc_http1=self.python_grpc_http1,
             links=bool(c.links),
             link_site=c.site,
         )
@@ -335,7 +341,7 @@ class DataPlane:
             delta = total - seen if total >= seen else total
             if delta <= 0:
                 continue
-            if backend in ("python_infer", "pygrpc_infer"):  # (inference only: not admin, metadata, health)
+            if backend in ROUTER_INFERENCE:  # (inference only: not admin, metadata, health)
                 self.requests["router"] += delta
             elif backend in by_slot:
                 self.requests["native"] += delta

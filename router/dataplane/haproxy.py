@@ -26,7 +26,7 @@ The layout (router.dataplane.plan says why it is fixed):
   writes it) is in `grpc_models.map` (keyed by the message's first bytes in hex: tag, length, name),
   uncompressed and within the body limit, with the same header (metadata) and token checks as `door`;
   backend `g<j>` carries it to the nodes, its deadline the earlier of the call's `grpc-timeout` and
-  the deadline header: by default over HTTP/1.1 to each node's ModelInfer door (nodes.grpc_http1; the
+  the deadline header: by default over HTTP/1.1 to each node's ModelInfer door (telemetry.oip.grpc_http1; the
   proxy turns the answer's chunked trailers into HTTP/2 trailers), with `node_grpc: h2` over HTTP/2 to
   the nodes' gRPC services. Everything else (other calls, streams, a model the
   map lacks) goes to backend `pygrpc`, the router's own gRPC door. The proxy's own refusals carry a
@@ -68,6 +68,8 @@ REWRITE_BYTES = 1024  # HAProxy's tune.maxrewrite: buffer room kept for rewritin
 HEAD_BYTES = 8192  # room for a request's headers (and HTX's own) beside its body
 ROUTER_SOCKET = "router.sock"  # the router serves its proxy here, in the proxy's private folder
 GRPC_SOCKET = "router-grpc.sock"  # its gRPC door for its proxy
+COMPRESSED = "!{ req.body,bytes(0,1),hex -m str 00 }"  # a gRPC message whose first byte says compressed
+GRPC_HTTP1_SOCKET = "router-grpc-http1.sock"  # its ModelInfer over HTTP/1.1 for its proxy (telemetry.oip.grpc_http1)
 GRPC_INFER = "/inference.GRPCInferenceService/ModelInfer"
 GRPC_NAME_MAX = 127  # a name whose length is one varint byte (the map's keys have a fixed layout)
 # gRPC's `grpc-timeout`: digits and a unit -> the converters that make milliseconds of it
@@ -242,6 +244,8 @@ def _route(r: Render, conds: list[str], kind: str, python: str, grpc: bool) -> l
         f"    use_backend {kind}{j} if {{ var(txn.be) -m str {kind}{j} }} {{ nbsrv({kind}{j}) gt 0 }}"
         for j in range(r.settings.model_slots)
     ]
+    if grpc and r.python_grpc_http1 is not None:  # (the router's HTTP/1.1 door takes no compressed message)
+        lines.append(f"    use_backend {python}_infer_h2 if {{ var(txn.infer) -m found }} {COMPRESSED}")
     return lines + [
         f"    use_backend {python}_infer if {{ var(txn.infer) -m found }}",
         f"    default_backend {python}",
@@ -312,7 +316,7 @@ def _grpc_door(r: Render) -> list[str]:
     conds = _header_checks(r) + [
         f"{{ {gto} -m found }} !{{ var(txn.dl) -m found }}",  # (a grpc-timeout not understood)
         "{ var(txn.dl) -m int lt 1 }",
-        "!{ req.body,bytes(0,1),hex -m str 00 }",  # a compressed message
+        COMPRESSED,
         f"{{ req.body,bytes(1,4),hex,hex2i -m int gt {r.max_body_bytes} }}",
         f"{{ req.body,bytes(1,4),hex,hex2i -m int gt {retry_body_bytes(s)} }}",
     ]
@@ -327,8 +331,12 @@ def render(r: Render, plan: Plan) -> str:
     lines += python_backend(r, "python", r.python, False) + python_backend(r, "python_infer", r.python, False)
     if grpc:
         assert r.python_grpc is not None
-        for name in ("pygrpc", "pygrpc_infer"):
-            lines += python_backend(r, name, r.python_grpc, True)
+        lines += python_backend(r, "pygrpc", r.python_grpc, True)
+        if r.python_grpc_http1 is None:
+            lines += python_backend(r, "pygrpc_infer", r.python_grpc, True)
+        else:  # ModelInfer over HTTP/1.1 (telemetry.oip.grpc_http1); a compressed one to the gRPC service
+            lines += python_backend(r, "pygrpc_infer", r.python_grpc_http1, True, h2=False)
+            lines += python_backend(r, "pygrpc_infer_h2", r.python_grpc, True)
     lines += nodes_backend(r, plan)
     if r.rate is not None:
         window_s = max(1, round(r.rate[1] / r.rate[0]))

@@ -102,7 +102,7 @@ class ServerState:
     weight: int  # 1..MAX_WEIGHT; a slot not routable is `ready` False instead of weight 0
     ready: bool
     # where the proxy sends the node's gRPC calls (host, port): its ModelInfer over HTTP/1.1
-    # (`grpc_http1`, nodes.grpc_http1) or its gRPC service; None where it has none
+    # (`grpc_http1`, telemetry.oip.grpc_http1) or its gRPC service; None where it has none
     grpc: tuple[str, int] | None = None
     maxconn: int | None = None  # the most it takes from the proxy at once (None: `max_per_node`)
     # the emulated links to it: (the site a request comes from, rtt ms, jitter ms, loss), one per site

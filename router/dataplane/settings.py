@@ -32,7 +32,7 @@ class DataPlaneConfig(BaseModel):
     node_grpc: Literal["http1", "h2"] = Field(
         "http1",
         description="how it carries a gRPC call to a node: http1, to the node's ModelInfer over HTTP/1.1 "
-        "(nodes.grpc_http1: about twice the rate of the node's own gRPC service); h2, to that service",
+        "(telemetry.oip.grpc_http1: about twice the rate of the node's own gRPC service); h2, to that service",
     )
     node_slots: int = Field(64, ge=1, le=4096, description="nodes it can hold at once (more go to the router)")
     model_slots: int = Field(32, ge=1, le=1024, description="models it can carry at once (more go to the router)")

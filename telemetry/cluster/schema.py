@@ -183,7 +183,7 @@ class NodeLoad(Struct, frozen=True, kw_only=True):
     started_at_ms: EpochMs = 0.0  # when the node process started (its clock); 0 unknown
     # the node's OIP v2 gRPC service, an origin as `endpoint` is ("": none; added within schema 1)
     grpc_endpoint: Annotated[str, Meta(max_length=256)] = ""
-    # ModelInfer as gRPC over HTTP/1.1 for a native data plane (nodes.grpc_http1; "": none)
+    # ModelInfer as gRPC over HTTP/1.1 for a native data plane (telemetry.oip.grpc_http1; "": none)
     grpc_http1_endpoint: Annotated[str, Meta(max_length=256)] = ""
 
     @property

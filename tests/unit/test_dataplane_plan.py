@@ -3,6 +3,7 @@ runtime commands between two plans, and a configuration HAProxy itself accepts (
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 from pathlib import Path
 
@@ -218,7 +219,7 @@ def test_a_grpc_endpoint_from_the_wire_is_checked_as_the_endpoint_is() -> None:
 
 
 def test_grpc_calls_go_to_a_nodes_modelinfer_over_http1_unless_told_h2() -> None:
-    """A node's ModelInfer over HTTP/1.1 (nodes.grpc_http1) is where the proxy sends its gRPC calls by
+    """A node's ModelInfer over HTTP/1.1 (telemetry.oip.grpc_http1) is where the proxy sends its gRPC calls by
     default, its servers without `proto h2`; a node that has none takes no gRPC call natively. With
     `node_grpc: h2`, the node's gRPC service, over HTTP/2."""
     from msgspec.structs import replace
@@ -390,3 +391,26 @@ def test_emulated_links_are_the_proxys_where_the_router_stands_in_a_site(tmp_pat
         pytest.skip("no HAProxy here to check the configuration")
     out = subprocess.run([binary, "-c", "-q", "-f", str(tmp_path / "h.cfg")], capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_modelinfer_the_router_answers_goes_to_its_http1_door_and_a_compressed_one_to_its_grpc_service() -> None:
+    """With the router's ModelInfer over HTTP/1.1 (router.app, telemetry.oip.grpc_http1), the calls the
+    proxy passes on go there; a compressed message (which that door does not read) to the gRPC service,
+    as do every other call and stream."""
+    s = DataPlaneConfig(node_slots=2, model_slots=1)
+    p = Plan("random(2)", "", {}, {}, {})
+    base = Render(s, ("127.0.0.1", 1), "/tmp/router.sock", "/tmp", "k", grpc_listen=("127.0.0.1", 2),
+                  python_grpc="/tmp/g.sock")  # fmt: skip
+    old = render(base, p)
+    assert "server router unix@/tmp/g.sock proto h2" in old.split("backend pygrpc_infer\n")[1].split("\n\n")[0]
+    assert "pygrpc_infer_h2" not in old
+    text = render(dataclasses.replace(base, python_grpc_http1="/tmp/g1.sock"), p)
+    backends = {b.split("\n")[0]: b for b in text.split("\nbackend ")[1:]}
+    assert "server router unix@/tmp/g1.sock\n" in backends["pygrpc_infer"] + "\n"
+    assert "proto h2" not in backends["pygrpc_infer"]
+    assert "server router unix@/tmp/g.sock proto h2" in backends["pygrpc_infer_h2"]
+    assert "server router unix@/tmp/g.sock proto h2" in backends["pygrpc"]
+    gdoor = text[text.index("frontend gdoor") : text.index("\nbackend ")]
+    compressed = gdoor.index("use_backend pygrpc_infer_h2 if { var(txn.infer) -m found } !{ req.body,bytes(0,1),hex")
+    assert compressed < gdoor.index("use_backend pygrpc_infer if") < gdoor.index("default_backend pygrpc")
+    assert "_infer_h2" not in text[text.index("frontend door") : text.index("frontend gdoor")]

@@ -1,22 +1,21 @@
-"""The node's gRPC door for its proxy: OIP v2 `ModelInfer` as gRPC messages over HTTP/1.1, the answer's
-status in chunked trailers, so a native data plane (HAProxy, router.dataplane) carries a client's gRPC
-call to the node over HTTP/1.1 and gives the client real gRPC over HTTP/2 (HAProxy moves trailers
-between the two).
+"""OIP v2 `ModelInfer` as gRPC messages over HTTP/1.1, the answer's status in chunked trailers: the door a
+native data plane's proxy (HAProxy, router.dataplane) carries a client's gRPC call to, at a node
+(nodes.server) and at the router behind it (router.app), giving the client real gRPC over HTTP/2
+(HAProxy moves trailers between the two).
 
 Why a door of its own: Python's gRPC servers cost most of a call. grpc.aio took 200-253 us of CPU for a
 bare call on the development machine, more than the node's whole HTTP inference path (159 us), so the
-node's gRPC door answered 0.41-0.49x of its HTTP rate through the proxy (docs/benchmarks.md). Here a
-call is parsed by llhttp (`httptools`) and protobuf, answered by the same code as the node's gRPC door
-(`NodeService.infer_once`, nodes.inference), and written in one piece.
+node's gRPC service answered 0.41-0.49x of its HTTP rate through the proxy (docs/benchmarks.md). Here a
+call is parsed by llhttp (`httptools`) and protobuf and answered by the service's own `infer_once`
+(nodes.grpc_service, router.grpc_api: the code its gRPC service runs), written in one piece.
 
 What it speaks, and nothing more: `POST /inference.GRPCInferenceService/ModelInfer`, one uncompressed
 message, its metadata as headers (`grpc-timeout`, the hints, `authorization`); every other call
 answers UNIMPLEMENTED, a malformed message INVALID_ARGUMENT. One call at a time per connection (the
-proxy does not pipeline). Hostile input is bounded as at the node's other doors: the head
-(`MAX_HEAD`), the message (`max_body_bytes`), connections (`max_connections`), a head's and a
-connection's idle time (`idle_timeout_s`), a body's (`body_timeout_s`); what is not HTTP/1.1 gets a
-400 and the connection closes. A call whose client goes away mid-call is cancelled, as grpc.aio
-cancels one.
+proxy does not pipeline). Hostile input is bounded as at the other doors: the head (`MAX_HEAD`), the
+message (`max_body`), connections (`max_connections`), a head's and a connection's idle time
+(`idle_timeout_s`), a body's (`body_timeout_s`); what is not HTTP/1.1 gets a 400 and the connection
+closes. A call whose client goes away mid-call is cancelled, as grpc.aio cancels one.
 """
 
 from __future__ import annotations
@@ -43,6 +42,9 @@ _HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: application/grpc\r\ntransfer-encoding
 _BAD = b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
 _LATE = b"HTTP/1.1 408 Request Timeout\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
 _PLAIN = set(range(0x20, 0x7F)) - {ord("%")}
+_TRAILER_NAME = re.compile(r"^[a-z0-9-]{1,64}$")
+_TRAILER_VALUE = re.compile(r"^[\x20-\x7e]{0,256}$")
+_OWN = frozenset({"grpc-status", "grpc-message", "content-type", "transfer-encoding", "content-length"})
 
 
 def grpc_timeout_s(value: bytes | None) -> float | None:
@@ -59,8 +61,11 @@ def _percent(text: str) -> bytes:
     return b"".join(bytes((b,)) if b in _PLAIN else b"%%%02X" % b for b in raw)
 
 
-def answer(code: int, message: str = "", payload: bytes | None = None) -> bytes:
-    """One call's whole answer: its message, if any, then its status in the trailers."""
+def answer(
+    code: int, message: str = "", payload: bytes | None = None, trailers: tuple[tuple[str, str], ...] = ()
+) -> bytes:
+    """One call's whole answer: its message, if any, then its status in the trailers (with `trailers`,
+    the service's own trailing metadata: those not a name and a printable value of gRPC's are left out)."""
     out = [_HEAD]
     if payload is not None:
         framed = b"\x00" + len(payload).to_bytes(4, "big") + payload
@@ -68,19 +73,26 @@ def answer(code: int, message: str = "", payload: bytes | None = None) -> bytes:
     out.append(b"0\r\ngrpc-status: %d\r\n" % code)
     if message:
         out += [b"grpc-message: ", _percent(message), b"\r\n"]
+    for name, value in trailers:
+        if _TRAILER_NAME.match(name) and name not in _OWN and _TRAILER_VALUE.match(value):
+            out.append(f"{name}: {value}\r\n".encode())
     out.append(b"\r\n")
     return b"".join(out)
 
 
 class CallContext:
-    """What `NodeService.infer_once` asks of a gRPC call's context, from an HTTP/1.1 call's head."""
+    """What a service's `infer_once` asks of a gRPC call's context, from an HTTP/1.1 call's head."""
 
-    __slots__ = ("_deadline", "_metadata", "_peer")
+    __slots__ = ("_deadline", "_metadata", "_peer", "trailers")
 
     def __init__(self, metadata: list[tuple[str, str]], timeout_s: float | None, peer: str) -> None:
         self._metadata = metadata
         self._deadline = None if timeout_s is None else time.monotonic() + timeout_s
         self._peer = peer
+        self.trailers: tuple[tuple[str, str], ...] = ()
+
+    def set_trailing_metadata(self, pairs: tuple[tuple[str, str], ...]) -> None:
+        self.trailers = tuple(pairs)
 
     def invocation_metadata(self) -> list[tuple[str, str]]:
         return self._metadata
@@ -95,8 +107,11 @@ class CallContext:
 class _Door:
     """The door's shared state: the service, its bounds, the connections open."""
 
-    def __init__(self, service: Any, max_body: int, max_connections: int, idle_s: float, body_s: float) -> None:
+    def __init__(
+        self, service: Any, max_body: int, max_connections: int, idle_s: float, body_s: float, path: str | None
+    ) -> None:
         self.service = service
+        self.path = path
         self.max_message = max_body
         self.max_connections = max_connections
         self.idle_s = idle_s
@@ -121,6 +136,8 @@ class _Connection(asyncio.Protocol):
         self.head_bytes = 0
         self.body = bytearray()
         self.too_large = False
+        self.dropped = 0  # (a message over the bound: its bytes, counted, not kept)
+        self.prefix = b""
         self.in_message = False
         self.in_body = False
 
@@ -136,6 +153,8 @@ class _Connection(asyncio.Protocol):
         peer = transport.get_extra_info("peername")
         if isinstance(peer, tuple) and peer:
             self.peer = f"ipv4:{peer[0]}:{peer[1]}" if ":" not in str(peer[0]) else f"ipv6:[{peer[0]}]:{peer[1]}"
+        elif self.door.path is not None:
+            self.peer = f"unix:{self.door.path}"
         self._arm(door.idle_s)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -212,9 +231,12 @@ class _Connection(asyncio.Protocol):
 
     def on_body(self, body: bytes) -> None:
         if self.too_large:
+            self.dropped += len(body)
             return
         if len(self.body) + len(body) > self.door.max_message + 5:
             self.too_large = True
+            self.dropped = len(self.body) + len(body)
+            self.prefix = bytes((self.body + body)[:5])
             self.body = bytearray()
             return
         self.body += body
@@ -253,8 +275,9 @@ class _Connection(asyncio.Protocol):
     async def _answer(self) -> bytes:
         if self.parser.get_method() != b"POST" or self.url != PATH:
             return answer(12, f"{self.url[:200].decode('latin-1')} is not served here")
-        if self.too_large:
-            return answer(8, f"message larger than {self.door.max_message} bytes")
+        if self.too_large:  # (in grpc-core's words, as the gRPC service answers it)
+            size = int.from_bytes(self.prefix[1:5], "big") if len(self.prefix) == 5 else self.dropped - 5
+            return answer(8, f"SERVER: Received message larger than max ({size} vs. {self.door.max_message})")
         body = bytes(self.body)
         if len(body) < 5 or body[0] != 0 or int.from_bytes(body[1:5], "big") != len(body) - 5:
             why = "compressed messages are not supported" if body[:1] not in (b"", b"\x00") else "one whole message"
@@ -266,7 +289,7 @@ class _Connection(asyncio.Protocol):
         ctx = CallContext(self.headers, grpc_timeout_s(self.timeout), self.peer)
         status, message, response = await self.door.service.infer_once(request, ctx)
         if response is None:
-            return answer(code_of(status).value[0], message)
+            return answer(code_of(status).value[0], message, None, ctx.trailers)
         return answer(0, "", response.SerializeToString())
 
 
@@ -276,7 +299,8 @@ class Server:
     def __init__(self, server: Any, door: _Door) -> None:
         self.server = server
         self.door = door
-        self.port: int = server.sockets[0].getsockname()[1]
+        name = server.sockets[0].getsockname()
+        self.port: int = name[1] if isinstance(name, tuple) else 0
 
     async def stop(self) -> None:
         self.server.close()
@@ -291,16 +315,21 @@ async def start(
     host: str,
     port: int,
     *,
+    path: str | None = None,
     max_body: int,
     max_connections: int,
     idle_timeout_s: float,
     body_timeout_s: float,
     ssl_context: ssl.SSLContext | None = None,
 ) -> Server:
-    """The door on host:port (0: a free port), answering with `service` (nodes.grpc_service.NodeService)."""
-    door = _Door(service, max_body, max_connections, idle_timeout_s, body_timeout_s)
+    """The door on host:port (0: a free port), or on the unix socket `path`, answering with `service`
+    (its `infer_once(request, context)` -> (status, message, response or None))."""
+    door = _Door(service, max_body, max_connections, idle_timeout_s, body_timeout_s, path)
     loop = asyncio.get_running_loop()
-    server = await loop.create_server(lambda: _Connection(door), host, port, ssl=ssl_context)
+    if path is not None:
+        server = await loop.create_unix_server(lambda: _Connection(door), path)
+    else:
+        server = await loop.create_server(lambda: _Connection(door), host, port, ssl=ssl_context)
     return Server(server, door)
 
 
