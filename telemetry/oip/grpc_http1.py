@@ -12,7 +12,8 @@ call is parsed by llhttp (`httptools`) and protobuf and answered by the service'
 What it speaks, and nothing more: `POST /inference.GRPCInferenceService/ModelInfer`, one uncompressed
 message, its metadata as headers (`grpc-timeout`, the hints, `authorization`); every other call
 answers UNIMPLEMENTED, a malformed message INVALID_ARGUMENT. One call at a time per connection (the
-proxy does not pipeline). Hostile input is bounded as at the other doors: the head (`MAX_HEAD`), the
+proxy does not pipeline). Metadata past grpc-core's default hard limit is refused RESOURCE_EXHAUSTED,
+as the gRPC services refuse it. Hostile input is bounded as at the other doors: the head (`MAX_HEAD`), the
 message (`max_body`), connections (`max_connections`), a head's and a connection's idle time
 (`idle_timeout_s`), a body's (`body_timeout_s`); what is not HTTP/1.1 gets a 400 and the connection
 closes. A call whose client goes away mid-call is cancelled, as grpc.aio cancels one.
@@ -33,8 +34,11 @@ from telemetry.oip.grpc import code_of
 from telemetry.oip.triton import pb
 
 PATH = b"/inference.GRPCInferenceService/ModelInfer"
-MAX_HEAD = 64 << 10  # a call's request line and headers together
-MAX_HEADERS = 100  # headers of one call
+MAX_HEAD = 64 << 10  # a call's request line and headers together (past it: not a call, 400)
+MAX_HEADERS = 256  # headers of one call (HAProxy passes at most 101: tune.http.maxhdr)
+# a call's metadata, counted as grpc-core counts it (name, value and 32 bytes an entry), past which it
+# is refused RESOURCE_EXHAUSTED as grpc-core's default hard limit refuses it at the gRPC services
+MAX_METADATA = 16 << 10
 MAX_MESSAGE_TEXT = 1024  # a status message's characters
 _TIMEOUT = re.compile(rb"^([0-9]{1,8})([HMSmun])$")
 _UNIT_S = {b"H": 3600.0, b"M": 60.0, b"S": 1.0, b"m": 1e-3, b"u": 1e-6, b"n": 1e-9}
@@ -134,6 +138,7 @@ class _Connection(asyncio.Protocol):
         self.headers: list[tuple[str, str]] = []
         self.timeout: bytes | None = None
         self.head_bytes = 0
+        self.metadata = 0  # (grpc-core's measure of the call's metadata)
         self.body = bytearray()
         self.too_large = False
         self.dropped = 0  # (a message over the bound: its bytes, counted, not kept)
@@ -220,6 +225,7 @@ class _Connection(asyncio.Protocol):
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._head(len(name) + len(value))
+        self.metadata += len(name) + len(value) + 32
         key = name.decode("latin-1").lower()
         if key == "grpc-timeout":
             self.timeout = value
@@ -275,6 +281,8 @@ class _Connection(asyncio.Protocol):
     async def _answer(self) -> bytes:
         if self.parser.get_method() != b"POST" or self.url != PATH:
             return answer(12, f"{self.url[:200].decode('latin-1')} is not served here")
+        if self.metadata > MAX_METADATA:  # (in grpc-core's words, as the gRPC services answer it)
+            return answer(8, f"received metadata size exceeds hard limit ({self.metadata} vs. {MAX_METADATA})")
         if self.too_large:  # (in grpc-core's words, as the gRPC service answers it)
             size = int.from_bytes(self.prefix[1:5], "big") if len(self.prefix) == 5 else self.dropped - 5
             return answer(8, f"SERVER: Received message larger than max ({size} vs. {self.door.max_message})")

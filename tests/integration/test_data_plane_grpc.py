@@ -109,6 +109,11 @@ def test_what_the_proxy_cannot_judge_the_routers_grpc_door_answers(native: Stack
         alone, alone_details, _ = _call(native.router.grpc, message, _meta(headers))  # type: ignore[union-attr]
         assert (code, details, how) == (alone, alone_details, "router"), (headers, message[:20])
         assert want is None or code == want, (headers, details)
+    # metadata past gRPC's hard limit: refused as the router and the node's gRPC services refuse it
+    heavy = _meta(CAMS) + [(f"x-m{i}", "v" * 6000) for i in range(3)]
+    for where in (target, native.router.grpc, native.nodes["a"].grpc):  # type: ignore[union-attr]
+        code, details, _ = _call(where, _request(), heavy)
+        assert code == grpc.StatusCode.RESOURCE_EXHAUSTED and "metadata size" in details, (where, details)
     # compressed messages go to the router, which reads them
     with grpc.insecure_channel(target, compression=grpc.Compression.Gzip) as channel:
         _, c = channel.unary_unary(INFER).with_call(_request(), metadata=_meta(CAMS), timeout=10)

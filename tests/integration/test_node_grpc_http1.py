@@ -167,6 +167,16 @@ def test_what_is_not_a_call_it_serves_gets_the_grpc_status_that_says_why(
         assert _read_answer(s)[1]["grpc-status"] == "0"
 
 
+def test_metadata_past_grpcs_hard_limit_is_refused_as_the_grpc_services_refuse_it(door: int) -> None:
+    with _conn(door) as s:
+        s.sendall(_call(_framed(_request()), headers="".join(f"x-m{i}: {'v' * 6000}\r\n" for i in range(3))))
+        status, fields, message = _read_answer(s)
+        assert (status, fields["grpc-status"], message) == (200, "8", b"")
+        assert "metadata size exceeds hard limit" in fields["grpc-message"].replace("%20", " ")
+        s.sendall(_call(_framed(_request()), headers="".join(f"x-m{i}: v\r\n" for i in range(200))))
+        assert _read_answer(s)[1]["grpc-status"] == "0"  # (many small entries: as many as HAProxy passes)
+
+
 def test_what_is_not_http_is_refused_and_closed(door: int) -> None:
     for raw in (
         b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + b"\x00" * 64,  # a TLS hello
