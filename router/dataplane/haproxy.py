@@ -65,6 +65,10 @@ __all__ = [
 MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")  # what may stand in the proxy's map
 MAX_DEADLINE_DIGITS = 9
 REWRITE_BYTES = 1024  # HAProxy's tune.maxrewrite: buffer room kept for rewriting headers
+# headers of one request (or answer) the proxy takes: as many as the router's and the nodes' aiohttp doors
+# (128; past it they answer 400), where HAProxy's default, 101, refused more with its own 400, which
+# its HTTP/2 layer gives a gRPC client as no gRPC status (telemetry.oip.grpc_http1 takes more)
+MAX_HEADERS = 128
 HEAD_BYTES = 8192  # room for a request's headers (and HTX's own) beside its body
 ROUTER_SOCKET = "router.sock"  # the router serves its proxy here, in the proxy's private folder
 GRPC_SOCKET = "router-grpc.sock"  # its gRPC door for its proxy
@@ -213,6 +217,7 @@ def _global(r: Render) -> list[str]:
         "    tune.ssl.default-dh-param 2048",
         f"    tune.bufsize {s.buffer_kb * 1024}",
         f"    tune.maxrewrite {REWRITE_BYTES}",
+        f"    tune.http.maxhdr {MAX_HEADERS}",
     ]
     if r.links:
         lines.append(f"    lua-load {r.rundir}/links.lua")

@@ -35,7 +35,7 @@ from telemetry.oip.triton import pb
 
 PATH = b"/inference.GRPCInferenceService/ModelInfer"
 MAX_HEAD = 64 << 10  # a call's request line and headers together (past it: not a call, 400)
-MAX_HEADERS = 256  # headers of one call (HAProxy passes at most 101: tune.http.maxhdr)
+MAX_HEADERS = 256  # headers of one call (the data plane's HAProxy passes at most 128 and adds a few)
 # a call's metadata, counted as grpc-core counts it (name, value and 32 bytes an entry), past which it
 # is refused RESOURCE_EXHAUSTED as grpc-core's default hard limit refuses it at the gRPC services
 MAX_METADATA = 16 << 10
