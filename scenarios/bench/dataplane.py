@@ -3,7 +3,9 @@ called directly and the Python router, in one run on one machine, over HTTP and 
 c=1 (added p50) and c=32 (throughput, CPU per request of each server, counted against the requests
 the node ran), rounds interleaved; the load from Triton's perf_analyzer where it is found, else from
 Python closed loops. Then how fast the proxy's state follows: a node killed until the proxy holds it
-down, a policy swap until the proxy carries no request natively. Everything shares the machine
+down, a policy swap until the proxy carries no request natively, and with that policy (`compass`,
+which only the router runs) what the proxy passes to the router against the router's own doors at
+c=32 (the router's CPU per request each way). Everything shares the machine
 (broker, node, router, proxy, the load generator): ratios, not capacity. A benchmark: it prints and
 writes JSON, and asserts nothing.
 """
@@ -149,6 +151,30 @@ def bench_dataplane(
         kill_s = None if kill_s is None else time.perf_counter() - t0  # (from the kill, its own wait counted)
         stack.set_policy({"preset": "compass"})
         swap_s = _until(lambda: not (http_json(view_url)[1].get("data_plane") or {}).get("native", True), 5)
+        # what the proxy passes to the router (a policy only the router runs), against the router's own doors
+        passed = {"http": stack.router.dataplane, "grpc": stack.router.dataplane_grpc}
+        for protocol in ("http", "grpc"):
+            targets = {"passed": passed[protocol], "router_compass": where[protocol]["router"]}
+
+            def run_passed(target: str, rnd: int, protocol: str = protocol, targets: Any = targets) -> dict[str, Any]:
+                before, before_router, served = (
+                    cpu_s(_children(router_pid)),
+                    cpu_s([router_pid]),
+                    _served(node.url, "echo"),
+                )
+                if binary is not None:
+                    r = _perf_analyzer(binary, targets[target].removeprefix("http://"), protocol, 32, window_ms)
+                else:
+                    url = targets[target] if protocol == "grpc" else f"{targets[target]}/v2/models/echo/infer"
+                    r = asyncio.run(closed_loop(url, 32, requests, 200, "grpc" if protocol == "grpc" else "json"))
+                done = max(1, _served(node.url, "echo") - served)
+                r["router_cpu_us_per_request"] = round((cpu_s([router_pid]) - before_router) / done * 1e6, 1)
+                r["proxy_cpu_us_per_request"] = round((cpu_s(_children(router_pid)) - before) / done * 1e6, 1)
+                r.update(target=target, round=rnd, protocol=protocol, concurrency=32, load=load, policy="compass")
+                return r
+
+            for runs in interleaved(rounds, list(targets), run_passed).values():
+                rows.extend(runs)
         stack.set_policy({"preset": "p2c"})
 
     def med(target: str, c: int, key: str, protocol: str = "http") -> float:
@@ -176,21 +202,43 @@ def bench_dataplane(
             ),
         }
     summary["grpc_over_http_rps_native_c32"] = round(med("native", 32, "rps", "grpc") / med("native", 32, "rps"), 3)
+    summary["passed_to_router_c32"] = {  # (compass: the proxy passes every request to the router)
+        protocol: {
+            "rps_over_router_door": round(
+                med("passed", 32, "rps", protocol) / med("router_compass", 32, "rps", protocol), 3
+            ),
+            "router_cpu_us": {
+                t: med(t, 32, "router_cpu_us_per_request", protocol) for t in ("passed", "router_compass")
+            },
+        }
+        for protocol in ("http", "grpc")
+    }
     summary["failed_runs"] = sum(1 for r in rows if r.get("failures") and "rps" not in r)
     summary["node_killed_to_down_s"] = None if kill_s is None else round(kill_s, 3)
     summary["policy_swap_to_proxy_s"] = None if swap_s is None else round(swap_s, 3)
     doc = result("dataplane", rounds=rounds, requests=requests, load=load, rows=rows, summary=summary)
-    head = f"{'proto':5} {'target':8} {'c':>3} {'p50 ms':>8} {'p99 ms':>8} {'rps':>8}"
-    lines = [f"load: {load}", f"{head} {'cpu us/req':>11} {'proxy us/req':>13}"]
+    head = f"{'proto':5} {'target':14} {'c':>3} {'p50 ms':>8} {'p99 ms':>8} {'rps':>8}"
+    lines = [f"load: {load}", f"{head} {'cpu us/req':>11} {'front us/req':>13}"]
     for protocol in ("http", "grpc"):
         for c in (1, 32):
             for t in ("direct", "native", "router"):
                 lines.append(
-                    f"{protocol:5} {t:8} {c:>3} {med(t, c, 'p50_ms', protocol):>8.3f} "
+                    f"{protocol:5} {t:14} {c:>3} {med(t, c, 'p50_ms', protocol):>8.3f} "
                     f"{med(t, c, 'p99_ms', protocol):>8.3f} {med(t, c, 'rps', protocol):>8.0f} "
                     f"{med(t, c, 'cpu_us_per_request', protocol):>11.0f} "
                     f"{med(t, c, 'proxy_cpu_us_per_request', protocol):>13.0f}"
                 )
+    lines.append("with compass (the router runs it), c=32: the router's CPU per request, and the proxy's")
+    head = f"{'proto':5} {'target':14} {'p50 ms':>8} {'p99 ms':>8} {'rps':>8}"
+    lines.append(f"{head} {'router us/req':>14} {'proxy us/req':>13}")
+    for protocol in ("http", "grpc"):
+        for t, label in (("passed", "proxy->router"), ("router_compass", "router alone")):
+            proxy = med(t, 32, "proxy_cpu_us_per_request", protocol) if t == "passed" else float("nan")
+            lines.append(
+                f"{protocol:5} {label:14} {med(t, 32, 'p50_ms', protocol):>8.3f} "
+                f"{med(t, 32, 'p99_ms', protocol):>8.3f} {med(t, 32, 'rps', protocol):>8.0f} "
+                f"{med(t, 32, 'router_cpu_us_per_request', protocol):>14.0f} {proxy:>13.0f}"
+            )
     lines += [f"{k}: {v}" for k, v in summary.items() if k != "load"]
     save(out_dir, doc, lines)
     return doc
