@@ -200,8 +200,8 @@ METADATA_HINTS = frozenset({wire.PRIORITY, wire.DEADLINE_MS, wire.SITE, "tracepa
 async def proxy_door(router: Router, path: Path) -> grpc_http1.Server | None:
     """The router's ModelInfer over HTTP/1.1 for its proxy (telemetry.oip.grpc_http1: a gRPC call the
     proxy passes on costs the router about what an HTTP request does, where its grpc.aio service costs
-    more), on the unix socket `path` in its proxy's private folder. None where it cannot listen: the proxy then
-    passes those calls to the gRPC service."""
+    more), on the unix socket `path` in its proxy's private folder. None where it cannot listen: the
+    proxy then passes those calls to the gRPC service."""
     c = router.config
     try:
         return await grpc_http1.start(

@@ -26,11 +26,13 @@ The layout (router.dataplane.plan says why it is fixed):
   writes it) is in `grpc_models.map` (keyed by the message's first bytes in hex: tag, length, name),
   uncompressed and within the body limit, with the same header (metadata) and token checks as `door`;
   backend `g<j>` carries it to the nodes, its deadline the earlier of the call's `grpc-timeout` and
-  the deadline header: by default over HTTP/1.1 to each node's ModelInfer door (telemetry.oip.grpc_http1; the
-  proxy turns the answer's chunked trailers into HTTP/2 trailers), with `node_grpc: h2` over HTTP/2 to
-  the nodes' gRPC services. Everything else (other calls, streams, a model the
-  map lacks) goes to backend `pygrpc`, the router's own gRPC door. The proxy's own refusals carry a
-  gRPC status (`grpc-status`), as a gRPC server's would.
+  the deadline header: by default over HTTP/1.1 to each node's ModelInfer door
+  (telemetry.oip.grpc_http1; the proxy turns the answer's chunked trailers into HTTP/2 trailers), with
+  `node_grpc: h2` over HTTP/2 to the nodes' gRPC services. A ModelInfer call it does not carry goes to
+  backend `pygrpc_infer`, the router's own ModelInfer over HTTP/1.1 where it serves one
+  (GRPC_HTTP1_SOCKET), a compressed one to `pygrpc_infer_h2`; everything else (other calls, streams)
+  to backend `pygrpc`, the router's own gRPC door. The proxy's own refusals carry a gRPC status
+  (`grpc-status`), as a gRPC server's would.
 """
 
 from __future__ import annotations

@@ -22,6 +22,7 @@ closes. A call whose client goes away mid-call is cancelled, as grpc.aio cancels
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 import ssl
 import time
@@ -32,6 +33,8 @@ from google.protobuf.message import DecodeError
 
 from telemetry.oip.grpc import code_of
 from telemetry.oip.triton import pb
+
+log = logging.getLogger("edgeroute")
 
 PATH = b"/inference.GRPCInferenceService/ModelInfer"
 MAX_HEAD = 64 << 10  # a call's request line and headers together (past it: not a call, 400)
@@ -261,8 +264,9 @@ class _Connection(asyncio.Protocol):
             out = await self._answer()
         except asyncio.CancelledError:
             return
-        except Exception:  # (a fault of the node's own: the call fails alone, INTERNAL)
-            out = answer(13, "the node failed to answer")
+        except Exception:  # (a fault of the service's own: the call fails alone, INTERNAL)
+            log.exception("a gRPC call over HTTP/1.1 failed")
+            out = answer(13, "the server failed to answer")
         self.task = None
         self._finish(out, close=not keep)
 
