@@ -268,3 +268,47 @@ def test_no_message_body_leaves_the_node_holding_memory(door: int, tmp_path: Pat
         s.sendall(b"0\r\n\r\n")
         status, fields, _ = _read_answer(s)
         assert (status, fields["grpc-status"]) == (200, "8")
+
+
+def test_a_services_refusal_carries_its_retry_after_and_its_status() -> None:
+    """What the router's `infer_once` does on a refusal (router.grpc_api: `set_trailing_metadata` with
+    `retry-after`, then a status) reaches the proxy in the trailers, with the call's metadata and deadline
+    as the service saw them. The service here stands in for the router's: the door is what is tested."""
+    import asyncio
+
+    from telemetry.oip.grpc_http1 import start
+
+    seen: dict[str, object] = {}
+
+    class Busy:
+        async def infer_once(self, request: object, context: object) -> tuple[int, str, None]:
+            seen["meta"] = dict(context.invocation_metadata())  # type: ignore[attr-defined]
+            seen["left"] = context.time_remaining()  # type: ignore[attr-defined]
+            context.set_trailing_metadata((("retry-after", "2"),))  # type: ignore[attr-defined]
+            return 503, "no node can take the request now", None
+
+    async def main(path: str) -> bytes:
+        server = await start(Busy(), "", 0, path=path, max_body=MAX_BODY, max_connections=4,
+                             idle_timeout_s=IDLE_S, body_timeout_s=BODY_S)  # fmt: skip
+        try:
+            reader, writer = await asyncio.open_unix_connection(path)
+            writer.write(_call(_framed(_request()), headers="grpc-timeout: 1500m\r\nx-edgeroute-priority: 3\r\n"))
+            await writer.drain()
+            data = b""
+            while not data.endswith(b"\r\n\r\n") or b"grpc-status" not in data:
+                data += await asyncio.wait_for(reader.read(65536), 5)
+            writer.close()
+            return data
+        finally:
+            await server.stop()
+
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        data = asyncio.run(main(f"{tmp}/door.sock"))
+    assert data.startswith(b"HTTP/1.1 200 OK\r\n")
+    assert data.endswith(
+        b"0\r\ngrpc-status: 14\r\ngrpc-message: no node can take the request now\r\nretry-after: 2\r\n\r\n"
+    )
+    assert seen["meta"]["x-edgeroute-priority"] == "3"  # type: ignore[index]
+    assert 1.0 < seen["left"] <= 1.5  # type: ignore[operator]
