@@ -213,12 +213,13 @@ class NodeConfig(ServerSettings):
     memory_budget_bytes: int = Field(2 << 30, ge=0)
     max_body_bytes: int = Field(16 << 20, ge=1024)
     grpc_http1_port: int | None = Field(
-        0,
+        None,
         ge=0,
         le=65535,
         description="with grpc_port set, also take ModelInfer as gRPC over HTTP/1.1 on this port, for a native "
         "data plane (its proxy carries a client's gRPC call here: telemetry.oip.grpc_http1), with the same TLS; 0 "
-        "picks a free port; unset: not",
+        "picks a free port (published in the node's telemetry); unset: not (a native data plane then passes the "
+        "node's gRPC calls to its router)",
     )
     kafka: Bootstrap | None = Field(None, description="bootstrap HOST:PORT[,...]; None disables telemetry")
     kafka_security: KafkaSecurity | None = Field(None, description="Kafka SSL/SASL settings (telemetry.process.tls)")

@@ -275,7 +275,7 @@ class Stack:
             port,
             self.bootstrap,
             self.scenario.seed,
-            {"topic": self.topic, "grpc_port": self.free_port(), **self.node_extra(spec)},
+            {"topic": self.topic, "grpc_port": self.free_port(), "grpc_http1_port": 0, **self.node_extra(spec)},
             self.baselines,
             self.scenario.models,
         )

@@ -166,6 +166,7 @@ class SiteStack(Stack):
             "topic": self.topic,
             "host": host,
             "grpc_port": self.free_port(),
+            "grpc_http1_port": 0,
             "endpoint": f"http://{host}:{port}",
             **self.node_extra(spec),
         }

@@ -92,6 +92,7 @@ async def test_mutual_tls_holds_on_both_doors_of_the_data_plane(broker, tmp_path
             "topic": topic,
             "interval_ms": 100,
             "grpc_port": free_port(),
+            "grpc_http1_port": 0,  # (the door the proxy carries gRPC calls to: telemetry.oip.grpc_http1)
             "models": [{"name": "sensor_mlp"}],
         }
     )
