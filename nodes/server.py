@@ -432,14 +432,12 @@ async def serve(config: NodeConfig, stop: asyncio.Event, on_bound: Any = None, o
             host = f"[{advertised.hostname}]" if ":" in (advertised.hostname or "") else advertised.hostname
             app[RUNTIME].grpc_endpoint = f"{advertised.scheme}://{host}:{grpc_port}"
             if config.grpc_http1_port is not None:
-                h1_server = await grpc_http1.start(
+                h1_server = await grpc_http1.start_for(
                     grpc_service.NodeService(app[RUNTIME]),
+                    config,
+                    config.max_body_bytes,
                     config.host,
                     config.grpc_http1_port,
-                    max_body=config.max_body_bytes,
-                    max_connections=max(16, config.connection_limits(default_max_connections())[1] // 4),
-                    idle_timeout_s=config.idle_timeout_s,
-                    body_timeout_s=config.body_timeout_s,
                     ssl_context=ssl_context,
                 )
                 app[RUNTIME].grpc_http1_endpoint = f"{advertised.scheme}://{host}:{h1_server.port}"

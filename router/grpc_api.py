@@ -35,7 +35,6 @@ from telemetry.oip.grpc import (
     service_handler,
 )
 from telemetry.oip.triton import EXTENSIONS, from_json, mc, pb
-from telemetry.process.serving import default_max_connections
 
 
 async def _abort(context: Any, status: int, message: str) -> NoReturn:
@@ -204,16 +203,7 @@ async def proxy_door(router: Router, path: Path) -> grpc_http1.Server | None:
     proxy then passes those calls to the gRPC service."""
     c = router.config
     try:
-        return await grpc_http1.start(
-            RouterService(router),
-            "",
-            0,
-            path=str(path),
-            max_body=c.max_body_bytes,
-            max_connections=max(16, c.connection_limits(default_max_connections())[1] // 4),
-            idle_timeout_s=c.idle_timeout_s,
-            body_timeout_s=c.body_timeout_s,
-        )
+        return await grpc_http1.start_for(RouterService(router), c, c.max_body_bytes, path=str(path))
     except OSError as exc:
         print(f"edgeroute router: the proxy's gRPC calls go to the gRPC service: {exc}", file=sys.stderr, flush=True)
         return None

@@ -26,6 +26,7 @@ import logging
 import re
 import ssl
 import time
+from collections.abc import Awaitable
 from typing import Any
 
 import httptools
@@ -33,6 +34,8 @@ from google.protobuf.message import DecodeError
 
 from telemetry.oip.grpc import code_of
 from telemetry.oip.triton import pb
+from telemetry.process.serving import default_max_connections
+from telemetry.process.settings import ServerSettings
 
 log = logging.getLogger("edgeroute")
 
@@ -290,12 +293,13 @@ class _Connection(asyncio.Protocol):
         if self.too_large:  # (in grpc-core's words, as the gRPC service answers it)
             size = int.from_bytes(self.prefix[1:5], "big") if len(self.prefix) == 5 else self.dropped - 5
             return answer(8, f"SERVER: Received message larger than max ({size} vs. {self.door.max_message})")
-        body = bytes(self.body)
-        if len(body) < 5 or body[0] != 0 or int.from_bytes(body[1:5], "big") != len(body) - 5:
-            why = "compressed messages are not supported" if body[:1] not in (b"", b"\x00") else "one whole message"
-            return answer(12 if body[:1] not in (b"", b"\x00") else 3, why)
+        body = self.body  # (read in place: no copy of the message)
+        if body and body[0] != 0:
+            return answer(12, "compressed messages are not supported")
+        if len(body) < 5 or int.from_bytes(body[1:5], "big") != len(body) - 5:
+            return answer(3, "one whole message")
         try:
-            request = pb.ModelInferRequest.FromString(body[5:])
+            request = pb.ModelInferRequest.FromString(memoryview(body)[5:])
         except DecodeError:
             return answer(3, "malformed ModelInferRequest message")
         ctx = CallContext(self.headers, grpc_timeout_s(self.timeout), self.peer)
@@ -303,6 +307,31 @@ class _Connection(asyncio.Protocol):
         if response is None:
             return answer(code_of(status).value[0], message, None, ctx.trailers)
         return answer(0, "", response.SerializeToString())
+
+
+def start_for(
+    service: Any,
+    settings: ServerSettings,
+    max_body: int,
+    host: str = "",
+    port: int = 0,
+    *,
+    path: str | None = None,
+    ssl_context: ssl.SSLContext | None = None,
+) -> Awaitable[Server]:
+    """`start` with a server's own settings (a node's or the router's): its idle and body times, and a
+    quarter of its gRPC connections (the door serves only a proxy)."""
+    return start(
+        service,
+        host,
+        port,
+        path=path,
+        max_body=max_body,
+        max_connections=max(16, settings.connection_limits(default_max_connections())[1] // 4),
+        idle_timeout_s=settings.idle_timeout_s,
+        body_timeout_s=settings.body_timeout_s,
+        ssl_context=ssl_context,
+    )
 
 
 class Server:
@@ -345,4 +374,4 @@ async def start(
     return Server(server, door)
 
 
-__all__ = ["PATH", "CallContext", "Server", "answer", "grpc_timeout_s", "start"]
+__all__ = ["PATH", "CallContext", "Server", "answer", "grpc_timeout_s", "start", "start_for"]
