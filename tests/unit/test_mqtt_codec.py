@@ -9,6 +9,7 @@ from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from paho.mqtt.client import mqtt_ms_wait_for_pubcomp
 from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
@@ -141,8 +142,8 @@ def test_a_puback_for_an_answer_ends_it_as_pahos_own_decoder_does(packet: bytes,
     import paho.mqtt.client as mqtt
     from paho.mqtt.client import MQTTMessage, MQTTMessageInfo
 
-    def client_with_answers() -> Any:
-        c = mqtt.Client(callback_api_version=CallbackAPIVersion.VERSION2, client_id="t", protocol=5)
+    def client_with_answers(cls: Any = mqtt.Client) -> Any:
+        c = cls(callback_api_version=CallbackAPIVersion.VERSION2, client_id="t", protocol=5)
         for mid in range(1, inflight + 1):
             m = MQTTMessage(mid)
             m.qos = 1
@@ -161,12 +162,69 @@ def test_a_puback_for_an_answer_ends_it_as_pahos_own_decoder_does(packet: bytes,
         return (rc, sorted(c._out_messages), c._inflight_messages)
 
     theirs = client_with_answers()
-    ours = client_with_answers()
-    ours.__class__ = DoorClient
+    ours = client_with_answers(DoorClient)
     assert outcome(ours, ours._handle_pubackcomp) == outcome(theirs, theirs._handle_pubackcomp)
     for mid in (1, inflight):  # a PUBACK as Mosquitto sends it: the door's fast path
-        ours = client_with_answers()
-        ours.__class__ = DoorClient
+        ours = client_with_answers(DoorClient)
         ours._in_packet["packet"] = mid.to_bytes(2, "big")
         assert ours._handle_pubackcomp("PUBACK") == 0 and mid not in ours._out_messages
         assert ours._inflight_messages == inflight - 1
+
+
+def _window_client(cls: Any, window: int) -> Any:
+    """A client (paho's or the door's) with an in-flight window of `window` whose queued packets are
+    recorded rather than written (both get the same recorder: what is compared is which answers they
+    send, and when)."""
+    c = cls(callback_api_version=CallbackAPIVersion.VERSION2, client_id="t", protocol=5)
+    c.max_inflight_messages_set(window)
+    c.max_queued_messages_set(64)
+    c._sock = object()  # (connected, as far as publishing goes: nothing is written to it)
+    c.sent = []
+    c._packet_queue = lambda command, packet, mid, qos, info=None: c.sent.append(bytes(packet)) or 0
+    return c
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.integers(1, 4),
+    st.lists(
+        st.one_of(
+            st.tuples(st.just("publish"), st.integers(1, 2)),
+            st.tuples(st.just("puback"), st.integers(0, 7)),
+            st.tuples(st.just("reconnect"), st.just(0)),
+        ),
+        max_size=40,
+    ),
+)
+def test_answers_held_past_the_window_go_out_as_pahos_own_client_sends_them(window: int, steps: list[Any]) -> None:
+    """Answers published past the in-flight window, freed by the broker's PUBACKs (the door's own reading
+    and paho's) and put back by reconnections: the door's queue of held answers sends the same packets in
+    the same order as paho's walk of every message, and leaves the same messages in the same states."""
+    from paho.mqtt.client import Client
+
+    ours, theirs = _window_client(DoorClient, window), _window_client(Client, window)
+    try:
+        for n, (op, arg) in enumerate(steps):
+            for c in (ours, theirs):
+                if op == "publish":
+                    c.publish(f"a/{n}", f"answer {n}".encode(), qos=arg)
+                elif op == "puback":
+                    waiting = [mid for mid, m in c._out_messages.items() if m.state.name.startswith("MQTT_MS_WAIT")]
+                    if not waiting:
+                        continue
+                    mid = waiting[arg % len(waiting)]
+                    qos2 = c._out_messages[mid].qos == 2
+                    c._in_packet["command"] = 0x70 if qos2 else 0x40
+                    c._in_packet["packet"] = mid.to_bytes(2, "big")
+                    if qos2:  # (a QoS 2 answer ends with PUBCOMP: what frees its slot there)
+                        c._out_messages[mid].state = mqtt_ms_wait_for_pubcomp
+                    c._handle_pubackcomp("PUBCOMP" if qos2 else "PUBACK")
+                else:
+                    c._messages_reconnect_reset_out()
+            assert ours.sent == theirs.sent
+            assert [(mid, m.state) for mid, m in ours._out_messages.items()] == [
+                (mid, m.state) for mid, m in theirs._out_messages.items()
+            ]
+            assert ours._inflight_messages == theirs._inflight_messages
+    finally:
+        ours._sock = theirs._sock = None  # (nothing to close)
