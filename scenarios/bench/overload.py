@@ -19,13 +19,18 @@ router's CPU under the offer says. Goodput is the requests answered in time a se
 measured capacity. A refusal still costs the router its door's work (reading the request, writing
 the 503): with a refusal costing a fraction `f` of a routed request, at `offer` times the capacity
 at most `(1 - offer f) / (1 - f)` of it can be answered, which the table gives beside the figures.
-Everything shares one machine, so the figures are ratios within the run. A benchmark: it prints and
-writes JSON, and asserts nothing.
+Everything shares one machine, so the figures are ratios within the run, and whether a run measured
+the router at all is said beside it: the cores the router and the load generator used while the offer
+ran (`router_cores`, `loadgen_cores`). The router is one Python process, at most one core; a run where
+it used less than `ROUTER_BOUND` of one was bound by something else (on a 2-core machine, the load
+generator: a Python client spends about what the router does on each request), and its figures say
+nothing of the rule. A benchmark: it prints and writes JSON, and asserts nothing.
 """
 
 from __future__ import annotations
 
 import json
+import resource
 import subprocess
 import sys
 import time
@@ -44,6 +49,7 @@ DEADLINE_MS = 200.0
 GRACE_S = 5.0  # past its deadline, a request with no answer is lost
 CONCURRENCY = 32  # the capacity's closed loop
 DEVICES = 8  # MQTT clients of the load generator (one connection each)
+ROUTER_BOUND = 0.85  # of a core: a run where the router used less was bound by something else
 CONNECTIONS = 256  # HTTP: the devices' keep-alive connections (a request waits for its device's to be free)
 BODY = json.dumps({"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1.0, 2.0, 3.0, 4.0]}]})
 
@@ -176,6 +182,9 @@ def mqtt_main():
         c = mqtt.Client(callback_api_version=CallbackAPIVersion.VERSION2, client_id=f"{name}-load",
                         protocol=mqtt.MQTTv5, userdata=name)
         c.username_pw_set(name, password)
+        # no window of paho's own: past 20 unacknowledged requests it holds the rest back and walks all
+        # it holds at every PUBACK, late by its own doing (Mosquitto acknowledges at once anyway)
+        c.max_inflight_messages_set(0)
         c.on_message = on_message
         c.connect(m["host"], m["port"], 30)
         c.loop_start()
@@ -214,16 +223,29 @@ print(json.dumps(summary(wall)))
 """
 
 
+def _children_cpu_s() -> float:
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return used.ru_utime + used.ru_stime
+
+
 def _load(cfg: dict[str, Any]) -> dict[str, Any]:
-    """Run the load generator with `cfg`; its summary."""
+    """Run the load generator with `cfg`; its summary, with the CPU it used (`cpu_s`)."""
     limit = cfg["seconds"] + cfg["deadline_ms"] / 1000.0 + cfg["grace_s"] + 60
+    cpu0 = _children_cpu_s()
     proc = subprocess.run(
         [sys.executable, "-c", LOADGEN, json.dumps(cfg)], capture_output=True, text=True, timeout=limit
     )
     try:
-        return json.loads(proc.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+        summary: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
         raise RuntimeError(f"the load generator failed: {proc.stderr[-800:]}") from None
+    summary["cpu_s"] = _children_cpu_s() - cpu0
+    return summary
+
+
+def _cores(cpu_s: float, load: dict[str, Any]) -> float:
+    """Cores used over the load's sending (CPU seconds over its wall time)."""
+    return round(cpu_s / load["wall_s"], 2) if load.get("wall_s") else 0.0
 
 
 def _scenario(router: dict[str, Any], rate: float = 1.0, seconds: float = 20.0, cpu: Any = None) -> Scenario:
@@ -337,8 +359,12 @@ def bench_overload(
                 capacity = answered / cap["wall_s"]
                 per_routed = cpu_cap * 1e6 / max(1, answered)
                 row: dict[str, Any] = {"door": door, "capacity_rps": round(capacity, 1),
-                                       "cpu_us_per_routed": round(per_routed, 1)}  # fmt: skip
-                print(f"  {door}: capacity {capacity:.0f} req/s at {per_routed:.0f} us of router CPU each", flush=True)
+                                       "cpu_us_per_routed": round(per_routed, 1),
+                                       "capacity_router_cores": _cores(cpu_cap, cap),
+                                       "capacity_loadgen_cores": _cores(cap["cpu_s"], cap)}  # fmt: skip
+                print(f"  {door}: capacity {capacity:.0f} req/s at {per_routed:.0f} us of router CPU each (router "
+                      f"{row['capacity_router_cores']} of a core, load generator {row['capacity_loadgen_cores']})",
+                      flush=True)  # fmt: skip
                 runs = [("on", where, pid)]
                 if door == "http":
                     runs.append(("off", {"door": "http", "url": off_url}, off_proc.pid))
@@ -349,13 +375,16 @@ def bench_overload(
                     load = _load(cfg)
                     spent = (process_cpu_s(run_pid) or 0.0) - cpu0
                     fig = _figures(load, capacity, seconds)
+                    fig["router_cores"], fig["loadgen_cores"] = _cores(spent, load), _cores(load["cpu_s"], load)
+                    fig["router_bound"] = fig["router_cores"] >= ROUTER_BOUND
                     routed = sum(t["statuses"].get("200", 0) for t in load["classes"].values())
                     refused = fig["sent"] - routed - fig["lost"] - fig["unsent"]
                     if refused > 0:
                         fig["cpu_us_per_refusal"] = round(max(1.0, spent * 1e6 - routed * per_routed) / refused, 1)
                     row[f"live_{name}"] = fig
                     print(f"    live, rule {name}: critical {fig['critical_in_time_pct']}% in time, goodput "
-                          f"{fig['goodput_vs_capacity']}x capacity, lost {fig['lost']}", flush=True)  # fmt: skip
+                          f"{fig['goodput_vs_capacity']}x capacity, lost {fig['lost']} (router {fig['router_cores']} "
+                          f"of a core, load generator {fig['loadgen_cores']})", flush=True)  # fmt: skip
                 doors.append(row)
     finally:
         for proc in procs:
@@ -405,6 +434,14 @@ def bench_overload(
             f"{' (assumed: nothing was refused)' if row['refusal_assumed'] else ''}: at {offer:g}x at most "
             f"{row['goodput_bound_vs_capacity']}x the capacity can be answered"
         )
+        for key in ("live_on", "live_off"):
+            run = row.get(key)
+            if run is not None and not run["router_bound"]:
+                lines.append(
+                    f"  {row['door']} {key.replace('_', ' ')}: not bound by the router, which used "
+                    f"{run['router_cores']} of a core (the load generator {run['loadgen_cores']}): these figures "
+                    "say nothing of its rule"
+                )
     if broker is None:
         lines.append("  mqtt: not measured (Mosquitto is not installed: apt install mosquitto)")
     save(out_dir, doc, lines)

@@ -400,6 +400,13 @@ def test_bench_overload_measures_each_door_live_and_simulated(tmp_path: Path) ->
             for c in fig["classes"].values():
                 assert c["sent"] > 0 and c["refused"] + c["late"] + c["lost"] + c["unsent"] <= c["sent"]
             assert fig["sent"] == sum(c["sent"] for c in fig["classes"].values())
+        # what bound each live run is measured: the router's and the load generator's CPU while it ran
+        assert row["capacity_router_cores"] > 0 and row["capacity_loadgen_cores"] > 0
+        for key in ("live_on", "live_off"):
+            if key in row:
+                fig = row[key]
+                assert fig["router_cores"] > 0 and fig["loadgen_cores"] > 0
+                assert fig["router_bound"] == (fig["router_cores"] >= 0.85)
     assert (tmp_path / "overload.json").is_file()
 
 
