@@ -3,9 +3,10 @@
 
 A stack whose nodes have room (two nodes of the trivial `echo` model, two slots each) and one router
 with its saturation rule on (router.lifecycle.saturation). For each door (HTTP; MQTT through Mosquitto
-where it is installed), a load generator of its own process, written with stock clients (aiohttp,
-paho-mqtt), first finds the router's capacity: a closed loop of critical requests (never shed for
-the router's lag) at concurrency 32; the answers a second are the capacity, the router's CPU over
+where it is installed), a load generator of its own process (scenarios.bench.loadgen: one event loop
+that spends a tenth of what a stock client does per request, so that on a small machine the router,
+not the generator, is what runs out of CPU) first finds the router's capacity: a closed loop of
+critical requests (never shed for the router's lag) at concurrency 32; the answers a second are the capacity, the router's CPU over
 them its cost a request. Then it offers `offer` times that capacity, open loop at random (Poisson)
 moments, a mix of critical, bulk and sheddable requests (`MIX`) with one deadline, and counts per
 class what was answered in time, refused, answered late and lost (no answer `GRACE_S` past the
@@ -53,175 +54,6 @@ ROUTER_BOUND = 0.85  # of a core: a run where the router used less was bound by 
 CONNECTIONS = 256  # HTTP: the devices' keep-alive connections (a request waits for its device's to be free)
 BODY = json.dumps({"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1.0, 2.0, 3.0, 4.0]}]})
 
-# The load generator: a process of its own (part of the benchmark, not of the product). One JSON
-# argument; prints one JSON line: per priority what was sent, answered in time, each status, lost, and
-# how late the generator itself sent against its schedule.
-LOADGEN = r"""
-import asyncio, json, random, struct, sys, threading, time
-cfg = json.loads(sys.argv[1])
-door, mode, seconds, deadline = cfg["door"], cfg["mode"], cfg["seconds"], cfg["deadline_ms"]
-rng = random.Random(cfg["seed"])
-mix = {int(k): v for k, v in cfg["mix"].items()}
-prios, weights = list(mix), list(mix.values())
-lock = threading.Lock()
-sent, pending, behind, unsent = [], {}, [], {}
-tally = {p: {"sent": 0, "in_time": 0, "statuses": {}, "lat": []} for p in prios}
-
-def done(key, status):
-    with lock:
-        got = pending.pop(key, None)
-    if got is None:
-        return
-    prio, t0 = got
-    ms = (time.perf_counter() - t0) * 1000.0
-    t = tally[prio]
-    t["statuses"][status] = t["statuses"].get(status, 0) + 1
-    if status == "200":
-        t["lat"].append(ms)
-        t["in_time"] += ms <= deadline
-
-def moments():
-    t, out = 0.0, []
-    while True:
-        t += rng.expovariate(cfg["rate"])
-        if t >= seconds:
-            return out
-        out.append((t, rng.choices(prios, weights)[0]))
-
-def summary(wall):
-    out = {}
-    for p, t in tally.items():
-        lat = sorted(t.pop("lat"))
-        t["p50_ms"] = lat[len(lat) // 2] if lat else None
-        t["p99_ms"] = lat[min(len(lat) - 1, int(len(lat) * 0.99))] if lat else None
-        t["unsent"] = unsent.get(p, 0)  # of those, never sent: the client's connections all waiting
-        t["lost"] = t["sent"] - sum(t["statuses"].values()) - t["unsent"]
-        out[str(p)] = t
-    behind.sort()
-    return {"classes": out, "wall_s": wall, "behind_p99_ms": behind[int(len(behind) * 0.99)] if behind else 0.0}
-
-async def http_main():
-    import aiohttp
-    url = cfg["url"] + "/v2/models/echo/infer"
-    body = cfg["body"].encode()
-    timeout = aiohttp.ClientTimeout(total=deadline / 1000.0 + cfg["grace_s"])
-    free = asyncio.Semaphore(cfg["connections"])
-    wire = set()
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=timeout) as s:
-        async def one(key, prio):
-            headers = {"Content-Type": "application/json", "x-edgeroute-priority": str(prio),
-                       "x-edgeroute-deadline-ms": str(deadline)}
-            with lock:
-                pending[key] = (prio, time.perf_counter())
-            tally[prio]["sent"] += 1
-            try:
-                async with asyncio.timeout(deadline / 1000.0 + cfg["grace_s"]):
-                    async with free:  # its device's connection
-                        wire.add(key)
-                        async with s.post(url, data=body, headers=headers) as r:
-                            await r.read()
-                            done(key, str(r.status))
-            except (aiohttp.ClientError, asyncio.TimeoutError):
-                if key not in wire:  # never left the client: every connection was waiting
-                    unsent[prio] = unsent.get(prio, 0) + 1
-            wire.discard(key)
-        start = time.perf_counter()
-        if mode == "closed":
-            n = 0
-            async def worker(w):
-                nonlocal n
-                while time.perf_counter() - start < seconds:
-                    n += 1
-                    await one((w, n), prios[0])
-            await asyncio.gather(*(worker(w) for w in range(cfg["concurrency"])))
-        else:
-            tasks = set()
-            for i, (at, prio) in enumerate(moments()):
-                delay = start + at - time.perf_counter()
-                if delay > 0:
-                    await asyncio.sleep(delay)
-                else:
-                    behind.append(-delay * 1000.0)
-                task = asyncio.ensure_future(one(i, prio))
-                tasks.add(task)
-                task.add_done_callback(tasks.discard)
-            if tasks:
-                await asyncio.wait(tasks)
-        return time.perf_counter() - start
-
-def mqtt_main():
-    import paho.mqtt.client as mqtt
-    from paho.mqtt.enums import CallbackAPIVersion
-    from paho.mqtt.packettypes import PacketTypes
-    from paho.mqtt.properties import Properties
-    m = cfg["mqtt"]
-    clients = []
-    def on_message(client, userdata, msg):
-        props = dict(getattr(msg.properties, "UserProperty", []) or [])
-        key = struct.unpack(">q", msg.properties.CorrelationData)[0]
-        done(key, props.get("status", "?"))
-        if mode == "closed" and time.perf_counter() - start < seconds:
-            send(client, userdata, next_key())
-    counter = [0]
-    def next_key():
-        with lock:
-            counter[0] += 1
-            return counter[0]
-    def send(c, name, key, prio=None):
-        prio = prios[0] if prio is None else prio
-        props = Properties(PacketTypes.PUBLISH)
-        props.ResponseTopic = f"devices/{name}/answers"
-        props.CorrelationData = struct.pack(">q", key)
-        props.MessageExpiryInterval = int(deadline // 1000) + 1
-        props.UserProperty = [("priority", str(prio)), ("deadline_ms", str(deadline))]
-        with lock:
-            pending[key] = (prio, time.perf_counter())
-            tally[prio]["sent"] += 1
-        c.publish(f"{m['prefix']}/models/echo/infer", cfg["body"].encode(), qos=1, properties=props)
-    for i, (name, password) in enumerate(m["accounts"]):
-        c = mqtt.Client(callback_api_version=CallbackAPIVersion.VERSION2, client_id=f"{name}-load",
-                        protocol=mqtt.MQTTv5, userdata=name)
-        c.username_pw_set(name, password)
-        # no window of paho's own: past 20 unacknowledged requests it holds the rest back and walks all
-        # it holds at every PUBACK, late by its own doing (Mosquitto acknowledges at once anyway)
-        c.max_inflight_messages_set(0)
-        c.on_message = on_message
-        c.connect(m["host"], m["port"], 30)
-        c.loop_start()
-        c.subscribe(f"devices/{name}/answers", qos=1)
-        clients.append((name, c))
-    time.sleep(1.0)  # (subscribed)
-    start = time.perf_counter()
-    if mode == "closed":
-        for w in range(cfg["concurrency"]):
-            name, c = clients[w % len(clients)]
-            send(c, name, next_key())
-        time.sleep(seconds)
-    else:
-        for i, (at, prio) in enumerate(moments()):
-            delay = start + at - time.perf_counter()
-            if delay > 0:
-                time.sleep(delay)
-            else:
-                behind.append(-delay * 1000.0)
-            name, c = clients[i % len(clients)]
-            send(c, name, next_key(), prio)
-    wall = time.perf_counter() - start
-    until = time.monotonic() + deadline / 1000.0 + cfg["grace_s"]
-    while pending and time.monotonic() < until:
-        time.sleep(0.05)
-    for _, c in clients:
-        c.loop_stop()
-        c.disconnect()
-    return wall
-
-wall = asyncio.run(http_main()) if door == "http" else mqtt_main()
-if mode == "closed":  # (what was still out when the loop stopped is not lost: it was never waited for)
-    for p in prios:
-        tally[p]["sent"] = sum(tally[p]["statuses"].values())
-print(json.dumps(summary(wall)))
-"""
-
 
 def _children_cpu_s() -> float:
     used = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -233,7 +65,11 @@ def _load(cfg: dict[str, Any]) -> dict[str, Any]:
     limit = cfg["seconds"] + cfg["deadline_ms"] / 1000.0 + cfg["grace_s"] + 60
     cpu0 = _children_cpu_s()
     proc = subprocess.run(
-        [sys.executable, "-c", LOADGEN, json.dumps(cfg)], capture_output=True, text=True, timeout=limit
+        [sys.executable, "-m", "scenarios.bench.loadgen", json.dumps(cfg)],
+        capture_output=True,
+        text=True,
+        timeout=limit,
+        cwd=Path(__file__).resolve().parents[2],
     )
     try:
         summary: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
