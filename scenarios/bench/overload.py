@@ -4,15 +4,15 @@
 A stack whose nodes have room (two nodes of the trivial `echo` model, two slots each) and one router
 with its saturation rule on (router.lifecycle.saturation). For each door (HTTP; MQTT through Mosquitto
 where it is installed), a load generator of its own process (scenarios.bench.loadgen: one event loop
-that spends a tenth of what a stock client does per request, so that on a small machine the router,
-not the generator, is what runs out of CPU) first finds the router's capacity: a closed loop of
-critical requests (never shed for the router's lag) at concurrency 32; the answers a second are the capacity, the router's CPU over
-them its cost a request. Then it offers `offer` times that capacity, open loop at random (Poisson)
-moments, a mix of critical, bulk and sheddable requests (`MIX`) with one deadline, and counts per
-class what was answered in time, refused, answered late and lost (no answer `GRACE_S` past the
-deadline). Over HTTP the devices hold `CONNECTIONS` keep-alive connections, one request at a time
-each; a request that never got one is counted apart as unsent. Over HTTP the same offer also goes to
-a second router of this checkout with the rule off, beside it: what the rule buys.
+that spends a tenth of what a stock client does per request, so that on a small machine the router, not
+the generator, is what runs out of CPU) first finds the router's capacity: a closed loop of critical
+requests (never shed for the router's lag) at concurrency 32; the answers a second are the capacity,
+the router's CPU over them its cost a request. Then it offers `offer` times that capacity, open loop at
+random (Poisson) moments, a mix of critical, bulk and sheddable requests (`MIX`) with one deadline, and
+counts per class what was answered in time, refused, answered late and lost (no answer `GRACE_S` past
+the deadline). Over HTTP the devices hold `CONNECTIONS` keep-alive connections, one request at a time
+each; a request that never got one is counted apart as unsent. Over HTTP the same offer also goes to a
+second router of this checkout with the rule off, beside it: what the rule buys.
 
 The simulator runs the same offers with the router as one core (scenarios.sim.routercpu): a request
 takes the time the live router took one at its capacity, a refusal the fraction of it that the
