@@ -261,7 +261,13 @@ async def get_view(request: web.Request) -> web.Response:
             "reroute": router.lifecycle.reroute.as_json(),
             "overload": {
                 **overload_summary(router.lifecycle, request.query.get("since_s")),
-                "saturation": {"lag_ms": round(router.saturation.lag_ms, 2), "refused": router.saturation.refused},
+                "saturation": {
+                    "lag_ms": round(router.saturation.lag_ms, 2),
+                    "busy": round(router.saturation.busy, 3),
+                    "shed_share": round(router.saturation.shed_share, 2),
+                    "bulk_share": round(router.saturation.bulk_share, 2),
+                    "refused": router.saturation.refused,
+                },
             },
             "health": router.lifecycle.health.state(now),
             "router_id": router.router_id,

@@ -27,6 +27,7 @@ from router.capture_app import capture_ctx
 from router.config import ConfigError, RouterConfig, telemetry_sources
 from router.dataplane.haproxy import GRPC_HTTP1_SOCKET, GRPC_SOCKET, KEY_HEADER, PEER_HEADER, ROUTER_SOCKET, vouched
 from router.lifecycle.saturation import TICK_MS
+from router.loop_busy import LoopBusy
 from router.node_client import HttpNodeClient, NodeClient, NodeError
 from router.state import CLIENT, ROUTER, Router
 from router.state import json_error as _error
@@ -107,18 +108,19 @@ def _peer(router: Router, request: web.Request) -> str:
 
 
 class _LagTicker:
-    """How late the loop gets to a timer due every TICK_MS (router.lifecycle.saturation): one
-    `call_at` chain, no task; a tick costs a few microseconds."""
+    """How late the loop gets to a timer due every TICK_MS, and how much of each tick it wanted the CPU
+    (router.lifecycle.saturation): one `call_at` chain, no task; a tick costs a few microseconds."""
 
     def __init__(self, router: Router, loop: asyncio.AbstractEventLoop) -> None:
         self.router = router
         self.loop = loop
+        self.busy = LoopBusy()
         self.due = loop.time() + TICK_MS / 1000.0
         self.handle: asyncio.TimerHandle | None = loop.call_at(self.due, self.tick)
 
     def tick(self) -> None:
         now = self.loop.time()
-        self.router.saturation.tick((now - self.due) * 1000.0)
+        self.router.saturation.tick((now - self.due) * 1000.0, self.busy.share())
         self.due = now + TICK_MS / 1000.0
         self.handle = self.loop.call_at(self.due, self.tick)
 
@@ -126,6 +128,7 @@ class _LagTicker:
         if self.handle is not None:
             self.handle.cancel()
             self.handle = None
+        self.busy.close()
 
 
 async def _lifecycle(app: web.Application) -> AsyncIterator[None]:

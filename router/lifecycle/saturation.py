@@ -16,6 +16,19 @@ not saturation; a loop late on every tick is behind. `refuse` decides at intake,
   that floods the router is shed before anyone else's work is;
 - critical work: never refused for it.
 
+Lag alone misses a router whose backlog is outside it: clients that hold one request per connection
+(HTTP/1.1 keep-alive) queue their next request at home while the router works through the ones it has,
+so the loop stays a few milliseconds behind however far the clients' queues grow
+(docs/measurements.md, "The router itself the bottleneck"). So the drivers also say how much of each
+tick the loop wanted the CPU (`busy`: running, or runnable and waiting for a core; the live router
+reads its loop thread's scheduler statistics). A loop busy on every tick of the window (at least
+`busy_shed`) is saturated whatever its lag: a share of sheddable work is refused, raised by `STEP`
+each tick while it stays saturated, then of bulk work once all sheddable work is and the lag is not
+falling (a backlog the loop is working off keeps it busy a while after enough is refused: that is
+recovery, and shedding bulk work for it would overshoot); both come down by
+`STEP` a tick once the loop is busy under `busy_shed - BAND` on average, bulk first. The shares are
+taken in turn, not drawn (`_due`): a share of 0.25 refuses every fourth request of its class.
+
 A refusal costs the router a fraction of what serving costs (no node call, no answer body), so under
 saturation the router's capacity goes to what it admits. Pure: no asyncio, no clock; the driver feeds
 `tick` with what it measured.
@@ -29,6 +42,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 TICK_MS = 10.0  # how often the live router measures its loop's lag
+STEP = 0.05  # a refused share's change per tick (0 to all of a class in 20 ticks)
+BAND = 0.1  # the shares come down below `busy_shed - BAND` of the tick busy on average
 
 
 class SaturationConfig(BaseModel):
@@ -42,6 +57,13 @@ class SaturationConfig(BaseModel):
     tenant_lag_ms: float = Field(
         8.0, gt=0, le=10_000, description="lag at which a tenant over its share of intake is refused first"
     )
+    busy_shed: float = Field(
+        0.95,
+        gt=BAND,
+        le=1.0,
+        description="share of every tick of the window the loop wanted the CPU at which a rising share of "
+        "sheddable, then bulk work is refused, whatever the lag",
+    )
 
 
 class Saturation:
@@ -51,14 +73,50 @@ class Saturation:
     def __init__(self, cfg: SaturationConfig) -> None:
         self.cfg = cfg
         self._recent: deque[float] = deque(maxlen=cfg.window)
+        self._busy: deque[float] = deque(maxlen=cfg.window)
         self.lag_ms = 0.0
+        self.busy = 0.0  # the share of the recent ticks the loop wanted the CPU, on average
+        self.shed_share = 0.0  # of sheddable work refused for a saturated loop
+        self.bulk_share = 0.0  # ... of bulk work (only once all sheddable work is)
+        self._credit = [0.0, 0.0]  # (sheddable, bulk): the shares taken so far, less what was refused
         self.refused = 0
 
-    def tick(self, late_ms: float) -> None:
-        """A tick due `late_ms` ago fired now."""
+    def tick(self, late_ms: float, busy: float | None = None) -> None:
+        """A tick due `late_ms` ago fired now; `busy`: the share of the tick's interval the loop wanted
+        the CPU (None: not measured)."""
         recent = self._recent
         recent.append(max(0.0, late_ms))
+        before = self.lag_ms
         self.lag_ms = min(recent) if len(recent) == recent.maxlen else 0.0
+        if busy is None:
+            return
+        shares = self._busy
+        shares.append(min(1.0, max(0.0, busy)))
+        if len(shares) < shares.maxlen:  # type: ignore[operator]  # (maxlen is set)
+            return
+        self.busy = sum(shares) / len(shares)
+        if not self.cfg.enabled:
+            return
+        limit = self.cfg.busy_shed
+        if min(shares) >= limit:  # busy on every tick: saturated
+            if self.shed_share < 1.0:
+                self.shed_share = min(1.0, self.shed_share + STEP)
+            elif self.lag_ms >= before:  # (not working a backlog off)
+                self.bulk_share = min(1.0, self.bulk_share + STEP)
+        elif self.busy < limit - BAND:
+            if self.bulk_share > 0.0:
+                self.bulk_share = max(0.0, self.bulk_share - STEP)
+            else:
+                self.shed_share = max(0.0, self.shed_share - STEP)
+
+    def _due(self, kind: int, share: float) -> bool:
+        """Whether this request of its class (0 sheddable, 1 bulk) is the one of its share to refuse."""
+        credit = self._credit[kind] + share
+        if credit >= 1.0 - 1e-9:
+            self._credit[kind] = credit - 1.0
+            return True
+        self._credit[kind] = credit
+        return False
 
     def refuse_request(self, priority: int, budget_ms: float, tenant: str, tenants: Any, now: float) -> str | None:
         """`refuse` for one request of `tenant` ("" with tenants off): whether it is over its share is
@@ -70,9 +128,9 @@ class Saturation:
         """Why a request is refused at the door for the router's own saturation (a 503), or None
         (`over_share`: its tenant's intake is above its share)."""
         cfg, lag = self.cfg, self.lag_ms
-        if not cfg.enabled or lag <= 0.0:
+        if not cfg.enabled or (lag <= 0.0 and self.shed_share <= 0.0):
             return None
-        if lag >= budget_ms:
+        if lag > 0.0 and lag >= budget_ms:
             why = f"the router is {lag:.0f} ms behind, more than the request's {budget_ms:.0f} ms budget"
         elif priority < 0 and lag >= cfg.shed_lag_ms:
             why = f"the router is {lag:.0f} ms behind: sheddable work is refused"
@@ -80,10 +138,14 @@ class Saturation:
             why = f"the router is {lag:.0f} ms behind: only critical work is taken"
         elif over_share and priority < cfg.critical_priority and lag >= cfg.tenant_lag_ms:
             why = f"the router is {lag:.0f} ms behind: a tenant over its share is refused first"
+        elif priority < 0 and self.shed_share > 0.0 and self._due(0, self.shed_share):
+            why = f"the router is saturated ({self.busy:.0%} busy): part of sheddable work is refused"
+        elif 0 <= priority < cfg.critical_priority and self.bulk_share > 0.0 and self._due(1, self.bulk_share):
+            why = f"the router is saturated ({self.busy:.0%} busy): part of bulk work is refused"
         else:
             return None
         self.refused += 1
         return why
 
 
-__all__ = ["TICK_MS", "Saturation", "SaturationConfig"]
+__all__ = ["BAND", "STEP", "TICK_MS", "Saturation", "SaturationConfig"]

@@ -406,7 +406,7 @@ def test_bench_overload_measures_each_door_live_and_simulated(tmp_path: Path) ->
             if key in row:
                 fig = row[key]
                 assert fig["router_cores"] > 0 and fig["loadgen_cores"] > 0
-                assert fig["router_bound"] == (fig["router_cores"] >= 0.85)
+                assert fig["loadgen_bound"] == (fig["loadgen_cores"] >= 0.75 or fig["behind_p99_ms"] > 200.0)
     assert (tmp_path / "overload.json").is_file()
 
 

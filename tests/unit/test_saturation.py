@@ -35,3 +35,87 @@ def test_a_loop_late_on_every_tick_sheds_sheddable_then_bulk_never_critical() ->
 def test_off_when_asked_and_quiet_before_the_window_fills() -> None:
     assert _behind([100.0] * 5, enabled=False).refuse(-1, 1000.0) is None
     assert _behind([100.0] * 4).refuse(-1, 1000.0) is None  # (the window is 5 ticks)
+
+
+def _busy(ticks: list[tuple[float, float]], **cfg: object) -> Saturation:
+    s = Saturation(SaturationConfig.model_validate(cfg))
+    for late, busy in ticks:
+        s.tick(late, busy)
+    return s
+
+
+def test_a_loop_busy_on_every_tick_sheds_a_rising_share_of_sheddable_work_then_bulk_never_critical() -> None:
+    """A loop that never waits (its clients queue at home: little lag) is saturated: the share of
+    sheddable work refused rises by STEP a tick, taken in turn; bulk only once all sheddable work is
+    refused and the lag is not falling; critical work never."""
+    from router.lifecycle.saturation import STEP
+
+    s = _busy([(1.0, 1.0)] * 5)  # the window full: the first step
+    assert s.lag_ms < 15.0 and s.shed_share == STEP
+    assert [s.refuse(-1, 1000.0) is not None for _ in range(40)].count(True) == 2  # every 20th
+    s = _busy([(1.0, 1.0)] * 9)
+    assert s.shed_share == 5 * STEP
+    refused = [s.refuse(-1, 1000.0) for _ in range(8)]
+    assert [r is not None for r in refused] == [False, False, False, True] * 2  # a quarter, in turn
+    assert "saturated" in str(refused[3]) and "sheddable" in str(refused[3])
+    assert s.refuse(0, 1000.0) is None and s.refuse(1, 1000.0) is None
+    s = _busy([(1.0, 1.0)] * 40)  # 36 steps: all sheddable, then bulk
+    assert s.shed_share == 1.0 and abs(s.bulk_share - 16 * STEP) < 1e-9
+    assert all(s.refuse(-1, 1000.0) for _ in range(10))
+    assert 0 < [s.refuse(0, 1000.0) is not None for _ in range(100)].count(True) < 100
+    assert all(s.refuse(p, 1000.0) is None for p in (1, 2, 100)), "critical work: never"
+
+
+def test_a_backlog_being_worked_off_is_not_shed_into() -> None:
+    """All sheddable work refused and the loop still busy, but its lag falling (a backlog it is working
+    off): no bulk work is refused for it."""
+    s = _busy([(300.0 - 2 * i, 1.0) for i in range(60)])  # busy on every tick, 300 ms behind and catching up
+    assert s.shed_share == 1.0 and s.bulk_share == 0.0
+    s.tick(s.lag_ms + 5.0, 1.0)  # no longer catching up
+    assert s.bulk_share > 0.0
+
+
+def test_the_shares_come_down_when_the_loop_has_room_bulk_first() -> None:
+    from router.lifecycle.saturation import STEP
+
+    s = _busy([(1.0, 1.0)] * 30)
+    assert s.shed_share == 1.0 and s.bulk_share > 0.0
+    bulk = s.bulk_share
+    for _ in range(3):
+        s.tick(1.0, 0.9)  # busy but under busy_shed: held where it is
+    assert s.bulk_share == bulk and s.shed_share == 1.0
+    for _ in range(5):
+        s.tick(1.0, 0.2)  # room: down, bulk first
+    assert s.bulk_share < bulk and s.shed_share == 1.0
+    for _ in range(int(2 / STEP) + 5):
+        s.tick(1.0, 0.2)
+    assert s.bulk_share == 0.0 and s.shed_share == 0.0
+    assert s.refuse(-1, 1000.0) is None
+
+
+def test_busy_alone_refuses_nothing_when_off_or_before_the_window_fills() -> None:
+    off = _busy([(0.0, 1.0)] * 50, enabled=False)
+    assert off.refuse(-1, 1000.0) is None and off.shed_share == 0.0 and off.busy == 1.0  # (measured, not acted on)
+    assert _busy([(0.0, 1.0)] * 50).refuse(10, 0.0) is None  # (no lag: no budget is under it)
+    assert _busy([(0.0, 1.0)] * 4).refuse(-1, 1000.0) is None
+    assert _busy([(0.0, 0.94)] * 50).refuse(-1, 1000.0) is None  # (under busy_shed)
+
+
+def test_the_loop_thread_busy_share_is_measured() -> None:
+    """`LoopBusy` on a thread that computes, then sleeps: near all of the first span, near none of the
+    second (running or waiting for a core both count: a busy host reads busy)."""
+    import time
+
+    from router.loop_busy import LoopBusy
+
+    meter = LoopBusy()
+    try:
+        meter.share()
+        end = time.monotonic() + 0.15
+        while time.monotonic() < end:
+            pass
+        assert meter.share() > 0.8
+        time.sleep(0.15)
+        assert meter.share() < 0.2
+    finally:
+        meter.close()

@@ -74,6 +74,24 @@ def test_the_core_waits_for_the_work_ahead_and_ticks_late_by_it() -> None:
     assert core.take(10_000.0, True) == pytest.approx(10_000.25)  # a refusal's CPU
 
 
+def test_the_core_says_how_busy_each_tick_was_and_its_shares_come_down_after_an_idle_spell() -> None:
+    """Each tick is also told the part of its interval the core worked (the live loop's busy share): a
+    core kept busy refuses a rising share of sheddable work on that alone; idle long enough after, the
+    share is back to none (the idle ticks are fed, not only the lag's window)."""
+    core = RouterCore(1000.0, 250.0, SaturationConfig())
+    at = 0.0
+    for _ in range(400):  # one request a ms, each a ms of work: busy on every tick, never behind
+        start = core.arrive(at)
+        core.take(start, False)
+        at += 1.0
+    sat = core.saturation
+    assert sat.lag_ms < 2.0 and sat.busy > 0.95 and sat.shed_share == 1.0
+    assert core.refuse(-1, 150.0) is not None and core.refuse(2, 150.0) is None
+    core.arrive(at + 2_000.0)  # two idle seconds
+    assert sat.busy == 0.0 and sat.shed_share == 0.0 and sat.bulk_share == 0.0
+    assert core.refuse(-1, 150.0) is None
+
+
 def test_below_capacity_the_core_changes_little() -> None:
     free_by, free = _run(_scenario(400.0, None))
     by, cored = _run(_scenario(400.0, (1000.0, 250.0)))
