@@ -12,7 +12,8 @@ not saturation; a loop late on every tick is behind. `refuse` decides at intake,
 - sheddable work (priority < 0) while the lag's floor is at least `shed_lag_ms`: 503;
 - bulk work (priority below `critical_priority`) while it is at least `bulk_lag_ms`: 503;
 - with tenants, non-critical work of a tenant whose recent intake is above its weighted share
-  (router.lifecycle.tenants.over_share) while the lag is at least `tenant_lag_ms`: 503, so the tenant
+  (router.lifecycle.tenants.over_share) while the lag is at least `tenant_lag_ms` or the loop is
+  saturated (below): 503, so the tenant
   that floods the router is shed before anyone else's work is;
 - critical work: never refused for it.
 
@@ -120,8 +121,10 @@ class Saturation:
 
     def refuse_request(self, priority: int, budget_ms: float, tenant: str, tenants: Any, now: float) -> str | None:
         """`refuse` for one request of `tenant` ("" with tenants off): whether it is over its share is
-        asked of the tenants' table (router.lifecycle.tenants) only while the lag could make it count."""
-        over = bool(tenant) and self.lag_ms >= self.cfg.tenant_lag_ms and tenants.over_share(tenant, now)
+        asked of the tenants' table (router.lifecycle.tenants) only while the lag or a saturated loop
+        could make it count."""
+        counts = self.lag_ms >= self.cfg.tenant_lag_ms or self.shed_share > 0.0
+        over = bool(tenant) and counts and tenants.over_share(tenant, now)
         return self.refuse(priority, budget_ms, over)
 
     def refuse(self, priority: int, budget_ms: float, over_share: bool = False) -> str | None:
@@ -138,6 +141,8 @@ class Saturation:
             why = f"the router is {lag:.0f} ms behind: only critical work is taken"
         elif over_share and priority < cfg.critical_priority and lag >= cfg.tenant_lag_ms:
             why = f"the router is {lag:.0f} ms behind: a tenant over its share is refused first"
+        elif over_share and priority < cfg.critical_priority and self.shed_share > 0.0:
+            why = f"the router is saturated ({self.busy:.0%} busy): a tenant over its share is refused first"
         elif priority < 0 and self.shed_share > 0.0 and self._due(0, self.shed_share):
             why = f"the router is saturated ({self.busy:.0%} busy): part of sheddable work is refused"
         elif 0 <= priority < cfg.critical_priority and self.bulk_share > 0.0 and self._due(1, self.bulk_share):

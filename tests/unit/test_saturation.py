@@ -119,3 +119,20 @@ def test_the_loop_thread_busy_share_is_measured() -> None:
         assert meter.share() < 0.2
     finally:
         meter.close()
+
+
+def test_a_saturated_loop_refuses_a_tenant_over_its_share_first() -> None:
+    """Busy on every tick, little lag: the non-critical work of a tenant whose intake is above its share
+    is refused before anyone else's bulk work is; its critical work is not."""
+
+    class Tenants:
+        def over_share(self, tenant: str, now: float) -> bool:
+            return tenant == "noisy"
+
+    s = _busy([(1.0, 1.0)] * 6)
+    assert 0.0 < s.shed_share < 1.0 and s.bulk_share == 0.0 and s.lag_ms < 8.0
+    assert "over its share" in str(s.refuse_request(0, 1000.0, "noisy", Tenants(), 0.0))
+    assert s.refuse_request(0, 1000.0, "quiet", Tenants(), 0.0) is None
+    assert s.refuse_request(5, 1000.0, "noisy", Tenants(), 0.0) is None  # (critical: never)
+    idle = _busy([(1.0, 0.2)] * 6)
+    assert idle.refuse_request(0, 1000.0, "noisy", Tenants(), 0.0) is None  # room: nobody's refused
