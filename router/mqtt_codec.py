@@ -36,7 +36,8 @@ def _field(data: bytes) -> bytes:
     return len(data).to_bytes(2, "big") + data
 
 
-def _varint(n: int) -> bytes:
+def varint(n: int) -> bytes:
+    """`n` as MQTT's variable byte integer (a remaining length, a property block's length)."""
     out = bytearray()
     while True:
         n, digit = n >> 7, n & 0x7F
@@ -77,7 +78,7 @@ class AnswerProperties(Properties):
             body += b"\x26" + _field(name.encode()) + _field(value.encode())
         # (paho's __setattr__ takes only property names: these go past it)
         object.__setattr__(self, "_shown", shown)
-        object.__setattr__(self, "_packed", _varint(len(body)) + bytes(body))
+        object.__setattr__(self, "_packed", varint(len(body)) + bytes(body))
 
     def pack(self) -> bytes:
         return self._packed

@@ -19,16 +19,16 @@ not saturation; a loop late on every tick is behind. `refuse` decides at intake,
 
 Lag alone misses a router whose backlog is outside it: clients that hold one request per connection
 (HTTP/1.1 keep-alive) queue their next request at home while the router works through the ones it has,
-so the loop stays a few milliseconds behind however far the clients' queues grow
-(docs/measurements.md, "The router itself the bottleneck"). So the drivers also say how much of each
-tick the loop wanted the CPU (`busy`: running, or runnable and waiting for a core; the live router
-reads its loop thread's scheduler statistics). A loop busy on every tick of the window (at least
-`busy_shed`) is saturated whatever its lag: a share of sheddable work is refused, raised by `STEP`
-each tick while it stays saturated, then of bulk work once all sheddable work is and the lag is not
-falling (a backlog the loop is working off keeps it busy a while after enough is refused: that is
-recovery, and shedding bulk work for it would overshoot); both come down by
-`STEP` a tick once the loop is busy under `busy_shed - BAND` on average, bulk first. The shares are
-taken in turn, not drawn (`_due`): a share of 0.25 refuses every fourth request of its class.
+so the loop stays a few milliseconds behind however far the clients' queues grow (docs/measurements.md,
+"The router itself the bottleneck"). So the drivers also say how much of each tick the loop wanted the
+CPU (`busy`: running, or runnable and waiting for a core; the live router reads its loop thread's
+scheduler statistics). A loop busy on every tick of the window (at least `busy_shed`) is saturated
+whatever its lag: a share of sheddable work is refused, raised by `STEP` each tick while it stays
+saturated, then of bulk work once all sheddable work is and the lag is not falling (a backlog the loop
+is working off keeps it busy a while after enough is refused: that is recovery, and shedding bulk work
+for it would overshoot); both come down by `STEP` a tick once the loop is busy under `busy_shed - BAND`
+on average, bulk first. The shares are taken in turn, not drawn (`_due`): a share of 0.25 refuses every
+fourth request of its class.
 
 A refusal costs the router a fraction of what serving costs (no node call, no answer body), so under
 saturation the router's capacity goes to what it admits. Pure: no asyncio, no clock; the driver feeds

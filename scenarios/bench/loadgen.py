@@ -272,15 +272,6 @@ async def http_run(cfg: dict[str, Any]) -> dict[str, Any]:
 # --- MQTT -------------------------------------------------------------------------------------------
 
 
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        n, digit = n >> 7, n & 0x7F
-        out.append(digit | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
-
-
 def _connected(m: dict[str, Any], name: str, password: str) -> socket.socket:
     """A device's connection, made and subscribed to its answers by paho-mqtt, then taken from it."""
     import paho.mqtt.client as mqtt
@@ -369,6 +360,8 @@ def _publish_template(
     from paho.mqtt.packettypes import PacketTypes
     from paho.mqtt.properties import Properties
 
+    from router.mqtt_codec import varint
+
     props = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
     props.ResponseTopic = f"devices/{name}/answers"
     props.CorrelationData = MARK
@@ -376,7 +369,7 @@ def _publish_template(
     props.UserProperty = [("priority", str(prio)), ("deadline_ms", str(deadline))]
     topic = f"{m['prefix']}/models/echo/infer".encode()
     var = len(topic).to_bytes(2, "big") + topic + b"\x00\x00" + bytes(props.pack())  # type: ignore[no-untyped-call]
-    head = b"\x32" + _varint(len(var) + len(body))
+    head = b"\x32" + varint(len(var) + len(body))
     packet = bytearray(head + var + body)
     mid_at = len(head) + 2 + len(topic)
     corr_at = bytes(packet).index(MARK)
