@@ -258,6 +258,12 @@ async def http_run(cfg: dict[str, Any]) -> dict[str, Any]:
             opened()
 
     closed_next = Closed(tally, send)
+    first = min(conns, 64)  # connections open before the first request; more as requests wait for one
+    for _ in range(first):
+        opening += 1
+        loop.create_task(open_one())
+    while len(live) < first and opening:
+        await asyncio.sleep(0.01)
     wall = await drive(tally, send, closed_next)
     for key, _, _ in waiting:  # (still waiting when the sending and the grace ended)
         if key in tally.pending:

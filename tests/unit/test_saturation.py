@@ -136,3 +136,27 @@ def test_a_saturated_loop_refuses_a_tenant_over_its_share_first() -> None:
     assert s.refuse_request(5, 1000.0, "noisy", Tenants(), 0.0) is None  # (critical: never)
     idle = _busy([(1.0, 0.2)] * 6)
     assert idle.refuse_request(0, 1000.0, "noisy", Tenants(), 0.0) is None  # room: nobody's refused
+
+
+def test_a_scheduler_file_that_reads_odd_falls_back_to_the_threads_cpu_time(tmp_path: object) -> None:
+    """Where the kernel's per-thread statistics read as something else (another kernel's format, a
+    file gone), the meter says 0 once and measures the thread's own CPU time from then on."""
+    import os
+    import time
+    from pathlib import Path
+
+    from router.loop_busy import LoopBusy
+
+    meter = LoopBusy()
+    junk = Path(str(tmp_path)) / "schedstat"
+    junk.write_text("not numbers\n")
+    meter.close()
+    meter._fd = os.open(junk, os.O_RDONLY)
+    assert meter.share() == 0.0 and meter._fd is None
+    cpu0, wall0 = time.thread_time(), time.monotonic()
+    while time.thread_time() - cpu0 < 0.05:  # 50 ms of this thread's CPU, however long the host takes
+        pass
+    share = meter.share()
+    expected = (time.thread_time() - cpu0) / (time.monotonic() - wall0)
+    assert share > 0.0 and abs(share - expected) < 0.1  # (its own CPU time: no wait for a core counted)
+    meter.close()
