@@ -116,7 +116,9 @@ _RANGES = {0x01: (0, 1), 0x23: (1, 65_535), 0x0B: (1, 268_435_455)}  # values pa
 _FORBIDDEN = (b"\x00", b"\xef\xbb\xbf")  # U+0000 and U+FEFF: MQTT-1.5.4-2, -3 (surrogates fail decoding)
 
 
-def _read_varint(data: bytes, at: int, end: int) -> tuple[int, int] | None:
+def read_varint(data: bytes | bytearray, at: int, end: int) -> tuple[int, int] | None:
+    """A variable byte integer at `at` (at most 4 bytes, before `end`): its value and where it ends;
+    None where it does not end in time."""
     value = shift = 0
     for i in range(at, min(at + 4, end)):
         byte = data[i]
@@ -159,7 +161,7 @@ def read_publish(packet: bytes | bytearray, qos: int) -> tuple[int, bytes, Reque
             return None
         mid = int.from_bytes(data[at : at + 2], "big")
         at += 2
-    read = _read_varint(data, at, end)
+    read = read_varint(data, at, end)
     if read is None:
         return None
     length, at = read
@@ -195,7 +197,7 @@ def read_publish(packet: bytes | bytearray, qos: int) -> tuple[int, bytes, Reque
                 return None
             value, at = (first[0], second[0]), second[1]
         elif kind == "varint":
-            got_int = _read_varint(data, at, stop)
+            got_int = read_varint(data, at, stop)
             if got_int is None:
                 return None
             value, at = got_int

@@ -33,6 +33,8 @@ import time
 from collections import deque
 from typing import Any
 
+from router.mqtt_codec import read_publish, read_varint, varint
+
 MARK = b"\xa5\x5a\xc3\x3c\x96\x69\x0f\xf0"  # an 8-byte correlation stand-in, found and written over
 
 
@@ -314,29 +316,23 @@ class MqttConn(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]
 
     def data_received(self, data: bytes) -> None:
-        from router.mqtt_codec import read_publish
-
         buf = self.buffer
         buf += data
         at, acks = 0, bytearray()
         while True:
             if len(buf) - at < 2:
                 break
-            n, mult, i = 0, 1, at + 1
-            while i < len(buf) and buf[i] & 0x80:
-                n += (buf[i] & 0x7F) * mult
-                mult <<= 7
-                i += 1
-            if i >= len(buf):
+            length = read_varint(buf, at + 1, len(buf))
+            if length is None:
                 break
-            n += buf[i] * mult
-            end = i + 1 + n
+            n, start = length  # (the packet's body from `start`)
+            end = start + n
             if end > len(buf):
                 break
             head = buf[at]
             if head >> 4 == 3:  # PUBLISH: an answer
                 qos = (head >> 1) & 3
-                read = read_publish(bytes(buf[i + 1 : end]), qos)
+                read = read_publish(bytes(buf[start:end]), qos)
                 if read is not None:
                     mid, _, props, _ = read
                     if qos == 1:
@@ -365,8 +361,6 @@ def _publish_template(
     correlation data are (paho packs the properties)."""
     from paho.mqtt.packettypes import PacketTypes
     from paho.mqtt.properties import Properties
-
-    from router.mqtt_codec import varint
 
     props = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
     props.ResponseTopic = f"devices/{name}/answers"
