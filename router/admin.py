@@ -267,6 +267,7 @@ async def get_view(request: web.Request) -> web.Response:
                     "shed_share": round(router.saturation.shed_share, 2),
                     "bulk_share": round(router.saturation.bulk_share, 2),
                     "refused": router.saturation.refused,
+                    "refused_early": router.saturation.refused_early,
                 },
             },
             "health": router.lifecycle.health.state(now),

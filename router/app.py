@@ -25,7 +25,8 @@ from router import admin, director, grpc_api, http_api, mqtt_api
 from router.canary_app import canary_ctx
 from router.capture_app import capture_ctx
 from router.config import ConfigError, RouterConfig, telemetry_sources
-from router.dataplane.haproxy import GRPC_HTTP1_SOCKET, GRPC_SOCKET, KEY_HEADER, PEER_HEADER, ROUTER_SOCKET, vouched
+from router.dataplane.haproxy import GRPC_HTTP1_SOCKET, GRPC_SOCKET, ROUTER_SOCKET
+from router.early import EarlyDoor, peer_of
 from router.lifecycle.saturation import TICK_MS
 from router.loop_busy import LoopBusy
 from router.node_client import HttpNodeClient, NodeClient, NodeError
@@ -97,14 +98,7 @@ async def front_door(
 
 
 def _peer(router: Router, request: web.Request) -> str:
-    """The client's address: the connection's, or, for a request the native data plane passed on (its
-    key proves it), the one the proxy saw (router.dataplane)."""
-    dp = router.dataplane
-    if dp is not None:
-        peer = vouched(dp.key, request.headers.get(KEY_HEADER), request.headers.get(PEER_HEADER))
-        if peer is not None:
-            return peer
-    return request.remote or "unknown"
+    return peer_of(router, request.headers, request.remote)
 
 
 class _LagTicker:
@@ -392,6 +386,7 @@ async def serve(
         reuse_port=reuse_port,
         max_connections=config.connection_limits(default_max_connections())[0],
         idle_timeout_s=config.idle_timeout_s,
+        protocol=lambda server: EarlyDoor(server, app[ROUTER]),
     )
     app[ROUTER].metrics.watch_connections(cap)
     grpc_server = grpc_port = None

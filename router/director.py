@@ -101,34 +101,44 @@ async def infer(router: Router, call: InferCall) -> Outcome:
     """An inference request read whole, checked, routed by the policy (or run as a workflow), answered;
     traced as one span when tracing is on (telemetry.process.tracing); recorded when capture is on."""
     trail = Trail()
-    if tracing.TRACER is None:
-        outcome = await _infer(router, call, trail)
-    else:
-        outcome = await _traced(router, call, trail)
-    capture = router.capture
-    if capture is not None:
-        headers = outcome.headers
-        capture.request(
-            "r",
-            call.arrived_ms,
-            call.door,
-            trail.site,
-            call.client,
-            call.model,
-            trail.version or call.version,
-            trail.priority,
-            trail.budget_ms,
-            len(call.body),
-            outcome.status,
-            round(router.clock() - call.arrived_ms, 3),
-            outcome.node,
-            outcome.attempts,
-            _float(headers.get(wire.QUEUE_MS)),
-            _float(headers.get(wire.EXEC_MS)),
-            trail.arm,
-            trail.tenant or None,
-        )
+    sat = router.saturation
+    sat.in_flight += 1  # (an input of its rule: router.lifecycle.saturation)
+    try:
+        if tracing.TRACER is None:
+            outcome = await _infer(router, call, trail)
+        else:
+            outcome = await _traced(router, call, trail)
+    finally:
+        sat.in_flight -= 1
+    if router.capture is not None:
+        record(router, call, trail, outcome, len(call.body))
     return outcome
+
+
+def record(router: Router, call: InferCall, trail: Trail, outcome: Outcome, size: int) -> None:
+    """An answered inference's capture record (router.capture; capture on); `size`: its body's bytes."""
+    assert router.capture is not None
+    headers = outcome.headers
+    router.capture.request(
+        "r",
+        call.arrived_ms,
+        call.door,
+        trail.site,
+        call.client,
+        call.model,
+        trail.version or call.version,
+        trail.priority,
+        trail.budget_ms,
+        size,
+        outcome.status,
+        round(router.clock() - call.arrived_ms, 3),
+        outcome.node,
+        outcome.attempts,
+        _float(headers.get(wire.QUEUE_MS)),
+        _float(headers.get(wire.EXEC_MS)),
+        trail.arm,
+        trail.tenant or None,
+    )
 
 
 def _float(value: str | None) -> float | None:

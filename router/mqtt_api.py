@@ -54,7 +54,7 @@ import paho.mqtt.client as mqtt
 from aiohttp import web
 from prometheus_client import Counter, Gauge
 
-from router import director
+from router import director, early
 from router.config import MqttConfig
 from router.dispatch import Outcome
 from router.mqtt_codec import AnswerProperties
@@ -219,8 +219,10 @@ class MqttDoor(BrokerLink):
         """What can be decided of a request as it comes, on the loop and before any task or state is
         made for it: its topic and properties, who sent it (a request that does not authenticate is
         dropped, never answered: its response topic is the sender's word, not a place it may have the
-        router publish), where its answer may go, the door's own bounds, and whether it is a redelivery
-        of one in progress or answered. What is left runs as a task (`_run`)."""
+        router publish), where its answer may go, the door's own bounds, whether it is a redelivery
+        of one in progress or answered, and whether the router's own saturation refuses it on its
+        properties alone (router.early: the full path's answer, with no task made). What is left runs
+        as a task (`_run`)."""
         router = self.router
         arrived = router.clock()
         props = msg.properties
@@ -273,6 +275,15 @@ class MqttDoor(BrokerLink):
             self.metrics.messages.labels("client_limit").inc()
             out = Outcome.error(429, f"{held} requests in flight from this client already")
             out.headers["Retry-After"] = "1"
+            return self._answer(msg, response_topic, corr, out, arrived, budget)
+        seen = early.look(router, user.get("priority"), user.get("deadline_ms"), transport_ms)
+        fits = size <= router.config.max_body_bytes  # (else the full path's 413)
+        if seen is not None and "site" not in user and fits and early.routed(router, *route):
+            # refused by the router's own saturation on its properties alone: answered here, no task made
+            status, why, retry = early.refuse(router, seen, "mqtt", route[0], route[1], client, size)
+            out = Outcome.error(status, why)
+            out.headers["Retry-After"] = retry
+            self.metrics.messages.labels("answered").inc()
             return self._answer(msg, response_topic, corr, out, arrived, budget)
         self.in_flight[client] = held + 1
         self.running += 1

@@ -22,17 +22,24 @@ Lag alone misses a router whose backlog is outside it: clients that hold one req
 so the loop stays a few milliseconds behind however far the clients' queues grow (docs/measurements.md,
 "The router itself the bottleneck"). So the drivers also say how much of each tick the loop wanted the
 CPU (`busy`: running, or runnable and waiting for a core; the live router reads its loop thread's
-scheduler statistics). A loop busy on every tick of the window (at least `busy_shed`) is saturated
-whatever its lag: a share of sheddable work is refused, raised by `STEP` each tick while it stays
-saturated, then of bulk work once all sheddable work is and the lag is not falling (a backlog the loop
-is working off keeps it busy a while after enough is refused: that is recovery, and shedding bulk work
-for it would overshoot); both come down by `STEP` a tick once the loop is busy under `busy_shed - BAND`
-on average, bulk first. The shares are taken in turn, not drawn (`_due`): a share of 0.25 refuses every
-fourth request of its class.
+scheduler statistics). A loop busy on average over the window (at least `busy_shed`) is saturated
+whatever its lag: a share of sheddable work is refused, raised by `STEP` on the first tick and by twice
+the last step on each tick it stays saturated (all of it within five ticks: while the share climbs,
+the clients' queues at home grow, and every request in them ends late). Bulk work needs more evidence,
+as clients in a closed loop keep a router busy on average at any load, waiting a moment now and then:
+a share of it is refused, by `STEP` a tick, once all sheddable work is, the loop is busy on every tick
+of the window, the lag is not falling (a backlog the loop is working off keeps it busy a while after
+enough is refused: that is recovery, and shedding bulk work for it would overshoot), and either many
+requests are in flight through the router (`bulk_in_flight`: where clients queue at home, every
+connection holds one) or the loop has been busy on every tick of `BULK_PROOF` windows since it last had
+room. Both shares come down by `STEP` a tick once the loop is busy under `busy_shed - BAND` on average,
+bulk first, and between the two they hold. The shares are taken in turn, not drawn (`_due`): a share of
+0.25 refuses every fourth request of its class.
 
 A refusal costs the router a fraction of what serving costs (no node call, no answer body), so under
-saturation the router's capacity goes to what it admits. Pure: no asyncio, no clock; the driver feeds
-`tick` with what it measured.
+saturation the router's capacity goes to what it admits; the HTTP and MQTT doors ask the rule before
+they build a request at all where its hints say enough (router.early), and there a refusal costs about
+a sixth of a routed request. Pure: no asyncio, no clock; the driver feeds `tick` with what it measured.
 """
 
 from __future__ import annotations
@@ -45,6 +52,7 @@ from pydantic import BaseModel, ConfigDict, Field
 TICK_MS = 10.0  # how often the live router measures its loop's lag
 STEP = 0.05  # a refused share's change per tick (0 to all of a class in 20 ticks)
 BAND = 0.1  # the shares come down below `busy_shed - BAND` of the tick busy on average
+BULK_PROOF = 20  # windows busy on every tick (since the loop last had room) before bulk work is refused
 
 
 class SaturationConfig(BaseModel):
@@ -58,12 +66,20 @@ class SaturationConfig(BaseModel):
     tenant_lag_ms: float = Field(
         8.0, gt=0, le=10_000, description="lag at which a tenant over its share of intake is refused first"
     )
+    bulk_in_flight: int = Field(
+        32,
+        ge=1,
+        le=1_000_000,
+        description="requests in flight through the router at which a loop busy on every tick refuses bulk "
+        "work without waiting for its BULK_PROOF windows (a closed loop of a few clients keeps a router busy "
+        "with no request waiting on it long)",
+    )
     busy_shed: float = Field(
         0.95,
         gt=BAND,
         le=1.0,
-        description="share of every tick of the window the loop wanted the CPU at which a rising share of "
-        "sheddable, then bulk work is refused, whatever the lag",
+        description="share of the window's ticks, on average, the loop wanted the CPU at which a rising share "
+        "of sheddable, then bulk work is refused, whatever the lag",
     )
 
 
@@ -79,8 +95,12 @@ class Saturation:
         self.busy = 0.0  # the share of the recent ticks the loop wanted the CPU, on average
         self.shed_share = 0.0  # of sheddable work refused for a saturated loop
         self.bulk_share = 0.0  # ... of bulk work (only once all sheddable work is)
+        self._rise = 0.0  # the last rise of the sheddable share (0: it did not rise on the last tick)
+        self._proof = 0  # windows busy on every tick since the loop last had room
+        self.in_flight = 0  # requests in flight through the router now (the driver keeps it)
         self._credit = [0.0, 0.0]  # (sheddable, bulk): the shares taken so far, less what was refused
         self.refused = 0
+        self.refused_early = 0  # ... of them, by the HTTP door before a request was built (router.early)
 
     def tick(self, late_ms: float, busy: float | None = None) -> None:
         """A tick due `late_ms` ago fired now; `busy`: the share of the tick's interval the loop wanted
@@ -99,24 +119,37 @@ class Saturation:
         if not self.cfg.enabled:
             return
         limit = self.cfg.busy_shed
-        if min(shares) >= limit:  # busy on every tick: saturated
-            if self.shed_share < 1.0:
-                self.shed_share = min(1.0, self.shed_share + STEP)
-            elif self.lag_ms >= before:  # (not working a backlog off)
-                self.bulk_share = min(1.0, self.bulk_share + STEP)
-        elif self.busy < limit - BAND:
+        every = min(shares) >= limit  # busy on every tick: evidence towards refusing bulk work
+        if every:
+            self._proof += 1
+        if self.busy >= limit and self.shed_share < 1.0:  # saturated (each step twice the last while it stays so)
+            self._rise = min(1.0, 2.0 * self._rise) if self._rise else STEP
+            self.shed_share = min(1.0, self.shed_share + self._rise)
+            return
+        self._rise = 0.0
+        proven = self._proof >= BULK_PROOF or self.in_flight >= self.cfg.bulk_in_flight
+        if every and self.shed_share >= 1.0 and proven and self.lag_ms >= before:
+            self.bulk_share = min(1.0, self.bulk_share + STEP)  # (the lag not falling: no backlog being worked off)
+            return
+        if self.busy >= limit:
+            return
+        if self.busy < limit - BAND:
+            self._proof = 0
             if self.bulk_share > 0.0:
                 self.bulk_share = max(0.0, self.bulk_share - STEP)
             else:
                 self.shed_share = max(0.0, self.shed_share - STEP)
 
-    def _due(self, kind: int, share: float) -> bool:
-        """Whether this request of its class (0 sheddable, 1 bulk) is the one of its share to refuse."""
+    def _due(self, kind: int, share: float, peek: bool = False) -> bool:
+        """Whether this request of its class (0 sheddable, 1 bulk) is the one of its share to refuse
+        (`peek`: say so without taking it)."""
         credit = self._credit[kind] + share
         if credit >= 1.0 - 1e-9:
-            self._credit[kind] = credit - 1.0
+            if not peek:
+                self._credit[kind] = credit - 1.0
             return True
-        self._credit[kind] = credit
+        if not peek:
+            self._credit[kind] = credit
         return False
 
     def refuse_request(self, priority: int, budget_ms: float, tenant: str, tenants: Any, now: float) -> str | None:
@@ -127,9 +160,19 @@ class Saturation:
         over = bool(tenant) and counts and tenants.over_share(tenant, now)
         return self.refuse(priority, budget_ms, over)
 
-    def refuse(self, priority: int, budget_ms: float, over_share: bool = False) -> str | None:
+    @property
+    def armed(self) -> bool:
+        """Whether a share of work is refused now, or the loop is behind enough to refuse sheddable work:
+        when the HTTP door looks for what to refuse early (router.early). `refuse` can refuse while this
+        is False (a request whose budget is under a smaller lag), on the full path only."""
+        cfg = self.cfg
+        return cfg.enabled and (self.shed_share > 0.0 or self.lag_ms >= min(cfg.shed_lag_ms, cfg.bulk_lag_ms))
+
+    def refuse(self, priority: int, budget_ms: float, over_share: bool = False, peek: bool = False) -> str | None:
         """Why a request is refused at the door for the router's own saturation (a 503), or None
-        (`over_share`: its tenant's intake is above its share)."""
+        (`over_share`: its tenant's intake is above its share). `peek`: the same answer with nothing
+        taken or counted (the HTTP door's early look, router.early); the request is then refused, or
+        not, by a call without it, which gives the same answer while nothing else has run."""
         cfg, lag = self.cfg, self.lag_ms
         if not cfg.enabled or (lag <= 0.0 and self.shed_share <= 0.0):
             return None
@@ -143,14 +186,15 @@ class Saturation:
             why = f"the router is {lag:.0f} ms behind: a tenant over its share is refused first"
         elif over_share and priority < cfg.critical_priority and self.shed_share > 0.0:
             why = f"the router is saturated ({self.busy:.0%} busy): a tenant over its share is refused first"
-        elif priority < 0 and self.shed_share > 0.0 and self._due(0, self.shed_share):
+        elif priority < 0 and self.shed_share > 0.0 and self._due(0, self.shed_share, peek):
             why = f"the router is saturated ({self.busy:.0%} busy): part of sheddable work is refused"
-        elif 0 <= priority < cfg.critical_priority and self.bulk_share > 0.0 and self._due(1, self.bulk_share):
+        elif 0 <= priority < cfg.critical_priority and self.bulk_share > 0.0 and self._due(1, self.bulk_share, peek):
             why = f"the router is saturated ({self.busy:.0%} busy): part of bulk work is refused"
         else:
             return None
-        self.refused += 1
+        if not peek:
+            self.refused += 1
         return why
 
 
-__all__ = ["BAND", "STEP", "TICK_MS", "Saturation", "SaturationConfig"]
+__all__ = ["BAND", "BULK_PROOF", "STEP", "TICK_MS", "Saturation", "SaturationConfig"]

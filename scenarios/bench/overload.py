@@ -36,6 +36,7 @@ import resource
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -139,6 +140,18 @@ def _figures(load: dict[str, Any], capacity: float, seconds: float) -> dict[str,
     }
 
 
+def _rule_counts(stack: Stack) -> tuple[int, int] | None:
+    """The stack's router's saturation refusals so far, and those of them made early (router.early),
+    from its admin view; None where it cannot be read."""
+    request = urllib.request.Request(f"{stack.router_url}/admin/view", headers=stack.admin_headers)
+    try:
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            rule = json.loads(answer.read())["overload"]["saturation"]
+        return int(rule["refused"]), int(rule.get("refused_early", 0))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def _simulated(
     router: dict[str, Any], capacity: float, seconds: float, cpu: tuple[float, float], offer: float
 ) -> dict[str, Any]:
@@ -209,9 +222,14 @@ def bench_overload(
                     time.sleep(1.0)
                     cfg = {**base, **to, "mode": "open", "rate": offer * capacity, "seconds": seconds, "seed": 7}
                     cpu0 = process_cpu_s(run_pid) or 0.0
+                    rule0 = _rule_counts(stack) if name == "on" else None
                     load = _load(cfg)
                     spent = (process_cpu_s(run_pid) or 0.0) - cpu0
                     fig = _figures(load, capacity, seconds)
+                    rule1 = _rule_counts(stack) if name == "on" else None
+                    if rule0 is not None and rule1 is not None:  # the rule's refusals, and those made early
+                        fig["rule_refused"] = rule1[0] - rule0[0]
+                        fig["rule_refused_early"] = rule1[1] - rule0[1]
                     fig["router_cores"], fig["loadgen_cores"] = _cores(spent, load), _cores(load["cpu_s"], load)
                     fig["loadgen_bound"] = fig["loadgen_cores"] >= LOADGEN_BOUND or fig["behind_p99_ms"] > DEADLINE_MS
                     routed = sum(t["statuses"].get("200", 0) for t in load["classes"].values())
@@ -219,9 +237,11 @@ def bench_overload(
                     if refused > 0:
                         fig["cpu_us_per_refusal"] = round(max(1.0, spent * 1e6 - routed * per_routed) / refused, 1)
                     row[f"live_{name}"] = fig
+                    early = (f", the rule refused {fig['rule_refused']}, {fig['rule_refused_early']} of them early"
+                             if "rule_refused" in fig else "")  # fmt: skip
                     print(f"    live, rule {name}: critical {fig['critical_in_time_pct']}% in time, goodput "
                           f"{fig['goodput_vs_capacity']}x capacity, lost {fig['lost']} (router {fig['router_cores']} "
-                          f"of a core, load generator {fig['loadgen_cores']})", flush=True)  # fmt: skip
+                          f"of a core, load generator {fig['loadgen_cores']}){early}", flush=True)  # fmt: skip
                 doors.append(row)
     finally:
         for proc in procs:

@@ -44,6 +44,8 @@ class RouterDriver(SimState):
         # the router's own core, where the scenario gives its CPU (scenarios.sim.routercpu): when it
         # gets to this request, and its cost
         core = self.cores.get(None if replica is None else replica.id) if self.cores else None
+        if core is not None:  # requests in flight (arrived, unanswered; every router's: one with a core, mostly)
+            core.saturation.in_flight = self._open - (len(self.schedule) - i)
         start = t0 if core is None else core.arrive(t0)
         taken = self.intake_of(a, lc.settings.intake)  # what the live door's intake makes of it
         if isinstance(taken, Refused):

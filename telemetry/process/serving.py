@@ -58,16 +58,19 @@ class _Busy(asyncio.Protocol):
 class ConnectionCap:
     """aiohttp's protocol factory, refusing connections past `limit` (counts them in `refused`)."""
 
-    def __init__(self, server: web.Server, limit: int) -> None:
+    def __init__(
+        self, server: web.Server, limit: int, protocol: Callable[[web.Server], asyncio.BaseProtocol] | None = None
+    ) -> None:
         self._server = server
         self.limit = limit
         self.refused = 0
+        self._protocol = protocol  # what serves one connection, given the server (None: aiohttp's own)
 
     def __call__(self) -> asyncio.BaseProtocol:
         if len(self._server._connections) >= self.limit:
             self.refused += 1
             return _Busy()
-        protocol: asyncio.BaseProtocol = self._server()
+        protocol: asyncio.BaseProtocol = self._server() if self._protocol is None else self._protocol(self._server)
         return protocol
 
     def __getattr__(self, name: str) -> Any:  # shutdown, pre_shutdown, connections, ...
@@ -110,8 +113,10 @@ async def start_site(
     reuse_port: bool = False,
     max_connections: int | None = None,
     idle_timeout_s: float = 30.0,
+    protocol: Callable[[web.Server], asyncio.BaseProtocol] | None = None,
 ) -> tuple[web.AppRunner, web.TCPSite, ConnectionCap]:
-    """Set up and start `app` on host:port with the limits above; the caller cleans the runner up."""
+    """Set up and start `app` on host:port with the limits above; the caller cleans the runner up.
+    `protocol`: what serves each connection, given aiohttp's server (None: aiohttp's own handler)."""
     # after an answer to a request whose body was not read whole (408, 413) the rest is drained for
     # LINGER_S at most, then the connection closes: long enough for a client still uploading to read
     # the answer (closing at once resets it), short where aiohttp's 10 s let a trickle hold the slot
@@ -120,7 +125,7 @@ async def start_site(
     )
     await runner.setup()
     assert runner.server is not None
-    cap = ConnectionCap(runner.server, max_connections or default_max_connections())
+    cap = ConnectionCap(runner.server, max_connections or default_max_connections(), protocol)
     runner._server = cap  # type: ignore[assignment]  # TCPSite asks the runner for its protocol factory
     site = web.TCPSite(runner, host, port, ssl_context=ssl_context, reuse_port=reuse_port or None)
     try:

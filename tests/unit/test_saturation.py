@@ -44,26 +44,98 @@ def _busy(ticks: list[tuple[float, float]], **cfg: object) -> Saturation:
     return s
 
 
-def test_a_loop_busy_on_every_tick_sheds_a_rising_share_of_sheddable_work_then_bulk_never_critical() -> None:
-    """A loop that never waits (its clients queue at home: little lag) is saturated: the share of
-    sheddable work refused rises by STEP a tick, taken in turn; bulk only once all sheddable work is
-    refused and the lag is not falling; critical work never."""
-    from router.lifecycle.saturation import STEP
+def test_a_saturated_loop_sheds_a_fast_rising_share_of_sheddable_work_then_bulk_never_critical() -> None:
+    """A loop busy on average over the window (its clients queue at home: little lag) is saturated: the
+    share of sheddable work refused rises by STEP, then by twice the last step on each tick it stays
+    saturated, taken in turn; bulk by STEP a tick only once all sheddable work is refused, the loop was
+    busy on every tick of BULK_PROOF windows and the lag is not falling; critical work never."""
+    from router.lifecycle.saturation import BULK_PROOF, STEP
 
     s = _busy([(1.0, 1.0)] * 5)  # the window full: the first step
     assert s.lag_ms < 15.0 and s.shed_share == STEP
     assert [s.refuse(-1, 1000.0) is not None for _ in range(40)].count(True) == 2  # every 20th
-    s = _busy([(1.0, 1.0)] * 9)
-    assert s.shed_share == 5 * STEP
-    refused = [s.refuse(-1, 1000.0) for _ in range(8)]
-    assert [r is not None for r in refused] == [False, False, False, True] * 2  # a quarter, in turn
-    assert "saturated" in str(refused[3]) and "sheddable" in str(refused[3])
+    s = _busy([(1.0, 1.0)] * 6)
+    assert abs(s.shed_share - 3 * STEP) < 1e-9  # (+ 2 STEP)
+    s = _busy([(1.0, 1.0)] * 7)
+    assert abs(s.shed_share - 7 * STEP) < 1e-9  # (+ 4 STEP)
+    refused = [s.refuse(-1, 1000.0) for _ in range(20)]
+    assert [r is not None for r in refused].count(True) == 7  # in turn
+    assert "saturated" in str(next(r for r in refused if r)) and "sheddable" in str(next(r for r in refused if r))
     assert s.refuse(0, 1000.0) is None and s.refuse(1, 1000.0) is None
-    s = _busy([(1.0, 1.0)] * 40)  # 36 steps: all sheddable, then bulk
-    assert s.shed_share == 1.0 and abs(s.bulk_share - 16 * STEP) < 1e-9
+    s = _busy([(1.0, 1.0)] * 9)
+    assert s.shed_share == 1.0 and s.bulk_share == 0.0  # (0.75 + 0.8, capped)
+    s = _busy([(1.0, 1.0)] * (4 + BULK_PROOF - 1))  # bulk only once the loop was busy on every tick of
+    assert s.shed_share == 1.0 and s.bulk_share == 0.0  # BULK_PROOF windows
+    s = _busy([(1.0, 1.0)] * (4 + BULK_PROOF + 10))  # then STEP a tick
+    assert abs(s.bulk_share - 11 * STEP) < 1e-9
     assert all(s.refuse(-1, 1000.0) for _ in range(10))
     assert 0 < [s.refuse(0, 1000.0) is not None for _ in range(100)].count(True) < 100
     assert all(s.refuse(p, 1000.0) is None for p in (1, 2, 100)), "critical work: never"
+
+
+def test_saturation_is_the_window_busy_on_average_and_a_pause_restarts_the_fast_rise() -> None:
+    """One tick under busy_shed in a saturated window does not stop the shedding (the loop waited a
+    moment on a socket); a window under it on average holds the share, and the next rise starts at
+    STEP again."""
+    from router.lifecycle.saturation import STEP
+
+    s = _busy([(1.0, 1.0)] * 4 + [(1.0, 0.9)] + [(1.0, 1.0)] * 2)  # means 0.98, 0.98, 0.98
+    assert abs(s.shed_share - 7 * STEP) < 1e-9
+    for _ in range(5):
+        s.tick(1.0, 0.9)  # under busy_shed on average, within the band: held
+    held = s.shed_share
+    assert abs(held - 15 * STEP) < 1e-9  # (the first of them still a window of 0.96: + 8 STEP)
+    s.tick(1.0, 1.0)
+    s.tick(1.0, 1.0)
+    assert s.shed_share == held  # (means 0.92, 0.94)
+    s.tick(1.0, 1.0)
+    assert abs(s.shed_share - held - STEP) < 1e-9  # (0.96: the first step again)
+    s.tick(1.0, 1.0)
+    assert abs(s.shed_share - held - 3 * STEP) < 1e-9
+
+
+def test_bulk_work_is_refused_only_for_a_loop_busy_on_every_tick_for_long() -> None:
+    """A loop busy on average but waiting a moment in every window (clients in a closed loop keep a
+    router there at any load) has all its sheddable work refused and none of its bulk work; bulk work
+    only after BULK_PROOF windows busy on every tick, counted afresh once the loop has had room, or at
+    once with `bulk_in_flight` requests in flight."""
+    from router.lifecycle.saturation import BULK_PROOF, STEP
+
+    s = _busy([(1.0, 0.9 if i % 5 == 0 else 1.0) for i in range(200)])  # (every window: one tick at 0.9)
+    assert s.shed_share == 1.0 and s.bulk_share == 0.0
+    for _ in range(BULK_PROOF + 4):
+        s.tick(1.0, 1.0)
+    assert s.bulk_share > 0.0
+    for _ in range(int(2 / STEP) + 10):
+        s.tick(1.0, 0.2)  # room: both down, and the evidence forgotten
+    assert s.bulk_share == 0.0 and s.shed_share == 0.0
+    for _ in range(BULK_PROOF - 1):
+        s.tick(1.0, 1.0)
+    assert s.shed_share == 1.0 and s.bulk_share == 0.0
+    s.in_flight = s.cfg.bulk_in_flight  # many requests in flight (clients queueing at home): no need to wait
+    s.tick(1.0, 1.0)
+    assert s.bulk_share == STEP
+    quick = _busy([(1.0, 1.0)] * 10)  # (shed all by the 9th tick)
+    quick.in_flight = 31
+    quick.tick(1.0, 1.0)
+    assert quick.bulk_share == 0.0  # (under bulk_in_flight: 32)
+    quick.in_flight = 32
+    quick.tick(1.0, 1.0)
+    assert quick.bulk_share == STEP
+
+
+def test_a_peek_answers_as_the_refusal_and_takes_nothing() -> None:
+    """`refuse(peek=True)` says what `refuse` would, without taking the share's turn or counting: the
+    HTTP door's early look (router.early), whose request is then refused, or not, by `refuse`."""
+    s = _busy([(1.0, 1.0)] * 6)  # a share of sheddable work
+    plain = _busy([(1.0, 1.0)] * 6)
+    for _ in range(30):
+        looked = s.refuse(-1, 1000.0, peek=True)
+        assert s.refuse(-1, 1000.0, peek=True) == looked  # (a look takes nothing)
+        assert (s.refuse(-1, 1000.0) is None) == (looked is None) == (plain.refuse(-1, 1000.0) is None)
+    assert s.refused == plain.refused > 0
+    assert s.armed and not _busy([(1.0, 0.5)] * 6).armed
+    assert _behind([20.0] * 5).armed and not _behind([10.0] * 5).armed  # (lag from shed_lag_ms)
 
 
 def test_a_backlog_being_worked_off_is_not_shed_into() -> None:
@@ -78,7 +150,7 @@ def test_a_backlog_being_worked_off_is_not_shed_into() -> None:
 def test_the_shares_come_down_when_the_loop_has_room_bulk_first() -> None:
     from router.lifecycle.saturation import STEP
 
-    s = _busy([(1.0, 1.0)] * 30)
+    s = _busy([(1.0, 1.0)] * 30 + [(1.0, 0.9)] * 5)
     assert s.shed_share == 1.0 and s.bulk_share > 0.0
     bulk = s.bulk_share
     for _ in range(3):
