@@ -268,6 +268,7 @@ async def get_view(request: web.Request) -> web.Response:
                     "bulk_share": round(router.saturation.bulk_share, 2),
                     "refused": router.saturation.refused,
                     "refused_early": router.saturation.refused_early,
+                    "in_flight": router.saturation.in_flight,
                 },
             },
             "health": router.lifecycle.health.state(now),

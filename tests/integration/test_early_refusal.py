@@ -158,6 +158,7 @@ async def test_answers_keep_their_order_on_a_connection_and_the_connection_stays
         assert [s for s, _, _ in both.done] == [200, 503, 200, 503, 503]
         assert b"model_name" in both.done[0][2] and b"saturated" in both.done[1][2]
         assert router.saturation.refused_early >= 3  # (at least the first connection's)
+        assert router.saturation.in_flight == 0  # (the rule's count of requests in flight, all answered)
 
 
 async def test_what_else_answers_first_goes_the_full_path() -> None:
