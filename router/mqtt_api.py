@@ -72,6 +72,7 @@ MAX_PROPERTY = 4096  # a user property's value
 RECENT_PER_CLIENT = 100_000  # requests one client has remembered against copies and redeliveries
 RECENT_CLIENTS = 10_000  # clients with requests remembered (auth on: at most the token table's)
 RECENT_MS = 600_000.0  # ... and for how long at most
+UNSENT_LOG_S = 10.0  # at most one line this often about answers dropped unsent
 REDELIVERY_SLACK_MS = 5_000.0  # a broker's clock and ours: the expiry is counted in whole seconds
 ANONYMOUS = "mqtt"  # the one client every request is with auth off (a request names no one it could be told by)
 RESULTS = (
@@ -109,6 +110,11 @@ class MqttMetrics:
         )
         for result in RESULTS:
             self.messages.labels(result)
+        self.unsent = Counter(
+            "edgeroute_mqtt_answers_unsent",
+            "answers dropped unsent: the link held as many as it may (10,000) that the broker had not taken",
+            registry=router.metrics.registry,
+        )
         self.connected = Gauge(
             "edgeroute_mqtt_connected",
             "1 while the router is connected to its MQTT broker and subscribed to the request topics",
@@ -190,6 +196,7 @@ class MqttDoor(BrokerLink):
         self.running_bytes = 0  # ... and their payloads' bytes
         self.answer_topics = tuple(cfg.answer_topics)  # (auth off) where any answer may go
         self.tasks: set[asyncio.Task[None]] = set()
+        self._unsent_logged = -UNSENT_LOG_S  # when an unsent answer was last logged (the loop's clock)
 
     async def stop(self) -> None:
         self.closing = True
@@ -381,8 +388,15 @@ class MqttDoor(BrokerLink):
             expiry = min(2**32 - 1, max(1, math.ceil(left_s)))
         content_type = headers.get("Content-Type", "application/json")[:MAX_CONTENT_TYPE]
         props = AnswerProperties(content_type, corr, pairs, expiry)
-        self.client.publish(topic, outcome.body, qos=1, properties=props)
-        self.client.ack(msg.mid, msg.qos)
+        info = self.client.publish(topic, outcome.body, qos=1, properties=props)
+        if info.rc == mqtt.MQTT_ERR_QUEUE_SIZE:  # (past `max_queued` answers held: the broker far behind)
+            self.metrics.unsent.inc()
+            now = self.loop.time()
+            if now >= self._unsent_logged + UNSENT_LOG_S:
+                self._unsent_logged = now
+                held = self.client.max_queued_messages
+                log.warning("mqtt: %d answers held for the broker already: answers are dropped unsent", held)
+        self.client.ack(msg.mid, msg.qos)  # (handled either way: unacknowledged, it would hold the broker's window)
 
 
 MQTT_DOOR = web.AppKey("mqtt_door", MqttDoor)

@@ -30,6 +30,7 @@ from router.mqtt_codec import DoorClient
 from router.state import Router
 
 log = logging.getLogger("edgeroute.router")
+QUEUED_MAX = 10_000  # answers paho holds for the broker (in flight or not yet sent); past it one is dropped
 
 
 class BrokerLink:
@@ -54,7 +55,7 @@ class BrokerLink:
         client = DoorClient(callback_api_version=CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv5)
         client.manual_ack_set(True)  # acknowledged once answered: QoS 1 redelivers what was not
         client.max_inflight_messages_set(1024)  # answers on their way
-        client.max_queued_messages_set(10_000)  # answers held while the broker is away (bounded)
+        client.max_queued_messages_set(QUEUED_MAX)  # answers held while the broker is away (bounded)
         if cfg.username is not None:
             client.username_pw_set(cfg.username, password)
         url = urlsplit(cfg.url)
