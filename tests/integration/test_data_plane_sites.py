@@ -67,7 +67,10 @@ def test_a_sites_proxy_waits_out_the_emulated_link_to_the_other_site(tmp_path: P
             took[lower["x-edgeroute-node"]].append((time.perf_counter() - began) * 1000.0)
         assert took["a1"] and took["b1"], "p2c sends to both sites' nodes"
         assert min(took["b1"]) >= 5.0, f"across the link: at least its 5 ms RTT ({sorted(took['b1'])[:3]})"
-        assert sorted(took["a1"])[len(took["a1"]) // 2] < 5.0, f"its own node at once ({sorted(took['a1'])[:3]})"
+        # its own node at once: the fastest answers under the link's RTT, and the median under the other
+        # site's (a median held to 5 ms failed once on two cores busy with the rest of the suite: 5.2 ms)
+        a1, b1 = sorted(took["a1"]), sorted(took["b1"])
+        assert a1[0] < 5.0 and a1[len(a1) // 2] < b1[len(b1) // 2], f"its own node at once ({a1[:3]}, {b1[:3]})"
     finally:
         stack.stop()
 
