@@ -33,8 +33,10 @@ enough is refused: that is recovery, and shedding bulk work for it would oversho
 requests are in flight through the router (`bulk_in_flight`: where clients queue at home, every
 connection holds one) or the loop has been busy on every tick of `BULK_PROOF` windows since it last had
 room. Both shares come down by `STEP` a tick once the loop is busy under `busy_shed - BAND` on average,
-bulk first, and between the two they hold. The shares are taken in turn, not drawn (`_due`): a share of
-0.25 refuses every fourth request of its class.
+bulk first; between the two the sheddable share holds and the bulk share comes down by a quarter step a
+tick (a bulk share that overshot would otherwise hold for as long as the loop stays busy: the router
+probes for the bulk work it has room for, and a saturated window raises the share again). The shares
+are taken in turn, not drawn (`_due`): a share of 0.25 refuses every fourth request of its class.
 
 A refusal costs the router a fraction of what serving costs (no node call, no answer body), so under
 saturation the router's capacity goes to what it admits; the HTTP and MQTT doors ask the rule before
@@ -132,6 +134,9 @@ class Saturation:
             self.bulk_share = min(1.0, self.bulk_share + STEP)  # (the lag not falling: no backlog being worked off)
             return
         if self.busy >= limit:
+            return
+        if self.busy >= limit - BAND:  # (busy, not saturated: bulk work let back in slowly, probing for room)
+            self.bulk_share = max(0.0, self.bulk_share - STEP / 4)
             return
         if self.busy < limit - BAND:
             self._proof = 0
