@@ -19,36 +19,22 @@ from router.app import create_app
 from router.config import parse_config
 from telemetry.kafka.reader import StaticTelemetrySource
 from telemetry.oip import wire
-from tests.helpers import load
 from tests.integration.http import call, infer_body
+from tests.integration.instant import instant_node
 
 
 @contextlib.asynccontextmanager
 async def _router_and_node() -> AsyncIterator[str]:
     """A router on this loop (telemetry fixed) before one node that answers at once; the router's URL."""
-
-    async def answer(request: web.Request) -> web.Response:
-        await request.read()
-        return web.json_response({"model_name": "sensor_mlp", "outputs": []})
-
-    node = web.Application()
-    node.router.add_post("/v2/models/sensor_mlp/infer", answer)
-    node_runner = web.AppRunner(node, access_log=None)
-    await node_runner.setup()
-    await web.TCPSite(node_runner, "127.0.0.1", 0).start()
-    port = node_runner.addresses[0][1]
-    msg = load("n1", models={"sensor_mlp": 1.0}, sent_at_ms=time.time() * 1000).replace(
-        endpoint=f"http://127.0.0.1:{port}"
-    )
-    app = create_app(parse_config({"kafka": None, "stale_after_ms": 600_000}), source=StaticTelemetrySource([msg]))
-    runner = web.AppRunner(app, access_log=None)
-    try:
-        await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", 0).start()
-        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
-    finally:
-        await runner.cleanup()
-        await node_runner.cleanup()
+    async with instant_node() as msg:
+        app = create_app(parse_config({"kafka": None, "stale_after_ms": 600_000}), source=StaticTelemetrySource([msg]))
+        runner = web.AppRunner(app, access_log=None)
+        try:
+            await runner.setup()
+            await web.TCPSite(runner, "127.0.0.1", 0).start()
+            yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+        finally:
+            await runner.cleanup()
 
 
 async def test_a_router_behind_sheds_sheddable_work_first() -> None:
