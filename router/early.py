@@ -1,5 +1,6 @@
-"""The HTTP door's early refusal: work the router's own saturation rule refuses (router.lifecycle.saturation)
-is answered as soon as its head is parsed, before aiohttp builds a request for it.
+"""The doors' early refusal: work the router's own saturation rule refuses (router.lifecycle.saturation)
+is answered as soon as what it says of itself is read (an HTTP request's head, before aiohttp builds a
+request for it; an MQTT request's properties, before the door makes a task for it: router.mqtt_api).
 
 When the router itself is the bottleneck every refusal spends the core that the work it admits needs. A
 refusal through aiohttp's whole request path (a `Request`, a handler task, the middleware, the body read
@@ -7,8 +8,8 @@ and parsed for intake, a `Response`) cost 0.55x a routed request on the developm
 twice its capacity the router had almost nothing left to route: goodput at most (1 - 2f) / (1 - f) of
 the capacity for a refusal costing f of a routed request (docs/measurements.md, "The router itself the
 bottleneck"). The rule needs only what a request's head says when it carries its hints as headers (its
-priority, its deadline), so `EarlyDoor` asks it there, on the connection's protocol, for a request
-that:
+priority, its deadline), so `EarlyDoor` asks it there (`look`, then `refuse`), on the connection's
+protocol, for a request that:
 
 - is `POST /v2/models/{model}[/versions/{version}]/infer` with its whole body already received, within
   `max_body_bytes`, keeping its connection alive, on a connection with no request before it in flight
