@@ -64,7 +64,7 @@ async def front_door(
         verdict = router.auth.check(
             request.headers.get("Authorization"),
             request.path.startswith(REPOSITORY_CONTROL),
-            _peer(router, request),
+            peer_of(router, request.headers, request.remote),
         )
         if verdict.status:
             headers = {"WWW-Authenticate": "Bearer"} if verdict.status == 401 else None
@@ -95,10 +95,6 @@ async def front_door(
     except Exception:
         log.exception("unhandled error on %s %s", request.method, request.path)
         return _error(500, "internal router error")
-
-
-def _peer(router: Router, request: web.Request) -> str:
-    return peer_of(router, request.headers, request.remote)
 
 
 class _LagTicker:

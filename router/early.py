@@ -46,6 +46,7 @@ from aiohttp.web_protocol import RequestHandler
 from router import director
 from router.dataplane.haproxy import KEY_HEADER, PEER_HEADER, vouched
 from router.dispatch import Outcome
+from router.lifecycle import intake
 from router.state import Router
 from telemetry.oip import wire
 from telemetry.process import tracing
@@ -72,12 +73,17 @@ def peer_of(router: Router, headers: Mapping[str, str], remote: str | None) -> s
     return remote or "unknown"
 
 
-def look(router: Router, priority: str | None, deadline: str | None, transport_ms: float | None = None) -> Look | None:
-    """Whether the saturation rule refuses a request on the hints its door decoded (its priority and
-    deadline as given, the transport's deadline): its priority and budget, else None (it goes the full
-    path). Nothing is taken or counted."""
+def look(
+    router: Router, priority: str | None, deadline: str | None, site: str | None, transport_ms: float | None = None
+) -> Look | None:
+    """Whether the saturation rule refuses a request on the hints its door decoded (its priority, its
+    deadline and the site it names as given, the transport's deadline): its priority and budget, else
+    None (it goes the full path: as it does for any site named, which the full path checks). Nothing is
+    taken or counted."""
     sat = router.saturation
-    if priority is None or not sat.armed or tracing.TRACER is not None or router.lifecycle.tenants.enabled:
+    if priority is None or site is not None or not sat.armed:
+        return None
+    if tracing.TRACER is not None or router.lifecycle.tenants.enabled:
         return None
     try:
         prio = wire.priority_hint(priority) or 0
@@ -86,8 +92,7 @@ def look(router: Router, priority: str | None, deadline: str | None, transport_m
         return None  # (the full path's 400)
     if given is not None and given <= 0:
         return None  # (the full path's 504)
-    rules = router.lifecycle.settings.intake
-    budget = min(rules.default_deadline_ms if given is None else given, rules.max_deadline_ms)
+    budget = intake.budget_ms(given, router.lifecycle.settings.intake)
     if sat.refuse(prio, budget, peek=True) is None:
         return None
     return Look(prio, budget)
@@ -135,9 +140,9 @@ def refusal(router: Router, msg: RawRequestMessage, remote: str | None) -> tuple
     """The full path's answer to an HTTP request where the rule refuses it on its head alone: (status,
     reason, Retry-After); else None: it goes the full path. Nothing is taken or counted for None."""
     headers = msg.headers
-    if msg.method != "POST" or wire.SITE in headers:
+    if msg.method != "POST":
         return None
-    seen = look(router, headers.get(wire.PRIORITY), headers.get(wire.DEADLINE_MS))
+    seen = look(router, headers.get(wire.PRIORITY), headers.get(wire.DEADLINE_MS), headers.get(wire.SITE))
     path = INFER.fullmatch(msg.path) if seen is not None else None
     if seen is None or path is None or not routed(router, path.group(1), path.group(2)):
         return None

@@ -283,9 +283,9 @@ class MqttDoor(BrokerLink):
             out = Outcome.error(429, f"{held} requests in flight from this client already")
             out.headers["Retry-After"] = "1"
             return self._answer(msg, response_topic, corr, out, arrived, budget)
-        seen = early.look(router, user.get("priority"), user.get("deadline_ms"), transport_ms)
+        seen = early.look(router, user.get("priority"), user.get("deadline_ms"), user.get("site"), transport_ms)
         fits = size <= router.config.max_body_bytes  # (else the full path's 413)
-        if seen is not None and "site" not in user and fits and early.routed(router, *route):
+        if seen is not None and fits and early.routed(router, *route):
             # refused by the router's own saturation on its properties alone: answered here, no task made
             status, why, retry = early.refuse(router, seen, "mqtt", route[0], route[1], client, size)
             out = Outcome.error(status, why)

@@ -63,10 +63,15 @@ class Intake:
 
     def budget_ms(self, rules: IntakeRules, default_ms: float | None = None) -> float:
         """The request's budget: its own, else `default_ms` (the router's default), capped."""
-        given = self.deadline_ms
-        if given is None:
-            given = rules.default_deadline_ms if default_ms is None else default_ms
-        return min(given, rules.max_deadline_ms)
+        return budget_ms(self.deadline_ms, rules, default_ms)
+
+
+def budget_ms(deadline_ms: float | None, rules: IntakeRules, default_ms: float | None = None) -> float:
+    """A request's budget from its own deadline (None: it gave none): that, else `default_ms` (else the
+    router's default), capped at `max_deadline_ms`."""
+    if deadline_ms is None:
+        deadline_ms = rules.default_deadline_ms if default_ms is None else default_ms
+    return min(deadline_ms, rules.max_deadline_ms)
 
 
 class Refused(Exception):
@@ -134,4 +139,4 @@ def _batch_of(doc: Mapping[str, Any] | None) -> int:
     return 1
 
 
-__all__ = ["Hints", "Intake", "IntakeRules", "Refused", "take"]
+__all__ = ["Hints", "Intake", "IntakeRules", "Refused", "budget_ms", "take"]

@@ -102,7 +102,8 @@ class Saturation:
         self.in_flight = 0  # requests in flight through the router now (the driver keeps it)
         self._credit = [0.0, 0.0]  # (sheddable, bulk): the shares taken so far, less what was refused
         self.refused = 0
-        self.refused_early = 0  # ... of them, by the HTTP door before a request was built (router.early)
+        self.refused_early = 0  # ... of them, by a door before it built the request (router.early)
+        self._armed_lag = min(cfg.shed_lag_ms, cfg.bulk_lag_ms)  # (the lag at which `armed` holds)
 
     def tick(self, late_ms: float, busy: float | None = None) -> None:
         """A tick due `late_ms` ago fired now; `busy`: the share of the tick's interval the loop wanted
@@ -138,12 +139,11 @@ class Saturation:
         if self.busy >= limit - BAND:  # (busy, not saturated: bulk work let back in slowly, probing for room)
             self.bulk_share = max(0.0, self.bulk_share - STEP / 4)
             return
-        if self.busy < limit - BAND:
-            self._proof = 0
-            if self.bulk_share > 0.0:
-                self.bulk_share = max(0.0, self.bulk_share - STEP)
-            else:
-                self.shed_share = max(0.0, self.shed_share - STEP)
+        self._proof = 0  # (room)
+        if self.bulk_share > 0.0:
+            self.bulk_share = max(0.0, self.bulk_share - STEP)
+        else:
+            self.shed_share = max(0.0, self.shed_share - STEP)
 
     def _due(self, kind: int, share: float, peek: bool = False) -> bool:
         """Whether this request of its class (0 sheddable, 1 bulk) is the one of its share to refuse
@@ -168,15 +168,15 @@ class Saturation:
     @property
     def armed(self) -> bool:
         """Whether a share of work is refused now, or the loop is behind enough to refuse sheddable work:
-        when the HTTP door looks for what to refuse early (router.early). `refuse` can refuse while this
-        is False (a request whose budget is under a smaller lag), on the full path only."""
-        cfg = self.cfg
-        return cfg.enabled and (self.shed_share > 0.0 or self.lag_ms >= min(cfg.shed_lag_ms, cfg.bulk_lag_ms))
+        when the doors look for what to refuse early (router.early; asked on every read of an HTTP
+        connection). `refuse` can refuse while this is False (a request whose budget is under a smaller
+        lag), on the full path only."""
+        return self.cfg.enabled and (self.shed_share > 0.0 or self.lag_ms >= self._armed_lag)
 
     def refuse(self, priority: int, budget_ms: float, over_share: bool = False, peek: bool = False) -> str | None:
         """Why a request is refused at the door for the router's own saturation (a 503), or None
         (`over_share`: its tenant's intake is above its share). `peek`: the same answer with nothing
-        taken or counted (the HTTP door's early look, router.early); the request is then refused, or
+        taken or counted (the doors' early look, router.early); the request is then refused, or
         not, by a call without it, which gives the same answer while nothing else has run."""
         cfg, lag = self.cfg, self.lag_ms
         if not cfg.enabled or (lag <= 0.0 and self.shed_share <= 0.0):
